@@ -1,0 +1,3 @@
+"""gpuslice: open GPU sharing and scheduling."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,33 @@
+"""A machine: CPU, main memory and a number of identical GPUs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gpuslice.errors import InvalidRequest
+
+__all__ = ["MAX_GPUS_PER_NODE", "NodeSpec"]
+
+# Eight is the most GPUs any node in openb (and any HGX/DGX board) carries; the ledger pads to this.
+MAX_GPUS_PER_NODE = 8
+
+
+@dataclass(frozen=True, slots=True)
+class NodeSpec:
+    """Capacity of one node. ``gpu_model`` is "" for a CPU-only node."""
+
+    name: str
+    cpu_milli: int
+    memory_bytes: int
+    gpu_count: int
+    gpu_model: str
+
+    def __post_init__(self) -> None:
+        if self.cpu_milli < 0 or self.memory_bytes < 0:
+            raise InvalidRequest(f"node {self.name!r}: CPU and memory capacity cannot be negative")
+        if not 0 <= self.gpu_count <= MAX_GPUS_PER_NODE:
+            raise InvalidRequest(
+                f"node {self.name!r}: {self.gpu_count} GPUs; a node holds 0 to {MAX_GPUS_PER_NODE}"
+            )
+        if self.gpu_count > 0 and not self.gpu_model:
+            raise InvalidRequest(f"node {self.name!r}: has {self.gpu_count} GPUs but no GPU model")

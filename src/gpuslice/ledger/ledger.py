@@ -1,0 +1,249 @@
+"""The ledger: free capacity of every node and GPU as numpy columns, changed only by reserve/release.
+
+Columns (N nodes, G = MAX_GPUS_PER_NODE GPU slots per node; slots past a node's GPU count hold 0):
+
+* ``free_cpu_milli`` (N,), ``free_memory_bytes`` (N,)
+* ``free_gpu_milli`` (N, G): milli-GPU free on each GPU, 0..1000
+* ``gpu_tasks`` (N, G): how many placements hold a share of each GPU
+* ``version`` (N,): bumped whenever a node's row changes, so score caches know what went stale
+
+Invariants, checked by ``check_invariants`` and kept by construction: 0 <= free <= capacity for every
+column, free GPU milli = capacity − the sum of the live placements' shares, and the live placements are
+exactly those reserved and not yet released. ``reserve`` validates everything before it writes, so a
+refusal (a value, not an exception) leaves every column as it was.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from itertools import count
+
+import numpy as np
+
+from gpuslice.errors import LedgerError
+from gpuslice.hardware.node import MAX_GPUS_PER_NODE, NodeSpec
+from gpuslice.ledger.placement import Placement, Refusal, RefusalCode
+from gpuslice.workload.request import MILLI_PER_GPU, Request
+
+__all__ = ["Ledger", "LedgerView"]
+
+
+def _read_only(array: np.ndarray) -> np.ndarray:
+    view = array.view()
+    view.flags.writeable = False
+    return view
+
+
+class LedgerView:
+    """Read-only window on a ledger for policies: the same memory, so it is always current.
+
+    Policies read these arrays and may call ``fits``; they cannot write (numpy raises on assignment).
+    """
+
+    def __init__(self, ledger: Ledger) -> None:
+        self._ledger = ledger
+        self.node_names = ledger.node_names
+        self.models = ledger.models
+        self.node_model = _read_only(ledger._node_model)
+        self.gpu_count = _read_only(ledger._gpu_count)
+        self.cpu_capacity_milli = _read_only(ledger._cpu_capacity)
+        self.memory_capacity_bytes = _read_only(ledger._memory_capacity)
+        self.gpu_capacity_milli = _read_only(ledger._gpu_capacity)
+        self.free_cpu_milli = _read_only(ledger._free_cpu)
+        self.free_memory_bytes = _read_only(ledger._free_memory)
+        self.free_gpu_milli = _read_only(ledger._free_gpu)
+        self.gpu_tasks = _read_only(ledger._gpu_tasks)
+        self.version = _read_only(ledger._version)
+
+    @property
+    def node_count(self) -> int:
+        return len(self.node_names)
+
+    def fits(self, request: Request) -> np.ndarray:
+        return self._ledger.fits(request)
+
+    def model_allowed(self, request: Request) -> np.ndarray:
+        return self._ledger.model_allowed(request)
+
+
+class Ledger:
+    """Free CPU, memory and per-GPU milli-GPU of a set of nodes; see the module docstring."""
+
+    def __init__(self, nodes: Sequence[NodeSpec]) -> None:
+        if not nodes:
+            raise ValueError("a ledger needs at least one node")
+        n = len(nodes)
+        self.node_names: tuple[str, ...] = tuple(node.name for node in nodes)
+        self.models: tuple[str, ...] = tuple(sorted({node.gpu_model for node in nodes if node.gpu_count}))
+        model_index = {m: i for i, m in enumerate(self.models)}
+        no_gpu = len(self.models)  # CPU-only nodes point at an extra "model" no GPU request allows
+        self._node_model = np.array(
+            [model_index[node.gpu_model] if node.gpu_count else no_gpu for node in nodes], dtype=np.int64
+        )
+        self._gpu_count = np.array([node.gpu_count for node in nodes], dtype=np.int64)
+        self._cpu_capacity = np.array([node.cpu_milli for node in nodes], dtype=np.int64)
+        self._memory_capacity = np.array([node.memory_bytes for node in nodes], dtype=np.int64)
+        slots = np.arange(MAX_GPUS_PER_NODE)
+        self._gpu_capacity = np.where(slots[None, :] < self._gpu_count[:, None], MILLI_PER_GPU, 0).astype(
+            np.int64
+        )
+        self._free_cpu = self._cpu_capacity.copy()
+        self._free_memory = self._memory_capacity.copy()
+        self._free_gpu = self._gpu_capacity.copy()
+        self._gpu_tasks = np.zeros((n, MAX_GPUS_PER_NODE), dtype=np.int64)
+        self._version = np.zeros(n, dtype=np.int64)
+        self._live: dict[int, Placement] = {}
+        self._ids = count()
+        self._model_masks: dict[tuple[str, ...], np.ndarray] = {}
+        self.total_gpu_milli = int(self._gpu_capacity.sum())
+        self.allocated_gpu_milli = 0
+        self.view = LedgerView(self)
+
+    # ---- queries -------------------------------------------------------------------------------------
+
+    @property
+    def node_count(self) -> int:
+        return len(self.node_names)
+
+    @property
+    def live_placements(self) -> tuple[Placement, ...]:
+        return tuple(self._live.values())
+
+    def model_allowed(self, request: Request) -> np.ndarray:
+        """Bool per node: the node's GPU model is one the request accepts (CPU-only nodes: False)."""
+        mask = self._model_masks.get(request.gpu_models)
+        if mask is None:
+            per_model = np.array(
+                [not request.gpu_models or m in request.gpu_models for m in self.models] + [False]
+            )
+            mask = per_model[self._node_model]
+            mask.flags.writeable = False
+            self._model_masks[request.gpu_models] = mask
+        return mask
+
+    def fits(self, request: Request) -> np.ndarray:
+        """Bool per node: the request could be reserved there now (one vector expression, no node loop)."""
+        ok = (self._free_cpu >= request.cpu_milli) & (self._free_memory >= request.memory_bytes)
+        if request.num_gpu:
+            ok &= self.model_allowed(request)
+            ok &= (self._free_gpu >= request.gpu_milli).sum(axis=1) >= request.num_gpu
+        return ok
+
+    def why_not(self, request: Request) -> Counter[RefusalCode]:
+        """For a request that fits nowhere: per node, the first reason it fails, counted over nodes."""
+        reasons: Counter[RefusalCode] = Counter()
+        cpu_short = self._free_cpu < request.cpu_milli
+        mem_short = self._free_memory < request.memory_bytes
+        if request.num_gpu:
+            model_no = ~self.model_allowed(request)
+            gpu_short = (self._free_gpu >= request.gpu_milli).sum(axis=1) < request.num_gpu
+        else:
+            model_no = gpu_short = np.zeros(self.node_count, dtype=bool)
+        remaining = np.ones(self.node_count, dtype=bool)
+        for code, mask in (
+            (RefusalCode.GPU_MODEL_NOT_ALLOWED, model_no),
+            (RefusalCode.INSUFFICIENT_GPU, gpu_short),
+            (RefusalCode.INSUFFICIENT_CPU, cpu_short),
+            (RefusalCode.INSUFFICIENT_MEMORY, mem_short),
+        ):
+            hit = remaining & mask
+            if hit.any():
+                reasons[code] = int(hit.sum())
+            remaining &= ~mask
+        return reasons
+
+    # ---- changes -------------------------------------------------------------------------------------
+
+    def check(self, node: int, gpus: Sequence[int], request: Request) -> Refusal | None:
+        """The refusal ``reserve`` would return, or None if it would succeed. Reads only."""
+        if not 0 <= node < self.node_count:
+            return Refusal(RefusalCode.NO_SUCH_NODE, node)
+        if self._free_cpu[node] < request.cpu_milli:
+            return Refusal(
+                RefusalCode.INSUFFICIENT_CPU, node, need=request.cpu_milli, free=int(self._free_cpu[node])
+            )
+        if self._free_memory[node] < request.memory_bytes:
+            return Refusal(
+                RefusalCode.INSUFFICIENT_MEMORY,
+                node,
+                need=request.memory_bytes,
+                free=int(self._free_memory[node]),
+            )
+        if len(gpus) != request.num_gpu:
+            return Refusal(RefusalCode.WRONG_GPU_COUNT, node, need=request.num_gpu, free=len(gpus))
+        if request.num_gpu == 0:
+            return None
+        if not self.model_allowed(request)[node]:
+            return Refusal(RefusalCode.GPU_MODEL_NOT_ALLOWED, node)
+        if len(set(gpus)) != len(gpus):
+            return Refusal(RefusalCode.DUPLICATE_GPU, node)
+        for gpu in gpus:
+            if not 0 <= gpu < self._gpu_count[node]:
+                return Refusal(RefusalCode.NO_SUCH_GPU, node, gpu=gpu)
+            if self._free_gpu[node, gpu] < request.gpu_milli:
+                return Refusal(
+                    RefusalCode.INSUFFICIENT_GPU,
+                    node,
+                    gpu=gpu,
+                    need=request.gpu_milli,
+                    free=int(self._free_gpu[node, gpu]),
+                )
+        return None
+
+    def reserve(self, node: int, gpus: Sequence[int], request: Request) -> Placement | Refusal:
+        """Take ``request`` on ``node`` and ``gpus``; a Refusal (ledger unchanged) if it does not fit."""
+        gpus = tuple(int(g) for g in gpus)
+        refusal = self.check(node, gpus, request)
+        if refusal is not None:
+            return refusal
+        self._apply(node, gpus, request, sign=-1)
+        placement = Placement(node=node, gpus=gpus, request=request, id=next(self._ids))
+        self._live[placement.id] = placement
+        return placement
+
+    def release(self, placement: Placement) -> None:
+        """Give back a live placement. Raises LedgerError (and changes nothing) if it is not live."""
+        held = self._live.get(placement.id)
+        if held is None or held != placement:
+            state = "was never reserved" if placement.id < 0 else "is not held (released twice?)"
+            raise LedgerError(f"cannot release placement {placement.id} on node {placement.node}: it {state}")
+        del self._live[placement.id]
+        self._apply(placement.node, placement.gpus, placement.request, sign=+1)
+
+    def _apply(self, node: int, gpus: tuple[int, ...], request: Request, sign: int) -> None:
+        self._free_cpu[node] += sign * request.cpu_milli
+        self._free_memory[node] += sign * request.memory_bytes
+        for gpu in gpus:
+            self._free_gpu[node, gpu] += sign * request.gpu_milli
+            self._gpu_tasks[node, gpu] -= sign
+        self.allocated_gpu_milli -= sign * request.total_gpu_milli
+        self._version[node] += 1
+
+    def check_invariants(self) -> None:
+        """Raise LedgerError if any column disagrees with the live placements (tests call this)."""
+        cpu = self._cpu_capacity.copy()
+        memory = self._memory_capacity.copy()
+        gpu = self._gpu_capacity.copy()
+        tasks = np.zeros_like(self._gpu_tasks)
+        for p in self._live.values():
+            cpu[p.node] -= p.request.cpu_milli
+            memory[p.node] -= p.request.memory_bytes
+            for g in p.gpus:
+                gpu[p.node, g] -= p.request.gpu_milli
+                tasks[p.node, g] += 1
+        problems = [
+            name
+            for name, ok in (
+                ("free CPU", np.array_equal(cpu, self._free_cpu)),
+                ("free memory", np.array_equal(memory, self._free_memory)),
+                ("free GPU", np.array_equal(gpu, self._free_gpu)),
+                ("GPU task counts", np.array_equal(tasks, self._gpu_tasks)),
+                ("non-negative", bool((self._free_cpu >= 0).all() and (self._free_memory >= 0).all())),
+                ("GPU in 0..capacity", bool(((gpu >= 0) & (gpu <= self._gpu_capacity)).all())),
+                ("allocated total", self.allocated_gpu_milli == int((self._gpu_capacity - gpu).sum())),
+            )
+            if not ok
+        ]
+        if problems:
+            raise LedgerError(f"ledger invariant broken: {', '.join(problems)}")

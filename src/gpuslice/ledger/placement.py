@@ -1,0 +1,52 @@
+"""What crosses every boundary: a Placement (where a request went) or a Refusal (why it could not)."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from gpuslice.workload.request import Request
+
+__all__ = ["Placement", "Refusal", "RefusalCode"]
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """``request`` placed on ``node`` (ledger index) using ``gpus`` (indices inside the node).
+
+    ``id`` is given by ``Ledger.reserve``; a placement built by hand has id -1 until then.
+    """
+
+    node: int
+    gpus: tuple[int, ...]
+    request: Request
+    id: int = -1
+
+
+class RefusalCode(enum.Enum):
+    """Why one node cannot take one request. The value is the fixed text shown to people."""
+
+    NO_SUCH_NODE = "no such node"
+    INSUFFICIENT_CPU = "insufficient CPU"
+    INSUFFICIENT_MEMORY = "insufficient memory"
+    GPU_MODEL_NOT_ALLOWED = "GPU model not allowed"
+    WRONG_GPU_COUNT = "wrong number of GPUs chosen"
+    NO_SUCH_GPU = "no such GPU"
+    DUPLICATE_GPU = "same GPU chosen twice"
+    INSUFFICIENT_GPU = "insufficient free GPU"
+
+
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    """A refused reservation. The ledger is unchanged when it returns one."""
+
+    code: RefusalCode
+    node: int
+    gpu: int = -1
+    need: int = 0
+    free: int = 0
+
+    def __str__(self) -> str:
+        where = f"node {self.node}" + (f" GPU {self.gpu}" if self.gpu >= 0 else "")
+        amounts = f" (need {self.need}, free {self.free})" if self.need or self.free else ""
+        return f"{self.code.value} on {where}{amounts}"

@@ -1,0 +1,130 @@
+"""The placement mechanism: runs a policy's hooks, validates its advice, and reserves in the ledger.
+
+The policy advises, the placer decides (DESIGN.md). A hook that raises, returns the wrong shape, NaN,
+or GPUs the ledger refuses costs quality, never correctness: the placer falls back to the default
+(equal scores, best-fit GPUs) and counts the fallback in ``fallbacks[(hook, reason)]``.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from gpuslice.ledger.ledger import Ledger
+from gpuslice.ledger.placement import Placement, Refusal, RefusalCode
+from gpuslice.policies.base import PlacementOps, TieBreak, best_fit_gpus
+from gpuslice.workload.request import Request
+
+__all__ = ["Placer", "Unplaced"]
+
+
+@dataclass(frozen=True)
+class Unplaced:
+    """No node can take the request now; ``reasons`` counts each node's first failing check."""
+
+    request: Request
+    node_count: int
+    reasons: Counter[RefusalCode] = field(default_factory=Counter)
+
+    def __str__(self) -> str:
+        detail = ", ".join(f"{n} {code.value}" for code, n in self.reasons.most_common())
+        return f"0/{self.node_count} nodes fit" + (f": {detail}" if detail else "")
+
+
+class _ScoreCache:
+    """Per request shape: the last score of every node and the node version it was computed at."""
+
+    def __init__(self, node_count: int) -> None:
+        self.scores = np.zeros(node_count)
+        self.version = np.full(node_count, -1, dtype=np.int64)
+
+
+class Placer:
+    """Places requests on a ledger with one placement policy."""
+
+    def __init__(self, ledger: Ledger, policy: PlacementOps, rng: np.random.Generator | None = None) -> None:
+        self.ledger = ledger
+        self.policy = policy
+        self.rng = rng if rng is not None else policy.context.rng
+        self.fallbacks: Counter[tuple[str, str]] = Counter()
+        self._cache: dict[Request, _ScoreCache] = {}
+
+    def feasible(self, req: Request) -> np.ndarray:
+        """Nodes that can take ``req``: the ledger's fit mask, narrowed by the policy's filter."""
+        mask = self.ledger.fits(req)
+        try:
+            extra = self.policy.filter(self.ledger.view, req)
+        except Exception:
+            self.fallbacks[("filter", "exception")] += 1
+            return mask
+        if extra is None:
+            return mask
+        if getattr(extra, "shape", None) != mask.shape:
+            self.fallbacks[("filter", "wrong shape")] += 1
+            return mask
+        return mask & extra.astype(bool)
+
+    def choose_node(self, req: Request, feasible: np.ndarray) -> int:
+        """The best feasible node by the policy's scores and tie rule; ``feasible`` must have a node."""
+        candidates = np.flatnonzero(feasible)
+        scores = self.policy.normalize(self.ledger.view, req, self._scores(req, candidates))
+        best = np.flatnonzero(scores == scores.max())
+        if len(best) == 1 or self.policy.tie_break is TieBreak.FIRST:
+            return int(candidates[best[0]])
+        return int(candidates[best[self.rng.integers(len(best))]])
+
+    def place(self, req: Request) -> Placement | Unplaced:
+        """Reserve ``req`` where the policy advises; Unplaced (ledger unchanged) if nowhere fits."""
+        feasible = self.feasible(req)
+        if not feasible.any():
+            return Unplaced(req, self.ledger.node_count, self.ledger.why_not(req))
+        node = self.choose_node(req, feasible)
+        result = self._reserve_with_advice(req, node)
+        if isinstance(result, Refusal):  # the ledger said the node fits, so only a broken ledger gets here
+            return Unplaced(req, self.ledger.node_count, Counter({result.code: 1}))
+        self.policy.on_placed(self.ledger.view, result)
+        return result
+
+    def release(self, placement: Placement) -> None:
+        self.ledger.release(placement)
+        self.policy.on_released(self.ledger.view, placement)
+
+    def _scores(self, req: Request, candidates: np.ndarray) -> np.ndarray:
+        cache = self._cache.get(req)
+        if cache is None:
+            cache = self._cache[req] = _ScoreCache(self.ledger.node_count)
+        version = self.ledger.view.version
+        stale = candidates[cache.version[candidates] != version[candidates]]
+        if len(stale):
+            cache.scores[stale] = self._policy_scores(req, stale)
+            cache.version[stale] = version[stale]
+        return cache.scores[candidates]
+
+    def _policy_scores(self, req: Request, nodes: np.ndarray) -> np.ndarray:
+        try:
+            scores = np.asarray(self.policy.score(self.ledger.view, req, nodes), dtype=np.float64)
+        except Exception:
+            self.fallbacks[("score", "exception")] += 1
+            return np.zeros(len(nodes))
+        if scores.shape != (len(nodes),):
+            self.fallbacks[("score", "wrong shape")] += 1
+            return np.zeros(len(nodes))
+        if np.isnan(scores).any():
+            self.fallbacks[("score", "nan")] += 1
+            return np.nan_to_num(scores, nan=-np.inf)
+        return scores
+
+    def _reserve_with_advice(self, req: Request, node: int) -> Placement | Refusal:
+        try:
+            advice = tuple(self.policy.pick_gpus(self.ledger.view, req, node))
+        except Exception:
+            self.fallbacks[("pick_gpus", "exception")] += 1
+            advice = None
+        if advice is not None:
+            result = self.ledger.reserve(node, advice, req)
+            if isinstance(result, Placement):
+                return result
+            self.fallbacks[("pick_gpus", result.code.value)] += 1
+        return self.ledger.reserve(node, best_fit_gpus(self.ledger.view, req, node), req)

@@ -1,0 +1,189 @@
+"""The openb experiment of the FGD paper: static packing of an inflated trace, pod by pod.
+
+Per seed (cluster-traces research note §1.5 and §3, matching the artifact's ``core.go``):
+
+1. shuffle the trace's pods;
+2. tune up: append pods sampled with replacement until the GPU request would pass 1.3 × capacity;
+3. shuffle the node order (ties go to the first node in it, as the artifact's seeded name prefixes do);
+4. place pods one at a time; none ever leaves; a pod that fits nowhere is counted as failed and dropped.
+
+After every pod we record arrived GPU milli (failed pods included), allocated GPU milli and the
+cluster's fragmentation (Σ_n F_n(M), ``ledger.fragmentation``). The headline figure is the unallocated
+GPU % at 100 % arrival, binned the way the artifact's ``merge_alloc_discrete.py`` does.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from gpuslice.ledger.fragmentation import FragmentationMeasure
+from gpuslice.ledger.ledger import Ledger
+from gpuslice.policies import PolicyContext, make_policy
+from gpuslice.scheduler.placer import Placer, Unplaced
+from gpuslice.sim.trace import OpenbTrace, TracePod
+from gpuslice.workload.target import TargetWorkload
+
+__all__ = ["DEFAULT_TUNE", "ReplayResult", "arrival_order", "replay", "unallocated_pct_at"]
+
+DEFAULT_TUNE = 1.3  # workload inflation to 130 % of cluster GPU capacity (artifact: tune = 1.3)
+
+
+@dataclass
+class ReplayResult:
+    """One (trace, policy, seed) run. Arrays have one entry per arrived pod, in arrival order."""
+
+    trace: str
+    policy: str
+    seed: int
+    total_gpu_milli: int
+    arrived_gpu_milli: np.ndarray
+    allocated_gpu_milli: np.ndarray
+    fragmented_gpu_milli: np.ndarray
+    failed_pods: int
+    wall_seconds: float
+    fallbacks: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def pods(self) -> int:
+        return len(self.arrived_gpu_milli)
+
+    @property
+    def arrived_pct(self) -> np.ndarray:
+        return 100.0 * self.arrived_gpu_milli / self.total_gpu_milli
+
+    @property
+    def unallocated_pct(self) -> np.ndarray:
+        """Unallocated GPU % after each pod (100 − allocated milli-GPU / capacity)."""
+        return 100.0 - 100.0 * self.allocated_gpu_milli / self.total_gpu_milli
+
+    @property
+    def fragmentation_pct(self) -> np.ndarray:
+        """Fragmentation amount after each pod, % of cluster GPU capacity."""
+        return 100.0 * self.fragmented_gpu_milli / self.total_gpu_milli
+
+    @property
+    def fragmentation_rate_pct(self) -> np.ndarray:
+        """Fragmentation as % of the GPU capacity still unallocated."""
+        idle = self.total_gpu_milli - self.allocated_gpu_milli
+        return 100.0 * np.divide(
+            self.fragmented_gpu_milli, idle, out=np.zeros(len(idle)), where=idle > 0
+        )
+
+    def unallocated_pct_at(self, arrival_pct: int = 100) -> float:
+        return unallocated_pct_at(self.arrived_pct, self.allocated_gpu_milli, self.total_gpu_milli, arrival_pct)
+
+    def record(self) -> dict[str, object]:
+        """The JSON record of this run (``results.json`` holds a list of these)."""
+        return {
+            "trace": self.trace,
+            "policy": self.policy,
+            "seed": self.seed,
+            "pods": self.pods,
+            "failed_pods": self.failed_pods,
+            "unallocated_pct_at_100": round(self.unallocated_pct_at(100), 4),
+            "unallocated_pct_at_end": round(float(self.unallocated_pct[-1]), 4),
+            "fragmentation_pct_at_100": round(self._at(self.fragmentation_pct, 100), 4),
+            "wall_seconds": round(self.wall_seconds, 4),
+            "policy_fallbacks": self.fallbacks,
+        }
+
+    def _at(self, series: np.ndarray, arrival_pct: int) -> float:
+        return _binned_mean(np.round(self.arrived_pct), series, arrival_pct)
+
+
+def _binned_mean(bins: np.ndarray, values: np.ndarray, target: int) -> float:
+    """Mean of ``values`` whose arrival bin is ``target`` (±1 when that bin is empty), like the artifact."""
+    hit = bins == target
+    if not hit.any():
+        hit = (bins >= target - 1) & (bins <= target + 1)
+    if not hit.any():
+        return float("nan")
+    return float(values[hit].mean())
+
+
+def unallocated_pct_at(
+    arrived_pct: np.ndarray, allocated_gpu_milli: np.ndarray, total_gpu_milli: int, arrival_pct: int = 100
+) -> float:
+    """Unallocated GPU % at an arrival level: arrivals rounded to whole percent, allocation ratios
+    rounded to 0.01 % and averaged within the bin (``merge_alloc_discrete.py`` of the artifact)."""
+    allocated = np.round(100.0 * allocated_gpu_milli / total_gpu_milli, 2)
+    return 100.0 - _binned_mean(np.round(arrived_pct), allocated, arrival_pct)
+
+
+def arrival_order(
+    trace: OpenbTrace, rng: np.random.Generator, tune: float = DEFAULT_TUNE
+) -> list[TracePod]:
+    """Shuffled pods, then pods sampled with replacement until the request would pass tune × capacity."""
+    pods = [trace.pods[i] for i in rng.permutation(len(trace.pods))]
+    requested = sum(p.request.total_gpu_milli for p in pods)
+    target = tune * trace.total_gpu_milli
+    while True:
+        pod = trace.pods[int(rng.integers(len(trace.pods)))]
+        # The artifact compares with the pod's per-GPU milli but adds its total (tuneUpPods in
+        # simulator.go); kept as is, since it decides which sampled pod ends the run.
+        if requested + pod.request.gpu_milli > target:
+            return pods
+        requested += pod.request.total_gpu_milli
+        pods.append(pod)
+
+
+def replay(
+    trace: OpenbTrace,
+    policy: str,
+    seed: int,
+    tune: float = DEFAULT_TUNE,
+    progress: Callable[[int, int], None] | None = None,
+) -> ReplayResult:
+    """Run the experiment once; ``progress(done, total)`` is called every 500 pods if given."""
+    started = time.perf_counter()
+    workload_seed, policy_seed = np.random.SeedSequence(seed).spawn(2)
+    rng = np.random.default_rng(workload_seed)
+    arrivals = arrival_order(trace, rng, tune)
+    nodes = [trace.nodes[i] for i in rng.permutation(len(trace.nodes))]
+    ledger = Ledger(nodes)
+    target = TargetWorkload.from_requests(p.request for p in trace.pods)
+    context = PolicyContext(rng=np.random.default_rng(policy_seed), target=target)
+    placer = Placer(ledger, make_policy(policy, ledger.view, context))
+    measure = FragmentationMeasure(target, ledger.models)
+    view = ledger.view
+    node_frag = measure(view.free_gpu_milli, view.free_cpu_milli, view.node_model)
+    frag_total = float(node_frag.sum())
+
+    n = len(arrivals)
+    arrived = np.empty(n, dtype=np.int64)
+    allocated = np.empty(n, dtype=np.int64)
+    fragmented = np.empty(n)
+    arrived_milli = failed = 0
+    for i, pod in enumerate(arrivals):
+        arrived_milli += pod.request.total_gpu_milli
+        result = placer.place(pod.request)
+        if isinstance(result, Unplaced):
+            failed += 1
+        else:
+            k = result.node
+            new = float(measure(view.free_gpu_milli[k], view.free_cpu_milli[k], view.node_model[k]))
+            frag_total += new - node_frag[k]
+            node_frag[k] = new
+        arrived[i] = arrived_milli
+        allocated[i] = ledger.allocated_gpu_milli
+        fragmented[i] = frag_total
+        if progress is not None and (i + 1) % 500 == 0:
+            progress(i + 1, n)
+    if progress is not None:
+        progress(n, n)
+    return ReplayResult(
+        trace=trace.name,
+        policy=policy,
+        seed=seed,
+        total_gpu_milli=ledger.total_gpu_milli,
+        arrived_gpu_milli=arrived,
+        allocated_gpu_milli=allocated,
+        fragmented_gpu_milli=fragmented,
+        failed_pods=failed,
+        wall_seconds=time.perf_counter() - started,
+        fallbacks={f"{hook}:{reason}": c for (hook, reason), c in placer.fallbacks.items()},
+    )

@@ -1,0 +1,144 @@
+"""openb trace files: node and pod CSVs from Alibaba's cluster-trace-gpu-v2023.
+
+Node CSV: ``sn,cpu_milli,memory_mib,gpu,model``. Pod CSV: ``name,cpu_milli,memory_mib,num_gpu,gpu_milli``
+then, except in the ``multigpu*`` files, ``gpu_spec,qos,pod_phase,creation_time,deletion_time,
+scheduled_time``. ``gpu_spec`` lists allowed models separated by "|". The default trace and the node list
+ship inside the package; every other trace is read from a directory (``--trace-dir``).
+"""
+
+from __future__ import annotations
+
+import csv
+from collections.abc import Iterator
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+from gpuslice.errors import GpusliceError, TraceFormatError, UnknownTrace
+from gpuslice.hardware.node import NodeSpec
+from gpuslice.units import MiB
+from gpuslice.workload.request import MILLI_PER_GPU, Request
+
+__all__ = [
+    "BUNDLED_TRACES",
+    "NODE_FILE",
+    "OpenbTrace",
+    "TracePod",
+    "bundled_dir",
+    "load_nodes",
+    "load_pods",
+    "load_trace",
+]
+
+NODE_FILE = "openb_node_list_gpu_node.csv"
+BUNDLED_TRACES = ("default",)
+_NODE_COLUMNS = ("sn", "cpu_milli", "memory_mib", "gpu", "model")
+_POD_COLUMNS = ("name", "cpu_milli", "memory_mib", "num_gpu", "gpu_milli")
+
+
+@dataclass(frozen=True, slots=True)
+class TracePod:
+    name: str
+    request: Request
+
+
+@dataclass(frozen=True)
+class OpenbTrace:
+    """A named pod list and the node list it is replayed on."""
+
+    name: str
+    nodes: tuple[NodeSpec, ...]
+    pods: tuple[TracePod, ...]
+
+    @property
+    def total_gpu_milli(self) -> int:
+        return sum(n.gpu_count for n in self.nodes) * MILLI_PER_GPU
+
+
+def bundled_dir() -> Path:
+    """Directory of the trace files shipped inside the package."""
+    return Path(str(resources.files("gpuslice.data") / "openb"))
+
+
+def _rows(path: Path, required: tuple[str, ...]) -> Iterator[tuple[int, dict[str, str]]]:
+    try:
+        handle = path.open(newline="")
+    except OSError as e:
+        raise UnknownTrace(f"cannot read {path}: {e.strerror}") from None
+    with handle:
+        reader = csv.DictReader(handle)
+        missing = [c for c in required if c not in (reader.fieldnames or ())]
+        if missing:
+            raise TraceFormatError(f"{path}: header lacks column(s) {', '.join(missing)}")
+        for row in reader:
+            yield reader.line_num, row
+
+
+def _int(path: Path, line: int, row: dict[str, str], column: str) -> int:
+    text = row.get(column)
+    try:
+        return int(text)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        raise TraceFormatError(f"{path}, row {line}: {column} is {text!r}, expected an integer") from None
+
+
+def load_nodes(path: Path) -> tuple[NodeSpec, ...]:
+    nodes = []
+    for line, row in _rows(path, _NODE_COLUMNS):
+        try:
+            nodes.append(
+                NodeSpec(
+                    name=row["sn"],
+                    cpu_milli=_int(path, line, row, "cpu_milli"),
+                    memory_bytes=_int(path, line, row, "memory_mib") * MiB,
+                    gpu_count=_int(path, line, row, "gpu"),
+                    gpu_model=row["model"] or "",
+                )
+            )
+        except TraceFormatError:
+            raise
+        except GpusliceError as e:
+            raise TraceFormatError(f"{path}, row {line}: {e}") from None
+    if not nodes:
+        raise TraceFormatError(f"{path}: no nodes")
+    return tuple(nodes)
+
+
+def load_pods(path: Path) -> tuple[TracePod, ...]:
+    pods = []
+    for line, row in _rows(path, _POD_COLUMNS):
+        num_gpu = _int(path, line, row, "num_gpu")
+        gpu_milli = _int(path, line, row, "gpu_milli")
+        if num_gpu > 0 and gpu_milli > MILLI_PER_GPU:
+            gpu_milli = MILLI_PER_GPU  # the artifact's pod_csv_to_yaml.py caps a GPU at 1000 milli
+        spec = row.get("gpu_spec") or ""
+        try:
+            request = Request(
+                cpu_milli=_int(path, line, row, "cpu_milli"),
+                memory_bytes=_int(path, line, row, "memory_mib") * MiB,
+                num_gpu=num_gpu,
+                gpu_milli=gpu_milli,
+                gpu_models=tuple(m for m in spec.split("|") if m),
+            )
+        except GpusliceError as e:
+            raise TraceFormatError(f"{path}, row {line}: {e}") from None
+        pods.append(TracePod(name=row["name"], request=request))
+    if not pods:
+        raise TraceFormatError(f"{path}: no pods")
+    return tuple(pods)
+
+
+def load_trace(name: str = "default", trace_dir: Path | None = None) -> OpenbTrace:
+    """Trace ``name`` (``openb_pod_list_NAME.csv``) with the GPU node list, from ``trace_dir`` or the
+    bundled copy. UnknownTrace names what exists when the file is missing."""
+    directory = Path(trace_dir) if trace_dir is not None else bundled_dir()
+    pod_path = directory / f"openb_pod_list_{name}.csv"
+    if not pod_path.is_file():
+        known = sorted(p.name[len("openb_pod_list_") : -4] for p in directory.glob("openb_pod_list_*.csv"))
+        hint = f"; known here: {', '.join(known)}" if known else ""
+        where = "the bundled data (use --trace-dir for the other traces)" if trace_dir is None else directory
+        raise UnknownTrace(f"no trace {name!r} in {where}{hint}")
+    node_path = directory / NODE_FILE
+    if not node_path.is_file():
+        raise UnknownTrace(f"{directory} has no node list {NODE_FILE}")
+    return OpenbTrace(name=name, nodes=load_nodes(node_path), pods=load_pods(pod_path))

@@ -1,0 +1,71 @@
+"""What a task asks for: CPU, memory, and one of three GPU shapes.
+
+* CPU-only: ``num_gpu == 0``.
+* GPU-sharing: one GPU, ``gpu_milli`` < 1000 of it (milli-GPU: 1000 = one whole GPU's compute and memory).
+* Whole GPUs: ``num_gpu == k`` GPUs on one node, each entirely free (``gpu_milli == 1000``).
+
+``gpu_models`` optionally pins the task to GPU models (openb's ``gpu_spec``, "V100M16|V100M32"); empty
+means any model.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from gpuslice.errors import InvalidRequest
+from gpuslice.hardware.node import MAX_GPUS_PER_NODE
+
+__all__ = ["MILLI_PER_GPU", "Request", "RequestKind"]
+
+MILLI_PER_GPU = 1000
+
+
+class RequestKind(enum.Enum):
+    CPU_ONLY = "cpu-only"
+    SHARING = "gpu-sharing"
+    WHOLE = "whole-gpu"
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    """One task's demand. Hashable: equal requests share cached placement scores."""
+
+    cpu_milli: int
+    memory_bytes: int = 0
+    num_gpu: int = 0
+    gpu_milli: int = 0  # per GPU, 1..1000; 0 when num_gpu == 0
+    gpu_models: tuple[str, ...] = ()  # allowed models, sorted; () = any
+
+    def __post_init__(self) -> None:
+        if self.cpu_milli < 0 or self.memory_bytes < 0:
+            raise InvalidRequest(f"{self}: CPU and memory requests cannot be negative")
+        if not 0 <= self.num_gpu <= MAX_GPUS_PER_NODE:
+            raise InvalidRequest(f"{self}: num_gpu must be 0..{MAX_GPUS_PER_NODE} (GPUs on one node)")
+        if self.num_gpu == 0 and self.gpu_milli != 0:
+            raise InvalidRequest(f"{self}: gpu_milli is set but num_gpu is 0")
+        if self.num_gpu > 0 and not 1 <= self.gpu_milli <= MILLI_PER_GPU:
+            raise InvalidRequest(f"{self}: gpu_milli must be 1..{MILLI_PER_GPU} per GPU")
+        if self.num_gpu > 1 and self.gpu_milli < MILLI_PER_GPU:
+            raise InvalidRequest(
+                f"{self}: a share of a GPU (gpu_milli < {MILLI_PER_GPU}) is for one GPU only; "
+                "ask for whole GPUs when you need several"
+            )
+        if tuple(sorted(set(self.gpu_models))) != self.gpu_models:
+            object.__setattr__(self, "gpu_models", tuple(sorted(set(self.gpu_models))))
+
+    @property
+    def kind(self) -> RequestKind:
+        if self.num_gpu == 0:
+            return RequestKind.CPU_ONLY
+        return RequestKind.SHARING if self.gpu_milli < MILLI_PER_GPU else RequestKind.WHOLE
+
+    @property
+    def total_gpu_milli(self) -> int:
+        """All milli-GPU the request takes: 2 whole GPUs = 2000."""
+        return self.num_gpu * self.gpu_milli
+
+    def __str__(self) -> str:
+        gpu = "no GPU" if self.num_gpu == 0 else f"{self.num_gpu}x{self.gpu_milli}m GPU"
+        models = f" on {'|'.join(self.gpu_models)}" if self.gpu_models else ""
+        return f"Request(cpu={self.cpu_milli}m, mem={self.memory_bytes}B, {gpu}{models})"
