@@ -1,0 +1,71 @@
+"""Many replays at once: every (trace, policy, seed) combination, in parallel worker processes.
+
+Each worker loads its trace once and keeps it, so a sweep pays the CSV parsing once per process, not
+once per run. Results come back in completion order through ``on_result`` (for progress bars) and are
+returned sorted by (trace, policy, seed).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass
+from functools import cache
+from itertools import product
+from pathlib import Path
+
+from gpuslice.policies import placement_policy
+from gpuslice.sim.openb import DEFAULT_TUNE, ReplayResult, replay
+from gpuslice.sim.trace import OpenbTrace, load_trace
+
+__all__ = ["RunSpec", "run_sweep"]
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    trace: str
+    policy: str
+    seed: int
+    trace_dir: Path | None = None
+    tune: float = DEFAULT_TUNE
+
+
+@cache
+def _trace(name: str, trace_dir: Path | None) -> OpenbTrace:
+    return load_trace(name, trace_dir)
+
+
+def _run(spec: RunSpec) -> ReplayResult:
+    return replay(_trace(spec.trace, spec.trace_dir), spec.policy, spec.seed, spec.tune)
+
+
+def run_sweep(
+    traces: Sequence[str],
+    policies: Sequence[str],
+    seeds: Sequence[int],
+    trace_dir: Path | None = None,
+    jobs: int = 1,
+    tune: float = DEFAULT_TUNE,
+    on_result: Callable[[ReplayResult], None] | None = None,
+) -> list[ReplayResult]:
+    """Replay every combination; ``jobs`` > 1 uses that many processes. Traces are loaded (and so
+    validated) up front, as are policy names, so a bad name or file fails before any work starts."""
+    for name in policies:
+        placement_policy(name)
+    for name in traces:
+        _trace(name, trace_dir)
+    specs = [RunSpec(t, p, s, trace_dir, tune) for t, p, s in product(traces, policies, seeds)]
+    results: list[ReplayResult] = []
+    if jobs <= 1:
+        for spec in specs:
+            results.append(_run(spec))
+            if on_result is not None:
+                on_result(results[-1])
+    else:
+        with ProcessPoolExecutor(max_workers=jobs) as pool:
+            for future in as_completed([pool.submit(_run, spec) for spec in specs]):
+                results.append(future.result())
+                if on_result is not None:
+                    on_result(results[-1])
+    order = {(t, p): i for i, (t, p) in enumerate(product(traces, policies))}
+    return sorted(results, key=lambda r: (order[(r.trace, r.policy)], r.seed))
