@@ -29,30 +29,37 @@ class FragmentationMeasure:
         shapes = target.shapes
         self.target = target
         self.cpu_milli = np.array([s.cpu_milli for s in shapes], dtype=np.int64)
-        self.gpu_milli = np.array([s.gpu_milli for s in shapes], dtype=np.int64)
         self.num_gpu = np.array([s.num_gpu for s in shapes], dtype=np.int64)
         self.probability = target.probability
-        # access[model, shape]; the extra last row is "CPU-only node", where no GPU shape can run
+        # Shapes share few per-GPU demands (12 levels for 30 GPU shapes on openb's default trace), so
+        # the per-GPU work is done once per level and indexed per shape.
+        gpu_milli = np.array([s.gpu_milli for s in shapes], dtype=np.int64)
+        self.levels, self.level_of_shape = np.unique(gpu_milli, return_inverse=True)
+        # runnable[model, shape]; the extra last row is "CPU-only node", where no GPU shape can run.
+        # CPU-only shapes are never "runnable" here: all free GPU capacity is a fragment to them.
         access = np.array(
             [[not s.gpu_models or model in s.gpu_models for s in shapes] for model in models]
             + [[False] * len(shapes)],
             dtype=bool,
         )
-        self.usable = access & (self.num_gpu > 0)[None, :]  # shapes whose fit can shrink the fragment
+        self.usable = access & (self.num_gpu > 0)[None, :]
 
     def __call__(self, free_gpu: np.ndarray, free_cpu: np.ndarray, node_model: np.ndarray) -> np.ndarray:
-        """F(M) in milli-GPU for each state: free_gpu (..., G), free_cpu (...), node_model (...)."""
+        """F(M) in milli-GPU for each state: free_gpu (..., G), free_cpu (...), node_model (...).
+
+        Written as F = total − Σ_{m runnable} p_m · (free on GPUs big enough for m), which equals
+        Σ_m p_m F(m) because the probabilities sum to 1.
+        """
         total = free_gpu.sum(axis=-1)
-        big_enough = free_gpu[..., None, :] >= self.gpu_milli[:, None]  # (..., M, G)
-        fitting_gpus = big_enough.sum(axis=-1)  # (..., M)
-        too_small = np.where(big_enough, 0, free_gpu[..., None, :]).sum(axis=-1)  # (..., M)
-        can_run = (
+        big_enough = free_gpu[..., None, :] >= self.levels[:, None]  # (..., L, G)
+        fitting_gpus = big_enough.sum(axis=-1)[..., self.level_of_shape]  # (..., M)
+        usable_milli = (free_gpu[..., None, :] * big_enough).sum(axis=-1)[..., self.level_of_shape]
+        runnable = (
             self.usable[node_model]
             & (fitting_gpus >= self.num_gpu)
             & (free_cpu[..., None] >= self.cpu_milli)
         )
-        per_shape = np.where(can_run, too_small, total[..., None])
-        return per_shape @ self.probability
+        return total - (runnable * usable_milli) @ self.probability
 
 
 def node_fragmentation(

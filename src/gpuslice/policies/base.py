@@ -66,6 +66,9 @@ class PlacementOps:
     name: ClassVar[str] = "default"
     summary: ClassVar[str] = "first feasible node, best-fit GPU"
     tie_break: ClassVar[TieBreak] = TieBreak.FIRST
+    # False when score() never reads the request's memory: requests that differ only in memory then
+    # share cached scores (memory still decides feasibility through the ledger's fit mask).
+    memory_in_score: ClassVar[bool] = True
 
     def __init__(self, view: LedgerView, context: PolicyContext) -> None:
         self.view = view

@@ -21,6 +21,7 @@ __all__ = ["BestFit"]
 class BestFit(PlacementOps):
     name = "bestfit"
     summary = "least leftover CPU and GPU after placing (FGD paper baseline)"
+    memory_in_score = False
 
     def score(self, view: LedgerView, req: Request, nodes: np.ndarray) -> np.ndarray:
         cpu_left = (view.free_cpu_milli[nodes] - req.cpu_milli) / MAX_SPEC_CPU_MILLI * 0.5

@@ -32,6 +32,7 @@ def _kind(req: Request) -> int:
 class Clustering(PlacementOps):
     name = "clustering"
     summary = "keep each node to one kind of GPU request (FGD paper baseline)"
+    memory_in_score = False
 
     def __init__(self, view: LedgerView, context: PolicyContext) -> None:
         super().__init__(view, context)

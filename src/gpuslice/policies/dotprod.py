@@ -22,6 +22,7 @@ __all__ = ["DotProd"]
 class DotProd(PlacementOps):
     name = "dotprod"
     summary = "Tetris dot product of free and requested resources (FGD paper baseline)"
+    memory_in_score = False
 
     def score(self, view: LedgerView, req: Request, nodes: np.ndarray) -> np.ndarray:
         cpu_free = view.free_cpu_milli[nodes] / MAX_SPEC_CPU_MILLI

@@ -25,6 +25,7 @@ DEVICE_SPLIT_COUNT = 10  # HAMi deviceSplitCount default: vGPU slots per physica
 
 
 class _HamiUsage(PlacementOps):
+    memory_in_score = False
     direction: ClassVar[float] = 1.0  # +1 binpack (fuller first), −1 spread (emptier first)
 
     def _open_gpus(self, view: LedgerView, req: Request, nodes: np.ndarray | int) -> np.ndarray:

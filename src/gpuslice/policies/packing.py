@@ -23,6 +23,7 @@ __all__ = ["Packing"]
 class Packing(PlacementOps):
     name = "packing"
     summary = "shared GPUs, then used nodes, then idle nodes (FGD paper baseline)"
+    memory_in_score = False
 
     def score(self, view: LedgerView, req: Request, nodes: np.ndarray) -> np.ndarray:
         if req.num_gpu == 0:

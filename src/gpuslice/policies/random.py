@@ -19,6 +19,7 @@ __all__ = ["RandomFit"]
 class RandomFit(PlacementOps):
     name = "random"
     summary = "uniformly random feasible node and GPU (FGD paper baseline)"
+    memory_in_score = False
     tie_break = TieBreak.RANDOM  # every feasible node scores the same, so this is the whole policy
 
     def pick_gpus(self, view: LedgerView, req: Request, node: int) -> tuple[int, ...]:

@@ -75,11 +75,15 @@ class Placer:
             return int(candidates[best[0]])
         return int(candidates[best[self.rng.integers(len(best))]])
 
-    def place(self, req: Request) -> Placement | Unplaced:
-        """Reserve ``req`` where the policy advises; Unplaced (ledger unchanged) if nowhere fits."""
+    def place(self, req: Request, explain: bool = True) -> Placement | Unplaced:
+        """Reserve ``req`` where the policy advises; Unplaced (ledger unchanged) if nowhere fits.
+
+        ``explain=False`` skips counting each node's reason in the Unplaced (a replay drops failed
+        pods without reading why, and the count costs a pass over every node)."""
         feasible = self.feasible(req)
         if not feasible.any():
-            return Unplaced(req, self.ledger.node_count, self.ledger.why_not(req))
+            reasons = self.ledger.why_not(req) if explain else Counter()
+            return Unplaced(req, self.ledger.node_count, reasons)
         node = self.choose_node(req, feasible)
         result = self._reserve_with_advice(req, node)
         if isinstance(result, Refusal):  # the ledger said the node fits, so only a broken ledger gets here
@@ -92,6 +96,8 @@ class Placer:
         self.policy.on_released(self.ledger.view, placement)
 
     def _scores(self, req: Request, candidates: np.ndarray) -> np.ndarray:
+        if not self.policy.memory_in_score:
+            req = req.without_memory()
         cache = self._cache.get(req)
         if cache is None:
             cache = self._cache[req] = _ScoreCache(self.ledger.node_count)

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from gpuslice.ledger.fragmentation import FragmentationMeasure
-from gpuslice.ledger.ledger import Ledger
+from gpuslice.ledger.ledger import Ledger, LedgerView
 from gpuslice.policies import PolicyContext, make_policy
 from gpuslice.scheduler.placer import Placer, Unplaced
 from gpuslice.sim.trace import OpenbTrace, TracePod
@@ -131,6 +131,26 @@ def arrival_order(
         pods.append(pod)
 
 
+def _fragmentation_series(
+    measure: FragmentationMeasure,
+    empty: LedgerView,
+    changed: np.ndarray,
+    gpu_after: np.ndarray,
+    cpu_after: np.ndarray,
+) -> np.ndarray:
+    """Cluster fragmentation after every pod, from the empty cluster and each pod's changed node."""
+    node_frag = measure(empty.free_gpu_milli, empty.free_cpu_milli, empty.node_model)
+    start = float(node_frag.sum())
+    placed = np.flatnonzero(changed >= 0)
+    nodes = changed[placed]
+    frag_after = measure(gpu_after[placed], cpu_after[placed], empty.node_model[nodes])
+    delta = np.zeros(len(changed))
+    for j, (node, value) in enumerate(zip(nodes.tolist(), frag_after.tolist(), strict=True)):
+        delta[placed[j]] = value - node_frag[node]
+        node_frag[node] = value
+    return start + np.cumsum(delta)
+
+
 def replay(
     trace: OpenbTrace,
     policy: str,
@@ -148,33 +168,35 @@ def replay(
     target = TargetWorkload.from_requests(p.request for p in trace.pods)
     context = PolicyContext(rng=np.random.default_rng(policy_seed), target=target)
     placer = Placer(ledger, make_policy(policy, ledger.view, context))
-    measure = FragmentationMeasure(target, ledger.models)
     view = ledger.view
-    node_frag = measure(view.free_gpu_milli, view.free_cpu_milli, view.node_model)
-    frag_total = float(node_frag.sum())
 
     n = len(arrivals)
     arrived = np.empty(n, dtype=np.int64)
     allocated = np.empty(n, dtype=np.int64)
-    fragmented = np.empty(n)
+    # The node each pod changed (-1: failed) and that node's state right after; fragmentation is
+    # measured for all of them in one batch at the end instead of once per pod.
+    changed = np.full(n, -1, dtype=np.int64)
+    gpu_after = np.zeros((n, view.free_gpu_milli.shape[1]), dtype=np.int64)
+    cpu_after = np.zeros(n, dtype=np.int64)
     arrived_milli = failed = 0
     for i, pod in enumerate(arrivals):
         arrived_milli += pod.request.total_gpu_milli
-        result = placer.place(pod.request)
+        result = placer.place(pod.request, explain=False)
         if isinstance(result, Unplaced):
             failed += 1
         else:
-            k = result.node
-            new = float(measure(view.free_gpu_milli[k], view.free_cpu_milli[k], view.node_model[k]))
-            frag_total += new - node_frag[k]
-            node_frag[k] = new
+            changed[i] = result.node
+            gpu_after[i] = view.free_gpu_milli[result.node]
+            cpu_after[i] = view.free_cpu_milli[result.node]
         arrived[i] = arrived_milli
         allocated[i] = ledger.allocated_gpu_milli
-        fragmented[i] = frag_total
         if progress is not None and (i + 1) % 500 == 0:
             progress(i + 1, n)
     if progress is not None:
         progress(n, n)
+    fragmented = _fragmentation_series(
+        FragmentationMeasure(target, ledger.models), Ledger(nodes).view, changed, gpu_after, cpu_after
+    )
     return ReplayResult(
         trace=trace.name,
         policy=policy,

@@ -60,6 +60,12 @@ class Request:
             return RequestKind.CPU_ONLY
         return RequestKind.SHARING if self.gpu_milli < MILLI_PER_GPU else RequestKind.WHOLE
 
+    def without_memory(self) -> Request:
+        """The same request with memory 0: its shape for scores that ignore memory."""
+        if self.memory_bytes == 0:
+            return self
+        return Request(self.cpu_milli, 0, self.num_gpu, self.gpu_milli, self.gpu_models)
+
     @property
     def total_gpu_milli(self) -> int:
         """All milli-GPU the request takes: 2 whole GPUs = 2000."""
