@@ -1,0 +1,376 @@
+"""MIG geometry: per-GPU profile tables and the 8-slot occupancy bitmask that decides what still fits.
+
+What: the GPU-instance (GI) profiles of A100-40GB, A100-80GB, H100-80GB and H200-141GB (name, the
+``nvidia-smi mig -lgip`` ID, the NVML selector constant, memory, compute and memory slices, allowed
+starts), a ``MigLayout`` (which instances sit where on one GPU) and smallest-profile selection for a
+memory request.
+
+Why a bitmask: a GI occupies ``size`` consecutive memory slices from an aligned ``start``; GIs may not
+overlap. On these four GPUs the placement table (research §4.3) makes an 8-bit memory-slice mask
+capture every GI conflict, including the 7 SM slices (research §4.8, "Modelling"): bit ``s`` is set when
+memory slice ``s`` is taken. The one extra rule is a per-profile instance cap, which only bites for the
+``+me`` profile (one media-extension instance per GPU, research §4.1).
+
+Source: ``k8s_nvidia_reference.md`` §4.1 (model), §4.2 (IDs and NVML constants), §4.3 (placements),
+§4.4–4.7 (per-GPU tables), §4.8 (alignment and fragmentation). Memory figures are MiB as NVML's
+``memorySizeMB`` reports them (A100: NVIDIA/go-nvml mock tables; H100: ``-lgip`` GiB transcript).
+The H200 table is **inferred** (research §4.7): every H200 profile carries ``verified=False``; correct
+``_H200`` below once ``nvidia-smi mig -lgip``/``-lgipp`` on a real H200 is at hand
+(``gpuslice.hardware.mig_nvml.compare_with_table`` prints the differences).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
+
+from gpuslice.errors import InvalidSize, UserError
+from gpuslice.units import MiB, format_size, parse_size
+
+__all__ = [
+    "COMPUTE_SLICES",
+    "MEMORY_SLICES",
+    "MIG_GPUS",
+    "InvalidMigLayout",
+    "MigGpu",
+    "MigInstance",
+    "MigLayout",
+    "MigProfile",
+    "MigRequestTooLarge",
+    "UnknownMigGpu",
+    "UnknownMigProfile",
+    "format_mask",
+    "mig_gpu",
+    "parse_layout",
+    "resolve_request",
+    "slot_mask",
+    "smallest_profiles",
+]
+
+MEMORY_SLICES = 8  # research §4.1: 8 memory slices per MIG-capable GPU
+COMPUTE_SLICES = 7  # research §4.1: 7 SM (GPC) slices
+FULL_MASK = (1 << MEMORY_SLICES) - 1
+
+
+class UnknownMigGpu(UserError):
+    """A GPU name has no MIG profile table."""
+
+
+class UnknownMigProfile(UserError):
+    """A profile name or ID is not in the GPU's MIG table."""
+
+
+class MigRequestTooLarge(UserError):
+    """A memory request is larger than the GPU's largest MIG profile."""
+
+
+class InvalidMigLayout(UserError):
+    """A layout string names an impossible instance (bad start, overlap, malformed entry)."""
+
+
+def slot_mask(start: int, size: int) -> int:
+    """Bits ``start … start+size-1`` set: the memory slices a GI at ``start`` occupies."""
+    return ((1 << size) - 1) << start
+
+
+def format_mask(mask: int) -> str:
+    """Slot 0 first, '#' taken and '.' free: ``0b11110000`` → '....####'."""
+    return "".join("#" if mask >> s & 1 else "." for s in range(MEMORY_SLICES))
+
+
+@dataclass(frozen=True, slots=True)
+class MigProfile:
+    """One GPU-instance profile of one GPU model.
+
+    ``profile_id`` is the ID ``nvidia-smi mig -lgip`` prints and ``-cgi`` takes, equal to
+    ``nvmlGpuInstanceProfileInfo_t.id``; ``nvml_constant`` is the ``NVML_GPU_INSTANCE_PROFILE_*`` selector
+    passed to ``nvmlDeviceGetGpuInstanceProfileInfo`` (research §4.2 — they differ).
+    """
+
+    name: str  # "<SM slices>g.<memory GB>gb[+me]"
+    profile_id: int
+    nvml_constant: int
+    memory_bytes: int  # as NVML reports it (memorySizeMB × MiB), not the name's nominal GB
+    compute_slices: int  # of 7
+    memory_slices: int  # of 8; equals the placement size
+    starts: tuple[int, ...]  # allowed placement starts, research §4.3
+    max_count: int  # instances per GPU
+    sm_count: int
+    verified: bool = True  # False: inferred by analogy, see the module docstring
+
+    def mask_at(self, start: int) -> int:
+        """Memory slices this profile occupies when started at ``start``."""
+        return slot_mask(start, self.memory_slices)
+
+    @property
+    def media_extensions(self) -> bool:
+        return self.name.endswith("+me")
+
+
+@dataclass(frozen=True, slots=True)
+class MigGpu:
+    """A MIG-capable GPU model: its key (``a100-80gb``), a description and its profiles, smallest first."""
+
+    key: str
+    description: str
+    profiles: tuple[MigProfile, ...]
+
+    def profile(self, name_or_id: str | int) -> MigProfile:
+        """The profile called ``name_or_id`` ("3g.40gb", "MIG 3g.40gb", 9 or "9"); UnknownMigProfile else."""
+        text = str(name_or_id).strip().lower().removeprefix("mig ").strip()
+        for p in self.profiles:
+            if text in (p.name, str(p.profile_id)):
+                return p
+        known = ", ".join(f"{p.name} ({p.profile_id})" for p in self.profiles)
+        raise UnknownMigProfile(f"{name_or_id!r} is not a MIG profile of {self.key}; known: {known}")
+
+    @property
+    def verified(self) -> bool:
+        return all(p.verified for p in self.profiles)
+
+
+# Profile shapes shared by all four GPUs (research §4.2 IDs/constants, §4.3 starts and counts):
+# (suffix-less SM slices, nvidia-smi ID, NVML constant, compute slices, memory slices, starts, max count)
+_SHAPES: dict[str, tuple[int, int, int, int, tuple[int, ...], int]] = {
+    "1g": (19, 0x0, 1, 1, (0, 1, 2, 3, 4, 5, 6), 7),  # NVML_GPU_INSTANCE_PROFILE_1_SLICE
+    "1g+me": (20, 0x7, 1, 1, (0, 1, 2, 3, 4, 5, 6), 1),  # 1_SLICE_REV1: media extensions, one per GPU
+    "1g.2x": (15, 0x9, 1, 2, (0, 2, 4, 6), 4),  # 1_SLICE_REV2: 1 SM slice, twice the memory
+    "2g": (14, 0x1, 2, 2, (0, 2, 4), 3),  # 2_SLICE
+    "3g": (9, 0x2, 3, 4, (0, 4), 2),  # 3_SLICE: 4 memory slices, 3 SM slices (research §4.8)
+    "4g": (5, 0x3, 4, 4, (0,), 1),  # 4_SLICE
+    "7g": (0, 0x4, 7, 8, (0,), 1),  # 7_SLICE
+}
+
+
+def _gpu(key: str, description: str, rows: Iterable[tuple[str, str, int, int]], verified: bool) -> MigGpu:
+    """rows: (shape key, profile name, memory MiB, SMs)."""
+    profiles = []
+    for shape, name, memory_mib, sms in rows:
+        pid, const, compute, memory, starts, count = _SHAPES[shape]
+        profiles.append(
+            MigProfile(
+                name=name,
+                profile_id=pid,
+                nvml_constant=const,
+                memory_bytes=memory_mib * MiB,
+                compute_slices=compute,
+                memory_slices=memory,
+                starts=starts,
+                max_count=count,
+                sm_count=sms,
+                verified=verified,
+            )
+        )
+    return MigGpu(key=key, description=description, profiles=tuple(profiles))
+
+
+# research §4.4: A100-40GB; MiB from NVIDIA/go-nvml mock a100.go (memorySizeMB), 14 SMs per slice.
+_A100_40 = _gpu(
+    "a100-40gb",
+    "NVIDIA A100 SXM4/PCIe 40GB",
+    [
+        ("1g", "1g.5gb", 4864, 14),
+        ("1g+me", "1g.5gb+me", 4864, 14),
+        ("1g.2x", "1g.10gb", 9856, 14),
+        ("2g", "2g.10gb", 9856, 28),
+        ("3g", "3g.20gb", 19968, 42),
+        ("4g", "4g.20gb", 19968, 56),
+        ("7g", "7g.40gb", 40192, 98),
+    ],
+    verified=True,
+)
+# research §4.5: A100-80GB, same shapes; memory doubles.
+_A100_80 = _gpu(
+    "a100-80gb",
+    "NVIDIA A100 SXM4/PCIe 80GB",
+    [
+        ("1g", "1g.10gb", 9856, 14),
+        ("1g+me", "1g.10gb+me", 9856, 14),
+        ("1g.2x", "1g.20gb", 19968, 14),
+        ("2g", "2g.20gb", 19968, 28),
+        ("3g", "3g.40gb", 40192, 42),
+        ("4g", "4g.40gb", 40192, 56),
+        ("7g", "7g.80gb", 80384, 98),
+    ],
+    verified=True,
+)
+# research §4.6: H100-80GB; memory from the -lgip transcript (9.75 / 19.62 / 39.50 / 79.25 GiB).
+# SMs per slice are not uniform on GH100 (1g 16, doubled-memory 1g 26, 3g 60).
+_H100_80 = _gpu(
+    "h100-80gb",
+    "NVIDIA H100 SXM5/PCIe 80GB",
+    [
+        ("1g", "1g.10gb", 9984, 16),
+        ("1g+me", "1g.10gb+me", 9984, 16),
+        ("1g.2x", "1g.20gb", 20096, 26),
+        ("2g", "2g.20gb", 20096, 32),
+        ("3g", "3g.40gb", 40448, 60),
+        ("4g", "4g.40gb", 40448, 64),
+        ("7g", "7g.80gb", 81152, 132),
+    ],
+    verified=True,
+)
+# research §4.7: H200-141GB — INFERRED, easy to correct here. Names and fractions: MIG guide table 8.
+# IDs 15/9/5 by analogy with H100; SM counts from H100 (same die). Memory: the only H200 figure in the
+# research is ~69.8 GiB for 3g.71gb, so every size below is the H100 -lgip size × 69.8/39.5, rounded to
+# MiB. Placements are H100's (same GH100 slice layout, research §4.3). Verify with -lgip / -lgipp.
+_H200 = _gpu(
+    "h200-141gb",
+    "NVIDIA H200 SXM5/NVL 141GB (profile facts inferred, see module docstring)",
+    [
+        ("1g", "1g.18gb", 17643, 16),
+        ("1g+me", "1g.18gb+me", 17643, 16),
+        ("1g.2x", "1g.35gb", 35511, 26),
+        ("2g", "2g.35gb", 35511, 32),
+        ("3g", "3g.71gb", 71475, 60),
+        ("4g", "4g.71gb", 71475, 64),
+        ("7g", "7g.141gb", 143402, 132),
+    ],
+    verified=False,
+)
+
+MIG_GPUS: dict[str, MigGpu] = {g.key: g for g in (_A100_40, _A100_80, _H100_80, _H200)}
+# Other spellings people use: the GpuModel catalogue's names and nvidia-smi's product names.
+_ALIASES = {"a100": "a100-40gb", "h100": "h100-80gb", "h200": "h200-141gb", "h200-141": "h200-141gb"}
+
+
+def mig_gpu(name: str) -> MigGpu:
+    """The MIG table of ``name`` (``a100-80gb``, ``A100-80GB``, ``H200``); UnknownMigGpu lists the keys."""
+    key = name.strip().lower().replace("_", "-").replace(" ", "-")
+    key = _ALIASES.get(key, key)
+    if key in MIG_GPUS:
+        return MIG_GPUS[key]
+    raise UnknownMigGpu(f"{name!r} has no MIG profile table; known: {', '.join(MIG_GPUS)}")
+
+
+def smallest_profiles(gpu: MigGpu, memory_bytes: int) -> tuple[MigProfile, ...]:
+    """Profiles with at least ``memory_bytes``, best first: least memory, then fewest compute slices.
+
+    HAMi's rule (hami_and_peers.md §3.4: "the smallest profile whose memory ≥ the request; ties go to
+    fewer slices"), kept as an ordered list so a planner can fall back to the next size when the
+    smallest cannot be placed. ``+me`` profiles are left out: media engines are asked for by name.
+    """
+    if memory_bytes <= 0:
+        raise MigRequestTooLarge(f"a MIG memory request must be positive, got {memory_bytes} bytes")
+    fitting = [p for p in gpu.profiles if p.memory_bytes >= memory_bytes and not p.media_extensions]
+    if not fitting:
+        largest = max(gpu.profiles, key=lambda p: p.memory_bytes)
+        raise MigRequestTooLarge(
+            f"{format_size(memory_bytes)} does not fit any MIG profile of {gpu.key}: the largest, "
+            f"{largest.name}, has {format_size(largest.memory_bytes)}; use a whole GPU instead"
+        )
+    return tuple(sorted(fitting, key=lambda p: (p.memory_bytes, p.compute_slices, p.memory_slices)))
+
+
+def resolve_request(gpu: MigGpu, text: str) -> tuple[MigProfile, ...]:
+    """A request as written ("3g.40gb", "9", "12GiB") → the profiles that satisfy it, best first."""
+    try:
+        return (gpu.profile(text),)
+    except UnknownMigProfile as err:
+        try:
+            size = parse_size(text.strip())
+        except InvalidSize:
+            raise UnknownMigProfile(f"{err}; or give a memory size such as 12GiB") from None
+    return smallest_profiles(gpu, size)
+
+
+@dataclass(frozen=True, slots=True)
+class MigInstance:
+    """One GPU instance: its profile and start; ``gi_id``/``ci_ids`` when read from a node.
+
+    ``idle`` marks an instance no workload uses: a planner may reuse or destroy it.
+    """
+
+    profile: MigProfile
+    start: int
+    gi_id: int | None = None
+    ci_ids: tuple[int, ...] = (0,)
+    idle: bool = False
+
+    @property
+    def mask(self) -> int:
+        return self.profile.mask_at(self.start)
+
+    def __str__(self) -> str:
+        gi = "" if self.gi_id is None else f"/{self.gi_id}"
+        return f"{self.profile.name}@{self.start}{gi}{':idle' if self.idle else ''}"
+
+
+@dataclass(frozen=True, slots=True)
+class MigLayout:
+    """The GPU instances on one GPU. Immutable: ``with_instance``/``without`` return new layouts."""
+
+    gpu: MigGpu
+    instances: tuple[MigInstance, ...] = ()
+
+    @property
+    def mask(self) -> int:
+        """Occupied memory slices, bit s = slice s."""
+        m = 0
+        for inst in self.instances:
+            m |= inst.mask
+        return m
+
+    def count(self, profile: MigProfile) -> int:
+        return sum(1 for i in self.instances if i.profile == profile)
+
+    def can_place(self, profile: MigProfile, start: int) -> bool:
+        """Is ``start`` allowed for ``profile`` (research §4.3), its slices free and its cap not reached?"""
+        return (
+            start in profile.starts
+            and not self.mask & profile.mask_at(start)
+            and self.count(profile) < profile.max_count
+        )
+
+    def placements(self, profile: MigProfile) -> tuple[int, ...]:
+        """Every start where ``profile`` fits now, lowest first."""
+        return tuple(s for s in profile.starts if self.can_place(profile, s))
+
+    def with_instance(self, instance: MigInstance) -> MigLayout:
+        if not self.can_place(instance.profile, instance.start):
+            raise InvalidMigLayout(
+                f"{instance.profile.name} cannot start at slot {instance.start} on {self.gpu.key}: "
+                f"allowed starts {list(instance.profile.starts)}, occupied slots {format_mask(self.mask)}"
+            )
+        return replace(self, instances=(*self.instances, instance))
+
+    def without(self, instance: MigInstance) -> MigLayout:
+        if instance not in self.instances:
+            raise InvalidMigLayout(f"{instance} is not in the layout")
+        rest = list(self.instances)
+        rest.remove(instance)
+        return replace(self, instances=tuple(rest))
+
+
+def parse_layout(gpu: MigGpu, text: str) -> MigLayout:
+    """``"4g.40gb@0/1, 1g.10gb@6/13:idle"`` → a layout. Entry: PROFILE@START[/GI_ID][:idle].
+
+    The GI id (``nvidia-smi mig -lgi``'s "GI ID") is needed for an idle instance, because a planner may
+    destroy it and ``-dgi`` takes that id. Entries are validated against the placement table and each
+    other; nothing is returned half-built.
+    """
+    layout = MigLayout(gpu)
+    for raw in (e.strip() for e in text.split(",")):
+        if not raw:
+            continue
+        body, _, flag = raw.partition(":")
+        if flag not in ("", "idle"):
+            raise InvalidMigLayout(f"layout entry {raw!r}: only ':idle' may follow the start")
+        name, at, where = body.partition("@")
+        start_text, _, gi_text = where.partition("/")
+        if not at or not start_text.strip().isdigit() or (gi_text and not gi_text.strip().isdigit()):
+            raise InvalidMigLayout(
+                f"layout entry {raw!r}: write PROFILE@START[/GI_ID][:idle], "
+                "e.g. 3g.40gb@4/2 or 1g.10gb@6/13:idle"
+            )
+        gi_id = int(gi_text) if gi_text else None
+        if flag and gi_id is None:
+            raise InvalidMigLayout(
+                f"idle instance {raw!r} needs its GPU-instance id (nvidia-smi mig -lgi, 'GI ID'), "
+                f"e.g. {name.strip()}@{start_text.strip()}/7:idle, so that it can be destroyed"
+            )
+        profile = gpu.profile(name)
+        layout = layout.with_instance(
+            MigInstance(profile=profile, start=int(start_text), gi_id=gi_id, idle=bool(flag))
+        )
+    return layout
