@@ -103,8 +103,8 @@ def _pm(mean: float, sd: float) -> str:
 
 def _summary_table(rows: list[PolicySummary]) -> Table:
     table = Table(
-        title="Unallocated GPU % at 100 % arrival, mean ± sd over seeds (lower is better)",
-        caption="paper: the FGD artifact's expected results; diff: ours − paper, in points",
+        title="Unallocated GPU % at 100 % arrival (mean ± sd; lower is better)",
+        caption="paper: FGD artifact's published runs; diff: ours − paper",
         box=box.SIMPLE_HEAD,
         padding=(0, 0),  # gaps of one space (the box's): the eight columns fit in 80 characters
         show_edge=False,
