@@ -1,0 +1,3 @@
+"""Data files shipped inside the package (the openb default trace; see openb/README.md)."""
+
+__all__: list[str] = []
