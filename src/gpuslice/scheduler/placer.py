@@ -82,7 +82,12 @@ class Placer:
         pods without reading why, and the count costs a pass over every node)."""
         feasible = self.feasible(req)
         if not feasible.any():
-            reasons = self.ledger.why_not(req) if explain else Counter()
+            reasons: Counter[RefusalCode] = Counter()
+            if explain:
+                reasons = self.ledger.why_not(req)
+                fitting = self.ledger.node_count - sum(reasons.values())
+                if fitting:  # the ledger had room; the policy's filter took those nodes away
+                    reasons[RefusalCode.EXCLUDED_BY_POLICY] = fitting
             return Unplaced(req, self.ledger.node_count, reasons)
         node = self.choose_node(req, feasible)
         result = self._reserve_with_advice(req, node)
