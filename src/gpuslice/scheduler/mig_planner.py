@@ -109,8 +109,10 @@ class MigPlan:
 
 
 def _reason(layout: MigLayout, request: str, candidates: Sequence) -> Rejection:
+    # The cap is the reason only when the slots themselves are free (only the +me profile can hit it).
     capped = [p.name for p in candidates if layout.count(p) >= p.max_count]
-    if capped and len(capped) == len(candidates):
+    slots_free = any(not layout.mask & p.mask_at(s) for p in candidates for s in p.starts)
+    if capped and len(capped) == len(candidates) and slots_free:
         return Rejection(
             request, INSTANCE_CAP, f"{', '.join(capped)}: at most {candidates[0].max_count} per GPU"
         )
