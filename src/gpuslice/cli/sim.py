@@ -14,7 +14,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from gpuslice.errors import UserError
-from gpuslice.policies import FGD_PAPER_POLICIES, PLACEMENT, placement_policy
+from gpuslice.policies import FGD_PAPER_POLICIES, PLACEMENT
 from gpuslice.sim.openb import DEFAULT_TUNE, ReplayResult
 from gpuslice.sim.published import published_results
 from gpuslice.sim.report import PolicySummary, summarize, write_results
@@ -72,9 +72,7 @@ def openb(
 ) -> None:
     """The FGD paper's openb experiment: unallocated GPU % as the inflated trace arrives, per policy."""
     traces, policies = trace or ["default"], policy or list(FGD_PAPER_POLICIES)
-    seed_list = parse_seeds(seeds)
-    for name in policies:
-        placement_policy(name)
+    seed_list = parse_seeds(seeds)  # policy and trace names: run_sweep checks them all before any run
     if out.exists() and not out.is_dir():
         raise UserError(f"--out {out} is a file: give a folder for the results")
     console = Console()
