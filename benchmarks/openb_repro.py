@@ -1,6 +1,6 @@
 """Reproduce the FGD paper's openb results: every policy × seeds × traces, side by side with the paper.
 
-    .venv/bin/python benchmarks/openb_repro.py                      # 4 fidelity traces × 6 policies × 10 seeds
+    .venv/bin/python benchmarks/openb_repro.py           # 4 fidelity traces × 6 policies × 10 seeds
     .venv/bin/python benchmarks/openb_repro.py --traces all --jobs 2 --markdown out.md
 
 Prints (and with --markdown writes) a Markdown table: per trace and policy our mean ± sd of unallocated
@@ -64,7 +64,8 @@ def summarize(results: list[ReplayResult], published_path: Path | None) -> tuple
         rows.append(row)
 
     lines = [
-        "| trace | policy | ours (mean ± sd) | published (mean ± sd) | diff | tolerance | within | wall s/run |",
+        "| trace | policy | ours (mean ± sd) | published (mean ± sd) | diff | tolerance | within "
+        "| wall s/run |",
         "|---|---|---:|---:|---:|---:|:---:|---:|",
     ]
     for row in rows:
@@ -83,13 +84,16 @@ def summarize(results: list[ReplayResult], published_path: Path | None) -> tuple
         theirs = [r["policy"] for r in sorted(mine, key=lambda r: r.get("pub_mean", np.inf))]
         lines.append(
             f"- {trace}: our ranking {' < '.join(ranked)}; published {' < '.join(theirs)}; "
-            f"FGD lowest: {'yes' if ranked[0] == 'fgd' else 'no'}; same order: {'yes' if ranked == theirs else 'no'}"
+            f"FGD lowest: {'yes' if ranked[0] == 'fgd' else 'no'}; "
+            f"same order: {'yes' if ranked == theirs else 'no'}"
         )
     return rows, "\n".join(lines)
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--traces", nargs="+", default=list(FIDELITY_TRACES), help="trace names, or 'all'")
     parser.add_argument("--policies", nargs="+", default=list(FGD_PAPER_POLICIES))
     parser.add_argument("--seeds", nargs="+", type=int, default=list(range(42, 52)))
@@ -108,14 +112,19 @@ def main() -> int:
     with Progress() as progress:
         task = progress.add_task("replaying", total=total)
         results = run_sweep(
-            traces, args.policies, args.seeds, args.trace_dir, jobs=args.jobs,
+            traces,
+            args.policies,
+            args.seeds,
+            args.trace_dir,
+            jobs=args.jobs,
             on_result=lambda _: progress.advance(task),
         )
     elapsed = time.perf_counter() - started
     rows, table = summarize(results, published_path)
     header = (
         f"{date.today().isoformat()} · {platform.node()} ({platform.machine()}, {args.jobs} jobs) · "
-        f"{total} runs in {elapsed:.0f} s · command: python benchmarks/openb_repro.py {' '.join(sys.argv[1:])}"
+        f"{total} runs in {elapsed:.0f} s · "
+        f"command: python benchmarks/openb_repro.py {' '.join(sys.argv[1:])}"
     )
     text = f"{header}\n\n{table}\n"
     print(text)

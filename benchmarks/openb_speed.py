@@ -1,6 +1,6 @@
 """Speed and memory of the openb replay.
 
-    .venv/bin/python benchmarks/openb_speed.py            # one FGD run ×3, peak memory, 6 × 10 sweep (--jobs 2)
+    .venv/bin/python benchmarks/openb_speed.py   # one FGD run ×3, peak memory, 6 × 10 sweep (--jobs 2)
 
 Measures (targets from issue 2): one FGD run of the default trace (≈ 10.9k pod arrivals on 6212 GPUs)
 ≤ 5 s wall; peak resident memory of a process doing one run < 500 MB; the whole 6-policy × 10-seed
@@ -47,7 +47,9 @@ def single_run(policy: str, seed: int) -> tuple[float, float, int, float]:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--skip-sweep", action="store_true")
@@ -62,17 +64,23 @@ def main() -> int:
     runs = [single_run("fgd", 42 + i) for i in range(args.repeats)]
     best = min(r[1] for r in runs)
     worst = max(r[1] for r in runs)
-    lines.append(f"| FGD, default trace, one run (replay only; best / worst of {args.repeats}) | "
-                 f"{best:.2f} s / {worst:.2f} s | ≤ 5 s |")
+    lines.append(
+        f"| FGD, default trace, one run (replay only; best / worst of {args.repeats}) | "
+        f"{best:.2f} s / {worst:.2f} s | ≤ 5 s |"
+    )
     lines.append(f"| trace CSV loading | {min(r[0] for r in runs):.2f} s | — |")
     lines.append(f"| pod arrivals per run | {runs[0][2]} | — |")
-    lines.append(f"| peak RSS of a process doing one FGD run | {max(r[3] for r in runs):.0f} MiB | < 500 MB |")
+    lines.append(
+        f"| peak RSS of a process doing one FGD run | {max(r[3] for r in runs):.0f} MiB | < 500 MB |"
+    )
     if not args.skip_sweep:
         started = time.perf_counter()
         results = run_sweep(["default"], list(FGD_PAPER_POLICIES), list(range(42, 52)), jobs=args.jobs)
         sweep_s = time.perf_counter() - started
-        lines.append(f"| 6 policies × 10 seeds, default trace, --jobs {args.jobs} ({len(results)} runs) | "
-                     f"{sweep_s:.0f} s | < 180 s |")
+        lines.append(
+            f"| 6 policies × 10 seeds, default trace, --jobs {args.jobs} ({len(results)} runs) | "
+            f"{sweep_s:.0f} s | < 180 s |"
+        )
     print("\n".join(lines))
     return 0
 

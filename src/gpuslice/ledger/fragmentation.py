@@ -55,9 +55,7 @@ class FragmentationMeasure:
         fitting_gpus = big_enough.sum(axis=-1)[..., self.level_of_shape]  # (..., M)
         usable_milli = (free_gpu[..., None, :] * big_enough).sum(axis=-1)[..., self.level_of_shape]
         runnable = (
-            self.usable[node_model]
-            & (fitting_gpus >= self.num_gpu)
-            & (free_cpu[..., None] >= self.cpu_milli)
+            self.usable[node_model] & (fitting_gpus >= self.num_gpu) & (free_cpu[..., None] >= self.cpu_milli)
         )
         return total - (runnable * usable_milli) @ self.probability
 

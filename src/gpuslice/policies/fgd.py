@@ -42,7 +42,8 @@ class FGD(PlacementOps):
         # F_n(M) of every node as it is now, valid while the node's version matches (shape-independent)
         self._frag = np.zeros(view.node_count)
         self._frag_version = np.full(view.node_count, -1, dtype=np.int64)
-        # per share shape (memory dropped): the GPU that scored best on each node, and the node version it was scored at
+        # per share shape (memory dropped): the GPU that scored best on each node, and the node
+        # version it was scored at
         self._best_gpu: dict[Request, tuple[np.ndarray, np.ndarray]] = {}
 
     def score(self, view: LedgerView, req: Request, nodes: np.ndarray) -> np.ndarray:

@@ -69,12 +69,12 @@ class ReplayResult:
     def fragmentation_rate_pct(self) -> np.ndarray:
         """Fragmentation as % of the GPU capacity still unallocated."""
         idle = self.total_gpu_milli - self.allocated_gpu_milli
-        return 100.0 * np.divide(
-            self.fragmented_gpu_milli, idle, out=np.zeros(len(idle)), where=idle > 0
-        )
+        return 100.0 * np.divide(self.fragmented_gpu_milli, idle, out=np.zeros(len(idle)), where=idle > 0)
 
     def unallocated_pct_at(self, arrival_pct: int = 100) -> float:
-        return unallocated_pct_at(self.arrived_pct, self.allocated_gpu_milli, self.total_gpu_milli, arrival_pct)
+        return unallocated_pct_at(
+            self.arrived_pct, self.allocated_gpu_milli, self.total_gpu_milli, arrival_pct
+        )
 
     def record(self) -> dict[str, object]:
         """The JSON record of this run (``results.json`` holds a list of these)."""
@@ -114,9 +114,7 @@ def unallocated_pct_at(
     return 100.0 - _binned_mean(np.round(arrived_pct), allocated, arrival_pct)
 
 
-def arrival_order(
-    trace: OpenbTrace, rng: np.random.Generator, tune: float = DEFAULT_TUNE
-) -> list[TracePod]:
+def arrival_order(trace: OpenbTrace, rng: np.random.Generator, tune: float = DEFAULT_TUNE) -> list[TracePod]:
     """Shuffled pods, then pods sampled with replacement until the request would pass tune × capacity."""
     pods = [trace.pods[i] for i in rng.permutation(len(trace.pods))]
     requested = sum(p.request.total_gpu_milli for p in pods)

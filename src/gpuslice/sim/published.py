@@ -40,7 +40,9 @@ class PublishedResult:
         return float(np.std(self.unallocated_pct, ddof=1)) if len(self.unallocated_pct) > 1 else 0.0
 
 
-def published_results(path: Path | None = None, arrival_pct: int = 100) -> dict[tuple[str, str], PublishedResult]:
+def published_results(
+    path: Path | None = None, arrival_pct: int = 100
+) -> dict[tuple[str, str], PublishedResult]:
     """{(trace, policy): PublishedResult}; trace is the short name ("default"), policy ours ("fgd")."""
     path = path if path is not None else bundled_dir() / PUBLISHED_FILE
     runs: dict[tuple[str, str], list[tuple[int, float]]] = {}
