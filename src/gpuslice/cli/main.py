@@ -5,7 +5,7 @@ from __future__ import annotations
 import typer
 from rich.console import Console
 
-from gpuslice.cli import sim
+from gpuslice.cli import mig, sim, topo
 from gpuslice.errors import GpusliceError, exit_code
 
 __all__ = ["app", "main"]
@@ -17,6 +17,8 @@ app = typer.Typer(
     pretty_exceptions_show_locals=False,
 )
 app.add_typer(sim.app, name="sim")
+app.add_typer(topo.app, name="topo")
+app.add_typer(mig.app, name="mig")
 
 _stderr = Console(stderr=True)
 
