@@ -1,0 +1,86 @@
+"""``gpuslice topo show`` and ``topo pick``: tables on success, a UserError naming the input otherwise."""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from gpuslice.cli.topo import app, parse_gpu_list
+from gpuslice.errors import UnknownPolicy, UserError
+from gpuslice.hardware.topology_nvml import NvmlUnavailable
+from gpuslice.policies.gpuset import GpuSetUnavailable
+
+FIXTURES = Path(__file__).parents[1] / "hardware" / "fixtures"
+runner = CliRunner()
+
+
+def invoke(*args: str):
+    return runner.invoke(app, list(args), env={"COLUMNS": "200"})
+
+
+def test_show_a_built_in_system_prints_matrix_groups_and_bandwidth():
+    result = invoke("show", "--system", "dgx1-v100")
+    assert result.exit_code == 0, result.output
+    assert "NV2" in result.output and "SYS" in result.output
+    assert "NVLink groups" in result.output and "0, 1, 2, 3, 4, 5, 6, 7" in result.output
+    assert "50" in result.output and "6.3" in result.output
+
+
+def test_show_from_a_file_reads_nvidia_smi_output():
+    result = invoke("show", "--from-file", str(FIXTURES / "dgx_a100.txt"))
+    assert result.exit_code == 0, result.output
+    assert "NVSwitch" in result.output and "NV12" in result.output and "48-63,176-191" in result.output
+
+
+def test_show_pcie_machine_lists_each_gpu_as_its_own_group():
+    result = invoke("show", "--system", "pcie-4x-l4")
+    assert result.exit_code == 0 and result.output.count("(no NVLink)") == 4
+
+
+@pytest.mark.parametrize(
+    ("args", "error", "match"),
+    [
+        (["show"], UserError, "exactly one of"),
+        (["show", "--system", "dgx-a100", "--local"], UserError, "exactly one of"),
+        (["show", "--system", "dgx-9"], UserError, "known: dgx1-v100"),
+        (["pick", "--system", "dgx1-v100", "--gpus", "9"], GpuSetUnavailable, "asked for 9 GPUs"),
+        (["pick", "--system", "dgx1-v100", "--gpus", "1", "--busy", "0,9"], UserError, "GPU 9"),
+        (["pick", "--system", "dgx1-v100", "--gpus", "1", "--busy", "a,b"], UserError, "invalid GPU list"),
+        (["pick", "--system", "dgx1-v100", "--gpus", "2", "--policy", "nope"], UnknownPolicy, "known:"),
+    ],
+)
+def test_bad_input_is_a_user_error_naming_it(args, error, match):
+    result = invoke(*args)
+    assert isinstance(result.exception, error), result.output
+    assert result.exit_code != 0
+    assert re.search(match, str(result.exception))
+
+
+def test_show_local_without_nvml_says_what_to_install(monkeypatch):
+    monkeypatch.setitem(sys.modules, "pynvml", None)
+    result = invoke("show", "--local")
+    assert isinstance(result.exception, NvmlUnavailable)
+    assert "install nvidia-ml-py" in str(result.exception)
+
+
+def test_pick_prints_the_chosen_set_and_its_bandwidth():
+    result = invoke("pick", "--system", "dgx1-v100", "--gpus", "4", "--busy", "0,3")
+    assert result.exit_code == 0, result.output
+    assert "4, 5, 6, 7" in result.output and "25" in result.output
+
+
+@pytest.mark.parametrize("policy", ["exact", "besteffort", "hami", "random"])
+def test_pick_runs_every_policy(policy):
+    result = invoke("pick", "--system", "pcie-8gpu-2socket", "--gpus", "2", "--policy", policy)
+    assert result.exit_code == 0, result.output
+    assert policy in result.output and "GB/s" in result.output
+
+
+def test_gpu_lists_parse_or_fail_clearly():
+    assert parse_gpu_list("0, 3") == [0, 3] and parse_gpu_list("") == []
+    with pytest.raises(UserError, match="invalid GPU list '1-3'"):
+        parse_gpu_list("1-3")
