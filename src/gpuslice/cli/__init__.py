@@ -1,1 +1,3 @@
-"""Command line: parse, wire, present. One command per module; ``main`` is the console script."""
+"""Entry points: parse, wire and present; one command per module, no decisions here."""
+
+__all__: list[str] = []
