@@ -1,0 +1,138 @@
+"""Shared fixtures: a small hand-built cluster, ledger snapshots, and placers over any policy.
+
+The cluster (ledger order; ``ledger.models`` is ("T4", "V100M16")):
+
+| index | name   | CPU      | memory | GPUs        |
+|------:|--------|---------:|-------:|-------------|
+| 0     | v100-a | 32 cores | 64 GiB | 4 × V100M16 |
+| 1     | v100-b | 32 cores | 64 GiB | 4 × V100M16 |
+| 2     | t4-c   | 16 cores | 32 GiB | 2 × T4      |
+| 3     | cpu-d  | 16 cores | 32 GiB | none        |
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import numpy as np
+import pytest
+
+from gpuslice.hardware.node import NodeSpec
+from gpuslice.ledger.ledger import Ledger
+from gpuslice.ledger.placement import Placement
+from gpuslice.policies import PolicyContext, make_policy
+from gpuslice.scheduler.placer import Placer
+from gpuslice.units import GiB
+from gpuslice.workload.request import Request
+from gpuslice.workload.target import TargetWorkload
+
+V100 = "V100M16"
+T4 = "T4"
+
+# The arrays a LedgerView exposes; every one of them must survive a refusal or a scoring call unchanged.
+VIEW_ARRAYS = (
+    "node_model",
+    "gpu_count",
+    "cpu_capacity_milli",
+    "memory_capacity_bytes",
+    "gpu_capacity_milli",
+    "free_cpu_milli",
+    "free_memory_bytes",
+    "free_gpu_milli",
+    "gpu_tasks",
+    "version",
+)
+
+
+def _small_nodes() -> list[NodeSpec]:
+    return [
+        NodeSpec("v100-a", 32_000, 64 * GiB, 4, V100),
+        NodeSpec("v100-b", 32_000, 64 * GiB, 4, V100),
+        NodeSpec("t4-c", 16_000, 32 * GiB, 2, T4),
+        NodeSpec("cpu-d", 16_000, 32 * GiB, 0, ""),
+    ]
+
+
+@pytest.fixture
+def small_nodes() -> list[NodeSpec]:
+    return _small_nodes()
+
+
+@pytest.fixture
+def ledger(small_nodes: list[NodeSpec]) -> Ledger:
+    return Ledger(small_nodes)
+
+
+@pytest.fixture
+def mixed_requests() -> list[Request]:
+    """A batch with every kind of request; in this order it fits on the empty small cluster wherever
+    each one goes (the T4 whole GPU comes first, so nothing can take both T4s before it)."""
+    return [
+        Request(cpu_milli=4_000, memory_bytes=8 * GiB, num_gpu=1, gpu_milli=1000, gpu_models=(T4,)),
+        Request(cpu_milli=4_000, memory_bytes=8 * GiB, num_gpu=1, gpu_milli=500),
+        Request(cpu_milli=2_000, memory_bytes=4 * GiB, num_gpu=1, gpu_milli=300),
+        Request(cpu_milli=8_000, memory_bytes=16 * GiB, num_gpu=2, gpu_milli=1000),
+        Request(cpu_milli=1_000, memory_bytes=1 * GiB),
+        Request(cpu_milli=2_000, memory_bytes=2 * GiB, num_gpu=1, gpu_milli=250, gpu_models=(V100,)),
+        Request(cpu_milli=4_000, memory_bytes=8 * GiB, num_gpu=1, gpu_milli=500),
+        Request(cpu_milli=500, memory_bytes=1 * GiB),
+    ]
+
+
+@pytest.fixture
+def mixed_target(mixed_requests: list[Request]) -> TargetWorkload:
+    return TargetWorkload.from_requests(mixed_requests)
+
+
+Snapshot = dict[str, object]
+
+
+def snapshot_of(ledger: Ledger) -> Snapshot:
+    """Copies of every column plus the scalar state, to compare before and after an operation."""
+    state: Snapshot = {name: getattr(ledger.view, name).copy() for name in VIEW_ARRAYS}
+    state["allocated_gpu_milli"] = ledger.allocated_gpu_milli
+    state["live"] = ledger.live_placements
+    return state
+
+
+def assert_same_state(before: Snapshot, after: Snapshot) -> None:
+    assert before.keys() == after.keys()
+    for key, value in before.items():
+        if isinstance(value, np.ndarray):
+            np.testing.assert_array_equal(value, after[key], err_msg=key)
+        else:
+            assert value == after[key], key
+
+
+@pytest.fixture
+def snapshot() -> Callable[[Ledger], Snapshot]:
+    return snapshot_of
+
+
+@pytest.fixture
+def same_state() -> Callable[[Snapshot, Snapshot], None]:
+    return assert_same_state
+
+
+@pytest.fixture
+def make_placer() -> Callable[..., Placer]:
+    """make_placer(ledger, "fgd", target=..., seed=0): a Placer running a registered policy."""
+
+    def build(ledger: Ledger, name: str, target: TargetWorkload | None = None, seed: int = 0) -> Placer:
+        context = PolicyContext(rng=np.random.default_rng(seed), target=target)
+        return Placer(ledger, make_policy(name, ledger.view, context))
+
+    return build
+
+
+@pytest.fixture
+def occupy() -> Callable[[Placer, int, Sequence[int], Request], Placement]:
+    """occupy(placer, node, gpus, req): set up a state by hand, telling the policy as the placer would."""
+
+    def reserve(placer: Placer, node: int, gpus: Sequence[int], req: Request) -> Placement:
+        placement = placer.ledger.reserve(node, gpus, req)
+        assert isinstance(placement, Placement), placement
+        placer.policy.on_placed(placer.ledger.view, placement)
+        return placement
+
+    return reserve

@@ -1,0 +1,87 @@
+"""units: sizes parsed at the edge into bytes, and formatted back for people."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpuslice.errors import InvalidSize, UserError
+from gpuslice.units import GiB, KiB, MiB, TiB, format_size, parse_size
+
+HINT = "use a number and a unit, e.g. 8GiB, 8000MiB, 8G"
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        pytest.param("8GiB", 8 * GiB, id="binary suffix"),
+        pytest.param("8000MiB", 8000 * MiB, id="mebibytes"),
+        pytest.param("8G", 8 * GiB, id="single letter means binary"),
+        pytest.param("1.5GiB", 3 * GiB // 2, id="fraction of a unit"),
+        pytest.param("4096", 4096, id="bare number is bytes"),
+        pytest.param("8GB", 8 * 1000**3, id="two letters without i are decimal"),
+        pytest.param("512KiB", 512 * KiB, id="kibibytes"),
+        pytest.param("2TiB", 2 * TiB, id="tebibytes"),
+        pytest.param("3 mb", 3 * 1000**2, id="space and lower case"),
+        pytest.param("  16g ", 16 * GiB, id="surrounding blanks"),
+        pytest.param("100B", 100, id="explicit bytes"),
+    ],
+)
+def test_parse_size_reads_number_and_unit_as_bytes(text: str, expected: int) -> None:
+    assert parse_size(text) == expected
+
+
+def test_parse_size_passes_a_non_negative_int_through() -> None:
+    assert parse_size(12345) == 12345
+
+
+@pytest.mark.parametrize("text", ["8GB?", "-1", "", "eight", "8 G B", "GiB"])
+def test_parse_size_rejects_garbage_with_a_usage_hint(text: str) -> None:
+    with pytest.raises(InvalidSize) as info:
+        parse_size(text)
+    assert HINT in str(info.value)
+    assert repr(text) in str(info.value)
+
+
+def test_parse_size_names_an_unknown_unit_and_still_hints() -> None:
+    with pytest.raises(InvalidSize, match=r"unknown unit 'XB'.*8GiB"):
+        parse_size("8XB")
+
+
+def test_parse_size_rejects_a_fraction_of_a_byte() -> None:
+    with pytest.raises(InvalidSize, match="not a whole number of bytes"):
+        parse_size("1.5")
+
+
+def test_parse_size_rejects_negative_ints_and_bools() -> None:
+    with pytest.raises(InvalidSize, match="negative"):
+        parse_size(-1)
+    with pytest.raises(InvalidSize, match="use a number and a unit"):
+        parse_size(True)
+
+
+def test_invalid_size_is_a_user_error() -> None:
+    with pytest.raises(UserError):
+        parse_size("eight")
+
+
+@pytest.mark.parametrize(
+    ("size", "text"),
+    [
+        (8 * GiB, "8 GiB"),
+        (3 * GiB // 2, "1.5 GiB"),
+        (8000 * MiB, "7.8 GiB"),
+        (512, "512 B"),
+        (KiB, "1 KiB"),
+        (TiB, "1 TiB"),
+        (0, "0 B"),
+    ],
+)
+def test_format_size_uses_the_largest_binary_unit_at_or_above_one(size: int, text: str) -> None:
+    assert format_size(size) == text
+
+
+@pytest.mark.parametrize(
+    "size", [0, 1, 512, KiB, 4 * KiB, MiB, 256 * MiB, GiB, 3 * GiB // 2, 8 * GiB, 80 * GiB, TiB, 2 * TiB]
+)
+def test_format_size_round_trips_through_parse_size(size: int) -> None:
+    assert parse_size(format_size(size)) == size
