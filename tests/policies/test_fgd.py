@@ -126,12 +126,6 @@ def test_fgd_cached_fragmentation_agrees_with_a_fresh_policy_as_the_ledger_chang
                     )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="FGD caches F_n per node keyed only by view.version, so a what-if view (another ledger whose "
-    "node has the same version but a different state, as STYLE habit 4 allows for preemption) is "
-    "scored with the first view's cached 'before' value",
-)
 def test_fgd_scores_a_what_if_view_by_its_own_contents(small_nodes: list, target: TargetWorkload) -> None:
     real, what_if = Ledger(small_nodes), Ledger(small_nodes)
     assert isinstance(real.reserve(0, (0,), share(500)), Placement)  # node 0 version 1 in both

@@ -331,14 +331,9 @@ def test_requests_differing_in_memory_are_scored_apart_when_the_policy_reads_mem
     assert spy.scored == [(SHARE, [0, 1, 2]), (with_memory, [0, 1, 2])]
 
 
-# ---- known gaps: hooks whose failure still escapes the placer (see each reason) ------------------------
+# ---- hooks whose failure must not escape the placer -------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="Placer.choose_node calls policy.normalize unguarded: an exception propagates out of place() "
-    "instead of falling back to the raw scores and counting ('normalize', 'exception')",
-)
 def test_a_normalize_that_raises_falls_back_and_is_counted(ledger: Ledger) -> None:
     class RaisesInNormalize(PlacementOps):
         name = "raises-in-normalize"
@@ -351,11 +346,6 @@ def test_a_normalize_that_raises_falls_back_and_is_counted(ledger: Ledger) -> No
     assert any(hook == "normalize" for hook, _ in placer.fallbacks)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="Placer.choose_node does not check normalize's output: all-NaN scores make scores == max empty "
-    "and place() dies with IndexError",
-)
 def test_a_normalize_that_returns_nan_falls_back_and_is_counted(ledger: Ledger) -> None:
     class NanNormalize(PlacementOps):
         name = "nan-normalize"
@@ -368,11 +358,6 @@ def test_a_normalize_that_returns_nan_falls_back_and_is_counted(ledger: Ledger) 
     assert any(hook == "normalize" for hook, _ in placer.fallbacks)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="Placer._reserve_with_advice calls ledger.reserve outside its try: advice such as (None,) or "
-    "('a',) makes Ledger.reserve's int(g) raise TypeError/ValueError out of place()",
-)
 @pytest.mark.parametrize("advice", [(None,), ("a",)], ids=["None", "a string"])
 def test_gpu_advice_that_is_not_integers_falls_back_and_is_counted(ledger: Ledger, advice: tuple) -> None:
     class JunkGpus(PlacementOps):
@@ -386,11 +371,6 @@ def test_gpu_advice_that_is_not_integers_falls_back_and_is_counted(ledger: Ledge
     assert any(hook == "pick_gpus" for hook, _ in placer.fallbacks)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="Placer.place calls policy.on_placed unguarded after ledger.reserve: if it raises, the ledger "
-    "keeps a placement that place() never returns, so nobody can release it (a lost job)",
-)
 def test_an_on_placed_that_raises_does_not_lose_the_placement(ledger: Ledger) -> None:
     class RaisesOnPlaced(PlacementOps):
         name = "raises-on-placed"

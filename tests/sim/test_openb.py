@@ -96,11 +96,6 @@ class _BoundedRng:
         return self._rng.integers(*args)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="arrival_order loops forever when no pod asks for a GPU: requested + 0 never passes "
-    "tune × capacity (the same happens for a cluster without GPUs, where the target is 0)",
-)
 def test_arrival_order_ends_for_a_trace_without_gpu_pods() -> None:
     trace = OpenbTrace("cpu-only", TWO_NODES, (pod("c1", 1000), pod("c2", 2000)))
     arrivals = arrival_order(trace, _BoundedRng(0, draws=10_000))  # type: ignore[arg-type]

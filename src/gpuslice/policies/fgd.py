@@ -54,7 +54,7 @@ class FGD(PlacementOps):
             return lowest_free_gpus(view, req, node)
         shape = req.without_memory()
         memo = self._best_gpu.get(shape)
-        if memo is None or memo[1][node] != view.version[node]:
+        if view is not self.view or memo is None or memo[1][node] != view.version[node]:
             self._scores(view, shape, np.array([node]))
             memo = self._best_gpu[shape]
         return (int(memo[0][node]),)
@@ -82,21 +82,29 @@ class FGD(PlacementOps):
                 # take the num_gpu lowest-indexed GPUs that fit (for whole GPUs: the fully free ones)
                 fits = free >= req.gpu_milli
                 after_free = free - req.gpu_milli * (fits & (np.cumsum(fits, axis=1) <= req.num_gpu))
-        # One measurement for the "after" states and for nodes whose "before" is out of date.
-        stale = nodes[self._frag_version[nodes] != view.version[nodes]]
+        # One measurement for the "after" states and for nodes whose "before" is out of date. The
+        # caches belong to the policy's own view; a what-if view (preemption) is measured afresh.
+        own_view = view is self.view
+        stale = nodes[self._frag_version[nodes] != view.version[nodes]] if own_view else nodes
         measured = self.measure(
             np.concatenate([view.free_gpu_milli[stale], after_free]),
             np.concatenate([view.free_cpu_milli[stale], cpu_after]),
             np.concatenate([view.node_model[stale], model_after]),
         )
-        self._frag[stale] = measured[: len(stale)]
-        self._frag_version[stale] = view.version[stale]
-        before, after = self._frag[nodes], measured[len(stale) :]
+        if own_view:
+            self._frag[stale] = measured[: len(stale)]
+            self._frag_version[stale] = view.version[stale]
+            before = self._frag[nodes]
+        else:
+            before = measured[: len(stale)]
+        after = measured[len(stale) :]
         if not _is_share(req):
             return self._gain_score(before - after)
         after = after.reshape(len(nodes), MAX_GPUS_PER_NODE)
         scores = np.where(free >= req.gpu_milli, self._gain_score(before[:, None] - after), -np.inf)
         best_gpu = scores.argmax(axis=1)  # first GPU on ties, like the artifact's strict ">"
+        if not own_view:
+            return scores[np.arange(len(nodes)), best_gpu]
         shape = req.without_memory()
         memo = self._best_gpu.get(shape)
         if memo is None:

@@ -69,7 +69,7 @@ class Placer:
     def choose_node(self, req: Request, feasible: np.ndarray) -> int:
         """The best feasible node by the policy's scores and tie rule; ``feasible`` must have a node."""
         candidates = np.flatnonzero(feasible)
-        scores = self.policy.normalize(self.ledger.view, req, self._scores(req, candidates))
+        scores = self._normalized(req, self._scores(req, candidates))
         best = np.flatnonzero(scores == scores.max())
         if len(best) == 1 or self.policy.tie_break is TieBreak.FIRST:
             return int(candidates[best[0]])
@@ -93,12 +93,40 @@ class Placer:
         result = self._reserve_with_advice(req, node)
         if isinstance(result, Refusal):  # the ledger said the node fits, so only a broken ledger gets here
             return Unplaced(req, self.ledger.node_count, Counter({result.code: 1}))
-        self.policy.on_placed(self.ledger.view, result)
+        self._notify("on_placed", result)
         return result
 
     def release(self, placement: Placement) -> None:
         self.ledger.release(placement)
-        self.policy.on_released(self.ledger.view, placement)
+        self._notify("on_released", placement)
+
+    def _notify(self, hook: str, placement: Placement) -> None:
+        """Tell the policy; its failure is counted and never undoes what the ledger already did."""
+        try:
+            getattr(self.policy, hook)(self.ledger.view, placement)
+        except Exception:
+            self.fallbacks[(hook, "exception")] += 1
+
+    def _normalized(self, req: Request, scores: np.ndarray) -> np.ndarray:
+        """The policy's normalize over all candidates; raw scores if it fails or returns junk."""
+        try:
+            out = np.asarray(self.policy.normalize(self.ledger.view, req, scores), dtype=np.float64)
+        except Exception:
+            self.fallbacks[("normalize", "exception")] += 1
+            return self._usable(scores)
+        if out.shape != scores.shape:
+            self.fallbacks[("normalize", "wrong shape")] += 1
+            return self._usable(scores)
+        if np.isnan(out).any():
+            self.fallbacks[("normalize", "nan")] += 1
+            return self._usable(scores)
+        return out
+
+    @staticmethod
+    def _usable(scores: np.ndarray) -> np.ndarray:
+        """Scores with a maximum: NaN (from a broken score hook) becomes −inf, all-NaN becomes all equal."""
+        scores = np.nan_to_num(scores, nan=-np.inf)
+        return np.zeros_like(scores) if np.isneginf(scores).all() else scores
 
     def _scores(self, req: Request, candidates: np.ndarray) -> np.ndarray:
         if not self.policy.memory_in_score:
@@ -124,7 +152,7 @@ class Placer:
             return np.zeros(len(nodes))
         if np.isnan(scores).any():
             self.fallbacks[("score", "nan")] += 1
-            return np.nan_to_num(scores, nan=-np.inf)
+            return self._usable(scores)
         return scores
 
     def _reserve_with_advice(self, req: Request, node: int) -> Placement | Refusal:
@@ -132,6 +160,11 @@ class Placer:
             advice = tuple(self.policy.pick_gpus(self.ledger.view, req, node))
         except Exception:
             self.fallbacks[("pick_gpus", "exception")] += 1
+            advice = None
+        if advice is not None and not all(
+            isinstance(g, int | np.integer) and not isinstance(g, bool) for g in advice
+        ):
+            self.fallbacks[("pick_gpus", "not GPU indices")] += 1
             advice = None
         if advice is not None:
             result = self.ledger.reserve(node, advice, req)

@@ -117,6 +117,8 @@ def unallocated_pct_at(
 def arrival_order(trace: OpenbTrace, rng: np.random.Generator, tune: float = DEFAULT_TUNE) -> list[TracePod]:
     """Shuffled pods, then pods sampled with replacement until the request would pass tune × capacity."""
     pods = [trace.pods[i] for i in rng.permutation(len(trace.pods))]
+    if not any(p.request.num_gpu for p in trace.pods):
+        return pods  # no GPU demand to inflate: sampling could never reach the target
     requested = sum(p.request.total_gpu_milli for p in pods)
     target = tune * trace.total_gpu_milli
     while True:
