@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gpuslice.errors import InvalidRequest
+from gpuslice.hardware.gpu_models import GPU_MODELS
 
 __all__ = ["MAX_GPUS_PER_NODE", "NodeSpec"]
 
@@ -14,15 +15,25 @@ MAX_GPUS_PER_NODE = 8
 
 @dataclass(frozen=True, slots=True)
 class NodeSpec:
-    """Capacity of one node. ``gpu_model`` is "" for a CPU-only node."""
+    """Capacity of one node. ``gpu_model`` is "" for a CPU-only node.
+
+    ``gpu_memory_bytes`` is the memory of each GPU; left out, it comes from the GPU model catalogue
+    (0 for a model the catalogue does not know, so requests for GPU memory never fit there).
+    """
 
     name: str
     cpu_milli: int
     memory_bytes: int
     gpu_count: int
     gpu_model: str
+    gpu_memory_bytes: int | None = None
 
     def __post_init__(self) -> None:
+        if self.gpu_memory_bytes is None:
+            known = GPU_MODELS.get(self.gpu_model)
+            object.__setattr__(self, "gpu_memory_bytes", known.memory_bytes if known else 0)
+        if self.gpu_memory_bytes < 0:
+            raise InvalidRequest(f"node {self.name!r}: GPU memory cannot be negative")
         if self.cpu_milli < 0 or self.memory_bytes < 0:
             raise InvalidRequest(f"node {self.name!r}: CPU and memory capacity cannot be negative")
         if not 0 <= self.gpu_count <= MAX_GPUS_PER_NODE:

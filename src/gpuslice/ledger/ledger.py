@@ -4,6 +4,7 @@ Columns (N nodes, G = MAX_GPUS_PER_NODE GPU slots per node; slots past a node's 
 
 * ``free_cpu_milli`` (N,), ``free_memory_bytes`` (N,)
 * ``free_gpu_milli`` (N, G): milli-GPU free on each GPU, 0..1000
+* ``free_gpu_memory_bytes`` (N, G): GPU memory free on each GPU (capacity from the node's GPU model)
 * ``gpu_tasks`` (N, G): how many placements hold a share of each GPU
 * ``version`` (N,): bumped whenever a node's row changes, so score caches know what went stale
 
@@ -50,6 +51,8 @@ class LedgerView:
         self.cpu_capacity_milli = _read_only(ledger._cpu_capacity)
         self.memory_capacity_bytes = _read_only(ledger._memory_capacity)
         self.gpu_capacity_milli = _read_only(ledger._gpu_capacity)
+        self.gpu_memory_capacity_bytes = _read_only(ledger._gpu_memory_capacity)
+        self.free_gpu_memory_bytes = _read_only(ledger._free_gpu_memory)
         self.free_cpu_milli = _read_only(ledger._free_cpu)
         self.free_memory_bytes = _read_only(ledger._free_memory)
         self.free_gpu_milli = _read_only(ledger._free_gpu)
@@ -65,6 +68,9 @@ class LedgerView:
 
     def model_allowed(self, request: Request) -> np.ndarray:
         return self._ledger.model_allowed(request)
+
+    def gpu_fits(self, request: Request, node: int | slice | np.ndarray) -> np.ndarray:
+        return self._ledger.gpu_fits(request, node)
 
 
 class Ledger:
@@ -85,17 +91,19 @@ class Ledger:
         self._cpu_capacity = np.array([node.cpu_milli for node in nodes], dtype=np.int64)
         self._memory_capacity = np.array([node.memory_bytes for node in nodes], dtype=np.int64)
         slots = np.arange(MAX_GPUS_PER_NODE)
-        self._gpu_capacity = np.where(slots[None, :] < self._gpu_count[:, None], MILLI_PER_GPU, 0).astype(
-            np.int64
-        )
+        present = slots[None, :] < self._gpu_count[:, None]
+        self._gpu_capacity = np.where(present, MILLI_PER_GPU, 0).astype(np.int64)
+        gpu_memory = np.array([node.gpu_memory_bytes for node in nodes], dtype=np.int64)
+        self._gpu_memory_capacity = np.where(present, gpu_memory[:, None], 0).astype(np.int64)
         self._free_cpu = self._cpu_capacity.copy()
         self._free_memory = self._memory_capacity.copy()
         self._free_gpu = self._gpu_capacity.copy()
+        self._free_gpu_memory = self._gpu_memory_capacity.copy()
         self._gpu_tasks = np.zeros((n, MAX_GPUS_PER_NODE), dtype=np.int64)
         self._version = np.zeros(n, dtype=np.int64)
         self._live: dict[int, Placement] = {}
         self._ids = count()
-        self._model_masks: dict[tuple[str, ...], np.ndarray] = {}
+        self._model_masks: dict[tuple[tuple[str, ...], tuple[str, ...]], np.ndarray] = {}
         self.total_gpu_milli = int(self._gpu_capacity.sum())
         self.allocated_gpu_milli = 0
         self.view = LedgerView(self)
@@ -112,22 +120,35 @@ class Ledger:
 
     def model_allowed(self, request: Request) -> np.ndarray:
         """Bool per node: the node's GPU model is one the request accepts (CPU-only nodes: False)."""
-        mask = self._model_masks.get(request.gpu_models)
+        key = (request.gpu_models, request.excluded_gpu_models)
+        mask = self._model_masks.get(key)
         if mask is None:
             per_model = np.array(
-                [not request.gpu_models or m in request.gpu_models for m in self.models] + [False]
+                [
+                    (not request.gpu_models or m in request.gpu_models)
+                    and m not in request.excluded_gpu_models
+                    for m in self.models
+                ]
+                + [False]
             )
             mask = per_model[self._node_model]
             mask.flags.writeable = False
-            self._model_masks[request.gpu_models] = mask
+            self._model_masks[key] = mask
         return mask
+
+    def gpu_fits(self, request: Request, node: int | slice | np.ndarray = slice(None)) -> np.ndarray:
+        """Bool per GPU of ``node`` (or (N, G) for all nodes): room for one GPU's worth of the request."""
+        ok = self._free_gpu[node] >= request.gpu_milli
+        if request.gpu_memory_bytes:
+            ok &= self._free_gpu_memory[node] >= request.gpu_memory_bytes
+        return ok
 
     def fits(self, request: Request) -> np.ndarray:
         """Bool per node: the request could be reserved there now (one vector expression, no node loop)."""
         ok = (self._free_cpu >= request.cpu_milli) & (self._free_memory >= request.memory_bytes)
         if request.num_gpu:
             ok &= self.model_allowed(request)
-            ok &= (self._free_gpu >= request.gpu_milli).sum(axis=1) >= request.num_gpu
+            ok &= self.gpu_fits(request).sum(axis=1) >= request.num_gpu
         return ok
 
     def why_not(self, request: Request) -> Counter[RefusalCode]:
@@ -138,12 +159,14 @@ class Ledger:
         if request.num_gpu:
             model_no = ~self.model_allowed(request)
             gpu_short = (self._free_gpu >= request.gpu_milli).sum(axis=1) < request.num_gpu
+            gpu_memory_short = self.gpu_fits(request).sum(axis=1) < request.num_gpu
         else:
-            model_no = gpu_short = np.zeros(self.node_count, dtype=bool)
+            model_no = gpu_short = gpu_memory_short = np.zeros(self.node_count, dtype=bool)
         remaining = np.ones(self.node_count, dtype=bool)
         for code, mask in (
             (RefusalCode.GPU_MODEL_NOT_ALLOWED, model_no),
             (RefusalCode.INSUFFICIENT_GPU, gpu_short),
+            (RefusalCode.INSUFFICIENT_GPU_MEMORY, gpu_memory_short),
             (RefusalCode.INSUFFICIENT_CPU, cpu_short),
             (RefusalCode.INSUFFICIENT_MEMORY, mem_short),
         ):
@@ -189,6 +212,14 @@ class Ledger:
                     need=request.gpu_milli,
                     free=int(self._free_gpu[node, gpu]),
                 )
+            if self._free_gpu_memory[node, gpu] < request.gpu_memory_bytes:
+                return Refusal(
+                    RefusalCode.INSUFFICIENT_GPU_MEMORY,
+                    node,
+                    gpu=gpu,
+                    need=request.gpu_memory_bytes,
+                    free=int(self._free_gpu_memory[node, gpu]),
+                )
         return None
 
     def reserve(self, node: int, gpus: Sequence[int], request: Request) -> Placement | Refusal:
@@ -216,6 +247,7 @@ class Ledger:
         self._free_memory[node] += sign * request.memory_bytes
         for gpu in gpus:
             self._free_gpu[node, gpu] += sign * request.gpu_milli
+            self._free_gpu_memory[node, gpu] += sign * request.gpu_memory_bytes
             self._gpu_tasks[node, gpu] -= sign
         self.allocated_gpu_milli -= sign * request.total_gpu_milli
         self._version[node] += 1
@@ -225,12 +257,14 @@ class Ledger:
         cpu = self._cpu_capacity.copy()
         memory = self._memory_capacity.copy()
         gpu = self._gpu_capacity.copy()
+        gpu_memory = self._gpu_memory_capacity.copy()
         tasks = np.zeros_like(self._gpu_tasks)
         for p in self._live.values():
             cpu[p.node] -= p.request.cpu_milli
             memory[p.node] -= p.request.memory_bytes
             for g in p.gpus:
                 gpu[p.node, g] -= p.request.gpu_milli
+                gpu_memory[p.node, g] -= p.request.gpu_memory_bytes
                 tasks[p.node, g] += 1
         problems = [
             name
@@ -238,6 +272,8 @@ class Ledger:
                 ("free CPU", np.array_equal(cpu, self._free_cpu)),
                 ("free memory", np.array_equal(memory, self._free_memory)),
                 ("free GPU", np.array_equal(gpu, self._free_gpu)),
+                ("free GPU memory", np.array_equal(gpu_memory, self._free_gpu_memory)),
+                ("GPU memory in 0..capacity", bool((gpu_memory >= 0).all())),
                 ("GPU task counts", np.array_equal(tasks, self._gpu_tasks)),
                 ("non-negative", bool((self._free_cpu >= 0).all() and (self._free_memory >= 0).all())),
                 ("GPU in 0..capacity", bool(((gpu >= 0) & (gpu <= self._gpu_capacity)).all())),

@@ -34,6 +34,7 @@ class RefusalCode(enum.Enum):
     NO_SUCH_GPU = "no such GPU"
     DUPLICATE_GPU = "same GPU chosen twice"
     INSUFFICIENT_GPU = "insufficient free GPU"
+    INSUFFICIENT_GPU_MEMORY = "insufficient free GPU memory"
     EXCLUDED_BY_POLICY = "excluded by the placement policy"
 
 

@@ -99,7 +99,7 @@ class PlacementOps:
 
 def lowest_free_gpus(view: LedgerView, req: Request, node: int) -> tuple[int, ...]:
     """The ``num_gpu`` lowest-indexed GPUs with room for the request (``AllocateExclusiveGpuId``)."""
-    fitting = np.flatnonzero(view.free_gpu_milli[node] >= req.gpu_milli)
+    fitting = np.flatnonzero(view.gpu_fits(req, node))
     return tuple(int(g) for g in fitting[: req.num_gpu])
 
 
@@ -111,5 +111,5 @@ def best_fit_gpus(view: LedgerView, req: Request, node: int) -> tuple[int, ...]:
     if req.gpu_milli >= MILLI_PER_GPU:
         return lowest_free_gpus(view, req, node)
     free = view.free_gpu_milli[node]
-    masked = np.where(free >= req.gpu_milli, free, np.iinfo(np.int64).max)
+    masked = np.where(view.gpu_fits(req, node), free, np.iinfo(np.int64).max)
     return (int(np.argmin(masked)),)

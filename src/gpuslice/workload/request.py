@@ -5,7 +5,8 @@
 * Whole GPUs: ``num_gpu == k`` GPUs on one node, each entirely free (``gpu_milli == 1000``).
 
 ``gpu_models`` optionally pins the task to GPU models (openb's ``gpu_spec``, "V100M16|V100M32"); empty
-means any model.
+means any model. ``excluded_gpu_models`` rules models out. ``gpu_memory_bytes`` is GPU memory needed on
+each GPU used (0: the milli-GPU share alone decides, as in openb).
 """
 
 from __future__ import annotations
@@ -36,6 +37,8 @@ class Request:
     num_gpu: int = 0
     gpu_milli: int = 0  # per GPU, 1..1000; 0 when num_gpu == 0
     gpu_models: tuple[str, ...] = ()  # allowed models, sorted; () = any
+    gpu_memory_bytes: int = 0  # per GPU used
+    excluded_gpu_models: tuple[str, ...] = ()  # sorted
 
     def __post_init__(self) -> None:
         if self.cpu_milli < 0 or self.memory_bytes < 0:
@@ -51,8 +54,17 @@ class Request:
                 f"{self}: a share of a GPU (gpu_milli < {MILLI_PER_GPU}) is for one GPU only; "
                 "ask for whole GPUs when you need several"
             )
-        if tuple(sorted(set(self.gpu_models))) != self.gpu_models:
-            object.__setattr__(self, "gpu_models", tuple(sorted(set(self.gpu_models))))
+        if self.gpu_memory_bytes < 0:
+            raise InvalidRequest(f"{self}: GPU memory cannot be negative")
+        if self.gpu_memory_bytes and not self.num_gpu:
+            raise InvalidRequest(f"{self}: GPU memory is requested but num_gpu is 0")
+        for name in ("gpu_models", "excluded_gpu_models"):
+            models = getattr(self, name)
+            if tuple(sorted(set(models))) != models:
+                object.__setattr__(self, name, tuple(sorted(set(models))))
+        if set(self.gpu_models) & set(self.excluded_gpu_models):
+            both = ", ".join(sorted(set(self.gpu_models) & set(self.excluded_gpu_models)))
+            raise InvalidRequest(f"{self}: GPU model(s) {both} both required and excluded")
 
     @property
     def kind(self) -> RequestKind:
@@ -64,7 +76,15 @@ class Request:
         """The same request with memory 0: its shape for scores that ignore memory."""
         if self.memory_bytes == 0:
             return self
-        return Request(self.cpu_milli, 0, self.num_gpu, self.gpu_milli, self.gpu_models)
+        return Request(
+            self.cpu_milli,
+            0,
+            self.num_gpu,
+            self.gpu_milli,
+            self.gpu_models,
+            self.gpu_memory_bytes,
+            self.excluded_gpu_models,
+        )
 
     @property
     def total_gpu_milli(self) -> int:
@@ -74,4 +94,8 @@ class Request:
     def __str__(self) -> str:
         gpu = "no GPU" if self.num_gpu == 0 else f"{self.num_gpu}x{self.gpu_milli}m GPU"
         models = f" on {'|'.join(self.gpu_models)}" if self.gpu_models else ""
+        if self.excluded_gpu_models:
+            models += f" not on {'|'.join(self.excluded_gpu_models)}"
+        if self.gpu_memory_bytes:
+            gpu += f" with {self.gpu_memory_bytes}B each"
         return f"Request(cpu={self.cpu_milli}m, mem={self.memory_bytes}B, {gpu}{models})"
