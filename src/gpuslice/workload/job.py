@@ -1,0 +1,184 @@
+"""A job for ``gpuslice serve``: what to run, the slice it needs, and how the queue should treat it.
+
+Lifecycle (every transition is recorded as an Event with a reason):
+
+```text
+PENDING ──start──► RUNNING ──exit 0──► SUCCEEDED
+   ▲                  │ ├──exit ≠ 0 / lost / limit──► FAILED ──restart policy──► PENDING
+   │                  │ └──preempted (SIGTERM, grace, SIGKILL)──► PREEMPTED ──► PENDING
+   └──────────────────┴── cancel (from PENDING or RUNNING) ──► CANCELLED
+```
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from gpuslice.errors import InvalidRequest
+from gpuslice.hardware.node import MAX_GPUS_PER_NODE
+from gpuslice.workload.request import MILLI_PER_GPU, Request
+
+__all__ = [
+    "TERMINAL_STATES",
+    "TRANSITIONS",
+    "JobEvent",
+    "JobSpec",
+    "JobState",
+    "Priority",
+    "RestartPolicy",
+    "TopologyNeed",
+    "check_transition",
+]
+
+
+class Priority(enum.IntEnum):
+    """Strict priority levels, highest first in the queue. Names are what users type."""
+
+    IDLE = 0
+    LOW = 1
+    NORMAL = 2
+    HIGH = 3
+    REALTIME = 4
+
+    @classmethod
+    def parse(cls, text: str) -> Priority:
+        try:
+            return cls[text.strip().upper()]
+        except KeyError:
+            known = ", ".join(p.name.lower() for p in sorted(cls, reverse=True))
+            raise InvalidRequest(f"unknown priority {text!r}; known: {known}") from None
+
+
+class RestartPolicy(enum.Enum):
+    NEVER = "never"
+    ON_FAILURE = "on-failure"
+    ALWAYS = "always"
+
+
+class TopologyNeed(enum.Enum):
+    """How the GPUs of a multi-GPU job must be connected (k8s_nvidia_reference §5)."""
+
+    ANY = "any"
+    NVLINK = "nvlink"  # every pair joined by NVLink (direct or through NVSwitch)
+    PCIE_SWITCH = "pcie-switch"  # every pair behind one PCIe switch (PIX) or better
+
+
+class JobState(enum.Enum):
+    PENDING = "PENDING"
+    RUNNING = "RUNNING"
+    SUCCEEDED = "SUCCEEDED"
+    FAILED = "FAILED"
+    CANCELLED = "CANCELLED"
+    PREEMPTED = "PREEMPTED"
+
+
+TRANSITIONS: dict[JobState, frozenset[JobState]] = {
+    JobState.PENDING: frozenset({JobState.RUNNING, JobState.CANCELLED}),
+    JobState.RUNNING: frozenset(
+        {JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED, JobState.PREEMPTED}
+    ),
+    JobState.FAILED: frozenset({JobState.PENDING}),  # requeued by its restart policy
+    JobState.PREEMPTED: frozenset({JobState.PENDING}),
+    JobState.SUCCEEDED: frozenset({JobState.PENDING}),  # restart policy "always"
+    JobState.CANCELLED: frozenset(),
+}
+TERMINAL_STATES = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED})
+
+
+def check_transition(old: JobState, new: JobState) -> None:
+    """Raise InvalidRequest if a job may not go from ``old`` to ``new``."""
+    if new not in TRANSITIONS[old]:
+        raise InvalidRequest(f"a {old.value} job cannot become {new.value}")
+
+
+@dataclass(frozen=True, slots=True)
+class JobSpec:
+    """What the user asked for. Validated on creation; ``request()`` is its slice for the ledger.
+
+    A slice is either whole GPUs (``gpus`` = k, exclusive), a share of one GPU (``gpu_memory_bytes``
+    and/or ``compute_percent`` < 100), or a MIG profile ("3g.40gb"). Memory is per GPU, in bytes.
+    ``compute_percent`` 0 means "not given": whole GPUs without memory, no compute guarantee with it.
+    """
+
+    command: tuple[str, ...]
+    gpus: int = 1
+    gpu_memory_bytes: int = 0  # per GPU; 0 with compute 100 = whole GPUs
+    compute_percent: int = 0  # 1..100 of each GPU's SMs; 0 = not given
+    mig_profile: str = ""
+    gpu_models: tuple[str, ...] = ()
+    excluded_gpu_models: tuple[str, ...] = ()
+    exclusive: bool = False
+    topology: TopologyNeed = TopologyNeed.ANY
+    priority: Priority = Priority.NORMAL
+    tenant: str = "default"
+    preemptible: bool = True
+    max_runtime_seconds: float | None = None
+    restart: RestartPolicy = RestartPolicy.NEVER
+    max_restarts: int = 3
+    user: str = ""
+    cwd: str = ""
+    env: tuple[tuple[str, str], ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.command:
+            raise InvalidRequest("command: a job needs a command to run")
+        if not 0 <= self.gpus <= MAX_GPUS_PER_NODE:
+            raise InvalidRequest(f"gpus: {self.gpus} is not 0..{MAX_GPUS_PER_NODE}")
+        if not 0 <= self.compute_percent <= 100:
+            raise InvalidRequest(f"compute_percent: {self.compute_percent} is not 1..100")
+        if self.gpu_memory_bytes < 0:
+            raise InvalidRequest("gpu_memory_bytes: cannot be negative")
+        if self.gpus == 0 and (self.gpu_memory_bytes or self.mig_profile or self.exclusive):
+            raise InvalidRequest("gpus: GPU memory, a MIG profile or exclusive use needs gpus >= 1")
+        if self.mig_profile and (self.gpus != 1 or self.gpu_memory_bytes or self.compute_percent):
+            raise InvalidRequest("mig_profile: a MIG job takes one instance; drop --gpus/--mem/--cores")
+        if self.gpus > 1 and self.is_share:
+            raise InvalidRequest(
+                "gpus: a share of a GPU (memory or compute < 100 %) is for one GPU; ask for whole GPUs"
+            )
+        if self.topology is not TopologyNeed.ANY and self.gpus < 2:
+            raise InvalidRequest("topology: a topology need only makes sense for 2 or more GPUs")
+        if self.max_runtime_seconds is not None and self.max_runtime_seconds <= 0:
+            raise InvalidRequest("max_runtime_seconds: must be positive")
+        if self.max_restarts < 0:
+            raise InvalidRequest("max_restarts: cannot be negative")
+        if not self.tenant:
+            raise InvalidRequest("tenant: cannot be empty")
+        self.request()  # model include/exclude conflicts surface here, at submit time
+
+    @property
+    def is_share(self) -> bool:
+        """A share of one GPU rather than whole GPUs."""
+        return (
+            not self.exclusive
+            and not self.mig_profile
+            and (self.gpu_memory_bytes > 0 or self.compute_percent < 100)
+        )
+
+    def request(self) -> Request:
+        """The ledger request: whole GPUs take 1000 milli and all memory; a share takes its percent."""
+        if self.gpus == 0:
+            return Request(cpu_milli=0)
+        milli = self.compute_percent * MILLI_PER_GPU // 100 if self.is_share else MILLI_PER_GPU
+        return Request(
+            cpu_milli=0,
+            num_gpu=self.gpus,
+            gpu_milli=milli,
+            gpu_models=self.gpu_models,
+            gpu_memory_bytes=self.gpu_memory_bytes if self.is_share else 0,
+            excluded_gpu_models=self.excluded_gpu_models,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class JobEvent:
+    """One recorded transition (or notable action, e.g. an enforcement warning) of a job."""
+
+    job_id: str
+    time: float
+    kind: str  # "transition", "enforcement", "placement", …
+    old_state: JobState | None
+    new_state: JobState | None
+    reason: str
+    detail: dict[str, object] = field(default_factory=dict)
