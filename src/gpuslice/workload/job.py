@@ -153,14 +153,17 @@ class JobSpec:
         return (
             not self.exclusive
             and not self.mig_profile
-            and (self.gpu_memory_bytes > 0 or self.compute_percent < 100)
+            and (self.gpu_memory_bytes > 0 or 0 < self.compute_percent < 100)
         )
 
     def request(self) -> Request:
-        """The ledger request: whole GPUs take 1000 milli and all memory; a share takes its percent."""
+        """The ledger request: whole GPUs take 1000 milli (all of each GPU); a share takes its compute
+        percent as milli-GPU and its memory. A memory-only share reserves 1 milli: no compute
+        guarantee, but the GPU is marked shared so no whole-GPU job lands on it."""
         if self.gpus == 0:
             return Request(cpu_milli=0)
-        milli = self.compute_percent * MILLI_PER_GPU // 100 if self.is_share else MILLI_PER_GPU
+        share_milli = max(1, self.compute_percent * MILLI_PER_GPU // 100)
+        milli = share_milli if self.is_share else MILLI_PER_GPU
         return Request(
             cpu_milli=0,
             num_gpu=self.gpus,
