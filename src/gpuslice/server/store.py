@@ -1,0 +1,409 @@
+"""The server's durable state: one SQLite file in WAL mode. Jobs, their events, tenants and quotas.
+
+The store is the truth after a crash: the daemon writes every decision here *before* acting on it where
+acting is irreversible (a job is RUNNING with its GPUs before its process is launched), so a restart can
+always tell what happened. Each change is one transaction: a state change and its event commit together
+or not at all, and a transition the job model forbids (``check_transition``) raises before anything is
+written.
+
+Schema (version in ``schema_version``; a newer file than this code refuses to open):
+
+```text
+jobs     seq PK, id, spec JSON, state, reason, user, tenant, priority, submitted_at, started_at,
+         finished_at, gpus JSON, mig JSON, pid, pgid, proc_start_time, exit_code, exit_signal, attempts,
+         stop ("" | preempt | cancel | limit | enforce), stop_deadline, suspended
+events   id PK, job_id, time, kind, old_state, new_state, reason, detail JSON
+tenants  name PK, weight, max_gpus, max_gpu_memory_bytes, response JSON (graded-response settings)
+```
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gpuslice.errors import InternalError, InvalidRequest
+from gpuslice.server.codec import spec_from_json, spec_to_json
+from gpuslice.server.errors import JobNotFound
+from gpuslice.workload.job import JobEvent, JobSpec, JobState, check_transition
+
+__all__ = ["SCHEMA_VERSION", "JobRecord", "Store", "TenantRecord"]
+
+SCHEMA_VERSION = 1
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS jobs (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    id TEXT NOT NULL UNIQUE,
+    spec TEXT NOT NULL,
+    state TEXT NOT NULL,
+    reason TEXT NOT NULL DEFAULT '',
+    user TEXT NOT NULL,
+    tenant TEXT NOT NULL,
+    priority INTEGER NOT NULL,
+    submitted_at REAL NOT NULL,
+    started_at REAL,
+    finished_at REAL,
+    gpus TEXT NOT NULL DEFAULT '[]',
+    mig TEXT,
+    pid INTEGER,
+    pgid INTEGER,
+    proc_start_time REAL,
+    exit_code INTEGER,
+    exit_signal INTEGER,
+    attempts INTEGER NOT NULL DEFAULT 0,
+    stop TEXT NOT NULL DEFAULT '',
+    stop_deadline REAL,
+    suspended INTEGER NOT NULL DEFAULT 0
+);
+CREATE INDEX IF NOT EXISTS jobs_state ON jobs (state);
+CREATE TABLE IF NOT EXISTS events (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    job_id TEXT,
+    time REAL NOT NULL,
+    kind TEXT NOT NULL,
+    old_state TEXT,
+    new_state TEXT,
+    reason TEXT NOT NULL,
+    detail TEXT NOT NULL DEFAULT '{}'
+);
+CREATE INDEX IF NOT EXISTS events_job ON events (job_id);
+CREATE TABLE IF NOT EXISTS tenants (
+    name TEXT PRIMARY KEY,
+    weight REAL NOT NULL DEFAULT 1.0,
+    max_gpus REAL,
+    max_gpu_memory_bytes INTEGER,
+    response TEXT NOT NULL DEFAULT '{}'
+);
+"""
+
+# Fields the daemon may set alongside (or without) a state change; everything else is fixed at submit.
+_MUTABLE = frozenset(
+    {
+        "started_at", "finished_at", "gpus", "mig", "pid", "pgid", "proc_start_time", "exit_code",
+        "exit_signal", "attempts", "stop", "stop_deadline", "suspended", "reason",
+    }
+)  # fmt: skip
+_JSON_FIELDS = frozenset({"gpus", "mig"})
+
+
+@dataclass(frozen=True, slots=True)
+class JobRecord:
+    """One job as stored: its spec plus everything the daemon has learned about it."""
+
+    id: str
+    seq: int
+    spec: JobSpec
+    state: JobState
+    reason: str
+    user: str
+    submitted_at: float
+    started_at: float | None = None
+    finished_at: float | None = None
+    gpus: tuple[int, ...] = ()
+    mig: dict[str, Any] | None = None  # {"gpu": int, "profile": str, "start": int}
+    pid: int | None = None  # the supervisor's PID (leader of the job's process group)
+    pgid: int | None = None
+    proc_start_time: float | None = None  # psutil create_time of pid: PID reuse cannot fool recovery
+    exit_code: int | None = None
+    exit_signal: int | None = None
+    attempts: int = 0  # launches so far
+    stop: str = ""  # why the daemon is stopping a running job: preempt | cancel | limit | enforce
+    stop_deadline: float | None = None  # SIGKILL at this time if it is still alive
+    suspended: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class TenantRecord:
+    """A tenant's share and quotas; None means no limit. ``response`` holds graded-response settings."""
+
+    name: str
+    weight: float = 1.0
+    max_gpus: float | None = None
+    max_gpu_memory_bytes: int | None = None
+    response: dict[str, Any] = field(default_factory=dict)
+
+
+class Store:
+    """SQLite under ``path`` in WAL mode. Thread-safe: one connection behind one lock."""
+
+    def __init__(self, path: Path | str) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.RLock()
+        self._depth = 0
+        # isolation_level=None: we issue BEGIN/COMMIT ourselves, so a transaction is exactly what we say.
+        self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None, timeout=30)
+        self._db.row_factory = sqlite3.Row
+        mode = self._db.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+        if mode.lower() != "wal":
+            raise InternalError(f"{self.path}: SQLite refused WAL mode (got {mode!r})")
+        # NORMAL is durable against a killed process (the WAL is in the OS cache); only a power cut may
+        # lose the last commits, which the exit files then recover.
+        self._db.execute("PRAGMA synchronous=NORMAL")
+        self._db.execute("PRAGMA foreign_keys=ON")
+        # executescript commits on its own; every statement is IF NOT EXISTS, so a rerun is harmless.
+        self._db.executescript(_SCHEMA)
+        with self.transaction():
+            row = self._db.execute("SELECT version FROM schema_version").fetchone()
+            if row is None:
+                self._db.execute("INSERT INTO schema_version VALUES (?)", (SCHEMA_VERSION,))
+            elif row[0] > SCHEMA_VERSION:
+                raise InvalidRequest(
+                    f"state file {self.path} has schema {row[0]}, newer than this gpuslice "
+                    f"({SCHEMA_VERSION}); upgrade gpuslice or use another --state-dir"
+                )
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    @property
+    def journal_mode(self) -> str:
+        with self._lock:
+            return str(self._db.execute("PRAGMA journal_mode").fetchone()[0])
+
+    @contextmanager
+    def transaction(self) -> Iterator[None]:
+        """One atomic change; nested uses join the outermost. An exception rolls everything back."""
+        with self._lock:
+            if self._depth:
+                self._depth += 1
+                try:
+                    yield
+                finally:
+                    self._depth -= 1
+                return
+            self._db.execute("BEGIN IMMEDIATE")
+            self._depth = 1
+            try:
+                yield
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            else:
+                self._db.execute("COMMIT")
+            finally:
+                self._depth = 0
+
+    # -- jobs ---------------------------------------------------------------------------------------
+
+    def add_job(self, spec: JobSpec, now: float, reason: str = "submitted") -> JobRecord:
+        """Insert a PENDING job and its "submitted" event; the id is the next sequence number."""
+        with self.transaction():
+            cur = self._db.execute(
+                "INSERT INTO jobs (id, spec, state, reason, user, tenant, priority, submitted_at) "
+                "VALUES ('', ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    json.dumps(spec_to_json(spec)),
+                    JobState.PENDING.value,
+                    reason,
+                    spec.user,
+                    spec.tenant,
+                    int(spec.priority),
+                    now,
+                ),
+            )
+            seq = int(cur.lastrowid or 0)
+            job_id = str(seq)
+            self._db.execute("UPDATE jobs SET id = ? WHERE seq = ?", (job_id, seq))
+            self._event(job_id, now, "transition", None, JobState.PENDING, reason, {})
+        return self.get(job_id)
+
+    def get(self, job_id: str) -> JobRecord:
+        with self._lock:
+            row = self._db.execute("SELECT * FROM jobs WHERE id = ?", (job_id,)).fetchone()
+        if row is None:
+            raise JobNotFound(f"no job {job_id!r}; `gpuslice ps` lists the jobs")
+        return _record(row)
+
+    def jobs(
+        self,
+        states: Sequence[JobState] | None = None,
+        *,
+        tenant: str | None = None,
+        limit: int | None = None,
+        newest_first: bool = False,
+    ) -> list[JobRecord]:
+        sql, args = "SELECT * FROM jobs", []
+        where = []
+        if states is not None:
+            where.append(f"state IN ({','.join('?' * len(states))})")
+            args += [s.value for s in states]
+        if tenant is not None:
+            where.append("tenant = ?")
+            args.append(tenant)
+        if where:
+            sql += " WHERE " + " AND ".join(where)
+        sql += " ORDER BY seq DESC" if newest_first else " ORDER BY seq"
+        if limit is not None:
+            sql += " LIMIT ?"
+            args.append(limit)
+        with self._lock:
+            rows = self._db.execute(sql, args).fetchall()
+        return [_record(r) for r in rows]
+
+    def count(self, state: JobState) -> int:
+        with self._lock:
+            row = self._db.execute("SELECT COUNT(*) FROM jobs WHERE state = ?", (state.value,)).fetchone()
+        return int(row[0])
+
+    def transition(
+        self,
+        job_id: str,
+        new: JobState,
+        reason: str,
+        now: float,
+        detail: dict[str, Any] | None = None,
+        **fields: Any,
+    ) -> JobRecord:
+        """Move a job to ``new`` (validated), set ``fields``, and record the event, in one transaction."""
+        with self.transaction():
+            old = self.get(job_id).state
+            check_transition(old, new)
+            self._set(job_id, {"state": new.value, "reason": reason, **fields})
+            self._event(job_id, now, "transition", old, new, reason, detail or {})
+        return self.get(job_id)
+
+    def update(self, job_id: str, **fields: Any) -> JobRecord:
+        """Set non-state fields (pid, stop, suspended …) without an event."""
+        with self.transaction():
+            self.get(job_id)
+            self._set(job_id, fields)
+        return self.get(job_id)
+
+    def _set(self, job_id: str, fields: dict[str, Any]) -> None:
+        unknown = set(fields) - _MUTABLE - {"state"}
+        if unknown:
+            raise InternalError(f"store: {sorted(unknown)} cannot change after submit")
+        values = [_column(k, v) for k, v in fields.items()]
+        assignments = ", ".join(f"{k} = ?" for k in fields)
+        self._db.execute(f"UPDATE jobs SET {assignments} WHERE id = ?", (*values, job_id))
+
+    # -- events -------------------------------------------------------------------------------------
+
+    def event(
+        self, job_id: str | None, kind: str, reason: str, now: float, detail: dict[str, Any] | None = None
+    ) -> None:
+        """Record a notable action that is not a state change (an enforcement warning, a signal sent)."""
+        with self.transaction():
+            self._event(job_id, now, kind, None, None, reason, detail or {})
+
+    def _event(
+        self,
+        job_id: str | None,
+        now: float,
+        kind: str,
+        old: JobState | None,
+        new: JobState | None,
+        reason: str,
+        detail: dict[str, Any],
+    ) -> None:
+        self._db.execute(
+            "INSERT INTO events (job_id, time, kind, old_state, new_state, reason, detail) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?)",
+            (job_id, now, kind, old and old.value, new and new.value, reason, json.dumps(detail)),
+        )
+
+    def events(
+        self, job_id: str | None = None, *, after_id: int = 0, limit: int = 1000
+    ) -> list[tuple[int, JobEvent]]:
+        """(event id, event) in order; ``after_id`` pages through them."""
+        sql, args = "SELECT * FROM events WHERE id > ?", [after_id]
+        if job_id is not None:
+            sql += " AND job_id = ?"
+            args.append(job_id)
+        sql += " ORDER BY id LIMIT ?"
+        args.append(limit)
+        with self._lock:
+            rows = self._db.execute(sql, args).fetchall()
+        return [
+            (
+                int(r["id"]),
+                JobEvent(
+                    job_id=r["job_id"] or "",
+                    time=r["time"],
+                    kind=r["kind"],
+                    old_state=JobState(r["old_state"]) if r["old_state"] else None,
+                    new_state=JobState(r["new_state"]) if r["new_state"] else None,
+                    reason=r["reason"],
+                    detail=json.loads(r["detail"]),
+                ),
+            )
+            for r in rows
+        ]
+
+    # -- tenants ------------------------------------------------------------------------------------
+
+    def tenants(self) -> dict[str, TenantRecord]:
+        with self._lock:
+            rows = self._db.execute("SELECT * FROM tenants ORDER BY name").fetchall()
+        return {
+            r["name"]: TenantRecord(
+                name=r["name"],
+                weight=r["weight"],
+                max_gpus=r["max_gpus"],
+                max_gpu_memory_bytes=r["max_gpu_memory_bytes"],
+                response=json.loads(r["response"]),
+            )
+            for r in rows
+        }
+
+    def put_tenant(self, tenant: TenantRecord, now: float) -> None:
+        with self.transaction():
+            self._db.execute(
+                "INSERT INTO tenants (name, weight, max_gpus, max_gpu_memory_bytes, response) "
+                "VALUES (?, ?, ?, ?, ?) ON CONFLICT(name) DO UPDATE SET weight = excluded.weight, "
+                "max_gpus = excluded.max_gpus, max_gpu_memory_bytes = excluded.max_gpu_memory_bytes, "
+                "response = excluded.response",
+                (
+                    tenant.name,
+                    tenant.weight,
+                    tenant.max_gpus,
+                    tenant.max_gpu_memory_bytes,
+                    json.dumps(tenant.response),
+                ),
+            )
+            self._event(None, now, "tenant", None, None, f"tenant {tenant.name} set", {"name": tenant.name})
+
+
+def _column(name: str, value: Any) -> Any:
+    if name == "gpus":
+        return json.dumps([int(g) for g in value])
+    if name in _JSON_FIELDS:
+        return json.dumps(value)
+    if name == "suspended":
+        return int(bool(value))
+    return value
+
+
+def _record(row: sqlite3.Row) -> JobRecord:
+    return JobRecord(
+        id=row["id"],
+        seq=row["seq"],
+        spec=spec_from_json(json.loads(row["spec"])),
+        state=JobState(row["state"]),
+        reason=row["reason"],
+        user=row["user"],
+        submitted_at=row["submitted_at"],
+        started_at=row["started_at"],
+        finished_at=row["finished_at"],
+        gpus=tuple(json.loads(row["gpus"])),
+        mig=json.loads(row["mig"]) if row["mig"] else None,
+        pid=row["pid"],
+        pgid=row["pgid"],
+        proc_start_time=row["proc_start_time"],
+        exit_code=row["exit_code"],
+        exit_signal=row["exit_signal"],
+        attempts=row["attempts"],
+        stop=row["stop"],
+        stop_deadline=row["stop_deadline"],
+        suspended=bool(row["suspended"]),
+    )
