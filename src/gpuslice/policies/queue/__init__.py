@@ -1,0 +1,30 @@
+"""Queue policies: in which order pending jobs are tried. One per file, one registry."""
+
+from __future__ import annotations
+
+from gpuslice.errors import UnknownPolicy
+from gpuslice.policies.queue.base import QueuedJob, QueueOps, QueueView, effective_priority, order_pending
+from gpuslice.policies.queue.fifo import Fifo
+from gpuslice.policies.queue.priority_fair import PriorityFair
+
+__all__ = [
+    "QUEUE",
+    "Fifo",
+    "PriorityFair",
+    "QueueOps",
+    "QueueView",
+    "QueuedJob",
+    "effective_priority",
+    "order_pending",
+    "queue_policy",
+]
+
+QUEUE: dict[str, type[QueueOps]] = {p.name: p for p in (PriorityFair, Fifo)}
+
+
+def queue_policy(name: str) -> type[QueueOps]:
+    """The queue policy class registered as ``name``; UnknownPolicy lists the known names otherwise."""
+    try:
+        return QUEUE[name]
+    except KeyError:
+        raise UnknownPolicy(f"{name!r} is not a queue policy; known: {', '.join(sorted(QUEUE))}") from None

@@ -1,0 +1,119 @@
+"""The queue ops table: in which order pending jobs are tried, and the mechanism that applies it.
+
+Lifecycle of one job in the node scheduler (``scheduler/node_scheduler.py``), hooks marked ``policy.``:
+
+```text
+submit(job)                      -> pending
+step(now):
+    view  = QueueView(now, tenant weights, tenant GPU usage, aging_seconds)
+    order = order_pending(policy, view, pending)     # sorted by policy.order_key(view, job), then FIFO;
+                                                     # the key usually starts with -policy.priority(...)
+    for job in order:                                # re-sorted after every start (usage changed)
+        quota?  fits now?  backfill would delay the head?  preempt lower-priority jobs?   (mechanism)
+        start -> policy.on_started(view, job)
+finished(job)                    -> policy.on_finished(view, job)
+```
+
+A policy only advises an order (DESIGN.md "policy advises, mechanism decides"): quotas, gang starts,
+backfill and preemption are the mechanism's, and a hook that raises or answers out of range is replaced
+by the default answer and counted in ``fallbacks`` (STYLE.md habit 5). Priorities are ``Priority``
+levels; a policy may raise a waiting job's level (aging) but never above HIGH, and never lower it.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from gpuslice.workload.job import JobSpec, Priority
+
+__all__ = ["QueueOps", "QueueView", "QueuedJob", "effective_priority", "order_pending"]
+
+
+@dataclass(frozen=True, slots=True)
+class QueuedJob:
+    """A pending job as a queue policy sees it. ``seq`` is the submission order (FIFO tie-break)."""
+
+    job_id: str
+    spec: JobSpec
+    submitted_at: float
+    seq: int
+
+
+@dataclass(frozen=True, slots=True)
+class QueueView:
+    """What a queue policy may read at one step: the time, tenants' weights and current GPU usage.
+
+    ``tenant_gpus`` counts GPUs held by running jobs: a whole GPU is 1, a share its compute fraction
+    (milli / 1000), a MIG instance its compute slices / 7. Tenants missing from a map have weight 1 and
+    usage 0.
+    """
+
+    now: float
+    aging_seconds: float = 600.0
+    tenant_weight: Mapping[str, float] = field(default_factory=dict)
+    tenant_gpus: Mapping[str, float] = field(default_factory=dict)
+
+    def weight(self, tenant: str) -> float:
+        return self.tenant_weight.get(tenant, 1.0)
+
+    def usage(self, tenant: str) -> float:
+        return self.tenant_gpus.get(tenant, 0.0)
+
+
+class QueueOps:
+    """Base of every queue policy. Only ``name`` is required; each hook has a working default."""
+
+    name: ClassVar[str] = "default"
+    summary: ClassVar[str] = "strict priority, then FIFO (the defaults)"
+
+    def priority(self, view: QueueView, job: QueuedJob) -> int:
+        """The job's level now. Called at every step for every pending job; must be a ``Priority``
+        value between the job's own level and max(own level, HIGH). Default: the job's own level."""
+        return int(job.spec.priority)
+
+    def order_key(self, view: QueueView, job: QueuedJob) -> tuple[Any, ...]:
+        """Sort key, lower goes first; the mechanism appends ``job.seq`` so ties stay FIFO and the order
+        is total. Keys of one step must compare with each other. Default: higher ``priority`` first."""
+        return (-self.priority(view, job),)
+
+    def on_started(self, view: QueueView, job: QueuedJob) -> None:
+        """Called after the mechanism started ``job``. Default: nothing (usage is in the next view)."""
+
+    def on_finished(self, view: QueueView, job: QueuedJob) -> None:
+        """Called after a running job ended, for any reason. Default: nothing."""
+
+
+def effective_priority(
+    policy: QueueOps, view: QueueView, job: QueuedJob, fallbacks: Counter[str] | None = None
+) -> int:
+    """``policy.priority`` validated: an exception or a level outside [own, max(own, HIGH)] gives the
+    job's own level, and ``fallbacks["priority"]`` goes up by one."""
+    own = int(job.spec.priority)
+    try:
+        level = policy.priority(view, job)
+        ok = isinstance(level, int) and own <= level <= max(own, int(Priority.HIGH))
+    except Exception:  # a crashing policy must not take the scheduler down (STYLE.md habit 5)
+        ok = False
+    if not ok:
+        if fallbacks is not None:
+            fallbacks["priority"] += 1
+        return own
+    return int(level)
+
+
+def order_pending(
+    policy: QueueOps, view: QueueView, jobs: Sequence[QueuedJob], fallbacks: Counter[str] | None = None
+) -> list[QueuedJob]:
+    """``jobs`` in the order the policy advises (key, then FIFO). If any key raises or keys do not
+    compare, the default order (own priority, then FIFO) is used and ``fallbacks["order_key"]`` counted."""
+    try:
+        keyed = [((*policy.order_key(view, j), j.seq), j) for j in jobs]
+        keyed.sort(key=lambda pair: pair[0])
+        return [j for _, j in keyed]
+    except Exception:  # wrong shape or incomparable keys: the default order, never a crash
+        if fallbacks is not None:
+            fallbacks["order_key"] += 1
+        return sorted(jobs, key=lambda j: (-int(j.spec.priority), j.seq))
