@@ -1,0 +1,32 @@
+"""GPU memory oversubscription engine: gpu_ext's eviction and prefetch hooks in user space, judged
+against Belady (issue 5; research/gpu_ext.md). Sits beside the scheduler; imports only units and errors.
+
+``uvm`` the UVM model · ``hooks`` the ops table and decision context · ``policies`` one policy per file ·
+``workloads`` trace generators and CSV · ``cost`` estimated time · ``simulator`` the replay.
+"""
+
+from __future__ import annotations
+
+from gpuslice.memory.cost import LINKS, CostModel
+from gpuslice.memory.hooks import MemoryOps, MemoryView
+from gpuslice.memory.policies import EVICTION, PREFETCH, UnknownMemoryPolicy, make_ops
+from gpuslice.memory.simulator import SimConfig, SimResult, simulate
+from gpuslice.memory.workloads import WORKLOADS, Trace, UnknownWorkload, make_workload
+
+__all__ = [
+    "EVICTION",
+    "LINKS",
+    "PREFETCH",
+    "WORKLOADS",
+    "CostModel",
+    "MemoryOps",
+    "MemoryView",
+    "SimConfig",
+    "SimResult",
+    "Trace",
+    "UnknownMemoryPolicy",
+    "UnknownWorkload",
+    "make_ops",
+    "make_workload",
+    "simulate",
+]

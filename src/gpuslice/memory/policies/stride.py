@@ -1,0 +1,52 @@
+"""Stride prefetch (gpu_ext ``prefetch_stride.bpf.c``, research §2.2).
+
+Per VA block: last page, stride and a signed confidence. At each fault, delta = page − last: 0 does
+nothing; |delta| > 128 decays the confidence; delta equal to the stride raises it, otherwise it decays
+and the stride is replaced. At confidence ≥ 2 it prefetches 2 pages at page + stride (forward windows
+start there, backward ones end there), clamped to the block, with BYPASS; otherwise it requests nothing
+(the first fault in a block never prefetches). gpu_ext pairs it with LFU for llama.cpp MoE decode.
+"""
+
+from __future__ import annotations
+
+from gpuslice.memory.hooks import BYPASS, DecisionContext, MemoryOps, MemoryView, PrefetchFault
+
+__all__ = ["Stride"]
+
+CONFIDENCE, PAGES, MAX_STRIDE = 2, 2, 128  # loader defaults -t -n -m (research §2.2)
+
+
+class Stride(MemoryOps):
+    name = "stride"
+    summary = "per-block stride detector: 2 pages at page+stride once seen twice"
+    kind = "prefetch"
+
+    def __init__(self) -> None:
+        self.state: dict[int, list[int]] = {}  # block -> [last, stride, confidence]
+
+    def page_prefetch(self, view: MemoryView, fault: PrefetchFault, ctx: DecisionContext) -> int:
+        page = fault.page_index
+        st = self.state.get(fault.block)
+        if st is None:
+            self.state[fault.block] = [page, 0, 0]
+            ctx.set_prefetch_region(0, 0)
+            return BYPASS
+        delta = page - st[0]
+        if delta != 0:
+            if abs(delta) > MAX_STRIDE:
+                st[2] -= 1
+            elif delta == st[1]:
+                st[2] += 1
+            else:
+                st[2] -= 1
+                st[1] = delta
+            st[0] = page
+        if st[2] >= CONFIDENCE and st[1] != 0:
+            target = page + st[1]
+            first, outer = (target, target + PAGES) if st[1] > 0 else (target - PAGES + 1, target + 1)
+            first, outer = max(first, fault.max_first), min(outer, fault.max_outer)
+            if first < outer:
+                ctx.set_prefetch_region(first, outer)
+                return BYPASS
+        ctx.set_prefetch_region(0, 0)
+        return BYPASS

@@ -1,0 +1,372 @@
+"""Replay a page-access trace through the UVM model with one ops table; count faults, bytes and time.
+
+Hits are found vectorised: between two fault batches nothing changes, so one numpy gather over the
+residency bitmap classifies a whole stretch of accesses. Python runs only per fault batch, per VA block
+in it (prefetch, allocation, activation) and per eviction — which is where gpu_ext's hooks run too.
+
+A step (``Trace.time``) is a set of concurrent accesses: its faults are the distinct non-resident pages it
+touches (coalesced), serviced in batches of 256 in address order (research §3); the next step sees the
+result. Capacity is ``floor(working set / oversub)`` chunks of 2 MB.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import time as _time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from gpuslice.memory.cost import CostModel
+from gpuslice.memory.hooks import (
+    BYPASS,
+    DEFAULT,
+    ENTER_LOOP,
+    PRIORITY_HIGH,
+    PRIORITY_LOW,
+    RESULT_CODES,
+    VISIBILITIES,
+    Composed,
+    DecisionContext,
+    EvictContext,
+    MemoryOps,
+    MemoryView,
+    PrefetchFault,
+)
+from gpuslice.memory.uvm import (
+    FAULT_BATCH,
+    PAGE_BYTES,
+    PAGES_PER_BLOCK,
+    TREE_LEVELS,
+    TREE_THRESHOLD_PCT,
+    ChunkLists,
+    Thrashing,
+    ThrashingParams,
+    native_prefetch_mask,
+    native_region,
+    tree_counts,
+)
+from gpuslice.memory.workloads import Trace
+
+__all__ = ["SimConfig", "SimResult", "capacity_for", "simulate"]
+
+_P = PAGES_PER_BLOCK
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    """How to run: oversubscription (working set / GPU capacity), hook visibility, cost model.
+
+    ``preferred_gpu``: the GPU is the blocks' preferred location, so a first-touch fault takes the whole
+    block (research §3). Off by default: plain managed memory, as in uvmbench's ``uvm`` mode and gpu_ext's
+    UVM baselines, sets no preferred location. ``priorities`` maps tenant → "high"/"low"; by default a
+    multi-tenant trace has tenant 0 high and tenant 1 low, a single-tenant trace has no priorities.
+    """
+
+    oversub: float = 1.5
+    visibility: str = "driver"
+    cost: CostModel = field(default_factory=CostModel)
+    preferred_gpu: bool = False
+    thrashing: ThrashingParams = field(default_factory=ThrashingParams)
+    priorities: dict[int, str] | None = None
+
+
+@dataclass(frozen=True)
+class SimResult:
+    """Counts and estimated time of one run; ``faults`` are coalesced page faults, ``chunk_faults`` the
+    times a VA block had no chunk when it faulted, ``requests`` the policy requests by result code."""
+
+    workload: str
+    oversub: float
+    evict: str
+    prefetch: str
+    accesses: int
+    capacity_chunks: int
+    faults: int
+    chunk_faults: int
+    batches: int
+    evictions: int
+    migrated_bytes: int
+    evicted_bytes: int
+    thrashing_events: int
+    estimated_seconds: float
+    tenant_seconds: tuple[float, ...]
+    requests: dict[str, int]
+    wall_seconds: float
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def capacity_for(trace: Trace, oversub: float) -> int:
+    """GPU capacity in 2 MB chunks for an oversubscription ratio (≥ 1 chunk)."""
+    return max(1, math.floor(trace.working_set_blocks / oversub + 1e-9))
+
+
+def _default_priorities(trace: Trace) -> dict[int, str]:
+    return {0: PRIORITY_HIGH, 1: PRIORITY_LOW} if trace.tenants > 1 else {}
+
+
+def _overrides(ops: MemoryOps, hook: str) -> bool:
+    """Whether ``ops`` (or the half of a Composed that owns ``hook``) replaces the driver's hook; the
+    simulator skips calling hooks that would do exactly what the driver does."""
+    if isinstance(ops, Composed):
+        ops = ops.prefetch if hook.startswith("page_prefetch") else ops.evict
+    return getattr(type(ops), hook) is not getattr(MemoryOps, hook)
+
+
+class _Run:
+    """State of one replay; ``simulate`` is the public entry."""
+
+    def __init__(self, trace: Trace, ops: MemoryOps, config: SimConfig) -> None:
+        if config.visibility not in VISIBILITIES:
+            raise ValueError(f"visibility must be one of {VISIBILITIES}")
+        self.trace, self.ops, self.cfg = trace, ops, config
+        self.capacity = capacity_for(trace, config.oversub)
+        nb = trace.blocks
+        self.resident = np.zeros(nb * _P, dtype=bool)
+        self.res_count = np.zeros(nb, dtype=np.int64)
+        self.lists = ChunkLists()
+        self.thrash = Thrashing(nb, config.thrashing)
+        priorities = config.priorities if config.priorities is not None else _default_priorities(trace)
+        self.view = MemoryView(
+            trace.owner, trace.block, self.capacity, self.lists, self.res_count, priorities
+        )
+        self.counts: Counter[str] = Counter({code: 0 for code in RESULT_CODES})
+        self.native = not _overrides(ops, "page_prefetch")
+        self.hook_activate = _overrides(ops, "block_activate")
+        self.hook_evict = _overrides(ops, "evict_prepare")
+        self.faults = self.chunk_faults = self.batches = self.evictions = 0
+        self.migrated_pages = self.evicted_pages = 0
+        self.clock = 0.0
+        tenants = max(1, trace.tenants)
+        self.tenant_s = np.zeros(tenants)
+        self.tenant_bytes = np.zeros(tenants)
+
+    # -- eviction -----------------------------------------------------------------------------------
+    def _evict_one(self, pinned: int) -> int:
+        if self.hook_evict:
+            ectx = EvictContext()
+            self.ops.evict_prepare(self.view, ectx)
+            ectx.commit(self.lists, self.counts)
+        victim = self.lists.victim(pinned)
+        self.lists.remove(victim)
+        self.resident[victim * _P : (victim + 1) * _P] = False
+        pages = int(self.res_count[victim])
+        self.res_count[victim] = 0
+        self.evicted_pages += pages
+        self.evictions += 1
+        self.thrash.on_evict(victim, self.clock)
+        return pages
+
+    # -- prefetch -----------------------------------------------------------------------------------
+    def _prefetch_mask(
+        self, block: int, pages: np.ndarray, resident: np.ndarray, thrashing: bool
+    ) -> np.ndarray:
+        first_touch = self.cfg.preferred_gpu and self.res_count[block] == 0
+        if self.native:
+            return native_prefetch_mask(resident, pages, TREE_THRESHOLD_PCT, first_touch, thrashing)
+        cs = tree_counts(resident, pages, grow=not thrashing)
+        ro = resident.copy()
+        ro.flags.writeable = False
+        tenant = int(self.trace.owner[block])
+        out = np.zeros(_P, dtype=bool)
+        out[pages] = True
+        for page in pages.tolist():
+            fault = PrefetchFault(block, page, tenant, ro, cs)
+            ctx = DecisionContext("region")
+            action = self.ops.page_prefetch(self.view, fault, ctx)
+            region = None
+            if action == BYPASS:
+                code, region = ctx.commit()
+                self.counts[code] += 1
+            elif action == ENTER_LOOP:
+                region = self._iterate(fault, ctx, cs)
+            elif action != DEFAULT:
+                self.counts["REJECT_ACTION"] += 1
+            if region is None:  # DEFAULT, or a missing or invalid request: the native heuristic
+                if thrashing:
+                    region = (page, page + 1)  # thrashing pages are excluded from native prefetch (§3)
+                elif first_touch:
+                    region = (0, _P)
+                else:
+                    region = native_region(cs, page)
+            first, outer = region
+            out[first:outer] = True
+            if outer >= _P:
+                break  # the driver stops once the region reaches the end of the block (research §1.1)
+        return out
+
+    def _iterate(self, fault: PrefetchFault, ctx: DecisionContext, cs: list[int]) -> tuple[int, int] | None:
+        """ENTER_LOOP: page_prefetch_iter at every tree level, leaf to root; the last valid commit wins."""
+        code, region = ctx.commit()  # the initial request, usually the empty region
+        if code != "NOOP_DEFAULT":
+            self.counts[code] += 1
+        page = fault.page_index
+        for k in range(TREE_LEVELS):
+            first = (page >> k) << k
+            outer = first + (1 << k)
+            ictx = DecisionContext("region")
+            r = self.ops.page_prefetch_iter(self.view, fault, first, outer, cs[outer] - cs[first], ictx)
+            if r == 1:
+                code, value = ictx.commit()
+                self.counts[code] += 1
+                region = value if value is not None else region
+            elif r != 0:
+                self.counts["REJECT_ACTION"] += 1
+        return region
+
+    # -- service ------------------------------------------------------------------------------------
+    def _activate(self, block: int) -> None:
+        self.lists.activate(block)  # the driver's own tail move comes first (research §1.1)
+        if not self.hook_activate:
+            return
+        ctx = DecisionContext("reorder")
+        self.ops.block_activate(self.view, block, ctx)
+        self._apply(block, ctx)
+
+    def _apply(self, block: int, ctx: DecisionContext) -> bool:
+        code, value = ctx.commit()
+        if code != "NOOP_DEFAULT":
+            self.counts[code] += 1
+        if value is not None:
+            self.lists.move(block, value[0], value[1] == 1)
+            return True
+        return False
+
+    def _service_batch(self, gpages: np.ndarray) -> None:
+        owner = self.trace.owner
+        blocks = gpages // _P
+        cuts = [0, *(np.flatnonzero(blocks[1:] != blocks[:-1]) + 1).tolist(), len(gpages)]
+        moved_in = np.zeros_like(self.tenant_bytes)
+        moved_out = np.zeros_like(self.tenant_bytes)
+        waiting = set()
+        for a, b in itertools.pairwise(cuts):
+            block = int(blocks[a])
+            tenant = int(owner[block])
+            waiting.add(tenant)
+            if block not in self.lists:
+                self.chunk_faults += 1
+                if len(self.lists) >= self.capacity:
+                    moved_out[tenant] += self._evict_one(block)
+                thrashing = self.thrash.on_fault_in(block, self.clock)
+            else:
+                thrashing = self.thrash.is_thrashing(block, self.clock)
+            span = self.resident[block * _P : (block + 1) * _P]
+            mask = self._prefetch_mask(block, gpages[a:b] - block * _P, span, thrashing)
+            span |= mask
+            new = int(np.count_nonzero(span)) - int(self.res_count[block])
+            self.res_count[block] += new
+            moved_in[tenant] += new
+            self._activate(block)
+        self.batches += 1
+        moved = int(moved_in.sum() + moved_out.sum())
+        self.migrated_pages += int(moved_in.sum())
+        self.clock += self.cfg.cost.batch_seconds(moved * PAGE_BYTES)
+        self.view.moved_bytes += moved * PAGE_BYTES
+        for t in waiting:
+            self.tenant_s[t] += self.cfg.cost.batch_overhead_s
+        self.tenant_s += (moved_in + moved_out) * PAGE_BYTES / self.cfg.cost.link_bytes_per_s
+
+    def _access_hooks(self, start: int, end: int) -> None:
+        """ "full" visibility: block_access once per resident block touched in [start, end)."""
+        gp = self.gp[start:end]
+        hit_blocks = self.trace.block[start:end][self.resident[gp]]
+        if not len(hit_blocks):
+            return
+        blocks, hits = np.unique(hit_blocks, return_counts=True)
+        for block, n in zip(blocks.tolist(), hits.tolist(), strict=True):
+            ctx = DecisionContext("reorder")
+            action = self.ops.block_access(self.view, block, n, ctx)
+            if self._apply(block, ctx):
+                continue
+            if action == DEFAULT and self.lists.list_of(block) == ChunkLists.USED:
+                self.lists.used.move_to_end(block)  # native move to the used tail (research §1.1)
+            elif action not in (DEFAULT, BYPASS):
+                self.counts["REJECT_ACTION"] += 1
+
+    def run(self, progress: Callable[[int], None] | None = None) -> None:
+        trace = self.trace
+        n = len(trace)
+        self.gp = trace.block.astype(np.int64) * _P + trace.page
+        bounds = np.flatnonzero(trace.time[1:] != trace.time[:-1]) + 1
+        tenant_access = np.bincount(trace.tenant, minlength=len(self.tenant_s))
+        self.tenant_s += tenant_access * self.cfg.cost.per_access_s
+        self.clock_compute = self.cfg.cost.compute_seconds(n)
+        self.ops.init(self.view)
+        full = self.cfg.visibility == "full"
+        pos = hit_start = 0
+        window = 4096
+        last_report = 0
+        while pos < n:
+            end_w = min(n, pos + window)
+            miss = np.flatnonzero(~self.resident[self.gp[pos:end_w]])
+            if not miss.size:
+                self.clock += self.cfg.cost.compute_seconds(end_w - pos)
+                pos = end_w
+                window = min(window * 2, 1 << 20)
+                continue
+            i = pos + int(miss[0])
+            k = int(np.searchsorted(bounds, i, side="right"))
+            end = int(bounds[k]) if k < len(bounds) else n
+            seg = self.gp[i:end]
+            faulted = np.unique(seg[~self.resident[seg]])
+            self.clock += self.cfg.cost.compute_seconds(end - pos)
+            if full:
+                self._access_hooks(hit_start, end)
+            self.faults += len(faulted)
+            self.view.position = end
+            for b in range(0, len(faulted), FAULT_BATCH):
+                self.view.now_s = self.clock
+                self._service_batch(faulted[b : b + FAULT_BATCH])
+            window = max(256, 2 * (end - pos))
+            pos = hit_start = end
+            if progress is not None and pos - last_report > 65536:
+                progress(pos - last_report)
+                last_report = pos
+        if full and hit_start < n:
+            self._access_hooks(hit_start, n)
+        if progress is not None:
+            progress(n - last_report)
+
+
+def simulate(
+    trace: Trace,
+    ops: MemoryOps,
+    config: SimConfig | None = None,
+    evict_name: str | None = None,
+    prefetch_name: str | None = None,
+    progress: Callable[[int], None] | None = None,
+) -> SimResult:
+    """Replay ``trace`` with ``ops`` (a policy or a ``Composed`` pair); ``progress(k)`` is told of every k
+    accesses done. The names only label the result (default: from ``ops``)."""
+    config = config or SimConfig()
+    run = _Run(trace, ops, config)
+    t0 = _time.perf_counter()
+    run.run(progress)
+    wall = _time.perf_counter() - t0
+    if isinstance(ops, Composed):
+        evict_name = evict_name or ops.evict.name
+        prefetch_name = prefetch_name or ops.prefetch.name
+    return SimResult(
+        workload=trace.name,
+        oversub=config.oversub,
+        evict=evict_name or ops.name,
+        prefetch=prefetch_name or ops.name,
+        accesses=len(trace),
+        capacity_chunks=run.capacity,
+        faults=run.faults,
+        chunk_faults=run.chunk_faults,
+        batches=run.batches,
+        evictions=run.evictions,
+        migrated_bytes=run.migrated_pages * PAGE_BYTES,
+        evicted_bytes=run.evicted_pages * PAGE_BYTES,
+        thrashing_events=run.thrash.total_events,
+        estimated_seconds=run.clock,
+        tenant_seconds=tuple(float(x) for x in run.tenant_s),
+        requests={k: int(v) for k, v in run.counts.items()},
+        wall_seconds=wall,
+    )

@@ -1,0 +1,80 @@
+"""Acceptance sanity properties of issue 5: Belady is a bound; enough memory means compulsory faults only."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from gpuslice.memory.policies import EVICTION, PREFETCH, make_ops
+from gpuslice.memory.simulator import SimConfig, capacity_for, simulate
+from gpuslice.memory.workloads import make_workload
+
+SMALL = ("hotspot", "llm-moe-decode", "gnn", "mix-gemm")
+
+
+@pytest.mark.parametrize("workload", SMALL)
+@pytest.mark.parametrize("prefetch", ["tree", "always-max", "stride"])
+def test_no_eviction_policy_has_fewer_chunk_faults_than_belady(workload, prefetch):
+    trace = make_workload(workload, scale=0.1)
+    cfg = SimConfig(oversub=1.5)
+    bound = simulate(trace, make_ops("belady", prefetch), cfg).chunk_faults
+    for evict in EVICTION:
+        assert simulate(trace, make_ops(evict, prefetch), cfg).chunk_faults >= bound, evict
+
+
+@pytest.mark.parametrize("workload", SMALL)
+def test_with_whole_block_prefetch_no_policy_has_fewer_page_faults_than_belady(workload):
+    trace = make_workload(workload, scale=0.1)
+    cfg = SimConfig(oversub=1.5)
+    bound = simulate(trace, make_ops("belady", "always-max"), cfg).faults
+    for evict in EVICTION:
+        assert simulate(trace, make_ops(evict, "always-max"), cfg).faults >= bound, evict
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    rows=st.lists(st.tuples(st.integers(0, 7), st.integers(0, 511)), min_size=1, max_size=80),
+    oversub=st.sampled_from([1.2, 1.5, 2.0, 3.0]),
+)
+def test_belady_bounds_chunk_faults_on_random_small_traces(hand_trace, rows, oversub):
+    trace = hand_trace(rows)
+    cfg = SimConfig(oversub=oversub)
+    bound = simulate(trace, make_ops("belady", "tree"), cfg).chunk_faults
+    for evict in ("default", "lfu", "mru", "fifo-chance", "2q"):
+        assert simulate(trace, make_ops(evict, "tree"), cfg).chunk_faults >= bound
+
+
+@pytest.mark.parametrize("evict", list(EVICTION))
+@pytest.mark.parametrize("prefetch", list(PREFETCH))
+def test_with_capacity_at_least_the_working_set_faults_are_compulsory(evict, prefetch):
+    trace = make_workload("mix-hotspot", scale=0.1)
+    result = simulate(trace, make_ops(evict, prefetch), SimConfig(oversub=1.0))
+    assert result.capacity_chunks == trace.working_set_blocks
+    assert result.evictions == 0
+    assert result.chunk_faults == trace.working_set_blocks  # every block faults in exactly once
+    assert result.faults <= len(set(zip(trace.block.tolist(), trace.page.tolist(), strict=True)))
+
+
+def test_capacity_is_the_working_set_over_oversubscription(hand_trace):
+    trace = hand_trace([(b, 0) for b in range(10)])
+    assert capacity_for(trace, 1.0) == 10 and capacity_for(trace, 1.5) == 6 and capacity_for(trace, 100) == 1
+
+
+def test_faults_in_one_step_are_coalesced_and_batched_by_256():
+    import numpy as np
+
+    from gpuslice.memory.workloads import Trace
+
+    pages = np.arange(600) % 512
+    blocks = np.arange(600) // 512
+    trace = Trace.from_columns("step", np.zeros(600), blocks, pages, np.zeros(600), np.zeros(600))
+    result = simulate(trace, make_ops("default", "none"), SimConfig(oversub=1.0))
+    assert result.faults == 600 and result.batches == 3  # 600 distinct pages, 256 per batch
+
+
+def test_full_visibility_fires_the_access_hook_and_driver_visibility_does_not(hand_trace):
+    trace = hand_trace([(0, 0), (1, 0), (0, 1), (0, 2), (2, 0), (0, 3), (3, 0)])
+    driver = simulate(trace, make_ops("lfu", "tree"), SimConfig(oversub=2.0))
+    full = simulate(trace, make_ops("lfu", "tree"), SimConfig(oversub=2.0, visibility="full"))
+    assert full.requests["APPLY"] > driver.requests["APPLY"]
