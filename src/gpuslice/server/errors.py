@@ -6,7 +6,8 @@ UserError (gpuslice.errors)
 ├─ JobNotFound                        404  no job with that id
 ├─ JobConflict                        409  the job's state does not allow the action (cancel a finished job)
 ├─ NotAuthenticated                   401  no bearer token, or the wrong one
-└─ ForbiddenUser                      403  a request claims another user; the server never switches users
+├─ ForbiddenUser                      403  a request claims another user; the server never switches users
+└─ ServerUnavailable                  (client) the server does not answer at its URL; says how to start it
 ```
 They live here rather than in ``gpuslice/errors.py`` only because the server was built alongside the
 core; they belong in that tree and can move there unchanged.
@@ -16,7 +17,14 @@ from __future__ import annotations
 
 from gpuslice.errors import InvalidRequest, UserError
 
-__all__ = ["ForbiddenUser", "JobConflict", "JobNotFound", "NotAuthenticated", "http_status"]
+__all__ = [
+    "ForbiddenUser",
+    "JobConflict",
+    "JobNotFound",
+    "NotAuthenticated",
+    "ServerUnavailable",
+    "http_status",
+]
 
 
 class JobNotFound(UserError):
@@ -33,6 +41,10 @@ class NotAuthenticated(UserError):
 
 class ForbiddenUser(UserError):
     """A request claims a user other than the one running the server."""
+
+
+class ServerUnavailable(UserError):
+    """The client cannot reach ``gpuslice serve`` at its URL."""
 
 
 def http_status(error: UserError) -> int:

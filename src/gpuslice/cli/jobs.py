@@ -1,0 +1,191 @@
+"""The ``gpuslice`` job commands, a client of ``gpuslice serve``: submit, ps, show, cancel, logs, gpus, queue.
+
+Each command builds a ``ServeClient`` (server from --url / GPUSLICE_URL, token from GPUSLICE_TOKEN or the
+state directory), makes one call and prints the answer. The server decides; nothing is decided here.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from gpuslice.server.client import ServeClient
+from gpuslice.units import format_size
+
+__all__ = ["cancel", "gpus", "logs", "ps", "queue", "show", "submit"]
+
+_out = Console(highlight=False, soft_wrap=True)
+_ACTIVE = ["PENDING", "RUNNING", "PREEMPTED"]
+
+Url = Annotated[
+    str | None, typer.Option("--url", help="server URL [env GPUSLICE_URL; http://127.0.0.1:8787]")
+]
+StateDir = Annotated[
+    Path | None,
+    typer.Option("--state-dir", help="server state dir, for the token [env GPUSLICE_STATE_DIR]"),
+]
+
+
+def _client(url: str | None, state_dir: Path | None) -> ServeClient:
+    return ServeClient(url=url, state_dir=state_dir)
+
+
+def slice_text(job: dict[str, Any]) -> str:
+    """'2 GPUs', '20 GiB', '20 GiB · 50%', 'MIG 3g.40gb', '1 GPU exclusive' for a job's spec."""
+    spec = job["spec"]
+    if spec["mig_profile"]:
+        return f"MIG {spec['mig_profile']}"
+    parts = []
+    if spec["gpu_memory_bytes"]:
+        parts.append(format_size(spec["gpu_memory_bytes"]))
+    if 0 < spec["compute_percent"] < 100:
+        parts.append(f"{spec['compute_percent']}%")
+    if not parts:
+        parts.append(f"{spec['gpus']} GPU" + ("s" if spec["gpus"] != 1 else ""))
+    if spec["exclusive"]:
+        parts.append("exclusive")
+    return " · ".join(parts)
+
+
+def _ago(t: float | None) -> str:
+    if t is None:
+        return "—"
+    s = max(0.0, time.time() - t)
+    return f"{s:.0f}s" if s < 120 else f"{s / 60:.0f}m" if s < 7200 else f"{s / 3600:.1f}h"
+
+
+def submit(
+    command: Annotated[list[str], typer.Argument(help="the command, after --", show_default=False)],
+    gpus: Annotated[int, typer.Option(help="GPUs (whole, unless --mem/--cores make it a share of 1)")] = 1,
+    mem: Annotated[str | None, typer.Option(help="GPU memory per GPU, e.g. 20GiB")] = None,
+    cores: Annotated[int, typer.Option(help="compute share in percent of a GPU's SMs, 1..100")] = 0,
+    mig: Annotated[str, typer.Option(help="a MIG profile, e.g. 3g.40gb")] = "",
+    gpu_model: Annotated[list[str] | None, typer.Option(help="allowed GPU model (repeatable)")] = None,
+    exclude_model: Annotated[list[str] | None, typer.Option(help="excluded GPU model (repeatable)")] = None,
+    exclusive: Annotated[bool, typer.Option(help="no other job shares its GPUs")] = False,
+    topology: Annotated[str, typer.Option(help="any, nvlink or pcie-switch (2+ GPUs)")] = "any",
+    priority: Annotated[str, typer.Option(help="realtime, high, normal, low or idle")] = "normal",
+    tenant: Annotated[str, typer.Option(help="tenant (team) the job counts against")] = "default",
+    preemptible: Annotated[bool, typer.Option(help="may be stopped for a higher priority job")] = True,
+    max_runtime: Annotated[str | None, typer.Option(help="stop after this long: 90s, 30m, 1h, 2d")] = None,
+    restart: Annotated[str, typer.Option(help="never, on-failure or always")] = "never",
+    url: Url = None,
+    state_dir: StateDir = None,
+) -> None:
+    """Submit a job: gpuslice submit --mem 20GiB -- python train.py"""
+    body: dict[str, Any] = {
+        "command": command, "gpus": gpus, "memory": mem, "compute_percent": cores, "mig": mig,
+        "gpu_models": gpu_model or [], "excluded_gpu_models": exclude_model or [], "exclusive": exclusive,
+        "topology": topology, "priority": priority, "tenant": tenant, "preemptible": preemptible,
+        "max_runtime": max_runtime, "restart": restart, "cwd": str(Path.cwd()),
+    }  # fmt: skip
+    with _client(url, state_dir) as client:
+        job = client.submit(body)
+    _out.print(f"job {job['id']} submitted: {job['state']} ({slice_text(job)})")
+
+
+def ps(
+    all_jobs: Annotated[bool, typer.Option("--all", "-a", help="include finished jobs")] = False,
+    limit: Annotated[int, typer.Option(help="at most this many, newest first")] = 100,
+    url: Url = None,
+    state_dir: StateDir = None,
+) -> None:
+    """List jobs: pending, running and preempted ones (--all: finished ones too)."""
+    with _client(url, state_dir) as client:
+        jobs = client.jobs(None if all_jobs else _ACTIVE, limit=limit)
+    table = Table("ID", "STATE", "PRIORITY", "TENANT", "SLICE", "GPUS", "AGE", "COMMAND", "REASON", box=None)
+    for j in jobs:
+        gpus_text = ",".join(map(str, j["gpus"])) if j["state"] == "RUNNING" else "—"
+        command = escape(" ".join(j["command"]))[:40]
+        table.add_row(j["id"], j["state"], j["priority"], escape(j["tenant"]), slice_text(j), gpus_text,
+                      _ago(j["submitted_at"]), command, escape(j["reason"]))  # fmt: skip
+    _out.print(
+        table if jobs else "no jobs" + ("" if all_jobs else " pending or running (--all for finished)")
+    )
+
+
+def show(job_id: str, url: Url = None, state_dir: StateDir = None) -> None:
+    """Show one job: its request, state, placement, exit status and events."""
+    with _client(url, state_dir) as client:
+        job = client.job(job_id)
+        events = client.events(job_id=job_id)
+    rows = [
+        ("state", f"{job['state']} — {job['reason']}"),
+        ("command", " ".join(job["command"])),
+        ("slice", slice_text(job)),
+        ("priority / tenant", f"{job['priority']} / {job['tenant']}"),
+        ("gpus", ",".join(map(str, job["gpus"])) or "—"),
+        ("pid", str(job["pid"] or "—")),
+        ("exit code", "—" if job["exit_code"] is None else str(job["exit_code"])),
+        ("attempts", str(job["attempts"])),
+    ]
+    for key, value in rows:
+        _out.print(f"[bold]{key:>17}[/bold]  {escape(value)}")
+    for e in events:
+        change = f"{e['old_state'] or ''}→{e['new_state']}" if e["new_state"] else e["kind"]
+        stamp = time.strftime("%H:%M:%S", time.localtime(e["time"]))
+        _out.print(f"  {stamp}  {change:<22} {escape(e['reason'])}")
+
+
+def cancel(job_id: str, url: Url = None, state_dir: StateDir = None) -> None:
+    """Cancel a pending job, or stop a running one (SIGTERM, grace period, SIGKILL)."""
+    with _client(url, state_dir) as client:
+        job = client.cancel(job_id)
+    _out.print(f"job {job['id']}: {job['state']}" + (" (stopping)" if job["stopping"] else ""))
+
+
+def logs(
+    job_id: str,
+    follow: Annotated[bool, typer.Option("--follow", "-f", help="keep printing until the job ends")] = False,
+    stream: Annotated[str, typer.Option(help="stdout, stderr or both")] = "both",
+    url: Url = None,
+    state_dir: StateDir = None,
+) -> None:
+    """Print a job's output."""
+    with _client(url, state_dir) as client:
+        for chunk in client.logs(job_id, follow=follow, stream=stream):
+            sys.stdout.buffer.write(chunk)
+            sys.stdout.buffer.flush()
+
+
+def gpus(url: Url = None, state_dir: StateDir = None) -> None:
+    """Each GPU with its slices and free memory."""
+    with _client(url, state_dir) as client:
+        rows = client.gpus()
+    table = Table(
+        "GPU", "MODEL", "MEMORY FREE", "COMPUTE FREE", "OTHERS", "SLICES (job: memory · compute)", box=None
+    )
+    for g in rows:
+        slices = ", ".join(
+            f"{s['id']}: {s['mig'] or format_size(s['memory_bytes'])}"
+            + (f" · {s['compute_percent']}%" if s["compute_percent"] else "")
+            for s in g["jobs"]
+        )
+        table.add_row(
+            str(g["index"]), g["model"],
+            f"{format_size(g['memory_free_bytes'])} / {format_size(g['memory_total_bytes'])}",
+            f"{g['compute_free_percent']:.0f}%",
+            format_size(g["external_memory_bytes"]) if g["external_memory_bytes"] else "—",
+            slices or "idle",
+        )  # fmt: skip
+    _out.print(table)
+
+
+def queue(url: Url = None, state_dir: StateDir = None) -> None:
+    """Pending jobs in the order they would start, each with why it waits."""
+    with _client(url, state_dir) as client:
+        entries = client.queue()
+    table = Table("#", "ID", "PRIORITY", "TENANT", "WAITING", "WHY", box=None)
+    for e in entries:
+        waited = _ago(e["submitted_at"])
+        table.add_row(
+            str(e["position"]), e["id"], e["priority"], escape(e["tenant"]), waited, escape(e["reason"])
+        )
+    _out.print(table if entries else "the queue is empty")

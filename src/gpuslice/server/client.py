@@ -1,0 +1,144 @@
+"""A small httpx client for ``gpuslice serve``, used by the CLI and the benchmarks.
+
+Finds the server through ``url`` / ``GPUSLICE_URL`` (default http://127.0.0.1:8787) and the token through
+``GPUSLICE_TOKEN`` or the state directory (``state_dir`` / ``GPUSLICE_STATE_DIR`` / the default one).
+An error answer becomes a UserError carrying the server's one-line ``detail``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from gpuslice.errors import InternalError, UserError
+from gpuslice.server.auth import read_token
+from gpuslice.server.errors import ServerUnavailable
+
+__all__ = ["DEFAULT_PORT", "DEFAULT_URL", "ServeClient", "ServerError", "default_state_dir"]
+
+DEFAULT_PORT = 8787
+DEFAULT_URL = f"http://127.0.0.1:{DEFAULT_PORT}"
+
+
+class ServerError(UserError):
+    """The server refused a request (4xx); the message is its ``detail``."""
+
+    def __init__(self, status: int, detail: str, field: str | None = None) -> None:
+        super().__init__(detail)
+        self.status = status
+        self.field = field
+
+
+def default_state_dir() -> Path:
+    """``$GPUSLICE_STATE_DIR``, else ``$XDG_DATA_HOME/gpuslice``, else ``~/.local/share/gpuslice``."""
+    if os.environ.get("GPUSLICE_STATE_DIR"):
+        return Path(os.environ["GPUSLICE_STATE_DIR"]).expanduser()
+    data = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return Path(data).expanduser() / "gpuslice"
+
+
+class ServeClient:
+    """One server. ``token`` is looked up lazily: reads work without one."""
+
+    def __init__(
+        self,
+        url: str | None = None,
+        state_dir: Path | None = None,
+        token: str | None = None,
+        timeout: float = 30.0,
+    ) -> None:
+        self.url = (url or os.environ.get("GPUSLICE_URL") or DEFAULT_URL).rstrip("/")
+        self.state_dir = Path(state_dir) if state_dir else default_state_dir()
+        self._token = token or os.environ.get("GPUSLICE_TOKEN") or None
+        self._http = httpx.Client(base_url=self.url, timeout=timeout)
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> ServeClient:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+    @property
+    def token(self) -> str:
+        if self._token is None:
+            self._token = read_token(self.state_dir)
+        return self._token
+
+    def _send(self, method: str, path: str, *, auth: bool = False, **kw: Any) -> Any:
+        headers = {"Authorization": f"Bearer {self.token}"} if auth else {}
+        try:
+            response = self._http.request(method, path, headers=headers, **kw)
+        except httpx.TransportError as err:
+            raise self._unavailable(err) from None
+        return _answer(response)
+
+    def _unavailable(self, err: Exception) -> ServerUnavailable:
+        return ServerUnavailable(
+            f"no gpuslice server at {self.url} ({type(err).__name__}); start one with `gpuslice serve` "
+            "(add --simulate dgx-h100 on a machine without GPUs) or point --url / GPUSLICE_URL at it"
+        )
+
+    def health(self) -> dict[str, Any]:
+        return self._send("GET", "/v1/health")
+
+    def submit(self, body: dict[str, Any]) -> dict[str, Any]:
+        return self._send("POST", "/v1/jobs", auth=True, json=body)
+
+    def jobs(self, states: list[str] | None = None, limit: int = 1000) -> list[dict[str, Any]]:
+        return self._send("GET", "/v1/jobs", params={"state": states or [], "limit": limit})
+
+    def job(self, job_id: str) -> dict[str, Any]:
+        return self._send("GET", f"/v1/jobs/{job_id}")
+
+    def cancel(self, job_id: str) -> dict[str, Any]:
+        return self._send("POST", f"/v1/jobs/{job_id}/cancel", auth=True)
+
+    def gpus(self) -> list[dict[str, Any]]:
+        return self._send("GET", "/v1/gpus")
+
+    def queue(self) -> list[dict[str, Any]]:
+        return self._send("GET", "/v1/queue")
+
+    def tenants(self) -> list[dict[str, Any]]:
+        return self._send("GET", "/v1/tenants")
+
+    def put_tenant(self, name: str, body: dict[str, Any]) -> dict[str, Any]:
+        return self._send("PUT", f"/v1/tenants/{name}", auth=True, json=body)
+
+    def events(self, job_id: str | None = None, after: int = 0) -> list[dict[str, Any]]:
+        params: dict[str, Any] = {"after": after}
+        if job_id is not None:
+            params["job_id"] = job_id
+        return self._send("GET", "/v1/events", params=params)
+
+    def logs(self, job_id: str, follow: bool = False, stream: str = "both") -> Iterator[bytes]:
+        """The job's output as it comes; with ``follow`` until the job ends."""
+        params = {"follow": follow, "stream": stream}
+        try:
+            with self._http.stream("GET", f"/v1/jobs/{job_id}/logs", params=params, timeout=None) as r:
+                if r.status_code >= 400:
+                    r.read()
+                    _answer(r)
+                yield from r.iter_bytes()
+        except httpx.TransportError as err:
+            raise self._unavailable(err) from None
+
+
+def _answer(response: httpx.Response) -> Any:
+    if response.status_code < 400:
+        return response.json()
+    try:
+        body = response.json()
+        detail, field = str(body.get("detail")), body.get("field")
+    except ValueError:
+        detail, field = response.text.strip()[:500] or response.reason_phrase, None
+    if response.status_code >= 500:
+        raise InternalError(f"server error {response.status_code}: {detail}")
+    raise ServerError(response.status_code, detail, field)

@@ -1,0 +1,214 @@
+"""The REST API's request and response bodies (pydantic), and their conversion to the job model.
+
+Sizes travel as strings people write ("20GiB") or as integer bytes; durations as "90s", "30m", "1h",
+"2d" or seconds. Unknown fields are refused, so a typo ("gpu" for "gpus") is an error naming the field,
+not a silently ignored wish.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from gpuslice.errors import InvalidRequest, InvalidSize, UserError
+from gpuslice.hardware.node import MAX_GPUS_PER_NODE
+from gpuslice.server.codec import spec_to_json
+from gpuslice.server.store import JobRecord, TenantRecord
+from gpuslice.units import parse_size
+from gpuslice.workload.job import JobSpec, Priority, RestartPolicy, TopologyNeed
+
+__all__ = [
+    "ErrorBody",
+    "FieldError",
+    "JobOut",
+    "SubmitRequest",
+    "TenantIn",
+    "job_out",
+    "parse_duration",
+    "spec_from_submit",
+    "tenant_from_body",
+]
+
+PriorityName = Literal["realtime", "high", "normal", "low", "idle"]
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*$")
+_SECONDS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
+_NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
+# JobSpec messages start with its field name; this maps them to the API's field names.
+_SPEC_FIELD = {"gpu_memory_bytes": "memory", "max_runtime_seconds": "max_runtime", "mig_profile": "mig"}
+
+
+class FieldError(UserError):
+    """A user error that names the request field it is about."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+
+
+def parse_duration(text: str | float | int, field: str = "max_runtime") -> float:
+    """Seconds in "90", "90s", "30m", "1.5h", "2d" or a number; raises FieldError otherwise."""
+    if isinstance(text, bool):
+        raise FieldError(field, f"invalid duration {text!r}; use e.g. 90s, 30m, 1h, 2d")
+    if isinstance(text, int | float):
+        seconds = float(text)
+    else:
+        match = _DURATION.match(text)
+        if match is None:
+            raise FieldError(field, f"invalid duration {text!r}; use e.g. 90s, 30m, 1h, 2d")
+        seconds = float(match.group(1)) * _SECONDS[match.group(2)]
+    if not 0 < seconds < 10 * 365 * 86400:
+        raise FieldError(field, f"duration {text!r} must be positive and under ten years")
+    return seconds
+
+
+def _size(value: str | int, field: str) -> int:
+    try:
+        return parse_size(value)
+    except InvalidSize as err:
+        raise FieldError(field, str(err)) from None
+
+
+class SubmitRequest(BaseModel):
+    """A job to run: the command and the slice it needs. Memory is per GPU."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    command: list[str] = Field(min_length=1, max_length=4096, description="argv, program first")
+    gpus: int = Field(1, ge=0, le=MAX_GPUS_PER_NODE, description="GPUs; a share (memory/compute) is for 1")
+    memory: str | int | None = Field(None, description='GPU memory per GPU: "20GiB", "8000MiB" or bytes')
+    compute_percent: int = Field(0, ge=0, le=100, description="% of each GPU's SMs; 0 = not given")
+    mig: str = Field("", max_length=32, description='a MIG profile, e.g. "3g.40gb"')
+    gpu_models: list[str] = Field(default_factory=list, max_length=32, description="allowed models; [] = any")
+    excluded_gpu_models: list[str] = Field(default_factory=list, max_length=32)
+    exclusive: bool = False
+    topology: Literal["any", "nvlink", "pcie-switch"] = "any"
+    priority: PriorityName = "normal"
+    tenant: str = Field("default", pattern=_NAME)
+    preemptible: bool = True
+    max_runtime: str | float | None = Field(None, description='"90s", "30m", "1h", "2d" or seconds')
+    restart: Literal["never", "on-failure", "always"] = "never"
+    max_restarts: int = Field(3, ge=0, le=1000)
+    user: str | None = Field(None, max_length=64, description="must be the server's user, if given")
+    cwd: str = Field("", max_length=4096, description="working directory; '' = the server's")
+    env: dict[str, str] = Field(default_factory=dict, description="extra environment variables")
+
+
+def spec_from_submit(body: SubmitRequest, server_user: str) -> JobSpec:
+    """The JobSpec for a submit body; FieldError names the field of any problem."""
+    if any(not arg or "\0" in arg for arg in body.command[:1]) or any("\0" in a for a in body.command):
+        raise FieldError("command", "the program name must be non-empty and no argument may hold NUL")
+    if any(not k or "=" in k or "\0" in k or "\0" in v for k, v in body.env.items()):
+        raise FieldError("env", "names must be non-empty without '=' and values without NUL")
+    if "\0" in body.cwd:
+        raise FieldError("cwd", "must not hold NUL")
+    memory = 0 if body.memory is None else _size(body.memory, "memory")
+    runtime = None if body.max_runtime is None else parse_duration(body.max_runtime)
+    try:
+        return JobSpec(
+            command=tuple(body.command),
+            gpus=body.gpus,
+            gpu_memory_bytes=memory,
+            compute_percent=body.compute_percent,
+            mig_profile=body.mig,
+            gpu_models=tuple(sorted(set(body.gpu_models))),
+            excluded_gpu_models=tuple(sorted(set(body.excluded_gpu_models))),
+            exclusive=body.exclusive,
+            topology=TopologyNeed(body.topology),
+            priority=Priority.parse(body.priority),
+            tenant=body.tenant,
+            preemptible=body.preemptible,
+            max_runtime_seconds=runtime,
+            restart=RestartPolicy(body.restart),
+            max_restarts=body.max_restarts,
+            user=server_user,
+            cwd=body.cwd,
+            env=tuple(sorted(body.env.items())),
+        )
+    except InvalidRequest as err:
+        raise _named(err) from None
+
+
+def _named(err: InvalidRequest) -> UserError:
+    """An InvalidRequest from JobSpec as a FieldError when its message starts with a field name."""
+    head, sep, rest = str(err).partition(": ")
+    if sep and head.isidentifier():
+        return FieldError(_SPEC_FIELD.get(head, head), rest)
+    return err
+
+
+class JobOut(BaseModel):
+    """A job as the API shows it: the spec as submitted plus what happened to it."""
+
+    id: str
+    state: str
+    reason: str
+    user: str
+    tenant: str
+    priority: str
+    command: list[str]
+    spec: dict[str, Any]
+    submitted_at: float
+    started_at: float | None
+    finished_at: float | None
+    gpus: list[int]
+    mig: dict[str, Any] | None
+    pid: int | None
+    exit_code: int | None
+    exit_signal: int | None
+    attempts: int
+    suspended: bool
+    stopping: str = Field(description="why the server is stopping it: preempt, cancel, limit, enforce; ''")
+
+
+def job_out(job: JobRecord) -> JobOut:
+    return JobOut(
+        id=job.id,
+        state=job.state.value,
+        reason=job.reason,
+        user=job.user,
+        tenant=job.spec.tenant,
+        priority=job.spec.priority.name.lower(),
+        command=list(job.spec.command),
+        spec=spec_to_json(job.spec),
+        submitted_at=job.submitted_at,
+        started_at=job.started_at,
+        finished_at=job.finished_at,
+        gpus=list(job.gpus),
+        mig=job.mig,
+        pid=job.pid,
+        exit_code=job.exit_code,
+        exit_signal=job.exit_signal,
+        attempts=job.attempts,
+        suspended=job.suspended,
+        stopping=job.stop,
+    )
+
+
+class TenantIn(BaseModel):
+    """A tenant's share and quotas; null = no limit. ``response`` tunes the graded memory response."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    weight: float = Field(1.0, gt=0, le=1e6, description="fair-share weight")
+    max_gpus: float | None = Field(None, ge=0, le=MAX_GPUS_PER_NODE, description="GPUs (shares count)")
+    max_gpu_memory: str | int | None = Field(None, description='total GPU memory, e.g. "160GiB", or bytes')
+    response: dict[str, float | str | bool] = Field(
+        default_factory=dict, description="graded response settings (see GET /v1/tenants for defaults)"
+    )
+
+
+def tenant_from_body(name: str, body: TenantIn) -> TenantRecord:
+    if not re.match(_NAME, name):
+        raise FieldError("name", f"tenant name {name!r}: letters, digits, '.', '_', '-'; at most 64")
+    memory = None if body.max_gpu_memory is None else _size(body.max_gpu_memory, "max_gpu_memory")
+    return TenantRecord(name, body.weight, body.max_gpus, memory, dict(body.response))
+
+
+class ErrorBody(BaseModel):
+    """Every 4xx/5xx answer: one message, the field it is about (if any), the error class."""
+
+    detail: str
+    field: str | None = None
+    type: str
