@@ -1,0 +1,435 @@
+"""What a job needs on one machine, whether it fits a capacity snapshot, which GPUs it gets, and why not.
+
+The node scheduler asks three questions of a ``Demand`` against a ``Capacity`` (free compute and memory
+per GPU, MIG slot layouts), for the real machine and for what-if copies (backfill, preemption):
+
+```text
+demand_for(spec, machine)        -> Demand, or InvalidRequest when the job can never run here (at submit)
+fits(demand, capacity)           -> bool, cheap (what-ifs call it often)
+choose(demand, capacity)         -> Choice (GPUs, MIG slot) or None
+why_not(demand, capacity)        -> the reason: "needs 40 GiB on one GPU; largest free is 22 GiB on GPU 3"
+```
+
+GPU choice inside the machine:
+
+- whole GPUs: the ``exact`` GPU-set policy through ``choose_gpu_set`` (best ring bandwidth, fewest hops,
+  best leftovers); with a topology need, the same ranking (``Exact.cost`` then ``leftover_value``) over
+  only the sets that meet the need (``choose_gpu_set`` cannot take such a filter);
+- a share of one GPU: best fit, the fitting GPU with the least free memory (or compute, for a share
+  given as compute only), lowest index on ties: ``best_fit_gpus``' rule, applied here because that
+  helper cannot mask out GPUs in MIG mode or of an excluded model;
+- a MIG instance: the smallest candidate profile first, then the fullest MIG GPU, at the start the
+  ``ours`` MIG placement policy advises (validated with ``MigLayout.can_place``).
+
+Pure and deterministic: every loop runs in GPU index order.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Sequence
+from dataclasses import dataclass
+from itertools import combinations
+
+from gpuslice.errors import InvalidRequest, UserError
+from gpuslice.hardware.mig import MigInstance, MigLayout, MigProfile, format_mask, mig_gpu, resolve_request
+from gpuslice.hardware.topology import Topology
+from gpuslice.node.machine import Machine
+from gpuslice.policies.gpuset import choose_gpu_set
+from gpuslice.policies.gpuset.exact import Exact
+from gpuslice.policies.mig_placement import KeepLargestPlaceable, MigPlacementOps
+from gpuslice.units import format_size
+from gpuslice.workload.job import JobSpec, TopologyNeed
+from gpuslice.workload.request import MILLI_PER_GPU, Request
+
+__all__ = [
+    "Capacity",
+    "Choice",
+    "Demand",
+    "DemandKind",
+    "Holding",
+    "choose",
+    "demand_for",
+    "fits",
+    "gpus_equivalent",
+    "meets_need",
+    "mig_request",
+    "why_not",
+]
+
+
+class DemandKind(enum.Enum):
+    NONE = "none"  # no GPU at all
+    WHOLE = "whole"  # k whole GPUs
+    SHARE = "share"  # part of one GPU: compute milli and/or memory
+    MIG = "mig"  # one MIG instance
+
+
+@dataclass(frozen=True, slots=True)
+class Demand:
+    """A job's need resolved against the machine. ``eligible``: the GPUs it may use (model, MIG mode).
+
+    ``mig_options`` holds, per eligible MIG GPU, the profiles that satisfy the request, best first.
+    Hashable, so jobs of the same shape share fit results inside one scheduling pass.
+    """
+
+    kind: DemandKind
+    count: int = 0
+    milli: int = 0  # per GPU
+    memory_bytes: int = 0  # per GPU, shares only
+    eligible: tuple[int, ...] = ()
+    need: TopologyNeed = TopologyNeed.ANY
+    mig_options: tuple[tuple[int, tuple[MigProfile, ...]], ...] = ()
+    mig_text: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Holding:
+    """What a running job takes: ``milli`` and ``memory_bytes`` on each of ``gpus``, or one MIG instance."""
+
+    gpus: tuple[int, ...]
+    milli: int = 0
+    memory_bytes: int = 0
+    mig: MigInstance | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Choice:
+    """Where a job would go: its GPUs and, for MIG, the instance to create."""
+
+    gpus: tuple[int, ...]
+    holding: Holding
+
+
+class Capacity:
+    """Free compute (milli) and memory (bytes) per GPU and each MIG GPU's layout; a mutable snapshot.
+
+    ``free_memory`` is what a share may still take: the ledger's free memory less what the GPU lacks
+    against the machine's largest GPU. ``external`` is memory held outside gpuslice, for reasons only
+    (it is already subtracted, through a pseudo-placement in the ledger).
+    """
+
+    __slots__ = ("external", "free_memory", "free_milli", "layouts", "total_memory")
+
+    def __init__(
+        self,
+        free_milli: Sequence[int],
+        free_memory: Sequence[int],
+        layouts: Sequence[MigLayout | None],
+        external: Sequence[int],
+        total_memory: Sequence[int],
+    ) -> None:
+        self.free_milli = list(free_milli)
+        self.free_memory = list(free_memory)
+        self.layouts = list(layouts)
+        self.external = list(external)
+        self.total_memory = list(total_memory)
+
+    def copy(self) -> Capacity:
+        return Capacity(self.free_milli, self.free_memory, self.layouts, self.external, self.total_memory)
+
+    def take(self, h: Holding) -> None:
+        self._apply(h, -1)
+
+    def give(self, h: Holding) -> None:
+        self._apply(h, +1)
+
+    def _apply(self, h: Holding, sign: int) -> None:
+        for g in h.gpus:
+            self.free_milli[g] += sign * h.milli
+            self.free_memory[g] += sign * h.memory_bytes
+        if h.mig is not None:
+            layout = self.layouts[h.gpus[0]]
+            assert layout is not None, "a MIG holding on a GPU without a MIG layout"
+            self.layouts[h.gpus[0]] = layout.with_instance(h.mig) if sign < 0 else layout.without(h.mig)
+
+
+def gpus_equivalent(h: Holding) -> float:
+    """GPUs a holding counts as for quotas and fair share: whole = 1 each, a share its compute fraction,
+    a MIG instance its compute slices / 7."""
+    if h.mig is not None:
+        return h.mig.profile.compute_slices / 7
+    return len(h.gpus) * h.milli / MILLI_PER_GPU
+
+
+def mig_request(profile: MigProfile, gpu_memory_bytes: int) -> Request:
+    """The ledger entry of a MIG instance: its compute slices as milli (floor of slices × 1000 / 7, so
+    non-overlapping instances never sum past 1000) and its memory slices' share of the GPU's memory."""
+    return Request(
+        cpu_milli=0,
+        num_gpu=1,
+        gpu_milli=max(1, profile.compute_slices * MILLI_PER_GPU // 7),
+        gpu_memory_bytes=gpu_memory_bytes * profile.memory_slices // 8,
+    )
+
+
+def meets_need(topology: Topology | None, gpus: Sequence[int], need: TopologyNeed) -> bool:
+    """NVLINK: every pair joined by NVLink (direct or NVSwitch); PCIE_SWITCH: every pair PIX or NVLink."""
+    if need is TopologyNeed.ANY or len(gpus) < 2:
+        return True
+    if topology is None:
+        return False
+    for i, j in combinations(gpus, 2):
+        if topology.nvlinks[i, j] > 0:
+            continue
+        if need is TopologyNeed.PCIE_SWITCH and topology.pcie[i, j] == 1:  # code 1 = PIX
+            continue
+        return False
+    return True
+
+
+# ---- submit-time resolution -------------------------------------------------------------------------
+
+
+def _models_allowed(spec: JobSpec, model: str) -> bool:
+    return (not spec.gpu_models or model in spec.gpu_models) and model not in spec.excluded_gpu_models
+
+
+def demand_for(spec: JobSpec, machine: Machine) -> Demand:
+    """The job's need on ``machine``; InvalidRequest naming the field when it can never run here."""
+    if spec.gpus == 0:
+        return Demand(DemandKind.NONE)
+    models = machine.models
+    allowed_models = [m for m in models if _models_allowed(spec, m)]
+    if not allowed_models:
+        if spec.gpu_models:
+            raise InvalidRequest(
+                f"gpu_models: no GPU model in {{{', '.join(spec.gpu_models)}}} on this machine "
+                f"(it has {', '.join(models)})"
+            )
+        raise InvalidRequest(
+            f"excluded_gpu_models: every GPU model on this machine ({', '.join(models)}) is excluded"
+        )
+    if spec.mig_profile:
+        return _mig_demand(spec, machine)
+    eligible = tuple(g.index for g in machine.gpus if not g.mig_enabled and _models_allowed(spec, g.model))
+    if not eligible:
+        raise InvalidRequest(
+            "gpus: every GPU this job may use is in MIG mode; ask for a MIG profile (mig_profile) instead"
+        )
+    if spec.gpus > len(eligible):
+        raise InvalidRequest(
+            f"gpus: the job needs {spec.gpus} GPUs but this machine has {len(eligible)} it may use "
+            f"(GPU {', '.join(map(str, eligible))})"
+        )
+    largest = max(eligible, key=lambda g: (machine.gpus[g].memory_bytes, -g))
+    if spec.gpu_memory_bytes > machine.gpus[largest].memory_bytes:
+        raise InvalidRequest(
+            f"gpu_memory_bytes: {format_size(spec.gpu_memory_bytes)} per GPU is more than any GPU it may "
+            f"use has (largest: {format_size(machine.gpus[largest].memory_bytes)} on GPU {largest})"
+        )
+    if spec.topology is not TopologyNeed.ANY:
+        if machine.topology is None:
+            raise InvalidRequest(
+                f"topology: this machine's GPU wiring is unknown, so {spec.topology.value} cannot be "
+                "guaranteed; drop the topology need"
+            )
+        if not any(meets_need(machine.topology, c, spec.topology) for c in combinations(eligible, spec.gpus)):
+            raise InvalidRequest(
+                f"topology: no {spec.gpus} GPUs of this machine are all {_need_text(spec.topology)}"
+            )
+    request = spec.request()
+    if spec.is_share:
+        return Demand(
+            DemandKind.SHARE,
+            count=1,
+            milli=request.gpu_milli,
+            memory_bytes=request.gpu_memory_bytes,
+            eligible=eligible,
+        )
+    return Demand(
+        DemandKind.WHOLE, count=spec.gpus, milli=MILLI_PER_GPU, eligible=eligible, need=spec.topology
+    )
+
+
+def _mig_demand(spec: JobSpec, machine: Machine) -> Demand:
+    mig_gpus = [g for g in machine.gpus if g.mig_enabled and _models_allowed(spec, g.model)]
+    if not mig_gpus:
+        raise InvalidRequest(
+            "mig_profile: no GPU this job may use has MIG mode enabled; ask for memory or whole GPUs"
+        )
+    options: list[tuple[int, tuple[MigProfile, ...]]] = []
+    errors: list[str] = []
+    for g in mig_gpus:
+        try:
+            options.append((g.index, resolve_request(mig_gpu(g.mig_model), spec.mig_profile)))
+        except UserError as err:
+            errors.append(str(err))
+    if not options:
+        raise InvalidRequest(f"mig_profile: {errors[0]}")
+    return Demand(
+        DemandKind.MIG,
+        count=1,
+        eligible=tuple(g for g, _ in options),
+        mig_options=tuple(options),
+        mig_text=spec.mig_profile,
+    )
+
+
+def _need_text(need: TopologyNeed) -> str:
+    return "joined by NVLink" if need is TopologyNeed.NVLINK else "behind one PCIe switch or NVLink"
+
+
+# ---- fit, choice, reasons ---------------------------------------------------------------------------
+
+_EXACT = Exact()  # stateless apart from its leftover cache, which is keyed by (topology, free mask)
+
+
+def _whole_free(demand: Demand, cap: Capacity) -> list[int]:
+    return [g for g in demand.eligible if cap.free_milli[g] >= MILLI_PER_GPU]
+
+
+def _share_fits(demand: Demand, cap: Capacity, g: int) -> bool:
+    return cap.free_milli[g] >= demand.milli and cap.free_memory[g] >= demand.memory_bytes
+
+
+def _mig_candidates(demand: Demand, cap: Capacity) -> list[tuple[int, int, int, MigProfile]]:
+    """(profile rank, −occupied slots, GPU, profile) for every GPU and profile with a free start."""
+    out = []
+    for g, profiles in demand.mig_options:
+        layout = cap.layouts[g]
+        if layout is None:
+            continue
+        for rank, profile in enumerate(profiles):
+            if layout.placements(profile):
+                out.append((rank, -layout.mask.bit_count(), g, profile))
+    return out
+
+
+def fits(demand: Demand, cap: Capacity, topology: Topology | None) -> bool:
+    """Could the job start on ``cap`` now? Same answer as ``choose(...) is not None``, cheaper."""
+    if demand.kind is DemandKind.NONE:
+        return True
+    if demand.kind is DemandKind.SHARE:
+        return any(_share_fits(demand, cap, g) for g in demand.eligible)
+    if demand.kind is DemandKind.MIG:
+        return bool(_mig_candidates(demand, cap))
+    free = _whole_free(demand, cap)
+    if len(free) < demand.count:
+        return False
+    if demand.need is TopologyNeed.ANY:
+        return True
+    return any(meets_need(topology, c, demand.need) for c in combinations(free, demand.count))
+
+
+def choose(
+    demand: Demand,
+    cap: Capacity,
+    topology: Topology | None,
+    mig_policy: MigPlacementOps | None = None,
+) -> Choice | None:
+    """The GPUs (and MIG slot) the job gets on ``cap``, or None if it does not fit; see the module doc."""
+    if demand.kind is DemandKind.NONE:
+        return Choice((), Holding(()))
+    if demand.kind is DemandKind.SHARE:
+        fitting = [g for g in demand.eligible if _share_fits(demand, cap, g)]
+        if not fitting:
+            return None
+        by = cap.free_memory if demand.memory_bytes else cap.free_milli
+        g = min(fitting, key=lambda i: (by[i], cap.free_milli[i], i))
+        return Choice((g,), Holding((g,), demand.milli, demand.memory_bytes))
+    if demand.kind is DemandKind.MIG:
+        return _choose_mig(demand, cap, mig_policy or KeepLargestPlaceable())
+    gpus = _choose_whole(demand, cap, topology)
+    return None if gpus is None else Choice(gpus, Holding(gpus, MILLI_PER_GPU, 0))
+
+
+def _choose_whole(demand: Demand, cap: Capacity, topology: Topology | None) -> tuple[int, ...] | None:
+    free = _whole_free(demand, cap)
+    k = demand.count
+    if len(free) < k:
+        return None
+    if demand.need is TopologyNeed.ANY:
+        if topology is None:
+            return tuple(free[:k])
+        return choose_gpu_set(_EXACT, topology, free, k).gpus
+    assert topology is not None, "a topology need on a machine without topology passed submit"
+    valid = [c for c in combinations(free, k) if meets_need(topology, c, demand.need)]
+    if not valid:
+        return None
+
+    def rank(c: tuple[int, ...]) -> tuple[object, ...]:
+        rest = tuple(g for g in free if g not in c)
+        return (Exact.cost(topology, c), -_EXACT.leftover_value(topology, rest), c)
+
+    return min(valid, key=rank)
+
+
+def _choose_mig(demand: Demand, cap: Capacity, policy: MigPlacementOps) -> Choice | None:
+    for _, _, g, profile in sorted(_mig_candidates(demand, cap), key=lambda c: c[:3]):
+        layout = cap.layouts[g]
+        assert layout is not None
+        try:
+            start = policy.choose(layout, profile)
+        except Exception:  # a crashing placement policy costs quality, never correctness
+            start = None
+        if start is None or not layout.can_place(profile, start):
+            start = layout.placements(profile)[0]  # the default's answer: lowest valid start
+        instance = MigInstance(profile=profile, start=start)
+        return Choice((g,), Holding((g,), mig=instance))
+    return None
+
+
+def _gpu_list(gpus: Sequence[int]) -> str:
+    if not gpus:
+        return "none"
+    return ("GPU " if len(gpus) == 1 else "GPUs ") + ", ".join(map(str, gpus))
+
+
+def _percent(milli: int) -> str:
+    return f"{milli / 10:g} %"
+
+
+def why_not(demand: Demand, cap: Capacity, topology: Topology | None) -> str:
+    """A sentence saying why the job does not fit ``cap`` now (call only when it does not)."""
+    if demand.kind is DemandKind.SHARE:
+        return _share_reason(demand, cap)
+    if demand.kind is DemandKind.MIG:
+        slots = "; ".join(
+            f"GPU {g} slots {format_mask(cap.layouts[g].mask)}"  # type: ignore[union-attr]
+            for g, _ in demand.mig_options
+        )
+        return f"needs MIG {demand.mig_text}; no MIG GPU has a free slot for it ({slots})"
+    free = _whole_free(demand, cap)
+    k = demand.count
+    noun = "whole GPU" if k == 1 else "whole GPUs"
+    if len(free) >= k:  # enough GPUs, none of the sets meets the topology need
+        return (
+            f"needs {k} GPUs all {_need_text(demand.need)}; "
+            f"the free ones ({_gpu_list(free)}) hold no such set"
+        )
+    text = f"needs {k} {noun}; {len(free)} {'is' if len(free) == 1 else 'are'} free"
+    if free:
+        text += f" ({_gpu_list(free)})"
+    outside = [g for g in demand.eligible if cap.external[g] and g not in free]
+    if outside:
+        held = ", ".join(f"GPU {g} has {format_size(cap.external[g])}" for g in outside)
+        text += f"; used outside gpuslice: {held}"
+    return text
+
+
+def _share_reason(demand: Demand, cap: Capacity) -> str:
+    eligible = demand.eligible
+    best_mem = max(eligible, key=lambda g: (cap.free_memory[g], -g))
+    best_milli = max(eligible, key=lambda g: (cap.free_milli[g], -g))
+    mem_short = demand.memory_bytes and cap.free_memory[best_mem] < demand.memory_bytes
+    milli_short = cap.free_milli[best_milli] < demand.milli
+    if mem_short:
+        text = (
+            f"needs {format_size(demand.memory_bytes)} on one GPU; largest free is "
+            f"{format_size(max(0, cap.free_memory[best_mem]))} on GPU {best_mem}"
+        )
+        if cap.external[best_mem]:
+            text += f" ({format_size(cap.external[best_mem])} there is used outside gpuslice)"
+        return text
+    if milli_short:
+        if demand.milli == 1:  # a memory-only share: only a whole-GPU job can block it
+            return f"needs a share of one GPU; every GPU it may use ({_gpu_list(eligible)}) is held whole"
+        return (
+            f"needs {_percent(demand.milli)} compute on one GPU; most free is "
+            f"{_percent(cap.free_milli[best_milli])} on GPU {best_milli}"
+        )
+    return (
+        f"needs {format_size(demand.memory_bytes)} and {_percent(demand.milli)} compute on one GPU; "
+        "no GPU has both free"
+    )

@@ -1,0 +1,564 @@
+"""The node scheduler of ``gpuslice serve``: who starts where on one machine, who is preempted, who waits.
+
+Pure and deterministic: no I/O, no clock (the caller passes ``now``), same calls → same decisions.
+Capacity lives in a one-node ``Ledger``; every start is a validated ``Ledger.reserve``, so no sequence of
+calls can over-commit a GPU. One ``step``:
+
+```text
+order = queue policy order of the pending jobs           (policies/queue; re-sorted after each start)
+for job in order:
+    tenant at quota?                  -> waits: "tenant ml at its quota of 4 GPUs"
+    a head job is blocked, no backfill -> waits behind it
+    fits now? (gang: all its GPUs or none)
+        no  -> first such job is the head: preempt the cheapest lower-priority victims (preemption.py)
+               and take an EASY reservation (backfill.py); later ones wait with their own reason
+        yes -> would it delay the head's reservation?  -> waits "behind … (backfill would delay it)"
+               else ledger.reserve -> StartJob (the job is running from now on)
+```
+
+Known limits, by design: only the head job preempts (one preemption plan at a time, like EASY's one
+reservation; a second blocked job plans its own once the head started). Memory held outside gpuslice
+(``set_external_usage``) is a pseudo-placement of 1 milli plus the memory, so a GPU someone else uses is
+no longer whole; it is clamped to what is free and re-taken as jobs finish. On MIG GPUs it is only
+shown, since MIG slots, not free bytes, decide there.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+from gpuslice.errors import InvalidRequest, UserError
+from gpuslice.hardware.mig import MigInstance, MigLayout, format_mask, mig_gpu
+from gpuslice.ledger.ledger import Ledger
+from gpuslice.ledger.placement import Placement, Refusal
+from gpuslice.node.machine import Machine
+from gpuslice.policies.mig_placement import KeepLargestPlaceable
+from gpuslice.policies.queue import QueuedJob, QueueView, effective_priority, order_pending
+from gpuslice.policies.queue import queue_policy as lookup_queue_policy
+from gpuslice.scheduler import backfill
+from gpuslice.scheduler.node_fit import (
+    Capacity,
+    Choice,
+    Demand,
+    DemandKind,
+    Holding,
+    choose,
+    demand_for,
+    fits,
+    gpus_equivalent,
+    mig_request,
+    why_not,
+)
+from gpuslice.scheduler.preemption import Victim, choose_victims
+from gpuslice.units import format_size
+from gpuslice.workload.job import JobSpec
+from gpuslice.workload.request import MILLI_PER_GPU, Request
+
+__all__ = ["GpuUsage", "MigAssignment", "NodeScheduler", "PreemptJob", "StartJob", "TenantQuota"]
+
+SUBMITTED_REASON = "submitted; waiting for the next scheduling pass"
+
+
+@dataclass(frozen=True)
+class TenantQuota:
+    """A tenant's fair-share weight and limits; None means no limit. GPUs count shares as fractions."""
+
+    name: str
+    weight: float = 1.0
+    max_gpus: float | None = None
+    max_gpu_memory_bytes: int | None = None
+
+
+@dataclass(frozen=True)
+class MigAssignment:
+    """A MIG instance of ``profile`` at memory slot ``start`` on GPU ``gpu``."""
+
+    gpu: int
+    profile: str
+    start: int
+
+
+@dataclass(frozen=True)
+class StartJob:
+    job_id: str
+    gpus: tuple[int, ...]
+    mig: MigAssignment | None = None
+
+
+@dataclass(frozen=True)
+class PreemptJob:
+    job_id: str
+    for_job: str
+    grace_seconds: float
+
+
+@dataclass(frozen=True)
+class GpuUsage:
+    """One GPU as ``gpuslice gpus`` shows it. Memory "free" counts whole-GPU jobs as using all of it."""
+
+    index: int
+    model: str
+    memory_total_bytes: int
+    memory_free_bytes: int
+    compute_free_milli: int
+    job_ids: tuple[str, ...]
+    external_bytes: int = 0
+    mig_enabled: bool = False
+    mig_slots: str = ""  # '#' taken, '.' free, slot 0 first; "" when MIG is off
+
+
+@dataclass
+class _Pending:
+    queued: QueuedJob
+    demand: Demand
+    reason: str = SUBMITTED_REASON
+
+
+@dataclass
+class _Running:
+    job_id: str
+    spec: JobSpec
+    holding: Holding
+    placement: Placement
+    started_at: float
+    seq: int
+    preempt_at: float | None = None  # set when a PreemptJob for it was issued
+    mig: MigAssignment | None = None
+
+
+@dataclass
+class _Pass:
+    """State of one step: the capacity now, the head job and its reservation, decisions so far."""
+
+    cap: Capacity
+    decisions: list[StartJob | PreemptJob] = field(default_factory=list)
+    head: _Pending | None = None
+    head_level: int = 0
+    reservation: backfill.Shadow | None = None
+    failed: dict[Demand, str] = field(default_factory=dict)  # shapes that did not fit; cleared on start
+
+
+class NodeScheduler:
+    """See the module docstring; the contract is docs/serve-design.md."""
+
+    def __init__(
+        self,
+        machine: Machine,
+        *,
+        tenants: Mapping[str, TenantQuota] = {},  # read only; the contract's signature
+        queue_policy: str = "priority-fair",
+        grace_seconds: float = 30.0,
+        aging_seconds: float = 600.0,
+        backfill: bool = True,
+    ) -> None:
+        self.machine = machine
+        self.tenants = dict(tenants)
+        self.policy = lookup_queue_policy(queue_policy)()
+        self.grace_seconds = grace_seconds
+        self.aging_seconds = aging_seconds
+        self.backfill = backfill
+        self.fallbacks: Counter[str] = Counter()  # queue-policy answers replaced by the default
+        self.ledger = Ledger([machine.node_spec()])
+        self._n = machine.gpu_count
+        top = max(g.memory_bytes for g in machine.gpus)
+        self._gap = [top - g.memory_bytes for g in machine.gpus]  # smaller GPUs in a mixed machine
+        self._layouts: list[MigLayout | None] = [
+            MigLayout(mig_gpu(g.mig_model)) if g.mig_enabled else None for g in machine.gpus
+        ]
+        self._mig_policy = KeepLargestPlaceable()
+        self._pending: dict[str, _Pending] = {}
+        self._running: dict[str, _Running] = {}
+        self._external = [0] * self._n
+        self._external_placement: list[Placement | None] = [None] * self._n
+        self._order: list[str] = []  # pending ids in the order of the last step
+        self._preempted_for: dict[str, str] = {}  # victim id -> the job it makes room for
+        self._seq = 0
+        self._start_seq = 0
+        self._now = 0.0  # time of the last step, for hooks called outside one
+
+    # ---- changes from the daemon ---------------------------------------------------------------------
+
+    def submit(self, job_id: str, spec: JobSpec, now: float) -> None:
+        """Queue a job; InvalidRequest (naming the field) if it can never run on this machine."""
+        self._check_new(job_id)
+        demand = demand_for(spec, self.machine)
+        quota = self.tenants.get(spec.tenant)
+        if quota is not None:
+            gpus, memory = self._least_use(demand)
+            if quota.max_gpus is not None and gpus > quota.max_gpus + 1e-9:
+                raise InvalidRequest(
+                    f"gpus: the job needs {gpus:g} GPUs but tenant {spec.tenant}'s quota is "
+                    f"{quota.max_gpus:g}"
+                )
+            if quota.max_gpu_memory_bytes is not None and memory > quota.max_gpu_memory_bytes:
+                raise InvalidRequest(
+                    f"gpu_memory_bytes: the job needs {format_size(memory)} of GPU memory but tenant "
+                    f"{spec.tenant}'s quota is {format_size(quota.max_gpu_memory_bytes)}"
+                )
+        self._pending[job_id] = _Pending(QueuedJob(job_id, spec, now, self._seq), demand)
+        self._seq += 1
+
+    def cancel(self, job_id: str) -> None:
+        """Drop a pending job. A running or unknown job is left alone (the daemon stops running ones)."""
+        if self._pending.pop(job_id, None) is not None and job_id in self._order:
+            self._order.remove(job_id)
+
+    def finished(self, job_id: str) -> None:
+        """A running job ended, its capacity is released. Idempotent: unknown ids are ignored."""
+        run = self._running.pop(job_id, None)
+        if run is None:
+            return
+        self._preempted_for.pop(job_id, None)
+        self.ledger.release(run.placement)
+        if run.holding.mig is not None:
+            g = run.holding.gpus[0]
+            layout = self._layouts[g]
+            assert layout is not None
+            self._layouts[g] = layout.without(run.holding.mig)
+        for g in run.holding.gpus:
+            self._sync_external(g)
+        view = self._view(self._now)
+        self.policy.on_finished(view, QueuedJob(job_id, run.spec, run.started_at, run.seq))
+
+    def adopt(
+        self,
+        job_id: str,
+        spec: JobSpec,
+        gpus: tuple[int, ...],
+        started_at: float,
+        mig: MigAssignment | None = None,
+    ) -> None:
+        """Re-add a job that is running already (after a server restart). InvalidRequest, and nothing
+        changed, when its GPUs or MIG slot conflict with what is already recorded."""
+        self._check_new(job_id)
+        demand = demand_for(spec, self.machine)
+        gpus = tuple(int(g) for g in gpus)
+        bad = [g for g in gpus if not 0 <= g < self._n]
+        if bad:
+            raise InvalidRequest(f"gpus: GPU {bad[0]} does not exist (this machine has 0–{self._n - 1})")
+        if demand.kind is DemandKind.MIG:
+            if mig is None or gpus != (mig.gpu,) or self._layouts[mig.gpu] is None:
+                raise InvalidRequest(f"mig: job {job_id} is a MIG job; give its MIG GPU, profile and start")
+            layout = self._layouts[mig.gpu]
+            assert layout is not None
+            try:
+                profile = layout.gpu.profile(mig.profile)
+            except UserError as err:
+                raise InvalidRequest(f"mig: {err}") from None
+            if not layout.can_place(profile, mig.start):
+                raise InvalidRequest(
+                    f"mig: {profile.name}@{mig.start} does not fit GPU {mig.gpu} "
+                    f"(slots {format_mask(layout.mask)})"
+                )
+            holding = Holding(gpus, mig=MigInstance(profile, mig.start))
+        else:
+            if len(gpus) != max(demand.count, 0) or set(gpus) - set(demand.eligible):
+                raise InvalidRequest(
+                    f"gpus: job {job_id} needs {demand.count} of GPU {list(demand.eligible)}, "
+                    f"got {list(gpus)}"
+                )
+            holding = Holding(gpus, demand.milli, demand.memory_bytes)
+            free = self._capacity().free_memory
+            short = [g for g in gpus if free[g] < holding.memory_bytes]
+            if short:
+                raise InvalidRequest(
+                    f"gpus: job {job_id} needs {format_size(holding.memory_bytes)} on GPU {short[0]}, "
+                    f"which has {format_size(max(0, free[short[0]]))} free"
+                )
+        self._reserve(job_id, spec, holding, started_at, mig, adopting=True)
+
+    def set_external_usage(self, gpu: int, memory_bytes: int) -> None:
+        """GPU memory held by processes gpuslice did not start: taken from what shares may use."""
+        if not 0 <= gpu < self._n:
+            raise InvalidRequest(f"gpu: GPU {gpu} does not exist (this machine has 0–{self._n - 1})")
+        self._external[gpu] = max(0, int(memory_bytes))
+        self._sync_external(gpu)
+
+    # ---- decisions -----------------------------------------------------------------------------------
+
+    def step(self, now: float) -> list[StartJob | PreemptJob]:
+        """Decide who starts and who is preempted now; started jobs are running when this returns."""
+        self._now = now
+        p = _Pass(cap=self._capacity())
+        order = self._ordered(now, list(self._pending.values()))
+        index = 0
+        while index < len(order):
+            job = order[index]
+            index += 1
+            started = self._consider(job, now, p)
+            if started and index < len(order):  # tenant usage changed: re-sort what is left
+                order[index:] = self._ordered(now, order[index:])
+        self._order = [j.queued.job_id for j in order if j.queued.job_id in self._pending]
+        return p.decisions
+
+    def _consider(self, job: _Pending, now: float, p: _Pass) -> bool:
+        spec = job.queued.spec
+        quota = self._quota_reason(spec.tenant, *self._least_use(job.demand))
+        if quota:
+            job.reason = quota
+            return False
+        if p.head is not None and not self.backfill:
+            job.reason = self._behind(job, now, p, "backfill is off")
+            return False
+        choice = None if job.demand in p.failed else self._choose(job.demand, p.cap)
+        if choice is None:
+            reason = p.failed.get(job.demand) or why_not(job.demand, p.cap, self.machine.topology)
+            p.failed[job.demand] = reason
+            if p.head is None:
+                reason = self._block_head(job, now, p, reason)
+            job.reason = reason
+            return False
+        exact = self._quota_reason(
+            spec.tenant, gpus_equivalent(choice.holding), self._memory_of(choice.holding)
+        )
+        if exact:
+            job.reason = exact
+            return False
+        if p.head is not None:
+            end = now + spec.max_runtime_seconds if spec.max_runtime_seconds else math.inf
+            if not backfill.allows(p.reservation, choice.holding, end, self._fits_head(p)):
+                job.reason = self._behind(job, now, p, "backfill would delay it")
+                return False
+        mig = self._assignment(choice)
+        self._reserve(job.queued.job_id, spec, choice.holding, now, mig, adopting=False)
+        del self._pending[job.queued.job_id]
+        p.cap.take(choice.holding)
+        p.failed.clear()
+        p.decisions.append(StartJob(job.queued.job_id, choice.gpus, mig))
+        self.policy.on_started(self._view(now), job.queued)
+        return True
+
+    def _block_head(self, job: _Pending, now: float, p: _Pass, reason: str) -> str:
+        """``job`` is the first that does not fit: plan preemption and take its backfill reservation."""
+        p.head = job
+        p.head_level = effective_priority(self.policy, self._view(now), job.queued, self.fallbacks)
+        head_id = job.queued.job_id
+        in_flight = sorted(r.job_id for r in self._running.values() if r.preempt_at is not None)
+        mine = [r for r in in_flight if self._preempted_for.get(r) == head_id]
+        if mine:
+            reason = (
+                f"waiting for preempted job(s) {', '.join(mine)} to stop (grace {self.grace_seconds:g} s)"
+            )
+        else:
+            victims = self._victims(job, now, p.cap)
+            if victims:
+                for v in victims:
+                    run = self._running[v.job_id]
+                    run.preempt_at = now
+                    self._preempted_for[v.job_id] = head_id
+                    p.decisions.append(PreemptJob(v.job_id, head_id, self.grace_seconds))
+                names = ", ".join(v.job_id for v in victims)
+                reason = (
+                    f"preempting lower-priority job(s) {names} (grace {self.grace_seconds:g} s); {reason}"
+                )
+        running = [(self._expected_end(r), r.holding) for r in self._by_start()]
+        p.reservation = backfill.shadow(p.cap, running, self._fits_head(p))
+        return reason
+
+    def _victims(self, job: _Pending, now: float, cap: Capacity) -> tuple[Victim, ...] | None:
+        level = int(job.queued.spec.priority)
+        eligible = set(job.demand.eligible)
+        candidates = [
+            Victim(r.job_id, r.holding, int(r.spec.priority), r.started_at)
+            for r in self._by_start()
+            if r.spec.preemptible
+            and int(r.spec.priority) < level
+            and r.preempt_at is None
+            and eligible & set(r.holding.gpus)
+        ]
+        topology = self.machine.topology
+        return choose_victims(candidates, cap, lambda c: fits(job.demand, c, topology), now)
+
+    def _behind(self, job: _Pending, now: float, p: _Pass, why: str) -> str:
+        assert p.head is not None
+        level = effective_priority(self.policy, self._view(now), job.queued, self.fallbacks)
+        kind = "higher-priority" if p.head_level > level else "earlier"
+        return f"waiting behind {kind} job {p.head.queued.job_id} ({why})"
+
+    # ---- reads ---------------------------------------------------------------------------------------
+
+    def pending_reason(self, job_id: str) -> str:
+        """Why a pending job is not running, as of the last step. KeyError if it is not pending."""
+        try:
+            return self._pending[job_id].reason
+        except KeyError:
+            raise KeyError(f"job {job_id!r} is not pending") from None
+
+    def queue(self) -> list[tuple[str, str]]:
+        """Pending jobs in the order they would start (last step's order, newer ones after), with reasons."""
+        seen = [i for i in self._order if i in self._pending]
+        known = set(seen)
+        rest = sorted((j for i, j in self._pending.items() if i not in known), key=lambda j: j.queued.seq)
+        return [(i, self._pending[i].reason) for i in seen] + [(j.queued.job_id, j.reason) for j in rest]
+
+    def running(self) -> dict[str, tuple[int, ...]]:
+        """Running job ids (including those being preempted) and their GPUs, in start order."""
+        return {r.job_id: r.holding.gpus for r in self._by_start()}
+
+    def gpu_usage(self) -> list[GpuUsage]:
+        view = self.ledger.view
+        out = []
+        for gpu in self.machine.gpus:
+            g = gpu.index
+            jobs = tuple(r.job_id for r in self._by_start() if g in r.holding.gpus)
+            used = sum(self._memory_on(r.holding, g) for r in self._running.values() if g in r.holding.gpus)
+            layout = self._layouts[g]
+            out.append(
+                GpuUsage(
+                    index=g,
+                    model=gpu.model,
+                    memory_total_bytes=gpu.memory_bytes,
+                    memory_free_bytes=max(0, gpu.memory_bytes - used - self._external[g]),
+                    compute_free_milli=int(view.free_gpu_milli[0, g]),
+                    job_ids=jobs,
+                    external_bytes=self._external[g],
+                    mig_enabled=gpu.mig_enabled,
+                    mig_slots=format_mask(layout.mask) if layout is not None else "",
+                )
+            )
+        return out
+
+    # ---- helpers -------------------------------------------------------------------------------------
+
+    def _check_new(self, job_id: str) -> None:
+        if not job_id:
+            raise InvalidRequest("job_id: cannot be empty")
+        if job_id in self._pending or job_id in self._running:
+            state = "pending" if job_id in self._pending else "running"
+            raise InvalidRequest(f"job_id: {job_id!r} is already {state}; finish or cancel it first")
+
+    def _by_start(self) -> list[_Running]:
+        return sorted(self._running.values(), key=lambda r: r.seq)
+
+    def _view(self, now: float) -> QueueView:
+        usage: dict[str, float] = {}
+        for r in self._running.values():
+            usage[r.spec.tenant] = usage.get(r.spec.tenant, 0.0) + gpus_equivalent(r.holding)
+        weights = {name: q.weight for name, q in self.tenants.items()}
+        return QueueView(now, self.aging_seconds, weights, usage)
+
+    def _ordered(self, now: float, jobs: list[_Pending]) -> list[_Pending]:
+        by_id = {j.queued.job_id: j for j in jobs}
+        ordered = order_pending(self.policy, self._view(now), [j.queued for j in jobs], self.fallbacks)
+        return [by_id[q.job_id] for q in ordered]
+
+    def _choose(self, demand: Demand, cap: Capacity) -> Choice | None:
+        return choose(demand, cap, self.machine.topology, self._mig_policy)
+
+    def _fits_head(self, p: _Pass) -> Callable[[Capacity], bool]:
+        assert p.head is not None
+        demand, topology = p.head.demand, self.machine.topology
+        return lambda cap: fits(demand, cap, topology)
+
+    def _expected_end(self, r: _Running) -> float:
+        ends = [math.inf]
+        if r.spec.max_runtime_seconds:
+            ends.append(r.started_at + r.spec.max_runtime_seconds)
+        if r.preempt_at is not None:
+            ends.append(r.preempt_at + self.grace_seconds)
+        return min(ends)
+
+    def _capacity(self) -> Capacity:
+        view = self.ledger.view
+        milli = [int(x) for x in view.free_gpu_milli[0, : self._n]]
+        memory = [int(view.free_gpu_memory_bytes[0, g]) - self._gap[g] for g in range(self._n)]
+        total = [g.memory_bytes for g in self.machine.gpus]
+        return Capacity(milli, memory, self._layouts, self._external, total)
+
+    def _memory_on(self, h: Holding, g: int) -> int:
+        if h.mig is not None:
+            return h.mig.profile.memory_bytes
+        if h.milli >= MILLI_PER_GPU:
+            return self.machine.gpus[g].memory_bytes
+        return h.memory_bytes
+
+    def _memory_of(self, h: Holding) -> int:
+        return sum(self._memory_on(h, g) for g in h.gpus)
+
+    def _least_use(self, demand: Demand) -> tuple[float, int]:
+        """The fewest GPUs and least GPU memory the job can hold, wherever it goes (for quotas)."""
+        if demand.kind is DemandKind.NONE:
+            return 0.0, 0
+        if demand.kind is DemandKind.MIG:
+            profiles = [p for _, ps in demand.mig_options for p in ps]
+            return min(p.compute_slices for p in profiles) / 7, min(p.memory_bytes for p in profiles)
+        if demand.kind is DemandKind.SHARE:
+            return demand.milli / MILLI_PER_GPU, demand.memory_bytes
+        smallest = sorted(self.machine.gpus[g].memory_bytes for g in demand.eligible)
+        return float(demand.count), sum(smallest[: demand.count])
+
+    def _quota_reason(self, tenant: str, gpus: float, memory: int) -> str:
+        quota = self.tenants.get(tenant)
+        if quota is None:
+            return ""
+        held = [r.holding for r in self._running.values() if r.spec.tenant == tenant]
+        used_gpus = sum(gpus_equivalent(h) for h in held)
+        if quota.max_gpus is not None and used_gpus + gpus > quota.max_gpus + 1e-9:
+            return (
+                f"tenant {tenant} at its quota of {quota.max_gpus:g} GPUs "
+                f"({used_gpus:g} in use, this job needs {gpus:g})"
+            )
+        used_memory = sum(self._memory_of(h) for h in held)
+        if quota.max_gpu_memory_bytes is not None and used_memory + memory > quota.max_gpu_memory_bytes:
+            return (
+                f"tenant {tenant} at its quota of {format_size(quota.max_gpu_memory_bytes)} GPU memory "
+                f"({format_size(used_memory)} in use, this job needs {format_size(memory)})"
+            )
+        return ""
+
+    def _assignment(self, choice: Choice) -> MigAssignment | None:
+        mig = choice.holding.mig
+        return None if mig is None else MigAssignment(choice.gpus[0], mig.profile.name, mig.start)
+
+    def _ledger_request(self, spec: JobSpec, h: Holding) -> Request:
+        if h.mig is not None:
+            return mig_request(h.mig.profile, self.machine.gpus[h.gpus[0]].memory_bytes)
+        if not h.gpus:
+            return Request(cpu_milli=0)
+        return Request(cpu_milli=0, num_gpu=len(h.gpus), gpu_milli=h.milli, gpu_memory_bytes=h.memory_bytes)
+
+    def _reserve(
+        self,
+        job_id: str,
+        spec: JobSpec,
+        holding: Holding,
+        started_at: float,
+        mig: MigAssignment | None,
+        *,
+        adopting: bool,
+    ) -> None:
+        """Record a running job through ``Ledger.reserve``; the ledger's refusal means a bug (in step)
+        or a conflicting adoption, and leaves everything unchanged."""
+        gpus = holding.gpus
+        result = self.ledger.reserve(0, gpus, self._ledger_request(spec, holding))
+        if isinstance(result, Refusal):
+            what = "adopt" if adopting else "start"
+            raise InvalidRequest(f"gpus: cannot {what} job {job_id} on GPU {list(gpus)}: {result}")
+        if holding.mig is not None:
+            layout = self._layouts[gpus[0]]
+            assert layout is not None
+            self._layouts[gpus[0]] = layout.with_instance(holding.mig)
+        self._running[job_id] = _Running(job_id, spec, holding, result, started_at, self._start_seq, mig=mig)
+        self._start_seq += 1
+
+    def _sync_external(self, g: int) -> None:
+        """Re-take GPU ``g``'s outside memory as a pseudo-placement, clamped to what is free now."""
+        old = self._external_placement[g]
+        if old is not None:
+            self.ledger.release(old)
+            self._external_placement[g] = None
+        want = self._external[g]
+        if not want or self._layouts[g] is not None:
+            return
+        view = self.ledger.view
+        if view.free_gpu_milli[0, g] < 1:
+            return  # a whole-GPU job holds it; taken again when that job finishes
+        take = min(want, int(view.free_gpu_memory_bytes[0, g]))
+        result = self.ledger.reserve(
+            0, (g,), Request(cpu_milli=0, num_gpu=1, gpu_milli=1, gpu_memory_bytes=take)
+        )
+        if isinstance(result, Placement):
+            self._external_placement[g] = result
