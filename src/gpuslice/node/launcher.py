@@ -1,0 +1,277 @@
+"""Start jobs under a supervisor, read how they ended, and signal their process groups.
+
+```text
+launch ──► python -I supervisor.py --job-dir state_dir/jobs/<id> -- CMD…   (new session = new group)
+poll ────► state_dir/jobs/<id>/exit.json, written by the supervisor when CMD ends (server up or not)
+is_alive ► same PID *and* same start time, so a recycled PID never passes for a running job
+terminate(pgid, grace) ► stop.json + SIGTERM to the supervisor; it forwards, waits, then SIGKILLs
+suspend / resume / kill ► SIGSTOP / SIGCONT / SIGKILL to the job's processes; the supervisor itself is
+                          never stopped or killed, so it can still record the exit
+```
+
+Everything here runs as the server's user; nothing switches users. Signalling functions return whether
+anything was signalled and treat a group that is already gone as done.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+
+from gpuslice.errors import InternalError
+from gpuslice.node import supervisor as _supervisor
+from gpuslice.node.supervisor import EXIT_FILE, STDERR_LOG, STDOUT_LOG, STOP_FILE, write_json_atomic
+from gpuslice.workload.job import JobSpec
+
+__all__ = [
+    "REPORT_FILE",
+    "ExitStatus",
+    "LaunchedJob",
+    "is_alive",
+    "job_dir",
+    "kill",
+    "launch",
+    "log_paths",
+    "poll",
+    "resume",
+    "suspend",
+    "terminate",
+]
+
+REPORT_FILE = "gpu_report.json"  # where gpuslice-fake-load reports its simulated GPU memory
+SUPERVISOR_LOG = "supervisor.log"  # the supervisor's own errors (a crash in it, never the job's output)
+_SUPERVISOR_PATH = Path(_supervisor.__file__).resolve()
+_JOB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+# create_time is derived from boot time + start ticks (10 ms); two readings of one process agree to far
+# better than this, and a PID is never recycled within it.
+_START_TIME_TOLERANCE_SECONDS = 0.05
+# Variables that hold search paths: the value from ``env`` goes in front of the job's own, not over it.
+_PATH_VARIABLES = ("PYTHONPATH",)
+
+# Supervisors this process started, so they are reaped (no zombies) when is_alive/poll looks at them.
+_children: dict[int, subprocess.Popen[bytes]] = {}
+
+
+@dataclass(frozen=True, slots=True)
+class LaunchedJob:
+    """A started job: its supervisor's PID (also its process group), and that process's start time."""
+
+    pid: int
+    pgid: int
+    start_time: float  # psutil create_time, seconds since the epoch
+
+
+@dataclass(frozen=True, slots=True)
+class ExitStatus:
+    """How a job's command ended, as the supervisor recorded it in exit.json.
+
+    ``exit_code`` follows the shell: 128 + N when the command died of signal N (then ``signal`` is N),
+    126/127 when it could not be started (the reason is in stderr.log)."""
+
+    exit_code: int
+    signal: int | None
+    finished_at: float
+
+    @property
+    def succeeded(self) -> bool:
+        return self.exit_code == 0 and self.signal is None
+
+
+def job_dir(state_dir: Path, job_id: str) -> Path:
+    """state_dir/jobs/<job_id>; InternalError for an id that is not a plain file name."""
+    if not _JOB_ID.match(job_id) or job_id in (".", ".."):
+        raise InternalError(f"job id {job_id!r} cannot name a directory: use letters, digits, '.', '_', '-'")
+    return Path(state_dir) / "jobs" / job_id
+
+
+def log_paths(state_dir: Path, job_id: str) -> tuple[Path, Path]:
+    """(stdout.log, stderr.log) of a job."""
+    d = job_dir(state_dir, job_id)
+    return d / STDOUT_LOG, d / STDERR_LOG
+
+
+def _job_environment(job_id: str, spec: JobSpec, env: Mapping[str, str], directory: Path) -> dict[str, str]:
+    """The server's environment, then the job's own variables (spec.env), then gpuslice's (``env``)."""
+    merged = dict(os.environ)
+    merged.update(dict(spec.env))
+    for key, value in env.items():
+        if key in _PATH_VARIABLES and merged.get(key):
+            merged[key] = value + os.pathsep + merged[key]
+        else:
+            merged[key] = value
+    merged["GPUSLICE_JOB_ID"] = job_id
+    merged["GPUSLICE_JOB_DIR"] = str(directory)
+    merged["GPUSLICE_REPORT_FILE"] = str(directory / REPORT_FILE)
+    return merged
+
+
+def launch(job_id: str, spec: JobSpec, env: Mapping[str, str], state_dir: Path) -> LaunchedJob:
+    """Start ``spec.command`` under a supervisor in a new session; returns at once.
+
+    The job's environment is the server's, then ``spec.env``, then ``env`` (from ``enforcement.job_env``;
+    a PYTHONPATH there is put in front of the job's own), plus GPUSLICE_JOB_ID, GPUSLICE_JOB_DIR and
+    GPUSLICE_REPORT_FILE. A leftover exit.json or stop.json from an earlier run of the same job id is
+    removed first, so ``poll`` only ever reports this run.
+    """
+    directory = job_dir(state_dir, job_id)
+    directory.mkdir(parents=True, exist_ok=True)
+    for stale in (EXIT_FILE, STOP_FILE, REPORT_FILE):
+        (directory / stale).unlink(missing_ok=True)
+    command = [sys.executable, "-I", str(_SUPERVISOR_PATH), "--job-dir", str(directory)]
+    if spec.cwd:
+        command += ["--cwd", spec.cwd]
+    command += ["--", *spec.command]
+    with open(directory / SUPERVISOR_LOG, "ab") as log:
+        process = subprocess.Popen(
+            command,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=log,
+            env=_job_environment(job_id, spec, env, directory),
+            start_new_session=True,  # own session and group: survives the server, signalled as a group
+            close_fds=True,
+        )
+    _children[process.pid] = process
+    try:
+        start_time = psutil.Process(process.pid).create_time()
+    except psutil.NoSuchProcess:  # the supervisor ended already (it only does that after exit.json)
+        start_time = time.time()
+    return LaunchedJob(pid=process.pid, pgid=process.pid, start_time=start_time)
+
+
+def poll(job_id: str, state_dir: Path) -> ExitStatus | None:
+    """The job's exit record, or None while it has none (running, or lost: check ``is_alive``)."""
+    path = job_dir(state_dir, job_id) / EXIT_FILE
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        status = ExitStatus(
+            exit_code=int(data["exit_code"]),
+            signal=None if data.get("signal") is None else int(data["signal"]),
+            finished_at=float(data["finished_at"]),
+        )
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        # exit.json is replaced atomically, so this is damage from outside, not a half-written file.
+        raise InternalError(f"{path} is not a valid exit record ({e}); remove it to mark the job lost") from e
+    _reap_all()
+    return status
+
+
+def _reap_all() -> None:
+    for pid, process in list(_children.items()):
+        if process.poll() is not None:
+            del _children[pid]
+
+
+def is_alive(pid: int, start_time: float) -> bool:
+    """True if process ``pid`` runs and started at ``start_time``: a recycled PID does not count."""
+    process = _children.get(pid)
+    if process is not None and process.poll() is not None:
+        del _children[pid]
+        return False
+    try:
+        p = psutil.Process(pid)
+        if p.status() == psutil.STATUS_ZOMBIE:
+            return False
+        return abs(p.create_time() - start_time) <= _START_TIME_TOLERANCE_SECONDS
+    except (psutil.NoSuchProcess, psutil.ZombieProcess):
+        return False
+
+
+def _supervisor_dir(pgid: int) -> Path | None:
+    """The job dir of the supervisor that leads group ``pgid``, or None if no supervisor leads it."""
+    try:
+        cmdline = psutil.Process(pgid).cmdline()
+    except (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied):
+        return None
+    is_supervisor = any(
+        part.endswith(os.path.join("gpuslice", "node", "supervisor.py")) or part == "gpuslice.node.supervisor"
+        for part in cmdline
+    )
+    if not is_supervisor or "--job-dir" not in cmdline:
+        return None
+    position = cmdline.index("--job-dir") + 1
+    return Path(cmdline[position]) if position < len(cmdline) else None
+
+
+def _members(pgid: int) -> list[int]:
+    members = []
+    for p in psutil.process_iter():
+        with contextlib.suppress(OSError, psutil.Error):
+            if os.getpgid(p.pid) == pgid:
+                members.append(p.pid)
+    return members
+
+
+def _signal_workers(pgid: int, sig: int) -> bool:
+    """``sig`` to every process in the group except its supervisor; all of it if no supervisor leads.
+
+    Two passes: a process forked between the listing and the signal of the first pass is caught by the
+    second (a stopped or killed process forks no more)."""
+    if _supervisor_dir(pgid) is None:
+        try:
+            os.killpg(pgid, sig)
+            return True
+        except ProcessLookupError:
+            return False
+    sent = False
+    for _ in range(2):
+        for pid in _members(pgid):
+            if pid == pgid:
+                continue
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
+                sent = True
+    return sent
+
+
+def terminate(pgid: int, grace_seconds: float) -> bool:
+    """Ask the job to stop: SIGTERM now, SIGKILL after ``grace_seconds``; returns at once.
+
+    The supervisor does the waiting and the SIGKILL (it reads the grace from stop.json), so the
+    escalation happens even if the server dies meanwhile. Without a supervisor (it died), the group
+    gets SIGTERM and SIGCONT directly and the caller must ``kill`` it later."""
+    directory = _supervisor_dir(pgid)
+    try:
+        if directory is None:
+            os.killpg(pgid, signal.SIGTERM)
+            os.killpg(pgid, signal.SIGCONT)
+            return True
+        write_json_atomic(
+            directory / STOP_FILE, {"grace_seconds": grace_seconds, "requested_at": time.time()}
+        )
+        os.kill(pgid, signal.SIGTERM)
+        return True
+    except (ProcessLookupError, FileNotFoundError):
+        return False
+
+
+def suspend(pgid: int) -> bool:
+    """SIGSTOP the job's processes (the supervisor keeps running, to forward a later SIGTERM)."""
+    return _signal_workers(pgid, signal.SIGSTOP)
+
+
+def resume(pgid: int) -> bool:
+    """SIGCONT the whole group."""
+    try:
+        os.killpg(pgid, signal.SIGCONT)
+        return True
+    except ProcessLookupError:
+        return False
+
+
+def kill(pgid: int) -> bool:
+    """SIGKILL the job's processes now; the supervisor survives them and writes exit.json (signal 9)."""
+    return _signal_workers(pgid, signal.SIGKILL)

@@ -1,0 +1,212 @@
+"""The per-job supervisor (like slurmstepd or conmon): runs one command and records how it ended.
+
+Run as ``python -m gpuslice.node.supervisor --job-dir DIR [--cwd DIR] [--grace S] -- CMD…`` (the
+launcher runs this file by path with ``python -I``, which is the same program without importing
+the gpuslice package, so a job start costs ~60 ms and ~10 MB instead of numpy's import).
+
+```text
+launcher (start_new_session) ─► supervisor: session + process-group leader, same user, same env
+   supervisor ─► CMD in the supervisor's process group; stdout/stderr appended to DIR/{stdout,stderr}.log
+   SIGTERM/SIGINT to the supervisor ─► forwarded to the whole group, then SIGCONT (a suspended job
+       must be able to act on it); after the grace period (DIR/stop.json, else --grace) every process
+       left in the group but the supervisor gets SIGKILL
+   CMD ends ─► leftovers in the group get SIGTERM, then SIGKILL after 2 s (they would hold GPU memory)
+           ─► DIR/exit.json {"exit_code", "signal", "finished_at", "started_at"} written atomically
+```
+
+The supervisor is never stopped or killed by the launcher (``launcher.suspend``/``kill`` skip it), so
+an exit is recorded even when the job is killed, and it is in its own session, so it outlives a
+server that is killed: the server finds exit.json when it comes back.
+
+Only the standard library is used here, on purpose (see above).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+__all__ = ["EXIT_FILE", "LEFTOVER_GRACE_SECONDS", "STOP_FILE", "Supervisor", "main", "write_json_atomic"]
+
+EXIT_FILE = "exit.json"
+STOP_FILE = "stop.json"  # written by launcher.terminate: {"grace_seconds": float, "requested_at": float}
+STDOUT_LOG = "stdout.log"
+STDERR_LOG = "stderr.log"
+DEFAULT_GRACE_SECONDS = 30.0  # issue 4: victims get SIGTERM, 30 s, then SIGKILL
+LEFTOVER_GRACE_SECONDS = 2.0
+_POLL_SECONDS = 0.05
+# Shell conventions for a command that cannot be started (bash: 126 not executable, 127 not found).
+_EXIT_NOT_EXECUTABLE = 126
+_EXIT_NOT_FOUND = 127
+
+
+def write_json_atomic(path: Path, data: dict[str, object]) -> None:
+    """Write ``data`` to ``path`` so that a reader sees the old file or the whole new one, never half."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(data, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def _group_members(pgid: int) -> list[int]:
+    """PIDs in process group ``pgid`` (Linux /proc scan; empty where /proc does not exist)."""
+    members = []
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return []
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        with contextlib.suppress(OSError):  # the process ended while we looked
+            if os.getpgid(int(entry)) == pgid:
+                members.append(int(entry))
+    return members
+
+
+class Supervisor:
+    """Runs one command in this process's group; ``run()`` returns the exit record it wrote."""
+
+    def __init__(
+        self,
+        job_dir: Path,
+        command: list[str],
+        *,
+        cwd: str | None = None,
+        grace_seconds: float = DEFAULT_GRACE_SECONDS,
+    ) -> None:
+        self.job_dir = job_dir
+        self.command = command
+        self.cwd = cwd
+        self.grace_seconds = grace_seconds
+        if os.getpgrp() != os.getpid():
+            # Started by hand rather than by the launcher: lead a group of our own, so that signalling
+            # "the job's group" can never reach whoever started us.
+            os.setpgid(0, 0)
+        self.pgid = os.getpgrp()
+        self._requests: list[int] = []  # signals received, handled in the main loop
+        self._kill_at: float | None = None
+        self.child: subprocess.Popen[bytes] | None = None
+
+    def _on_signal(self, signum: int, _frame: object) -> None:
+        self._requests.append(signum)  # no work in the handler: the loop acts within _POLL_SECONDS
+
+    def _others(self) -> list[int]:
+        return [pid for pid in _group_members(self.pgid) if pid != os.getpid()]
+
+    def _signal_others(self, sig: int) -> None:
+        for pid in self._others():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
+
+    def _forward(self, signum: int) -> None:
+        """Send ``signum`` to the group but not to ourselves, then SIGCONT; start the grace clock."""
+        grace = self.grace_seconds
+        with contextlib.suppress(OSError, ValueError, TypeError, KeyError):
+            grace = float(json.loads((self.job_dir / STOP_FILE).read_text())["grace_seconds"])
+        # killpg reaches processes forked a moment ago; our own copy is blocked and then consumed.
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signum})
+        try:
+            os.killpg(self.pgid, signum)
+            signal.sigtimedwait({signum}, 0)
+        finally:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signum})
+        self._signal_others(signal.SIGCONT)
+        deadline = time.time() + max(0.0, grace)
+        self._kill_at = deadline if self._kill_at is None else min(self._kill_at, deadline)
+
+    def _start(self, out: int, err: int) -> int | None:
+        """Start the command; on failure write why to stderr.log and return the shell's exit code."""
+        try:
+            self.child = subprocess.Popen(
+                self.command, stdin=subprocess.DEVNULL, stdout=out, stderr=err, cwd=self.cwd, close_fds=True
+            )
+        except FileNotFoundError as e:
+            missing = self.cwd if self.cwd and not os.path.isdir(self.cwd) else self.command[0]
+            os.write(err, f"gpuslice: cannot start the job: {missing!r} not found ({e.strerror})\n".encode())
+            return _EXIT_NOT_FOUND
+        except (PermissionError, OSError) as e:
+            os.write(err, f"gpuslice: cannot start {self.command[0]!r}: {e}\n".encode())
+            return _EXIT_NOT_EXECUTABLE
+        return None
+
+    def _wait(self) -> int:
+        assert self.child is not None
+        while True:
+            while self._requests:
+                self._forward(self._requests.pop(0))
+            if self._kill_at is not None and time.time() >= self._kill_at:
+                self._signal_others(signal.SIGKILL)
+                self._kill_at = None
+            try:
+                return self.child.wait(timeout=_POLL_SECONDS * 4)
+            except subprocess.TimeoutExpired:
+                continue
+
+    def _clean_leftovers(self) -> None:
+        if not self._others():
+            return
+        self._signal_others(signal.SIGTERM)
+        self._signal_others(signal.SIGCONT)
+        deadline = time.time() + LEFTOVER_GRACE_SECONDS
+        while self._others() and time.time() < deadline:
+            time.sleep(_POLL_SECONDS)
+        self._signal_others(signal.SIGKILL)
+
+    def run(self) -> dict[str, object]:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, self._on_signal)
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)  # no terminal; the server going away is not an end
+        self.job_dir.mkdir(parents=True, exist_ok=True)
+        started_at = time.time()
+        flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND
+        out = os.open(self.job_dir / STDOUT_LOG, flags, 0o600)
+        err = os.open(self.job_dir / STDERR_LOG, flags, 0o600)
+        try:
+            failed_start = self._start(out, err)
+            returncode = failed_start if failed_start is not None else self._wait()
+        finally:
+            os.close(out)
+            os.close(err)
+        self._clean_leftovers()
+        sig = -returncode if returncode < 0 else None
+        record: dict[str, object] = {
+            "exit_code": 128 + sig if sig is not None else returncode,  # shell convention for a signal
+            "signal": sig,
+            "finished_at": time.time(),
+            "started_at": started_at,
+        }
+        write_json_atomic(self.job_dir / EXIT_FILE, record)
+        return record
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="gpuslice.node.supervisor", description=__doc__.splitlines()[0])
+    parser.add_argument("--job-dir", required=True, type=Path, help="directory for logs and exit.json")
+    parser.add_argument("--cwd", default=None, help="working directory of the command")
+    parser.add_argument(
+        "--grace",
+        type=float,
+        default=DEFAULT_GRACE_SECONDS,
+        help="seconds between SIGTERM and SIGKILL when stop.json does not say",
+    )
+    parser.add_argument("command", nargs=argparse.REMAINDER, help="-- then the command and its arguments")
+    args = parser.parse_args(argv)
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if not command:
+        parser.error("no command given: use -- CMD …")
+    record = Supervisor(args.job_dir, command, cwd=args.cwd, grace_seconds=args.grace).run()
+    return int(record["exit_code"])  # type: ignore[call-overload]
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,214 @@
+"""launch / poll / is_alive / terminate / suspend / resume / kill against real child processes."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import textwrap
+import time
+
+import psutil
+import pytest
+from node_helpers import PY, python_job, wait_for
+
+from gpuslice.errors import InternalError
+from gpuslice.node import launcher
+from gpuslice.node.launcher import ExitStatus, LaunchedJob
+
+# A job that says it is ready, then sleeps; with IGNORE_TERM it ignores SIGTERM (needs the SIGKILL).
+SLEEPER = textwrap.dedent("""
+    import os, signal, sys, time
+    if os.environ.get("IGNORE_TERM"):
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    else:
+        signal.signal(signal.SIGTERM, lambda *a: sys.exit(0))
+    print("ready", os.getpid(), flush=True)
+    time.sleep(60)
+""")
+
+
+def started(state_dir, job_id):
+    out, _ = launcher.log_paths(state_dir, job_id)
+    return out.exists() and "ready" in out.read_text()
+
+
+def job_pid(state_dir, job_id) -> int:
+    out, _ = launcher.log_paths(state_dir, job_id)
+    return int(out.read_text().split()[1])
+
+
+@pytest.fixture
+def cleanup():
+    """Kill whatever group a test launched, even when it fails half-way."""
+    groups: list[int] = []
+    yield groups
+    for pgid in groups:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pgid, signal.SIGKILL)
+
+
+def test_launch_runs_the_command_and_poll_reads_its_exit(tmp_path, cleanup):
+    job = launcher.launch("j1", python_job("import sys; print('out'); sys.exit(4)"), {}, tmp_path)
+    cleanup.append(job.pgid)
+    assert isinstance(job, LaunchedJob) and job.pid == job.pgid
+    status = wait_for(lambda: launcher.poll("j1", tmp_path))
+    assert status == ExitStatus(exit_code=4, signal=None, finished_at=status.finished_at)
+    assert not status.succeeded
+    assert launcher.log_paths(tmp_path, "j1")[0].read_text() == "out\n"
+    wait_for(lambda: not launcher.is_alive(job.pid, job.start_time))  # reaped: no zombie counts as alive
+
+
+def test_the_job_gets_gpuslice_variables_and_env_pythonpath_goes_first(tmp_path, cleanup, monkeypatch):
+    monkeypatch.setenv("PYTHONPATH", "/server/path")
+    spec = python_job(
+        "import json, os; print(json.dumps({k: v for k, v in os.environ.items() "
+        "if k.startswith(('GPUSLICE', 'CUDA', 'PYTHONPATH', 'MINE'))}))",
+        env=(("MINE", "user"), ("CUDA_VISIBLE_DEVICES", "user-choice")),
+    )
+    env = {"CUDA_VISIBLE_DEVICES": "GPU-1", "PYTHONPATH": "/softcap"}
+    cleanup.append(launcher.launch("env-job", spec, env, tmp_path).pgid)
+    wait_for(lambda: launcher.poll("env-job", tmp_path))
+    seen = json.loads(launcher.log_paths(tmp_path, "env-job")[0].read_text())
+    directory = tmp_path / "jobs" / "env-job"
+    assert seen["CUDA_VISIBLE_DEVICES"] == "GPU-1"  # gpuslice's value wins over the user's
+    assert seen["MINE"] == "user"
+    assert seen["PYTHONPATH"] == "/softcap" + os.pathsep + "/server/path"
+    assert seen["GPUSLICE_JOB_ID"] == "env-job"
+    assert seen["GPUSLICE_REPORT_FILE"] == str(directory / launcher.REPORT_FILE)
+
+
+def test_a_relaunch_of_the_same_job_id_forgets_the_previous_exit(tmp_path, cleanup):
+    cleanup.append(launcher.launch("again", python_job("pass"), {}, tmp_path).pgid)
+    wait_for(lambda: launcher.poll("again", tmp_path))
+    job = launcher.launch("again", python_job(SLEEPER), {}, tmp_path)
+    cleanup.append(job.pgid)
+    assert launcher.poll("again", tmp_path) is None
+    launcher.kill(job.pgid)
+
+
+def test_is_alive_is_false_for_a_reused_pid_with_another_start_time():
+    me = psutil.Process()
+    assert launcher.is_alive(me.pid, me.create_time())
+    assert not launcher.is_alive(me.pid, me.create_time() - 3600)  # same PID, different process
+    assert not launcher.is_alive(2**22 + 12345, me.create_time())  # beyond pid_max: no such process
+
+
+def test_terminate_sends_sigterm_and_a_well_behaved_job_ends_at_once(tmp_path, cleanup):
+    job = launcher.launch("t1", python_job(SLEEPER), {}, tmp_path)
+    cleanup.append(job.pgid)
+    wait_for(lambda: started(tmp_path, "t1"))
+    began = time.monotonic()
+    assert launcher.terminate(job.pgid, grace_seconds=30)
+    status = wait_for(lambda: launcher.poll("t1", tmp_path))
+    assert status.exit_code == 0 and time.monotonic() - began < 5
+
+
+def test_terminate_kills_a_job_that_ignores_sigterm_after_the_grace_period(tmp_path, cleanup):
+    spec = python_job(SLEEPER, env=(("IGNORE_TERM", "1"),))
+    job = launcher.launch("t2", spec, {}, tmp_path)
+    cleanup.append(job.pgid)
+    wait_for(lambda: started(tmp_path, "t2"))
+    began = time.monotonic()
+    launcher.terminate(job.pgid, grace_seconds=1.0)
+    time.sleep(0.5)
+    assert launcher.poll("t2", tmp_path) is None  # still inside the grace period
+    status = wait_for(lambda: launcher.poll("t2", tmp_path), timeout=10)
+    assert (status.exit_code, status.signal) == (128 + 9, 9)
+    assert time.monotonic() - began >= 1.0
+
+
+def test_suspend_stops_the_job_but_not_its_supervisor_and_resume_continues_it(tmp_path, cleanup):
+    job = launcher.launch("s1", python_job(SLEEPER), {}, tmp_path)
+    cleanup.append(job.pgid)
+    wait_for(lambda: started(tmp_path, "s1"))
+    worker = psutil.Process(job_pid(tmp_path, "s1"))
+    assert launcher.suspend(job.pgid)
+    wait_for(lambda: worker.status() == psutil.STATUS_STOPPED)
+    assert psutil.Process(job.pid).status() != psutil.STATUS_STOPPED
+    assert launcher.resume(job.pgid)
+    wait_for(lambda: worker.status() != psutil.STATUS_STOPPED)
+
+
+def test_a_suspended_job_still_gets_its_sigterm_when_terminated(tmp_path, cleanup):
+    job = launcher.launch("s2", python_job(SLEEPER), {}, tmp_path)
+    cleanup.append(job.pgid)
+    wait_for(lambda: started(tmp_path, "s2"))
+    launcher.suspend(job.pgid)
+    launcher.terminate(job.pgid, grace_seconds=30)
+    status = wait_for(lambda: launcher.poll("s2", tmp_path))
+    assert status.exit_code == 0  # SIGCONT after the forwarded SIGTERM let its handler run
+
+
+def test_kill_kills_every_process_of_the_job_and_the_supervisor_records_it(tmp_path, cleanup):
+    code = (
+        "import subprocess, sys; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']);"
+        + SLEEPER
+    )
+    job = launcher.launch("k1", python_job(code), {}, tmp_path)
+    cleanup.append(job.pgid)
+    wait_for(lambda: started(tmp_path, "k1"))
+    grandchildren = psutil.Process(job_pid(tmp_path, "k1")).children()
+    assert len(grandchildren) == 1
+    assert launcher.kill(job.pgid)
+    status = wait_for(lambda: launcher.poll("k1", tmp_path))
+    assert status.signal == 9
+    wait_for(lambda: not grandchildren[0].is_running() or grandchildren[0].status() == psutil.STATUS_ZOMBIE)
+
+
+def test_processes_left_behind_when_the_command_ends_are_cleaned_up(tmp_path, cleanup):
+    code = (
+        "import subprocess, sys\n"
+        "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n"
+        "print('ready', p.pid, flush=True)\n"
+    )
+    job = launcher.launch("left", python_job(code), {}, tmp_path)
+    cleanup.append(job.pgid)
+    wait_for(lambda: launcher.poll("left", tmp_path))
+    leftover = job_pid(tmp_path, "left")
+    assert not psutil.pid_exists(leftover) or psutil.Process(leftover).status() == psutil.STATUS_ZOMBIE
+
+
+def test_signalling_a_group_that_is_gone_reports_false():
+    gone = subprocess.Popen([PY, "-c", "pass"], start_new_session=True)
+    gone.wait()
+    assert not launcher.kill(gone.pid)
+    assert not launcher.resume(gone.pid)
+    assert not launcher.terminate(gone.pid, 1.0)
+
+
+def test_the_job_survives_the_server_being_killed_and_its_exit_is_recorded(tmp_path):
+    server = textwrap.dedent(f"""
+        import sys
+        from pathlib import Path
+        from gpuslice.node import launcher
+        from gpuslice.workload.job import JobSpec
+        job = launcher.launch("orphan", JobSpec(command=({PY!r}, "-c", "import time; time.sleep(1.5)")), {{}},
+                              Path({str(tmp_path)!r}))
+        print(job.pgid, flush=True)
+        import time; time.sleep(60)
+    """)
+    with subprocess.Popen([PY, "-c", server], stdout=subprocess.PIPE, text=True) as proc:
+        pgid = int(proc.stdout.readline())
+        proc.kill()  # kill -9 the "server"
+    try:
+        status = wait_for(lambda: launcher.poll("orphan", tmp_path), timeout=15)
+        assert status.succeeded
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pgid, signal.SIGKILL)
+
+
+def test_a_job_id_that_is_not_a_file_name_is_refused(tmp_path):
+    with pytest.raises(InternalError, match="cannot name a directory"):
+        launcher.job_dir(tmp_path, "../escape")
+
+
+def test_a_damaged_exit_record_is_an_internal_error_naming_the_file(tmp_path):
+    directory = launcher.job_dir(tmp_path, "bad")
+    directory.mkdir(parents=True)
+    (directory / "exit.json").write_text("{not json")
+    with pytest.raises(InternalError, match=r"exit\.json"):
+        launcher.poll("bad", tmp_path)
