@@ -26,6 +26,7 @@ __all__ = [
     "SubmitRequest",
     "TenantIn",
     "job_out",
+    "named",
     "parse_duration",
     "spec_from_submit",
     "tenant_from_body",
@@ -36,7 +37,12 @@ _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*$")
 _SECONDS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
 _NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
 # JobSpec messages start with its field name; this maps them to the API's field names.
-_SPEC_FIELD = {"gpu_memory_bytes": "memory", "max_runtime_seconds": "max_runtime", "mig_profile": "mig"}
+_SPEC_FIELD = {
+    "gpu_memory_bytes": "memory",
+    "max_runtime_seconds": "max_runtime",
+    "mig_profile": "mig",
+    "compute_percent": "compute_percent",
+}
 
 
 class FieldError(UserError):
@@ -127,11 +133,12 @@ def spec_from_submit(body: SubmitRequest, server_user: str) -> JobSpec:
             env=tuple(sorted(body.env.items())),
         )
     except InvalidRequest as err:
-        raise _named(err) from None
+        raise named(err) from None
 
 
-def _named(err: InvalidRequest) -> UserError:
-    """An InvalidRequest from JobSpec as a FieldError when its message starts with a field name."""
+def named(err: InvalidRequest) -> UserError:
+    """An InvalidRequest from JobSpec or the scheduler as a FieldError naming the API's field, when its
+    message starts with a field name ("gpu_memory_bytes: …" becomes field "memory")."""
     head, sep, rest = str(err).partition(": ")
     if sep and head.isidentifier():
         return FieldError(_SPEC_FIELD.get(head, head), rest)

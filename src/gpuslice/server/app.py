@@ -1,0 +1,306 @@
+"""The REST API over the daemon: ``create_app(daemon, token) -> FastAPI``. Parse, call, present.
+
+```text
+GET  /v1/health                     liveness, version, machine, sharing mode, job counts
+POST /v1/jobs                  🔑   submit (SubmitRequest) -> 201 JobOut
+GET  /v1/jobs?state=&tenant=&limit= list, newest first
+GET  /v1/jobs/{id}                  one job
+POST /v1/jobs/{id}/cancel      🔑   cancel a pending or running job -> JobOut
+GET  /v1/jobs/{id}/logs?follow=&stream=   stdout/stderr as text; follow streams until the job ends
+GET  /v1/gpus                       each GPU: model, memory total/free, compute free, slices on it
+GET  /v1/queue                      pending jobs in start order, each with why it waits
+GET  /v1/tenants                    tenants: weight, quotas, graded-response settings, usage now
+PUT  /v1/tenants/{name}        🔑   set a tenant's weight, quotas and graded response
+GET  /v1/events?job_id=&after=&limit=   the event log
+```
+🔑 = needs ``Authorization: Bearer <token>``. Every error is ``ErrorBody`` JSON: 400/404/409 for user
+errors (``detail`` says how to fix it; ``field`` names the field), 401 without the token, 403 when a
+request claims another user, 422 when the body does not match the schema, 500 only for bugs.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator
+from typing import Annotated, Any, Literal
+
+from fastapi import Depends, FastAPI, Query, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from pydantic import BaseModel
+
+import gpuslice
+from gpuslice.errors import InvalidRequest, UserError
+from gpuslice.server.auth import check_bearer
+from gpuslice.server.daemon import Daemon
+from gpuslice.server.errors import ForbiddenUser, http_status
+from gpuslice.server.models import (
+    ErrorBody,
+    FieldError,
+    JobOut,
+    SubmitRequest,
+    TenantIn,
+    job_out,
+    named,
+    spec_from_submit,
+    tenant_from_body,
+)
+from gpuslice.workload.job import TERMINAL_STATES, JobState
+
+__all__ = ["create_app"]
+
+_log = logging.getLogger("gpuslice.server")
+_bearer = HTTPBearer(auto_error=False, description="the token in the server's state directory")
+_ERRORS: dict[int | str, dict[str, Any]] = {
+    code: {"model": ErrorBody} for code in (400, 401, 403, 404, 409, 422)
+}
+_FOLLOW_POLL_SECONDS = 0.2
+_CHUNK_BYTES = 64 * 1024
+
+StateName = Literal["PENDING", "RUNNING", "SUCCEEDED", "FAILED", "CANCELLED", "PREEMPTED"]
+
+
+class GpuJobOut(BaseModel):
+    id: str
+    memory_bytes: int
+    compute_percent: int
+    mig: str
+    used_memory_bytes: int | None
+
+
+class GpuOut(BaseModel):
+    index: int
+    uuid: str
+    model: str
+    memory_total_bytes: int
+    memory_free_bytes: int
+    compute_free_percent: float
+    external_memory_bytes: int
+    jobs: list[GpuJobOut]
+
+
+class QueueEntry(BaseModel):
+    position: int
+    id: str
+    priority: str
+    tenant: str
+    submitted_at: float
+    reason: str
+
+
+class TenantOut(BaseModel):
+    name: str
+    weight: float
+    max_gpus: float | None
+    max_gpu_memory_bytes: int | None
+    response: dict[str, Any]
+    running_jobs: int
+    pending_jobs: int
+    gpus_in_use: float
+    gpu_memory_in_use_bytes: int
+
+
+class EventOut(BaseModel):
+    id: int
+    job_id: str
+    time: float
+    kind: str
+    old_state: str | None
+    new_state: str | None
+    reason: str
+    detail: dict[str, Any]
+
+
+class Health(BaseModel):
+    status: str
+    version: str
+    machine: str
+    gpus: int
+    sharing: str
+    user: str
+    simulated: bool
+    uptime_seconds: float
+    jobs: dict[str, int]
+
+
+def create_app(daemon: Daemon, token: str) -> FastAPI:
+    """The FastAPI app serving ``daemon``; state-changing routes need ``token`` as a bearer."""
+    app = FastAPI(
+        title="gpuslice serve",
+        version=gpuslice.__version__,
+        description="A GPU job queue and sharing daemon for one machine.",
+    )
+    started = time.time()
+
+    def authorized(credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]) -> None:
+        header = f"{credentials.scheme} {credentials.credentials}" if credentials else None
+        check_bearer(header, token)
+
+    Auth = Depends(authorized)
+
+    @app.exception_handler(UserError)
+    async def user_error(_: Request, err: UserError) -> JSONResponse:
+        field = err.field if isinstance(err, FieldError) else None
+        body = ErrorBody(detail=str(err), field=field, type=type(err).__name__)
+        headers = {"WWW-Authenticate": "Bearer"} if http_status(err) == 401 else None
+        return JSONResponse(body.model_dump(), status_code=http_status(err), headers=headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(_: Request, err: RequestValidationError) -> JSONResponse:
+        first = err.errors()[0] if err.errors() else {"loc": (), "msg": "invalid request"}
+        loc = [str(p) for p in first.get("loc", ()) if p not in ("body", "query", "path")]
+        field = ".".join(loc) or None
+        detail = f"{field}: {first['msg']}" if field else str(first["msg"])
+        return JSONResponse(ErrorBody(detail=detail, field=field, type="ValidationError").model_dump(), 422)
+
+    @app.exception_handler(Exception)
+    async def bug(_: Request, err: Exception) -> JSONResponse:
+        _log.exception("internal error")
+        body = ErrorBody(detail=f"internal error (a bug in gpuslice): {err}", type=type(err).__name__)
+        return JSONResponse(body.model_dump(), status_code=500)
+
+    @app.get("/v1/health", response_model=Health)
+    def health() -> Health:
+        counts = {s.value: daemon.store.count(s) for s in JobState}
+        return Health(
+            status="ok",
+            version=gpuslice.__version__,
+            machine=daemon.machine.name,
+            gpus=daemon.machine.gpu_count,
+            sharing=daemon.sharing,
+            user=daemon.user,
+            simulated=daemon.simulated,
+            uptime_seconds=time.time() - started,
+            jobs=counts,
+        )
+
+    @app.post("/v1/jobs", status_code=201, response_model=JobOut, responses=_ERRORS, dependencies=[Auth])
+    def submit(body: SubmitRequest) -> JobOut:
+        if body.user is not None and body.user != daemon.user:
+            raise ForbiddenUser(
+                f"user: this server runs jobs as {daemon.user!r} and never switches users; "
+                f"{body.user!r} should start their own server"
+            )
+        try:
+            return job_out(daemon.submit(spec_from_submit(body, daemon.user)))
+        except InvalidRequest as err:  # the scheduler's "can never run here", with its field named
+            raise named(err) from None
+
+    @app.get("/v1/jobs", response_model=list[JobOut], responses=_ERRORS)
+    def list_jobs(
+        state: Annotated[list[StateName] | None, Query()] = None,
+        tenant: str | None = None,
+        limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
+    ) -> list[JobOut]:
+        states = [JobState(s) for s in state] if state else None
+        jobs = daemon.store.jobs(states, tenant=tenant, limit=limit, newest_first=True)
+        return [job_out(j) for j in jobs]
+
+    @app.get("/v1/jobs/{job_id}", response_model=JobOut, responses=_ERRORS)
+    def get_job(job_id: str) -> JobOut:
+        return job_out(daemon.store.get(job_id))
+
+    @app.post("/v1/jobs/{job_id}/cancel", response_model=JobOut, responses=_ERRORS, dependencies=[Auth])
+    def cancel(job_id: str) -> JobOut:
+        return job_out(daemon.cancel(job_id))
+
+    @app.get("/v1/jobs/{job_id}/logs", responses={200: {"content": {"text/plain": {}}}, **_ERRORS})
+    def logs(
+        job_id: str,
+        follow: bool = False,
+        stream: Literal["stdout", "stderr", "both"] = "both",
+    ) -> StreamingResponse:
+        daemon.store.get(job_id)  # 404 before streaming starts
+        names = ("stdout", "stderr") if stream == "both" else (stream,)
+        paths = [daemon.log_path(job_id, name) for name in names]
+        return StreamingResponse(_tail(daemon, job_id, paths, follow), media_type="text/plain")
+
+    @app.get("/v1/gpus", response_model=list[GpuOut])
+    def gpus() -> list[GpuOut]:
+        return [GpuOut(**g) for g in daemon.gpus()]
+
+    @app.get("/v1/queue", response_model=list[QueueEntry])
+    def queue() -> list[QueueEntry]:
+        return [
+            QueueEntry(
+                position=i,
+                id=job.id,
+                priority=job.spec.priority.name.lower(),
+                tenant=job.spec.tenant,
+                submitted_at=job.submitted_at,
+                reason=reason,
+            )
+            for i, (job, reason) in enumerate(daemon.queue(), start=1)
+        ]
+
+    @app.get("/v1/tenants", response_model=list[TenantOut])
+    def tenants() -> list[TenantOut]:
+        return [TenantOut(**t) for t in daemon.tenants()]
+
+    @app.put("/v1/tenants/{name}", response_model=TenantOut, responses=_ERRORS, dependencies=[Auth])
+    def put_tenant(name: str, body: TenantIn) -> TenantOut:
+        daemon.set_tenant(tenant_from_body(name, body))
+        return next(TenantOut(**t) for t in daemon.tenants() if t["name"] == name)
+
+    @app.get("/v1/events", response_model=list[EventOut], responses=_ERRORS)
+    def events(
+        job_id: str | None = None,
+        after: Annotated[int, Query(ge=0, le=2**62)] = 0,
+        limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
+    ) -> list[EventOut]:
+        return [
+            EventOut(
+                id=event_id,
+                job_id=e.job_id,
+                time=e.time,
+                kind=e.kind,
+                old_state=e.old_state.value if e.old_state else None,
+                new_state=e.new_state.value if e.new_state else None,
+                reason=e.reason,
+                detail=e.detail,
+            )
+            for event_id, e in daemon.store.events(job_id, after_id=after, limit=limit)
+        ]
+
+    return app
+
+
+def _tail(daemon: Daemon, job_id: str, paths: list[Any], follow: bool) -> Iterator[bytes]:
+    """The files' bytes; with ``follow``, keep reading until the job is finished and nothing is new.
+
+    Both streams are read in turns, a chunk at a time, so a follower sees stderr lines as they come;
+    without ``follow`` stdout comes whole, then stderr.
+    """
+    offsets = [0] * len(paths)
+    while True:
+        got = False
+        for i, path in enumerate(paths):
+            try:
+                with open(path, "rb") as f:
+                    f.seek(offsets[i])
+                    while chunk := f.read(_CHUNK_BYTES):
+                        offsets[i] += len(chunk)
+                        got = True
+                        yield chunk
+                        if follow:
+                            break
+            except FileNotFoundError:
+                continue
+        if not follow:
+            return
+        if not got:
+            if daemon.store.get(job_id).state in TERMINAL_STATES and _drained(paths, offsets):
+                return
+            time.sleep(_FOLLOW_POLL_SECONDS)
+
+
+def _drained(paths: list[Any], offsets: list[int]) -> bool:
+    for path, offset in zip(paths, offsets, strict=True):
+        try:
+            if path.stat().st_size > offset:
+                return False
+        except FileNotFoundError:
+            continue
+    return True

@@ -1,0 +1,517 @@
+"""The serve loop: scheduler decisions become processes, process exits become job states.
+
+```text
+tick (every tick_seconds, or at once after a submit/cancel):
+    exits     node.poll(job)            -> finished: SUCCEEDED | FAILED | CANCELLED | PREEMPTED -> PENDING,
+              supervisor gone, no exit  -> FAILED "lost"; restart policy may requeue (FAILED -> PENDING)
+    limits    max_runtime passed        -> node.terminate(grace) ; FAILED "exceeded max runtime" at exit
+    monitor   node.usage(jobs)          -> scheduler.set_external_usage(gpu, bytes) for foreign processes
+              graded response per job   -> warn event | node.suspend | node.kill ; FAILED at exit
+    decide    scheduler.step(now)       -> StartJob: store RUNNING (GPUs) *then* node.launch, then pid
+                                        -> PreemptJob: node.terminate(grace); PREEMPTED -> PENDING at exit
+recover (once, before the first tick, e.g. after kill -9 of the server):
+    RUNNING with a live supervisor (same pid + start time) or an exit file -> scheduler.adopt; the next
+        tick reads the exit file as usual
+    RUNNING with neither                 -> FAILED "lost while the server was down", requeued per policy
+    PENDING                              -> scheduler.submit again, in submission order
+```
+
+The store is written before any irreversible act: a job is RUNNING with its GPUs before its process
+exists, so a crash between the two leaves a RUNNING job whose supervisor is found by its job directory
+(or, if it never started, is lost and requeued). Every public method takes one lock; the API calls them
+from its worker threads and the loop from its own, so the daemon is the only writer to the store.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import getpass
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from gpuslice.errors import InvalidRequest
+from gpuslice.hardware.mig import mig_gpu
+from gpuslice.node.launcher import ExitStatus, LaunchedJob
+from gpuslice.node.machine import Machine
+from gpuslice.scheduler.node_scheduler import MigAssignment, NodeScheduler, PreemptJob, StartJob, TenantQuota
+from gpuslice.server.errors import JobConflict
+from gpuslice.server.store import JobRecord, Store, TenantRecord
+from gpuslice.workload.job import JobSpec, JobState, RestartPolicy
+
+__all__ = ["DEFAULT_GRACE_SECONDS", "Daemon", "NodeOps", "RecoveryReport"]
+
+_log = logging.getLogger("gpuslice.server")
+
+DEFAULT_GRACE_SECONDS = 30.0  # issue 4: SIGTERM, 30 s, SIGKILL
+# The supervisor sends the SIGKILL after the grace; if the group still lives this much later (the
+# supervisor itself died), the daemon kills it.
+_KILL_SLACK_SECONDS = 5.0
+
+
+class NodeOps(Protocol):
+    """What the daemon asks of the node (``gpuslice.node``); tests pass a fake with the same methods."""
+
+    def launch(self, job_id: str, spec: JobSpec, env: Mapping[str, str], state_dir: Path) -> LaunchedJob: ...
+    def poll(self, job_id: str, state_dir: Path) -> ExitStatus | None: ...
+    def is_alive(self, pid: int, start_time: float) -> bool: ...
+    def find_supervisor(self, job_id: str, state_dir: Path) -> LaunchedJob | None: ...
+    def terminate(self, pgid: int, grace_seconds: float) -> bool: ...
+    def suspend(self, pgid: int) -> bool: ...
+    def resume(self, pgid: int) -> bool: ...
+    def kill(self, pgid: int) -> bool: ...
+    def job_env(self, spec: JobSpec, gpus: tuple[int, ...], mig: MigAssignment | None) -> dict[str, str]: ...
+    def usage(self, jobs: Mapping[str, int]) -> tuple[dict[str, dict[int, int]], dict[int, int]]: ...
+    def respond(
+        self, job_id: str, tenant: TenantRecord | None, used: int, limit: int, now: float
+    ) -> tuple[str, str] | None: ...
+    def check_response(self, settings: Mapping[str, Any]) -> None: ...
+    def response_defaults(self) -> dict[str, Any]: ...
+    def forget(self, job_id: str) -> None: ...
+
+
+@dataclass
+class RecoveryReport:
+    """What ``recover`` found, by job id: re-adopted, read from their exit file later, lost, requeued."""
+
+    adopted: list[str] = field(default_factory=list)
+    lost: list[str] = field(default_factory=list)
+    requeued: list[str] = field(default_factory=list)
+    refused: list[str] = field(default_factory=list)
+
+
+class Daemon:
+    """The one writer of the store; owns the scheduler and the node. Thread-safe (one lock)."""
+
+    def __init__(
+        self,
+        store: Store,
+        machine: Machine,
+        node: NodeOps,
+        state_dir: Path,
+        *,
+        sharing: str = "soft",
+        grace_seconds: float = DEFAULT_GRACE_SECONDS,
+        queue_policy: str = "priority-fair",
+        tick_seconds: float = 0.2,
+        simulated: bool = False,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.store = store
+        self.machine = machine
+        self.node = node
+        self.state_dir = Path(state_dir)
+        self.sharing = sharing
+        self.grace_seconds = grace_seconds
+        self.tick_seconds = tick_seconds
+        self.simulated = simulated
+        self.user = getpass.getuser()
+        self.clock = clock
+        self._lock = threading.RLock()
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._queue_policy = queue_policy
+        self.scheduler = self._new_scheduler()
+        self._usage: dict[str, dict[int, int]] = {}  # job -> GPU -> bytes, from the last monitor pass
+        self._external: dict[int, int] = {}
+
+    def _new_scheduler(self) -> NodeScheduler:
+        return NodeScheduler(
+            self.machine,
+            tenants=_quotas(self.store.tenants()),
+            queue_policy=self._queue_policy,
+            grace_seconds=self.grace_seconds,
+        )
+
+    # -- API side -------------------------------------------------------------------------------------
+
+    def submit(self, spec: JobSpec) -> JobRecord:
+        """Store a new job and queue it; InvalidRequest (nothing stored) if it can never run here."""
+        with self._lock:
+            now = self.clock()
+            with self.store.transaction():
+                job = self.store.add_job(spec, now)
+                self.scheduler.submit(job.id, spec, now)  # raises before the commit: nothing half-applied
+            self._wake.set()
+            return job
+
+    def cancel(self, job_id: str) -> JobRecord:
+        """Cancel a pending job now; stop a running one (SIGTERM, grace, SIGKILL): CANCELLED at its exit."""
+        with self._lock:
+            job = self.store.get(job_id)
+            now = self.clock()
+            if job.state is JobState.PENDING:
+                self.scheduler.cancel(job_id)
+                return self.store.transition(job_id, JobState.CANCELLED, "cancelled by user", now)
+            if job.state is not JobState.RUNNING:
+                raise JobConflict(
+                    f"job {job_id} is {job.state.value}; only pending or running jobs can be cancelled"
+                )
+            if job.stop == "cancel":
+                return job
+            self._stop_job(job, "cancel", self.grace_seconds, "cancel requested by user", now)
+            return self.store.get(job_id)
+
+    def set_tenant(self, tenant: TenantRecord) -> None:
+        """Store a tenant's weight, quotas and graded response; the scheduler uses them from the next step."""
+        self.node.check_response(tenant.response)
+        with self._lock:
+            self.store.put_tenant(tenant, self.clock())
+            self.scheduler.tenants = _quotas(self.store.tenants())
+            self._wake.set()
+
+    def queue(self) -> list[tuple[JobRecord, str]]:
+        with self._lock:
+            order = self.scheduler.queue()
+        jobs = {j.id: j for j in self.store.jobs([JobState.PENDING])}
+        return [(jobs[i], reason) for i, reason in order if i in jobs]
+
+    def gpus(self) -> list[dict[str, Any]]:
+        with self._lock:
+            usage = self.scheduler.gpu_usage()
+            measured = {job: dict(per_gpu) for job, per_gpu in self._usage.items()}
+            external = dict(self._external)
+        running = {j.id: j for j in self.store.jobs([JobState.RUNNING])}
+        rows = []
+        for gpu in usage:
+            jobs = []
+            for job_id in gpu.job_ids:
+                job = running.get(job_id)
+                if job is None:
+                    continue
+                spec = job.spec
+                share = spec.is_share
+                jobs.append(
+                    {
+                        "id": job_id,
+                        "memory_bytes": spec.gpu_memory_bytes if share else gpu.memory_total_bytes,
+                        "compute_percent": spec.compute_percent if share else 100,
+                        "mig": (job.mig or {}).get("profile", "") if spec.mig_profile else "",
+                        "used_memory_bytes": measured.get(job_id, {}).get(gpu.index),
+                    }
+                )
+            rows.append(
+                {
+                    "index": gpu.index,
+                    "uuid": self.machine.gpus[gpu.index].uuid,
+                    "model": gpu.model,
+                    "memory_total_bytes": gpu.memory_total_bytes,
+                    "memory_free_bytes": gpu.memory_free_bytes,
+                    "compute_free_percent": gpu.compute_free_milli / 10,
+                    "external_memory_bytes": max(gpu.external_bytes, external.get(gpu.index, 0)),
+                    "jobs": jobs,
+                }
+            )
+        return rows
+
+    def tenants(self) -> list[dict[str, Any]]:
+        stored = self.store.tenants()
+        active = self.store.jobs([JobState.PENDING, JobState.RUNNING])
+        names = sorted(set(stored) | {j.spec.tenant for j in active} | {"default"})
+        rows = []
+        for name in names:
+            t = stored.get(name, TenantRecord(name))
+            running = [j for j in active if j.spec.tenant == name and j.state is JobState.RUNNING]
+            rows.append(
+                {
+                    "name": name,
+                    "weight": t.weight,
+                    "max_gpus": t.max_gpus,
+                    "max_gpu_memory_bytes": t.max_gpu_memory_bytes,
+                    "response": {**self.node.response_defaults(), **t.response},
+                    "running_jobs": len(running),
+                    "pending_jobs": sum(
+                        1 for j in active if j.spec.tenant == name and j.state is JobState.PENDING
+                    ),
+                    "gpus_in_use": round(sum(_gpus_held(j) for j in running), 3),
+                    "gpu_memory_in_use_bytes": sum(self._memory_held(j) for j in running),
+                }
+            )
+        return rows
+
+    def log_path(self, job_id: str, stream: str) -> Path:
+        return self.state_dir / "jobs" / job_id / f"{stream}.log"
+
+    # -- the loop -------------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Recover, then run the loop in a background thread until ``stop``."""
+        self.recover()
+        self._thread = threading.Thread(target=self._run, name="gpuslice-daemon", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop the loop (jobs keep running under their supervisors; a restart re-adopts them)."""
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.tick()
+            except Exception:  # a bug in one tick must not stop the queue; it is logged with its traceback
+                _log.exception("daemon tick failed")
+            self._wake.wait(self.tick_seconds)
+            self._wake.clear()
+
+    def tick(self) -> None:
+        """One pass: exits, limits, monitor, then the scheduler's decisions."""
+        with self._lock:
+            now = self.clock()
+            running = self.store.jobs([JobState.RUNNING])
+            for job in running:
+                self._check_exit(job, now)
+            running = self.store.jobs([JobState.RUNNING])
+            for job in running:
+                self._check_limits(job, now)
+            self._monitor(running, now)
+            for action in self.scheduler.step(now):
+                if isinstance(action, StartJob):
+                    self._launch(action, now)
+                elif isinstance(action, PreemptJob):
+                    self._preempt(action, now)
+
+    # -- recovery -------------------------------------------------------------------------------------
+
+    def recover(self) -> RecoveryReport:
+        """Rebuild the scheduler's picture from the store and the job directories (see module doc)."""
+        report = RecoveryReport()
+        with self._lock:
+            now = self.clock()
+            self.scheduler = self._new_scheduler()
+            for job in self.store.jobs([JobState.RUNNING]):
+                job = self._find_process(job)
+                alive = job.pid is not None and self.node.is_alive(job.pid, job.proc_start_time or 0.0)
+                if alive or self.node.poll(job.id, self.state_dir) is not None:
+                    try:
+                        self.scheduler.adopt(job.id, job.spec, job.gpus, job.started_at or now, _mig(job.mig))
+                    except InvalidRequest as err:  # the machine changed under it (fewer GPUs, MIG off)
+                        self._stop_job(job, "cancel", self.grace_seconds, f"cannot be re-adopted: {err}", now)
+                        report.refused.append(job.id)
+                        continue
+                    self.store.event(job.id, "recovery", "re-adopted after a server restart", now)
+                    report.adopted.append(job.id)
+                    continue
+                report.lost.append(job.id)
+                if self._end(job, JobState.FAILED, "lost while the server was down", now, None, requeue=True):
+                    report.requeued.append(job.id)
+            for job in self.store.jobs([JobState.PENDING]):
+                if job.id in report.requeued:  # _end queued it already
+                    continue
+                try:
+                    self.scheduler.submit(job.id, job.spec, job.submitted_at)
+                except InvalidRequest as err:
+                    self.store.transition(job.id, JobState.CANCELLED, f"can no longer run here: {err}", now)
+                    report.refused.append(job.id)
+        return report
+
+    def _find_process(self, job: JobRecord) -> JobRecord:
+        """A RUNNING job stored without a pid (the server died mid-launch): look for its supervisor."""
+        if job.pid is not None:
+            return job
+        found = self.node.find_supervisor(job.id, self.state_dir)
+        if found is None:
+            return job
+        return self.store.update(job.id, pid=found.pid, pgid=found.pgid, proc_start_time=found.start_time)
+
+    # -- starting and stopping ------------------------------------------------------------------------
+
+    def _launch(self, action: StartJob, now: float) -> None:
+        job = self.store.get(action.job_id)
+        gpus_text = ",".join(map(str, action.gpus))
+        where = f"MIG {action.mig.profile} on GPU {action.mig.gpu}" if action.mig else f"GPU {gpus_text}"
+        mig = None
+        if action.mig is not None:
+            profile = mig_gpu(self.machine.gpus[action.mig.gpu].mig_model).profile(action.mig.profile)
+            mig = {"gpu": action.mig.gpu, "profile": profile.name, "start": action.mig.start,
+                   "memory_bytes": profile.memory_bytes}  # fmt: skip
+        job = self.store.transition(
+            job.id, JobState.RUNNING, f"started on {where}", now,
+            {"gpus": list(action.gpus), "attempt": job.attempts + 1},
+            gpus=action.gpus, mig=mig, started_at=now, finished_at=None, pid=None, pgid=None,
+            proc_start_time=None, exit_code=None, exit_signal=None, attempts=job.attempts + 1, stop="",
+            stop_deadline=None, suspended=False,
+        )  # fmt: skip
+        try:
+            env = self.node.job_env(job.spec, action.gpus, action.mig)
+            launched = self.node.launch(job.id, job.spec, env, self.state_dir)
+        except Exception as err:  # the job cannot start (bad cwd, no MPS, …): it fails, the loop goes on
+            _log.exception("launch of job %s failed", job.id)
+            self._end(job, JobState.FAILED, f"could not launch: {err}", now, None, requeue=False)
+            return
+        self.store.update(job.id, pid=launched.pid, pgid=launched.pgid, proc_start_time=launched.start_time)
+
+    def _preempt(self, action: PreemptJob, now: float) -> None:
+        job = self.store.get(action.job_id)
+        if job.state is not JobState.RUNNING or job.stop:
+            return
+        reason = f"preempted for job {action.for_job}: SIGTERM, SIGKILL after {action.grace_seconds:g} s"
+        self._stop_job(job, "preempt", action.grace_seconds, reason, now)
+
+    def _stop_job(self, job: JobRecord, why: str, grace: float, reason: str, now: float) -> None:
+        with self.store.transaction():
+            self.store.update(job.id, stop=why, stop_deadline=now + grace)
+            self.store.event(job.id, "signal", reason, now, {"stop": why, "grace_seconds": grace})
+        if job.pgid is not None:
+            self.node.terminate(job.pgid, grace)
+
+    # -- exits ----------------------------------------------------------------------------------------
+
+    def _check_exit(self, job: JobRecord, now: float) -> None:
+        status = self.node.poll(job.id, self.state_dir)
+        if status is not None:
+            self._finished(job, status, now)
+            return
+        if job.pid is None:
+            job = self._find_process(job)
+            if job.pid is None:  # launched by nobody: only possible after a crash mid-launch
+                self._end(job, JobState.FAILED, "lost: its process never started", now, None, requeue=True)
+            return
+        if not self.node.is_alive(job.pid, job.proc_start_time or 0.0):
+            # The supervisor writes exit.json before it exits; read once more in case it just did.
+            status = self.node.poll(job.id, self.state_dir)
+            if status is not None:
+                self._finished(job, status, now)
+            else:
+                self._end(job, JobState.FAILED, "lost: its supervisor died without an exit record", now, None,
+                          requeue=True)  # fmt: skip
+            return
+        if job.stop and job.stop_deadline is not None and now > job.stop_deadline + _KILL_SLACK_SECONDS:
+            self.node.kill(job.pgid or job.pid)
+
+    def _finished(self, job: JobRecord, status: ExitStatus, now: float) -> None:
+        code = f"exit code {status.exit_code}" + (f" (signal {status.signal})" if status.signal else "")
+        fields = {"exit_code": status.exit_code, "exit_signal": status.signal}
+        if job.stop == "cancel":
+            self._end(job, JobState.CANCELLED, f"cancelled by user ({code})", now, fields, requeue=False)
+        elif job.stop == "preempt":
+            self._end(job, JobState.PREEMPTED, f"preempted ({code})", now, fields, requeue=True)
+        elif job.stop == "limit":
+            limit = job.spec.max_runtime_seconds or 0.0
+            why = f"stopped at its max runtime of {limit:g} s ({code})"
+            self._end(job, JobState.FAILED, why, now, fields, requeue=False)
+        elif job.stop == "enforce":
+            why = f"killed for exceeding its GPU memory slice ({code})"
+            self._end(job, JobState.FAILED, why, now, fields, requeue=False)
+        elif status.succeeded:
+            self._end(job, JobState.SUCCEEDED, "exited 0", now, fields, requeue=True)
+        else:
+            self._end(job, JobState.FAILED, f"failed with {code}", now, fields, requeue=True)
+
+    def _end(
+        self,
+        job: JobRecord,
+        state: JobState,
+        reason: str,
+        now: float,
+        fields: dict[str, Any] | None,
+        *,
+        requeue: bool,
+    ) -> bool:
+        """Move a running job to ``state``, release its GPUs, and requeue it if its policy says so.
+
+        One transaction: the end state, and the PENDING that follows it when requeued. Returns whether
+        the job was requeued."""
+        again = _requeue_reason(job, state) if requeue else None
+        with self.store.transaction():
+            self.store.transition(job.id, state, reason, now, finished_at=now, stop="", stop_deadline=None,
+                                  suspended=False, **(fields or {}))  # fmt: skip
+            if again is not None:
+                self.store.transition(job.id, JobState.PENDING, again, now)
+        self.scheduler.finished(job.id)
+        self.node.forget(job.id)
+        self._usage.pop(job.id, None)
+        if again is not None:
+            with contextlib.suppress(InvalidRequest):  # it ran here before; it can run again
+                self.scheduler.submit(job.id, job.spec, job.submitted_at)
+        self._wake.set()
+        return again is not None
+
+    # -- limits and enforcement -----------------------------------------------------------------------
+
+    def _check_limits(self, job: JobRecord, now: float) -> None:
+        limit = job.spec.max_runtime_seconds
+        if limit is None or job.stop or job.started_at is None or now < job.started_at + limit:
+            return
+        self._stop_job(job, "limit", self.grace_seconds, f"max runtime {limit:g} s reached: SIGTERM", now)
+
+    def _monitor(self, running: list[JobRecord], now: float) -> None:
+        pids = {j.id: j.pid for j in running if j.pid is not None}
+        usage, external = self.node.usage(pids)
+        self._usage, self._external = usage, external
+        for gpu in range(self.machine.gpu_count):
+            self.scheduler.set_external_usage(gpu, external.get(gpu, 0))
+        tenants = self.store.tenants()
+        for job in running:
+            limit = self._memory_limit(job)
+            used = max(usage.get(job.id, {}).values(), default=0)
+            if limit <= 0 or job.pgid is None or job.stop in ("enforce", "cancel", "limit"):
+                continue
+            decision = self.node.respond(job.id, tenants.get(job.spec.tenant), used, limit, now)
+            if decision is None:
+                continue
+            action, reason = decision
+            self.store.event(
+                job.id, "enforcement", reason, now, {"action": action, "used": used, "limit": limit}
+            )
+            if action == "suspend" and not job.suspended:
+                self.node.suspend(job.pgid)
+                self.store.update(job.id, suspended=True)
+            elif action == "resume" and job.suspended:
+                self.node.resume(job.pgid)
+                self.store.update(job.id, suspended=False)
+            elif action == "kill":
+                with self.store.transaction():
+                    self.store.update(job.id, stop="enforce", stop_deadline=now)
+                self.node.kill(job.pgid)
+
+    def _memory_limit(self, job: JobRecord) -> int:
+        """GPU memory a job may hold on each of its GPUs: its slice, or the whole GPU."""
+        if job.spec.is_share:
+            return job.spec.gpu_memory_bytes
+        if job.mig is not None:
+            return int(job.mig.get("memory_bytes", 0))
+        return min((self.machine.gpus[g].memory_bytes for g in job.gpus), default=0)
+
+    def _memory_held(self, job: JobRecord) -> int:
+        return self._memory_limit(job) * max(1, len(job.gpus))
+
+
+def _requeue_reason(job: JobRecord, state: JobState) -> str | None:
+    """Why a job that just ended goes back to the queue, or None if it does not."""
+    if state is JobState.PREEMPTED:
+        return "requeued after preemption"
+    restarts_done = max(0, job.attempts - 1)
+    if restarts_done >= job.spec.max_restarts:
+        return None
+    policy = job.spec.restart
+    if state is JobState.FAILED and policy in (RestartPolicy.ON_FAILURE, RestartPolicy.ALWAYS):
+        return f"restart {restarts_done + 1} of {job.spec.max_restarts} ({policy.value})"
+    if state is JobState.SUCCEEDED and policy is RestartPolicy.ALWAYS:
+        return f"restart {restarts_done + 1} of {job.spec.max_restarts} (always)"
+    return None
+
+
+def _gpus_held(job: JobRecord) -> float:
+    request = job.spec.request()
+    return request.num_gpu * request.gpu_milli / 1000
+
+
+def _quotas(tenants: Mapping[str, TenantRecord]) -> dict[str, TenantQuota]:
+    return {
+        name: TenantQuota(
+            name, weight=t.weight, max_gpus=t.max_gpus, max_gpu_memory_bytes=t.max_gpu_memory_bytes
+        )
+        for name, t in tenants.items()
+    }
+
+
+def _mig(data: dict[str, Any] | None) -> MigAssignment | None:
+    return None if data is None else MigAssignment(int(data["gpu"]), str(data["profile"]), int(data["start"]))
