@@ -17,4 +17,6 @@ still imports this package.
 
 from __future__ import annotations
 
-__all__ = ["annotations", "device_plugin", "extender", "webhook"]
+# Public names live in the submodules (annotations, extender, webhook, device_plugin); importing the
+# package must not pull in the kubernetes client or grpc.
+__all__: list[str] = []

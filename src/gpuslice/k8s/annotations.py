@@ -1,0 +1,468 @@
+"""Every resource name, annotation and label gpuslice uses on Kubernetes, and their (de)serialisation.
+
+Nothing else spells a key: the extender, the webhook and the device plugin import these constants.
+
+```text
+who writes              what                                         who reads
+user (pod spec)         resources gpuslice.io/gpu, /gpumem (MiB),    webhook (defaults, rejects),
+                        /gpucores (percent), /mig-<profile>           extender (filter, bind)
+user (pod annotations)  gpuslice.io/gpu-models, /exclude-gpu-models, extender
+                        /placement-policy
+device plugin (node)    gpuslice.io/node-inventory (JSON)            extender (builds its ledger)
+extender at bind (pod)  gpuslice.io/node, /gpu-indices, /gpu-uuids,  device plugin Allocate,
+                        /gpumem-mib, /gpucores, /mig-instance, ...   extender (ledger after restart)
+```
+
+Resource semantics (HAMi's, so its users find them familiar; hami_and_peers.md):
+
+* ``gpuslice.io/gpu: N`` — N distinct GPUs on one node. The device plugin advertises each GPU as
+  ``splitCount`` shares of this resource, so at most ``splitCount`` pods share one GPU.
+* ``gpuslice.io/gpumem: M`` — M MiB of GPU memory on each of those GPUs (absent: the whole GPU's memory).
+* ``gpuslice.io/gpucores: P`` — P percent of each GPU's compute, 1..100 (absent: 100 when no memory is
+  given, i.e. a whole GPU; with memory alone, no compute is reserved beyond a token 1 milli-GPU, as
+  ``JobSpec`` does for memory-only shares).
+* ``gpuslice.io/mig-<profile>: 1`` — one existing MIG instance of that profile (``mig-1g.10gb``).
+
+One container per pod may ask for gpuslice resources: the decision annotations describe that container
+(named in ``gpuslice.io/container``). Limits win over requests where both are set (for extended
+resources Kubernetes requires them to be equal anyway).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from gpuslice.errors import InvalidRequest
+from gpuslice.units import MiB
+from gpuslice.workload.request import MILLI_PER_GPU, Request
+
+__all__ = [
+    "ANNOTATION_ALLOCATED",
+    "ANNOTATION_BIND_PHASE",
+    "ANNOTATION_BIND_TIME",
+    "ANNOTATION_CONTAINER",
+    "ANNOTATION_EXCLUDE_GPU_MODELS",
+    "ANNOTATION_GPUCORES",
+    "ANNOTATION_GPUMEM_MIB",
+    "ANNOTATION_GPU_INDICES",
+    "ANNOTATION_GPU_MODELS",
+    "ANNOTATION_GPU_UUIDS",
+    "ANNOTATION_MIG_INSTANCE",
+    "ANNOTATION_NODE",
+    "ANNOTATION_NODE_INVENTORY",
+    "ANNOTATION_PLACEMENT_POLICY",
+    "BIND_PHASE_ALLOCATED",
+    "BIND_PHASE_ALLOCATING",
+    "BIND_PHASE_FAILED",
+    "DECISION_ANNOTATIONS",
+    "DEFAULT_SPLIT_COUNT",
+    "DOMAIN",
+    "INVENTORY_VERSION",
+    "LABEL_GPU_NODE",
+    "RESOURCE_GPU",
+    "RESOURCE_GPUCORES",
+    "RESOURCE_GPUMEM",
+    "RESOURCE_MIG_PREFIX",
+    "SCHEDULER_NAME",
+    "Decision",
+    "InventoryGpu",
+    "MigChoice",
+    "MigSlot",
+    "NodeInventory",
+    "PodGpuRequest",
+    "asks_for_gpuslice",
+    "managed_resources",
+    "mig_resource",
+    "pod_gpu_request",
+]
+
+DOMAIN = "gpuslice.io"
+
+# ---- resources (pod spec containers[].resources) ----------------------------------------------------
+RESOURCE_GPU = f"{DOMAIN}/gpu"  # number of GPUs; each GPU is advertised as splitCount shares
+RESOURCE_GPUMEM = f"{DOMAIN}/gpumem"  # MiB per GPU
+RESOURCE_GPUCORES = f"{DOMAIN}/gpucores"  # percent of each GPU's compute, 1..100
+RESOURCE_MIG_PREFIX = f"{DOMAIN}/mig-"  # + profile name: gpuslice.io/mig-1g.10gb
+
+# ---- pod annotations the user may set -----------------------------------------------------------------
+ANNOTATION_GPU_MODELS = f"{DOMAIN}/gpu-models"  # comma list: only these models ("A100-80GB,H100")
+ANNOTATION_EXCLUDE_GPU_MODELS = f"{DOMAIN}/exclude-gpu-models"  # comma list: never these models
+ANNOTATION_PLACEMENT_POLICY = f"{DOMAIN}/placement-policy"  # a name from policies.PLACEMENT
+
+# ---- pod annotations the extender writes at bind (the decision) ---------------------------------------
+ANNOTATION_NODE = f"{DOMAIN}/node"
+ANNOTATION_CONTAINER = f"{DOMAIN}/container"  # the container the decision is for
+ANNOTATION_GPU_INDICES = f"{DOMAIN}/gpu-indices"  # "0,3": NVML indices on the node
+ANNOTATION_GPU_UUIDS = f"{DOMAIN}/gpu-uuids"  # "GPU-…,GPU-…", same order as the indices
+ANNOTATION_GPUMEM_MIB = f"{DOMAIN}/gpumem-mib"  # per GPU; the device plugin enforces it
+ANNOTATION_GPUCORES = f"{DOMAIN}/gpucores"  # percent per GPU
+ANNOTATION_MIG_INSTANCE = f"{DOMAIN}/mig-instance"  # "<gpu index>:<profile>@<start>[:<MIG uuid>]"
+ANNOTATION_BIND_PHASE = f"{DOMAIN}/bind-phase"  # allocating -> allocated | failed (device plugin)
+ANNOTATION_BIND_TIME = f"{DOMAIN}/bind-time"  # unix seconds when the extender bound the pod
+ANNOTATION_ALLOCATED = f"{DOMAIN}/allocated"  # written by the device plugin after Allocate: "true"
+
+BIND_PHASE_ALLOCATING = "allocating"  # bound by the extender, not yet allocated by the kubelet
+BIND_PHASE_ALLOCATED = "allocated"  # the device plugin answered Allocate from the decision
+BIND_PHASE_FAILED = "failed"  # the device plugin could not honour the decision
+
+DECISION_ANNOTATIONS = (
+    ANNOTATION_NODE,
+    ANNOTATION_CONTAINER,
+    ANNOTATION_GPU_INDICES,
+    ANNOTATION_GPU_UUIDS,
+    ANNOTATION_GPUMEM_MIB,
+    ANNOTATION_GPUCORES,
+    ANNOTATION_MIG_INSTANCE,
+    ANNOTATION_BIND_PHASE,
+    ANNOTATION_BIND_TIME,
+)
+
+# ---- node annotation and label the device plugin writes -----------------------------------------------
+ANNOTATION_NODE_INVENTORY = f"{DOMAIN}/node-inventory"  # JSON, see NodeInventory
+LABEL_GPU_NODE = f"{DOMAIN}/gpu-node"  # "true" on nodes running the device plugin (DaemonSet selector)
+INVENTORY_VERSION = 1
+
+SCHEDULER_NAME = "gpuslice-scheduler"  # the kube-scheduler profile that calls the extender
+# HAMi's default deviceSplitCount is 10 (hami_and_peers.md): ten pods may share one GPU.
+DEFAULT_SPLIT_COUNT = 10
+
+
+def mig_resource(profile: str) -> str:
+    """``1g.10gb`` -> ``gpuslice.io/mig-1g.10gb``."""
+    return f"{RESOURCE_MIG_PREFIX}{profile}"
+
+
+def managed_resources(mig_profiles: Sequence[str] = ()) -> tuple[str, ...]:
+    """The resource names the extender manages (KubeSchedulerConfiguration ``managedResources``)."""
+    return (RESOURCE_GPU, RESOURCE_GPUMEM, RESOURCE_GPUCORES, *(mig_resource(p) for p in mig_profiles))
+
+
+# ---- node inventory -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class MigSlot:
+    """One existing MIG GPU instance on a GPU: its profile, start slice, and MIG device UUID if known."""
+
+    profile: str
+    start: int
+    uuid: str = ""
+    gi_id: int = -1
+
+    def to_json(self) -> dict[str, Any]:
+        return {"profile": self.profile, "start": self.start, "uuid": self.uuid, "giId": self.gi_id}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> MigSlot:
+        return cls(
+            str(data["profile"]), int(data["start"]), str(data.get("uuid", "")), int(data.get("giId", -1))
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class InventoryGpu:
+    """One physical GPU as the device plugin saw it. ``mig`` is non-empty only when MIG mode is on."""
+
+    index: int
+    uuid: str
+    model: str
+    memory_mib: int
+    healthy: bool = True
+    mig: tuple[MigSlot, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "index": self.index,
+            "uuid": self.uuid,
+            "model": self.model,
+            "memoryMiB": self.memory_mib,
+            "healthy": self.healthy,
+        }
+        if self.mig:
+            out["mig"] = [m.to_json() for m in self.mig]
+        return out
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> InventoryGpu:
+        return cls(
+            index=int(data["index"]),
+            uuid=str(data["uuid"]),
+            model=str(data["model"]),
+            memory_mib=int(data["memoryMiB"]),
+            healthy=bool(data.get("healthy", True)),
+            mig=tuple(MigSlot.from_json(m) for m in data.get("mig", ())),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class NodeInventory:
+    """What the device plugin publishes in ``gpuslice.io/node-inventory`` on its node.
+
+    ``topology`` is the ``nvidia-smi topo -m`` GPU x GPU label matrix ("X", "NV12", "PIX", "SYS" …, the
+    input of ``hardware.topology.build_topology``), empty when unknown. ``split_count`` is how many shares
+    of ``gpuslice.io/gpu`` each GPU is advertised as.
+    """
+
+    gpus: tuple[InventoryGpu, ...]
+    topology: tuple[tuple[str, ...], ...] = ()
+    split_count: int = DEFAULT_SPLIT_COUNT
+    version: int = INVENTORY_VERSION
+
+    def to_json(self) -> str:
+        return json.dumps(
+            {
+                "version": self.version,
+                "splitCount": self.split_count,
+                "gpus": [g.to_json() for g in self.gpus],
+                "topology": [list(row) for row in self.topology],
+            },
+            separators=(",", ":"),
+        )
+
+    @classmethod
+    def from_json(cls, text: str) -> NodeInventory:
+        """Parse the annotation; InvalidRequest names what is wrong (the extender skips such a node)."""
+        try:
+            data = json.loads(text)
+            version = int(data.get("version", INVENTORY_VERSION))
+            if version != INVENTORY_VERSION:
+                raise InvalidRequest(f"inventory version {version}; this gpuslice reads {INVENTORY_VERSION}")
+            gpus = tuple(InventoryGpu.from_json(g) for g in data.get("gpus", ()))
+            topology = tuple(tuple(str(c) for c in row) for row in data.get("topology", ()))
+            split = int(data.get("splitCount", DEFAULT_SPLIT_COUNT))
+        except (ValueError, KeyError, TypeError, AttributeError) as err:
+            raise InvalidRequest(f"malformed {ANNOTATION_NODE_INVENTORY} annotation: {err}") from None
+        if split < 1:
+            raise InvalidRequest(f"{ANNOTATION_NODE_INVENTORY}: splitCount must be at least 1, got {split}")
+        if topology and (len(topology) != len(gpus) or any(len(r) != len(gpus) for r in topology)):
+            raise InvalidRequest(f"{ANNOTATION_NODE_INVENTORY}: topology must be {len(gpus)}x{len(gpus)}")
+        return cls(gpus=gpus, topology=topology, split_count=split, version=version)
+
+    @property
+    def model(self) -> str:
+        """The node's GPU model (the ledger keeps one model per node: the first GPU's)."""
+        return self.gpus[0].model if self.gpus else ""
+
+
+# ---- what a pod asks for ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class PodGpuRequest:
+    """The gpuslice part of one pod: read from its resources and annotations by ``pod_gpu_request``."""
+
+    container: str = ""
+    gpus: int = 0
+    memory_mib: int = 0  # per GPU; 0 = the whole GPU's memory
+    cores_percent: int = 0  # per GPU; 0 = not given
+    mig_profile: str = ""
+    mig_count: int = 0
+    gpu_models: tuple[str, ...] = ()
+    excluded_gpu_models: tuple[str, ...] = ()
+    policy: str = ""  # "" = the extender's default
+
+    @property
+    def wants_gpu(self) -> bool:
+        return self.gpus > 0 or self.mig_count > 0
+
+    @property
+    def gpu_milli(self) -> int:
+        """Per-GPU compute in milli-GPU: cores x 10; a memory-only share takes 1; neither: a whole GPU."""
+        if self.cores_percent:
+            return self.cores_percent * 10
+        return 1 if self.memory_mib else MILLI_PER_GPU
+
+    def to_request(self) -> Request:
+        """The ledger request (CPU and memory are left to kube-scheduler's own NodeResourcesFit)."""
+        return Request(
+            cpu_milli=0,
+            num_gpu=self.gpus,
+            gpu_milli=self.gpu_milli if self.gpus else 0,
+            gpu_models=self.gpu_models,
+            gpu_memory_bytes=self.memory_mib * MiB,
+            excluded_gpu_models=self.excluded_gpu_models,
+        )
+
+
+def _quantity(value: Any, name: str) -> int:
+    """A non-negative whole Kubernetes quantity ("2", 2, "1k"); extended resources must be integers."""
+    text = str(value).strip()
+    suffixes = {"k": 10**3, "M": 10**6, "G": 10**9, "Ki": 2**10, "Mi": 2**20, "Gi": 2**30}
+    for suffix, factor in sorted(suffixes.items(), key=lambda kv: -len(kv[0])):
+        if text.endswith(suffix) and text[: -len(suffix)].isdigit():
+            return int(text[: -len(suffix)]) * factor
+    if not text.isdigit():
+        raise InvalidRequest(f"{name}: {value!r} is not a whole non-negative number")
+    return int(text)
+
+
+def _models(text: str | None) -> tuple[str, ...]:
+    return tuple(sorted({m.strip() for m in (text or "").split(",") if m.strip()}))
+
+
+def _container_resources(container: Mapping[str, Any]) -> dict[str, int]:
+    resources = container.get("resources") or {}
+    merged = {**(resources.get("requests") or {}), **(resources.get("limits") or {})}
+    return {k: _quantity(v, k) for k, v in merged.items() if k.startswith(f"{DOMAIN}/")}
+
+
+def asks_for_gpuslice(pod: Mapping[str, Any]) -> bool:
+    """True when any container or init container names a gpuslice.io resource."""
+    spec = pod.get("spec") or {}
+    for container in [*(spec.get("containers") or []), *(spec.get("initContainers") or [])]:
+        resources = container.get("resources") or {}
+        for part in ("requests", "limits"):
+            if any(k.startswith(f"{DOMAIN}/") for k in resources.get(part) or {}):
+                return True
+    return False
+
+
+def pod_gpu_request(pod: Mapping[str, Any]) -> PodGpuRequest:
+    """Read a pod (API JSON, camelCase) into a PodGpuRequest; InvalidRequest says what is wrong.
+
+    Rules: at most one container asks for gpuslice resources; gpumem/gpucores need gpu; cores 1..100; a
+    share (cores < 100 or memory given) is for one GPU only; MIG is asked for alone, one instance.
+    """
+    spec = pod.get("spec") or {}
+    annotations = (pod.get("metadata") or {}).get("annotations") or {}
+    asking = [
+        (c.get("name", ""), res)
+        for c in [*(spec.get("containers") or []), *(spec.get("initContainers") or [])]
+        if (res := _container_resources(c))
+    ]
+    models = _models(annotations.get(ANNOTATION_GPU_MODELS))
+    excluded = _models(annotations.get(ANNOTATION_EXCLUDE_GPU_MODELS))
+    policy = str(annotations.get(ANNOTATION_PLACEMENT_POLICY, "")).strip()
+    if not asking:
+        return PodGpuRequest(gpu_models=models, excluded_gpu_models=excluded, policy=policy)
+    if len(asking) > 1:
+        names = ", ".join(name for name, _ in asking)
+        raise InvalidRequest(
+            f"containers {names} all ask for {DOMAIN} resources; only one container per pod may: "
+            "put the GPU work in one container"
+        )
+    container, res = asking[0]
+    known = {RESOURCE_GPU, RESOURCE_GPUMEM, RESOURCE_GPUCORES}
+    unknown = sorted(k for k in res if k not in known and not k.startswith(RESOURCE_MIG_PREFIX))
+    if unknown:
+        raise InvalidRequest(
+            f"container {container!r}: unknown resource {unknown[0]}; known: {', '.join(sorted(known))}, "
+            f"{RESOURCE_MIG_PREFIX}<profile>"
+        )
+    gpus, memory, cores = res.get(RESOURCE_GPU, 0), res.get(RESOURCE_GPUMEM, 0), res.get(RESOURCE_GPUCORES, 0)
+    migs = {
+        k.removeprefix(RESOURCE_MIG_PREFIX): v for k, v in res.items() if k.startswith(RESOURCE_MIG_PREFIX)
+    }
+    migs = {k: v for k, v in migs.items() if v}
+    where = f"container {container!r}"
+    if migs:
+        if gpus or memory or cores or len(migs) > 1 or sum(migs.values()) != 1:
+            raise InvalidRequest(
+                f"{where}: ask for exactly one MIG instance ({RESOURCE_MIG_PREFIX}<profile>: 1) and nothing "
+                f"else; got {', '.join(f'{k}={v}' for k, v in sorted(res.items()))}"
+            )
+        ((profile, count),) = migs.items()
+        return PodGpuRequest(container, 0, 0, 0, profile, count, models, excluded, policy)
+    if (memory or cores) and not gpus:
+        raise InvalidRequest(f"{where}: {RESOURCE_GPUMEM}/{RESOURCE_GPUCORES} need {RESOURCE_GPU} (e.g. 1)")
+    if not 0 <= cores <= 100:
+        raise InvalidRequest(f"{where}: {RESOURCE_GPUCORES} is a percent of one GPU, 1..100; got {cores}")
+    if gpus > 1 and (memory or 0 < cores < 100):
+        raise InvalidRequest(
+            f"{where}: {gpus} GPUs with {RESOURCE_GPUMEM}/{RESOURCE_GPUCORES}: a share of a GPU is for one "
+            f"GPU only; ask for {RESOURCE_GPU}: {gpus} alone (whole GPUs) or {RESOURCE_GPU}: 1 with a share"
+        )
+    try:
+        out = PodGpuRequest(container, gpus, memory, cores, "", 0, models, excluded, policy)
+        out.to_request()  # the ledger's own checks: GPU count per node, model both pinned and excluded
+    except InvalidRequest as err:
+        raise InvalidRequest(f"{where}: {err}") from None
+    return out
+
+
+# ---- the decision -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class MigChoice:
+    """One MIG instance chosen for a pod: on GPU ``gpu_index``, profile at ``start``, with its UUID."""
+
+    gpu_index: int
+    profile: str
+    start: int
+    uuid: str = ""
+
+    def __str__(self) -> str:
+        return f"{self.gpu_index}:{self.profile}@{self.start}" + (f":{self.uuid}" if self.uuid else "")
+
+    @classmethod
+    def parse(cls, text: str) -> MigChoice:
+        gpu, _, rest = text.partition(":")
+        where, _, uuid = rest.partition(":")
+        profile, _, start = where.partition("@")
+        if not (gpu.isdigit() and profile and start.isdigit()):
+            raise InvalidRequest(f"{ANNOTATION_MIG_INSTANCE}={text!r}: expected GPU:PROFILE@START[:UUID]")
+        return cls(int(gpu), profile, int(start), uuid)
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """Where the extender put a pod, down to the GPU: written at bind, read by the device plugin.
+
+    ``memory_mib`` 0 means the whole memory of each GPU; ``cores_percent`` is per GPU (100 = whole).
+    """
+
+    node: str
+    container: str
+    gpu_indices: tuple[int, ...] = ()
+    gpu_uuids: tuple[str, ...] = ()
+    memory_mib: int = 0
+    cores_percent: int = 100
+    mig: MigChoice | None = None
+    phase: str = BIND_PHASE_ALLOCATING
+    bind_time: int = 0
+
+    def to_annotations(self) -> dict[str, str]:
+        out = {
+            ANNOTATION_NODE: self.node,
+            ANNOTATION_CONTAINER: self.container,
+            ANNOTATION_GPU_INDICES: ",".join(str(i) for i in self.gpu_indices),
+            ANNOTATION_GPU_UUIDS: ",".join(self.gpu_uuids),
+            ANNOTATION_GPUMEM_MIB: str(self.memory_mib),
+            ANNOTATION_GPUCORES: str(self.cores_percent),
+            ANNOTATION_BIND_PHASE: self.phase,
+            ANNOTATION_BIND_TIME: str(self.bind_time),
+        }
+        if self.mig is not None:
+            out[ANNOTATION_MIG_INSTANCE] = str(self.mig)
+        return out
+
+    @classmethod
+    def from_annotations(cls, annotations: Mapping[str, str]) -> Decision | None:
+        """The decision in a pod's annotations; None if it has none; InvalidRequest if it is malformed."""
+        node = annotations.get(ANNOTATION_NODE)
+        if not node:
+            return None
+        try:
+            indices = tuple(int(i) for i in annotations.get(ANNOTATION_GPU_INDICES, "").split(",") if i)
+            uuids = tuple(u for u in annotations.get(ANNOTATION_GPU_UUIDS, "").split(",") if u)
+            memory = int(annotations.get(ANNOTATION_GPUMEM_MIB, "0") or 0)
+            cores = int(annotations.get(ANNOTATION_GPUCORES, "100") or 100)
+            bind_time = int(annotations.get(ANNOTATION_BIND_TIME, "0") or 0)
+        except ValueError as err:
+            raise InvalidRequest(f"malformed gpuslice decision annotations on a pod: {err}") from None
+        mig_text = annotations.get(ANNOTATION_MIG_INSTANCE)
+        return cls(
+            node=node,
+            container=annotations.get(ANNOTATION_CONTAINER, ""),
+            gpu_indices=indices,
+            gpu_uuids=uuids,
+            memory_mib=memory,
+            cores_percent=cores,
+            mig=MigChoice.parse(mig_text) if mig_text else None,
+            phase=annotations.get(ANNOTATION_BIND_PHASE, BIND_PHASE_ALLOCATING),
+            bind_time=bind_time,
+        )
