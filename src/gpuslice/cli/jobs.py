@@ -34,6 +34,7 @@ StateDir = Annotated[
 
 
 def _client(url: str | None, state_dir: Path | None) -> ServeClient:
+    """The one place the commands get their client (tests replace it with one bound to an app)."""
     return ServeClient(url=url, state_dir=state_dir)
 
 

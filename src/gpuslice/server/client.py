@@ -50,14 +50,18 @@ class ServeClient:
         state_dir: Path | None = None,
         token: str | None = None,
         timeout: float = 30.0,
+        http: httpx.Client | None = None,
     ) -> None:
         self.url = (url or os.environ.get("GPUSLICE_URL") or DEFAULT_URL).rstrip("/")
         self.state_dir = Path(state_dir) if state_dir else default_state_dir()
         self._token = token or os.environ.get("GPUSLICE_TOKEN") or None
-        self._http = httpx.Client(base_url=self.url, timeout=timeout)
+        # ``http``: an httpx.Client to use instead (tests pass one bound to the app in-process).
+        self._owns_http = http is None
+        self._http = http or httpx.Client(base_url=self.url, timeout=timeout)
 
     def close(self) -> None:
-        self._http.close()
+        if self._owns_http:
+            self._http.close()
 
     def __enter__(self) -> ServeClient:
         return self

@@ -1,0 +1,56 @@
+"""``gpuslice serve``: run the GPU job queue and sharing daemon for this machine (server/run.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from gpuslice.server.client import DEFAULT_PORT, default_state_dir
+
+__all__ = ["serve"]
+
+_out = Console(highlight=False, soft_wrap=True)
+
+
+def serve(
+    host: Annotated[
+        str, typer.Option(help="address to bind; 127.0.0.1 keeps it on this machine")
+    ] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="TCP port")] = DEFAULT_PORT,
+    state_dir: Annotated[
+        Path | None,
+        typer.Option(help="jobs database, token, logs [env GPUSLICE_STATE_DIR; ~/.local/share/gpuslice]"),
+    ] = None,
+    simulate: Annotated[
+        str | None, typer.Option(help="simulate a machine (dgx-h100, pcie-4x-l4, …) instead of reading NVML")
+    ] = None,
+    sharing: Annotated[str, typer.Option(help="enforcement: soft (PyTorch cap), mps or mig")] = "soft",
+    grace: Annotated[str, typer.Option(help="SIGTERM-to-SIGKILL grace when stopping a job: 30s, 2m")] = "30s",
+    queue_policy: Annotated[str, typer.Option(help="queue policy: priority-fair or fifo")] = "priority-fair",
+) -> None:
+    """Serve the GPU job queue on this machine until Ctrl-C; jobs keep running across restarts."""
+    # Imported here: FastAPI and uvicorn take ~1 s to import, which the client commands should not pay.
+    from gpuslice.server.models import parse_duration
+    from gpuslice.server.run import ServeOptions, run
+
+    options = ServeOptions(
+        state_dir=state_dir or default_state_dir(),
+        host=host,
+        port=port,
+        simulate=simulate,
+        sharing=sharing,
+        grace_seconds=parse_duration(grace, "grace"),
+        queue_policy=queue_policy,
+    )
+
+    def ready(url: str, token_path: Path) -> None:
+        _out.print(
+            f"gpuslice serve: listening on {url}  (machine: {simulate or 'this one'}, sharing: {sharing})"
+        )
+        _out.print(f"token: {token_path}  (clients read it from there or from GPUSLICE_TOKEN)")
+        _out.print(f"try:   gpuslice submit --state-dir {options.state_dir} --mem 8GiB -- nvidia-smi")
+
+    run(options, on_ready=ready)

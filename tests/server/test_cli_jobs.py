@@ -1,0 +1,85 @@
+"""The job commands (cli/jobs.py) against the real app in-process (daemon over a fake node), and without
+a server. They live here, not in tests/cli, to share the fake node of tests/server/conftest.py."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+from typer.testing import CliRunner
+
+from gpuslice.cli import jobs
+from gpuslice.cli.main import app
+from gpuslice.errors import GpusliceError, exit_code
+from gpuslice.server.app import create_app
+from gpuslice.server.client import ServeClient
+
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore", UserWarning)  # starlette asks for httpx2; httpx works the same here
+    from fastapi.testclient import TestClient
+
+TOKEN = "cli-token"
+
+
+@pytest.fixture
+def cli(daemon, monkeypatch):
+    """cli(*args) -> (exit code, output) of ``gpuslice …`` talking to the app in this process."""
+    http = TestClient(create_app(daemon, TOKEN))
+    monkeypatch.setattr(jobs, "_client", lambda url, state_dir: ServeClient(token=TOKEN, http=http))
+    runner = CliRunner()
+
+    def run(*args: str) -> tuple[int, str]:
+        result = runner.invoke(app, list(args), env={"COLUMNS": "200"})
+        if isinstance(result.exception, GpusliceError):  # what main() does with it
+            return exit_code(result.exception), f"error: {result.exception}"
+        return result.exit_code, result.output
+
+    yield run
+    http.close()
+
+
+def test_submit_sends_the_slice_and_prints_the_job(cli, daemon):
+    code, out = cli("submit", "--mem", "20GiB", "--cores", "50", "--priority", "high", "--tenant", "vision",
+                    "--max-runtime", "1h", "--", "python", "train.py", "--lr", "3")  # fmt: skip
+    assert code == 0 and out.strip() == "job 1 submitted: PENDING (20 GiB · 50%)"
+    spec = daemon.store.get("1").spec
+    assert spec.command == ("python", "train.py", "--lr", "3")
+    assert (spec.gpu_memory_bytes, spec.compute_percent, spec.tenant) == (20 * 2**30, 50, "vision")
+    assert spec.max_runtime_seconds == 3600
+
+
+def test_bad_submit_is_one_error_line_naming_the_field_and_exit_2(cli, daemon):
+    code, out = cli("submit", "--mem", "20GB?", "--", "x")
+    assert code == 2 and "memory: invalid size" in out
+    assert daemon.store.jobs() == []
+
+
+def test_ps_gpus_queue_show_cancel_and_logs(cli, daemon, node, tmp_path):
+    cli("submit", "--gpus", "8", "--", "big")
+    cli("submit", "--mem", "10GiB", "--", "small")
+    daemon.tick()
+    code, ps = cli("ps")
+    assert code == 0 and "RUNNING" in ps and "PENDING" in ps and "big" in ps
+    code, gpus = cli("gpus")
+    assert code == 0 and gpus.count("H100") == 8 and "1: 80 GiB" in gpus
+    code, queue = cli("queue")
+    assert code == 0 and "2" in queue and "GPU" in queue  # the reason names what it waits for
+    code, show = cli("show", "1")
+    assert code == 0 and "PENDING→RUNNING" in show
+    (tmp_path / "jobs" / "1").mkdir(parents=True, exist_ok=True)
+    (tmp_path / "jobs" / "1" / "stdout.log").write_text("epoch 1\n")
+    code, logs = cli("logs", "1")
+    assert code == 0 and logs == "epoch 1\n"
+    code, cancelled = cli("cancel", "2")
+    assert code == 0 and "CANCELLED" in cancelled
+    code, missing = cli("show", "99")
+    assert code == 2 and "no job '99'" in missing
+
+
+def test_without_a_server_the_error_says_how_to_start_one(tmp_path):
+    port_nobody_uses = "http://127.0.0.1:9"
+    result = CliRunner().invoke(app, ["ps", "--url", port_nobody_uses])
+    assert result.exit_code != 0
+    assert isinstance(result.exception, Exception) and "start one with `gpuslice serve`" in str(
+        result.exception
+    )
