@@ -7,9 +7,9 @@ the gpuslice package, so a job start costs ~60 ms and ~10 MB instead of numpy's 
 ```text
 launcher (start_new_session) ─► supervisor: session + process-group leader, same user, same env
    supervisor ─► CMD in the supervisor's process group; stdout/stderr appended to DIR/{stdout,stderr}.log
-   SIGTERM/SIGINT to the supervisor ─► forwarded to the whole group, then SIGCONT (a suspended job
-       must be able to act on it); after the grace period (DIR/stop.json, else --grace) every process
-       left in the group but the supervisor gets SIGKILL
+   SIGTERM/SIGINT to the supervisor ─► forwarded to every other process of the group, then SIGCONT
+       (a suspended job must be able to act on it); after the grace period (DIR/stop.json, else
+       --grace) every process left in the group but the supervisor gets SIGKILL
    CMD ends ─► leftovers in the group get SIGTERM, then SIGKILL after 2 s (they would hold GPU memory)
            ─► DIR/exit.json {"exit_code", "signal", "finished_at", "started_at"} written atomically
 ```
@@ -113,13 +113,10 @@ class Supervisor:
         grace = self.grace_seconds
         with contextlib.suppress(OSError, ValueError, TypeError, KeyError):
             grace = float(json.loads((self.job_dir / STOP_FILE).read_text())["grace_seconds"])
-        # killpg reaches processes forked a moment ago; our own copy is blocked and then consumed.
-        signal.pthread_sigmask(signal.SIG_BLOCK, {signum})
-        try:
-            os.killpg(self.pgid, signum)
-            signal.sigtimedwait({signum}, 0)
-        finally:
-            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signum})
+        # Each other member by PID rather than killpg: killpg would echo the signal back to us, and with
+        # ``-m`` numpy's threads are here too, so a blocked-and-consumed echo cannot be relied on. A
+        # process forked between the listing and the signal is missed; its parent got the signal.
+        self._signal_others(signum)
         self._signal_others(signal.SIGCONT)
         deadline = time.time() + max(0.0, grace)
         self._kill_at = deadline if self._kill_at is None else min(self._kill_at, deadline)
