@@ -1,0 +1,284 @@
+"""How a job is held to its slice: the environment it starts with, and the MPS control daemon.
+
+``job_env(mode, spec, gpus, machine, state_dir)`` → the variables ``launcher.launch`` adds:
+
+```text
+always
+  CUDA_VISIBLE_DEVICES      GPU UUIDs (GPU-…) of ``gpus``, or the MIG device's UUID (MIG-…); "" hides
+                            every GPU (research k8s_nvidia_reference.md §3.1)
+  CUDA_DEVICE_ORDER         PCI_BUS_ID: ordinals inside the job match nvidia-smi (single_node §1.1)
+  GPUSLICE_SHARING          the mode; GPUSLICE_GPUS / GPUSLICE_GPU_UUIDS: indices and UUIDs
+  GPUSLICE_GPU_MEMORY_BYTES per-GPU memory of the slice (whole GPU's for whole GPUs, the instance's for MIG)
+  GPUSLICE_COMPUTE_PERCENT  1..100 of each GPU's SMs (100 for whole GPUs and memory-only shares)
+  GPUSLICE_MIG_PROFILE, GPUSLICE_TENANT, GPUSLICE_PRIORITY   from the spec
+mps, for shares
+  CUDA_MPS_PIPE_DIRECTORY, CUDA_MPS_LOG_DIRECTORY   the daemon's directories (mps_dirs; §3.1)
+  CUDA_MPS_ACTIVE_THREAD_PERCENTAGE   integer percent, when compute < 100 (§3.1)
+  CUDA_MPS_PINNED_DEVICE_MEM_LIMIT    "<GPU-uuid>=<MiB>M,…", when memory is given (§3.1: "0=1G,1=512MB")
+soft, for shares with memory
+  PYTHONPATH, GPUSLICE_SOFT_CAP=1     the soft-cap sitecustomize dir (node/softcap.py); the launcher puts
+                                      it in front of the job's own PYTHONPATH
+every mode, for shares with memory
+  TF_FORCE_GPU_ALLOW_GROWTH=true      TensorFlow grows instead of taking all memory (Ray #13680, §1.6)
+  XLA_PYTHON_CLIENT_MEM_FRACTION      JAX preallocates only the slice's fraction of the GPU
+```
+
+GPUSLICE_JOB_ID, GPUSLICE_JOB_DIR and GPUSLICE_REPORT_FILE are set by the launcher, which knows the job.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import os
+import shutil
+import subprocess
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from gpuslice.errors import InternalError, InvalidRequest, UserError
+from gpuslice.hardware.mig import mig_gpu
+from gpuslice.node import softcap
+from gpuslice.node.machine import Machine
+from gpuslice.units import MiB
+from gpuslice.workload.job import JobSpec
+
+__all__ = [
+    "MPS_CONTROL",
+    "MpsDaemon",
+    "MpsUnavailable",
+    "SharingMode",
+    "job_env",
+    "mig_device_uuid",
+    "mps_dirs",
+    "mps_memory_limit",
+    "softcap_dir",
+]
+
+MPS_CONTROL = "nvidia-cuda-mps-control"
+# MPS talks over Unix sockets in the pipe directory; a socket path longer than sun_path (108 bytes on
+# Linux, less the socket's own name) fails at connect time with an unhelpful error. Deep state dirs fall
+# back to a short directory under /tmp derived from the state dir.
+_MAX_PIPE_DIR_CHARS = 80
+
+
+class SharingMode(enum.StrEnum):
+    """How a machine's GPUs are shared (``gpuslice serve --sharing``)."""
+
+    MPS = "mps"  # one MPS control daemon; per-job thread % and pinned memory limit
+    MIG = "mig"  # each job gets a MIG instance
+    SOFT = "soft"  # default: PyTorch memory fraction + the monitor's graded response
+
+
+class MpsUnavailable(UserError):
+    """The MPS control program is missing or will not start."""
+
+
+def mps_dirs(state_dir: Path) -> tuple[Path, Path]:
+    """(pipe dir, log dir) of the MPS control daemon for ``state_dir``; the server and every job agree."""
+    base = Path(state_dir).resolve() / "mps"
+    if len(str(base / "pipe")) > _MAX_PIPE_DIR_CHARS:
+        digest = hashlib.sha1(str(base).encode()).hexdigest()[:12]
+        base = Path("/tmp") / f"gpuslice-mps-{os.getuid()}-{digest}"
+    return base / "pipe", base / "log"
+
+
+def softcap_dir(state_dir: Path) -> Path:
+    """state_dir/softcap holding ``sitecustomize.py`` (a copy of node/softcap.py), written if stale."""
+    directory = Path(state_dir).resolve() / "softcap"
+    target = directory / "sitecustomize.py"
+    source = Path(softcap.__file__).read_text(encoding="utf-8")
+    if not target.exists() or target.read_text(encoding="utf-8") != source:
+        directory.mkdir(parents=True, exist_ok=True)
+        tmp = directory / f".sitecustomize.{os.getpid()}.tmp"
+        tmp.write_text(source, encoding="utf-8")
+        os.replace(tmp, target)
+    return directory
+
+
+def mps_memory_limit(uuids: Sequence[str], limit_bytes: int) -> str:
+    """CUDA_MPS_PINNED_DEVICE_MEM_LIMIT for ``limit_bytes`` on each device (research §3.1).
+
+    Format: comma-separated ``<device>=<limit>`` with a unit suffix, e.g. ``0=1G,1=512MB``. We name
+    devices by UUID (accepted, "same semantics as CUDA_VISIBLE_DEVICES"), which stays right whatever
+    ordinal the job sees, and give whole MiB rounded down, so the cap never exceeds the slice."""
+    mib = max(1, limit_bytes // MiB)
+    return ",".join(f"{uuid}={mib}M" for uuid in uuids)
+
+
+def mig_device_uuid(machine: Machine, gpu: int, profile: str, start: int, nvml: Any | None = None) -> str:
+    """The UUID (``MIG-…``) of the MIG instance ``profile`` at memory slot ``start`` on GPU ``gpu``.
+
+    On a simulated machine the UUID is made up deterministically; on a real one it is looked up
+    through NVML (the instance must exist: gpuslice does not create MIG instances, which needs root)."""
+    from gpuslice.node.discovery import SIMULATED_UUID_PREFIX, find_mig_device_uuid
+
+    info = machine.gpus[gpu]
+    if info.uuid.startswith(SIMULATED_UUID_PREFIX):
+        return f"MIG-{info.uuid.removeprefix('GPU-')}-{profile}-{start}"
+    return find_mig_device_uuid(gpu, profile, start, nvml=nvml)
+
+
+def job_env(
+    mode: SharingMode | str,
+    spec: JobSpec,
+    gpus: Sequence[int],
+    machine: Machine,
+    state_dir: Path,
+    *,
+    mig: Any | None = None,
+    nvml: Any | None = None,
+) -> dict[str, str]:
+    """The environment variables that confine a job to its slice (table in the module docstring).
+
+    ``mig`` is the scheduler's ``MigAssignment`` (gpu, profile, start) for a MIG job; ``nvml`` a
+    pynvml-like module for tests. Pure apart from (re)writing the soft-cap file and reading NVML for
+    a real MIG instance's UUID."""
+    try:
+        mode = SharingMode(mode)
+    except ValueError:
+        known = ", ".join(m.value for m in SharingMode)
+        raise InvalidRequest(f"sharing mode {mode!r} is not known; known: {known}") from None
+    for g in gpus:
+        if not 0 <= g < machine.gpu_count:
+            raise InternalError(f"GPU {g} is not on machine {machine.name!r} ({machine.gpu_count} GPUs)")
+    infos = [machine.gpus[g] for g in gpus]
+    uuids = [info.uuid for info in infos]
+    memory_bytes = min((info.memory_bytes for info in infos), default=0)
+    compute_percent = 100
+    if mig is not None:
+        profile = mig_gpu(machine.gpus[mig.gpu].mig_model).profile(mig.profile)
+        visible = [mig_device_uuid(machine, mig.gpu, profile.name, mig.start, nvml)]
+        memory_bytes = profile.memory_bytes
+        gpus, uuids = (mig.gpu,), [machine.gpus[mig.gpu].uuid]
+    elif spec.mig_profile:
+        raise InternalError(f"job asks for MIG profile {spec.mig_profile!r} but was given no MIG instance")
+    else:
+        visible = uuids
+        if spec.is_share:
+            memory_bytes = spec.gpu_memory_bytes or memory_bytes
+            compute_percent = spec.compute_percent or 100
+    env = {
+        "CUDA_VISIBLE_DEVICES": ",".join(visible),
+        "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
+        "GPUSLICE_SHARING": mode.value,
+        "GPUSLICE_GPUS": ",".join(str(g) for g in gpus),
+        "GPUSLICE_GPU_UUIDS": ",".join(uuids),
+        "GPUSLICE_GPU_MEMORY_BYTES": str(memory_bytes),
+        "GPUSLICE_COMPUTE_PERCENT": str(compute_percent),
+        "GPUSLICE_MIG_PROFILE": spec.mig_profile,
+        "GPUSLICE_TENANT": spec.tenant,
+        "GPUSLICE_PRIORITY": spec.priority.name.lower(),
+    }
+    memory_share = spec.is_share and spec.gpu_memory_bytes > 0
+    if memory_share:
+        fraction = min(1.0, spec.gpu_memory_bytes / min(info.memory_bytes for info in infos))
+        env["TF_FORCE_GPU_ALLOW_GROWTH"] = "true"
+        env["XLA_PYTHON_CLIENT_MEM_FRACTION"] = f"{fraction:.4f}"
+    if mode is SharingMode.MPS and spec.is_share:
+        pipe, log = mps_dirs(state_dir)
+        env["CUDA_MPS_PIPE_DIRECTORY"] = str(pipe)
+        env["CUDA_MPS_LOG_DIRECTORY"] = str(log)
+        if 0 < spec.compute_percent < 100:
+            env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(spec.compute_percent)
+        if memory_share:
+            env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = mps_memory_limit(uuids, spec.gpu_memory_bytes)
+    if mode is SharingMode.SOFT and memory_share:
+        env["PYTHONPATH"] = str(softcap_dir(state_dir))
+        env[softcap.ENV_SOFT_CAP] = "1"
+    return env
+
+
+class MpsDaemon:
+    """The MPS control daemon (``nvidia-cuda-mps-control -d``) that the server starts and owns.
+
+    Pipe and log directories come from ``mps_dirs(state_dir)``; jobs get the same ones from ``job_env``.
+    Per-client limits come from each job's environment (§3.1: they can only tighten the daemon's
+    defaults, which we leave unset). Usable as a context manager."""
+
+    def __init__(self, state_dir: Path, *, binary: str = MPS_CONTROL, timeout_seconds: float = 10.0) -> None:
+        self.pipe_dir, self.log_dir = mps_dirs(state_dir)
+        self.binary = binary
+        self.timeout_seconds = timeout_seconds
+
+    def _env(self) -> dict[str, str]:
+        return {
+            **os.environ,
+            "CUDA_MPS_PIPE_DIRECTORY": str(self.pipe_dir),
+            "CUDA_MPS_LOG_DIRECTORY": str(self.log_dir),
+        }
+
+    def _program(self) -> str:
+        path = shutil.which(self.binary)
+        if path is None:
+            raise MpsUnavailable(
+                f"{self.binary} not found on PATH: install the NVIDIA driver's utilities (it ships with "
+                "them), or run gpuslice serve --sharing soft"
+            )
+        return path
+
+    def _command(self, text: str) -> subprocess.CompletedProcess[str]:
+        """Send one command (``get_server_list``, ``quit`` …) to the running daemon on its stdin."""
+        return subprocess.run(
+            [self._program()],
+            input=text + "\n",
+            env=self._env(),
+            capture_output=True,
+            text=True,
+            timeout=self.timeout_seconds,
+            check=False,
+        )
+
+    def is_running(self) -> bool:
+        """True when a control daemon answers on our pipe directory."""
+        if not (self.pipe_dir / "control").exists():
+            return False
+        try:
+            return self._command("get_server_list").returncode == 0
+        except (subprocess.TimeoutExpired, OSError):
+            return False
+
+    def start(self) -> None:
+        """Start the daemon (nothing to do if it already runs); MpsUnavailable says why it cannot."""
+        program = self._program()
+        if self.is_running():
+            return
+        self.pipe_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self.log_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        done = subprocess.run(
+            [program, "-d"],
+            env=self._env(),
+            capture_output=True,
+            text=True,
+            timeout=self.timeout_seconds,
+            check=False,
+        )
+        deadline = time.monotonic() + self.timeout_seconds
+        while done.returncode == 0 and time.monotonic() < deadline:
+            if self.is_running():
+                return
+            time.sleep(0.1)
+        log = self.log_dir / "control.log"
+        tail = log.read_text(errors="replace")[-500:] if log.exists() else ""
+        raise MpsUnavailable(
+            f"{self.binary} -d did not start (exit {done.returncode}: {done.stderr.strip() or 'no output'}); "
+            f"its log {log}: {tail.strip() or 'empty'}"
+        )
+
+    def stop(self) -> None:
+        """Ask the daemon to quit (it stops its servers after their clients end); no-op if not running."""
+        if not self.is_running():
+            return
+        self._command("quit")
+        deadline = time.monotonic() + self.timeout_seconds
+        while time.monotonic() < deadline and self.is_running():
+            time.sleep(0.1)
+
+    def __enter__(self) -> MpsDaemon:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
