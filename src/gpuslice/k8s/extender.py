@@ -1,0 +1,873 @@
+"""kube-scheduler extender: filter, prioritize and bind over a gpuslice Ledger of the cluster's GPUs.
+
+Lifecycle of one pod (k8s_nvidia_reference.md §1; the extender is ``nodeCacheCapable``, so it gets
+node names, never node objects):
+
+```text
+POST /filter      {Pod, NodeNames}  -> {NodeNames, FailedNodes{name: reason}, Error}
+                  0 nodes pass -> a Warning Event on the pod saying why (off the request path)
+POST /prioritize  {Pod, NodeNames}  -> [{Host, Score 0..10}]      placement policy's scores, rescaled
+POST /bind        {PodName, PodNamespace, PodUID, Node}
+                  per-node lock: choose GPUs (policy advice, topology), Ledger.reserve   (microseconds)
+                  no lock:       patch decision annotations, create the Binding  -> {Error}
+                  API failure -> the reservation is released; kube-scheduler retries the pod
+watch             Node inventory annotation changed -> ledger rebuilt lazily on the next call
+                  Pod bound elsewhere / after a restart -> reserved from its decision annotations
+                  Pod deleted, Succeeded or Failed -> released
+```
+
+Why no multi-minute stalls (HAMi's node lock, hami_and_peers.md): HAMi marks a node locked in an
+annotation at bind and unlocks it only when its device plugin finishes Allocate, so a pod that never
+reaches Allocate holds the node until a timeout. Here the in-memory ledger is the arbiter: a bind holds
+its node's lock only while it chooses GPUs and reserves them, never across an API call, and a failed
+bind gives its reservation back at once. A stale filter answer is harmless: bind re-checks against the
+ledger and refuses with a reason if the node has filled up meanwhile.
+
+Default placement policy: ``bestfit``. FGD (the better policy on openb) needs a target workload, the
+mix of task shapes to come, which a freshly started extender does not have; bestfit needs nothing,
+is deterministic and packs shares onto already-used GPUs, which is what keeps whole GPUs free. A pod
+can ask for ``fgd`` (annotation ``gpuslice.io/placement-policy``); its target workload is then the
+shapes of the pods bound when the ledger was last built, plus the pod itself.
+
+The ledger keeps one GPU model per node (the first GPU's) and at most ``MAX_GPUS_PER_NODE`` GPUs;
+MIG-mode and unhealthy GPUs are held by a blocker reservation so no share lands on them. MIG instances
+are tracked beside the ledger, one pod per existing instance.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+import time
+from collections import Counter, OrderedDict
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import fastapi
+import numpy as np
+from fastapi.responses import JSONResponse
+
+from gpuslice.errors import GpusliceError, InvalidRequest, UnknownPolicy, UserError
+from gpuslice.hardware.node import MAX_GPUS_PER_NODE, NodeSpec
+from gpuslice.hardware.topology import Topology, TopologyError, build_topology
+from gpuslice.k8s.annotations import (
+    ANNOTATION_BIND_PHASE,
+    ANNOTATION_NODE_INVENTORY,
+    ANNOTATION_PLACEMENT_POLICY,
+    BIND_PHASE_FAILED,
+    Decision,
+    MigChoice,
+    NodeInventory,
+    PodGpuRequest,
+    pod_gpu_request,
+)
+from gpuslice.ledger.ledger import Ledger
+from gpuslice.ledger.placement import Placement, Refusal, RefusalCode
+from gpuslice.policies import PolicyContext, placement_policy
+from gpuslice.scheduler.placer import Placer
+from gpuslice.units import MiB
+from gpuslice.workload.request import MILLI_PER_GPU, Request
+from gpuslice.workload.target import TargetWorkload
+
+__all__ = [
+    "DEFAULT_POLICY",
+    "MAX_EXTENDER_PRIORITY",
+    "REASON_NO_INVENTORY",
+    "REASON_NO_MIG_INSTANCE",
+    "REASON_SHARE_LIMIT",
+    "ClusterState",
+    "FilterResult",
+    "KubeApi",
+    "KubernetesApi",
+    "WatchEvent",
+    "create_app",
+]
+
+log = logging.getLogger(__name__)
+
+MAX_EXTENDER_PRIORITY = 10  # extender/v1 MaxExtenderPriority (research §1.1)
+DEFAULT_POLICY = "bestfit"  # see the module docstring for why not fgd
+EVENT_REPEAT_S = 60.0  # one Event per pod and message a minute: kube-scheduler retries far more often
+SEEN_PODS_MAX = 10_000  # pods remembered from /filter so /bind needs no API read
+
+# Reasons the ledger has no RefusalCode for (fixed text, like RefusalCode values).
+REASON_NO_INVENTORY = "no gpuslice inventory on this node (is the gpuslice device plugin running?)"
+REASON_SHARE_LIMIT = "every fitting GPU already holds its maximum number of shares (splitCount)"
+REASON_NO_MIG_INSTANCE = "no free MIG instance of this profile"
+REASON_INVALID = "invalid gpuslice request"
+_UNRESOLVABLE = (REASON_NO_INVENTORY, RefusalCode.GPU_MODEL_NOT_ALLOWED.value, REASON_INVALID)
+
+
+# ---- the Kubernetes API, behind an interface ----------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class WatchEvent:
+    """One change seen by a watch: ``kind`` Node or Pod, ``type`` ADDED/MODIFIED/DELETED, API JSON."""
+
+    kind: str
+    type: str
+    object: Mapping[str, Any]
+
+
+class KubeApi(Protocol):
+    """What the extender needs from the API server. ``KubernetesApi`` is the real one; tests fake it."""
+
+    def get_pod(self, namespace: str, name: str) -> Mapping[str, Any]: ...
+
+    def patch_pod_annotations(self, namespace: str, name: str, annotations: Mapping[str, str]) -> None: ...
+
+    def create_binding(self, namespace: str, name: str, uid: str, node: str) -> None: ...
+
+    def create_event(
+        self, namespace: str, pod_name: str, pod_uid: str, reason: str, message: str
+    ) -> None: ...
+
+
+class KubernetesApi:
+    """``KubeApi`` over the official ``kubernetes`` client (imported here, so the extra stays optional)."""
+
+    def __init__(self, kubeconfig: str | None = None) -> None:
+        try:
+            from kubernetes import client, config
+        except ImportError:
+            raise UserError(
+                "the Kubernetes components need the k8s extra: pip install 'gpuslice[k8s]'"
+            ) from None
+        if kubeconfig:
+            config.load_kube_config(config_file=kubeconfig)
+        else:
+            try:
+                config.load_incluster_config()
+            except config.ConfigException:
+                config.load_kube_config()
+        self._client = client
+        self._core = client.CoreV1Api()
+
+    def _plain(self, obj: Any) -> dict[str, Any]:
+        return self._core.api_client.sanitize_for_serialization(obj)
+
+    def get_pod(self, namespace: str, name: str) -> Mapping[str, Any]:
+        return self._plain(self._core.read_namespaced_pod(name, namespace))
+
+    def patch_pod_annotations(self, namespace: str, name: str, annotations: Mapping[str, str]) -> None:
+        self._core.patch_namespaced_pod(name, namespace, {"metadata": {"annotations": dict(annotations)}})
+
+    def create_binding(self, namespace: str, name: str, uid: str, node: str) -> None:
+        c = self._client
+        body = c.V1Binding(
+            metadata=c.V1ObjectMeta(name=name, namespace=namespace, uid=uid),
+            target=c.V1ObjectReference(api_version="v1", kind="Node", name=node),
+        )
+        # _preload_content=False: the client cannot decode the Binding the server answers with
+        # (kubernetes-client/python issue 547, "target must not be None").
+        self._core.create_namespaced_binding(namespace, body, _preload_content=False)
+
+    def create_event(self, namespace: str, pod_name: str, pod_uid: str, reason: str, message: str) -> None:
+        c = self._client
+        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        event = c.CoreV1Event(
+            metadata=c.V1ObjectMeta(generate_name=f"{pod_name}.", namespace=namespace),
+            involved_object=c.V1ObjectReference(
+                api_version="v1", kind="Pod", namespace=namespace, name=pod_name, uid=pod_uid
+            ),
+            reason=reason,
+            message=message[:1024],
+            type="Warning",
+            source=c.V1EventSource(component="gpuslice-extender"),
+            first_timestamp=now,
+            last_timestamp=now,
+            count=1,
+        )
+        self._core.create_namespaced_event(namespace, event)
+
+    def events(self) -> Iterator[WatchEvent]:
+        """Every node and pod as ADDED, then their changes; relists after a dropped or expired watch."""
+        from kubernetes import watch
+
+        queue: list[WatchEvent] = []
+        ready = threading.Condition()
+
+        def pump(kind: str, lister: Callable[..., Any]) -> None:
+            while True:
+                try:
+                    listed = lister()
+                    with ready:
+                        queue.extend(WatchEvent(kind, "ADDED", self._plain(o)) for o in listed.items)
+                        ready.notify()
+                    stream = watch.Watch().stream(lister, resource_version=listed.metadata.resource_version)
+                    for raw in stream:
+                        with ready:
+                            queue.append(WatchEvent(kind, raw["type"], self._plain(raw["object"])))
+                            ready.notify()
+                except Exception:  # 410 Gone, a dropped connection: relist, as informers do
+                    log.warning("%s watch ended; relisting in 1 s", kind, exc_info=True)
+                    time.sleep(1.0)
+
+        for kind, lister in (("Node", self._core.list_node), ("Pod", self._core.list_pod_for_all_namespaces)):
+            threading.Thread(target=pump, args=(kind, lister), daemon=True, name=f"watch-{kind}").start()
+        while True:
+            with ready:
+                while not queue:
+                    ready.wait()
+                batch, queue[:] = list(queue), []
+            yield from batch
+
+
+# ---- cluster state ------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Bound:
+    """A pod the ledger holds: where it went and what it asked for."""
+
+    node: str
+    ask: PodGpuRequest
+    decision: Decision
+    placement: Placement | None = None  # None while its node has no inventory, or for MIG pods
+    mig_key: tuple[str, int, int] | None = None  # (node, gpu, start)
+
+
+@dataclass
+class _Ledgered:
+    """One build of the ledger: rebuilt when the set of nodes or an inventory changes."""
+
+    ledger: Ledger
+    index: dict[str, int]
+    inventories: list[NodeInventory]
+    split: np.ndarray  # (N,) shares per GPU
+    healthy: np.ndarray  # (N, G) bool: present, healthy, not in MIG mode
+    topologies: list[Topology | None]
+    targets: TargetWorkload | None
+    placers: dict[str, Placer] = field(default_factory=dict)
+    blockers: list[Placement] = field(default_factory=list)
+
+
+def _pod_meta(pod: Mapping[str, Any]) -> tuple[str, str, str]:
+    meta = pod.get("metadata") or {}
+    return str(meta.get("namespace", "default")), str(meta.get("name", "")), str(meta.get("uid", ""))
+
+
+def _gpu_count(inv: NodeInventory) -> int:
+    return min(len(inv.gpus), MAX_GPUS_PER_NODE)
+
+
+def _topology(name: str, inv: NodeInventory) -> Topology | None:
+    n = _gpu_count(inv)
+    if n < 2 or len(inv.topology) < n:
+        return None
+    try:
+        return build_topology(name, [row[:n] for row in inv.topology[:n]], gpu_model=inv.model)
+    except (TopologyError, ValueError):
+        log.warning("node %s: unreadable topology in its inventory; GPUs chosen without it", name)
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class FilterResult:
+    """``passed`` node names; ``failed`` (preemption may help) and ``unresolvable`` map name -> reason."""
+
+    passed: list[str]
+    failed: dict[str, str]
+    unresolvable: dict[str, str]
+
+
+class ClusterState:
+    """The ledger over every node with an inventory annotation, and the pods bound on them.
+
+    Thread-safe: ``_lock`` guards every ledger change and the bookkeeping dicts (held for microseconds);
+    ``_node_locks`` serialise binds on one node from choosing GPUs to reserving them.
+    """
+
+    def __init__(self, api: KubeApi, default_policy: str = DEFAULT_POLICY) -> None:
+        placement_policy(default_policy)  # UnknownPolicy lists the known names
+        self.api = api
+        self.default_policy = default_policy
+        self._lock = threading.RLock()
+        self._node_locks: dict[str, threading.Lock] = {}
+        self._inventory_text: dict[str, str] = {}
+        self._pods: dict[str, _Bound] = {}
+        self._mig_used: dict[tuple[str, int, int], str] = {}
+        self._built: _Ledgered | None = None
+        self._seen: OrderedDict[str, Mapping[str, Any]] = OrderedDict()
+        self._events = ThreadPoolExecutor(max_workers=1, thread_name_prefix="events")
+        self._last_event: dict[str, tuple[str, float]] = {}
+        self.conflicts = 0  # bound pods the ledger could not hold (over-committed from outside)
+
+    # ---- watch --------------------------------------------------------------------------------------
+
+    def apply(self, event: WatchEvent) -> None:
+        """Take one watch event into the state."""
+        if event.kind == "Node":
+            self._apply_node(event)
+        elif event.kind == "Pod":
+            self._apply_pod(event)
+
+    def follow(self, events: Iterable[WatchEvent]) -> None:
+        """Apply events until the source ends (the real source never does); errors are logged, not fatal."""
+        for event in events:
+            try:
+                self.apply(event)
+            except Exception:
+                log.exception("could not apply %s %s", event.type, event.kind)
+
+    def _apply_node(self, event: WatchEvent) -> None:
+        meta = event.object.get("metadata") or {}
+        name = str(meta.get("name", ""))
+        text = (meta.get("annotations") or {}).get(ANNOTATION_NODE_INVENTORY)
+        if text is not None and event.type != "DELETED":
+            try:
+                NodeInventory.from_json(text)
+            except InvalidRequest as err:
+                log.warning("node %s: %s; the node is left out", name, err)
+                text = None
+        with self._lock:
+            old = self._inventory_text.get(name)
+            if event.type == "DELETED" or text is None:
+                if old is not None:
+                    del self._inventory_text[name]
+                    self._built = None
+            elif text != old:  # status heartbeats leave the annotation alone: no rebuild for them
+                self._inventory_text[name] = text
+                self._built = None
+
+    def _apply_pod(self, event: WatchEvent) -> None:
+        pod = event.object
+        _, _, uid = _pod_meta(pod)
+        phase = (pod.get("status") or {}).get("phase")
+        with self._lock:
+            if event.type == "DELETED" or phase in ("Succeeded", "Failed"):
+                self._forget(uid)
+                return
+            if uid in self._pods:
+                return
+            annotations = (pod.get("metadata") or {}).get("annotations") or {}
+            try:
+                decision = Decision.from_annotations(annotations)
+                if decision is None or decision.phase == BIND_PHASE_FAILED:
+                    return
+                ask = _ask(pod)
+            except InvalidRequest as err:
+                log.warning("pod %s: %s; not counted in the ledger", uid, err)
+                return
+            bound = _Bound(node=decision.node, ask=ask, decision=decision)
+            self._pods[uid] = bound
+            if self._built is not None:
+                self._hold(self._built, uid, bound)
+
+    def _forget(self, uid: str) -> None:
+        bound = self._pods.pop(uid, None)
+        self._seen.pop(uid, None)
+        self._last_event.pop(uid, None)
+        if bound is None:
+            return
+        if bound.placement is not None and self._built is not None:
+            self._built.ledger.release(bound.placement)
+        if bound.mig_key is not None:
+            self._mig_used.pop(bound.mig_key, None)
+
+    # ---- ledger build -------------------------------------------------------------------------------
+
+    def _ledgered(self) -> _Ledgered:
+        """The current ledger, rebuilt (under the lock) if nodes or inventories changed."""
+        built = self._built
+        if built is not None:
+            return built
+        with self._lock:
+            if self._built is None:
+                self._built = self._build()
+            return self._built
+
+    def _build(self) -> _Ledgered:
+        names = sorted(self._inventory_text)
+        inventories = [NodeInventory.from_json(self._inventory_text[n]) for n in names]
+        specs = [
+            NodeSpec(
+                name=name,
+                cpu_milli=0,  # CPU and memory are kube-scheduler's NodeResourcesFit's job
+                memory_bytes=0,
+                gpu_count=_gpu_count(inv),
+                gpu_model=inv.model,
+                gpu_memory_bytes=min((g.memory_mib for g in inv.gpus), default=0) * MiB,
+            )
+            for name, inv in zip(names, inventories, strict=True)
+        ] or [NodeSpec("(no gpuslice nodes)", 0, 0, 0, "")]
+        ledger = Ledger(specs)
+        healthy = np.zeros((ledger.node_count, MAX_GPUS_PER_NODE), dtype=bool)
+        blockers = []
+        for i, inv in enumerate(inventories):
+            for gpu in inv.gpus:
+                if gpu.index >= specs[i].gpu_count:
+                    continue  # past the ledger's MAX_GPUS_PER_NODE, or a hole in the numbering
+                if gpu.healthy and not gpu.mig:
+                    healthy[i, gpu.index] = True
+                    continue
+                # A MIG-mode or unhealthy GPU is held whole, so no share and no score counts it as free.
+                whole = Request(
+                    0, num_gpu=1, gpu_milli=MILLI_PER_GPU, gpu_memory_bytes=specs[i].gpu_memory_bytes
+                )
+                held = ledger.reserve(i, (gpu.index,), whole)
+                if isinstance(held, Placement):
+                    blockers.append(held)
+        shapes = [b.ask.to_request() for b in self._pods.values() if b.ask.gpus]
+        built = _Ledgered(
+            ledger=ledger,
+            index={n: i for i, n in enumerate(names)},
+            inventories=inventories,
+            split=np.array([inv.split_count for inv in inventories] or [1], dtype=np.int64),
+            healthy=healthy,
+            topologies=[_topology(n, inv) for n, inv in zip(names, inventories, strict=True)],
+            targets=TargetWorkload.from_requests(shapes) if shapes else None,
+            blockers=blockers,
+        )
+        self._mig_used.clear()
+        for uid, bound in self._pods.items():
+            bound.placement, bound.mig_key = None, None
+            self._hold(built, uid, bound)
+        log.info("ledger built: %d nodes, %d pods", len(names), len(self._pods))
+        return built
+
+    def _hold(self, built: _Ledgered, uid: str, bound: _Bound) -> None:
+        """Put an already bound pod into the ledger (or the MIG table) from its decision."""
+        node = built.index.get(bound.node)
+        if node is None:
+            return  # its node has no inventory (yet): held when the node appears
+        if bound.decision.mig is not None:
+            key = (bound.node, bound.decision.mig.gpu_index, bound.decision.mig.start)
+            if self._mig_used.setdefault(key, uid) != uid:
+                self.conflicts += 1
+            else:
+                bound.mig_key = key
+            return
+        result = built.ledger.reserve(node, bound.decision.gpu_indices, bound.ask.to_request())
+        if isinstance(result, Refusal):
+            self.conflicts += 1
+            log.warning(
+                "pod %s on %s does not fit the ledger (%s); counted as a conflict", uid, bound.node, result
+            )
+        else:
+            bound.placement = result
+
+    # ---- filter -------------------------------------------------------------------------------------
+
+    def filter(self, pod: Mapping[str, Any], node_names: list[str]) -> FilterResult:
+        """Which of ``node_names`` can take the pod, with a reason for each one that cannot.
+
+        Reasons preemption cannot cure (no inventory, GPU model, invalid request) go to ``unresolvable``
+        (``FailedAndUnresolvableNodes``), so kube-scheduler does not evict pods for nothing. If no node
+        passes, a Warning Event on the pod says why.
+        """
+        self._remember(pod)
+        try:
+            ask = _ask(pod)
+        except InvalidRequest as err:
+            reason = f"{REASON_INVALID}: {err}"
+            self._explain(pod, len(node_names), Counter({reason: len(node_names)}))
+            return FilterResult([], {}, dict.fromkeys(node_names, reason))
+        if not ask.wants_gpu:
+            return FilterResult(list(node_names), {}, {})
+        built = self._ledgered()
+        idx = np.array([built.index.get(n, -1) for n in node_names], dtype=np.int64)
+        reasons = self._reasons(built, ask, idx)
+        result = FilterResult([], {}, {})
+        for name, reason in zip(node_names, reasons, strict=True):
+            if reason is None:
+                result.passed.append(name)
+            elif reason.startswith(_UNRESOLVABLE):
+                result.unresolvable[name] = reason
+            else:
+                result.failed[name] = reason
+        if not result.passed and node_names:
+            self._explain(pod, len(node_names), Counter(reasons))
+        return result
+
+    def _reasons(self, built: _Ledgered, ask: PodGpuRequest, idx: np.ndarray) -> list[str | None]:
+        known = idx >= 0
+        safe = np.where(known, idx, 0)
+        if ask.mig_profile:
+            free = [
+                self._mig_free(built, int(i), ask.mig_profile) if k else 0
+                for i, k in zip(safe, known, strict=True)
+            ]
+            return [
+                None if f else (REASON_NO_MIG_INSTANCE if k else REASON_NO_INVENTORY)
+                for f, k in zip(free, known, strict=True)
+            ]
+        req = ask.to_request()
+        ledger = built.ledger
+        view = ledger.view
+        slots = built.healthy[safe] & (view.gpu_tasks[safe] < built.split[safe][:, None])
+        compute = view.free_gpu_milli[safe] >= req.gpu_milli
+        memory = view.free_gpu_memory_bytes[safe] >= req.gpu_memory_bytes
+        n = req.num_gpu
+        model_no = ~ledger.model_allowed(req)[safe]
+        share_no = slots.sum(axis=1) < n
+        gpu_no = (slots & compute).sum(axis=1) < n
+        memory_no = (slots & compute & memory).sum(axis=1) < n
+        need = f"need {n} GPU(s) with {req.gpu_milli} milli-GPU" + (
+            f" and {ask.memory_mib} MiB free" if ask.memory_mib else ""
+        )
+        texts = np.array(
+            [
+                "",
+                REASON_NO_INVENTORY,
+                f"{RefusalCode.GPU_MODEL_NOT_ALLOWED.value}: {_models_text(ask, built.ledger.models)}",
+                f"{REASON_SHARE_LIMIT}; {need}",
+                f"{RefusalCode.INSUFFICIENT_GPU.value}: {need}",
+                f"{RefusalCode.INSUFFICIENT_GPU_MEMORY.value}: {need}",
+            ],
+            dtype=object,
+        )
+        which = np.select([~known, model_no, share_no, gpu_no, memory_no], [1, 2, 3, 4, 5], default=0)
+        return [None if w == 0 else texts[w] for w in which.tolist()]
+
+    def _mig_free(self, built: _Ledgered, node: int, profile: str) -> int:
+        name = built.ledger.node_names[node]
+        return sum(
+            1
+            for gpu in built.inventories[node].gpus
+            for slot in gpu.mig
+            if slot.profile == profile and gpu.healthy and (name, gpu.index, slot.start) not in self._mig_used
+        )
+
+    # ---- prioritize ---------------------------------------------------------------------------------
+
+    def prioritize(self, pod: Mapping[str, Any], node_names: list[str]) -> list[tuple[str, int]]:
+        """Score 0..10 per node: the placement policy's score, min-max rescaled over the nodes given."""
+        try:
+            ask = _ask(pod)
+        except InvalidRequest:
+            return [(n, 0) for n in node_names]
+        if not ask.wants_gpu or not node_names:
+            return [(n, 0) for n in node_names]
+        built = self._ledgered()
+        idx = np.array([built.index.get(n, -1) for n in node_names], dtype=np.int64)
+        known = idx >= 0
+        if ask.mig_profile:  # pack: the node with the fewest free instances of the profile first
+            free = np.array(
+                [
+                    self._mig_free(built, int(i), ask.mig_profile) if k else 0
+                    for i, k in zip(idx, known, strict=True)
+                ]
+            )
+            raw = np.where(free > 0, -free.astype(np.float64), -np.inf)
+        else:
+            placer = self._placer(built, ask)
+            req = ask.to_request()
+            raw = np.full(len(idx), -np.inf)
+            fits = known & built.ledger.fits(req)[np.where(known, idx, 0)]
+            if fits.any():
+                candidates = idx[fits]
+                # The placer's cached, fallback-guarded scoring (policy advises, the placer validates).
+                raw[fits] = placer._normalized(req, placer._scores(req, candidates))
+        return list(zip(node_names, _rescale(raw).tolist(), strict=True))
+
+    def _placer(self, built: _Ledgered, ask: PodGpuRequest) -> Placer:
+        name = ask.policy or self.default_policy
+        placer = built.placers.get(name)
+        if placer is None:
+            with self._lock:
+                placer = built.placers.get(name)
+                if placer is None:
+                    cls = placement_policy(name)
+                    target = built.targets or TargetWorkload.from_requests([ask.to_request()])
+                    context = PolicyContext(rng=np.random.default_rng(0), target=target)
+                    placer = built.placers[name] = Placer(built.ledger, cls(built.ledger.view, context))
+        return placer
+
+    # ---- bind ---------------------------------------------------------------------------------------
+
+    def bind(self, namespace: str, name: str, uid: str, node: str) -> str:
+        """Choose GPUs on ``node``, write the decision, create the Binding; '' or the error text."""
+        pod = self._seen.get(uid)
+        try:
+            if pod is None:
+                pod = self.api.get_pod(namespace, name)
+            ask = _ask(pod)
+        except InvalidRequest as err:
+            return f"{REASON_INVALID}: {err}"
+        except Exception as err:
+            return f"cannot read pod {namespace}/{name}: {err}"
+        decision: Decision | None = None
+        if ask.wants_gpu:
+            with self._node_lock(node):
+                decision, problem = self._reserve(uid, node, ask)
+            if decision is None:
+                return f"pod {namespace}/{name} on {node}: {problem}"
+        try:
+            if decision is not None:
+                self.api.patch_pod_annotations(namespace, name, decision.to_annotations())
+            self.api.create_binding(namespace, name, uid, node)
+        except Exception as err:
+            with self._lock:
+                self._forget(uid)
+            if decision is not None:
+                try:
+                    self.api.patch_pod_annotations(
+                        namespace, name, {ANNOTATION_BIND_PHASE: BIND_PHASE_FAILED}
+                    )
+                except Exception:
+                    log.warning("could not mark %s/%s bind-phase failed", namespace, name, exc_info=True)
+            return f"binding {namespace}/{name} to {node} failed: {err}"
+        return ""
+
+    def _node_lock(self, node: str) -> threading.Lock:
+        with self._lock:
+            return self._node_locks.setdefault(node, threading.Lock())
+
+    def _reserve(self, uid: str, node_name: str, ask: PodGpuRequest) -> tuple[Decision | None, str]:
+        """Under the node's lock: pick GPUs and hold them in the ledger (or a MIG instance)."""
+        with self._lock:
+            if uid in self._pods:  # a retried bind: give back what the earlier attempt held
+                self._forget(uid)
+        built = self._ledgered()
+        node = built.index.get(node_name)
+        if node is None:
+            return None, REASON_NO_INVENTORY
+        inv = built.inventories[node]
+        uuids = {g.index: g.uuid for g in inv.gpus}
+        now = int(time.time())
+        if ask.mig_profile:
+            with self._lock:
+                for gpu in inv.gpus:
+                    for slot in gpu.mig:
+                        key = (node_name, gpu.index, slot.start)
+                        if slot.profile != ask.mig_profile or not gpu.healthy or key in self._mig_used:
+                            continue
+                        mig = MigChoice(gpu.index, slot.profile, slot.start, slot.uuid)
+                        decision = Decision(
+                            node_name, ask.container, (gpu.index,), (gpu.uuid,), 0, 100, mig, bind_time=now
+                        )
+                        self._mig_used[key] = uid
+                        self._pods[uid] = _Bound(node_name, ask, decision, mig_key=key)
+                        return decision, ""
+            return None, f"{REASON_NO_MIG_INSTANCE} {ask.mig_profile} (taken since filter)"
+        req = ask.to_request()
+        gpus = self._choose_gpus(built, node, ask, req)
+        if gpus is None:
+            reason = self._reasons(built, ask, np.array([node]))[0] or "no GPU set fits"
+            return None, f"no longer fits: {reason}"
+        with self._lock:
+            if self._built is not built:  # rebuilt meanwhile: the indices may have moved; let it retry
+                return None, "the cluster's GPU inventory changed during bind; retry"
+            result = built.ledger.reserve(node, gpus, req)
+            if isinstance(result, Refusal):
+                return None, str(result)
+            cores = ask.cores_percent or (0 if ask.memory_mib else 100)
+            decision = Decision(
+                node_name,
+                ask.container,
+                gpus,
+                tuple(uuids.get(g, "") for g in gpus),
+                ask.memory_mib,
+                cores,
+                bind_time=now,
+            )
+            self._pods[uid] = _Bound(node_name, ask, decision, placement=result)
+            return decision, ""
+
+    def _choose_gpus(
+        self, built: _Ledgered, node: int, ask: PodGpuRequest, req: Request
+    ) -> tuple[int, ...] | None:
+        """The policy's advice if it is usable, else best fit; for several GPUs the best-linked set."""
+        view = built.ledger.view
+        usable = (
+            built.healthy[node]
+            & (view.gpu_tasks[node] < built.split[node])
+            & built.ledger.gpu_fits(req, node)
+        )
+        free = np.flatnonzero(usable)
+        if len(free) < req.num_gpu:
+            return None
+        if req.num_gpu == 1:
+            placer = self._placer(built, ask)
+            try:
+                advice = tuple(int(g) for g in placer.policy.pick_gpus(view, req, node))
+            except Exception:
+                placer.fallbacks[("pick_gpus", "exception")] += 1
+                advice = ()
+            if len(advice) == 1 and 0 <= advice[0] < MAX_GPUS_PER_NODE and usable[advice[0]]:
+                return advice
+            if req.gpu_milli >= MILLI_PER_GPU:
+                return (int(free[0]),)
+            return (int(free[np.argmin(view.free_gpu_milli[node][free])]),)  # best fit: least free
+        topology = built.topologies[node]
+        if topology is None or free.max() >= topology.n_gpus:
+            return tuple(int(g) for g in free[: req.num_gpu])
+        sets = itertools.combinations((int(g) for g in free), req.num_gpu)
+        return min(sets, key=lambda gs: (topology.hop_cost(gs), gs))
+
+    # ---- events -------------------------------------------------------------------------------------
+
+    def _remember(self, pod: Mapping[str, Any]) -> None:
+        _, _, uid = _pod_meta(pod)
+        if uid:
+            self._seen[uid] = pod
+            self._seen.move_to_end(uid)
+            while len(self._seen) > SEEN_PODS_MAX:
+                self._seen.popitem(last=False)
+
+    def _explain(self, pod: Mapping[str, Any], total: int, reasons: Counter[str]) -> None:
+        """Post 'gpuslice: 0/N nodes fit: …' as a Warning Event, at most once a minute per message."""
+        namespace, name, uid = _pod_meta(pod)
+        detail = "; ".join(f"{count} {reason}" for reason, count in reasons.most_common())
+        message = f"gpuslice: 0/{total} nodes fit: {detail}"
+        now = time.monotonic()
+        last = self._last_event.get(uid)
+        if last is not None and last[0] == message and now - last[1] < EVENT_REPEAT_S:
+            return
+        self._last_event[uid] = (message, now)
+
+        def post() -> None:
+            try:
+                self.api.create_event(namespace, name, uid, "FailedScheduling", message)
+            except Exception:
+                log.warning("could not post an Event on %s/%s", namespace, name, exc_info=True)
+
+        self._events.submit(post)
+
+    def flush_events(self) -> None:
+        """Wait until every queued Event has been sent (tests; shutdown)."""
+        self._events.submit(lambda: None).result()
+
+    # ---- checks -------------------------------------------------------------------------------------
+
+    def check_invariants(self) -> None:
+        """The ledger's own invariants plus: no GPU holds more shares than its splitCount."""
+        built = self._ledgered()
+        with self._lock:
+            built.ledger.check_invariants()
+            tasks = built.ledger.view.gpu_tasks
+            over = built.healthy & (tasks > built.split[:, None])
+            if over.any():
+                raise AssertionError(f"GPUs over their share limit: {np.argwhere(over).tolist()}")
+            if len(set(self._mig_used)) != len(self._mig_used):
+                raise AssertionError("a MIG instance is held twice")
+
+    @property
+    def ledger(self) -> Ledger:
+        return self._ledgered().ledger
+
+
+def _ask(pod: Mapping[str, Any]) -> PodGpuRequest:
+    """The pod's gpuslice request, its placement policy name checked against the registry."""
+    ask = pod_gpu_request(pod)
+    if ask.policy:
+        try:
+            placement_policy(ask.policy)
+        except UnknownPolicy as err:
+            raise InvalidRequest(f"annotation {ANNOTATION_PLACEMENT_POLICY}: {err}") from None
+    return ask
+
+
+def _models_text(ask: PodGpuRequest, models: tuple[str, ...]) -> str:
+    parts = []
+    if ask.gpu_models:
+        parts.append(f"pod wants {'|'.join(ask.gpu_models)}")
+    if ask.excluded_gpu_models:
+        parts.append(f"pod excludes {'|'.join(ask.excluded_gpu_models)}")
+    return ", ".join(parts) + f" (cluster has {', '.join(models) or 'no GPUs'})"
+
+
+def _rescale(raw: np.ndarray) -> np.ndarray:
+    """Scores to 0..MAX_EXTENDER_PRIORITY integers: best 10, worst feasible 0, infeasible 0."""
+    out = np.zeros(len(raw), dtype=np.int64)
+    ok = np.isfinite(raw)
+    if not ok.any():
+        return out
+    low, high = raw[ok].min(), raw[ok].max()
+    if high == low:
+        out[ok] = MAX_EXTENDER_PRIORITY
+        return out
+    out[ok] = np.rint((raw[ok] - low) / (high - low) * MAX_EXTENDER_PRIORITY).astype(np.int64)
+    return out
+
+
+# ---- HTTP ---------------------------------------------------------------------------------------------
+
+
+def _field(body: Mapping[str, Any], name: str) -> Any:
+    """A wire field by its PascalCase name, or the legacy lowercase spelling (research §1.5)."""
+    if name in body:
+        return body[name]
+    lowered = name.lower()
+    for key, value in body.items():
+        if key.lower() == lowered:
+            return value
+    return None
+
+
+def _names(body: Mapping[str, Any]) -> list[str]:
+    """NodeNames (nodeCacheCapable) or, failing that, the names of Nodes.items."""
+    names = _field(body, "NodeNames")
+    if names is not None:
+        return [str(n) for n in names]
+    nodes = _field(body, "Nodes") or {}
+    return [str((item.get("metadata") or {}).get("name", "")) for item in nodes.get("items") or []]
+
+
+def create_app(state: ClusterState, events: Iterable[WatchEvent] | None = None) -> Any:
+    """The extender's ASGI app: POST /filter, /prioritize, /bind (extender/v1 JSON), GET /healthz.
+
+    ``events``: a watch source followed on a daemon thread from startup (``KubernetesApi.events()``).
+    """
+
+    @asynccontextmanager
+    async def lifespan(app: fastapi.FastAPI) -> Any:
+        if events is not None:
+            threading.Thread(target=state.follow, args=(events,), daemon=True, name="watch").start()
+        yield
+
+    app = fastapi.FastAPI(title="gpuslice scheduler extender", lifespan=lifespan)
+
+    async def body_of(request: fastapi.Request) -> Mapping[str, Any]:
+        body = await request.json()
+        if not isinstance(body, dict):
+            raise InvalidRequest("the body must be a JSON object")
+        return body
+
+    @app.post("/filter")
+    async def filter_(request: fastapi.Request) -> JSONResponse:
+        try:
+            body = await body_of(request)
+            names = _names(body)
+            result = state.filter(_field(body, "Pod") or {}, names)
+        except (GpusliceError, ValueError) as err:
+            return JSONResponse({"NodeNames": None, "FailedNodes": {}, "Error": str(err)})
+        return JSONResponse(
+            {
+                "NodeNames": result.passed,
+                "FailedNodes": result.failed,
+                "FailedAndUnresolvableNodes": result.unresolvable,
+                "Error": "",
+            }
+        )
+
+    @app.post("/prioritize")
+    async def prioritize(request: fastapi.Request) -> JSONResponse:
+        try:
+            body = await body_of(request)
+            scores = state.prioritize(_field(body, "Pod") or {}, _names(body))
+        except (GpusliceError, ValueError):
+            return JSONResponse([])  # a prioritize error only costs this extender's scores (research §1.2)
+        return JSONResponse([{"Host": host, "Score": score} for host, score in scores])
+
+    @app.post("/bind")
+    def bind(body: dict[str, Any]) -> JSONResponse:
+        error = state.bind(
+            str(_field(body, "PodNamespace") or "default"),
+            str(_field(body, "PodName") or ""),
+            str(_field(body, "PodUID") or ""),
+            str(_field(body, "Node") or ""),
+        )
+        return JSONResponse({"Error": error})
+
+    @app.get("/healthz")
+    async def healthz() -> dict[str, Any]:
+        return {"ok": True, "conflicts": state.conflicts}
+
+    return app
