@@ -98,6 +98,7 @@ class Daemon:
         grace_seconds: float = DEFAULT_GRACE_SECONDS,
         queue_policy: str = "priority-fair",
         tick_seconds: float = 0.2,
+        monitor_seconds: float = 0.5,
         simulated: bool = False,
         clock: Callable[[], float] = time.time,
     ) -> None:
@@ -108,6 +109,10 @@ class Daemon:
         self.sharing = sharing
         self.grace_seconds = grace_seconds
         self.tick_seconds = tick_seconds
+        # A monitor pass reads every job's GPU memory (NVML or report files, ~20 ms); it runs at most this
+        # often, so a burst of submits (each wakes the loop) does not queue behind it.
+        self.monitor_seconds = monitor_seconds
+        self._monitored_at = float("-inf")
         self.simulated = simulated
         self.user = getpass.getuser()
         self.clock = clock
@@ -271,7 +276,9 @@ class Daemon:
             running = self.store.jobs([JobState.RUNNING])
             for job in running:
                 self._check_limits(job, now)
-            self._monitor(running, now)
+            if now - self._monitored_at >= self.monitor_seconds:
+                self._monitored_at = now
+                self._monitor(running, now)
             for action in self.scheduler.step(now):
                 if isinstance(action, StartJob):
                     self._launch(action, now)

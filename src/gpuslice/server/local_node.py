@@ -1,0 +1,135 @@
+"""``LocalNode``: the daemon's ``NodeOps`` on this machine, made of ``gpuslice.node``'s pieces.
+
+launch/poll/signals come from ``node.launcher``, the job environment from ``node.enforcement``, GPU
+memory per job from ``node.monitor`` (NVML, or the fake-load reports on a ``--simulate`` machine), and
+the graded response (warn → suspend → kill) from ``monitor.GradedResponse``, one per tenant setting.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from gpuslice.errors import InvalidRequest
+from gpuslice.node import enforcement, launcher, monitor
+from gpuslice.node.discovery import discover
+from gpuslice.node.launcher import ExitStatus, LaunchedJob
+from gpuslice.node.machine import Machine
+from gpuslice.scheduler.node_scheduler import MigAssignment
+from gpuslice.server.store import TenantRecord
+from gpuslice.workload.job import JobSpec
+
+__all__ = ["LocalNode"]
+
+
+class LocalNode:
+    """This machine's GPUs and processes, for one state directory and one sharing mode."""
+
+    def __init__(self, machine: Machine, state_dir: Path, sharing: str,
+                 mps: enforcement.MpsDaemon | None = None) -> None:  # fmt: skip
+        self.machine = machine
+        self.state_dir = Path(state_dir)
+        self.sharing = enforcement.SharingMode(sharing)
+        self._mps = mps
+        self._responses: dict[str, monitor.GradedResponse] = {}
+
+    @classmethod
+    def open(cls, state_dir: Path, simulate: str | None, sharing: str) -> LocalNode:
+        """Discover the machine (or simulate it) and start what the sharing mode needs (the MPS daemon).
+
+        On a simulated machine there is no MPS to start: jobs get the MPS variables all the same."""
+        try:
+            mode = enforcement.SharingMode(sharing)
+        except ValueError:
+            known = ", ".join(m.value for m in enforcement.SharingMode)
+            raise InvalidRequest(f"--sharing {sharing!r} is not known; known: {known}") from None
+        machine = discover(simulate)
+        mps = None
+        if mode is enforcement.SharingMode.MPS and simulate is None:
+            mps = enforcement.MpsDaemon(state_dir)
+            mps.start()
+        return cls(machine, state_dir, mode.value, mps)
+
+    def close(self, jobs_running: bool) -> None:
+        """Stop the MPS daemon unless jobs still use it (they outlive the server; the next one adopts)."""
+        if self._mps is not None and not jobs_running:
+            self._mps.stop()
+
+    # -- processes ------------------------------------------------------------------------------------
+
+    def launch(self, job_id: str, spec: JobSpec, env: Mapping[str, str], state_dir: Path) -> LaunchedJob:
+        return launcher.launch(job_id, spec, env, state_dir)
+
+    def poll(self, job_id: str, state_dir: Path) -> ExitStatus | None:
+        return launcher.poll(job_id, state_dir)
+
+    def is_alive(self, pid: int, start_time: float) -> bool:
+        return launcher.is_alive(pid, start_time)
+
+    def find_supervisor(self, job_id: str, state_dir: Path) -> LaunchedJob | None:
+        """The supervisor running with ``--job-dir state_dir/jobs/<id>``, if any (crash mid-launch)."""
+        wanted = str(launcher.job_dir(state_dir, job_id))
+        for p in psutil.process_iter(["pid", "cmdline", "create_time"]):
+            cmdline = p.info.get("cmdline") or []
+            if "--job-dir" in cmdline and wanted in cmdline and p.info["pid"] != os.getpid():
+                return LaunchedJob(
+                    pid=p.info["pid"], pgid=os.getpgid(p.info["pid"]), start_time=p.info["create_time"]
+                )
+        return None
+
+    def terminate(self, pgid: int, grace_seconds: float) -> bool:
+        return launcher.terminate(pgid, grace_seconds)
+
+    def suspend(self, pgid: int) -> bool:
+        return launcher.suspend(pgid)
+
+    def resume(self, pgid: int) -> bool:
+        return launcher.resume(pgid)
+
+    def kill(self, pgid: int) -> bool:
+        return launcher.kill(pgid)
+
+    # -- enforcement ----------------------------------------------------------------------------------
+
+    def job_env(self, spec: JobSpec, gpus: tuple[int, ...], mig: MigAssignment | None) -> dict[str, str]:
+        return enforcement.job_env(self.sharing, spec, gpus, self.machine, self.state_dir, mig=mig)
+
+    def usage(self, jobs: Mapping[str, int]) -> tuple[dict[str, dict[int, int]], dict[int, int]]:
+        return monitor.usage(self.machine, jobs)
+
+    def response_defaults(self) -> dict[str, Any]:
+        return dataclasses.asdict(monitor.ResponseConfig())
+
+    def check_response(self, settings: Mapping[str, Any]) -> None:
+        """InvalidRequest naming the setting when ``settings`` is not a valid graded-response config."""
+        known = {f.name for f in dataclasses.fields(monitor.ResponseConfig)}
+        unknown = sorted(set(settings) - known)
+        if unknown:
+            raise InvalidRequest(
+                f"response: unknown setting {unknown[0]!r}; known: {', '.join(sorted(known))}"
+            )
+        try:
+            monitor.ResponseConfig(**settings)
+        except TypeError as err:
+            raise InvalidRequest(f"response: {err}") from None
+
+    def forget(self, job_id: str) -> None:
+        """A job ended or was requeued: its next over-limit episode starts afresh."""
+        for response in self._responses.values():
+            response.forget(job_id)
+
+    def respond(
+        self, job_id: str, tenant: TenantRecord | None, used: int, limit: int, now: float
+    ) -> tuple[str, str] | None:
+        settings = dict(tenant.response) if tenant else {}
+        key = repr(sorted(settings.items()))
+        response = self._responses.get(key)
+        if response is None:
+            response = self._responses[key] = monitor.GradedResponse(monitor.ResponseConfig(**settings))
+        action = response.decide(job_id, used, limit, now)
+        return None if action is None else (action.kind, action.reason)
