@@ -3,6 +3,26 @@
 Used by ``server`` and ``k8s``, never by ``scheduler`` (which reads only the plain ``Machine`` data).
 """
 
+from gpuslice.node.discovery import NoGpuDriver, discover, is_simulated
+from gpuslice.node.enforcement import MpsDaemon, MpsUnavailable, SharingMode, job_env
+from gpuslice.node.launcher import ExitStatus, LaunchedJob
 from gpuslice.node.machine import GpuInfo, Machine
+from gpuslice.node.monitor import Action, ActionKind, GradedResponse, ResponseConfig
 
-__all__ = ["GpuInfo", "Machine"]
+__all__ = [
+    "Action",
+    "ActionKind",
+    "ExitStatus",
+    "GpuInfo",
+    "GradedResponse",
+    "LaunchedJob",
+    "Machine",
+    "MpsDaemon",
+    "MpsUnavailable",
+    "NoGpuDriver",
+    "ResponseConfig",
+    "SharingMode",
+    "discover",
+    "is_simulated",
+    "job_env",
+]
