@@ -1,0 +1,184 @@
+"""Mutating admission webhook: route gpuslice pods to the gpuslice scheduler, fill defaults, refuse the
+impossible with a message that says what to change.
+
+```text
+POST /mutate   AdmissionReview v1 {request: {uid, kind, operation, object: Pod}}
+               pod names no gpuslice.io resource      -> allowed, no patch
+               defaults (below) + schedulerName        -> allowed, JSONPatch (base64) of the changes
+               request impossible                      -> allowed: false, status {code 400, message}
+```
+
+Defaults, on the one container that asks for gpuslice resources:
+
+* ``gpuslice.io/gpu: 1`` when only ``gpumem``/``gpucores`` are given (HAMi users write it this way);
+* ``limits`` copied from ``requests`` for gpuslice resources: extended resources must be limits;
+* ``spec.schedulerName`` set to the gpuslice scheduler when it is empty or ``default-scheduler``. A pod
+  that names some other scheduler is refused: nothing else would write the decision the device plugin
+  needs, so the pod would fail at Allocate.
+
+Only pod CREATE is mutated; anything else is allowed unchanged. The webhook is stateless: it reads no
+cluster state, so it cannot say whether a GPU of that size exists today (the extender's filter and its
+pending-pod Event say that); it refuses what no node could ever satisfy.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Mapping
+from typing import Any
+
+import fastapi
+from fastapi.responses import JSONResponse
+
+from gpuslice.errors import InvalidRequest, UnknownPolicy
+from gpuslice.hardware.mig import MIG_GPUS
+from gpuslice.k8s.annotations import (
+    ANNOTATION_PLACEMENT_POLICY,
+    DOMAIN,
+    RESOURCE_GPU,
+    RESOURCE_GPUCORES,
+    RESOURCE_GPUMEM,
+    SCHEDULER_NAME,
+    asks_for_gpuslice,
+    pod_gpu_request,
+)
+from gpuslice.policies import placement_policy
+
+__all__ = ["DEFAULT_SCHEDULER", "admit", "create_app", "mutate_pod", "run"]
+
+DEFAULT_SCHEDULER = "default-scheduler"  # what the API server fills in when a pod names none
+
+
+def _escape(key: str) -> str:
+    """A map key as one JSON-Pointer segment (RFC 6901): '~' -> '~0', '/' -> '~1'."""
+    return key.replace("~", "~0").replace("/", "~1")
+
+
+def _mig_profiles() -> set[str]:
+    return {p.name for gpu in MIG_GPUS.values() for p in gpu.profiles}
+
+
+def mutate_pod(pod: Mapping[str, Any], scheduler_name: str = SCHEDULER_NAME) -> list[dict[str, Any]]:
+    """The JSONPatch operations for ``pod``; InvalidRequest (with the fix in its message) if impossible."""
+    if not asks_for_gpuslice(pod):
+        return []
+    spec = pod.get("spec") or {}
+    ops: list[dict[str, Any]] = []
+    for group in ("containers", "initContainers"):
+        for i, container in enumerate(spec.get(group) or []):
+            ops += _container_defaults(f"/spec/{group}/{i}", container)
+    patched = _apply(pod, ops)
+    ask = pod_gpu_request(patched)  # raises with a message that names the container and the fix
+    if ask.mig_profile and ask.mig_profile not in _mig_profiles():
+        known = ", ".join(sorted(_mig_profiles()))
+        raise InvalidRequest(
+            f"{DOMAIN}/mig-{ask.mig_profile}: no GPU has MIG profile {ask.mig_profile!r}; known: {known}"
+        )
+    if ask.policy:
+        try:
+            placement_policy(ask.policy)
+        except UnknownPolicy as err:
+            raise InvalidRequest(f"annotation {ANNOTATION_PLACEMENT_POLICY}: {err}") from None
+    current = spec.get("schedulerName") or ""
+    if current in ("", DEFAULT_SCHEDULER):
+        ops.append({"op": "add", "path": "/spec/schedulerName", "value": scheduler_name})
+    elif current != scheduler_name:
+        raise InvalidRequest(
+            f"the pod asks for {DOMAIN} resources but names scheduler {current!r}; only {scheduler_name!r} "
+            "places gpuslice GPUs: remove spec.schedulerName or set it to that"
+        )
+    return ops
+
+
+def _container_defaults(path: str, container: Mapping[str, Any]) -> list[dict[str, Any]]:
+    resources = container.get("resources") or {}
+    requests = resources.get("requests") or {}
+    limits = resources.get("limits") or {}
+    ours = {k: v for k, v in requests.items() if k.startswith(f"{DOMAIN}/")}
+    ours |= {k: v for k, v in limits.items() if k.startswith(f"{DOMAIN}/")}
+    if not ours:
+        return []
+    wanted = dict(ours)
+    if RESOURCE_GPU not in wanted and (RESOURCE_GPUMEM in wanted or RESOURCE_GPUCORES in wanted):
+        wanted[RESOURCE_GPU] = "1"
+    missing = {k: v for k, v in wanted.items() if k not in limits}
+    if not missing:
+        return []
+    ops: list[dict[str, Any]] = []
+    if "resources" not in container:
+        ops.append({"op": "add", "path": f"{path}/resources", "value": {}})
+    if "limits" not in resources or resources.get("limits") is None:
+        ops.append({"op": "add", "path": f"{path}/resources/limits", "value": {}})
+    ops += [
+        {"op": "add", "path": f"{path}/resources/limits/{_escape(k)}", "value": str(v)}
+        for k, v in sorted(missing.items())
+    ]
+    return ops
+
+
+def _apply(pod: Mapping[str, Any], ops: list[dict[str, Any]]) -> dict[str, Any]:
+    """``pod`` with the "add" operations applied (the only kind mutate_pod emits)."""
+    out = json.loads(json.dumps(pod))
+    for op in ops:
+        *parents, last = [p.replace("~1", "/").replace("~0", "~") for p in op["path"].split("/")[1:]]
+        target = out
+        for part in parents:
+            target = target[int(part)] if isinstance(target, list) else target[part]
+        target[last] = json.loads(json.dumps(op["value"]))
+    return out
+
+
+def admit(review: Mapping[str, Any], scheduler_name: str = SCHEDULER_NAME) -> dict[str, Any]:
+    """An AdmissionReview v1 response for ``review`` (the API server's request, as JSON)."""
+    request = review.get("request") or {}
+    uid = request.get("uid", "")
+    response: dict[str, Any] = {"uid": uid, "allowed": True}
+    kind = (request.get("kind") or {}).get("kind")
+    if kind == "Pod" and request.get("operation", "CREATE") == "CREATE":
+        try:
+            ops = mutate_pod(request.get("object") or {}, scheduler_name)
+        except InvalidRequest as err:
+            response["allowed"] = False
+            response["status"] = {"code": 400, "reason": "BadRequest", "message": f"gpuslice: {err}"}
+        else:
+            if ops:
+                response["patchType"] = "JSONPatch"
+                response["patch"] = base64.b64encode(json.dumps(ops).encode()).decode()
+    return {
+        "apiVersion": review.get("apiVersion", "admission.k8s.io/v1"),
+        "kind": "AdmissionReview",
+        "response": response,
+    }
+
+
+def create_app(scheduler_name: str = SCHEDULER_NAME) -> fastapi.FastAPI:
+    """The webhook's ASGI app: POST /mutate (AdmissionReview v1), GET /healthz."""
+    app = fastapi.FastAPI(title="gpuslice admission webhook")
+
+    @app.post("/mutate")
+    async def mutate(request: fastapi.Request) -> JSONResponse:
+        try:
+            review = await request.json()
+        except ValueError:
+            return JSONResponse({"error": "the body must be an AdmissionReview JSON object"}, status_code=400)
+        if not isinstance(review, dict):
+            return JSONResponse({"error": "the body must be an AdmissionReview JSON object"}, status_code=400)
+        return JSONResponse(admit(review, scheduler_name))
+
+    @app.get("/healthz")
+    async def healthz() -> dict[str, bool]:
+        return {"ok": True}
+
+    return app
+
+
+def run(
+    cert: str, key: str, host: str = "0.0.0.0", port: int = 8443, scheduler_name: str = SCHEDULER_NAME
+) -> None:
+    """Serve the webhook over HTTPS until interrupted (the API server only calls webhooks over TLS)."""
+    import uvicorn
+
+    uvicorn.run(
+        create_app(scheduler_name), host=host, port=port, ssl_certfile=cert, ssl_keyfile=key, log_level="info"
+    )
