@@ -5,7 +5,7 @@ from __future__ import annotations
 import typer
 from rich.console import Console
 
-from gpuslice.cli import jobs, memsim, mig, serve, sim, topo
+from gpuslice.cli import jobs, k8s, memsim, mig, serve, sim, topo
 from gpuslice.errors import GpusliceError, exit_code
 
 __all__ = ["app", "main"]
@@ -19,7 +19,9 @@ app = typer.Typer(
 app.add_typer(sim.app, name="sim")
 app.add_typer(topo.app, name="topo")
 app.add_typer(mig.app, name="mig")
+app.add_typer(k8s.app, name="k8s")
 app.command("memsim")(memsim.memsim)
+app.command("estimate")(estimate.estimate)
 app.command("serve")(serve.serve)
 for _name in ("submit", "ps", "show", "cancel", "logs", "gpus", "queue"):
     app.command(_name)(getattr(jobs, _name))
