@@ -5,7 +5,7 @@ from __future__ import annotations
 import typer
 from rich.console import Console
 
-from gpuslice.cli import jobs, k8s, memsim, mig, serve, sim, topo
+from gpuslice.cli import estimate, jobs, k8s, memsim, mig, serve, sim, topo
 from gpuslice.errors import GpusliceError, exit_code
 
 __all__ = ["app", "main"]
