@@ -1,0 +1,111 @@
+"""``gpuslice k8s …``: the three Kubernetes components, one command each.
+
+```text
+gpuslice k8s extender       -> k8s/extender.py::create_app(ClusterState(KubernetesApi), watch events)
+gpuslice k8s webhook        -> k8s/webhook.py::run(cert, key)
+gpuslice k8s device-plugin  -> cli/k8s_device_plugin.py::device_plugin(...)
+```
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from gpuslice.errors import UserError
+from gpuslice.k8s.annotations import DEFAULT_SPLIT_COUNT, SCHEDULER_NAME
+from gpuslice.policies import PLACEMENT
+
+__all__ = ["app", "device_plugin", "extender", "webhook"]
+
+app = typer.Typer(
+    help="Kubernetes: scheduler extender, admission webhook, device plugin.", no_args_is_help=True
+)
+_out = Console(highlight=False, soft_wrap=True)
+
+
+@app.command()
+def extender(
+    host: Annotated[str, typer.Option(help="address to listen on")] = "0.0.0.0",
+    port: Annotated[
+        int, typer.Option(help="TCP port; the KubeSchedulerConfiguration's urlPrefix points here")
+    ] = 8888,
+    kubeconfig: Annotated[
+        Path | None,
+        typer.Option(help="kubeconfig file; default: the pod's service account, then ~/.kube/config"),
+    ] = None,
+    policy: Annotated[
+        str,
+        typer.Option(
+            help=f"default placement policy for pods without the annotation: {', '.join(sorted(PLACEMENT))}"
+        ),
+    ] = "bestfit",
+) -> None:
+    """Serve the kube-scheduler extender (filter, prioritize, bind) over the cluster's GPU inventory."""
+    import logging
+
+    import uvicorn
+
+    from gpuslice.k8s.extender import ClusterState, KubernetesApi, create_app
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    api = KubernetesApi(str(kubeconfig) if kubeconfig else None)
+    state = ClusterState(api, default_policy=policy)
+    _out.print(f"gpuslice extender on {host}:{port}, default policy {policy}; watching nodes and pods")
+    uvicorn.run(create_app(state, api.events()), host=host, port=port, log_level="info")
+
+
+@app.command()
+def webhook(
+    cert: Annotated[Path, typer.Option(exists=True, dir_okay=False, help="TLS certificate (PEM)")],
+    key: Annotated[Path, typer.Option(exists=True, dir_okay=False, help="TLS private key (PEM)")],
+    port: Annotated[int, typer.Option(help="TCP port; the webhook Service targets it")] = 8443,
+    host: Annotated[str, typer.Option(help="address to listen on")] = "0.0.0.0",
+    scheduler_name: Annotated[
+        str, typer.Option(help="schedulerName set on pods asking for gpuslice resources")
+    ] = SCHEDULER_NAME,
+) -> None:
+    """Serve the mutating admission webhook over HTTPS (AdmissionReview v1 at /mutate)."""
+    from gpuslice.k8s.webhook import run
+
+    _out.print(f"gpuslice webhook on https://{host}:{port}/mutate, scheduler {scheduler_name}")
+    run(str(cert), str(key), host=host, port=port, scheduler_name=scheduler_name)
+
+
+@app.command("device-plugin")
+def device_plugin(
+    simulate: Annotated[
+        str | None,
+        typer.Option(help="simulate a machine (dgx-h100, dgx-a100:mig, …) instead of reading NVML"),
+    ] = None,
+    split_count: Annotated[
+        int, typer.Option(min=1, help="shares of gpuslice.io/gpu per GPU: at most this many pods per GPU")
+    ] = DEFAULT_SPLIT_COUNT,
+    socket_dir: Annotated[
+        Path, typer.Option(help="the kubelet's device-plugins directory (holds kubelet.sock)")
+    ] = Path("/var/lib/kubelet/device-plugins"),
+    node_name: Annotated[
+        str | None, typer.Option(help="this node's Kubernetes name [default: env NODE_NAME, else hostname]")
+    ] = None,
+    kubeconfig: Annotated[
+        Path | None,
+        typer.Option(help="kubeconfig file; default: the pod's service account, then ~/.kube/config"),
+    ] = None,
+) -> None:
+    """Serve this node's GPUs to the kubelet as gpuslice.io/gpu shares and MIG resources until SIGTERM."""
+    try:
+        from gpuslice.cli.k8s_device_plugin import device_plugin as run_device_plugin
+    except ImportError as err:  # grpc or the kubernetes client missing
+        raise UserError(
+            f"the device plugin needs the k8s extra ({err}): pip install 'gpuslice[k8s]'"
+        ) from None
+    run_device_plugin(
+        simulate=simulate,
+        split_count=split_count,
+        socket_dir=socket_dir,
+        node_name=node_name,
+        kubeconfig=kubeconfig,
+    )

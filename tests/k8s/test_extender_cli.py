@@ -1,0 +1,80 @@
+"""``gpuslice k8s …`` wiring: each command parses its options and calls one function a layer down."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from typer.testing import CliRunner
+
+from gpuslice.cli import k8s_device_plugin, main
+
+runner = CliRunner()
+
+
+def test_device_plugin_command_forwards_its_options(monkeypatch):
+    seen: dict[str, Any] = {}
+    monkeypatch.setattr(k8s_device_plugin, "device_plugin", lambda **kw: seen.update(kw))
+    args = ["k8s", "device-plugin", "--simulate", "dgx-h100", "--split-count", "4", "--socket-dir", "/tmp/dp"]
+    result = runner.invoke(main.app, [*args, "--node-name", "gpu-7", "--kubeconfig", "/tmp/kc"])
+    assert result.exit_code == 0, result.output
+    assert seen == {
+        "simulate": "dgx-h100",
+        "split_count": 4,
+        "socket_dir": Path("/tmp/dp"),
+        "node_name": "gpu-7",
+        "kubeconfig": Path("/tmp/kc"),
+    }
+
+
+def test_webhook_command_serves_with_the_given_certificate(monkeypatch, tmp_path):
+    from gpuslice.k8s import webhook
+
+    cert, key = tmp_path / "tls.crt", tmp_path / "tls.key"
+    cert.write_text("cert")
+    key.write_text("key")
+    seen: dict[str, Any] = {}
+    monkeypatch.setattr(webhook, "run", lambda *a, **kw: seen.update(args=a, **kw))
+    result = runner.invoke(
+        main.app, ["k8s", "webhook", "--cert", str(cert), "--key", str(key), "--port", "9443"]
+    )
+    assert result.exit_code == 0, result.output
+    assert seen["args"] == (str(cert), str(key))
+    assert seen["port"] == 9443
+
+
+def test_extender_command_builds_the_state_with_the_policy_and_serves_it(monkeypatch):
+    import uvicorn
+
+    from gpuslice.k8s import extender
+
+    made: dict[str, Any] = {}
+
+    class Api:
+        def __init__(self, kubeconfig: str | None) -> None:
+            made["kubeconfig"] = kubeconfig
+
+        def events(self):
+            return iter(())
+
+    served: dict[str, Any] = {}
+    real_state = extender.ClusterState
+
+    def state(api, default_policy):
+        made["policy"] = default_policy
+        return real_state(api, default_policy=default_policy)
+
+    monkeypatch.setattr(extender, "KubernetesApi", Api)
+    monkeypatch.setattr(extender, "ClusterState", state)
+    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: served.update(app=app, **kw))
+    result = runner.invoke(
+        main.app, ["k8s", "extender", "--port", "9999", "--policy", "fgd", "--kubeconfig", "kc"]
+    )
+    assert result.exit_code == 0, result.output
+    assert served["port"] == 9999
+    assert made == {"kubeconfig": "kc", "policy": "fgd"}
+    assert [r.path for r in served["app"].routes if r.path in ("/filter", "/prioritize", "/bind")] == [
+        "/filter",
+        "/prioritize",
+        "/bind",
+    ]
