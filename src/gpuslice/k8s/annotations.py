@@ -306,7 +306,10 @@ def _models(text: str | None) -> tuple[str, ...]:
 def _container_resources(container: Mapping[str, Any]) -> dict[str, int]:
     resources = container.get("resources") or {}
     merged = {**(resources.get("requests") or {}), **(resources.get("limits") or {})}
-    return {k: _quantity(v, k) for k, v in merged.items() if k.startswith(f"{DOMAIN}/")}
+    try:
+        return {k: _quantity(v, k) for k, v in merged.items() if k.startswith(f"{DOMAIN}/")}
+    except InvalidRequest as err:
+        raise InvalidRequest(f"container {container.get('name', '')!r}: {err}") from None
 
 
 def asks_for_gpuslice(pod: Mapping[str, Any]) -> bool:
