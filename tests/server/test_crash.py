@@ -1,0 +1,56 @@
+"""Acceptance (issue 4): ``kill -9`` the server while jobs run and finish; after a restart every job has
+the right state and exit code, and none is lost or run twice."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+
+RESTART_ONCE = {"restart": "on-failure", "max_restarts": 1}
+ENDED = {"SUCCEEDED", "FAILED", "CANCELLED"}
+
+
+def sh(script: str) -> list[str]:
+    return ["sh", "-c", script]
+
+
+def test_kill_9_with_jobs_running_and_finishing_loses_and_duplicates_nothing(serve, tmp_path):
+    first = serve("--grace", "2s")
+    plan = {
+        # name: (command, body, expected state, expected exit code)
+        "ends-ok-while-down": (sh("echo run; sleep 2"), {}, "SUCCEEDED", 0),
+        "fails-while-down": (sh("echo run; sleep 2; exit 3"), {}, "FAILED", 3),
+        "outlives-the-restart": (sh("echo run; sleep 15"), {}, "SUCCEEDED", 0),
+        "restarts-after-failing": (sh("echo run; sleep 2; exit 5"), RESTART_ONCE, "FAILED", 5),
+        "waits-for-all-gpus": (sh("echo run"), {"gpus": 8}, "SUCCEEDED", 0),
+        "cancelled-before": (sh("echo run; sleep 30"), {}, "CANCELLED", None),
+    }  # fmt: skip
+    ids = {name: first.submit(cmd, **body)["id"] for name, (cmd, body, _, _) in plan.items()}
+    running = ["ends-ok-while-down", "fails-while-down", "outlives-the-restart", "restarts-after-failing"]
+    first.wait(lambda: all(first.jobs()[ids[n]]["state"] == "RUNNING" for n in running), 10, "jobs to start")
+    first.http.post(f"/v1/jobs/{ids['cancelled-before']}/cancel", headers=first.auth)
+    pids = {n: first.jobs()[ids[n]]["pid"] for n in running}
+
+    first.kill9()
+    time.sleep(3.5)  # three jobs end while no server is there to see it
+
+    second = serve("--grace", "2s", state_dir=first.state_dir)
+    back = second.jobs()
+    assert back[ids["outlives-the-restart"]]["state"] == "RUNNING"
+    assert back[ids["outlives-the-restart"]]["pid"] == pids["outlives-the-restart"]  # adopted, not relaunched
+    second.wait(lambda: all(j["state"] in ENDED for j in second.jobs().values()), 30, "every job to end")
+
+    final = second.jobs()
+    assert sorted(final) == sorted(ids.values())  # none lost, none added
+    for name, (_, _, state, code) in plan.items():
+        job = final[ids[name]]
+        assert (job["state"], job["exit_code"]) == (state, code), (name, job)
+        log = first.state_dir / "jobs" / job["id"] / "stdout.log"
+        runs = log.read_text().count("run") if log.exists() else 0
+        assert runs == job["attempts"], (name, job)  # every launch ran its command once, no more
+        assert runs == {"restarts-after-failing": 2, "cancelled-before": runs}.get(name, 1), name
+    assert final[ids["restarts-after-failing"]]["attempts"] == 2
