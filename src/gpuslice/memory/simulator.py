@@ -37,6 +37,7 @@ from gpuslice.memory.hooks import (
     PrefetchFault,
 )
 from gpuslice.memory.uvm import (
+    BIG_PAGE_PAGES,
     FAULT_BATCH,
     PAGE_BYTES,
     PAGES_PER_BLOCK,
@@ -54,6 +55,7 @@ from gpuslice.memory.workloads import Trace
 __all__ = ["SimConfig", "SimResult", "capacity_for", "simulate"]
 
 _P = PAGES_PER_BLOCK
+_NO = np.zeros(FAULT_BATCH, dtype=bool)  # no first-touch rows (a batch spans at most 256 blocks)
 
 
 @dataclass(frozen=True)
@@ -118,10 +120,52 @@ def _overrides(ops: MemoryOps, hook: str) -> bool:
     return getattr(type(ops), hook) is not getattr(MemoryOps, hook)
 
 
+def _tree_above_big_pages() -> tuple[np.ndarray, np.ndarray]:
+    """(32 big pages × 31 nodes) membership of the tree levels above the 64 KB big page (128 KB … 2 MB),
+    and each node's size in big pages."""
+    nbig = _P // BIG_PAGE_PAGES
+    cols, sizes = [], []
+    span = 2
+    while span <= nbig:
+        for first in range(0, nbig, span):
+            col = np.zeros(nbig)
+            col[first : first + span] = 1.0
+            cols.append(col)
+            sizes.append(span)
+        span *= 2
+    return np.stack(cols, axis=1), np.array(sizes, dtype=float)
+
+
+_TREE, _TREE_SIZES = _tree_above_big_pages()
+_TREE_LIMIT = _TREE_SIZES * BIG_PAGE_PAGES * TREE_THRESHOLD_PCT / 100  # a node qualifies above this count
+
+
+def _native_masks(
+    rows: np.ndarray, faulted: np.ndarray, thr: np.ndarray, first_touch: np.ndarray
+) -> np.ndarray:
+    """The native prefetcher for every block of a batch at once (``uvm.native_prefetch_mask`` per row).
+
+    A faulted page's region is its largest tree node with ``counter * 100 > pages * 51``; tree nodes nest,
+    so the union over faulted pages is the union of the qualifying nodes that hold a faulted page. Every
+    faulted page grows to its 64 KB big page first, so nodes up to the big page always qualify, and the
+    31 nodes above it are counted with one product of (blocks × 32) big-page counts by the membership
+    matrix. Thrashing rows get their faulted pages only; first-touch rows the whole block.
+    """
+    k, nbig = len(rows), _P // BIG_PAGE_PAGES
+    fault = faulted.reshape(k, nbig, BIG_PAGE_PAGES).any(axis=2)
+    count = np.where(fault, BIG_PAGE_PAGES, rows.reshape(k, nbig, BIG_PAGE_PAGES).sum(axis=2))
+    pick = ((count @ _TREE) > _TREE_LIMIT) & ((fault @ _TREE) > 0)
+    chosen = fault | ((pick @ _TREE.T) > 0)
+    mask = np.repeat(chosen, BIG_PAGE_PAGES, axis=1)
+    mask[first_touch] = True
+    mask[thr] = faulted[thr]
+    return mask
+
+
 class _Run:
     """State of one replay; ``simulate`` is the public entry."""
 
-    def __init__(self, trace: Trace, ops: MemoryOps, config: SimConfig) -> None:
+    def __init__(self, trace: Trace, ops: MemoryOps, config: SimConfig, vectorised: bool = True) -> None:
         if config.visibility not in VISIBILITIES:
             raise ValueError(f"visibility must be one of {VISIBILITIES}")
         self.trace, self.ops, self.cfg = trace, ops, config
@@ -130,6 +174,8 @@ class _Run:
         self.resident = np.zeros(nb * _P, dtype=bool)
         self.res_count = np.zeros(nb, dtype=np.int64)
         self.lists = ChunkLists()
+        self.owner_list = trace.owner.tolist()
+        self.service = self._service_batch if vectorised else self._service_batch_reference
         self.thrash = Thrashing(nb, config.thrashing)
         priorities = config.priorities if config.priorities is not None else _default_priorities(trace)
         self.view = MemoryView(
@@ -147,35 +193,36 @@ class _Run:
         self.tenant_bytes = np.zeros(tenants)
 
     # -- eviction -----------------------------------------------------------------------------------
-    def _evict_one(self, pinned: int) -> int:
+    def _evict_victim(self, pinned: int) -> int:
+        """evict_prepare (if overridden), then take the driver's victim off the lists; pages are the
+        caller's to count and clear."""
         if self.hook_evict:
             ectx = EvictContext()
             self.ops.evict_prepare(self.view, ectx)
             ectx.commit(self.lists, self.counts)
         victim = self.lists.victim(pinned)
         self.lists.remove(victim)
+        self.evictions += 1
+        self.thrash.on_evict(victim, self.clock)
+        return victim
+
+    def _evict_one(self, pinned: int) -> int:
+        victim = self._evict_victim(pinned)
         self.resident[victim * _P : (victim + 1) * _P] = False
         pages = int(self.res_count[victim])
         self.res_count[victim] = 0
         self.evicted_pages += pages
-        self.evictions += 1
-        self.thrash.on_evict(victim, self.clock)
         return pages
 
     # -- prefetch -----------------------------------------------------------------------------------
-    def _prefetch_mask(
-        self, block: int, pages: np.ndarray, resident: np.ndarray, thrashing: bool
+    def _hook_region(
+        self, block: int, pages: list[int], ro: np.ndarray, cs: list[int], thrashing: bool, first_touch: bool
     ) -> np.ndarray:
-        first_touch = self.cfg.preferred_gpu and self.res_count[block] == 0
-        if self.native:
-            return native_prefetch_mask(resident, pages, TREE_THRESHOLD_PCT, first_touch, thrashing)
-        cs = tree_counts(resident, pages, grow=not thrashing)
-        ro = resident.copy()
-        ro.flags.writeable = False
+        """Python page_prefetch (and _iter) per faulted page of one block; the mask it migrates."""
         tenant = int(self.trace.owner[block])
         out = np.zeros(_P, dtype=bool)
         out[pages] = True
-        for page in pages.tolist():
+        for page in pages:
             fault = PrefetchFault(block, page, tenant, ro, cs)
             ctx = DecisionContext("region")
             action = self.ops.page_prefetch(self.view, fault, ctx)
@@ -199,6 +246,18 @@ class _Run:
             if outer >= _P:
                 break  # the driver stops once the region reaches the end of the block (research §1.1)
         return out
+
+    def _prefetch_mask(
+        self, block: int, pages: np.ndarray, resident: np.ndarray, thrashing: bool
+    ) -> np.ndarray:
+        """Reference path (``vectorised=False``): one block at a time."""
+        first_touch = self.cfg.preferred_gpu and self.res_count[block] == 0
+        if self.native:
+            return native_prefetch_mask(resident, pages, TREE_THRESHOLD_PCT, first_touch, thrashing)
+        cs = tree_counts(resident, pages, grow=not thrashing)
+        ro = resident.copy()
+        ro.flags.writeable = False
+        return self._hook_region(block, pages.tolist(), ro, cs, thrashing, first_touch)
 
     def _iterate(self, fault: PrefetchFault, ctx: DecisionContext, cs: list[int]) -> tuple[int, int] | None:
         """ENTER_LOOP: page_prefetch_iter at every tree level, leaf to root; the last valid commit wins."""
@@ -237,7 +296,20 @@ class _Run:
             return True
         return False
 
-    def _service_batch(self, gpages: np.ndarray) -> None:
+    def _charge(self, moved_in: np.ndarray, moved_out: np.ndarray, waiting: set[int] | list[int]) -> None:
+        self.batches += 1
+        moved = int(moved_in.sum() + moved_out.sum())
+        self.migrated_pages += int(moved_in.sum())
+        self.evicted_pages += int(moved_out.sum())
+        self.clock += self.cfg.cost.batch_seconds(moved * PAGE_BYTES)
+        self.view.moved_bytes += moved * PAGE_BYTES
+        for t in waiting:
+            self.tenant_s[t] += self.cfg.cost.batch_overhead_s
+        self.tenant_s += (moved_in + moved_out) * PAGE_BYTES / self.cfg.cost.link_bytes_per_s
+
+    def _service_batch_reference(self, gpages: np.ndarray) -> None:
+        """One block at a time, in address order: evict, prefetch, migrate, activate. Kept as the
+        readable specification the vectorised ``_service_batch`` is tested against."""
         owner = self.trace.owner
         blocks = gpages // _P
         cuts = [0, *(np.flatnonzero(blocks[1:] != blocks[:-1]) + 1).tolist(), len(gpages)]
@@ -262,14 +334,110 @@ class _Run:
             self.res_count[block] += new
             moved_in[tenant] += new
             self._activate(block)
-        self.batches += 1
-        moved = int(moved_in.sum() + moved_out.sum())
-        self.migrated_pages += int(moved_in.sum())
-        self.clock += self.cfg.cost.batch_seconds(moved * PAGE_BYTES)
-        self.view.moved_bytes += moved * PAGE_BYTES
-        for t in waiting:
-            self.tenant_s[t] += self.cfg.cost.batch_overhead_s
-        self.tenant_s += (moved_in + moved_out) * PAGE_BYTES / self.cfg.cost.link_bytes_per_s
+        self.evicted_pages -= int(moved_out.sum())  # _evict_one counted them already; _charge does
+        self._charge(moved_in, moved_out, waiting)
+
+    def _service_batch(self, gpages: np.ndarray) -> None:
+        """The same batch as ``_service_batch_reference``, in three passes so that only list and hook
+        work runs per block in Python:
+
+        1. per block in address order: chunk fault → evict (hooks) → thrashing check → activate (hooks);
+           victims are recorded with the batch position at which they went;
+        2. all blocks at once: the residency each block had when it was serviced (none if it was
+           evicted earlier in the batch), the native tree over a (blocks × 512) matrix — or the Python
+           prefetch hooks per faulted page — and the pages migrated;
+        3. victims' pages: a victim evicted after its own service in this batch loses what it got.
+        """
+        lists, thrash, clock = self.lists, self.thrash, self.clock
+        owner = self.owner_list
+        bidx = gpages // _P
+        step = bidx[1:] != bidx[:-1]  # gpages are sorted
+        ublocks = bidx[np.flatnonzero(step) + 1] if step.any() else bidx[:0]
+        ublocks = np.concatenate((bidx[:1], ublocks))
+        blist = ublocks.tolist()
+        k = len(blist)
+        chunk_fault = [False] * k
+        thr = [False] * k
+        victims: list[tuple[int, int]] = []  # (victim, batch position of the block that evicted it)
+        for i, block in enumerate(blist):
+            if block not in lists:
+                self.chunk_faults += 1
+                chunk_fault[i] = True
+                if len(lists) >= self.capacity:
+                    victims.append((self._evict_victim(block), i))
+                thr[i] = thrash.on_fault_in(block, clock)
+            else:
+                thr[i] = thrash.is_thrashing(block, clock)
+            self._activate(block)
+        pos = dict(zip(blist, range(k), strict=True)) if victims else {}
+        # residency at service time: a chunk fault starts empty (never resident, or evicted before now)
+        res2d = self.resident.reshape(-1, _P)
+        rows = res2d[ublocks]
+        cf = np.array(chunk_fault)
+        rows[cf] = False
+        faulted = np.zeros((k, _P), dtype=bool)
+        row_of = np.zeros(len(bidx), dtype=np.int64)
+        np.cumsum(step, out=row_of[1:])
+        faulted[row_of, gpages - bidx * _P] = True
+        thr_arr = np.array(thr)
+        first_touch = ~rows.any(axis=1) if self.cfg.preferred_gpu else _NO[:k]
+        if self.native:
+            mask = _native_masks(rows, faulted, thr_arr, first_touch)
+        else:
+            mask = self._hook_masks(blist, rows, faulted, thr_arr, first_touch)
+        after = rows | mask
+        after_count = np.count_nonzero(after, axis=1)
+        new = after_count - np.count_nonzero(rows, axis=1)
+        nt = len(self.tenant_bytes)
+        if nt == 1:
+            tenants = [0]
+            moved_in = np.array([float(new.sum())])
+        else:
+            towner = self.trace.owner[ublocks]
+            tenants = sorted(set(towner.tolist()))
+            moved_in = np.bincount(towner, weights=new, minlength=nt).astype(float)
+        moved_out = np.zeros(nt)
+        late: list[tuple[int, int, int]] = []
+        for victim, at in victims:
+            j = pos.get(victim, -1)
+            tenant = owner[blist[at]]
+            if j >= 0 and j < at:
+                late.append((victim, j, tenant))  # serviced earlier in this batch, then evicted
+                continue
+            moved_out[tenant] += int(self.res_count[victim])
+            res2d[victim] = False
+            self.res_count[victim] = 0
+        res2d[ublocks] = after
+        self.res_count[ublocks] = after_count
+        for victim, j, tenant in late:
+            moved_out[tenant] += int(after_count[j])
+            res2d[victim] = False
+            self.res_count[victim] = 0
+        self._charge(moved_in, moved_out, tenants)
+
+    def _hook_masks(
+        self,
+        blist: list[int],
+        rows: np.ndarray,
+        faulted: np.ndarray,
+        thr: np.ndarray,
+        first_touch: np.ndarray,
+    ) -> np.ndarray:
+        """The Python prefetch hooks, per block of the batch, over the residency it had at service."""
+        big = faulted.reshape(-1, _P // BIG_PAGE_PAGES, BIG_PAGE_PAGES).any(axis=2)
+        grown = np.repeat(big, BIG_PAGE_PAGES, axis=1)
+        occ = rows | np.where(thr[:, None], faulted, grown)
+        cs = np.zeros((len(blist), _P + 1), dtype=np.int64)
+        np.cumsum(occ, axis=1, out=cs[:, 1:])
+        ro_rows = rows.copy()
+        ro_rows.flags.writeable = False
+        mask = np.empty_like(rows)
+        for i, block in enumerate(blist):
+            pages = np.flatnonzero(faulted[i]).tolist()
+            mask[i] = self._hook_region(
+                block, pages, ro_rows[i], cs[i].tolist(), bool(thr[i]), bool(first_touch[i])
+            )
+        return mask
 
     def _access_hooks(self, start: int, end: int) -> None:
         """ "full" visibility: block_access once per resident block touched in [start, end)."""
@@ -321,7 +489,7 @@ class _Run:
             self.view.position = end
             for b in range(0, len(faulted), FAULT_BATCH):
                 self.view.now_s = self.clock
-                self._service_batch(faulted[b : b + FAULT_BATCH])
+                self.service(faulted[b : b + FAULT_BATCH])
             window = max(256, 2 * (end - pos))
             pos = hit_start = end
             if progress is not None and pos - last_report > 65536:
@@ -340,11 +508,13 @@ def simulate(
     evict_name: str | None = None,
     prefetch_name: str | None = None,
     progress: Callable[[int], None] | None = None,
+    vectorised: bool = True,
 ) -> SimResult:
     """Replay ``trace`` with ``ops`` (a policy or a ``Composed`` pair); ``progress(k)`` is told of every k
-    accesses done. The names only label the result (default: from ``ops``)."""
+    accesses done. The names only label the result (default: from ``ops``). ``vectorised=False`` runs
+    the one-block-at-a-time reference service (same results, slower; for tests)."""
     config = config or SimConfig()
-    run = _Run(trace, ops, config)
+    run = _Run(trace, ops, config, vectorised)
     t0 = _time.perf_counter()
     run.run(progress)
     wall = _time.perf_counter() - t0

@@ -21,6 +21,7 @@ every page of a block shares the same eviction history and per-page tracking wou
 
 from __future__ import annotations
 
+import math
 from collections import OrderedDict
 from dataclasses import dataclass
 
@@ -216,9 +217,10 @@ class Thrashing:
 
     def __init__(self, blocks: int, params: ThrashingParams | None = None) -> None:
         self.params = params or ThrashingParams()
-        self.evicted_at = np.full(blocks, -np.inf)
-        self.events = np.zeros(blocks, dtype=np.int32)
-        self.epoch_start = np.zeros(blocks)
+        # plain lists: read and written one block at a time from Python, where numpy scalars are slower
+        self.evicted_at = [-math.inf] * blocks
+        self.events = [0] * blocks
+        self.epoch_start = [0.0] * blocks
         self.total_events = 0
 
     def on_evict(self, block: int, now_s: float) -> None:
@@ -233,8 +235,8 @@ class Thrashing:
         if now_s - self.evicted_at[block] < p.lapse_s:
             self.events[block] += 1
             self.total_events += 1
-        return bool(self.events[block] >= p.threshold)
+        return self.events[block] >= p.threshold
 
     def is_thrashing(self, block: int, now_s: float) -> bool:
         p = self.params
-        return bool(self.events[block] >= p.threshold and now_s - self.epoch_start[block] <= p.epoch_s)
+        return self.events[block] >= p.threshold and now_s - self.epoch_start[block] <= p.epoch_s
