@@ -141,9 +141,19 @@ def test_stride_prefetches_two_pages_ahead_once_confident():
     view, _ = _view()
     policy = Stride()
     regions = [_region(policy, view, _fault(p))[1] for p in (0, 8, 16, 24, 32)]
-    # first fault never prefetches; the new stride costs one decay (-1), then +1 per repeat up to 2
-    assert regions[:4] == [(0, 0)] * 4
-    assert regions[4] == (40, 42)
+    # first fault never prefetches; the new stride's decay stops at 0, then +1 per repeat up to 2
+    assert regions[:3] == [(0, 0)] * 3
+    assert regions[3:] == [(32, 34), (40, 42)]
+
+
+def test_stride_confidence_never_decays_below_zero():
+    view, _ = _view()
+    policy = Stride()
+    # four irregular deltas (two over max stride 128) would leave a signed counter at -4
+    for p in (0, 300, 5, 400, 7):
+        _region(policy, view, _fault(p))
+    regions = [_region(policy, view, _fault(p))[1] for p in (9, 11, 13)]
+    assert policy.state[0][2] >= 2 and regions[-1] == (15, 17)  # two matching deltas suffice, as in BPF
 
 
 @pytest.mark.parametrize(("priority", "threshold"), [("high", 20), ("low", 80), (None, 50)])

@@ -1,10 +1,14 @@
 """Stride prefetch (gpu_ext ``prefetch_stride.bpf.c``, research §2.2).
 
-Per VA block: last page, stride and a signed confidence. At each fault, delta = page − last: 0 does
-nothing; |delta| > 128 decays the confidence; delta equal to the stride raises it, otherwise it decays
-and the stride is replaced. At confidence ≥ 2 it prefetches 2 pages at page + stride (forward windows
-start there, backward ones end there), clamped to the block, with BYPASS; otherwise it requests nothing
-(the first fault in a block never prefetches). gpu_ext pairs it with LFU for llama.cpp MoE decode.
+Per VA block: last page, stride and a confidence. At each fault, delta = page − last: 0 does nothing;
+|delta| > 128 decays the confidence; delta equal to the stride raises it, otherwise it decays and the
+stride is replaced. A decay never takes the confidence below 0 (the field is signed, but the BPF source,
+``gpu_ext:extension/prefetch_stride.bpf.c``, decrements only when it is > 0), so a block whose stride
+settles needs exactly two matching deltas, whatever came before. At confidence ≥ 2 it prefetches 2 pages
+at page + stride (forward windows start there, backward ones end there), clamped to the block, with
+BYPASS; otherwise it requests the empty region with BYPASS (the first fault in a block never
+prefetches, and a fault without a confident stride moves only its own 4 KB page — no 64 KB growth, no
+tree). gpu_ext pairs it with LFU for llama.cpp MoE decode.
 """
 
 from __future__ import annotations
@@ -34,11 +38,11 @@ class Stride(MemoryOps):
         delta = page - st[0]
         if delta != 0:
             if abs(delta) > MAX_STRIDE:
-                st[2] -= 1
+                st[2] = max(0, st[2] - 1)
             elif delta == st[1]:
                 st[2] += 1
             else:
-                st[2] -= 1
+                st[2] = max(0, st[2] - 1)
                 st[1] = delta
             st[0] = page
         if st[2] >= CONFIDENCE and st[1] != 0:
