@@ -9,6 +9,7 @@ from gpuslice.policies.bestfit import BestFit
 from gpuslice.policies.clustering import Clustering
 from gpuslice.policies.dotprod import DotProd
 from gpuslice.policies.fgd import FGD, FGDExact
+from gpuslice.policies.fgd_scarcity import ScarcityFGD
 from gpuslice.policies.hami import HamiBinpack, HamiSpread
 from gpuslice.policies.packing import Packing
 from gpuslice.policies.random import RandomFit
@@ -25,7 +26,9 @@ __all__ = [
 
 PLACEMENT: dict[str, type[PlacementOps]] = {
     p.name: p
-    for p in (RandomFit, DotProd, Clustering, Packing, BestFit, FGD, FGDExact, HamiBinpack, HamiSpread)
+    for p in (
+        RandomFit, DotProd, Clustering, Packing, BestFit, FGD, FGDExact, ScarcityFGD, HamiBinpack, HamiSpread
+    )
 }
 
 # The six policies of the FGD paper, in its order, with the artifact's directory names.
