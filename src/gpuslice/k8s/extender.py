@@ -37,6 +37,7 @@ are tracked beside the ledger, one pod per existing instance.
 from __future__ import annotations
 
 import itertools
+import json
 import logging
 import threading
 import time
@@ -99,7 +100,9 @@ REASON_NO_INVENTORY = "no gpuslice inventory on this node (is the gpuslice devic
 REASON_SHARE_LIMIT = "every fitting GPU already holds its maximum number of shares (splitCount)"
 REASON_NO_MIG_INSTANCE = "no free MIG instance of this profile"
 REASON_INVALID = "invalid gpuslice request"
-_UNRESOLVABLE = (REASON_NO_INVENTORY, RefusalCode.GPU_MODEL_NOT_ALLOWED.value, REASON_INVALID)
+# Verdict codes of one node for one pod (0 = fits); the first two are beyond preemption's reach.
+_NO_INVENTORY, _MODEL, _SHARES, _GPU, _MEMORY, _NO_MIG = 1, 2, 3, 4, 5, 6
+_UNRESOLVABLE_CODES = frozenset((_NO_INVENTORY, _MODEL))
 
 
 # ---- the Kubernetes API, behind an interface ----------------------------------------------------------
@@ -296,6 +299,7 @@ class ClusterState:
         self._seen: OrderedDict[str, Mapping[str, Any]] = OrderedDict()
         self._events = ThreadPoolExecutor(max_workers=1, thread_name_prefix="events")
         self._last_event: dict[str, tuple[str, float]] = {}
+        self._name_cache: list[tuple[_Ledgered, list[str], np.ndarray]] = []
         self.conflicts = 0  # bound pods the ledger could not hold (over-committed from outside)
 
     # ---- watch --------------------------------------------------------------------------------------
@@ -471,32 +475,51 @@ class ClusterState:
         if not ask.wants_gpu:
             return FilterResult(list(node_names), {}, {})
         built = self._ledgered()
-        idx = np.array([built.index.get(n, -1) for n in node_names], dtype=np.int64)
-        reasons = self._reasons(built, ask, idx)
-        result = FilterResult([], {}, {})
-        for name, reason in zip(node_names, reasons, strict=True):
-            if reason is None:
-                result.passed.append(name)
-            elif reason.startswith(_UNRESOLVABLE):
-                result.unresolvable[name] = reason
-            else:
-                result.failed[name] = reason
-        if not result.passed and node_names:
-            self._explain(pod, len(node_names), Counter(reasons))
+        idx = self._indices(built, node_names)
+        codes, texts = self._verdicts(built, ask, idx)
+        failing = np.flatnonzero(codes)
+        if not len(failing):
+            return FilterResult(list(node_names), {}, {})
+        ok = np.flatnonzero(codes == 0)
+        result = FilterResult([node_names[i] for i in ok.tolist()], {}, {})
+        # /prioritize comes next with exactly these names: keep their indices
+        self._name_cache = [(built, result.passed, idx[ok]), *self._name_cache[:3]]
+        for i, code in zip(failing.tolist(), codes[failing].tolist(), strict=True):
+            target = result.unresolvable if code in _UNRESOLVABLE_CODES else result.failed
+            target[node_names[i]] = texts[code]
+        if not len(ok) and node_names:
+            counts = np.bincount(codes, minlength=len(texts))
+            self._explain(
+                pod, len(node_names), Counter({texts[c]: int(n) for c, n in enumerate(counts) if n})
+            )
         return result
 
-    def _reasons(self, built: _Ledgered, ask: PodGpuRequest, idx: np.ndarray) -> list[str | None]:
+    def _indices(self, built: _Ledgered, node_names: list[str]) -> np.ndarray:
+        """Ledger index per name (-1: no inventory). kube-scheduler sends the same list pod after pod,
+        so the last few lists are kept and compared (a C-level list compare) instead of looked up again."""
+        for cached_built, names, idx in self._name_cache:
+            if cached_built is built and len(names) == len(node_names) and names == node_names:
+                return idx
+        lookup = built.index.get
+        idx = np.fromiter((lookup(n, -1) for n in node_names), dtype=np.int64, count=len(node_names))
+        self._name_cache = [(built, list(node_names), idx), *self._name_cache[:3]]
+        return idx
+
+    def _verdicts(
+        self, built: _Ledgered, ask: PodGpuRequest, idx: np.ndarray
+    ) -> tuple[np.ndarray, list[str]]:
+        """Per node a code, 0 = fits, else an index into the returned reason texts (vectorised)."""
         known = idx >= 0
         safe = np.where(known, idx, 0)
         if ask.mig_profile:
-            free = [
-                self._mig_free(built, int(i), ask.mig_profile) if k else 0
-                for i, k in zip(safe, known, strict=True)
-            ]
-            return [
-                None if f else (REASON_NO_MIG_INSTANCE if k else REASON_NO_INVENTORY)
-                for f, k in zip(free, known, strict=True)
-            ]
+            free = np.array(
+                [
+                    self._mig_free(built, int(i), ask.mig_profile) if k else 0
+                    for i, k in zip(safe.tolist(), known.tolist(), strict=True)
+                ]
+            )
+            codes = np.select([~known, free == 0], [_NO_INVENTORY, _NO_MIG], default=0)
+            return codes, ["", REASON_NO_INVENTORY, "", "", "", "", REASON_NO_MIG_INSTANCE]
         req = ask.to_request()
         ledger = built.ledger
         view = ledger.view
@@ -511,19 +534,20 @@ class ClusterState:
         need = f"need {n} GPU(s) with {req.gpu_milli} milli-GPU" + (
             f" and {ask.memory_mib} MiB free" if ask.memory_mib else ""
         )
-        texts = np.array(
-            [
-                "",
-                REASON_NO_INVENTORY,
-                f"{RefusalCode.GPU_MODEL_NOT_ALLOWED.value}: {_models_text(ask, built.ledger.models)}",
-                f"{REASON_SHARE_LIMIT}; {need}",
-                f"{RefusalCode.INSUFFICIENT_GPU.value}: {need}",
-                f"{RefusalCode.INSUFFICIENT_GPU_MEMORY.value}: {need}",
-            ],
-            dtype=object,
+        texts = [
+            "",
+            REASON_NO_INVENTORY,
+            f"{RefusalCode.GPU_MODEL_NOT_ALLOWED.value}: {_models_text(ask, built.ledger.models)}",
+            f"{REASON_SHARE_LIMIT}; {need}",
+            f"{RefusalCode.INSUFFICIENT_GPU.value}: {need}",
+            f"{RefusalCode.INSUFFICIENT_GPU_MEMORY.value}: {need}",
+        ]
+        codes = np.select(
+            [~known, model_no, share_no, gpu_no, memory_no],
+            [_NO_INVENTORY, _MODEL, _SHARES, _GPU, _MEMORY],
+            default=0,
         )
-        which = np.select([~known, model_no, share_no, gpu_no, memory_no], [1, 2, 3, 4, 5], default=0)
-        return [None if w == 0 else texts[w] for w in which.tolist()]
+        return codes, texts
 
     def _mig_free(self, built: _Ledgered, node: int, profile: str) -> int:
         name = built.ledger.node_names[node]
@@ -545,7 +569,7 @@ class ClusterState:
         if not ask.wants_gpu or not node_names:
             return [(n, 0) for n in node_names]
         built = self._ledgered()
-        idx = np.array([built.index.get(n, -1) for n in node_names], dtype=np.int64)
+        idx = self._indices(built, node_names)
         known = idx >= 0
         if ask.mig_profile:  # pack: the node with the fewest free instances of the profile first
             free = np.array(
@@ -649,8 +673,8 @@ class ClusterState:
         req = ask.to_request()
         gpus = self._choose_gpus(built, node, ask, req)
         if gpus is None:
-            reason = self._reasons(built, ask, np.array([node]))[0] or "no GPU set fits"
-            return None, f"no longer fits: {reason}"
+            codes, texts = self._verdicts(built, ask, np.array([node]))
+            return None, f"no longer fits: {texts[int(codes[0])] or 'no GPU set fits'}"
         with self._lock:
             if self._built is not built:  # rebuilt meanwhile: the indices may have moved; let it retry
                 return None, "the cluster's GPU inventory changed during bind; retry"
@@ -804,10 +828,23 @@ def _field(body: Mapping[str, Any], name: str) -> Any:
 def _names(body: Mapping[str, Any]) -> list[str]:
     """NodeNames (nodeCacheCapable) or, failing that, the names of Nodes.items."""
     names = _field(body, "NodeNames")
+    if isinstance(names, list):
+        return names  # JSON strings already; checked where they are used (dict lookups, _host_priorities)
     if names is not None:
         return [str(n) for n in names]
     nodes = _field(body, "Nodes") or {}
     return [str((item.get("metadata") or {}).get("name", "")) for item in nodes.get("items") or []]
+
+
+def _host_priorities(scores: list[tuple[str, int]]) -> bytes:
+    """HostPriorityList JSON. Node names are DNS subdomains (no quote, backslash or control character),
+    so they are written with one format string instead of json.dumps' per-object walk, which was the
+    largest cost of /prioritize at 5,000 nodes; any other name takes the json.dumps path."""
+    hosts = [host for host, _ in scores]
+    joined = ",".join(hosts) if all(type(h) is str for h in hosts) else '"'  # non-strings: json.dumps
+    if '"' in joined or "\\" in joined or not (joined.isascii() and joined.isprintable()):
+        return json.dumps([{"Host": host, "Score": int(score)} for host, score in scores]).encode()
+    return ("[" + ",".join(map('{"Host":"%s","Score":%d}'.__mod__, scores)) + "]").encode()
 
 
 def create_app(state: ClusterState, events: Iterable[WatchEvent] | None = None) -> Any:
@@ -854,7 +891,7 @@ def create_app(state: ClusterState, events: Iterable[WatchEvent] | None = None) 
             scores = state.prioritize(_field(body, "Pod") or {}, _names(body))
         except (GpusliceError, ValueError):
             return JSONResponse([])  # a prioritize error only costs this extender's scores (research §1.2)
-        return JSONResponse([{"Host": host, "Score": score} for host, score in scores])
+        return fastapi.Response(_host_priorities(scores), media_type="application/json")
 
     @app.post("/bind")
     def bind(body: dict[str, Any]) -> JSONResponse:
