@@ -88,3 +88,43 @@ def test_a_malformed_config_names_the_field(tmp_path):
     result = invoke(str(path))
     assert isinstance(result.exception, UserError)
     assert "'num_hidden_layers' is missing" in str(result.exception)
+
+
+def test_submit_with_estimate_refuses_an_explicit_mem_too():
+    from typer.testing import CliRunner
+
+    from gpuslice.cli.main import app
+
+    result = CliRunner().invoke(app, ["submit", "--estimate", "llama-3-8b", "--mem", "3GiB", "--", "true"])
+    assert result.exit_code != 0
+    assert "--estimate sets --mem" in str(result.exception) + result.output
+
+
+def test_submit_with_estimate_sends_the_estimated_memory_to_the_server(monkeypatch):
+    from typer.testing import CliRunner
+
+    from gpuslice.cli import jobs
+    from gpuslice.cli.main import app
+    from gpuslice.estimate import EstimateOptions, estimate_request_bytes
+
+    sent = {}
+
+    class FakeClient:
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def submit(self, body):
+            sent.update(body)
+            return {"id": "j-1", "state": "PENDING", **body}
+
+    monkeypatch.setattr(jobs, "_client", lambda url, state_dir: FakeClient())
+    monkeypatch.setattr(jobs, "slice_text", lambda job: "slice")
+    result = CliRunner().invoke(app, ["submit", "--estimate", "llama-3-8b", "--", "python", "serve.py"])
+    assert result.exit_code == 0, result.output
+    expected, _ = estimate_request_bytes("llama-3-8b", EstimateOptions())
+    assert sent["memory"] == str(expected)
+    assert sent["gpus"] == 1
+    assert "memory from estimate" in result.output

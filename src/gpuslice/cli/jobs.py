@@ -16,6 +16,9 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from gpuslice.cli import estimate as est
+from gpuslice.errors import UserError
+from gpuslice.estimate import EstimateOptions, estimate_request_bytes
 from gpuslice.server.client import ServeClient
 from gpuslice.units import format_size
 
@@ -77,10 +80,40 @@ def submit(
     preemptible: Annotated[bool, typer.Option(help="may be stopped for a higher priority job")] = True,
     max_runtime: Annotated[str | None, typer.Option(help="stop after this long: 90s, 30m, 1h, 2d")] = None,
     restart: Annotated[str, typer.Option(help="never, on-failure or always")] = "never",
+    estimate_model: Annotated[
+        str | None,
+        typer.Option(
+            "--estimate", help="set --mem from gpuslice estimate of this model (name or config.json)"
+        ),
+    ] = None,
+    params: est.Params = None,
+    train: est.Train = False,
+    dtype: est.Dtype = "bf16",
+    tp: est.TensorParallel = 1,
+    context: est.Context = None,
+    batch: est.Batch = None,
+    zero: est.Zero = None,
+    recompute: est.Recompute = None,
+    micro_batch: est.MicroBatch = None,
+    seq_len: est.SeqLen = None,
+    margin: Annotated[
+        float, typer.Option(help="with --estimate: safety margin over the estimate, 0..1")
+    ] = 0.1,
     url: Url = None,
     state_dir: StateDir = None,
 ) -> None:
     """Submit a job: gpuslice submit --mem 20GiB -- python train.py"""
+    if estimate_model is not None or params is not None:
+        if mem is not None:
+            raise UserError("--estimate sets --mem from the model; give one of them")
+        options = EstimateOptions(
+            train=train, dtype=dtype, tp=tp, context=context, batch=batch, gpus=gpus if train else None,
+            zero=zero, recompute=recompute, micro_batch=micro_batch, seq_len=seq_len,
+        )  # fmt: skip
+        mem_bytes, why = estimate_request_bytes(estimate_model, options, params=params, margin=margin)
+        mem = str(mem_bytes)
+        gpus = gpus if train else tp  # an inference estimate is per GPU over its tensor-parallel GPUs
+        _out.print(f"memory from estimate: {why}")
     body: dict[str, Any] = {
         "command": command, "gpus": gpus, "memory": mem, "compute_percent": cores, "mig": mig,
         "gpu_models": gpu_model or [], "excluded_gpu_models": exclude_model or [], "exclusive": exclusive,
