@@ -22,6 +22,7 @@ from gpuslice.k8s.annotations import (
     PodGpuRequest,
     asks_for_gpuslice,
     managed_resources,
+    mig_profile,
     mig_resource,
     pod_gpu_request,
 )
@@ -39,6 +40,9 @@ def test_every_name_is_under_the_gpuslice_domain():
         name.startswith("gpuslice.io/") for name in (*DECISION_ANNOTATIONS, *managed_resources(["1g.10gb"]))
     )
     assert mig_resource("3g.40gb") == "gpuslice.io/mig-3g.40gb"
+    assert mig_resource("1g.10gb+me") == "gpuslice.io/mig-1g.10gb.me"  # '+' is not allowed in a resource name
+    assert mig_profile(mig_resource("1g.10gb+me")) == "1g.10gb+me"
+    assert pod_gpu_request(pod({"gpuslice.io/mig-1g.10gb.me": "1"})).mig_profile == "1g.10gb+me"
 
 
 def test_inventory_round_trips_through_its_json():

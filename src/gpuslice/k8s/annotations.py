@@ -75,6 +75,7 @@ __all__ = [
     "PodGpuRequest",
     "asks_for_gpuslice",
     "managed_resources",
+    "mig_profile",
     "mig_resource",
     "pod_gpu_request",
 ]
@@ -122,7 +123,7 @@ DECISION_ANNOTATIONS = (
 
 # ---- node annotation and label the device plugin writes -----------------------------------------------
 ANNOTATION_NODE_INVENTORY = f"{DOMAIN}/node-inventory"  # JSON, see NodeInventory
-LABEL_GPU_NODE = f"{DOMAIN}/gpu-node"  # "true" on nodes running the device plugin (DaemonSet selector)
+LABEL_GPU_NODE = f"{DOMAIN}/gpu-node"  # "true": the operator marks GPU nodes; the DaemonSet selects them
 INVENTORY_VERSION = 1
 
 SCHEDULER_NAME = "gpuslice-scheduler"  # the kube-scheduler profile that calls the extender
@@ -131,8 +132,15 @@ DEFAULT_SPLIT_COUNT = 10
 
 
 def mig_resource(profile: str) -> str:
-    """``1g.10gb`` -> ``gpuslice.io/mig-1g.10gb``."""
-    return f"{RESOURCE_MIG_PREFIX}{profile}"
+    """``1g.10gb`` -> ``gpuslice.io/mig-1g.10gb``; ``1g.10gb+me`` -> ``gpuslice.io/mig-1g.10gb.me``
+    ('+' is not allowed in a resource name, which must be a qualified name)."""
+    return f"{RESOURCE_MIG_PREFIX}{profile.replace('+', '.')}"
+
+
+def mig_profile(resource: str) -> str:
+    """The MIG profile a ``gpuslice.io/mig-…`` resource names: the inverse of ``mig_resource``."""
+    name = resource.removeprefix(RESOURCE_MIG_PREFIX)
+    return name[: -len(".me")] + "+me" if name.endswith(".me") else name
 
 
 def managed_resources(mig_profiles: Sequence[str] = ()) -> tuple[str, ...]:
@@ -356,9 +364,7 @@ def pod_gpu_request(pod: Mapping[str, Any]) -> PodGpuRequest:
             f"{RESOURCE_MIG_PREFIX}<profile>"
         )
     gpus, memory, cores = res.get(RESOURCE_GPU, 0), res.get(RESOURCE_GPUMEM, 0), res.get(RESOURCE_GPUCORES, 0)
-    migs = {
-        k.removeprefix(RESOURCE_MIG_PREFIX): v for k, v in res.items() if k.startswith(RESOURCE_MIG_PREFIX)
-    }
+    migs = {mig_profile(k): v for k, v in res.items() if k.startswith(RESOURCE_MIG_PREFIX)}
     migs = {k: v for k, v in migs.items() if v}
     where = f"container {container!r}"
     if migs:
