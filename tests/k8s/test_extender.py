@@ -517,3 +517,33 @@ def test_watch_follows_a_source_on_startup(api):
 def test_healthz_answers(cluster):
     with client_for(cluster) as http:
         assert http.get("/healthz").json() == {"ok": True, "conflicts": 0}
+
+
+# ---- the deployed configuration -----------------------------------------------------------------------
+
+
+def test_deployed_scheduler_config_matches_the_extender():
+    """deploy/kubernetes/20-scheduler.yaml registers exactly our verbs, port and managed resources."""
+    from pathlib import Path
+
+    import yaml
+
+    from gpuslice.hardware.mig import MIG_GPUS
+    from gpuslice.k8s.annotations import managed_resources
+
+    path = Path(__file__).parents[2] / "deploy" / "kubernetes" / "20-scheduler.yaml"
+    config_map, deployment = yaml.safe_load_all(path.read_text())
+    config = yaml.safe_load(config_map["data"]["config.yaml"])
+    (ext,) = config["extenders"]
+    routes = {r.path for r in create_app(ClusterState(FakeApi())).routes}
+    assert {f"/{ext[v]}" for v in ("filterVerb", "prioritizeVerb", "bindVerb")} <= routes
+    assert ext["nodeCacheCapable"] is True and ext["weight"] > 0
+    (extender,) = [c for c in deployment["spec"]["template"]["spec"]["containers"] if c["name"] == "extender"]
+    port = extender["command"][extender["command"].index("--port") + 1]
+    assert ext["urlPrefix"] == f"http://127.0.0.1:{port}"
+    profiles = sorted({p.name for gpu in MIG_GPUS.values() for p in gpu.profiles})
+    managed = {m["name"]: m["ignoredByScheduler"] for m in ext["managedResources"]}
+    assert set(managed) == set(managed_resources(profiles))
+    ignored = {name for name, flag in managed.items() if flag}
+    assert ignored == {"gpuslice.io/gpumem", "gpuslice.io/gpucores"}  # the two no node advertises
+    assert config["profiles"][0]["schedulerName"] == "gpuslice-scheduler"
