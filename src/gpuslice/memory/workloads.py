@@ -152,9 +152,11 @@ def rand_stream(seed: int = 0, scale: float = 1.0, streams: int = 64, iterations
 
 
 def pointer_chase(seed: int = 0, scale: float = 1.0, streams: int = 64, hops: int = 2048) -> Trace:
-    """uvmbench pointer_chase: dependent random hops local to each stream's tile (§5.3)."""
+    """uvmbench pointer_chase: dependent random hops local to each stream's tile (§5.3). ``scale`` shrinks
+    the hops with the tiles, so the hops per page stay the same at every scale."""
     rng = np.random.default_rng(seed)
     b, npages = _Builder(), _blocks(128 * scale) * _P
+    hops = max(16, round(hops * npages / (128 * _P)))
     tile = npages // streams
     grid = np.arange(streams)[None, :] * tile + rng.integers(0, tile, size=(hops, streams))
     b.add(grid, width=streams)
@@ -309,9 +311,11 @@ def faiss_search(
     seed: int = 0, scale: float = 1.0, index_blocks: int = 128, queries: int = 1000, nprobe: int = 4
 ) -> Trace:
     """FAISS IVF search: each query scans ``nprobe`` inverted lists (64 pages each) chosen uniformly over the
-    whole index; uniform random over the VA space with heavy reuse (research §5.2)."""
+    whole index; uniform random over the VA space with heavy reuse (research §5.2). ``scale`` shrinks the
+    queries with the index, so the reuse per page stays the same at every scale."""
     rng = np.random.default_rng(seed)
     npages = _blocks(index_blocks * scale) * _P
+    queries = max(16, round(queries * npages / (index_blocks * _P)))
     nlists = npages // 64
     b = _Builder()
     for _ in range(queries):
