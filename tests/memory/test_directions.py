@@ -1,7 +1,7 @@
 """Directions of gpu_ext's findings (research §4.1, §2.2), as issue 5's acceptance asks.
 
 Two of three do not reproduce in this model; they are strict xfails that say why, so a model change
-that makes them pass is noticed.
+that makes them pass is noticed. benchmarks/out/memsim.md explains the size and direction of each gap.
 """
 
 from __future__ import annotations
@@ -24,9 +24,10 @@ def test_priority_policy_cuts_the_high_priority_tenants_time(workload):
 
 @pytest.mark.xfail(
     strict=True,
-    reason="rand-stream thrashes at 1.2x: the native tree falls back to 4 KB demand faults (thrashing "
-    "pages excluded) while always-max moves 2 MB per fault that is evicted before reuse; our cost model "
-    "charges bytes and a per-batch overhead, not a per-fault cost, so demand paging is cheaper here",
+    reason="a trace step waits for all its faults, so rand-stream is a lockstep cyclic sweep over every "
+    "block and even Belady evicts each chunk before its next touch: always-max moves 2 MB per 4 KB used "
+    "(6196 MiB vs 139 MiB, 612.9 vs 23.9 ms at scale 0.25); uvmbench's warps run ahead through a block "
+    "once it is resident, and the note gives no per-fault service cost to charge demand paging",
 )
 def test_always_max_beats_the_driver_on_the_random_stream_at_1_2x():
     trace = make_workload("rand-stream", scale=0.25)
@@ -44,8 +45,9 @@ def test_lfu_beats_the_driver_on_moe_decode_at_1_8x():
 
 @pytest.mark.xfail(
     strict=True,
-    reason="stride's 2-page window with no prefetch on a block's first fault cannot match the tree's "
-    "64 KB growth on decode's dense per-expert sweeps; only the LFU half reproduces (test above)",
+    reason="stride (as prefetch_stride.bpf.c: BYPASS with the empty region until two matching deltas, "
+    "then 2 pages) skips the tree's 64 KB growth, so the same 314 MiB arrive in 48414 faults and 5024 "
+    "batches instead of 5024 and 314 (126.1 vs 42.1 ms at scale 0.5); only the LFU half reproduces",
 )
 def test_stride_with_lfu_beats_the_driver_on_moe_decode_at_1_8x():
     trace = make_workload("llm-moe-decode", scale=0.5)
