@@ -547,3 +547,20 @@ def test_deployed_scheduler_config_matches_the_extender():
     ignored = {name for name, flag in managed.items() if flag}
     assert ignored == {"gpuslice.io/gpumem", "gpuslice.io/gpucores"}  # the two no node advertises
     assert config["profiles"][0]["schedulerName"] == "gpuslice-scheduler"
+
+
+@pytest.mark.parametrize(
+    "hosts",
+    [["a100-0", "node.example.com", "x"], ['we"ird', "back\\slash"], [], ["ünïcode", "ok"], [7, "n"]],
+    ids=["dns names", "quote and backslash", "empty", "non-ascii", "not a string"],
+)
+def test_host_priority_list_is_valid_json_whatever_the_names(hosts):
+    import json
+
+    import numpy as np
+
+    from gpuslice.k8s.extender import _host_priorities
+
+    scores = np.arange(len(hosts), dtype=np.int64) * 5
+    text = _host_priorities(hosts, scores)
+    assert json.loads(text) == [{"Host": h, "Score": int(s)} for h, s in zip(hosts, scores, strict=True)]
