@@ -40,6 +40,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import signal
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -68,10 +69,17 @@ from gpuslice.k8s.annotations import (
     NodeInventory,
     mig_resource,
 )
-from gpuslice.k8s.health import FakeHealthSource, HealthChange, HealthSource
+from gpuslice.k8s.health import FakeHealthSource, HealthChange, HealthSource, NoHealthChecks, NvmlHealthSource
 from gpuslice.k8s.proto import deviceplugin_pb2 as pb
 from gpuslice.k8s.proto import deviceplugin_pb2_grpc as pb_grpc
-from gpuslice.node.enforcement import SharingMode, job_env, mig_device_uuid, mps_dirs, softcap_dir
+from gpuslice.node.enforcement import (
+    MpsDaemon,
+    SharingMode,
+    job_env,
+    mig_device_uuid,
+    mps_dirs,
+    softcap_dir,
+)
 from gpuslice.node.machine import Machine
 from gpuslice.policies.gpuset import choose_gpu_set, make_gpuset_policy
 from gpuslice.policies.gpuset.exact import Exact
@@ -97,6 +105,8 @@ __all__ = [
     "default_mig_layouts",
     "gpu_of_share",
     "node_inventory",
+    "parse_mig_layouts",
+    "serve",
 ]
 
 log = logging.getLogger(__name__)
@@ -179,7 +189,12 @@ class KubeApi:
                 except config.ConfigException:
                     config.load_kube_config()
             api_client = client.ApiClient()
+        self._api_client = api_client
         self.core = client.CoreV1Api(api_client)
+
+    def close(self) -> None:
+        """Close the client's connection pool."""
+        self._api_client.close()
 
     def allocating_pods(self, node_name: str) -> list[PendingPod]:
         # Pods the kubelet is admitting are still Pending; the field selector keeps the list to this node.
@@ -200,6 +215,7 @@ class KubeApi:
                 pods.append(PendingPod(pod.metadata.namespace, pod.metadata.name, decision))
         return pods
 
+    # An object body goes out as a strategic merge patch: our annotations merge into the existing ones.
     def annotate_pod(self, namespace: str, name: str, annotations: Mapping[str, str]) -> None:
         self.core.patch_namespaced_pod(name, namespace, {"metadata": {"annotations": dict(annotations)}})
 
@@ -355,6 +371,11 @@ class DevicePlugin:
         self.health = health if health is not None else FakeHealthSource()
         self.split_count = split_count
         self.socket_dir = Path(socket_dir)
+        if str(sharing) not in (SharingMode.MPS.value, SharingMode.SOFT.value):
+            raise UserError(
+                f"sharing {str(sharing)!r}: use mps or soft for gpuslice.io/gpu shares "
+                "(MIG instances are advertised as their own gpuslice.io/mig-<profile> resources)"
+            )
         self.sharing = SharingMode(sharing)
         self.state_dir = Path(state_dir)
         self.policy = make_gpuset_policy(gpuset_policy)
@@ -830,3 +851,107 @@ class DevicePlugin:
             cap = softcap_dir(self.state_dir)
             mounts.append(pb.Mount(container_path=str(cap), host_path=str(cap), read_only=True))
         return mounts
+
+
+# ---- wiring: what ``gpuslice k8s device-plugin`` runs ----------------------------------------------
+
+
+def parse_mig_layouts(machine: Machine, texts: Sequence[str]) -> dict[int, MigLayout]:
+    """``["0=3g.40gb@0/1,3g.40gb@4/2", "1=7g.80gb@0/0"]`` -> layouts of those MIG-mode GPUs."""
+    layouts = {}
+    for text in texts:
+        index, sep, layout = text.partition("=")
+        if not sep or not index.strip().isdigit():
+            raise UserError(f"--mig-layout {text!r}: write GPU=LAYOUT, e.g. 0=3g.40gb@0/1,3g.40gb@4/2")
+        gpu = int(index)
+        if gpu >= machine.gpu_count or not machine.gpus[gpu].mig_enabled:
+            raise UserError(f"--mig-layout {text!r}: GPU {gpu} is not a MIG-mode GPU of {machine.name}")
+        layouts[gpu] = parse_layout(mig_gpu(machine.gpus[gpu].mig_model), layout)
+    return layouts
+
+
+def _nvml_mig_layouts(machine: Machine) -> dict[int, MigLayout]:
+    from gpuslice.hardware.mig_nvml import read_layout
+
+    return {g.index: read_layout(g.index) for g in machine.gpus if g.mig_enabled}
+
+
+def _mig_health_keys(machine: Machine, layouts: Mapping[int, MigLayout]) -> dict[tuple[str, int, int], str]:
+    """(GPU UUID, GI id, CI id) -> MIG device UUID, so an XID inside one instance marks only it."""
+    keys = {}
+    for gpu, layout in layouts.items():
+        for instance in layout.instances:
+            if instance.gi_id is None:
+                continue
+            uuid = mig_device_uuid(machine, gpu, instance.profile.name, instance.start)
+            for ci in instance.ci_ids:
+                keys[(machine.gpus[gpu].uuid, instance.gi_id, ci)] = uuid
+    return keys
+
+
+def serve(
+    machine: Machine,
+    node_name: str,
+    *,
+    simulated: bool,
+    pods: PodSource | None = None,
+    node: NodePublisher | None = None,
+    kubeconfig: str | None = None,
+    split_count: int = DEFAULT_SPLIT_COUNT,
+    socket_dir: str | os.PathLike[str] = DEVICE_PLUGIN_PATH,
+    sharing: SharingMode | str = SharingMode.MPS,
+    state_dir: str | os.PathLike[str] = "/var/lib/gpuslice",
+    mig_layouts: Mapping[int, MigLayout] | None = None,
+    health_checks: bool = True,
+    stop: threading.Event | None = None,
+    on_ready: Callable[[DevicePlugin], None] | None = None,
+) -> None:
+    """Run the device plugin for ``machine`` until ``stop`` is set (default: until SIGTERM or SIGINT).
+
+    A simulated machine (``discover(simulate=…)``) gets its MIG layouts from ``default_mig_layouts``,
+    no NVML health checks and no MPS daemon; a real one reads its MIG layouts and XID events through
+    NVML and, with ``sharing`` mps, starts the MPS control daemon (``enforcement.MpsDaemon``) whose
+    pipe directory Allocate mounts into containers. Without ``pods``, ``KubeApi(kubeconfig)`` serves as
+    both the pod source and the node publisher."""
+    if mig_layouts is None:
+        mig_layouts = default_mig_layouts(machine) if simulated else _nvml_mig_layouts(machine)
+    owned: KubeApi | None = None
+    if pods is None:
+        pods = node = owned = KubeApi(kubeconfig)
+    health: HealthSource
+    if simulated:
+        health = FakeHealthSource()  # nothing breaks on a simulated node
+    elif health_checks:
+        health = NvmlHealthSource(machine, mig_devices=_mig_health_keys(machine, mig_layouts))
+    else:
+        health = NoHealthChecks()
+    plugin = DevicePlugin(
+        machine,
+        node_name,
+        pods=pods,
+        node=node,
+        health=health,
+        split_count=split_count,
+        socket_dir=socket_dir,
+        mig_layouts=mig_layouts,
+        sharing=sharing,
+        state_dir=state_dir,
+    )
+    if plugin.sharing is SharingMode.MPS and not simulated:
+        # Started if not running, and left running when the plugin exits: the containers' MPS clients
+        # still use it, and a plugin restart (DaemonSet rollout) must not take their GPUs away.
+        MpsDaemon(Path(state_dir)).start()
+    done = stop if stop is not None else threading.Event()
+    if stop is None:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: done.set())
+    try:
+        plugin.start()
+        if on_ready is not None:
+            on_ready(plugin)
+        while not done.wait(1.0):
+            pass
+    finally:
+        plugin.stop()
+        if owned is not None:
+            owned.close()

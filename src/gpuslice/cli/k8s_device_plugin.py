@@ -1,0 +1,85 @@
+"""``gpuslice k8s device-plugin``: the kubelet device plugin of one node (k8s/device_plugin.py).
+
+Runs in the device-plugin DaemonSet: discover the GPUs (NVML, or ``--simulate``), then serve
+``gpuslice.io/gpu`` shares and ``gpuslice.io/mig-<profile>`` instances to the kubelet until SIGTERM.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from gpuslice.k8s.annotations import DEFAULT_SPLIT_COUNT
+
+__all__ = ["device_plugin"]
+
+_out = Console(highlight=False, soft_wrap=True)
+
+
+def device_plugin(
+    simulate: Annotated[
+        str | None,
+        typer.Option(help="simulate a machine (dgx-h100, dgx-a100:mig, …) instead of reading NVML"),
+    ] = None,
+    split_count: Annotated[
+        int, typer.Option(min=1, help="shares of gpuslice.io/gpu per GPU: at most this many pods per GPU")
+    ] = DEFAULT_SPLIT_COUNT,
+    socket_dir: Annotated[
+        Path, typer.Option(help="the kubelet's device-plugins directory (holds kubelet.sock)")
+    ] = Path("/var/lib/kubelet/device-plugins"),
+    node_name: Annotated[
+        str | None,
+        typer.Option(
+            help="this node's Kubernetes name [env NODE_NAME, from the downward API; else hostname]"
+        ),
+    ] = None,
+    kubeconfig: Annotated[
+        Path | None,
+        typer.Option(help="kubeconfig file; default: the pod's service account, then ~/.kube/config"),
+    ] = None,
+    sharing: Annotated[
+        str, typer.Option(help="how shares are held to their slice: mps (MPS limits) or soft (PyTorch cap)")
+    ] = "mps",
+    state_dir: Annotated[
+        Path, typer.Option(help="host directory for the MPS pipes and the soft-cap file, mounted into pods")
+    ] = Path("/var/lib/gpuslice"),
+    mig_layout: Annotated[
+        list[str] | None,
+        typer.Option(help="MIG instances of a simulated GPU: GPU=PROFILE@START/GI,… (repeatable)"),
+    ] = None,
+    health_checks: Annotated[
+        bool, typer.Option(help="mark GPUs unhealthy on critical XID errors (NVML)")
+    ] = True,
+) -> None:
+    """Serve this node's GPUs to the kubelet as gpuslice.io/gpu shares and MIG resources until SIGTERM."""
+    from gpuslice.k8s.device_plugin import DevicePlugin, parse_mig_layouts, serve
+    from gpuslice.node.discovery import discover
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    machine = discover(simulate)
+    name = node_name or os.environ.get("NODE_NAME") or socket.gethostname()
+    layouts = parse_mig_layouts(machine, mig_layout) if mig_layout else None
+
+    def ready(plugin: DevicePlugin) -> None:
+        resources = ", ".join(f"{r.name} ({len(r.devices)} devices)" for r in plugin.resources)
+        _out.print(f"gpuslice device plugin on node {name}: {resources}; sockets in {socket_dir}")
+
+    serve(
+        machine,
+        name,
+        simulated=bool(simulate),
+        kubeconfig=str(kubeconfig) if kubeconfig else None,
+        split_count=split_count,
+        socket_dir=socket_dir,
+        sharing=sharing,
+        state_dir=state_dir,
+        mig_layouts=layouts,
+        health_checks=health_checks,
+        on_ready=ready,
+    )
