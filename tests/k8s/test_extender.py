@@ -43,6 +43,7 @@ from gpuslice.k8s.extender import (
     REASON_NO_INVENTORY,
     REASON_NO_MIG_INSTANCE,
     REASON_SHARE_LIMIT,
+    RELISTED,
     ClusterState,
     WatchEvent,
     create_app,
@@ -493,6 +494,20 @@ def test_node_heartbeats_do_not_rebuild_the_ledger_but_inventory_changes_do(api)
     assert state.filter(pod_json("p", {"gpuslice.io/gpu": "1"}), ["n"]).unresolvable == {
         "n": REASON_NO_INVENTORY
     }
+
+
+def test_a_relist_forgets_pods_and_nodes_deleted_while_no_watch_ran(api):
+    state = make_state(api, {"n": inventory(gpus=2), "gone": inventory(gpus=1)})
+    kept = _bound_pod("kept", "n", "0", {"gpuslice.io/gpu": "1"})
+    lost = _bound_pod("lost", "n", "1", {"gpuslice.io/gpu": "1"})
+    state.apply(WatchEvent("Pod", "ADDED", kept))
+    state.apply(WatchEvent("Pod", "ADDED", lost))
+    assert state.filter(pod_json("p", {"gpuslice.io/gpu": "1"}), ["n"]).passed == []
+    state.apply(WatchEvent("Pod", RELISTED, {"items": [kept]}))
+    state.apply(WatchEvent("Node", RELISTED, {"items": [{"metadata": {"name": "n"}}]}))
+    assert state.filter(pod_json("p", {"gpuslice.io/gpu": "1"}), ["n", "gone"]).passed == ["n"]
+    assert state.ledger.node_names == ("n",)
+    state.check_invariants()
 
 
 def test_a_malformed_inventory_leaves_the_node_out(api):

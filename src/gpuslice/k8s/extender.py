@@ -80,6 +80,7 @@ __all__ = [
     "REASON_NO_INVENTORY",
     "REASON_NO_MIG_INSTANCE",
     "REASON_SHARE_LIMIT",
+    "RELISTED",
     "ClusterState",
     "FilterResult",
     "KubeApi",
@@ -100,6 +101,7 @@ REASON_NO_INVENTORY = "no gpuslice inventory on this node (is the gpuslice devic
 REASON_SHARE_LIMIT = "every fitting GPU already holds its maximum number of shares (splitCount)"
 REASON_NO_MIG_INSTANCE = "no free MIG instance of this profile"
 REASON_INVALID = "invalid gpuslice request"
+RELISTED = "RELISTED"  # WatchEvent.type after a full list: object {"items": [...]}, everything that exists
 # Verdict codes of one node for one pod (0 = fits); the first two are beyond preemption's reach
 # (they go to FailedAndUnresolvableNodes).
 _NO_INVENTORY, _MODEL, _SHARES, _GPU, _MEMORY, _NO_MIG = 1, 2, 3, 4, 5, 6
@@ -199,8 +201,11 @@ class KubernetesApi:
             while True:
                 try:
                     listed = lister()
+                    objects = [self._plain(o) for o in listed.items]
                     with ready:
-                        queue.extend(WatchEvent(kind, "ADDED", self._plain(o)) for o in listed.items)
+                        queue.extend(WatchEvent(kind, "ADDED", o) for o in objects)
+                        # what was deleted while no watch ran shows up only as absence from the list
+                        queue.append(WatchEvent(kind, RELISTED, {"items": objects}))
                         ready.notify()
                     stream = watch.Watch().stream(lister, resource_version=listed.metadata.resource_version)
                     for raw in stream:
@@ -306,7 +311,9 @@ class ClusterState:
 
     def apply(self, event: WatchEvent) -> None:
         """Take one watch event into the state."""
-        if event.kind == "Node":
+        if event.type == RELISTED:
+            self._forget_unlisted(event)
+        elif event.kind == "Node":
             self._apply_node(event)
         elif event.kind == "Pod":
             self._apply_pod(event)
@@ -362,6 +369,20 @@ class ClusterState:
             self._pods[uid] = bound
             if self._built is not None:
                 self._hold(self._built, uid, bound)
+
+    def _forget_unlisted(self, event: WatchEvent) -> None:
+        """After a full list: drop the nodes or pods it no longer has (deleted while no watch ran)."""
+        items = event.object.get("items") or []
+        with self._lock:
+            if event.kind == "Node":
+                listed = {str((o.get("metadata") or {}).get("name", "")) for o in items}
+                for name in [n for n in self._inventory_text if n not in listed]:
+                    del self._inventory_text[name]
+                    self._built = None
+            elif event.kind == "Pod":
+                listed = {_pod_meta(o)[2] for o in items}
+                for uid in [u for u in self._pods if u not in listed]:
+                    self._forget(uid)
 
     def _forget(self, uid: str) -> None:
         bound = self._pods.pop(uid, None)
