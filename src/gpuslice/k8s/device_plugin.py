@@ -368,7 +368,7 @@ class DevicePlugin:
         self.node_name = node_name
         self.pods = pods
         self.node = node
-        self.health = health if health is not None else FakeHealthSource()
+        self.health = health if health is not None else NoHealthChecks()
         self.split_count = split_count
         self.socket_dir = Path(socket_dir)
         if str(sharing) not in (SharingMode.MPS.value, SharingMode.SOFT.value):
@@ -457,7 +457,11 @@ class DevicePlugin:
         self.publish_inventory()
         self._serve_all()
         self._kubelet_id = self._kubelet_identity()
-        self.register_all()
+        try:
+            self.register_all()
+        except RegistrationFailed:
+            self._stop_servers()  # nothing half-started: no socket left for a kubelet to find
+            raise
         for target, name in ((self._watch_kubelet, "kubelet-watch"), (self._watch_health, "health")):
             thread = threading.Thread(target=target, name=f"gpuslice-dp-{name}", daemon=True)
             thread.start()
