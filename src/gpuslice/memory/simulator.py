@@ -174,7 +174,6 @@ class _Run:
         self.resident = np.zeros(nb * _P, dtype=bool)
         self.res_count = np.zeros(nb, dtype=np.int64)
         self.lists = ChunkLists()
-        self.owner_list = trace.owner.tolist()
         self.service = self._service_batch if vectorised else self._service_batch_reference
         self.thrash = Thrashing(nb, config.thrashing)
         priorities = config.priorities if config.priorities is not None else _default_priorities(trace)
@@ -349,7 +348,6 @@ class _Run:
         3. victims' pages: a victim evicted after its own service in this batch loses what it got.
         """
         lists, thrash, clock = self.lists, self.thrash, self.clock
-        owner = self.owner_list
         bidx = gpages // _P
         step = bidx[1:] != bidx[:-1]  # gpages are sorted
         ublocks = bidx[np.flatnonzero(step) + 1] if step.any() else bidx[:0]
@@ -397,22 +395,23 @@ class _Run:
             tenants = sorted(set(towner.tolist()))
             moved_in = np.bincount(towner, weights=new, minlength=nt).astype(float)
         moved_out = np.zeros(nt)
-        late: list[tuple[int, int, int]] = []
-        for victim, at in victims:
-            j = pos.get(victim, -1)
-            tenant = owner[blist[at]]
-            if j >= 0 and j < at:
-                late.append((victim, j, tenant))  # serviced earlier in this batch, then evicted
-                continue
-            moved_out[tenant] += int(self.res_count[victim])
-            res2d[victim] = False
-            self.res_count[victim] = 0
+        if victims:  # pages leave with their chunk; charged to the tenant whose fault evicted it
+            vic = np.array([v for v, _ in victims])
+            at = np.array([a for _, a in victims])
+            served = np.array([pos.get(v, k) for v, _ in victims])
+            late = served < at  # serviced earlier in this batch, then evicted: it loses what it got
+            by = self.trace.owner[ublocks[at]]
+            early = vic[~late]
+            moved_out += np.bincount(by[~late], weights=self.res_count[early], minlength=nt)
+            res2d[early] = False
+            self.res_count[early] = 0
         res2d[ublocks] = after
         self.res_count[ublocks] = after_count
-        for victim, j, tenant in late:
-            moved_out[tenant] += int(after_count[j])
-            res2d[victim] = False
-            self.res_count[victim] = 0
+        if victims and late.any():
+            gone = vic[late]
+            moved_out += np.bincount(by[late], weights=after_count[served[late]], minlength=nt)
+            res2d[gone] = False
+            self.res_count[gone] = 0
         self._charge(moved_in, moved_out, tenants)
 
     def _hook_masks(
