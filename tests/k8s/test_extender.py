@@ -551,7 +551,7 @@ def test_deployed_scheduler_config_matches_the_extender():
     config = yaml.safe_load(config_map["data"]["config.yaml"])
     (ext,) = config["extenders"]
     routes = {r.path for r in create_app(ClusterState(FakeApi())).routes}
-    assert {f"/{ext[v]}" for v in ("filterVerb", "prioritizeVerb", "bindVerb")} <= routes
+    assert {f"/{ext[v]}" for v in ("filterVerb", "prioritizeVerb", "preemptVerb", "bindVerb")} <= routes
     assert ext["nodeCacheCapable"] is True and ext["weight"] > 0
     (extender,) = [c for c in deployment["spec"]["template"]["spec"]["containers"] if c["name"] == "extender"]
     port = extender["command"][extender["command"].index("--port") + 1]
@@ -579,3 +579,43 @@ def test_host_priority_list_is_valid_json_whatever_the_names(hosts):
     scores = np.arange(len(hosts), dtype=np.int64) * 5
     text = _host_priorities(hosts, scores)
     assert json.loads(text) == [{"Host": h, "Score": int(s)} for h, s in zip(hosts, scores, strict=True)]
+
+
+# ---- preempt ------------------------------------------------------------------------------------------
+
+
+def test_preempt_keeps_only_candidates_whose_victims_free_a_fitting_gpu(api):
+    state = make_state(api, {"a": inventory(gpus=1), "b": inventory(gpus=2), "t4": inventory("T4", gpus=1)})
+    held = {
+        "a-big": _bound_pod("a-big", "a", "0", {"gpuslice.io/gpu": "1"}),
+        "b-0": _bound_pod("b-0", "b", "0", {"gpuslice.io/gpu": "1"}),
+        "b-1": _bound_pod("b-1", "b", "1", {"gpuslice.io/gpu": "1"}),
+        "t4-0": _bound_pod("t4-0", "t4", "0", {"gpuslice.io/gpu": "1"}),
+    }
+    for p in held.values():
+        state.apply(WatchEvent("Pod", "ADDED", p))
+    pending = pod_json("urgent", {"gpuslice.io/gpu": "1"}, {ANNOTATION_EXCLUDE_GPU_MODELS: "T4"})
+    body = {
+        "Pod": pending,
+        "NodeNameToVictims": None,
+        "NodeNameToMetaVictims": {
+            "a": {"Pods": [{"UID": "uid-a-big"}], "NumPDBViolations": 0},  # frees the only GPU: kept
+            "b": {"Pods": [], "NumPDBViolations": 0},  # evicts nothing: both GPUs stay taken
+            "t4": {"Pods": [{"UID": "uid-t4-0"}], "NumPDBViolations": 1},  # model excluded
+        },
+    }
+    with client_for(state) as http:
+        reply = http.post("/preempt", json=body).json()
+    assert reply == {"NodeNameToMetaVictims": {"a": {"Pods": [{"UID": "uid-a-big"}], "NumPDBViolations": 0}}}
+    state.check_invariants()  # a what-if: nothing was released
+
+
+def test_preempt_of_a_share_needs_the_victim_on_a_gpu_with_room(api):
+    state = make_state(api, {"n": inventory(gpus=2, split=10)})
+    for name, gpu in (("x", "0"), ("y", "1")):
+        share = {"gpuslice.io/gpu": "1", "gpuslice.io/gpucores": "60"}
+        decision = Decision("n", "train", (int(gpu),), (), 0, 60)
+        state.apply(WatchEvent("Pod", "ADDED", pod_json(name, share, decision.to_annotations(), node="n")))
+    pending = pod_json("p", {"gpuslice.io/gpu": "1", "gpuslice.io/gpucores": "70"})
+    assert state.preempt(pending, {"n": ["uid-x"]}) == {"n": ["uid-x"]}
+    assert state.preempt(pending, {"n": ["uid-someone-else"]}) == {}

@@ -7,6 +7,8 @@ node names, never node objects):
 POST /filter      {Pod, NodeNames}  -> {NodeNames, FailedNodes{name: reason}, Error}
                   0 nodes pass -> a Warning Event on the pod saying why (off the request path)
 POST /prioritize  {Pod, NodeNames}  -> [{Host, Score 0..10}]      placement policy's scores, rescaled
+POST /preempt     {Pod, NodeNameToMetaVictims} -> the candidates where evicting those victims frees a GPU
+                  the pod fits on (a what-if over one ledger row)
 POST /bind        {PodName, PodNamespace, PodUID, Node}
                   per-node lock: choose GPUs (policy advice, topology), Ledger.reserve   (microseconds)
                   no lock:       patch decision annotations, create the Binding  -> {Error}
@@ -756,6 +758,65 @@ class ClusterState:
         sets = itertools.combinations((int(g) for g in free), req.num_gpu)
         return min(sets, key=lambda gs: (topology.hop_cost(gs), gs))
 
+    # ---- preempt ------------------------------------------------------------------------------------
+
+    def preempt(self, pod: Mapping[str, Any], victims: Mapping[str, list[str]]) -> dict[str, list[str]]:
+        """Of kube-scheduler's preemption candidates (node -> UIDs of the pods it would evict), the nodes
+        where evicting exactly those pods frees a GPU the pod fits on; the victims are kept as proposed.
+
+        kube-scheduler picks victims with its own plugins, which see only ``gpuslice.io/gpu`` counts; this
+        what-if over the ledger drops the candidates whose evictions would free the wrong GPUs.
+        """
+        try:
+            ask = _ask(pod)
+        except InvalidRequest:
+            return {}
+        if not ask.wants_gpu:
+            return dict(victims)
+        built = self._ledgered()
+        with self._lock:
+            return {
+                name: uids
+                for name, uids in victims.items()
+                if (node := built.index.get(name)) is not None and self._fits_without(built, node, ask, uids)
+            }
+
+    def _fits_without(self, built: _Ledgered, node: int, ask: PodGpuRequest, uids: list[str]) -> bool:
+        """Would ``ask`` fit on ``node`` with the pods ``uids`` gone? Reads only (a copy of one row)."""
+        gone = [
+            b
+            for u in uids
+            if (b := self._pods.get(u)) is not None and b.node == built.ledger.node_names[node]
+        ]
+        if ask.mig_profile:
+            freed = {b.mig_key for b in gone if b.mig_key is not None}
+            name = built.ledger.node_names[node]
+            return any(
+                slot.profile == ask.mig_profile
+                and gpu.healthy
+                and ((key := (name, gpu.index, slot.start)) not in self._mig_used or key in freed)
+                for gpu in built.inventories[node].gpus
+                for slot in gpu.mig
+            )
+        view = built.ledger.view
+        free = view.free_gpu_milli[node].copy()
+        memory = view.free_gpu_memory_bytes[node].copy()
+        tasks = view.gpu_tasks[node].copy()
+        for b in gone:
+            if b.placement is not None:
+                for g in b.placement.gpus:
+                    free[g] += b.placement.request.gpu_milli
+                    memory[g] += b.placement.request.gpu_memory_bytes
+                    tasks[g] -= 1
+        req = ask.to_request()
+        usable = (
+            built.healthy[node]
+            & (tasks < built.split[node])
+            & (free >= req.gpu_milli)
+            & (memory >= req.gpu_memory_bytes)
+        )
+        return bool(built.ledger.model_allowed(req)[node]) and int(usable.sum()) >= req.num_gpu
+
     # ---- events -------------------------------------------------------------------------------------
 
     def _remember(self, pod: Mapping[str, Any]) -> None:
@@ -893,7 +954,7 @@ def _host_priorities(hosts: list[str], scores: np.ndarray) -> bytes:
 
 
 def create_app(state: ClusterState, events: Iterable[WatchEvent] | None = None) -> Any:
-    """The extender's ASGI app: POST /filter, /prioritize, /bind (extender/v1 JSON), GET /healthz.
+    """The extender's ASGI app: POST /filter, /prioritize, /preempt, /bind (extender/v1), GET /healthz.
 
     ``events``: a watch source followed on a daemon thread from startup (``KubernetesApi.events()``).
     """
@@ -938,6 +999,36 @@ def create_app(state: ClusterState, events: Iterable[WatchEvent] | None = None) 
         except (GpusliceError, ValueError):
             return JSONResponse([])  # a prioritize error only costs this extender's scores (research §1.2)
         return fastapi.Response(_host_priorities(names, scores), media_type="application/json")
+
+    @app.post("/preempt")
+    async def preempt(request: fastapi.Request) -> JSONResponse:
+        try:
+            body = await body_of(request)
+            meta = _field(body, "NodeNameToMetaVictims")
+            if meta is not None:  # nodeCacheCapable: victims by UID
+                candidates = {n: (v or {}) for n, v in meta.items()}
+                uids = {
+                    n: [str(_field(p, "UID")) for p in _field(v, "Pods") or []] for n, v in candidates.items()
+                }
+            else:  # full pods
+                candidates = {n: (v or {}) for n, v in (_field(body, "NodeNameToVictims") or {}).items()}
+                uids = {n: [_pod_meta(p)[2] for p in _field(v, "Pods") or []] for n, v in candidates.items()}
+            kept = state.preempt(_field(body, "Pod") or {}, uids)
+        except (GpusliceError, ValueError, AttributeError):
+            # ExtenderPreemptionResult has no error field: no candidates means no preemption for now
+            log.warning("unreadable preemption request", exc_info=True)
+            return JSONResponse({"NodeNameToMetaVictims": {}})
+        return JSONResponse(
+            {
+                "NodeNameToMetaVictims": {
+                    n: {
+                        "Pods": [{"UID": u} for u in victims],
+                        "NumPDBViolations": int(_field(candidates[n], "NumPDBViolations") or 0),
+                    }
+                    for n, victims in kept.items()
+                }
+            }
+        )
 
     @app.post("/bind")
     def bind(body: dict[str, Any]) -> JSONResponse:
