@@ -846,7 +846,11 @@ class DevicePlugin:
         return pb.ContainerAllocateResponse(envs=env, mounts=self._mounts(env))
 
     def _mounts(self, env: Mapping[str, str]) -> list[pb.Mount]:
-        """Host directories the slice's environment points at, mounted at the same path."""
+        """Host directories the slice's environment points at, mounted at the same path.
+
+        Not covered here: MPS clients also share memory with the daemon through /dev/shm, so the daemon
+        and the pods must see one /dev/shm (NVIDIA's plugin mounts a host tmpfs there, research §3.3);
+        that is the DaemonSet's and the pods' setup, and it has not been tried on a real node."""
         mounts = []
         if "CUDA_MPS_PIPE_DIRECTORY" in env:
             pipe, _log = mps_dirs(self.state_dir)
