@@ -334,6 +334,16 @@ def test_preferred_allocation_steers_the_kubelet_to_the_extenders_gpus(make_plug
     assert sorted(got) == [share(machine, 2), share(machine, 6)]
 
 
+def test_preferred_allocation_without_topology_or_enough_gpus_still_answers_the_size(make_plugin, kubelet):
+    gpus = tuple(GpuInfo(i, f"GPU-sim-pcie-{i:04d}", "A10", 24 * GiB) for i in range(2))
+    machine = Machine("two-a10", gpus)  # no topology known: lowest GPUs, one share each, then fill
+    make_plugin(machine)
+    stub = kubelet.dial(kubelet.next_request().endpoint)
+    assert preferred(stub, all_shares(machine), 2) == [share(machine, 0), share(machine, 1)]
+    got = preferred(stub, all_shares(machine), 3)
+    assert len(set(got)) == 3 and {gpu_of_share(d) for d in got} == {g.uuid for g in gpus}
+
+
 # ---- Allocate --------------------------------------------------------------------------------------
 
 

@@ -709,11 +709,10 @@ class DevicePlugin:
             for g in gpus:
                 if g not in {d.gpu for d in chosen}:
                     chosen.append(per_gpu[g][0])
-        for d in available:  # more shares than distinct GPUs were asked for: fill up, advice only
-            if len(chosen) >= size:
-                break
-            if d not in chosen:
-                chosen.append(d)
+        # More shares than distinct GPUs (or must-includes that rule out a topology choice): fill up,
+        # spreading round-robin over the GPUs. Advice only; the extender refuses such a pod anyway.
+        by_rank = sorted(available, key=lambda d: (per_gpu[d.gpu].index(d), d.gpu))
+        chosen += [d for d in by_rank if d not in chosen]
         return chosen[:size]
 
     def _topology_choice(self, free: tuple[int, ...], must: set[int], size: int) -> tuple[int, ...]:
