@@ -30,6 +30,7 @@ EXPECTED = {
     "bestfit",
     "fgd",
     "fgd-exact",
+    "fgd-scarcity",
     "hami-binpack",
     "hami-spread",
 }
