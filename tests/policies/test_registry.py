@@ -78,7 +78,7 @@ def test_the_fgd_paper_policies_are_registered_in_the_papers_order() -> None:
     assert [d[:2] for d in FGD_PAPER_POLICIES.values()] == ["01", "02", "03", "04", "05", "06"]
 
 
-@pytest.mark.parametrize("name", sorted(EXPECTED - {"fgd", "fgd-exact"}))
+@pytest.mark.parametrize("name", sorted(EXPECTED - {"fgd", "fgd-exact", "fgd-scarcity"}))
 def test_policies_other_than_fgd_need_no_target_workload(ledger: Ledger, name: str) -> None:
     policy = make_policy(name, ledger.view, PolicyContext(rng=np.random.default_rng(0)))
     assert policy.name == name
