@@ -7,6 +7,7 @@ from gpuslice.node.discovery import NoGpuDriver, discover, is_simulated
 from gpuslice.node.enforcement import MpsDaemon, MpsUnavailable, SharingMode, job_env
 from gpuslice.node.launcher import ExitStatus, LaunchedJob
 from gpuslice.node.machine import GpuInfo, Machine
+from gpuslice.node.mig_manager import MigCommandFailed, MigManager, MigPermissionDenied
 from gpuslice.node.monitor import Action, ActionKind, GradedResponse, ResponseConfig
 
 __all__ = [
@@ -17,6 +18,9 @@ __all__ = [
     "GradedResponse",
     "LaunchedJob",
     "Machine",
+    "MigCommandFailed",
+    "MigManager",
+    "MigPermissionDenied",
     "MpsDaemon",
     "MpsUnavailable",
     "NoGpuDriver",

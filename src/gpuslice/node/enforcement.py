@@ -112,7 +112,8 @@ def mig_device_uuid(machine: Machine, gpu: int, profile: str, start: int, nvml: 
     """The UUID (``MIG-…``) of the MIG instance ``profile`` at memory slot ``start`` on GPU ``gpu``.
 
     On a simulated machine the UUID is made up deterministically; on a real one it is looked up
-    through NVML (the instance must exist: gpuslice does not create MIG instances, which needs root)."""
+    through NVML (the instance must exist: under ``--sharing mig`` the server's ``MigManager`` creates
+    it first; this function never creates one)."""
     from gpuslice.node.discovery import SIMULATED_UUID_PREFIX, find_mig_device_uuid
 
     info = machine.gpus[gpu]

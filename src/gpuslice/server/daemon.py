@@ -38,6 +38,7 @@ from gpuslice.errors import InvalidRequest
 from gpuslice.hardware.mig import mig_gpu
 from gpuslice.node.launcher import ExitStatus, LaunchedJob
 from gpuslice.node.machine import Machine
+from gpuslice.node.mig_manager import MigCommandFailed
 from gpuslice.scheduler.node_scheduler import MigAssignment, NodeScheduler, PreemptJob, StartJob, TenantQuota
 from gpuslice.server.errors import JobConflict
 from gpuslice.server.store import JobRecord, Store, TenantRecord
@@ -351,6 +352,8 @@ class Daemon:
             launched = self.node.launch(job.id, job.spec, env, self.state_dir)
         except Exception as err:  # the job cannot start (bad cwd, no MPS, …): it fails, the loop goes on
             _log.exception("launch of job %s failed", job.id)
+            if isinstance(err, MigCommandFailed):  # the command and what it printed, for the operator
+                self.store.event(job.id, "mig", str(err), now, err.details)
             self._end(job, JobState.FAILED, f"could not launch: {err}", now, None, requeue=False)
             return
         self.store.update(job.id, pid=launched.pid, pgid=launched.pgid, proc_start_time=launched.start_time)

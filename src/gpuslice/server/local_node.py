@@ -3,6 +3,9 @@
 launch/poll/signals come from ``node.launcher``, the job environment from ``node.enforcement``, GPU
 memory per job from ``node.monitor`` (NVML, or the fake-load reports on a ``--simulate`` machine), and
 the graded response (warn → suspend → kill) from ``monitor.GradedResponse``, one per tenant setting.
+With ``--sharing mig`` on a real machine, ``node.mig_manager`` creates a job's MIG instance before its
+environment is built (``job_env``), ties it to the job at ``launch``, and destroys it at ``forget``
+(the daemon calls it whenever a job ends).
 """
 
 from __future__ import annotations
@@ -17,9 +20,10 @@ import psutil
 
 from gpuslice.errors import InvalidRequest
 from gpuslice.node import enforcement, launcher, monitor
-from gpuslice.node.discovery import discover
+from gpuslice.node.discovery import discover, is_simulated
 from gpuslice.node.launcher import ExitStatus, LaunchedJob
 from gpuslice.node.machine import Machine
+from gpuslice.node.mig_manager import MigManager
 from gpuslice.scheduler.node_scheduler import MigAssignment
 from gpuslice.server.store import TenantRecord
 from gpuslice.workload.job import JobSpec
@@ -31,11 +35,14 @@ class LocalNode:
     """This machine's GPUs and processes, for one state directory and one sharing mode."""
 
     def __init__(self, machine: Machine, state_dir: Path, sharing: str,
-                 mps: enforcement.MpsDaemon | None = None) -> None:  # fmt: skip
+                 mps: enforcement.MpsDaemon | None = None, *, mig: MigManager | None = None,
+                 nvml: Any | None = None) -> None:  # fmt: skip
         self.machine = machine
         self.state_dir = Path(state_dir)
         self.sharing = enforcement.SharingMode(sharing)
         self._mps = mps
+        self._mig = mig  # None: MIG instances must exist already (simulated machine, or not --sharing mig)
+        self._nvml = nvml  # a pynvml-like module for tests; None: the real one
         self._responses: dict[str, monitor.GradedResponse] = {}
 
     @classmethod
@@ -53,16 +60,26 @@ class LocalNode:
         if mode is enforcement.SharingMode.MPS and simulate is None:
             mps = enforcement.MpsDaemon(state_dir)
             mps.start()
-        return cls(machine, state_dir, mode.value, mps)
+        mig = None
+        if mode is enforcement.SharingMode.MIG and not is_simulated(machine):
+            mig = MigManager(machine, state_dir)
+            mig.destroy_idle()  # leftovers of a crash between create and launch
+        return cls(machine, state_dir, mode.value, mps, mig=mig)
 
     def close(self, jobs_running: bool) -> None:
-        """Stop the MPS daemon unless jobs still use it (they outlive the server; the next one adopts)."""
+        """Stop the MPS daemon unless jobs still use it (they outlive the server; the next one adopts),
+        and destroy the MIG instances gpuslice created that no job uses."""
         if self._mps is not None and not jobs_running:
             self._mps.stop()
+        if self._mig is not None:
+            self._mig.destroy_idle()
 
     # -- processes ------------------------------------------------------------------------------------
 
     def launch(self, job_id: str, spec: JobSpec, env: Mapping[str, str], state_dir: Path) -> LaunchedJob:
+        visible = env.get("CUDA_VISIBLE_DEVICES", "")
+        if self._mig is not None and visible.startswith("MIG-"):
+            self._mig.claim(job_id, visible)  # before the process: a failed launch still releases it
         return launcher.launch(job_id, spec, env, state_dir)
 
     def poll(self, job_id: str, state_dir: Path) -> ExitStatus | None:
@@ -97,10 +114,23 @@ class LocalNode:
     # -- enforcement ----------------------------------------------------------------------------------
 
     def job_env(self, spec: JobSpec, gpus: tuple[int, ...], mig: MigAssignment | None) -> dict[str, str]:
-        return enforcement.job_env(self.sharing, spec, gpus, self.machine, self.state_dir, mig=mig)
+        """The job's environment; under ``--sharing mig`` its MIG instance is created first if missing
+        (MigCommandFailed / MigPermissionDenied say why it could not be)."""
+        if self._mig is None or mig is None:
+            return enforcement.job_env(
+                self.sharing, spec, gpus, self.machine, self.state_dir, mig=mig, nvml=self._nvml
+            )
+        self._mig.acquire(mig.gpu, mig.profile, mig.start)
+        try:
+            return enforcement.job_env(
+                self.sharing, spec, gpus, self.machine, self.state_dir, mig=mig, nvml=self._nvml
+            )
+        except Exception:
+            self._mig.destroy_idle()  # the instance just created, claimed by no job
+            raise
 
     def usage(self, jobs: Mapping[str, int]) -> tuple[dict[str, dict[int, int]], dict[int, int]]:
-        return monitor.usage(self.machine, jobs)
+        return monitor.usage(self.machine, jobs, nvml=self._nvml)
 
     def response_defaults(self) -> dict[str, Any]:
         return dataclasses.asdict(monitor.ResponseConfig())
@@ -119,9 +149,12 @@ class LocalNode:
             raise InvalidRequest(f"response: {err}") from None
 
     def forget(self, job_id: str) -> None:
-        """A job ended or was requeued: its next over-limit episode starts afresh."""
+        """A job ended or was requeued: its next over-limit episode starts afresh, and a MIG instance
+        gpuslice created for it is destroyed when no other job uses it."""
         for response in self._responses.values():
             response.forget(job_id)
+        if self._mig is not None:
+            self._mig.release(job_id)
 
     def respond(
         self, job_id: str, tenant: TenantRecord | None, used: int, limit: int, now: float
