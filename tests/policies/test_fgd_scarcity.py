@@ -94,14 +94,14 @@ def test_constrained_task_still_goes_to_its_model(
     assert result.node == 2
 
 
-def test_without_constrained_shapes_scores_and_gpus_equal_fgd(
+def test_without_constrained_shapes_gpu_scores_and_gpus_equal_fgd(
     ledger: Ledger, unconstrained: TargetWorkload, make_placer: Callable, occupy: Callable
 ) -> None:
     fgd = make_placer(ledger, "fgd", target=unconstrained)
     occupy(fgd, 0, (1,), Request(cpu_milli=1000, num_gpu=1, gpu_milli=300))
     ours = make_placer(ledger, "fgd-scarcity", target=unconstrained)
     nodes = np.array([0, 1, 2])
-    for req in (SHARE_500, WHOLE, CPU_ONLY, Request(cpu_milli=4000, num_gpu=2, gpu_milli=1000)):
+    for req in (SHARE_500, WHOLE, Request(cpu_milli=4000, num_gpu=2, gpu_milli=1000)):
         feasible = nodes[ledger.fits(req)[nodes]]
         np.testing.assert_array_equal(
             ours.policy.score(ledger.view, req, feasible), fgd.policy.score(ledger.view, req, feasible)
@@ -119,15 +119,21 @@ def test_price_is_the_same_for_every_gpu_of_a_node_so_the_gpu_choice_is_fgds(
     assert ours.policy.pick_gpus(ledger.view, share_t4, 2) == fgd.policy.pick_gpus(ledger.view, share_t4, 2)
 
 
-def test_cpu_only_task_pays_no_price(
-    ledger: Ledger, t4_scarce: TargetWorkload, make_placer: Callable
+def test_cpu_only_task_pays_no_price_and_breaks_ties_toward_the_node_with_least_free_gpu(
+    ledger: Ledger, t4_scarce: TargetWorkload, make_placer: Callable, occupy: Callable
 ) -> None:
     fgd = make_placer(ledger, "fgd", target=t4_scarce)
+    occupy(fgd, 1, (0, 1, 2), Request(cpu_milli=3000, num_gpu=3, gpu_milli=1000))  # node 1: 1 GPU free
     ours = make_placer(ledger, "fgd-scarcity", target=t4_scarce)
     nodes = np.array([0, 1, 2, 3])
-    np.testing.assert_array_equal(
-        ours.policy.score(ledger.view, CPU_ONLY, nodes), fgd.policy.score(ledger.view, CPU_ONLY, nodes)
-    )
+    fgd_scores = fgd.policy.score(ledger.view, CPU_ONLY, nodes)
+    ours_scores = ours.policy.score(ledger.view, CPU_ONLY, nodes)
+    # same integer part (no price on CPU), the fraction only orders FGD's ties
+    np.testing.assert_array_equal(np.floor(ours_scores), fgd_scores)
+    assert fgd_scores[0] == fgd_scores[1]
+    feasible = ledger.fits(CPU_ONLY)
+    assert fgd.choose_node(CPU_ONLY, feasible) == 0
+    assert ours.choose_node(CPU_ONLY, feasible) == 3  # no GPU at all: nothing to strand
 
 
 def test_needs_a_target_workload(ledger: Ledger, make_placer: Callable) -> None:

@@ -10,7 +10,9 @@ with g_r the request's total milli-GPU, k(n) the node's GPU model, λ = ``PRICE_
 to their capacity — per milli-GPU of k's capacity, divided by the demand of all shapes per milli-GPU of
 the cluster. e_k = 0 for a model no constrained shape asks for, ~1 when constrained pods alone would use
 k as fully as the average GPU; the score of a node depends only on its own row, so cached scores stay
-valid. Quantisation, first-node ties and the GPU choice inside a node are FGD's, unchanged.
+valid. Quantisation, first-node ties and the GPU choice inside a node are FGD's, unchanged, except
+that a CPU-only task breaks FGD's ties by the least free GPU on the node (+0.999 · (1 − free / 8 GPUs)):
+its CPU then goes where it can strand the fewest GPUs (FGD's own tie rule takes the first node).
 
 Why: FGD's measure weighs a model by how many shapes *cannot* use it (its free GPUs are a
 ``no_access`` fragment to them, so consuming them lowers F), never by how much of it the shapes that
@@ -20,10 +22,11 @@ T4 is 14 % of the GPUs and ~17 % of the GPU demand is T4-only) looks almost like
 and T4-only pods fail (12 % unallocated). The price acts like a shadow price on each model's capacity.
 Source: FGD (Weng et al., ATC'23) plus the dual-price view of online packing with typed bins
 (e.g. Devanur & Hayes, "The adwords problem", EC'09: charge each resource its expected scarcity).
-With no constrained shape in M every e_k is 0 and the policy is FGD, decision for decision.
+With no constrained shape in M every e_k is 0 and only the CPU-only tie rule differs from FGD.
 Known weakness: e_k is fixed from M when the policy is built; it does not fall once a scarce model is
 full or rise when the actual arrivals are more constrained than M says, and λ = 0.5 was tuned on the
-gpuspec traces with the simulator (λ ∈ {0.25, 0.5, 1, 2}; see benchmarks/out/beat_fgd_log.md).
+gpuspec traces with the simulator (λ ∈ {0.25, 0.5, 1, 2}; see benchmarks/out/beat_fgd_log.md). The
+CPU-only tie rule is a small gain (~0.1 point on CPU-heavy traces), about noise on the others.
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ from typing import ClassVar
 import numpy as np
 
 from gpuslice.ledger.ledger import LedgerView
-from gpuslice.policies.base import PolicyContext
+from gpuslice.policies.base import MAX_SPEC_GPU_MILLI, PolicyContext
 from gpuslice.policies.fgd import FGD
 from gpuslice.workload.request import Request
 from gpuslice.workload.target import TargetWorkload
@@ -53,6 +56,14 @@ class ScarcityFGD(FGD):
         # per model index, plus 0 for the "no GPU" index CPU-only nodes carry
         self.scarcity = np.append(model_scarcity(context.target, view), 0.0)
         self._price = np.zeros(0)  # milli-GPU, per node of the _scores call in progress
+
+    def score(self, view: LedgerView, req: Request, nodes: np.ndarray) -> np.ndarray:
+        scores = super().score(view, req, nodes)
+        if req.num_gpu:
+            return scores
+        # CPU-only: among FGD's ties (integer scores), the node with the least free GPU, where the CPU
+        # taken can strand the fewest GPUs; 0.999 keeps it below one score step
+        return scores + 0.999 * (1.0 - view.free_gpu_milli[nodes].sum(axis=1) / MAX_SPEC_GPU_MILLI)
 
     def _scores(self, view: LedgerView, req: Request, nodes: np.ndarray) -> np.ndarray:
         # FGD._scores (used by score and pick_gpus) quantises through _gain_score; the price is set
