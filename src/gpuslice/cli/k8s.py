@@ -15,11 +15,11 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from gpuslice.errors import UserError
-from gpuslice.k8s.annotations import DEFAULT_SPLIT_COUNT, SCHEDULER_NAME
+from gpuslice.cli import k8s_device_plugin
+from gpuslice.k8s.annotations import SCHEDULER_NAME
 from gpuslice.policies import PLACEMENT
 
-__all__ = ["app", "device_plugin", "extender", "webhook"]
+__all__ = ["app", "extender", "webhook"]
 
 app = typer.Typer(
     help="Kubernetes: scheduler extender, admission webhook, device plugin.", no_args_is_help=True
@@ -75,37 +75,5 @@ def webhook(
     run(str(cert), str(key), host=host, port=port, scheduler_name=scheduler_name)
 
 
-@app.command("device-plugin")
-def device_plugin(
-    simulate: Annotated[
-        str | None,
-        typer.Option(help="simulate a machine (dgx-h100, dgx-a100:mig, …) instead of reading NVML"),
-    ] = None,
-    split_count: Annotated[
-        int, typer.Option(min=1, help="shares of gpuslice.io/gpu per GPU: at most this many pods per GPU")
-    ] = DEFAULT_SPLIT_COUNT,
-    socket_dir: Annotated[
-        Path, typer.Option(help="the kubelet's device-plugins directory (holds kubelet.sock)")
-    ] = Path("/var/lib/kubelet/device-plugins"),
-    node_name: Annotated[
-        str | None, typer.Option(help="this node's Kubernetes name [default: env NODE_NAME, else hostname]")
-    ] = None,
-    kubeconfig: Annotated[
-        Path | None,
-        typer.Option(help="kubeconfig file; default: the pod's service account, then ~/.kube/config"),
-    ] = None,
-) -> None:
-    """Serve this node's GPUs to the kubelet as gpuslice.io/gpu shares and MIG resources until SIGTERM."""
-    try:
-        from gpuslice.cli.k8s_device_plugin import device_plugin as run_device_plugin
-    except ImportError as err:  # grpc or the kubernetes client missing
-        raise UserError(
-            f"the device plugin needs the k8s extra ({err}): pip install 'gpuslice[k8s]'"
-        ) from None
-    run_device_plugin(
-        simulate=simulate,
-        split_count=split_count,
-        socket_dir=socket_dir,
-        node_name=node_name,
-        kubeconfig=kubeconfig,
-    )
+# The command lives in its own module (one command per module); grpc is imported only when it runs.
+app.command("device-plugin")(k8s_device_plugin.device_plugin)

@@ -15,6 +15,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
+from gpuslice.errors import UserError
 from gpuslice.k8s.annotations import DEFAULT_SPLIT_COUNT
 
 __all__ = ["device_plugin"]
@@ -58,7 +59,12 @@ def device_plugin(
     ] = True,
 ) -> None:
     """Serve this node's GPUs to the kubelet as gpuslice.io/gpu shares and MIG resources until SIGTERM."""
-    from gpuslice.k8s.device_plugin import DevicePlugin, parse_mig_layouts, serve
+    try:
+        from gpuslice.k8s.device_plugin import DevicePlugin, parse_mig_layouts, serve
+    except ImportError as err:  # grpc or the kubernetes client missing
+        raise UserError(
+            f"the device plugin needs the k8s extra ({err}): pip install 'gpuslice[k8s]'"
+        ) from None
     from gpuslice.node.discovery import discover
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
