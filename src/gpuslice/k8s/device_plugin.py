@@ -54,6 +54,7 @@ import grpc
 
 from gpuslice.errors import UserError
 from gpuslice.hardware.mig import MigLayout, mig_gpu, parse_layout
+from gpuslice.k8s import kube_client
 from gpuslice.k8s.annotations import (
     ANNOTATION_ALLOCATED,
     ANNOTATION_BIND_PHASE,
@@ -174,21 +175,9 @@ class KubeApi:
     """
 
     def __init__(self, kubeconfig: str | None = None, *, api_client: Any | None = None) -> None:
-        try:
-            from kubernetes import client, config
-        except ImportError:
-            raise UserError(
-                "the device plugin needs the kubernetes client: pip install 'gpuslice[k8s]'"
-            ) from None
+        client = kube_client.kubernetes_client_module()
         if api_client is None:
-            if kubeconfig:
-                config.load_kube_config(config_file=kubeconfig)
-            else:
-                try:
-                    config.load_incluster_config()
-                except config.ConfigException:
-                    config.load_kube_config()
-            api_client = client.ApiClient()
+            api_client = kube_client.api_client(kubeconfig)
         self._api_client = api_client
         self.core = client.CoreV1Api(api_client)
 

@@ -54,9 +54,10 @@ import fastapi
 import numpy as np
 from fastapi.responses import JSONResponse
 
-from gpuslice.errors import GpusliceError, InvalidRequest, UnknownPolicy, UserError
+from gpuslice.errors import GpusliceError, InvalidRequest, UnknownPolicy
 from gpuslice.hardware.node import MAX_GPUS_PER_NODE, NodeSpec
 from gpuslice.hardware.topology import Topology, TopologyError, build_topology
+from gpuslice.k8s import kube_client
 from gpuslice.k8s.annotations import (
     ANNOTATION_BIND_PHASE,
     ANNOTATION_NODE_INVENTORY,
@@ -139,21 +140,9 @@ class KubernetesApi:
     """``KubeApi`` over the official ``kubernetes`` client (imported here, so the extra stays optional)."""
 
     def __init__(self, kubeconfig: str | None = None) -> None:
-        try:
-            from kubernetes import client, config
-        except ImportError:
-            raise UserError(
-                "the Kubernetes components need the k8s extra: pip install 'gpuslice[k8s]'"
-            ) from None
-        if kubeconfig:
-            config.load_kube_config(config_file=kubeconfig)
-        else:
-            try:
-                config.load_incluster_config()
-            except config.ConfigException:
-                config.load_kube_config()
+        client = kube_client.kubernetes_client_module()
         self._client = client
-        self._core = client.CoreV1Api()
+        self._core = client.CoreV1Api(kube_client.api_client(kubeconfig))
 
     def _plain(self, obj: Any) -> dict[str, Any]:
         return self._core.api_client.sanitize_for_serialization(obj)
