@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from gpuslice.hardware.node import NodeSpec
-from gpuslice.ledger.ledger import Ledger
+from gpuslice.ledger.ledger import Ledger, LedgerView
 from gpuslice.ledger.placement import Placement
 from gpuslice.policies import PolicyContext, make_policy
 from gpuslice.scheduler.placer import Placer
@@ -29,19 +29,7 @@ from gpuslice.workload.target import TargetWorkload
 V100 = "V100M16"
 T4 = "T4"
 
-# The arrays a LedgerView exposes; every one of them must survive a refusal or a scoring call unchanged.
-VIEW_ARRAYS = (
-    "node_model",
-    "gpu_count",
-    "cpu_capacity_milli",
-    "memory_capacity_bytes",
-    "gpu_capacity_milli",
-    "free_cpu_milli",
-    "free_memory_bytes",
-    "free_gpu_milli",
-    "gpu_tasks",
-    "version",
-)
+VIEW_ARRAYS = LedgerView.ARRAYS
 
 
 def _small_nodes() -> list[NodeSpec]:

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from gpuslice.errors import LedgerError
-from gpuslice.ledger.ledger import Ledger
+from gpuslice.ledger.ledger import Ledger, LedgerView
 from gpuslice.ledger.placement import Placement, Refusal, RefusalCode
 from gpuslice.units import GiB
 from gpuslice.workload.request import Request
@@ -22,18 +22,7 @@ T4 = "T4"
 SHARE = Request(cpu_milli=1000, memory_bytes=GiB, num_gpu=1, gpu_milli=500)
 WHOLE = Request(cpu_milli=1000, memory_bytes=GiB, num_gpu=1, gpu_milli=1000)
 CPU_ONLY = Request(cpu_milli=1000, memory_bytes=GiB)
-VIEW_ARRAYS = (
-    "node_model",
-    "gpu_count",
-    "cpu_capacity_milli",
-    "memory_capacity_bytes",
-    "gpu_capacity_milli",
-    "free_cpu_milli",
-    "free_memory_bytes",
-    "free_gpu_milli",
-    "gpu_tasks",
-    "version",
-)
+VIEW_ARRAYS = LedgerView.ARRAYS
 
 
 def whole(n: int, models: tuple[str, ...] = ()) -> Request:
@@ -285,6 +274,11 @@ def test_releasing_a_forged_placement_with_a_live_id_raises_and_keeps_the_real_o
 
 
 # ---- the view ----------------------------------------------------------------------------------------
+
+
+def test_the_view_declares_every_array_it_exposes(ledger: Ledger) -> None:
+    exposed = {n for n in dir(ledger.view) if isinstance(getattr(ledger.view, n), np.ndarray)}
+    assert set(LedgerView.ARRAYS) == exposed
 
 
 @pytest.mark.parametrize("name", VIEW_ARRAYS)

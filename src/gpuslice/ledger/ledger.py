@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 from itertools import count
+from typing import ClassVar
 
 import numpy as np
 
@@ -41,6 +42,22 @@ class LedgerView:
 
     Policies read these arrays and may call ``fits``; they cannot write (numpy raises on assignment).
     """
+
+    # Every numpy array the view exposes (tests check each is read-only and survives a refusal).
+    ARRAYS: ClassVar[tuple[str, ...]] = (
+        "node_model",
+        "gpu_count",
+        "cpu_capacity_milli",
+        "memory_capacity_bytes",
+        "gpu_capacity_milli",
+        "gpu_memory_capacity_bytes",
+        "free_cpu_milli",
+        "free_memory_bytes",
+        "free_gpu_milli",
+        "free_gpu_memory_bytes",
+        "gpu_tasks",
+        "version",
+    )
 
     def __init__(self, ledger: Ledger) -> None:
         self._ledger = ledger
