@@ -11,7 +11,7 @@ GET  /v1/gpus                       each GPU: model, memory total/free, compute 
 GET  /v1/queue                      pending jobs in start order, each with why it waits
 GET  /v1/tenants                    tenants: weight, quotas, graded-response settings, usage now
 PUT  /v1/tenants/{name}        🔑   set a tenant's weight, quotas and graded response
-GET  /v1/events?job_id=&after=&limit=   the event log
+GET  /v1/events?job_id=&after=&limit=&kind=   the event log (kind=policy: loads, faults, detaches)
 ```
 🔑 = needs ``Authorization: Bearer <token>``. Every error is ``ErrorBody`` JSON: 400/404/409 for user
 errors (``detail`` says how to fix it; ``field`` names the field), 401 without the token, 403 when a
@@ -249,6 +249,7 @@ def create_app(daemon: Daemon, token: str) -> FastAPI:
         job_id: str | None = None,
         after: Annotated[int, Query(ge=0, le=2**62)] = 0,
         limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
+        kind: Annotated[str | None, Query(max_length=32, description="e.g. transition, policy")] = None,
     ) -> list[EventOut]:
         return [
             EventOut(
@@ -261,7 +262,7 @@ def create_app(daemon: Daemon, token: str) -> FastAPI:
                 reason=e.reason,
                 detail=e.detail,
             )
-            for event_id, e in daemon.store.events(job_id, after_id=after, limit=limit)
+            for event_id, e in daemon.store.events(job_id, after_id=after, limit=limit, kind=kind)
         ]
 
     return app

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from urllib.parse import quote
 from pathlib import Path
 from typing import Any
 
@@ -116,11 +117,37 @@ class ServeClient:
     def put_tenant(self, name: str, body: dict[str, Any]) -> dict[str, Any]:
         return self._send("PUT", f"/v1/tenants/{name}", auth=True, json=body)
 
-    def events(self, job_id: str | None = None, after: int = 0) -> list[dict[str, Any]]:
-        params: dict[str, Any] = {"after": after}
+    def events(
+        self, job_id: str | None = None, after: int = 0, kind: str | None = None, limit: int = 1000
+    ) -> list[dict[str, Any]]:
+        params: dict[str, Any] = {"after": after, "limit": limit}
         if job_id is not None:
             params["job_id"] = job_id
+        if kind is not None:
+            params["kind"] = kind
         return self._send("GET", "/v1/events", params=params)
+
+    # -- policies as programs (issue 9) -------------------------------------------------------------
+
+    def policies(self) -> list[dict[str, Any]]:
+        return self._send("GET", "/v1/policies")
+
+    def load_policy(self, filename: str, source: str) -> dict[str, Any]:
+        """The server verifies ``source`` itself; a rejection is a ServerError listing the violations."""
+        return self._send("POST", "/v1/policies", auth=True, json={"filename": filename, "source": source})
+
+    def unload_policy(self, family: str) -> dict[str, Any]:
+        return self._send("DELETE", f"/v1/policies/{quote(family, safe='')}", auth=True)
+
+    def policy_map(self, family: str, name: str) -> dict[str, Any]:
+        return self._send("GET", _map_path(family, name))
+
+    def policy_map_get(self, family: str, name: str, key: str) -> dict[str, Any]:
+        return self._send("GET", f"{_map_path(family, name)}/{quote(key, safe='')}")
+
+    def policy_map_update(self, family: str, name: str, key: str, value: str) -> dict[str, Any]:
+        path = f"{_map_path(family, name)}/{quote(key, safe='')}"
+        return self._send("PUT", path, auth=True, json={"value": value})
 
     def logs(self, job_id: str, follow: bool = False, stream: str = "both") -> Iterator[bytes]:
         """The job's output as it comes; with ``follow`` until the job ends."""
@@ -133,6 +160,10 @@ class ServeClient:
                 yield from r.iter_bytes()
         except httpx.TransportError as err:
             raise self._unavailable(err) from None
+
+
+def _map_path(family: str, name: str) -> str:
+    return f"/v1/policies/{quote(family, safe='')}/maps/{quote(name, safe='')}"
 
 
 def _answer(response: httpx.Response) -> Any:

@@ -313,13 +313,16 @@ class Store:
         )
 
     def events(
-        self, job_id: str | None = None, *, after_id: int = 0, limit: int = 1000
+        self, job_id: str | None = None, *, after_id: int = 0, limit: int = 1000, kind: str | None = None
     ) -> list[tuple[int, JobEvent]]:
-        """(event id, event) in order; ``after_id`` pages through them."""
+        """(event id, event) in order; ``after_id`` pages through them; ``kind`` keeps one kind."""
         sql, args = "SELECT * FROM events WHERE id > ?", [after_id]
         if job_id is not None:
             sql += " AND job_id = ?"
             args.append(job_id)
+        if kind is not None:
+            sql += " AND kind = ?"
+            args.append(kind)
         sql += " ORDER BY id LIMIT ?"
         args.append(limit)
         with self._lock:
