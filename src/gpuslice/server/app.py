@@ -12,6 +12,7 @@ GET  /v1/queue                      pending jobs in start order, each with why i
 GET  /v1/tenants                    tenants: weight, quotas, graded-response settings, usage now
 PUT  /v1/tenants/{name}        🔑   set a tenant's weight, quotas and graded response
 GET  /v1/events?job_id=&after=&limit=&kind=   the event log (kind=policy: loads, faults, detaches)
+GET  /  and  /dashboard             the web dashboard (server/dashboard/: static files over these reads)
 ```
 🔑 = needs ``Authorization: Bearer <token>``. Every error is ``ErrorBody`` JSON: 400/404/409 for user
 errors (``detail`` says how to fix it; ``field`` names the field), 401 without the token, 403 when a
@@ -33,6 +34,7 @@ from pydantic import BaseModel
 
 import gpuslice
 from gpuslice.errors import InvalidRequest, UserError
+from gpuslice.server import dashboard
 from gpuslice.server.auth import check_bearer
 from gpuslice.server.daemon import Daemon
 from gpuslice.server.errors import ForbiddenUser, http_status
@@ -265,6 +267,7 @@ def create_app(daemon: Daemon, token: str) -> FastAPI:
             for event_id, e in daemon.store.events(job_id, after_id=after, limit=limit, kind=kind)
         ]
 
+    dashboard.mount(app)
     return app
 
 

@@ -1,0 +1,193 @@
+"""Acceptance (issue 7): headless Chromium loads the dashboard of a real ``gpuslice serve --simulate dgx-h100``
+with jobs in every state, checks what a person would see, and saves docs/dashboard.png.
+
+Debian's chromium and chromium-driver, driven by Selenium (the driver is the one Debian ships for that
+exact browser, so nothing is downloaded). Without them the test is skipped, unless
+GPUSLICE_REQUIRE_EXTERNAL is set (CI), where it fails.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+SCREENSHOT = REPO / "docs" / "dashboard.png"
+CHROMIUM = "/usr/bin/chromium"
+CHROMEDRIVER = "/usr/bin/chromedriver"
+FAKE_LOAD = str(Path(sys.executable).parent / "gpuslice-fake-load")
+XSS = "<img src=x onerror=alert(1)>"
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
+
+
+def _missing() -> str | None:
+    for path in (CHROMIUM, CHROMEDRIVER):
+        if not os.access(path, os.X_OK):
+            return f"{path} is missing (apt-get install chromium chromium-driver)"
+    try:
+        import selenium  # noqa: F401
+    except ImportError:
+        return "selenium is not installed (pip install -e '.[test]')"
+    return None
+
+
+@pytest.fixture
+def browser() -> Iterator[Any]:
+    """A headless Chromium that never touches the network beyond the page it is sent to."""
+    why = _missing()
+    if why:
+        if os.environ.get("GPUSLICE_REQUIRE_EXTERNAL"):
+            pytest.fail(f"GPUSLICE_REQUIRE_EXTERNAL is set but {why}")
+        pytest.skip(why)
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    profile = tempfile.mkdtemp(prefix="gpuslice-chromium-")
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM  # given, with the driver path: Selenium Manager is never asked
+    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                "--disable-dev-shm-usage", "--hide-scrollbars", "--force-device-scale-factor=1",
+                f"--user-data-dir={profile}", "--window-size=1366,768"):  # fmt: skip
+        options.add_argument(arg)
+    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+        shutil.rmtree(profile, ignore_errors=True)
+
+
+def until(what: str, check: Callable[[], Any], timeout: float = 20.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        with contextlib.suppress(Exception):
+            result = check()
+            if result:
+                return result
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(0.1)
+
+
+def fake(mem: str, seconds: float = 600) -> list[str]:
+    return [FAKE_LOAD, "--mem", mem, "--seconds", str(seconds)]
+
+
+def jobs_in_every_state(server: Any) -> dict[str, str]:
+    """Submit jobs and drive them into every state; returns role -> job id."""
+    state = lambda job_id: server.jobs()[job_id]["state"]  # noqa: E731
+    ids = {
+        "ok": server.submit(["true"])["id"],
+        "bad": server.submit(["sh", "-c", "echo out of memory >&2; exit 3"])["id"],
+        "train": server.submit(fake("30GiB"), memory="40GiB", compute_percent=50, tenant="vision")["id"],
+        # sh -c's extra argument becomes $0: a command line that is HTML, and a job that runs fine.
+        "xss": server.submit(["sh", "-c", "sleep 600", XSS], memory="10GiB", compute_percent=25)["id"],
+        "serve": server.submit(fake("12GiB"), memory="16GiB", priority="high", tenant="web")["id"],
+        "notebook": server.submit(fake("9GiB"), memory="24GiB", tenant="research")["id"],
+        "victim": server.submit(fake("1GiB"), gpus=4, priority="low")["id"],
+    }
+    # Its first line says its supervisor is up: a SIGTERM before that would end the supervisor itself
+    # (the job is then "lost", not preempted; the same wait as in test_e2e's preemption test).
+    logs = f"/v1/jobs/{ids['victim']}/logs"
+    server.wait(lambda: "fake-load: pid" in server.http.get(logs).text, 15, "the low-priority job to run")
+    # Needs 4 whole GPUs; only the low-priority job's can be had: it is preempted and waits again.
+    ids["big"] = server.submit(["sleep", "600"], gpus=4, priority="high", preemptible=False)["id"]
+    server.wait(lambda: state(ids["big"]) == "RUNNING", 20, "the high-priority job to preempt its way in")
+    ids["cancelled"] = server.submit(["sleep", "600"], gpus=8, priority="idle")["id"]
+    r = server.http.post(f"/v1/jobs/{ids['cancelled']}/cancel", headers=server.auth)
+    assert r.status_code == 200, r.text
+    ids["waiting"] = server.submit(fake("60GiB"), gpus=8)["id"]
+    server.wait(lambda: state(ids["ok"]) == "SUCCEEDED" and state(ids["bad"]) == "FAILED", 15,
+                "the short jobs to end")  # fmt: skip
+    return ids
+
+
+def texts(driver: Any, css: str) -> list[str]:
+    return [e.text for e in driver.find_elements("css selector", css)]
+
+
+def row_text(driver: Any, table: str, job_id: str) -> str:
+    return str(driver.find_element("css selector", f"#{table} tr[data-job='{job_id}']").text)
+
+
+def test_dashboard_shows_gpus_jobs_queue_and_events_of_a_real_server(serve, browser):
+    server = serve("--grace", "2s")
+    ids = jobs_in_every_state(server)
+    gpus = server.http.get("/v1/gpus").json()
+    queue = {q["id"]: q["reason"] for q in server.http.get("/v1/queue").json()}
+    assert {ids["victim"], ids["waiting"]} <= set(queue)
+
+    browser.get(server.url + "/")
+    until("the first refresh", lambda: browser.find_element("id", "updated").text.startswith("updated"))
+
+    # One tile per GPU, each showing its free memory and the slices the API reports on it.
+    tiles = browser.find_elements("css selector", "#gpus .tile")
+    assert [t.get_attribute("data-gpu") for t in tiles] == [str(g["index"]) for g in gpus]
+    for tile, gpu in zip(tiles, gpus, strict=True):
+        shown = tile.text
+        assert f"GPU {gpu['index']}" in shown and "free" in shown
+        assert ("idle" in shown) == (not gpu["jobs"])
+        slice_ids = texts(tile, ".slice .job-id")
+        assert slice_ids == [s["id"] for s in gpu["jobs"]]
+        assert len(tile.find_elements("css selector", ".bar .segment")) == len(gpu["jobs"])
+    on_gpus = {s["id"] for g in gpus for s in g["jobs"]}
+    assert {ids[k] for k in ("train", "xss", "serve", "notebook", "big")} <= on_gpus
+
+    # Running jobs, the queue with the scheduler's own reasons, finished jobs with their end state.
+    running = set(texts(browser, "#running tbody .job-id"))
+    assert running == {ids[k] for k in ("train", "xss", "serve", "notebook", "big")}
+    assert "sleep 600" in row_text(browser, "running", ids["big"])
+    for role in ("victim", "waiting"):
+        assert queue[ids[role]] and queue[ids[role]] in row_text(browser, "queue", ids[role])
+    assert "succeeded" in row_text(browser, "finished", ids["ok"])
+    assert "failed" in row_text(browser, "finished", ids["bad"])
+    assert "cancelled" in row_text(browser, "finished", ids["cancelled"])
+
+    # Events, newest first: the preemption is there.
+    events = texts(browser, "#events li")
+    assert any(ids["victim"] in e and "running → preempted" in e for e in events), events
+
+    # The job whose command is HTML shows as text: no element was made from it, nothing ran.
+    xss_row = browser.find_element("css selector", f"#running tr[data-job='{ids['xss']}'] .command")
+    assert xss_row.get_attribute("textContent") == f"sh -c sleep 600 {XSS}"
+    assert browser.execute_script("return document.querySelectorAll('img').length") == 0
+    assert XSS in browser.find_element("id", "gpus").get_attribute("textContent")
+
+    # It refreshes by itself, without reloading the page.
+    browser.execute_script("window.stillThisPage = true")
+    late = server.submit(["sleep", "600"], memory="8GiB", tenant="late")["id"]
+    until("the new job to appear", lambda: late in texts(browser, "#running tbody .job-id, #queue tbody .job-id"))
+    assert browser.execute_script("return window.stillThisPage === true")
+
+    # Laptop screen: nothing overflows sideways at 1366×768.
+    width = browser.execute_script("return [document.documentElement.scrollWidth, window.innerWidth]")
+    assert width[0] <= width[1], width
+
+    # The screenshot for the README: the whole page at laptop width.
+    height = browser.execute_script("return document.documentElement.scrollHeight")
+    browser.set_window_size(1366, max(768, int(height)))
+    time.sleep(0.3)
+    SCREENSHOT.parent.mkdir(exist_ok=True)
+    assert browser.save_screenshot(str(SCREENSHOT)) and SCREENSHOT.stat().st_size > 10_000
+
+    # Narrow screen (a phone): one column, still no sideways scrolling of the page.
+    browser.set_window_size(400, 800)
+    until("the narrow layout", lambda: browser.execute_script(
+        "return document.documentElement.scrollWidth <= window.innerWidth"))  # fmt: skip
+
+    # The server goes away: a banner says so, and the last data stays on screen.
+    server.stop()
+    banner = until("the unreachable banner", lambda: browser.find_element("id", "banner").is_displayed()
+                   and browser.find_element("id", "banner").text)  # fmt: skip
+    assert "Cannot reach the gpuslice server" in banner
+    assert len(browser.find_elements("css selector", "#gpus .tile")) == len(gpus)
