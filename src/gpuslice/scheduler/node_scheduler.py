@@ -16,6 +16,11 @@ for job in order:
                else ledger.reserve -> StartJob (the job is running from now on)
 ```
 
+Unhealthy GPUs (``set_gpu_health``: an XID, an ECC error, or marked by hand) take no new job: every
+fit question is asked of the job's demand without them (``_usable``), and a job that waits because of
+them says so ("…; GPU 3 is unhealthy (XID 79): no new jobs go there"). Jobs running there keep running;
+reporting them is the daemon's part.
+
 Known limits, by design: only the head job preempts (one preemption plan at a time, like EASY's one
 reservation; a second blocked job plans its own once the head started). Memory held outside gpuslice
 (``set_external_usage``) is a pseudo-placement of 1 milli plus the memory, so a GPU someone else uses is
@@ -25,6 +30,7 @@ shown, since MIG slots, not free bytes, decide there.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections import Counter
 from collections.abc import Callable, Mapping
@@ -108,6 +114,7 @@ class GpuUsage:
     external_bytes: int = 0
     mig_enabled: bool = False
     mig_slots: str = ""  # '#' taken, '.' free, slot 0 first; "" when MIG is off
+    unhealthy_reason: str = ""  # why it takes no new jobs; "" when healthy
 
 
 @dataclass
@@ -178,6 +185,8 @@ class NodeScheduler:
         self._seq = 0
         self._start_seq = 0
         self._now = 0.0  # time of the last step, for hooks called outside one
+        self._unhealthy: dict[int, str] = {}  # GPU -> why it takes no new jobs
+        self._usable_cache: dict[Demand, Demand] = {}  # demand -> demand without unhealthy GPUs
 
     # ---- changes from the daemon ---------------------------------------------------------------------
 
@@ -277,6 +286,21 @@ class NodeScheduler:
         self._external[gpu] = max(0, int(memory_bytes))
         self._sync_external(gpu)
 
+    def set_gpu_health(self, gpu: int, healthy: bool, reason: str = "") -> None:
+        """Mark a GPU unhealthy (no new job goes there, from the next step) or healthy again. Running
+        jobs are not touched. InvalidRequest for a GPU that does not exist."""
+        if not 0 <= gpu < self._n:
+            raise InvalidRequest(f"gpu: GPU {gpu} does not exist (this machine has 0–{self._n - 1})")
+        if healthy:
+            self._unhealthy.pop(gpu, None)
+        else:
+            self._unhealthy[gpu] = reason or "marked unhealthy"
+        self._usable_cache.clear()
+
+    def unhealthy_gpus(self) -> dict[int, str]:
+        """GPU index -> why it takes no new jobs."""
+        return dict(self._unhealthy)
+
     # ---- decisions -----------------------------------------------------------------------------------
 
     def step(self, now: float) -> list[StartJob | PreemptJob]:
@@ -303,10 +327,11 @@ class NodeScheduler:
         if p.head is not None and not self.backfill:
             job.reason = self._behind(job, now, p, "backfill is off")
             return False
-        choice = None if job.demand in p.failed else self._choose(job.demand, p.cap)
+        usable = self._usable(job.demand)
+        choice = None if usable in p.failed else self._choose(usable, p.cap)
         if choice is None:
-            reason = p.failed.get(job.demand) or why_not(job.demand, p.cap, self.machine.topology)
-            p.failed[job.demand] = reason
+            reason = p.failed.get(usable) or self._why_not(job.demand, usable, p.cap)
+            p.failed[usable] = reason
             if p.head is None:
                 reason = self._block_head(job, now, p, reason)
             job.reason = reason
@@ -360,7 +385,8 @@ class NodeScheduler:
 
     def _victims(self, job: _Pending, now: float, cap: Capacity) -> tuple[Victim, ...] | None:
         level = int(job.queued.spec.priority)
-        eligible = set(job.demand.eligible)
+        demand = self._usable(job.demand)
+        eligible = set(demand.eligible)
         candidates = [
             Victim(r.job_id, r.holding, int(r.spec.priority), r.started_at)
             for r in self._by_start()
@@ -370,7 +396,7 @@ class NodeScheduler:
             and eligible & set(r.holding.gpus)
         ]
         topology = self.machine.topology
-        return choose_victims(candidates, cap, lambda c: fits(job.demand, c, topology), now)
+        return choose_victims(candidates, cap, lambda c: fits(demand, c, topology), now)
 
     def _behind(self, job: _Pending, now: float, p: _Pass, why: str) -> str:
         assert p.head is not None
@@ -417,6 +443,7 @@ class NodeScheduler:
                     external_bytes=self._external[g],
                     mig_enabled=gpu.mig_enabled,
                     mig_slots=format_mask(layout.mask) if layout is not None else "",
+                    unhealthy_reason=self._unhealthy.get(g, ""),
                 )
             )
         return out
@@ -450,8 +477,35 @@ class NodeScheduler:
 
     def _fits_head(self, p: _Pass) -> Callable[[Capacity], bool]:
         assert p.head is not None
-        demand, topology = p.head.demand, self.machine.topology
+        demand, topology = self._usable(p.head.demand), self.machine.topology
         return lambda cap: fits(demand, cap, topology)
+
+    def _usable(self, demand: Demand) -> Demand:
+        """``demand`` without the unhealthy GPUs (the same object when every GPU is healthy)."""
+        if not self._unhealthy or demand.kind is DemandKind.NONE:
+            return demand
+        usable = self._usable_cache.get(demand)
+        if usable is None:
+            bad = self._unhealthy
+            usable = dataclasses.replace(
+                demand,
+                eligible=tuple(g for g in demand.eligible if g not in bad),
+                mig_options=tuple((g, ps) for g, ps in demand.mig_options if g not in bad),
+            )
+            self._usable_cache[demand] = usable
+        return usable
+
+    def _why_not(self, demand: Demand, usable: Demand, cap: Capacity) -> str:
+        """why_not, plus the unhealthy GPUs the job could otherwise have used."""
+        lost = [g for g in demand.eligible if g in self._unhealthy]
+        if not lost:
+            return why_not(usable, cap, self.machine.topology)
+        sick = "; ".join(f"GPU {g} is unhealthy ({self._unhealthy[g]})" for g in lost)
+        sick += ": no new jobs go there"
+        if len(usable.eligible) < max(1, usable.count):
+            left = len(usable.eligible)
+            return f"needs {max(1, usable.count)} GPU(s) it may use; only {left} healthy; {sick}"
+        return f"{why_not(usable, cap, self.machine.topology)}; {sick}"
 
     def _expected_end(self, r: _Running) -> float:
         ends = [math.inf]

@@ -7,7 +7,11 @@ GET  /v1/jobs?state=&tenant=&limit= list, newest first
 GET  /v1/jobs/{id}                  one job
 POST /v1/jobs/{id}/cancel      🔑   cancel a pending or running job -> JobOut
 GET  /v1/jobs/{id}/logs?follow=&stream=   stdout/stderr as text; follow streams until the job ends
-GET  /v1/gpus                       each GPU: model, memory total/free, compute free, slices on it
+GET  /v1/gpus                       each GPU: model, memory total/free, compute free, slices on it,
+                                    health, and telemetry (utilisation, memory used, temperature, power)
+POST /v1/gpus/{index}/health   🔑   mark a GPU unhealthy ({"healthy": false, "reason": "XID 79"}) or
+                                    healthy again: an unhealthy GPU takes no new jobs -> GpuOut
+GET  /metrics                       Prometheus text exposition (observe/metrics.py; docs/metrics.md)
 GET  /v1/queue                      pending jobs in start order, each with why it waits
 GET  /v1/tenants                    tenants: weight, quotas, graded-response settings, usage now
 PUT  /v1/tenants/{name}        🔑   set a tenant's weight, quotas and graded response
@@ -28,9 +32,10 @@ from typing import Annotated, Any, Literal
 
 from fastapi import Depends, FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
-from pydantic import BaseModel
+from prometheus_client import CONTENT_TYPE_LATEST
+from pydantic import BaseModel, ConfigDict, Field
 
 import gpuslice
 from gpuslice.errors import InvalidRequest, UserError
@@ -70,6 +75,7 @@ class GpuJobOut(BaseModel):
     compute_percent: int
     mig: str
     used_memory_bytes: int | None
+    tenant: str = ""
 
 
 class GpuOut(BaseModel):
@@ -81,6 +87,22 @@ class GpuOut(BaseModel):
     compute_free_percent: float
     external_memory_bytes: int
     jobs: list[GpuJobOut]
+    healthy: bool = True
+    unhealthy_reason: str | None = None
+    # telemetry from the last monitor pass (NVML, or the simulated model); None before the first one
+    utilization_percent: float | None = None
+    temperature_celsius: float | None = None
+    power_watts: float | None = None
+    memory_used_bytes: int | None = None
+
+
+class GpuHealthIn(BaseModel):
+    """Mark a GPU unhealthy (no new jobs; running ones are reported) or healthy again."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    healthy: bool
+    reason: str = Field("", max_length=500, description='why, e.g. "XID 79"; shown in events and the queue')
 
 
 class QueueEntry(BaseModel):
@@ -222,6 +244,16 @@ def create_app(daemon: Daemon, token: str) -> FastAPI:
     @app.get("/v1/gpus", response_model=list[GpuOut])
     def gpus() -> list[GpuOut]:
         return [GpuOut(**g) for g in daemon.gpus()]
+
+    @app.post("/v1/gpus/{index}/health", response_model=GpuOut, responses=_ERRORS, dependencies=[Auth])
+    def gpu_health(index: int, body: GpuHealthIn) -> GpuOut:
+        daemon.set_gpu_health(index, body.healthy, body.reason)
+        return next(GpuOut(**g) for g in daemon.gpus() if g["index"] == index)
+
+    @app.get("/metrics", responses={200: {"content": {"text/plain": {}}}})
+    def metrics() -> Response:
+        """Prometheus metrics; read-only, so no token (like /v1/gpus)."""
+        return Response(daemon.metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/v1/queue", response_model=list[QueueEntry])
     def queue() -> list[QueueEntry]:

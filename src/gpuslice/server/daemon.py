@@ -7,8 +7,13 @@ tick (every tick_seconds, or at once after a submit/cancel):
     limits    max_runtime passed        -> node.terminate(grace) ; FAILED "exceeded max runtime" at exit
     monitor   node.usage(jobs)          -> scheduler.set_external_usage(gpu, bytes) for foreign processes
               graded response per job   -> warn event | node.suspend | node.kill ; FAILED at exit
+    telemetry telemetry.read(loads)     -> per-GPU utilisation, memory, temperature, power (NVML or the
+                                           simulated model); faults -> GPU unhealthy; 3-sigma anomalies
     decide    scheduler.step(now)       -> StartJob: store RUNNING (GPUs) *then* node.launch, then pid
                                         -> PreemptJob: node.terminate(grace); PREEMPTED -> PENDING at exit
+health (an NVML fault, or set_gpu_health from the API):
+    GPU unhealthy -> scheduler.set_gpu_health (no new jobs there), an event for the GPU and one per job
+                     running on it (they keep running), gpuslice_gpu_faults_total
 recover (once, before the first tick, e.g. after kill -9 of the server):
     RUNNING with a live supervisor (same pid + start time) or an exit file -> scheduler.adopt; the next
         tick reads the exit file as usual
@@ -34,13 +39,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+import gpuslice
 from gpuslice.errors import InvalidRequest
 from gpuslice.hardware.mig import mig_gpu
 from gpuslice.node.launcher import ExitStatus, LaunchedJob
 from gpuslice.node.machine import Machine
 from gpuslice.node.mig_manager import MigCommandFailed
+from gpuslice.node.telemetry import GpuReading, SliceLoad, Telemetry
+from gpuslice.observe.anomaly import SigmaDetector
+from gpuslice.observe.health import HealthBook, HealthChange
+from gpuslice.observe.metrics import GpuState, PendingState, ServeMetrics, ServeSnapshot, SliceState
 from gpuslice.scheduler.node_scheduler import MigAssignment, NodeScheduler, PreemptJob, StartJob, TenantQuota
-from gpuslice.server.errors import JobConflict
+from gpuslice.server.errors import GpuNotFound, JobConflict
 from gpuslice.server.store import JobRecord, Store, TenantRecord
 from gpuslice.workload.job import JobSpec, JobState, RestartPolicy
 
@@ -52,6 +62,10 @@ DEFAULT_GRACE_SECONDS = 30.0  # issue 4: SIGTERM, 30 s, SIGKILL
 # The supervisor sends the SIGKILL after the grace; if the group still lives this much later (the
 # supervisor itself died), the daemon kills it.
 _KILL_SLACK_SECONDS = 5.0
+# Telemetry series per GPU for the anomaly detector, and the wobble in each that is never news: 2
+# percentage points of utilisation, 1 % of the GPU's memory, 1 °C.
+_ANOMALY_METRICS = ("utilization", "memory_used", "temperature")
+_ANOMALY_MIN_STD = (2.0, 0.01, 1.0)
 
 
 class NodeOps(Protocol):
@@ -102,6 +116,7 @@ class Daemon:
         monitor_seconds: float = 0.5,
         simulated: bool = False,
         clock: Callable[[], float] = time.time,
+        telemetry: Telemetry | None = None,
     ) -> None:
         self.store = store
         self.machine = machine
@@ -125,6 +140,19 @@ class Daemon:
         self.scheduler = self._new_scheduler()
         self._usage: dict[str, dict[int, int]] = {}  # job -> GPU -> bytes, from the last monitor pass
         self._external: dict[int, int] = {}
+        self.telemetry = telemetry  # None: no GPU readings (tests with a fake node)
+        self.health = HealthBook(machine.gpu_count)
+        self._readings: dict[int, GpuReading] = {}  # GPU -> the last telemetry reading
+        self._gpu_jobs: list[frozenset[str]] = [frozenset()] * machine.gpu_count
+        self.anomalies = SigmaDetector(
+            len(_ANOMALY_METRICS) * machine.gpu_count,
+            min_std=[
+                floor * (g.memory_bytes if name == "memory_used" else 1)
+                for g in machine.gpus
+                for name, floor in zip(_ANOMALY_METRICS, _ANOMALY_MIN_STD, strict=True)
+            ],
+        )
+        self.metrics = ServeMetrics(self.snapshot)
 
     def _new_scheduler(self) -> NodeScheduler:
         return NodeScheduler(
@@ -171,6 +199,15 @@ class Daemon:
             self.scheduler.tenants = _quotas(self.store.tenants())
             self._wake.set()
 
+    def set_gpu_health(self, gpu: int, healthy: bool, reason: str) -> None:
+        """Mark a GPU unhealthy by hand (a fault injected on a simulated GPU, or an operator draining a
+        real one) or healthy again; GpuNotFound when there is no such GPU."""
+        if not 0 <= gpu < self.machine.gpu_count:
+            raise GpuNotFound(f"no GPU {gpu}; this machine has GPU 0–{self.machine.gpu_count - 1}")
+        with self._lock:
+            now = self.clock()
+            self._apply_health(self.health.mark(gpu, healthy, reason, now, manual=True), now)
+
     def queue(self) -> list[tuple[JobRecord, str]]:
         with self._lock:
             order = self.scheduler.queue()
@@ -182,6 +219,7 @@ class Daemon:
             usage = self.scheduler.gpu_usage()
             measured = {job: dict(per_gpu) for job, per_gpu in self._usage.items()}
             external = dict(self._external)
+            readings = dict(self._readings)
         running = {j.id: j for j in self.store.jobs([JobState.RUNNING])}
         rows = []
         for gpu in usage:
@@ -199,8 +237,11 @@ class Daemon:
                         "compute_percent": spec.compute_percent if share else 100,
                         "mig": (job.mig or {}).get("profile", "") if spec.mig_profile else "",
                         "used_memory_bytes": measured.get(job_id, {}).get(gpu.index),
+                        "tenant": spec.tenant,
                     }
                 )
+            health = self.health[gpu.index]
+            reading = readings.get(gpu.index)
             rows.append(
                 {
                     "index": gpu.index,
@@ -211,9 +252,51 @@ class Daemon:
                     "compute_free_percent": gpu.compute_free_milli / 10,
                     "external_memory_bytes": max(gpu.external_bytes, external.get(gpu.index, 0)),
                     "jobs": jobs,
+                    "healthy": health.healthy,
+                    "unhealthy_reason": health.reason or None,
+                    "utilization_percent": reading.utilization_percent if reading else None,
+                    "temperature_celsius": reading.temperature_celsius if reading else None,
+                    "power_watts": reading.power_watts if reading else None,
+                    "memory_used_bytes": reading.memory_used_bytes if reading else None,
                 }
             )
         return rows
+
+    def snapshot(self) -> ServeSnapshot:
+        """The state the metrics show, read now (``GET /metrics`` calls this at every scrape)."""
+        rows = self.gpus()
+        now = self.clock()
+        gpus = [
+            GpuState(
+                index=r["index"], uuid=r["uuid"], model=r["model"],
+                memory_total_bytes=r["memory_total_bytes"],
+                memory_allocated_bytes=sum(j["memory_bytes"] for j in r["jobs"]),
+                healthy=r["healthy"], utilization_percent=r["utilization_percent"],
+                memory_used_bytes=r["memory_used_bytes"], temperature_celsius=r["temperature_celsius"],
+                power_watts=r["power_watts"],
+            )
+            for r in rows
+        ]  # fmt: skip
+        slices = [
+            SliceState(
+                job=j["id"], tenant=j["tenant"], gpu=r["index"], memory_allocated_bytes=j["memory_bytes"],
+                compute_allocated_ratio=j["compute_percent"] / 100, memory_used_bytes=j["used_memory_bytes"],
+            )
+            for r in rows
+            for j in r["jobs"]
+        ]  # fmt: skip
+        pending = [
+            PendingState(j.spec.tenant, j.spec.priority.name.lower(), max(0.0, now - _queued_since(j)))
+            for j in self.store.jobs([JobState.PENDING])
+        ]
+        info = {
+            "version": gpuslice.__version__,
+            "machine": self.machine.name,
+            "sharing": self.sharing,
+            "simulated": "true" if self.simulated else "false",
+        }
+        counts = {s.value: self.store.count(s) for s in JobState}
+        return ServeSnapshot(gpus, slices, pending, counts, info)
 
     def tenants(self) -> list[dict[str, Any]]:
         stored = self.store.tenants()
@@ -285,6 +368,7 @@ class Daemon:
                     self._launch(action, now)
                 elif isinstance(action, PreemptJob):
                     self._preempt(action, now)
+            self.metrics.pending_reasons(self.scheduler.queue())
 
     # -- recovery -------------------------------------------------------------------------------------
 
@@ -333,6 +417,7 @@ class Daemon:
 
     def _launch(self, action: StartJob, now: float) -> None:
         job = self.store.get(action.job_id)
+        self.metrics.started(job.spec.priority.name.lower(), now - _queued_since(job))
         gpus_text = ",".join(map(str, action.gpus))
         where = f"MIG {action.mig.profile} on GPU {action.mig.gpu}" if action.mig else f"GPU {gpus_text}"
         mig = None
@@ -363,6 +448,7 @@ class Daemon:
         if job.state is not JobState.RUNNING or job.stop:
             return
         reason = f"preempted for job {action.for_job}: SIGTERM, SIGKILL after {action.grace_seconds:g} s"
+        self.metrics.preempted(job.spec.tenant, job.spec.priority.name.lower())
         self._stop_job(job, "preempt", action.grace_seconds, reason, now)
 
     def _stop_job(self, job: JobRecord, why: str, grace: float, reason: str, now: float) -> None:
@@ -430,6 +516,8 @@ class Daemon:
         One transaction: the end state, and the PENDING that follows it when requeued. Returns whether
         the job was requeued."""
         again = _requeue_reason(job, state) if requeue else None
+        if state is JobState.FAILED:
+            self.metrics.job_failed(reason)
         with self.store.transaction():
             self.store.transition(job.id, state, reason, now, finished_at=now, stop="", stop_deadline=None,
                                   suspended=False, **(fields or {}))  # fmt: skip
@@ -456,6 +544,8 @@ class Daemon:
         pids = {j.id: j.pid for j in running if j.pid is not None}
         usage, external = self.node.usage(pids)
         self._usage, self._external = usage, external
+        if self.telemetry is not None:
+            self._read_telemetry(running, now)
         for gpu in range(self.machine.gpu_count):
             self.scheduler.set_external_usage(gpu, external.get(gpu, 0))
         tenants = self.store.tenants()
@@ -468,6 +558,7 @@ class Daemon:
             if decision is None:
                 continue
             action, reason = decision
+            self.metrics.enforced(action, job.spec.tenant)
             self.store.event(
                 job.id, "enforcement", reason, now, {"action": action, "used": used, "limit": limit}
             )
@@ -481,6 +572,93 @@ class Daemon:
                 with self.store.transaction():
                     self.store.update(job.id, stop="enforce", stop_deadline=now)
                 self.node.kill(job.pgid)
+
+    # -- telemetry, health, anomalies ------------------------------------------------------------------
+
+    def _read_telemetry(self, running: list[JobRecord], now: float) -> None:
+        assert self.telemetry is not None
+        loads = [
+            SliceLoad(g, self._busy_share(job, g), active=not job.suspended)
+            for job in running
+            for g in job.gpus
+        ]
+        memory_used = dict(self._external)
+        for per_gpu in self._usage.values():
+            for g, used in per_gpu.items():
+                memory_used[g] = memory_used.get(g, 0) + used
+        readings = self.telemetry.read(loads, memory_used)
+        self._readings = {r.index: r for r in readings}
+        for r in readings:
+            for fault in r.faults:
+                self._apply_health(self.health.mark(r.index, False, fault, now, manual=False), now)
+        self._detect_anomalies(running, readings, now)
+
+    def _busy_share(self, job: JobRecord, gpu: int) -> float:
+        """The part of a GPU's compute a job was given (the simulated utilisation model)."""
+        spec = job.spec
+        if job.mig is not None:
+            model = self.machine.gpus[gpu].mig_model
+            return mig_gpu(model).profile(str(job.mig["profile"])).compute_slices / 7
+        if not spec.is_share:
+            return 1.0
+        if spec.compute_percent:
+            return spec.compute_percent / 100
+        return spec.gpu_memory_bytes / self.machine.gpus[gpu].memory_bytes
+
+    def _detect_anomalies(self, running: list[JobRecord], readings: list[GpuReading], now: float) -> None:
+        k = len(_ANOMALY_METRICS)
+        values = [float("nan")] * (k * self.machine.gpu_count)
+        for r in readings:
+            jobs = frozenset(j.id for j in running if r.index in j.gpus)
+            if jobs != self._gpu_jobs[r.index]:  # a job came or went: an expected change; learn anew
+                self._gpu_jobs[r.index] = jobs
+                for m in range(k):
+                    self.anomalies.reset(r.index * k + m)
+            sample = (r.utilization_percent, r.memory_used_bytes, r.temperature_celsius)
+            for m, v in enumerate(sample):
+                if v is not None:
+                    values[r.index * k + m] = float(v)
+        for a in self.anomalies.update(values):
+            g, metric = divmod(a.series, k)
+            gpu, name = self.machine.gpus[g], _ANOMALY_METRICS[metric]
+            self.metrics.anomaly(g, gpu.uuid, gpu.model, name)
+            self.store.event(
+                None, "anomaly",
+                f"GPU {g} {name.replace('_', ' ')} {a.value:g} is {a.sigmas:.1f} sigma from its recent mean "
+                f"{a.mean:g}",
+                now, {"gpu": g, "uuid": gpu.uuid, "metric": name, "value": a.value, "mean": a.mean,
+                      "std": a.std},
+            )  # fmt: skip
+
+    def _apply_health(self, change: HealthChange | None, now: float) -> None:
+        """Make a health change take effect: the scheduler, the event log, the fault counter."""
+        if change is None:
+            return
+        g, after = change.gpu, change.after
+        gpu = self.machine.gpus[g]
+        self.scheduler.set_gpu_health(g, after.healthy, after.reason)
+        on_it = [job for job, gpus in self.scheduler.running().items() if g in gpus]
+        detail = {"gpu": g, "uuid": gpu.uuid, "healthy": after.healthy, "reason": after.reason,
+                  "kind": after.kind, "jobs": on_it}  # fmt: skip
+        if after.healthy:
+            text = f"GPU {g} is healthy again (was: {change.before.reason}); it takes new jobs"
+        else:
+            self.metrics.fault(g, gpu.uuid, gpu.model, after.kind)
+            text = f"GPU {g} is unhealthy: {after.reason}; no new jobs go there"
+            if on_it:
+                text += f"; jobs running on it: {', '.join(on_it)}"
+        with self.store.transaction():
+            self.store.event(None, "gpu-health", text, now, detail)
+            if not after.healthy:
+                for job in on_it:
+                    self.store.event(
+                        job, "gpu-health",
+                        f"GPU {g}, which this job runs on, is unhealthy ({after.reason}); the job keeps "
+                        "running, but its results may be wrong",
+                        now, {"gpu": g, "uuid": gpu.uuid, "reason": after.reason, "kind": after.kind},
+                    )  # fmt: skip
+        _log.warning("%s", text)
+        self._wake.set()
 
     def _memory_limit(self, job: JobRecord) -> int:
         """GPU memory a job may hold on each of its GPUs: its slice, or the whole GPU."""
@@ -507,6 +685,13 @@ def _requeue_reason(job: JobRecord, state: JobState) -> str | None:
     if state is JobState.SUCCEEDED and policy is RestartPolicy.ALWAYS:
         return f"restart {restarts_done + 1} of {job.spec.max_restarts} (always)"
     return None
+
+
+def _queued_since(job: JobRecord) -> float:
+    """When a job last entered the queue: its submit, or the end of its previous attempt (requeued)."""
+    if job.attempts and job.finished_at is not None:
+        return job.finished_at
+    return job.submitted_at
 
 
 def _gpus_held(job: JobRecord) -> float:

@@ -4,6 +4,7 @@
 UserError (gpuslice.errors)
 ├─ InvalidRequest (gpuslice.errors)   400  the request contradicts itself or this machine
 ├─ JobNotFound                        404  no job with that id
+├─ GpuNotFound                        404  no GPU with that index
 ├─ JobConflict                        409  the job's state does not allow the action (cancel a finished job)
 ├─ NotAuthenticated                   401  no bearer token, or the wrong one
 ├─ ForbiddenUser                      403  a request claims another user; the server never switches users
@@ -19,6 +20,7 @@ from gpuslice.errors import InvalidRequest, UserError
 
 __all__ = [
     "ForbiddenUser",
+    "GpuNotFound",
     "JobConflict",
     "JobNotFound",
     "NotAuthenticated",
@@ -29,6 +31,10 @@ __all__ = [
 
 class JobNotFound(UserError):
     """No job has the id that was asked for."""
+
+
+class GpuNotFound(UserError):
+    """No GPU has the index that was asked for."""
 
 
 class JobConflict(UserError):
@@ -51,6 +57,7 @@ def http_status(error: UserError) -> int:
     """The HTTP status for a user error: the one place where the tree meets HTTP."""
     for cls, status in (
         (JobNotFound, 404),
+        (GpuNotFound, 404),
         (JobConflict, 409),
         (NotAuthenticated, 401),
         (ForbiddenUser, 403),

@@ -19,6 +19,7 @@ from pathlib import Path
 import uvicorn
 
 from gpuslice.errors import InvalidRequest
+from gpuslice.node.telemetry import open_telemetry
 from gpuslice.server.app import create_app
 from gpuslice.server.auth import TOKEN_FILE, load_or_create_token
 from gpuslice.server.daemon import DEFAULT_GRACE_SECONDS, Daemon
@@ -92,6 +93,7 @@ def run(options: ServeOptions, on_ready: Callable[[str, Path], None] = lambda ur
         token = load_or_create_token(state_dir)
         node = LocalNode.open(state_dir, options.simulate, options.sharing)
         store = Store(state_dir / STORE_FILE)
+        telemetry = open_telemetry(node.machine)
         daemon = Daemon(
             store,
             node.machine,
@@ -102,6 +104,7 @@ def run(options: ServeOptions, on_ready: Callable[[str, Path], None] = lambda ur
             queue_policy=options.queue_policy,
             tick_seconds=options.tick_seconds,
             simulated=options.simulate is not None,
+            telemetry=telemetry,
         )
         daemon.start()
         try:
@@ -112,5 +115,6 @@ def run(options: ServeOptions, on_ready: Callable[[str, Path], None] = lambda ur
             uvicorn.Server(config).run()
         finally:
             daemon.stop()
+            telemetry.close()
             node.close(jobs_running=store.count(JobState.RUNNING) > 0)
             store.close()
