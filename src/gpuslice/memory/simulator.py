@@ -186,7 +186,9 @@ class _Run:
         self.hook_evict = _overrides(ops, "evict_prepare")
         self.faults = self.chunk_faults = self.batches = self.evictions = 0
         self.migrated_pages = self.evicted_pages = 0
-        self.clock = 0.0
+        # clock = compute of the accesses issued so far + service time of the batches so far; set from the
+        # two sums (not accumulated step by step) so that every replay path gets the same float bits
+        self.clock = self.service_s = 0.0
         tenants = max(1, trace.tenants)
         self.tenant_s = np.zeros(tenants)
         self.tenant_bytes = np.zeros(tenants)
@@ -300,7 +302,7 @@ class _Run:
         moved = int(moved_in.sum() + moved_out.sum())
         self.migrated_pages += int(moved_in.sum())
         self.evicted_pages += int(moved_out.sum())
-        self.clock += self.cfg.cost.batch_seconds(moved * PAGE_BYTES)
+        self.service_s += self.cfg.cost.batch_seconds(moved * PAGE_BYTES)
         self.view.moved_bytes += moved * PAGE_BYTES
         for t in waiting:
             self.tenant_s[t] += self.cfg.cost.batch_overhead_s
@@ -462,9 +464,9 @@ class _Run:
         bounds = np.flatnonzero(trace.time[1:] != trace.time[:-1]) + 1
         tenant_access = np.bincount(trace.tenant, minlength=len(self.tenant_s))
         self.tenant_s += tenant_access * self.cfg.cost.per_access_s
-        self.clock_compute = self.cfg.cost.compute_seconds(n)
         self.ops.init(self.view)
         full = self.cfg.visibility == "full"
+        compute = self.cfg.cost.compute_seconds
         pos = hit_start = 0
         window = 4096
         last_report = 0
@@ -472,7 +474,6 @@ class _Run:
             end_w = min(n, pos + window)
             miss = np.flatnonzero(~self.resident[self.gp[pos:end_w]])
             if not miss.size:
-                self.clock += self.cfg.cost.compute_seconds(end_w - pos)
                 pos = end_w
                 window = min(window * 2, 1 << 20)
                 continue
@@ -481,13 +482,12 @@ class _Run:
             end = int(bounds[k]) if k < len(bounds) else n
             seg = self.gp[i:end]
             faulted = np.unique(seg[~self.resident[seg]])
-            self.clock += self.cfg.cost.compute_seconds(end - pos)
             if full:
                 self._access_hooks(hit_start, end)
             self.faults += len(faulted)
             self.view.position = end
             for b in range(0, len(faulted), FAULT_BATCH):
-                self.view.now_s = self.clock
+                self.clock = self.view.now_s = compute(end) + self.service_s
                 self.service(faulted[b : b + FAULT_BATCH])
             window = max(256, 2 * (end - pos))
             pos = hit_start = end
@@ -496,8 +496,55 @@ class _Run:
                 last_report = pos
         if full and hit_start < n:
             self._access_hooks(hit_start, n)
+        self.clock = compute(n) + self.service_s
         if progress is not None:
             progress(n - last_report)
+
+    def compilable(self) -> bool:
+        """Whether the compiled replay computes this run: driver visibility and an ops table that overrides
+        none of the hooks the driver-visible replay calls (it *is* the driver)."""
+        return self.cfg.visibility == "driver" and not any(
+            _overrides(self.ops, h) for h in ("block_activate", "evict_prepare", "page_prefetch")
+        )
+
+    def run_compiled(self, progress: Callable[[int], None] | None = None) -> None:
+        """``run`` for the driver's own policies, in numba (``memory.compiled``); same results."""
+        from gpuslice.memory import compiled  # numba loads (or compiles, first time) only when used
+
+        trace, cost = self.trace, self.cfg.cost
+        n = len(trace)
+        gp = trace.block.astype(np.int64) * _P + trace.page
+        starts = np.append(np.flatnonzero(np.r_[True, trace.time[1:] != trace.time[:-1]]), n)
+        self.tenant_s += np.bincount(trace.tenant, minlength=len(self.tenant_s)) * cost.per_access_s
+        self.ops.init(self.view)
+        state = compiled.CompiledState(trace.blocks, len(self.tenant_s))
+        state.tenant_s[:] = self.tenant_s
+        steps = len(starts) - 1
+        # slices of about 64 k accesses, so a progress bar moves while the replay runs
+        cuts = np.unique(np.r_[0, np.searchsorted(starts, np.arange(65536, n, 65536)), steps])
+        for s0, s1 in itertools.pairwise(cuts.tolist()):
+            compiled.replay_steps(
+                state,
+                gp,
+                starts,
+                s0,
+                s1,
+                trace.owner,
+                self.capacity,
+                cost,
+                self.cfg.thrashing,
+                self.cfg.preferred_gpu,
+            )
+            if progress is not None:
+                progress(int(starts[s1] - starts[s0]))
+        c = state.counters
+        self.faults, self.chunk_faults = int(c[compiled.FAULTS]), int(c[compiled.CHUNK_FAULTS])
+        self.batches, self.evictions = int(c[compiled.BATCHES]), int(c[compiled.EVICTIONS])
+        self.migrated_pages, self.evicted_pages = int(c[compiled.MIGRATED]), int(c[compiled.EVICTED])
+        self.thrash.total_events = int(c[compiled.THRASH_EVENTS])
+        self.service_s = float(state.service_s[0])
+        self.clock = cost.compute_seconds(n) + self.service_s
+        self.tenant_s = state.tenant_s
 
 
 def simulate(
@@ -508,14 +555,19 @@ def simulate(
     prefetch_name: str | None = None,
     progress: Callable[[int], None] | None = None,
     vectorised: bool = True,
+    compiled: bool = True,
 ) -> SimResult:
     """Replay ``trace`` with ``ops`` (a policy or a ``Composed`` pair); ``progress(k)`` is told of every k
-    accesses done. The names only label the result (default: from ``ops``). ``vectorised=False`` runs
-    the one-block-at-a-time reference service (same results, slower; for tests)."""
+    accesses done. The names only label the result (default: from ``ops``). The driver's own policies
+    run compiled (``memory.compiled``) unless ``compiled=False``; ``vectorised=False`` runs the
+    one-block-at-a-time reference service of the general path. All paths give the same results (tests)."""
     config = config or SimConfig()
     run = _Run(trace, ops, config, vectorised)
     t0 = _time.perf_counter()
-    run.run(progress)
+    if compiled and vectorised and run.compilable():
+        run.run_compiled(progress)
+    else:
+        run.run(progress)
     wall = _time.perf_counter() - t0
     if isinstance(ops, Composed):
         evict_name = evict_name or ops.evict.name
