@@ -11,8 +11,9 @@ neither works         → NoGpuDriver, which says to try --simulate
 
 ``pynvml`` is imported only for a real read; tests pass a fake module as ``nvml``. Processes on the
 GPUs (``gpu_processes``), MIG device UUIDs (``find_mig_device_uuid``), and telemetry and faults
-(``gpu_telemetry``, ``FaultWatch``: utilisation, memory, temperature, power, XID events, uncorrected
-ECC errors) are read here too, so every NVML call of the node layer is in this file.
+(``gpu_telemetry``: utilisation, memory, temperature, power, uncorrected ECC errors) are read here too,
+so every NVML call of the node layer is in this file (XID events: ``k8s/health.py``'s NVML source,
+shared by the device plugin and serve).
 """
 
 from __future__ import annotations
@@ -41,10 +42,8 @@ from gpuslice.hardware.topology_profiles import PROFILES, profile
 from gpuslice.node.machine import GpuInfo, Machine
 
 __all__ = [
-    "APPLICATION_XIDS",
     "DEFAULT_SIMULATED_MODEL",
     "SIMULATED_UUID_PREFIX",
-    "FaultWatch",
     "MigInstanceMissing",
     "NoGpuDriver",
     "NvmlReading",
@@ -303,12 +302,6 @@ def find_mig_device_uuid(gpu: int, profile_name: str, start: int, *, nvml: Any |
 
 # ---- telemetry and faults ---------------------------------------------------------------------------
 
-# XIDs caused by an application, not the GPU: the GPU stays healthy. NVIDIA's k8s-device-plugin ignores
-# the same six (internal/rm/health.go: 13 graphics engine exception, 31 GPU memory page fault, 43 GPU
-# stopped processing, 45 preemptive cleanup, 68 video processor exception, 109 context switch timeout).
-APPLICATION_XIDS = frozenset({13, 31, 43, 45, 68, 109})
-
-
 @dataclass(frozen=True, slots=True)
 class NvmlReading:
     """One GPU as NVML reports it now; None where NVML cannot say (NOT_SUPPORTED on that GPU)."""
@@ -353,54 +346,3 @@ def gpu_telemetry(nvml: Any | None = None) -> list[NvmlReading]:
                 )
             )
     return readings
-
-
-class FaultWatch:
-    """Critical XID and double-bit ECC events of every GPU, through one NVML event set.
-
-    ``poll()`` drains what arrived since the last call without waiting: [(GPU index, "XID 79"), …].
-    Application XIDs (``APPLICATION_XIDS``) are dropped. A GPU whose events cannot be registered is
-    reported once as a fault ("cannot watch for XID errors: …"), as the NVIDIA device plugin does.
-    Holds its own NVML init until ``close``.
-    """
-
-    def __init__(self, nvml: Any | None = None) -> None:
-        self._nvml = nvml if nvml is not None else load_nvml()
-        if nvml is not None:
-            nvml.nvmlInit()
-        self._set = self._nvml.nvmlEventSetCreate()
-        self._uuid_index: dict[str, int] = {}
-        self._pending: list[tuple[int, str]] = []
-        wanted = self._nvml.nvmlEventTypeXidCriticalError | self._nvml.nvmlEventTypeDoubleBitEccError
-        for i in range(int(self._nvml.nvmlDeviceGetCount())):
-            handle = self._nvml.nvmlDeviceGetHandleByIndex(i)
-            self._uuid_index[_text(self._nvml.nvmlDeviceGetUUID(handle))] = i
-            try:
-                supported = int(self._nvml.nvmlDeviceGetSupportedEventTypes(handle))
-                self._nvml.nvmlDeviceRegisterEvents(handle, wanted & supported, self._set)
-            except self._nvml.NVMLError as err:
-                self._pending.append((i, f"cannot watch for XID errors: {err}"))
-
-    def poll(self) -> list[tuple[int, str]]:
-        nvml = self._nvml
-        faults, self._pending = self._pending, []
-        while True:
-            try:
-                event = nvml.nvmlEventSetWait_v2(self._set, 0)
-            except nvml.NVMLError_Timeout:
-                return faults
-            except nvml.NVMLError as err:  # the event set itself broke: every GPU is in doubt
-                return faults + [(i, f"NVML event wait failed: {err}") for i in self._uuid_index.values()]
-            gpu = self._uuid_index.get(_text(nvml.nvmlDeviceGetUUID(event.device)))
-            if gpu is None:
-                continue
-            if int(event.eventType) == int(nvml.nvmlEventTypeDoubleBitEccError):
-                faults.append((gpu, "uncorrected (double-bit) ECC error"))
-            elif int(event.eventData) not in APPLICATION_XIDS:
-                faults.append((gpu, f"XID {int(event.eventData)}"))
-
-    def close(self) -> None:
-        with contextlib.suppress(Exception):
-            self._nvml.nvmlEventSetFree(self._set)
-        with contextlib.suppress(Exception):
-            self._nvml.nvmlShutdown()

@@ -1,8 +1,9 @@
 """Per-GPU telemetry for the daemon: utilisation, memory used, temperature, power, and faults.
 
 ```text
-NvmlTelemetry(machine)       real machine: NVML reads (discovery.gpu_telemetry) and the XID/ECC event
-                             set (discovery.FaultWatch); a rising uncorrected-ECC count is a fault too
+NvmlTelemetry(machine, faults) real machine: NVML reads (discovery.gpu_telemetry); faults from a
+                             fault source (serve passes k8s/health.py's NvmlHealthSource: critical XID
+                             events, application XIDs ignored) and from a rising uncorrected-ECC count
 SimulatedTelemetry(machine)  --simulate: derived from the jobs placed on each GPU (see below)
 read(loads, external) ──► [GpuReading per GPU]   (faults: what went wrong since the last read)
 ```
@@ -23,7 +24,6 @@ The NVML path cannot be exercised on a machine without an NVIDIA driver; its tes
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -36,17 +36,15 @@ __all__ = [
     "IDLE_TEMPERATURE_CELSIUS",
     "LOAD_TEMPERATURE_CELSIUS",
     "TDP_WATTS",
+    "FaultSource",
     "GpuReading",
     "NvmlTelemetry",
     "SimulatedTelemetry",
     "SliceLoad",
     "Telemetry",
-    "open_telemetry",
     "simulated_power_watts",
     "simulated_temperature_celsius",
 ]
-
-log = logging.getLogger(__name__)
 
 # Board power (TDP) by catalogue model, from NVIDIA's product datasheets: T4 70 W, P100 PCIe 250 W,
 # V100 SXM2 300 W, A10 150 W, A100 SXM4 400 W, H100 SXM5 700 W, H200 SXM 700 W, L4 72 W. The
@@ -140,28 +138,47 @@ class SimulatedTelemetry:
         return None
 
 
+class FaultSource(Protocol):
+    """Where GPU faults come from (``k8s.health.HealthSource``): ``wait(0)`` returns what happened
+    since the last call without blocking, as changes with a GPU ``uuid``, ``healthy`` and ``reason``."""
+
+    def wait(self, timeout_s: float) -> list[Any]: ...
+    def close(self) -> None: ...
+
+
+# A fault source that keeps failing (a broken event set) answers every call; one read drains at most this.
+_MAX_FAULTS_PER_READ = 64
+
+
 class NvmlTelemetry:
-    """Real readings through NVML; faults from the XID/ECC event set and from a rising uncorrected-ECC
-    count (an error that arrived while no event set was registered, e.g. before the server started, is
-    not seen: the count is volatile since driver load, so only increases are faults)."""
+    """Real readings through NVML; faults from ``faults`` and from a rising uncorrected-ECC count (an
+    error from before the server started is not seen: the count is volatile since driver load, so only
+    increases are faults). Without a fault source (event sets unsupported) only ECC counts mark GPUs."""
 
     simulated = False
 
-    def __init__(self, machine: Machine, nvml: Any | None = None) -> None:
+    def __init__(self, machine: Machine, faults: FaultSource | None = None, nvml: Any | None = None) -> None:
         self.machine = machine
         self._nvml = nvml
-        self._watch: discovery.FaultWatch | None
-        try:
-            self._watch = discovery.FaultWatch(nvml)
-        except Exception as err:  # no event sets here (some virtualised GPUs, WSL): ECC counts still work
-            log.warning("XID events cannot be watched (%s); GPU faults come from ECC counts only", err)
-            self._watch = None
+        self._faults = faults
+        self._index = {g.uuid: g.index for g in machine.gpus}
         self._ecc: dict[int, int] = {}
 
-    def read(self, loads: Sequence[SliceLoad], memory_used: Mapping[int, int]) -> list[GpuReading]:
+    def _new_faults(self) -> dict[int, list[str]]:
         faults: dict[int, list[str]] = {}
-        for gpu, fault in self._watch.poll() if self._watch is not None else ():
-            faults.setdefault(gpu, []).append(fault)
+        for _ in range(_MAX_FAULTS_PER_READ if self._faults is not None else 0):
+            assert self._faults is not None
+            changes = self._faults.wait(0)
+            if not changes:
+                break
+            for change in changes:
+                gpu = self._index.get(change.uuid)
+                if gpu is not None and not change.healthy and change.reason not in faults.get(gpu, []):
+                    faults.setdefault(gpu, []).append(change.reason)
+        return faults
+
+    def read(self, loads: Sequence[SliceLoad], memory_used: Mapping[int, int]) -> list[GpuReading]:
+        faults = self._new_faults()
         readings = []
         for r in discovery.gpu_telemetry(self._nvml):
             if r.ecc_uncorrected is not None:
@@ -184,13 +201,6 @@ class NvmlTelemetry:
         return readings
 
     def close(self) -> None:
-        if self._watch is not None:
-            self._watch.close()
+        if self._faults is not None:
+            self._faults.close()
 
-
-def open_telemetry(machine: Machine, nvml: Any | None = None) -> Telemetry:
-    """The telemetry source for ``machine``: the simulated model for a ``--simulate`` machine, NVML
-    otherwise."""
-    if discovery.is_simulated(machine):
-        return SimulatedTelemetry(machine)
-    return NvmlTelemetry(machine, nvml)

@@ -5,12 +5,15 @@ memory per job from ``node.monitor`` (NVML, or the fake-load reports on a ``--si
 the graded response (warn → suspend → kill) from ``monitor.GradedResponse``, one per tenant setting.
 With ``--sharing mig`` on a real machine, ``node.mig_manager`` creates a job's MIG instance before its
 environment is built (``job_env``), ties it to the job at ``launch``, and destroys it at ``forget``
-(the daemon calls it whenever a job ends).
+(the daemon calls it whenever a job ends). ``open_telemetry`` gives the daemon its GPU readings: the
+simulated model on a ``--simulate`` machine, NVML otherwise, with ``k8s.health``'s NVML XID source for
+faults (the same source the device plugin uses; it imports nothing of Kubernetes).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -19,16 +22,20 @@ from typing import Any
 import psutil
 
 from gpuslice.errors import InvalidRequest
+from gpuslice.k8s.health import NvmlHealthSource
 from gpuslice.node import enforcement, launcher, monitor
 from gpuslice.node.discovery import discover, is_simulated
 from gpuslice.node.launcher import ExitStatus, LaunchedJob
 from gpuslice.node.machine import Machine
 from gpuslice.node.mig_manager import MigManager
+from gpuslice.node.telemetry import NvmlTelemetry, SimulatedTelemetry, Telemetry
 from gpuslice.scheduler.node_scheduler import MigAssignment
 from gpuslice.server.store import TenantRecord
 from gpuslice.workload.job import JobSpec
 
 __all__ = ["LocalNode"]
+
+_log = logging.getLogger("gpuslice.server")
 
 
 class LocalNode:
@@ -65,6 +72,17 @@ class LocalNode:
             mig = MigManager(machine, state_dir)
             mig.destroy_idle()  # leftovers of a crash between create and launch
         return cls(machine, state_dir, mode.value, mps, mig=mig)
+
+    def open_telemetry(self) -> Telemetry:
+        """GPU readings for the daemon; the caller closes it."""
+        if is_simulated(self.machine):
+            return SimulatedTelemetry(self.machine)
+        try:
+            faults = NvmlHealthSource(self.machine, nvml=self._nvml)
+        except Exception as err:  # no event sets (some virtualised GPUs): ECC counts still mark faults
+            _log.warning("XID events cannot be watched (%s); GPU faults come from ECC counts only", err)
+            faults = None
+        return NvmlTelemetry(self.machine, faults, nvml=self._nvml)
 
     def close(self, jobs_running: bool) -> None:
         """Stop the MPS daemon unless jobs still use it (they outlive the server; the next one adopts),

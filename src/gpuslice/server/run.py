@@ -19,7 +19,6 @@ from pathlib import Path
 import uvicorn
 
 from gpuslice.errors import InvalidRequest
-from gpuslice.node.telemetry import open_telemetry
 from gpuslice.server.app import create_app
 from gpuslice.server.auth import TOKEN_FILE, load_or_create_token
 from gpuslice.server.daemon import DEFAULT_GRACE_SECONDS, Daemon
@@ -93,7 +92,7 @@ def run(options: ServeOptions, on_ready: Callable[[str, Path], None] = lambda ur
         token = load_or_create_token(state_dir)
         node = LocalNode.open(state_dir, options.simulate, options.sharing)
         store = Store(state_dir / STORE_FILE)
-        telemetry = open_telemetry(node.machine)
+        telemetry = node.open_telemetry()
         daemon = Daemon(
             store,
             node.machine,

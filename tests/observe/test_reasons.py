@@ -1,0 +1,135 @@
+"""Reason codes: the real scheduler's and daemon's sentences map to the code meant for them."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from gpuslice.hardware.topology_profiles import profile
+from gpuslice.node.machine import GpuInfo, Machine
+from gpuslice.observe.reasons import NOT_TRIED, failure_code, fault_kind, pending_code
+from gpuslice.scheduler.node_scheduler import NodeScheduler, TenantQuota
+from gpuslice.units import GiB
+from gpuslice.workload.job import JobSpec, Priority, TopologyNeed
+
+
+def machine(n: int = 2, *, mig: bool = False, topology: str | None = None) -> Machine:
+    model = profile(topology).gpu_model if topology else "H100"
+    gpus = tuple(
+        GpuInfo(i, f"GPU-{i}", model or "H100", 80 * GiB, mig_enabled=mig, mig_model="h100-80gb")
+        for i in range(n)
+    )
+    return Machine("t", gpus, profile(topology) if topology else None)
+
+
+def spec(**fields) -> JobSpec:
+    return JobSpec(("run",), **fields)
+
+
+def reason_after(s: NodeScheduler, job: str, job_spec: JobSpec) -> str:
+    s.submit(job, job_spec, 1.0)
+    s.step(1.0)
+    return s.pending_reason(job)
+
+
+def busy(n: int = 2, **options) -> NodeScheduler:
+    """A scheduler whose GPUs all hold a 60 GiB, 50 % share (not preemptible)."""
+    s = NodeScheduler(machine(n), **options)
+    for g in range(n):
+        s.submit(f"hold{g}", spec(gpu_memory_bytes=60 * GiB, compute_percent=50, preemptible=False), 0.0)
+    s.step(0.0)
+    return s
+
+
+def test_memory_shortage():
+    assert pending_code(reason_after(busy(), "j", spec(gpu_memory_bytes=30 * GiB))) == "insufficient_memory"
+
+
+def test_compute_shortage():
+    reason = reason_after(busy(), "j", spec(gpu_memory_bytes=1 * GiB, compute_percent=60))
+    assert pending_code(reason) == "insufficient_compute"
+
+
+def test_too_few_whole_gpus():
+    assert pending_code(reason_after(busy(), "j", spec(gpus=1))) == "insufficient_gpus"
+
+
+def test_memory_share_behind_whole_gpu_jobs():
+    s = NodeScheduler(machine(1))
+    s.submit("whole", spec(gpus=1, preemptible=False), 0.0)
+    s.step(0.0)
+    assert pending_code(reason_after(s, "j", spec(gpu_memory_bytes=1 * GiB))) == "insufficient_gpus"
+
+
+def test_no_mig_slot():
+    s = NodeScheduler(machine(1, mig=True))
+    s.submit("big", spec(mig_profile="7g.80gb", preemptible=False), 0.0)
+    s.step(0.0)
+    assert pending_code(reason_after(s, "j", spec(mig_profile="1g.10gb"))) == "no_mig_slot"
+
+
+def test_topology_need_unmet_by_the_free_gpus():
+    topo = profile("dgx1-v100")
+    a, b = next((i, j) for i in range(8) for j in range(i + 1, 8) if topo.nvlinks[i, j] == 0)
+    s = NodeScheduler(machine(8, topology="dgx1-v100"))
+    for g in range(8):
+        if g not in (a, b):
+            s.adopt(f"on{g}", spec(gpus=1, preemptible=False), (g,), 0.0)
+    reason = reason_after(s, "j", spec(gpus=2, topology=TopologyNeed.NVLINK))
+    assert pending_code(reason) == "topology", reason
+    assert np.count_nonzero(topo.nvlinks) > 0
+
+
+def test_tenant_quota():
+    s = NodeScheduler(machine(2), tenants={"ml": TenantQuota("ml", max_gpus=1)})
+    s.submit("first", spec(gpus=1, tenant="ml"), 0.0)
+    s.step(0.0)
+    assert pending_code(reason_after(s, "j", spec(gpus=1, tenant="ml"))) == "quota"
+
+
+def test_waiting_behind_the_head_job():
+    s = busy(backfill=False)
+    s.submit("head", spec(gpus=2), 0.5)
+    assert pending_code(reason_after(s, "j", spec(gpu_memory_bytes=1 * GiB))) == "behind_queue_head"
+
+
+def test_preempting():
+    s = NodeScheduler(machine(1), grace_seconds=30)
+    s.submit("low", spec(gpus=1, priority=Priority.LOW), 0.0)
+    s.step(0.0)
+    assert pending_code(reason_after(s, "j", spec(gpus=1, priority=Priority.HIGH))) == "preempting"
+
+
+def test_unhealthy_gpu_wins_over_the_shortage_it_causes():
+    s = NodeScheduler(machine(1))
+    s.set_gpu_health(0, False, "XID 79")
+    assert pending_code(reason_after(s, "j", spec(gpus=1))) == "unhealthy_gpu"
+
+
+def test_a_job_not_yet_considered_is_not_a_failure():
+    s = NodeScheduler(machine(1))
+    s.submit("j", spec(gpus=1), 0.0)
+    assert pending_code(s.pending_reason("j")) == NOT_TRIED
+
+
+@pytest.mark.parametrize(
+    ("reason", "code"),
+    [
+        ("failed with exit code 3", "exit_code"),
+        ("lost: its supervisor died without an exit record", "lost"),
+        ("lost while the server was down", "lost"),
+        ("could not launch: [Errno 2] No such file", "launch"),
+        ("stopped at its max runtime of 5 s (exit code 143)", "max_runtime"),
+        ("killed for exceeding its GPU memory slice (exit code -9)", "memory_enforcement"),
+        ("something new", "other"),
+    ],
+)
+def test_failure_codes(reason, code):
+    assert failure_code(reason) == code
+
+
+def test_fault_kinds():
+    assert fault_kind("XID 79", manual=False) == "xid"
+    assert fault_kind("uncorrected (double-bit) ECC error", manual=False) == "ecc"
+    assert fault_kind("NVML event wait failed: Unknown", manual=False) == "nvml"
+    assert fault_kind("XID 79", manual=True) == "manual"
