@@ -13,6 +13,7 @@ with a partial-block prefetcher another policy can occasionally need fewer page 
 
 from __future__ import annotations
 
+import bisect
 import heapq
 
 import numpy as np
@@ -30,17 +31,18 @@ class Belady(MemoryOps):
     def init(self, view: MemoryView) -> None:
         blocks = np.asarray(view.trace_blocks)
         order = np.argsort(blocks, kind="stable")  # positions grouped by block, increasing inside a group
-        self.positions = order
-        self.offsets = np.searchsorted(blocks[order], np.arange(len(view.owner) + 1))
+        # plain lists: one binary search per activation, where bisect beats numpy's per-call overhead
+        self.positions = order.tolist()
+        self.offsets = np.searchsorted(blocks[order], np.arange(len(view.owner) + 1)).tolist()
         self.never = len(blocks)
         self.key: dict[int, int] = {}
         self.min_heap: list[tuple[int, int]] = []
         self.max_heap: list[tuple[int, int]] = []
 
     def next_use(self, block: int, now: int) -> int:
-        lo, hi = int(self.offsets[block]), int(self.offsets[block + 1])
-        i = lo + int(np.searchsorted(self.positions[lo:hi], now))
-        return int(self.positions[i]) if i < hi else self.never
+        hi = self.offsets[block + 1]
+        i = bisect.bisect_left(self.positions, now, self.offsets[block], hi)
+        return self.positions[i] if i < hi else self.never
 
     def _set(self, block: int, key: int) -> None:
         self.key[block] = key
