@@ -5,7 +5,7 @@ from __future__ import annotations
 import typer
 from rich.console import Console
 
-from gpuslice.cli import estimate, jobs, k8s, memsim, mig, serve, sim, topo
+from gpuslice.cli import estimate, jobs, k8s, memsim, mig, serve, sim, top, topo
 from gpuslice.errors import GpusliceError, exit_code
 
 __all__ = ["app", "main"]
@@ -25,6 +25,7 @@ app.command("estimate")(estimate.estimate)
 app.command("serve")(serve.serve)
 for _name in ("submit", "ps", "show", "cancel", "logs", "gpus", "queue"):
     app.command(_name)(getattr(jobs, _name))
+app.command("top")(top.top)
 
 _stderr = Console(stderr=True)
 
