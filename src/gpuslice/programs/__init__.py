@@ -1,0 +1,7 @@
+"""Policies as programs: verify a policy file, load it, run it under a guard, swap it while running.
+
+``api`` is what a policy file imports; ``verifier`` checks a file without running it; ``loader`` runs a
+verified file in a restricted namespace; ``maps`` holds the bounded typed state a policy declares;
+``guard`` times and validates every hook call and detaches a faulty policy; ``slot`` holds the active
+policy of one family in a running system and swaps it atomically. See docs/policy-authors-guide.md.
+"""
