@@ -70,7 +70,8 @@ def test_each_instance_gets_its_own_maps_unless_maps_are_handed_in() -> None:
 
 def test_module_level_maps_are_per_instance_too() -> None:
     source = (
-        "from gpuslice.programs.api import Map, QueueOps\n\nSEEN = Map(key=str, value=int, max_entries=4)\n\n\n"
+        "from gpuslice.programs.api import Map, QueueOps\n\n"
+        "SEEN = Map(key=str, value=int, max_entries=4)\n\n\n"
         "class Q(QueueOps):\n    def on_started(self, view, job):\n        SEEN.update(job.job_id, 1)\n\n"
         "    def count(self):\n        return len(SEEN)\n"
     )
@@ -97,7 +98,8 @@ def test_a_policy_whose_init_fails_reports_it_as_a_user_error() -> None:
 
 def test_dataclass_helpers_work_inside_the_restricted_namespace() -> None:
     source = (
-        "from dataclasses import dataclass\nfrom typing import Any\n\nfrom gpuslice.programs.api import QueueOps\n\n\n"
+        "from dataclasses import dataclass\nfrom typing import Any\n\n"
+        "from gpuslice.programs.api import QueueOps\n\n\n"
         "@dataclass(frozen=True)\nclass Key:\n    level: int\n\n    def __lt__(self, other):\n"
         "        return self.level < other.level\n\n\n"
         "class Q(QueueOps):\n    def order_key(self, view, job) -> tuple[Any, ...]:\n"
