@@ -88,6 +88,14 @@ def test_the_reported_anomaly_carries_value_mean_and_sigmas():
     assert a.sigmas == pytest.approx(9.0)
 
 
+def test_sigmas_are_counted_in_the_floor_when_the_window_is_flatter_than_it():
+    detector = SigmaDetector(1, window=20, min_samples=10, min_std=2.0)
+    for _ in range(10):
+        detector.update([40.0])
+    (a,) = detector.update([50.0])
+    assert a.std == 0.0 and a.scale == 2.0 and a.sigmas == pytest.approx(5.0)
+
+
 def test_bad_window_settings_are_refused():
     with pytest.raises(ValueError, match="min_samples"):
         SigmaDetector(1, window=10, min_samples=20)

@@ -31,11 +31,13 @@ class Anomaly:
     series: int
     value: float
     mean: float
-    std: float  # the window's standard deviation (before the floor)
+    std: float  # the window's standard deviation
+    scale: float  # the deviation it was judged by: max(std, the series' min_std)
 
     @property
     def sigmas(self) -> float:
-        return abs(self.value - self.mean) / self.std if self.std > 0 else float("inf")
+        """How far out the value is, in units of ``scale`` (more than the detector's ``sigmas``)."""
+        return abs(self.value - self.mean) / self.scale if self.scale > 0 else float("inf")
 
 
 class SigmaDetector:
@@ -74,7 +76,8 @@ class SigmaDetector:
         n = np.maximum(count, 1)  # a fresh series: mean/std 0, and count < min_samples keeps it quiet
         mean = np.where(filled, self._buf, 0.0).sum(axis=1) / n
         std = np.sqrt(np.where(filled, (self._buf - mean[:, None]) ** 2, 0.0).sum(axis=1) / n)
-        band = self.sigmas * np.maximum(std, self.min_std)
+        scale = np.maximum(std, self.min_std)
+        band = self.sigmas * scale
         present = ~np.isnan(x)
         outside = present & (count >= self.min_samples) & (np.abs(x - mean) > band)
         starts = outside & ~self._out
@@ -82,4 +85,7 @@ class SigmaDetector:
         rows = np.flatnonzero(present)
         self._buf[rows, self._next[rows]] = x[rows]
         self._next[rows] = (self._next[rows] + 1) % self.window
-        return [Anomaly(int(i), float(x[i]), float(mean[i]), float(std[i])) for i in np.flatnonzero(starts)]
+        return [
+            Anomaly(int(i), float(x[i]), float(mean[i]), float(std[i]), float(scale[i]))
+            for i in np.flatnonzero(starts)
+        ]

@@ -236,5 +236,5 @@ class ServeMetrics:
         self.anomalies.labels(str(gpu), uuid, model, metric).inc()
 
     def exposition(self) -> bytes:
-        """The text exposition format (version 0.0.4), as ``GET /metrics`` serves it."""
+        """The text exposition (prometheus-client's ``CONTENT_TYPE_LATEST``) that ``GET /metrics`` serves."""
         return generate_latest(self.registry)
