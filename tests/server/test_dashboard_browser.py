@@ -1,5 +1,5 @@
-"""Acceptance (issue 7): headless Chromium loads the dashboard of a real ``gpuslice serve --simulate dgx-h100``
-with jobs in every state, checks what a person would see, and saves docs/dashboard.png.
+"""Acceptance (issue 7): headless Chromium loads the dashboard of a real ``gpuslice serve --simulate
+dgx-h100`` with jobs in every state, checks what a person would see, and saves docs/dashboard.png.
 
 Debian's chromium and chromium-driver, driven by Selenium (the driver is the one Debian ships for that
 exact browser, so nothing is downloaded). Without them the test is skipped, unless
@@ -123,6 +123,9 @@ def row_text(driver: Any, table: str, job_id: str) -> str:
 def test_dashboard_shows_gpus_jobs_queue_and_events_of_a_real_server(serve, browser):
     server = serve("--grace", "2s")
     ids = jobs_in_every_state(server)
+    sick = next(g["index"] for g in server.http.get("/v1/gpus").json() if not g["jobs"])
+    mark = {"healthy": False, "reason": "XID 79: GPU has fallen off the bus"}
+    assert server.http.post(f"/v1/gpus/{sick}/health", json=mark, headers=server.auth).status_code == 200
     gpus = server.http.get("/v1/gpus").json()
     queue = {q["id"]: q["reason"] for q in server.http.get("/v1/queue").json()}
     assert {ids["victim"], ids["waiting"]} <= set(queue)
@@ -140,6 +143,11 @@ def test_dashboard_shows_gpus_jobs_queue_and_events_of_a_real_server(serve, brow
         slice_ids = texts(tile, ".slice .job-id")
         assert slice_ids == [s["id"] for s in gpu["jobs"]]
         assert len(tile.find_elements("css selector", ".bar .segment")) == len(gpu["jobs"])
+    # The unhealthy GPU stands out, with its reason; the others say they are healthy.
+    for tile, gpu in zip(tiles, gpus, strict=True):
+        assert ("unhealthy" in tile.get_attribute("class").split()) == (gpu["index"] == sick)
+    assert "UNHEALTHY" in tiles[sick].text and "XID 79: GPU has fallen off the bus" in tiles[sick].text
+    assert "1 unhealthy" in browser.find_element("id", "gpus-summary").text
     on_gpus = {s["id"] for g in gpus for s in g["jobs"]}
     assert {ids[k] for k in ("train", "xss", "serve", "notebook", "big")} <= on_gpus
 
@@ -156,6 +164,7 @@ def test_dashboard_shows_gpus_jobs_queue_and_events_of_a_real_server(serve, brow
     # Events, newest first: the preemption is there.
     events = texts(browser, "#events li")
     assert any(ids["victim"] in e and "running → preempted" in e for e in events), events
+    assert any(f"GPU {sick}" in e and "gpu-health" in e and "XID 79" in e for e in events), events
 
     # The job whose command is HTML shows as text: no element was made from it, nothing ran.
     xss_row = browser.find_element("css selector", f"#running tr[data-job='{ids['xss']}'] .command")
@@ -166,7 +175,10 @@ def test_dashboard_shows_gpus_jobs_queue_and_events_of_a_real_server(serve, brow
     # It refreshes by itself, without reloading the page.
     browser.execute_script("window.stillThisPage = true")
     late = server.submit(["sleep", "600"], memory="8GiB", tenant="late")["id"]
-    until("the new job to appear", lambda: late in texts(browser, "#running tbody .job-id, #queue tbody .job-id"))
+    until(
+        "the new job to appear",
+        lambda: late in texts(browser, "#running tbody .job-id, #queue tbody .job-id"),
+    )
     assert browser.execute_script("return window.stillThisPage === true")
 
     # Laptop screen: nothing overflows sideways at 1366×768.
@@ -174,8 +186,12 @@ def test_dashboard_shows_gpus_jobs_queue_and_events_of_a_real_server(serve, brow
     assert width[0] <= width[1], width
 
     # The screenshot for the README: the whole page at laptop width.
-    height = browser.execute_script("return document.documentElement.scrollHeight")
-    browser.set_window_size(1366, max(768, int(height)))
+    for _ in range(3):  # the window's height includes some chrome: grow it until the page fits
+        size = browser.get_window_size()
+        missing = browser.execute_script("return document.documentElement.scrollHeight - window.innerHeight")
+        if missing <= 0:
+            break
+        browser.set_window_size(1366, size["height"] + missing)
     time.sleep(0.3)
     SCREENSHOT.parent.mkdir(exist_ok=True)
     assert browser.save_screenshot(str(SCREENSHOT)) and SCREENSHOT.stat().st_size > 10_000

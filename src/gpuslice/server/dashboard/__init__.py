@@ -57,6 +57,10 @@ def mount(app: FastAPI) -> None:
     @app.get("/dashboard/{name}", include_in_schema=False)
     def asset(name: str) -> Response:
         if name not in contents or name == "index.html":
-            return Response(f"no dashboard file {name!r}; the dashboard is at /\n", status_code=404,
-                            media_type="text/plain; charset=utf-8", headers=_HEADERS)
+            return Response(
+                f"no dashboard file {name!r}; the dashboard is at /\n",
+                status_code=404,
+                media_type="text/plain; charset=utf-8",
+                headers=_HEADERS,
+            )
         return serve(name)

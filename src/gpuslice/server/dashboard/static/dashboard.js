@@ -10,7 +10,8 @@ const TIMEOUT_MS = 5000;
 const EVENTS_KEPT = 40;
 const EVENT_PAGE = 1000; // /v1/events pages oldest first; we page forward once, then only ask for new ones
 const FINISHED_SHOWN = 12;
-const SLICE_COLOURS = 8; // .c0 … .c7 in dashboard.css; a job keeps its colour on every tile and table
+const SLICE_COLOURS = 8;
+const ALERT_KINDS = new Set(["gpu-health", "anomaly"]); // events about a GPU that a person should see // .c0 … .c7 in dashboard.css; a job keeps its colour on every tile and table
 
 const state = {
   lastEventId: 0,
@@ -313,10 +314,11 @@ function drawEvents() {
   const items = state.events.slice().reverse().map((e) => {
     const change = e.new_state
       ? el("span", `state state-${e.new_state.toLowerCase()}`, (e.old_state ? `${e.old_state.toLowerCase()} → ` : "") + e.new_state.toLowerCase())
-      : el("span", "kind", e.kind);
+      : el("span", ALERT_KINDS.has(e.kind) ? "kind alert" : "kind", e.kind);
+    const gpu = e.detail && Number.isInteger(e.detail.gpu) ? `GPU ${e.detail.gpu}` : "server";
     return el("li", null,
       el("time", null, clock(e.time)),
-      e.job_id ? jobLabel(e.job_id) : el("span", "job-id server", "server"),
+      e.job_id ? jobLabel(e.job_id) : el("span", "job-id server", gpu),
       change,
       el("span", "reason", e.reason));
   });
