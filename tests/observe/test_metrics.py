@@ -53,11 +53,11 @@ def test_gpu_gauges_carry_gpu_uuid_and_model_and_use_base_units():
 
 def test_slice_gauges_carry_job_tenant_pod_namespace_and_gpu():
     s = samples(ServeMetrics(snapshot))
-    labels = (("gpu", "0"), ("job", "7"), ("namespace", ""), ("pod", ""), ("tenant", "ml"))
+    labels = (("gpu", "0"), ("job_id", "7"), ("namespace", ""), ("pod", ""), ("tenant", "ml"))
     assert s[("gpuslice_slice_memory_allocated_bytes", labels)] == 30
     assert s[("gpuslice_slice_compute_allocated_ratio", labels)] == 0.5
     assert s[("gpuslice_slice_memory_used_bytes", labels)] == 25
-    idle = (("gpu", "0"), ("job", "8"), ("namespace", ""), ("pod", ""), ("tenant", "cv"))
+    idle = (("gpu", "0"), ("job_id", "8"), ("namespace", ""), ("pod", ""), ("tenant", "cv"))
     assert s[("gpuslice_slice_memory_allocated_bytes", idle)] == 0  # an idle job is still exported
     assert ("gpuslice_slice_memory_used_bytes", idle) not in s
 

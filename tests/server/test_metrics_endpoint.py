@@ -47,7 +47,7 @@ def test_starts_failures_and_the_queue_are_counted(daemon, node, clock):
     assert s[("gpuslice_pending_longest_wait_seconds", frozenset({("tenant", "cv")}))] == 5.0
     assert s[("gpuslice_scheduling_failures_total", frozenset({("reason", "insufficient_gpus")}))] == 1
     assert s[("gpuslice_jobs", frozenset({("state", "RUNNING")}))] == 1
-    slice_labels = frozenset({("job", ok.id), ("tenant", "ml"), ("pod", ""), ("namespace", ""), ("gpu", "3")})
+    slice_labels = frozenset({("job_id", ok.id), ("tenant", "ml"), ("pod", ""), ("namespace", ""), ("gpu", "3")})
     assert s[("gpuslice_slice_memory_allocated_bytes", slice_labels)] == 80 * GiB
     assert s[("gpuslice_slice_compute_allocated_ratio", slice_labels)] == 1.0
     node.exit(ok.id, 3)

@@ -40,7 +40,9 @@ __all__ = [
 ]
 
 GPU_LABELS = ("gpu", "uuid", "model")
-SLICE_LABELS = ("job", "tenant", "pod", "namespace", "gpu")
+# "job_id", not "job": Prometheus gives every scraped series its own ``job`` label (the scrape job), and
+# a metric label of that name would come back renamed ``exported_job``.
+SLICE_LABELS = ("job_id", "tenant", "pod", "namespace", "gpu")
 ENFORCEMENT_ACTIONS = ("warn", "throttle", "suspend", "resume", "kill")
 # Submit-to-start waits on one machine range from one tick (0.2 s) to hours behind a long job.
 LATENCY_BUCKETS_SECONDS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600, 4 * 3600)
