@@ -169,6 +169,16 @@ def snapshot(**gpu_fields) -> top.Snapshot:
     return top.Snapshot(health, [gpu], [], [], time.time())
 
 
+def test_a_gpu_marked_unhealthy_through_the_api_shows_as_unhealthy(cli, http, daemon):
+    mark = {"healthy": False, "reason": "XID 48: double-bit ECC error"}
+    r = http.post("/v1/gpus/2/health", json=mark, headers={"Authorization": f"Bearer {TOKEN}"})
+    assert r.status_code == 200, r.text
+    code, out = cli("top", "--once")
+    rows = gpu_rows(out)
+    assert code == 0 and "UNHEALTHY" in rows[2] and all(" ok " in rows[i] for i in rows if i != 2)
+    assert "GPU 2 is unhealthy: XID 48: double-bit ECC error; no new jobs are placed there" in out
+
+
 def test_an_unhealthy_gpu_is_marked_with_its_reason():
     text = rendered(top.render(snapshot(healthy=False, unhealthy_reason="XID 79: GPU fell off the bus")))
     assert "UNHEALTHY" in gpu_rows(text)[3]
