@@ -37,6 +37,7 @@ __all__ = [
     "ServeMetrics",
     "ServeSnapshot",
     "SliceState",
+    "gpu_healthy_family",
 ]
 
 GPU_LABELS = ("gpu", "uuid", "model")
@@ -121,12 +122,10 @@ def _gpu_families(gpus: Sequence[GpuState]) -> Iterator[Metric]:
                        GPU_LABELS)  # fmt: skip
     temp = _gauge("gpuslice_gpu_temperature_celsius", "GPU core temperature", GPU_LABELS)
     power = _gauge("gpuslice_gpu_power_watts", "GPU board power draw", GPU_LABELS)
-    healthy = _gauge("gpuslice_gpu_healthy", "1 if the GPU takes new jobs, 0 if marked unhealthy", GPU_LABELS)
     for g in gpus:
         labels = [str(g.index), g.uuid, g.model]
         total.add_metric(labels, g.memory_total_bytes)
         allocated.add_metric(labels, g.memory_allocated_bytes)
-        healthy.add_metric(labels, 1.0 if g.healthy else 0.0)
         if g.utilization_percent is not None:
             util.add_metric(labels, g.utilization_percent / 100)
         if g.memory_used_bytes is not None:
@@ -135,7 +134,17 @@ def _gpu_families(gpus: Sequence[GpuState]) -> Iterator[Metric]:
             temp.add_metric(labels, g.temperature_celsius)
         if g.power_watts is not None:
             power.add_metric(labels, g.power_watts)
-    yield from (util, used, total, allocated, temp, power, healthy)
+    yield from (util, used, total, allocated, temp, power)
+    yield gpu_healthy_family([(g.index, g.uuid, g.model, g.healthy) for g in gpus])
+
+
+def gpu_healthy_family(gpus: Sequence[tuple[int, str, str, bool]]) -> GaugeMetricFamily:
+    """gpuslice_gpu_healthy from (index, uuid, model, healthy) rows: the same gauge in serve and the
+    device plugin, so one alert rule covers both."""
+    family = _gauge("gpuslice_gpu_healthy", "1 if the GPU takes new jobs, 0 if marked unhealthy", GPU_LABELS)
+    for index, uuid, model, healthy in gpus:
+        family.add_metric([str(index), uuid, model], 1.0 if healthy else 0.0)
+    return family
 
 
 def _slice_families(slices: Sequence[SliceState]) -> Iterator[Metric]:
