@@ -1,0 +1,55 @@
+"""Fixtures for the observability tests: every metric the registries export, with its type and labels."""
+
+from __future__ import annotations
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from gpuslice.observe.k8s_metrics import DeviceHealthRow, DevicePluginMetrics, ExtenderMetrics
+from gpuslice.observe.metrics import GpuState, PendingState, ServeMetrics, ServeSnapshot, SliceState
+
+INTERNAL_LABELS = {"le"}  # histogram buckets
+
+
+def full_snapshot() -> ServeSnapshot:
+    """A snapshot with every series present (a reading on every GPU, a slice, a pending job)."""
+    return ServeSnapshot(
+        gpus=[GpuState(0, "GPU-a", "H100", 80, 10, True, 50.0, 10, 50.0, 300.0)],
+        slices=[SliceState("1", "ml", 0, 10, 0.5, 5)],
+        pending=[PendingState("ml", "normal", 1.0)],
+        jobs_by_state={"RUNNING": 1},
+        info={"version": "0", "machine": "m", "sharing": "soft", "simulated": "true"},
+    )
+
+
+def exported() -> dict[str, tuple[str, frozenset[str]]]:
+    """{exposed name: (type, labels)} over the serve, extender and device-plugin registries."""
+    serve = ServeMetrics(full_snapshot)
+    serve.started("normal", 1.0)
+    serve.preempted("ml", "low")
+    serve.pending_reasons([("1", "needs 40 GiB on one GPU; largest free is 2 GiB on GPU 0")])
+    serve.job_failed("failed with exit code 1")
+    serve.enforced("warn", "ml")
+    serve.fault(0, "GPU-a", "H100", "xid")
+    serve.anomaly(0, "GPU-a", "H100", "temperature")
+    plugin = DevicePluginMetrics(
+        lambda: [DeviceHealthRow("gpuslice.io/gpu", "GPU-a::0", 0, True)],
+        lambda: [(0, "GPU-a", "H100", True)],
+    )
+    registries: list[CollectorRegistry] = [serve.registry, ExtenderMetrics().registry, plugin.registry]
+    found: dict[str, tuple[str, frozenset[str]]] = {}
+    for registry in registries:
+        for family in registry.collect():
+            name = family.name + "_total" if family.type == "counter" else family.name
+            labels = {k for s in family.samples for k in s.labels} - INTERNAL_LABELS
+            assert family.samples, f"{name} exported no sample in the test snapshot"
+            if name in found:  # the same gauge from two processes must mean the same thing
+                assert found[name] == (family.type, frozenset(labels)), name
+            found[name] = (family.type, frozenset(labels))
+    return found
+
+
+@pytest.fixture(scope="session")
+def exported_metrics() -> dict[str, tuple[str, frozenset[str]]]:
+    """{exposed name: (type, labels)} of serve, the extender and the device plugin."""
+    return exported()

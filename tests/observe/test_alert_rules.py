@@ -1,0 +1,57 @@
+"""deploy/prometheus/gpuslice-rules.yml: valid for Prometheus (``promtool check rules``), each alert
+fires on the series meant for it and not on the others (``promtool test rules``), and every gpuslice
+metric it uses exists.
+
+promtool comes with Debian's prometheus package; without it these tests skip, unless
+GPUSLICE_REQUIRE_EXTERNAL is set (CI), where they fail."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+RULES = Path(__file__).resolve().parents[2] / "deploy" / "prometheus" / "gpuslice-rules.yml"
+RULE_TESTS = RULES.with_name("gpuslice-rules.test.yml")
+SUFFIXES = ("_bucket", "_count", "_sum")
+
+
+def promtool() -> str:
+    found = shutil.which("promtool") or shutil.which("/usr/bin/promtool")
+    if found is None:
+        if os.environ.get("GPUSLICE_REQUIRE_EXTERNAL"):
+            pytest.fail("GPUSLICE_REQUIRE_EXTERNAL is set but promtool is missing (apt install prometheus)")
+        pytest.skip("promtool is not installed (Debian: apt install prometheus)")
+    return found
+
+
+def test_promtool_accepts_the_rules():
+    result = subprocess.run([promtool(), "check", "rules", str(RULES)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "SUCCESS: 6 rules found" in result.stdout
+
+
+def test_each_alert_fires_on_its_case_and_not_on_the_others():
+    result = subprocess.run(
+        [promtool(), "test", "rules", RULE_TESTS.name], capture_output=True, text=True, cwd=RULES.parent
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_every_alert_has_a_unit_test():
+    alerts = {r["alert"] for g in yaml.safe_load(RULES.read_text())["groups"] for r in g["rules"]}
+    cases = yaml.safe_load(RULE_TESTS.read_text())["tests"]
+    tested = {t["alertname"] for case in cases for t in case["alert_rule_test"]}
+    assert alerts == tested
+
+
+def test_the_rules_use_only_metrics_gpuslice_exports(exported_metrics):
+    used = set(re.findall(r"\b(gpuslice_[a-z_]+)", RULES.read_text()))
+    for name in used:
+        base = next((name.removesuffix(s) for s in SUFFIXES if name.endswith(s)), name)
+        assert name in exported_metrics or base in exported_metrics, f"{name} is not a gpuslice metric"
