@@ -112,12 +112,29 @@ def jobs_in_every_state(server: Any) -> dict[str, str]:
     return ids
 
 
-def texts(driver: Any, css: str) -> list[str]:
-    return [e.text for e in driver.find_elements("css selector", css)]
+# The page redraws every 2 s, replacing its elements; reading it element by element from here could
+# meet one that was just replaced. One script call reads everything between two redraws instead.
+READ_PAGE = """
+const text = (root, css) => [...root.querySelectorAll(css)].map((e) => e.innerText);
+const rows = (id) => Object.fromEntries([...document.querySelectorAll(`#${id} tbody tr`)]
+  .map((tr) => [tr.dataset.job, tr.innerText]));
+return {
+  tiles: [...document.querySelectorAll("#gpus .tile")].map((t) => ({
+    gpu: t.dataset.gpu, classes: [...t.classList], text: t.innerText,
+    slices: text(t, ".slice .job-id"), segments: t.querySelectorAll(".bar .segment").length})),
+  summary: document.getElementById("gpus-summary").innerText,
+  running: rows("running"), queue: rows("queue"), finished: rows("finished"),
+  events: text(document, "#events li"),
+  commands: Object.fromEntries([...document.querySelectorAll("#running tbody tr")]
+    .map((tr) => [tr.dataset.job, tr.querySelector(".command").textContent])),
+  gpusText: document.getElementById("gpus").textContent,
+  images: document.querySelectorAll("img").length,
+};
+"""
 
 
-def row_text(driver: Any, table: str, job_id: str) -> str:
-    return str(driver.find_element("css selector", f"#{table} tr[data-job='{job_id}']").text)
+def job_ids(page: dict[str, Any]) -> set[str]:
+    return set(page["running"]) | set(page["queue"])
 
 
 def test_dashboard_shows_gpus_jobs_queue_and_events_of_a_real_server(serve, browser):
@@ -132,53 +149,46 @@ def test_dashboard_shows_gpus_jobs_queue_and_events_of_a_real_server(serve, brow
 
     browser.get(server.url + "/")
     until("the first refresh", lambda: browser.find_element("id", "updated").text.startswith("updated"))
+    page = browser.execute_script(READ_PAGE)
 
     # One tile per GPU, each showing its free memory and the slices the API reports on it.
-    tiles = browser.find_elements("css selector", "#gpus .tile")
-    assert [t.get_attribute("data-gpu") for t in tiles] == [str(g["index"]) for g in gpus]
-    for tile, gpu in zip(tiles, gpus, strict=True):
-        shown = tile.text
-        assert f"GPU {gpu['index']}" in shown and "free" in shown
-        assert ("idle" in shown) == (not gpu["jobs"])
-        slice_ids = texts(tile, ".slice .job-id")
-        assert slice_ids == [s["id"] for s in gpu["jobs"]]
-        assert len(tile.find_elements("css selector", ".bar .segment")) == len(gpu["jobs"])
-    # The unhealthy GPU stands out, with its reason; the others say they are healthy.
-    for tile, gpu in zip(tiles, gpus, strict=True):
-        assert ("unhealthy" in tile.get_attribute("class").split()) == (gpu["index"] == sick)
-    assert "UNHEALTHY" in tiles[sick].text and "XID 79: GPU has fallen off the bus" in tiles[sick].text
-    assert "1 unhealthy" in browser.find_element("id", "gpus-summary").text
+    assert [t["gpu"] for t in page["tiles"]] == [str(g["index"]) for g in gpus]
+    for tile, gpu in zip(page["tiles"], gpus, strict=True):
+        assert f"GPU {gpu['index']}" in tile["text"] and "free" in tile["text"]
+        assert ("idle" in tile["text"]) == (not gpu["jobs"])
+        assert tile["slices"] == [s["id"] for s in gpu["jobs"]]
+        assert tile["segments"] == len(gpu["jobs"])
+        # The unhealthy GPU stands out, with its reason; the others say they are healthy.
+        assert ("unhealthy" in tile["classes"]) == (gpu["index"] == sick)
+    assert "UNHEALTHY" in page["tiles"][sick]["text"]
+    assert "XID 79: GPU has fallen off the bus" in page["tiles"][sick]["text"]
+    assert "1 unhealthy" in page["summary"]
     on_gpus = {s["id"] for g in gpus for s in g["jobs"]}
     assert {ids[k] for k in ("train", "xss", "serve", "notebook", "big")} <= on_gpus
 
     # Running jobs, the queue with the scheduler's own reasons, finished jobs with their end state.
-    running = set(texts(browser, "#running tbody .job-id"))
-    assert running == {ids[k] for k in ("train", "xss", "serve", "notebook", "big")}
-    assert "sleep 600" in row_text(browser, "running", ids["big"])
+    assert set(page["running"]) == {ids[k] for k in ("train", "xss", "serve", "notebook", "big")}
+    assert "sleep 600" in page["running"][ids["big"]]
     for role in ("victim", "waiting"):
-        assert queue[ids[role]] and queue[ids[role]] in row_text(browser, "queue", ids[role])
-    assert "succeeded" in row_text(browser, "finished", ids["ok"])
-    assert "failed" in row_text(browser, "finished", ids["bad"])
-    assert "cancelled" in row_text(browser, "finished", ids["cancelled"])
+        assert queue[ids[role]] and queue[ids[role]] in page["queue"][ids[role]]
+    assert "succeeded" in page["finished"][ids["ok"]]
+    assert "failed" in page["finished"][ids["bad"]]
+    assert "cancelled" in page["finished"][ids["cancelled"]]
 
-    # Events, newest first: the preemption is there.
-    events = texts(browser, "#events li")
+    # Events, newest first: the preemption and the GPU fault are there.
+    events = page["events"]
     assert any(ids["victim"] in e and "running → preempted" in e for e in events), events
     assert any(f"GPU {sick}" in e and "gpu-health" in e and "XID 79" in e for e in events), events
 
     # The job whose command is HTML shows as text: no element was made from it, nothing ran.
-    xss_row = browser.find_element("css selector", f"#running tr[data-job='{ids['xss']}'] .command")
-    assert xss_row.get_attribute("textContent") == f"sh -c sleep 600 {XSS}"
-    assert browser.execute_script("return document.querySelectorAll('img').length") == 0
-    assert XSS in browser.find_element("id", "gpus").get_attribute("textContent")
+    assert page["commands"][ids["xss"]] == f"sh -c sleep 600 {XSS}"
+    assert page["images"] == 0
+    assert XSS in page["gpusText"]
 
     # It refreshes by itself, without reloading the page.
     browser.execute_script("window.stillThisPage = true")
     late = server.submit(["sleep", "600"], memory="8GiB", tenant="late")["id"]
-    until(
-        "the new job to appear",
-        lambda: late in texts(browser, "#running tbody .job-id, #queue tbody .job-id"),
-    )
+    until("the new job to appear", lambda: late in job_ids(browser.execute_script(READ_PAGE)))
     assert browser.execute_script("return window.stillThisPage === true")
 
     # Laptop screen: nothing overflows sideways at 1366×768.
@@ -203,7 +213,7 @@ def test_dashboard_shows_gpus_jobs_queue_and_events_of_a_real_server(serve, brow
 
     # The server goes away: a banner says so, and the last data stays on screen.
     server.stop()
-    banner = until("the unreachable banner", lambda: browser.find_element("id", "banner").is_displayed()
-                   and browser.find_element("id", "banner").text)  # fmt: skip
+    read_banner = "const b = document.getElementById('banner'); return b.hidden ? '' : b.innerText"
+    banner = until("the unreachable banner", lambda: browser.execute_script(read_banner))
     assert "Cannot reach the gpuslice server" in banner
-    assert len(browser.find_elements("css selector", "#gpus .tile")) == len(gpus)
+    assert len(browser.execute_script(READ_PAGE)["tiles"]) == len(gpus)  # the last data stays
