@@ -102,6 +102,6 @@ def test_package_data_ships_every_dashboard_file():
     """A non-editable install (CI's) carries only what pyproject's package-data names."""
     config = tomllib.loads((REPO / "pyproject.toml").read_text())
     patterns = config["tool"]["setuptools"]["package-data"]["gpuslice.server.dashboard"]
-    for path in STATIC.iterdir():
+    for path in (REPO / "src" / "gpuslice" / "server" / "dashboard" / "static").iterdir():  # the source tree
         relative = f"static/{path.name}"
         assert any(fnmatch.fnmatch(relative, p) for p in patterns), relative
