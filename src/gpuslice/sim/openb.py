@@ -15,6 +15,7 @@ GPU % at 100 % arrival, binned the way the artifact's ``merge_alloc_discrete.py`
 from __future__ import annotations
 
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -22,7 +23,9 @@ import numpy as np
 
 from gpuslice.ledger.fragmentation import FragmentationMeasure
 from gpuslice.ledger.ledger import Ledger, LedgerView
-from gpuslice.policies import PolicyContext, make_policy
+from gpuslice.policies import PolicyContext, placement_policy
+from gpuslice.programs.guard import GuardConfig
+from gpuslice.programs.loader import resolve
 from gpuslice.scheduler.placer import Placer, Unplaced
 from gpuslice.sim.trace import OpenbTrace, TracePod
 from gpuslice.workload.target import TargetWorkload
@@ -151,14 +154,22 @@ def _fragmentation_series(
     return start + np.cumsum(delta)
 
 
+def _fallbacks(placer: Placer) -> Counter[tuple[str, str]]:
+    """The placer's fallbacks plus, for a policy file, the guard's faults (as ``guard.<hook>``)."""
+    faults = getattr(getattr(placer.policy, "guard", None), "faults", Counter())
+    return placer.fallbacks + Counter({(f"guard.{hook}", reason): n for (hook, reason), n in faults.items()})
+
+
 def replay(
     trace: OpenbTrace,
     policy: str,
     seed: int,
     tune: float = DEFAULT_TUNE,
     progress: Callable[[int, int], None] | None = None,
+    guard_config: GuardConfig | None = None,
 ) -> ReplayResult:
-    """Run the experiment once; ``progress(done, total)`` is called every 500 pods if given."""
+    """Run the experiment once; ``progress(done, total)`` is called every 500 pods if given.
+    ``policy`` is a built-in name or a policy file, guarded with ``guard_config`` (default budgets)."""
     started = time.perf_counter()
     workload_seed, policy_seed = np.random.SeedSequence(seed).spawn(2)
     rng = np.random.default_rng(workload_seed)
@@ -167,7 +178,9 @@ def replay(
     ledger = Ledger(nodes)
     target = TargetWorkload.from_requests(p.request for p in trace.pods)
     context = PolicyContext(rng=np.random.default_rng(policy_seed), target=target)
-    placer = Placer(ledger, make_policy(policy, ledger.view, context))
+    # a built-in name or a policy file (guarded; its faults join the placer's fallbacks)
+    factory = resolve(policy, "placement", placement_policy, guard_config)
+    placer = Placer(ledger, factory(ledger.view, context))
     view = ledger.view
 
     n = len(arrivals)
@@ -207,5 +220,5 @@ def replay(
         fragmented_gpu_milli=fragmented,
         failed_pods=failed,
         wall_seconds=time.perf_counter() - started,
-        fallbacks={f"{hook}:{reason}": c for (hook, reason), c in placer.fallbacks.items()},
+        fallbacks={f"{hook}:{reason}": c for (hook, reason), c in _fallbacks(placer).items()},
     )

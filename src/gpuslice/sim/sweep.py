@@ -15,6 +15,7 @@ from itertools import product
 from pathlib import Path
 
 from gpuslice.policies import placement_policy
+from gpuslice.programs.loader import resolve
 from gpuslice.sim.openb import DEFAULT_TUNE, ReplayResult, replay
 from gpuslice.sim.trace import OpenbTrace, load_trace
 
@@ -51,7 +52,7 @@ def run_sweep(
     """Replay every combination; ``jobs`` > 1 uses that many processes. Traces are loaded (and so
     validated) up front, as are policy names, so a bad name or file fails before any work starts."""
     for name in policies:
-        placement_policy(name)
+        resolve(name, "placement", placement_policy)  # a policy file is verified here, before any run
     for name in traces:
         _trace(name, trace_dir)
     specs = [RunSpec(t, p, s, trace_dir, tune) for t, p, s in product(traces, policies, seeds)]

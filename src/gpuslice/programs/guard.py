@@ -1,0 +1,482 @@
+"""The runtime guard: every hook of a loaded policy runs timed, checked, and replaceable by the default.
+
+```text
+guarded.hook(args)                        # same signature as the ops family's hook
+    detached?  -> default.hook(args)
+    arm watchdog (deadline = now + budget) -> answer = policy.hook(args) -> disarm
+    exception | interrupted (timeout) | returned after the budget (overrun) | wrong type or shape
+        -> faults[(hook, reason)] += 1, on_event(...), answer = default.hook(args)
+    max_faults within window_seconds -> detached: on_detach(), every later call goes to the default
+```
+
+Interrupting a hook that never returns (the choice, and its limits): the verifier already forbids
+``while``, recursion and generators, so a verified hook ends — but ``for i in range(10**12)`` ends too
+late. A single watchdog thread polls the armed calls every few milliseconds and, past a call's deadline,
+raises ``HookTimeout`` inside the hook's thread with CPython's ``PyThreadState_SetAsyncExc``. It works
+in any thread (``signal.setitimer`` only in the main one) and costs the hot path two clock reads and
+two uncontended lock operations (``sys.settrace`` would slow every line). ``HookTimeout`` derives from
+``BaseException`` and the verifier forbids ``except BaseException`` and bare ``except``, so the policy
+cannot swallow it. Limits: the exception lands at the next bytecode boundary, so a single long C call
+(a huge numpy allocation, ``10 ** 10 ** 8``) is not cut short — the guard counts the overrun when it
+returns; the interruption comes up to one poll period (plus the interpreter's 5 ms switch interval)
+after the deadline; CPython only.
+
+Budgets are wall-clock seconds per family (``DEFAULT_BUDGETS``, from ``benchmarks/policy_overhead.py``):
+far above what the built-in policies need on the largest inputs, so a loaded machine does not turn
+normal calls into faults, and small enough that a runaway hook costs one decision, not the system.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+import time
+import weakref
+from collections import Counter, deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from itertools import count
+from types import MappingProxyType
+from typing import Any
+
+import numpy as np
+
+from gpuslice.memory.hooks import DecisionContext, EvictContext, MemoryOps
+from gpuslice.policies.base import PlacementOps
+from gpuslice.policies.queue.base import QueueOps, QueueView
+from gpuslice.workload.job import Priority
+
+__all__ = [
+    "DEFAULT_BUDGETS",
+    "GuardConfig",
+    "GuardedMemory",
+    "GuardedPlacement",
+    "GuardedQueue",
+    "HookGuard",
+    "HookTimeout",
+    "guard",
+    "guarded_factory",
+]
+
+# Seconds per hook call, per family. Measured (benchmarks/policy_overhead.py, RESULTS.md "Issue 9"):
+# FGD's score over every node of a 6,000-node cluster takes ~0.1 s of CPU; queue hooks and memory hooks
+# take microseconds. Each budget leaves a wide margin for a busy machine.
+DEFAULT_BUDGETS: dict[str, float] = {"placement": 2.0, "queue": 0.1, "eviction": 0.02, "prefetch": 0.02}
+WATCHDOG_POLL_SECONDS = 0.005  # the interpreter's switch interval: polling faster gains nothing
+
+
+class HookTimeout(BaseException):
+    """Raised inside a hook that ran past its budget (by the watchdog thread)."""
+
+
+@dataclass
+class GuardConfig:
+    """How strict the guard is. ``budget_seconds`` None means the family's ``DEFAULT_BUDGETS`` entry."""
+
+    budget_seconds: float | None = None
+    max_faults: int = 5
+    window_seconds: float = 60.0
+    interrupt: bool = True  # False: overruns are only detected when the hook returns
+
+    def budget_for(self, family: str) -> float:
+        return DEFAULT_BUDGETS[family] if self.budget_seconds is None else self.budget_seconds
+
+
+class _Watchdog:
+    """One daemon thread for the process: interrupts armed hook calls that pass their deadline."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.armed: dict[int, tuple[int, float]] = {}  # token -> (thread id, deadline)
+        self.injected: set[int] = set()
+        self._thread: threading.Thread | None = None
+        # Two prototypes of one C function: raise an exception class, or clear with NULL (a py_object
+        # None would be Py_None, which the interpreter would then try to raise).
+        api = ctypes.pythonapi
+        self._raise = ctypes.PYFUNCTYPE(ctypes.c_int, ctypes.c_ulong, ctypes.py_object)(
+            ("PyThreadState_SetAsyncExc", api)
+        )
+        self._clear = ctypes.PYFUNCTYPE(ctypes.c_int, ctypes.c_ulong, ctypes.c_void_p)(
+            ("PyThreadState_SetAsyncExc", api)
+        )
+
+    def ensure_running(self) -> None:
+        if self._thread is None or not self._thread.is_alive():
+            self._thread = threading.Thread(target=self._run, name="gpuslice-policy-watchdog", daemon=True)
+            self._thread.start()
+
+    def _run(self) -> None:
+        while True:  # a daemon thread for the life of the process; idles while nothing is armed
+            time.sleep(WATCHDOG_POLL_SECONDS)
+            if not self.armed:
+                continue
+            now = time.perf_counter()
+            with self.lock:
+                for token, (thread_id, deadline) in list(self.armed.items()):
+                    if now > deadline:
+                        del self.armed[token]
+                        self.injected.add(token)
+                        self._raise(thread_id, HookTimeout)
+
+    def disarm(self, token: int, thread_id: int) -> None:
+        """Stop watching ``token``; if its interruption was sent but not yet delivered, cancel it. Under
+        the lock, so no interruption can be sent for this call once this returns."""
+        with self.lock:
+            self.armed.pop(token, None)
+            if token in self.injected:
+                self.injected.discard(token)
+                self._clear(thread_id, None)  # NULL clears a pending async exception
+
+    def forget(self, token: int) -> None:
+        with self.lock:
+            self.armed.pop(token, None)
+            self.injected.discard(token)
+
+
+_WATCHDOG = _Watchdog()
+_TOKENS = count()
+_MISSING = object()
+
+
+class HookGuard:
+    """Timing, fault counting and detaching for one loaded policy; the family wrappers call ``call``."""
+
+    def __init__(
+        self,
+        family: str,
+        name: str,
+        config: GuardConfig | None = None,
+        on_event: Callable[[str], None] | None = None,
+        on_detach: Callable[[], None] | None = None,
+    ) -> None:
+        self.family = family
+        self.name = name
+        self.config = config or GuardConfig()
+        self.budget = self.config.budget_for(family)
+        self.on_event = on_event
+        self.on_detach = on_detach
+        self.faults: Counter[tuple[str, str]] = Counter()
+        self.events: deque[str] = deque(maxlen=100)
+        self.detached = False
+        self.calls = 0
+        self._recent: deque[float] = deque()
+        if self.config.interrupt:
+            _WATCHDOG.ensure_running()
+
+    def call(self, hook: str, fn: Callable[..., Any], args: tuple[Any, ...]) -> tuple[Any, str | None]:
+        """Run ``fn(*args)`` timed; (answer, None) or (_MISSING, fault reason)."""
+        self.calls += 1
+        interrupt = self.config.interrupt
+        token = next(_TOKENS)
+        thread_id = threading.get_ident()
+        started = time.perf_counter()
+        try:
+            if interrupt:
+                _WATCHDOG.armed[token] = (thread_id, started + self.budget)
+            try:
+                answer = fn(*args)
+            finally:
+                if interrupt:
+                    _WATCHDOG.disarm(token, thread_id)
+        except HookTimeout:
+            _WATCHDOG.forget(token)
+            return _MISSING, "timeout"
+        except Exception as err:  # the policy's bug: counted, the default decides (STYLE.md habit 5)
+            return _MISSING, f"exception {type(err).__name__}"
+        if time.perf_counter() - started > self.budget:
+            return _MISSING, "overrun"
+        return answer, None
+
+    def fault(self, hook: str, reason: str) -> None:
+        """Count one fault, record the event, and detach after ``max_faults`` within the window."""
+        kind = reason.split(" ", 1)[0]  # "exception ValueError" is counted as "exception"
+        self.faults[(hook, kind)] += 1
+        self._emit(f"policy {self.name} ({self.family}): {hook} {reason}; the default decided")
+        now = time.monotonic()
+        self._recent.append(now)
+        while self._recent and now - self._recent[0] > self.config.window_seconds:
+            self._recent.popleft()
+        if not self.detached and len(self._recent) >= self.config.max_faults:
+            self.detached = True
+            self._emit(
+                f"policy {self.name} ({self.family}) detached after {len(self._recent)} faults within "
+                f"{self.config.window_seconds:g} s; the default is restored"
+            )
+            if self.on_detach is not None:
+                self.on_detach()
+
+    def _emit(self, text: str) -> None:
+        self.events.append(text)
+        if self.on_event is not None:
+            self.on_event(text)
+
+    def fault_counts(self) -> dict[str, int]:
+        """Faults as ``{"hook:reason": n}`` (JSON-friendly)."""
+        return {f"{hook}:{reason}": n for (hook, reason), n in sorted(self.faults.items())}
+
+
+def _guarded(
+    wrapper: Any,
+    hook: str,
+    args: tuple[Any, ...],
+    check: Callable[[Any], Any] | None,
+    reset: Callable[[tuple[Any, ...]], None] | None = None,
+) -> Any:
+    """One guarded hook call: the policy's checked answer, or the default's on any fault."""
+    g: HookGuard = wrapper.guard
+    if not g.detached:
+        answer, reason = g.call(hook, getattr(wrapper.policy, hook), args)
+        if reason is None:
+            if check is None:
+                return answer
+            checked = check(answer)
+            if checked is not _MISSING:
+                return checked
+            reason = "invalid"
+        if reset is not None:
+            reset(args)  # a request the faulty hook made before failing must not be applied
+        g.fault(hook, reason)
+    return getattr(wrapper.default, hook)(*args)
+
+
+# -- placement --------------------------------------------------------------------------------------
+def _float_vector(answer: Any, length: int) -> Any:
+    try:
+        scores = np.asarray(answer, dtype=np.float64)
+    except (TypeError, ValueError):
+        return _MISSING
+    if scores.shape != (length,) or np.isnan(scores).any():
+        return _MISSING
+    return scores
+
+
+class GuardedPlacement(PlacementOps):
+    """A loaded placement policy behind the guard; the placer uses it like any ``PlacementOps``."""
+
+    def __init__(self, policy: PlacementOps, default: PlacementOps, guard: HookGuard) -> None:
+        self.policy, self.default, self.guard = policy, default, guard
+        self.view, self.context = policy.view, policy.context
+        self.name = policy.name  # type: ignore[misc]
+        self.summary = policy.summary  # type: ignore[misc]
+
+    @property  # type: ignore[override]
+    def tie_break(self) -> Any:
+        return (self.default if self.guard.detached else self.policy).tie_break
+
+    @property  # type: ignore[override]
+    def memory_in_score(self) -> bool:
+        # once detached, memory may matter to the default; cached scores of the policy stay valid advice
+        return (self.default if self.guard.detached else self.policy).memory_in_score
+
+    def filter(self, view: Any, req: Any) -> np.ndarray | None:
+        def check(answer: Any) -> Any:
+            if answer is None:
+                return None
+            ok = isinstance(answer, np.ndarray) and answer.shape == (view.node_count,)
+            return answer.astype(bool) if ok else _MISSING
+
+        return _guarded(self, "filter", (view, req), check)
+
+    def score(self, view: Any, req: Any, nodes: np.ndarray) -> np.ndarray:
+        return _guarded(self, "score", (view, req, nodes), lambda a: _float_vector(a, len(nodes)))
+
+    def normalize(self, view: Any, req: Any, scores: np.ndarray) -> np.ndarray:
+        return _guarded(self, "normalize", (view, req, scores), lambda a: _float_vector(a, len(scores)))
+
+    def pick_gpus(self, view: Any, req: Any, node: int) -> tuple[int, ...]:
+        def check(answer: Any) -> Any:
+            if not isinstance(answer, tuple | list) or not all(
+                isinstance(g, int | np.integer) and not isinstance(g, bool) for g in answer
+            ):
+                return _MISSING
+            return tuple(int(g) for g in answer)
+
+        return _guarded(self, "pick_gpus", (view, req, node), check)
+
+    def on_placed(self, view: Any, placement: Any) -> None:
+        _guarded(self, "on_placed", (view, placement), None)
+
+    def on_released(self, view: Any, placement: Any) -> None:
+        _guarded(self, "on_released", (view, placement), None)
+
+
+# -- queue ------------------------------------------------------------------------------------------
+def _read_only_view(view: QueueView) -> QueueView:
+    """The same view with its tenant maps behind read-only proxies (a policy cannot change them)."""
+    return QueueView(
+        now=view.now,
+        aging_seconds=view.aging_seconds,
+        tenant_weight=MappingProxyType(view.tenant_weight),  # type: ignore[arg-type]
+        tenant_gpus=MappingProxyType(view.tenant_gpus),  # type: ignore[arg-type]
+    )
+
+
+def _plain_key(key: Any) -> bool:
+    """A sort key the mechanism can compare without running policy code: numbers, strings, tuples."""
+    if isinstance(key, tuple):
+        return all(_plain_key(k) for k in key)
+    if isinstance(key, float):
+        return key == key  # NaN breaks sorting
+    return isinstance(key, int | str | bool)
+
+
+def _checked_key(key: Any) -> Any:
+    return key if isinstance(key, tuple) and _plain_key(key) else _MISSING
+
+
+class GuardedQueue(QueueOps):
+    """A loaded queue policy behind the guard; ``order_pending``/``effective_priority`` use it as usual."""
+
+    def __init__(self, policy: QueueOps, default: QueueOps, guard: HookGuard) -> None:
+        self.policy, self.default, self.guard = policy, default, guard
+        self.name = policy.name  # type: ignore[misc]
+        self.summary = policy.summary  # type: ignore[misc]
+
+    def priority(self, view: QueueView, job: Any) -> int:
+        own = int(job.spec.priority)
+
+        def check(level: Any) -> Any:
+            ok = type(level) is int or isinstance(level, Priority)
+            return int(level) if ok and own <= level <= max(own, int(Priority.HIGH)) else _MISSING
+
+        return _guarded(self, "priority", (_read_only_view(view), job), check)
+
+    def order_key(self, view: QueueView, job: Any) -> tuple[Any, ...]:
+        return _guarded(self, "order_key", (_read_only_view(view), job), _checked_key)
+
+    def on_started(self, view: QueueView, job: Any) -> None:
+        _guarded(self, "on_started", (_read_only_view(view), job), None)
+
+    def on_finished(self, view: QueueView, job: Any) -> None:
+        _guarded(self, "on_finished", (_read_only_view(view), job), None)
+
+
+# -- memory -----------------------------------------------------------------------------------------
+def _reset_request(args: tuple[Any, ...]) -> None:
+    """Forget the request a faulty hook recorded in its decision context (always the last argument)."""
+    ctx = args[-1]
+    ctx._request = None  # the guard is the mechanism's side: it may clear a faulty hook's request
+    ctx._conflict = False
+
+
+def _reset_moves(args: tuple[Any, ...]) -> None:
+    args[-1].moves.clear()
+
+
+def _int_in(allowed: tuple[int, ...]) -> Callable[[Any], Any]:
+    def check(answer: Any) -> Any:
+        ok = isinstance(answer, int | np.integer) and not isinstance(answer, bool) and answer in allowed
+        return int(answer) if ok else _MISSING
+
+    return check
+
+
+_ACCESS_ACTIONS = _int_in((0, 1))  # DEFAULT, BYPASS
+_PREFETCH_ACTIONS = _int_in((0, 1, 2))  # DEFAULT, BYPASS, ENTER_LOOP
+_ITER_ACTIONS = _int_in((0, 1))
+
+
+def _init(self: Any, view: Any) -> None:
+    _guarded(self, "init", (view,), None)
+
+
+def _block_activate(self: Any, view: Any, block: int, ctx: DecisionContext) -> None:
+    _guarded(self, "block_activate", (view, block, ctx), None, _reset_request)
+
+
+def _block_access(self: Any, view: Any, block: int, hits: int, ctx: DecisionContext) -> int:
+    return _guarded(self, "block_access", (view, block, hits, ctx), _ACCESS_ACTIONS, _reset_request)
+
+
+def _evict_prepare(self: Any, view: Any, ctx: EvictContext) -> None:
+    _guarded(self, "evict_prepare", (view, ctx), None, _reset_moves)
+
+
+def _page_prefetch(self: Any, view: Any, fault: Any, ctx: DecisionContext) -> int:
+    return _guarded(self, "page_prefetch", (view, fault, ctx), _PREFETCH_ACTIONS, _reset_request)
+
+
+def _page_prefetch_iter(
+    self: Any, view: Any, fault: Any, first: int, outer: int, counter: int, ctx: DecisionContext
+) -> int:
+    args = (view, fault, first, outer, counter, ctx)
+    return _guarded(self, "page_prefetch_iter", args, _ITER_ACTIONS, _reset_request)
+
+
+_MEMORY_HOOKS: dict[str, Callable[..., Any]] = {
+    "init": _init,
+    "block_activate": _block_activate,
+    "block_access": _block_access,
+    "evict_prepare": _evict_prepare,
+    "page_prefetch": _page_prefetch,
+    "page_prefetch_iter": _page_prefetch_iter,
+}
+
+
+class GuardedMemory(MemoryOps):
+    """A loaded memory policy behind the guard. ``guard()`` builds a subclass per policy class holding
+    only the hooks that policy overrides, because the simulator skips hooks left to the driver (so a
+    guarded policy runs the same code paths as the bare one)."""
+
+    def __init__(self, policy: MemoryOps, default: MemoryOps, guard: HookGuard) -> None:
+        self.policy, self.default, self.guard = policy, default, guard
+        self.name = policy.name  # type: ignore[misc]
+        self.summary = policy.summary  # type: ignore[misc]
+        self.kind = policy.kind  # type: ignore[misc]
+
+
+_MEMORY_CLASSES: weakref.WeakKeyDictionary[type, type] = weakref.WeakKeyDictionary()
+
+
+def _memory_class(policy_class: type) -> type:
+    cls = _MEMORY_CLASSES.get(policy_class)
+    if cls is None:
+        own = {
+            h: f for h, f in _MEMORY_HOOKS.items() if getattr(policy_class, h) is not getattr(MemoryOps, h)
+        }
+        cls = _MEMORY_CLASSES[policy_class] = type(f"Guarded{policy_class.__name__}", (GuardedMemory,), own)
+    return cls
+
+
+# -- building -----------------------------------------------------------------------------------------
+# The built-in default of each family: what decides when the policy faults or is detached.
+FAMILY_DEFAULTS: dict[str, Callable[..., Any]] = {
+    "placement": PlacementOps,
+    "queue": QueueOps,
+    "eviction": MemoryOps,
+    "prefetch": MemoryOps,
+}
+
+
+def guard(
+    family: str,
+    policy: Any,
+    default: Any,
+    config: GuardConfig | None = None,
+    on_event: Callable[[str], None] | None = None,
+    on_detach: Callable[[], None] | None = None,
+) -> Any:
+    """Wrap an ops instance of ``family``: every hook call guarded, ``default`` deciding on faults."""
+    hook_guard = HookGuard(family, policy.name, config, on_event, on_detach)
+    if family == "placement":
+        return GuardedPlacement(policy, default, hook_guard)
+    if family == "queue":
+        return GuardedQueue(policy, default, hook_guard)
+    if family in ("eviction", "prefetch"):
+        return _memory_class(type(policy))(policy, default, hook_guard)
+    raise ValueError(f"unknown policy family {family!r}")
+
+
+def guarded_factory(
+    loaded: Any, config: GuardConfig | None = None, on_event: Callable[[str], None] | None = None
+) -> Callable[..., Any]:
+    """A factory with the family's constructor arguments that builds ``loaded`` guarded, with the
+    family's base ops as the default (``resolve`` uses it for ``--policy FILE``)."""
+    default_factory = FAMILY_DEFAULTS[loaded.family]
+
+    def build(*args: Any) -> Any:
+        policy = loaded.instantiate(*args)
+        return guard(loaded.family, policy, default_factory(*args), config, on_event)
+
+    build.name = loaded.name  # type: ignore[attr-defined]
+    return build
