@@ -57,6 +57,10 @@ def device_plugin(
     health_checks: Annotated[
         bool, typer.Option(help="mark GPUs unhealthy on critical XID errors (NVML)")
     ] = True,
+    metrics_port: Annotated[
+        int | None,
+        typer.Option(help="serve Prometheus metrics (device health) on this port at /metrics; off if unset"),
+    ] = None,
 ) -> None:
     """Serve this node's GPUs to the kubelet as gpuslice.io/gpu shares and MIG resources until SIGTERM."""
     try:
@@ -88,4 +92,5 @@ def device_plugin(
         mig_layouts=layouts,
         health_checks=health_checks,
         on_ready=ready,
+        metrics_port=metrics_port,
     )

@@ -51,6 +51,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import grpc
+from prometheus_client import start_http_server
 
 from gpuslice.errors import UserError
 from gpuslice.hardware.mig import MigLayout, mig_gpu, parse_layout
@@ -82,6 +83,7 @@ from gpuslice.node.enforcement import (
     softcap_dir,
 )
 from gpuslice.node.machine import Machine
+from gpuslice.observe.k8s_metrics import DeviceHealthRow, DevicePluginMetrics
 from gpuslice.policies.gpuset import choose_gpu_set, make_gpuset_policy
 from gpuslice.policies.gpuset.exact import Exact
 from gpuslice.scheduler.node_scheduler import MigAssignment
@@ -610,6 +612,17 @@ class DevicePlugin:
         if moved:
             self.publish_inventory()
 
+    def device_health(self) -> list[DeviceHealthRow]:
+        """Every advertised device and whether it is Healthy now (the metrics endpoint reads this)."""
+        with self._changed:
+            return [DeviceHealthRow(r.name, d.id, d.gpu, self._health[d.id]) for r in self.resources
+                    for d in r.devices]  # fmt: skip
+
+    def gpu_health(self) -> list[tuple[int, str, str, bool]]:
+        """(index, uuid, model, healthy) of each GPU."""
+        with self._changed:
+            return [(g.index, g.uuid, g.model, self._gpu_healthy[g.index]) for g in self.machine.gpus]
+
     def device_list(self, resource: _Resource) -> pb.ListAndWatchResponse:
         """The resource's devices with their current health (what ListAndWatch sends)."""
         devices = []
@@ -901,6 +914,8 @@ def serve(
     health_checks: bool = True,
     stop: threading.Event | None = None,
     on_ready: Callable[[DevicePlugin], None] | None = None,
+    metrics_port: int | None = None,
+    metrics_host: str = "0.0.0.0",
 ) -> None:
     """Run the device plugin for ``machine`` until ``stop`` is set (default: until SIGTERM or SIGINT).
 
@@ -908,7 +923,8 @@ def serve(
     no NVML health checks and no MPS daemon; a real one reads its MIG layouts and XID events through
     NVML and, with ``sharing`` mps, starts the MPS control daemon (``enforcement.MpsDaemon``) whose
     pipe directory Allocate mounts into containers. Without ``pods``, ``KubeApi(kubeconfig)`` serves as
-    both the pod source and the node publisher."""
+    both the pod source and the node publisher. With ``metrics_port``, Prometheus metrics (device and
+    GPU health, observe/k8s_metrics.py) are served at ``http://metrics_host:metrics_port/metrics``."""
     if mig_layouts is None:
         mig_layouts = default_mig_layouts(machine) if simulated else _nvml_mig_layouts(machine)
     owned: KubeApi | None = None
@@ -941,13 +957,20 @@ def serve(
     if stop is None:
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: done.set())
+    metrics_server = None
     try:
         plugin.start()
+        if metrics_port is not None:
+            registry = DevicePluginMetrics(plugin.device_health, plugin.gpu_health).registry
+            metrics_server, _thread = start_http_server(metrics_port, metrics_host, registry=registry)
         if on_ready is not None:
             on_ready(plugin)
         while not done.wait(1.0):
             pass
     finally:
+        if metrics_server is not None:
+            metrics_server.shutdown()
+            metrics_server.server_close()
         plugin.stop()
         if owned is not None:
             owned.close()
