@@ -92,7 +92,7 @@ def test_the_api_reads_the_page_makes_need_no_token(http):
     # Every URL the script reads, with its ${…} parts filled in as on a first load.
     reads = re.findall(r'getJson\(\s*[`"](v1/[^`"]+)[`"]', JS)
     assert {r.split("?")[0] for r in reads} == {"v1/health", "v1/gpus", "v1/queue", "v1/jobs", "v1/events"}
-    values = {"state.lastEventId": "0", "EVENT_PAGE": "1000", "FINISHED_SHOWN": "12"}
+    values = {"last": "0", "EVENT_PAGE": "1000", "FINISHED_SHOWN": "12"}
     for read in reads:
         url = re.sub(r"\$\{([^}]+)\}", lambda m: values[m.group(1)], read)
         assert http.get("/" + url).status_code == 200, url

@@ -121,7 +121,8 @@ const rows = (id) => Object.fromEntries([...document.querySelectorAll(`#${id} tb
 return {
   tiles: [...document.querySelectorAll("#gpus .tile")].map((t) => ({
     gpu: t.dataset.gpu, classes: [...t.classList], text: t.innerText,
-    slices: text(t, ".slice .job-id"), segments: t.querySelectorAll(".bar .segment").length})),
+    slices: text(t, ".slice .job-id"), segments: t.querySelectorAll(".bar .segment:not(.external)").length,
+    external: t.querySelectorAll(".bar .segment.external").length})),
   summary: document.getElementById("gpus-summary").innerText,
   running: rows("running"), queue: rows("queue"), finished: rows("finished"),
   events: text(document, "#events li"),
@@ -157,7 +158,8 @@ def test_dashboard_shows_gpus_jobs_queue_and_events_of_a_real_server(serve, brow
         assert f"GPU {gpu['index']}" in tile["text"] and "free" in tile["text"]
         assert ("idle" in tile["text"]) == (not gpu["jobs"])
         assert tile["slices"] == [s["id"] for s in gpu["jobs"]]
-        assert tile["segments"] == len(gpu["jobs"])
+        assert tile["segments"] == len(gpu["jobs"])  # one per slice on the memory bar
+        assert tile["external"] == (gpu["external_memory_bytes"] > 0)  # memory gpuslice did not hand out
         # The unhealthy GPU stands out, with its reason; the others say they are healthy.
         assert ("unhealthy" in tile["classes"]) == (gpu["index"] == sick)
     assert "UNHEALTHY" in page["tiles"][sick]["text"]

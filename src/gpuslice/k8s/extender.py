@@ -71,6 +71,7 @@ from gpuslice.k8s.annotations import (
 )
 from gpuslice.ledger.ledger import Ledger
 from gpuslice.ledger.placement import Placement, Refusal, RefusalCode
+from gpuslice.observe.k8s_metrics import instrument_extender
 from gpuslice.policies import PolicyContext, placement_policy
 from gpuslice.scheduler.placer import Placer
 from gpuslice.units import MiB
@@ -1033,4 +1034,5 @@ def create_app(state: ClusterState, events: Iterable[WatchEvent] | None = None) 
     async def healthz() -> dict[str, Any]:
         return {"ok": True, "conflicts": state.conflicts}
 
+    instrument_extender(app)  # GET /metrics; latency and result of every verb (observe/k8s_metrics.py)
     return app

@@ -123,17 +123,19 @@ async function getJson(path) {
   }
 }
 
-async function newEvents() {
-  // Page forward from the last id seen; a first load of a long-lived server takes a few pages, once.
-  const fresh = [];
+async function newEvents(after) {
+  // Page forward from the last id seen; a first load of a long-lived server takes a few pages, once
+  // (at most 20 a refresh, so a huge log is caught up over a few refreshes instead of in one long one).
+  let last = after;
+  let fresh = [];
   for (let page = 0; page < 20; page++) {
-    const batch = await getJson(`v1/events?after=${state.lastEventId}&limit=${EVENT_PAGE}`);
+    const batch = await getJson(`v1/events?after=${last}&limit=${EVENT_PAGE}`);
     if (!batch.length) break;
-    state.lastEventId = batch[batch.length - 1].id;
-    fresh.push(...batch.slice(-EVENTS_KEPT));
+    last = batch[batch.length - 1].id;
+    fresh = fresh.concat(batch).slice(-EVENTS_KEPT);
     if (batch.length < EVENT_PAGE) break;
   }
-  return fresh;
+  return { fresh, last };
 }
 
 async function load() {
@@ -148,9 +150,11 @@ async function load() {
     getJson("v1/queue"),
     getJson("v1/jobs?state=RUNNING&state=PENDING&state=PREEMPTED&limit=10000"),
     getJson(`v1/jobs?state=SUCCEEDED&state=FAILED&state=CANCELLED&limit=${FINISHED_SHOWN}`),
-    newEvents(),
+    newEvents(state.lastEventId),
   ]);
-  state.events = state.events.concat(events).slice(-EVENTS_KEPT);
+  // Only now, with every read answered: a failed refresh leaves the event cursor where it was.
+  state.lastEventId = events.last;
+  state.events = state.events.concat(events.fresh).slice(-EVENTS_KEPT);
   return { health, gpus, queue, active, finished };
 }
 
