@@ -67,7 +67,7 @@ def browser() -> Iterator[Any]:
         shutil.rmtree(profile, ignore_errors=True)
 
 
-def until(what: str, check: Callable[[], Any], timeout: float = 20.0) -> Any:
+def until(what: str, check: Callable[[], Any], timeout: float = 30.0) -> Any:
     deadline = time.monotonic() + timeout
     while True:
         with contextlib.suppress(Exception):
@@ -99,15 +99,15 @@ def jobs_in_every_state(server: Any) -> dict[str, str]:
     # Its first line says its supervisor is up: a SIGTERM before that would end the supervisor itself
     # (the job is then "lost", not preempted; the same wait as in test_e2e's preemption test).
     logs = f"/v1/jobs/{ids['victim']}/logs"
-    server.wait(lambda: "fake-load: pid" in server.http.get(logs).text, 15, "the low-priority job to run")
+    server.wait(lambda: "fake-load: pid" in server.http.get(logs).text, 30, "the low-priority job to run")
     # Needs 4 whole GPUs; only the low-priority job's can be had: it is preempted and waits again.
     ids["big"] = server.submit(["sleep", "600"], gpus=4, priority="high", preemptible=False)["id"]
-    server.wait(lambda: state(ids["big"]) == "RUNNING", 20, "the high-priority job to preempt its way in")
+    server.wait(lambda: state(ids["big"]) == "RUNNING", 30, "the high-priority job to preempt its way in")
     ids["cancelled"] = server.submit(["sleep", "600"], gpus=8, priority="idle")["id"]
     r = server.http.post(f"/v1/jobs/{ids['cancelled']}/cancel", headers=server.auth)
     assert r.status_code == 200, r.text
     ids["waiting"] = server.submit(fake("60GiB"), gpus=8)["id"]
-    server.wait(lambda: state(ids["ok"]) == "SUCCEEDED" and state(ids["bad"]) == "FAILED", 15,
+    server.wait(lambda: state(ids["ok"]) == "SUCCEEDED" and state(ids["bad"]) == "FAILED", 30,
                 "the short jobs to end")  # fmt: skip
     return ids
 
