@@ -5,7 +5,7 @@ from __future__ import annotations
 import typer
 from rich.console import Console
 
-from gpuslice.cli import estimate, jobs, k8s, memsim, mig, serve, sim, top, topo
+from gpuslice.cli import estimate, jobs, k8s, memsim, mig, policy, serve, sim, top, topo
 from gpuslice.errors import GpusliceError, exit_code
 
 __all__ = ["app", "main"]
@@ -20,6 +20,7 @@ app.add_typer(sim.app, name="sim")
 app.add_typer(topo.app, name="topo")
 app.add_typer(mig.app, name="mig")
 app.add_typer(k8s.app, name="k8s")
+app.add_typer(policy.app, name="policy")
 app.command("memsim")(memsim.memsim)
 app.command("estimate")(estimate.estimate)
 app.command("serve")(serve.serve)

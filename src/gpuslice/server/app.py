@@ -16,6 +16,9 @@ GET  /v1/queue                      pending jobs in start order, each with why i
 GET  /v1/tenants                    tenants: weight, quotas, graded-response settings, usage now
 PUT  /v1/tenants/{name}        🔑   set a tenant's weight, quotas and graded response
 GET  /v1/events?job_id=&after=&limit=&kind=   the event log (kind=policy: loads, faults, detaches)
+POST /v1/policies              🔑   verify a policy file's source, then swap it in (server/policy_api.py)
+GET  /v1/policies                   what each policy family runs: file or built-in, faults, maps
+DELETE /v1/policies/{family}   🔑   back to the built-in; GET/PUT …/{family}/maps/{map}[/{key}] 🔑 on PUT
 GET  /  and  /dashboard             the web dashboard (server/dashboard/: static files over these reads)
 ```
 🔑 = needs ``Authorization: Bearer <token>``. Every error is ``ErrorBody`` JSON: 400/404/409 for user
@@ -54,6 +57,7 @@ from gpuslice.server.models import (
     spec_from_submit,
     tenant_from_body,
 )
+from gpuslice.server.policy_api import policy_router
 from gpuslice.workload.job import TERMINAL_STATES, JobState
 
 __all__ = ["create_app"]
@@ -300,6 +304,7 @@ def create_app(daemon: Daemon, token: str) -> FastAPI:
         ]
 
     dashboard.mount(app)
+    app.include_router(policy_router(daemon, authorized))
     return app
 
 

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
-from urllib.parse import quote
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 

@@ -34,6 +34,7 @@ import getpass
 import logging
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -49,8 +50,13 @@ from gpuslice.node.telemetry import GpuReading, SliceLoad, Telemetry
 from gpuslice.observe.anomaly import SigmaDetector
 from gpuslice.observe.health import HealthBook, HealthChange
 from gpuslice.observe.metrics import GpuState, PendingState, ServeMetrics, ServeSnapshot, SliceState
+from gpuslice.policies.queue import queue_policy as lookup_queue_policy
+from gpuslice.programs.guard import GuardConfig
+from gpuslice.programs.loader import LoadedPolicy, PolicyFamilyMismatch, is_policy_path, load_file
+from gpuslice.programs.maps import MAP_TYPES, Map
+from gpuslice.programs.slot import PolicySlot
 from gpuslice.scheduler.node_scheduler import MigAssignment, NodeScheduler, PreemptJob, StartJob, TenantQuota
-from gpuslice.server.errors import GpuNotFound, JobConflict
+from gpuslice.server.errors import GpuNotFound, JobConflict, PolicyNotFound
 from gpuslice.server.store import JobRecord, Store, TenantRecord
 from gpuslice.workload.job import JobSpec, JobState, RestartPolicy
 
@@ -112,6 +118,7 @@ class Daemon:
         sharing: str = "soft",
         grace_seconds: float = DEFAULT_GRACE_SECONDS,
         queue_policy: str = "priority-fair",
+        guard: GuardConfig | None = None,
         tick_seconds: float = 0.2,
         monitor_seconds: float = 0.5,
         simulated: bool = False,
@@ -136,7 +143,21 @@ class Daemon:
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._queue_policy = queue_policy
+        # Policies as programs (issue 9): the queue policy the scheduler calls is the slot's current one,
+        # a built-in or a guarded file swapped in while serving. Guard events (fault, detached, …) come
+        # from inside a scheduling pass; they are queued and written to the store by the lock holder.
+        self._policy_events: deque[tuple[str, str]] = deque()
+        builtin = "priority-fair" if is_policy_path(queue_policy) else queue_policy
+        self.policy_slots = {
+            "queue": PolicySlot(
+                "queue",
+                lookup_queue_policy(builtin),
+                guard or GuardConfig(),
+                on_event=lambda message: self._policy_events.append(("queue", message)),
+            )
+        }
+        if is_policy_path(queue_policy):  # serve --queue-policy FILE: loaded as if by `policy load`
+            self.policy_slots["queue"].swap(load_file(queue_policy))
         self.scheduler = self._new_scheduler()
         self._usage: dict[str, dict[int, int]] = {}  # job -> GPU -> bytes, from the last monitor pass
         self._external: dict[int, int] = {}
@@ -155,12 +176,11 @@ class Daemon:
         self.metrics = ServeMetrics(self.snapshot)
 
     def _new_scheduler(self) -> NodeScheduler:
-        return NodeScheduler(
-            self.machine,
-            tenants=_quotas(self.store.tenants()),
-            queue_policy=self._queue_policy,
-            grace_seconds=self.grace_seconds,
+        scheduler = NodeScheduler(
+            self.machine, tenants=_quotas(self.store.tenants()), grace_seconds=self.grace_seconds
         )
+        scheduler.policy = self.policy_slots["queue"].current
+        return scheduler
 
     # -- API side -------------------------------------------------------------------------------------
 
@@ -326,6 +346,84 @@ class Daemon:
     def log_path(self, job_id: str, stream: str) -> Path:
         return self.state_dir / "jobs" / job_id / f"{stream}.log"
 
+    # -- policies as programs (issue 9) ---------------------------------------------------------------
+    # Every change holds the daemon's lock, which a scheduling pass holds from start to end: a swap, an
+    # unload or a map write lands between two passes, never inside one (no pass orders half its jobs
+    # with one policy and half with the next).
+
+    def policies(self) -> list[dict[str, Any]]:
+        """Each family's slot as the API shows it (``PolicyOut``): what runs, its faults, its maps."""
+        with self._lock:
+            self._flush_policy_events(self.clock())
+            return [_policy_out(slot.info()) for slot in self.policy_slots.values()]
+
+    def load_policy(self, loaded: LoadedPolicy) -> dict[str, Any]:
+        """Swap a verified policy in for its family; maps of the same name and spec keep their entries."""
+        if loaded.family not in self.policy_slots:
+            raise PolicyFamilyMismatch(
+                f"{loaded.path} is a {loaded.family} policy; this server runs {', '.join(self.policy_slots)} "
+                "policies (placement and memory policies load into sim openb, memsim and the Kubernetes "
+                "extender with --policy FILE)"
+            )
+        slot = self.policy_slots[loaded.family]
+        with self._lock:
+            slot.swap(loaded)  # builds the new instance first: a failing __init__ changes nothing
+            self.scheduler.policy = slot.current
+            self._flush_policy_events(self.clock())
+            self._wake.set()
+            return _policy_out(slot.info())
+
+    def unload_policy(self, family: str) -> dict[str, Any]:
+        """Back to the family's built-in policy; NoPolicyLoaded when it runs already."""
+        slot = self._slot(family)
+        with self._lock:
+            slot.unload()
+            self.scheduler.policy = slot.current
+            self._flush_policy_events(self.clock())
+            self._wake.set()
+            return _policy_out(slot.info())
+
+    def policy_map(self, family: str, name: str) -> dict[str, Any]:
+        """Every entry of one map of the loaded policy, sorted by key (``MapOut``)."""
+        slot = self._slot(family)
+        with self._lock:
+            entries = slot.map_dump(name)  # NoPolicyLoaded / NoSuchMap first
+            spec = _spec_out(slot.info()["maps"][name])
+            return {"family": family, "name": name, **spec, "entries": entries}
+
+    def policy_map_get(self, family: str, name: str, key: str) -> dict[str, Any]:
+        """One entry (``MapEntryOut``); ``key`` is text, parsed as the map's key type."""
+        slot = self._slot(family)
+        with self._lock:
+            value = slot.map_get(name, key)
+            if value is None:  # map values are never None: the key is absent
+                raise PolicyNotFound(f"map {name} has no key {key!r}; `policy map dump {name}` lists them")
+            return {"family": family, "map": name, "key": _typed_key(slot, name, key), "value": value}
+
+    def policy_map_update(self, family: str, name: str, key: str, value: Any) -> dict[str, Any]:
+        """Write one entry; the policy reads it from the next pass on (``bpftool map update``). ``value``
+        is text to parse as the map's value type, or a JSON number/bool of that type."""
+        slot = self._slot(family)
+        with self._lock:
+            previous = slot.map_get(name, key)
+            # MapError, and nothing written, for a key or value of another type than the map's
+            slot.map_update(name, key, value)
+            self._wake.set()
+            return {"family": family, "map": name, "key": _typed_key(slot, name, key),
+                    "value": slot.map_get(name, key), "previous": previous}  # fmt: skip
+
+    def _slot(self, family: str) -> PolicySlot:
+        slot = self.policy_slots.get(family)
+        if slot is None:
+            served = ", ".join(sorted(self.policy_slots))
+            raise PolicyNotFound(f"this server runs no {family} policy; its policy families: {served}")
+        return slot
+
+    def _flush_policy_events(self, now: float) -> None:
+        while self._policy_events:
+            family, message = self._policy_events.popleft()
+            self.store.event(None, "policy", message, now, {"family": family})
+
     # -- the loop -------------------------------------------------------------------------------------
 
     def start(self) -> None:
@@ -363,12 +461,15 @@ class Daemon:
             if now - self._monitored_at >= self.monitor_seconds:
                 self._monitored_at = now
                 self._monitor(running, now)
+            # The guard detaches a faulty policy inside a pass; the slot then holds the default again.
+            self.scheduler.policy = self.policy_slots["queue"].current
             for action in self.scheduler.step(now):
                 if isinstance(action, StartJob):
                     self._launch(action, now)
                 elif isinstance(action, PreemptJob):
                     self._preempt(action, now)
             self.metrics.pending_reasons(self.scheduler.queue())
+            self._flush_policy_events(now)
 
     # -- recovery -------------------------------------------------------------------------------------
 
@@ -705,6 +806,39 @@ def _quotas(tenants: Mapping[str, TenantRecord]) -> dict[str, TenantQuota]:
             name, weight=t.weight, max_gpus=t.max_gpus, max_gpu_memory_bytes=t.max_gpu_memory_bytes
         )
         for name, t in tenants.items()
+    }
+
+
+def _spec_out(spec: Mapping[str, Any]) -> dict[str, Any]:
+    """A map's layout from the slot's ``info()`` (key, value, max_entries) in the API's names."""
+    return {"key_type": spec["key"], "value_type": spec["value"], "max_entries": spec["max_entries"]}
+
+
+def _typed_key(slot: PolicySlot, name: str, key: str) -> Any:
+    """``key`` as the map stores it (the text "3" is the int 3 in an int-keyed map)."""
+    spec = slot.info()["maps"][name]
+    return Map(MAP_TYPES[spec["key"]], MAP_TYPES[spec["value"]], 1).parse_key(key)
+
+
+def _policy_out(info: Mapping[str, Any]) -> dict[str, Any]:
+    """A slot's ``info()`` in the API's shape (``PolicyOut``); the built-in has no file, faults or maps."""
+    faults = []
+    for hook_reason, n in sorted(info.get("faults", {}).items()):
+        hook, _, reason = hook_reason.partition(":")
+        faults.append({"hook": hook, "reason": reason, "count": n})
+    return {
+        "family": info["family"],
+        "name": info["name"],
+        "builtin": info["builtin"],
+        "source": info.get("path"),
+        "sha256": info.get("sha256"),
+        "loaded_at": info.get("loaded_at"),
+        "detached": info["detached"],
+        "faults": faults,
+        "maps": [
+            {"name": name, **_spec_out(spec), "entries": spec["entries"]}
+            for name, spec in sorted(info.get("maps", {}).items())
+        ],
     }
 
 

@@ -8,6 +8,9 @@ UserError (gpuslice.errors)
 ├─ JobConflict                        409  the job's state does not allow the action (cancel a finished job)
 ├─ NotAuthenticated                   401  no bearer token, or the wrong one
 ├─ ForbiddenUser                      403  a request claims another user; the server never switches users
+├─ PolicyNotFound                     404  no such policy family or map key on this server
+├─ NoSuchMap, NoPolicyLoaded (programs.slot)  404  no such map; only the built-in runs (nothing to unload)
+├─ PolicyRejected (programs.loader)   422  the verifier rejected a policy file; the detail lists why
 └─ ServerUnavailable                  (client) the server does not answer at its URL; says how to start it
 ```
 They live here rather than in ``gpuslice/errors.py`` only because the server was built alongside the
@@ -24,6 +27,7 @@ __all__ = [
     "JobConflict",
     "JobNotFound",
     "NotAuthenticated",
+    "PolicyNotFound",
     "ServerUnavailable",
     "http_status",
 ]
@@ -49,18 +53,30 @@ class ForbiddenUser(UserError):
     """A request claims a user other than the one running the server."""
 
 
+class PolicyNotFound(UserError):
+    """A policy family the server does not run, or a map or map key the loaded policy does not have."""
+
+
 class ServerUnavailable(UserError):
     """The client cannot reach ``gpuslice serve`` at its URL."""
 
 
 def http_status(error: UserError) -> int:
     """The HTTP status for a user error: the one place where the tree meets HTTP."""
+    # Imported here: the client imports this module, and should not pay for the verifier's imports.
+    from gpuslice.programs.loader import PolicyRejected
+    from gpuslice.programs.slot import NoPolicyLoaded, NoSuchMap
+
     for cls, status in (
         (JobNotFound, 404),
         (GpuNotFound, 404),
         (JobConflict, 409),
         (NotAuthenticated, 401),
         (ForbiddenUser, 403),
+        (PolicyNotFound, 404),
+        (NoSuchMap, 404),
+        (NoPolicyLoaded, 404),
+        (PolicyRejected, 422),
         (InvalidRequest, 400),
     ):
         if isinstance(error, cls):

@@ -21,8 +21,15 @@ from gpuslice.workload.job import JobSpec, Priority, RestartPolicy, TopologyNeed
 
 __all__ = [
     "ErrorBody",
+    "FaultOut",
     "FieldError",
     "JobOut",
+    "MapEntryOut",
+    "MapInfoOut",
+    "MapOut",
+    "MapValueIn",
+    "PolicyIn",
+    "PolicyOut",
     "SubmitRequest",
     "TenantIn",
     "job_out",
@@ -211,6 +218,81 @@ def tenant_from_body(name: str, body: TenantIn) -> TenantRecord:
         raise FieldError("name", f"tenant name {name!r}: letters, digits, '.', '_', '-'; at most 64")
     memory = None if body.max_gpu_memory is None else _size(body.max_gpu_memory, "max_gpu_memory")
     return TenantRecord(name, body.weight, body.max_gpus, memory, dict(body.response))
+
+
+# -- policies as programs (issue 9) ------------------------------------------------------------------
+
+MapScalar = bool | int | float | str  # a map key or value; bool first so JSON true stays a bool
+
+
+class PolicyIn(BaseModel):
+    """A policy file to verify and swap in: its text, and the name violations are reported under."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    filename: str = Field(min_length=1, max_length=4096, description='shown in violations: "file:line: …"')
+    source: str = Field(max_length=1_000_000, description="the file's text; the server verifies it")
+
+
+class FaultOut(BaseModel):
+    """How often one hook's answer was replaced by the built-in default, and why."""
+
+    hook: str
+    reason: str
+    count: int
+
+
+class MapInfoOut(BaseModel):
+    """A loaded policy's map: its layout and how many entries it holds."""
+
+    name: str
+    key_type: str
+    value_type: str
+    max_entries: int
+    entries: int
+
+
+class PolicyOut(BaseModel):
+    """What one policy family runs now. ``source``/``sha256``/``loaded_at`` are null for the built-in."""
+
+    family: str
+    name: str
+    builtin: bool
+    source: str | None
+    sha256: str | None
+    loaded_at: float | None
+    detached: bool = Field(description="too many faults: the built-in decides until the next load")
+    faults: list[FaultOut]
+    maps: list[MapInfoOut]
+
+
+class MapOut(BaseModel):
+    """Every entry of a map, sorted by key."""
+
+    family: str
+    name: str
+    key_type: str
+    value_type: str
+    max_entries: int
+    entries: list[tuple[MapScalar, MapScalar]]
+
+
+class MapEntryOut(BaseModel):
+    """One entry; after an update, ``previous`` is the value it replaced (null for a new key)."""
+
+    family: str
+    map: str
+    key: MapScalar
+    value: MapScalar
+    previous: MapScalar | None = None
+
+
+class MapValueIn(BaseModel):
+    """A map update: the value as JSON of the map's type, or as text ("2.5", "true") to be parsed."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    value: MapScalar
 
 
 class ErrorBody(BaseModel):
