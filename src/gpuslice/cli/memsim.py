@@ -12,8 +12,9 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 from rich.table import Table
 
 from gpuslice.errors import UserError
-from gpuslice.memory import EVICTION, PREFETCH, SimConfig, make_ops, make_workload, simulate
+from gpuslice.memory import EVICTION, PREFETCH, SimConfig, make_workload, simulate
 from gpuslice.memory.workloads import read_trace_csv
+from gpuslice.programs.loader import memory_ops
 
 __all__ = ["app", "memsim"]
 
@@ -26,8 +27,12 @@ def memsim(
         str, typer.Option(help="Workload name (see gpuslice.memory.WORKLOADS).")
     ] = "llm-moe-decode",
     oversub: Annotated[float, typer.Option(min=1.0, help="Working set / GPU capacity, e.g. 1.5.")] = 1.5,
-    evict: Annotated[str, typer.Option(help=f"Eviction policy: {', '.join(EVICTION)}.")] = "default",
-    prefetch: Annotated[str, typer.Option(help=f"Prefetch policy: {', '.join(PREFETCH)}.")] = "tree",
+    evict: Annotated[
+        str, typer.Option(help=f"Eviction policy: {', '.join(EVICTION)}, or a policy file (.py).")
+    ] = "default",
+    prefetch: Annotated[
+        str, typer.Option(help=f"Prefetch policy: {', '.join(PREFETCH)}, or a policy file (.py).")
+    ] = "tree",
     tenants: Annotated[str | None, typer.Option(help="Priorities, e.g. '0=high,1=low'.")] = None,
     trace: Annotated[
         Path | None, typer.Option(help="Replay a CSV trace (tenant,block,page,op,time).")
@@ -53,7 +58,7 @@ def memsim(
     if (evict, prefetch) != ("default", "tree"):
         pairs.append(("default", "tree"))
     for e, p in pairs:
-        make_ops(e, p)  # validate every name before any work
+        memory_ops(e, p)  # validate every name, verify every policy file, before any work
     data = read_trace_csv(trace) if trace else make_workload(workload, scale=scale)
     cfg = SimConfig(oversub=oversub, visibility=visibility, priorities=priorities)
     results = {}
@@ -62,7 +67,8 @@ def memsim(
     ) as bar:
         task = bar.add_task(f"{data.name} ×{oversub}", total=len(pairs) * len(data))
         for e, p in dict.fromkeys(pairs):
-            results[(e, p)] = simulate(data, make_ops(e, p), cfg, progress=lambda k: bar.advance(task, k))
+            ops = memory_ops(e, p)  # a file's result is labelled with its path
+            results[(e, p)] = simulate(data, ops, cfg, e, p, progress=lambda k: bar.advance(task, k))
     shown = [results[(e, prefetch)] for e in evicts]
     if compare and ("belady", prefetch) not in [(r.evict, r.prefetch) for r in shown]:
         shown.append(results[("belady", prefetch)])

@@ -60,7 +60,8 @@ def openb(
     policy: Annotated[
         list[str] | None,
         typer.Option(
-            help=f"Placement policy, repeatable (list below). Default: {', '.join(FGD_PAPER_POLICIES)}.",
+            help=f"Placement policy (list below) or a policy file (.py, see `gpuslice policy check`), "
+            f"repeatable. Default: {', '.join(FGD_PAPER_POLICIES)}.",
             show_default=False,
         ),
     ] = None,

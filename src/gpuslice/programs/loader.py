@@ -46,6 +46,7 @@ __all__ = [
     "is_policy_path",
     "load_file",
     "load_source",
+    "memory_ops",
     "resolve",
 ]
 
@@ -209,9 +210,36 @@ def resolve(
     registry dict's ``__getitem__`` wrapped to raise UnknownPolicy)."""
     if not is_policy_path(name_or_path):
         return registry(name_or_path)
-    if not Path(name_or_path).is_file():
-        raise UserError(f"policy file {name_or_path} does not exist")
-    loaded = load_for_family(name_or_path, family)
+    return _file_factory(name_or_path, family, guard_config, on_event)
+
+
+def _file_factory(
+    path: str, family: str, guard_config: Any, on_event: Callable[[str], None] | None
+) -> Callable[..., Any]:
+    if not Path(path).is_file():
+        raise UserError(f"policy file {path} does not exist")
+    loaded = load_for_family(path, family)
     from gpuslice.programs.guard import guarded_factory  # guard imports this module
 
     return guarded_factory(loaded, config=guard_config, on_event=on_event)
+
+
+def memory_ops(
+    evict: str = "default",
+    prefetch: str = "tree",
+    guard_config: Any = None,
+    on_event: Callable[[str], None] | None = None,
+) -> Any:
+    """``memory.make_ops`` where either half may also be a policy file (``memsim --evict FILE``): names go to
+    the memory registries (UnknownMemoryPolicy lists them), files are loaded for their family and guarded
+    with the driver as the default."""
+    from gpuslice.memory.hooks import Composed
+    from gpuslice.memory.policies import make_ops
+
+    evict_file = prefetch_file = None
+    if is_policy_path(evict):
+        evict_file = _file_factory(evict, "eviction", guard_config, on_event)()
+    if is_policy_path(prefetch):
+        prefetch_file = _file_factory(prefetch, "prefetch", guard_config, on_event)()
+    named = make_ops("default" if evict_file else evict, "tree" if prefetch_file else prefetch)
+    return Composed(evict_file or named.evict, prefetch_file or named.prefetch)
