@@ -70,3 +70,98 @@ def test_device_plugin_health_per_device_and_gpu_follows_health_changes(tmp_path
 
     assert after[("gpuslice_gpu_healthy", gpu(1))] == 0
     assert after[("gpuslice_gpu_healthy", gpu(0))] == 1
+
+
+# ---- the extender app, instrumented ---------------------------------------------------------------------
+
+
+class FakeKube:
+    """The calls the extender makes of the API server, recorded."""
+
+    def __init__(self) -> None:
+        self.pods: dict = {}
+        self.bindings: list = []
+
+    def get_pod(self, namespace, name):
+        return self.pods[(namespace, name)]
+
+    def patch_pod_annotations(self, namespace, name, annotations):
+        return None
+
+    def create_binding(self, namespace, name, uid, node):
+        self.bindings.append((namespace, name, node))
+
+    def create_event(self, namespace, pod_name, pod_uid, reason, message):
+        return None
+
+
+def pod(name: str, memory_mib: int) -> dict:
+    limits = {"gpuslice.io/gpu": "1", "gpuslice.io/gpumem": str(memory_mib)}
+    return {
+        "metadata": {"name": name, "namespace": "ns", "uid": f"uid-{name}", "annotations": {}},
+        "spec": {"schedulerName": "gpuslice-scheduler",
+                 "containers": [{"name": "c", "resources": {"limits": limits, "requests": limits}}]},
+        "status": {"phase": "Pending"},
+    }  # fmt: skip
+
+
+def test_the_extender_app_times_every_verb_and_counts_results_and_serves_metrics():
+    import warnings
+
+    from gpuslice.k8s.annotations import ANNOTATION_NODE_INVENTORY, InventoryGpu, NodeInventory
+    from gpuslice.k8s.extender import ClusterState, WatchEvent, create_app
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        from fastapi.testclient import TestClient
+
+    gpu = InventoryGpu(0, "GPU-0", "A100-80GB", 81920, mig=())
+    inv = NodeInventory(gpus=(gpu,), topology=(), split_count=4)
+    state = ClusterState(FakeKube())
+    node = {"name": "n0", "annotations": {ANNOTATION_NODE_INVENTORY: inv.to_json()}}
+    state.apply(WatchEvent("Node", "ADDED", {"metadata": node}))
+    small, huge = pod("small", 8000), pod("huge", 500_000)
+    with TestClient(create_app(state)) as client:
+        assert client.post("/filter", json={"Pod": small, "NodeNames": ["n0"]}).json()["NodeNames"] == ["n0"]
+        assert client.post("/filter", json={"Pod": huge, "NodeNames": ["n0"]}).json()["NodeNames"] == []
+        assert client.post("/filter", content=b"not json").json()["Error"]
+        assert client.post("/prioritize", json={"Pod": small, "NodeNames": ["n0"]}).json()[0]["Host"] == "n0"
+        bind = {"PodName": "small", "PodNamespace": "ns", "PodUID": "uid-small", "Node": "n0"}
+        state.api.pods[("ns", "small")] = small
+        assert client.post("/bind", json=bind).json() == {"Error": ""}
+        state.api.pods[("ns", "huge")] = huge
+        refused = client.post("/bind", json={**bind, "PodName": "huge", "PodUID": "uid-huge"}).json()
+        assert refused["Error"]
+        r = client.get("/metrics")
+    assert r.status_code == 200
+    s = samples(r.content)
+
+    def decided(verb: str, result: str) -> float:
+        return s[("gpuslice_extender_decisions_total", frozenset({("verb", verb), ("result", result)}))]
+
+    for verb, result in [("filter", "fits"), ("filter", "unschedulable"), ("filter", "error"),
+                         ("prioritize", "scored"), ("bind", "bound"), ("bind", "refused")]:  # fmt: skip
+        assert decided(verb, result) == 1, (verb, result)
+    assert s[("gpuslice_extender_request_duration_seconds_count", frozenset({("verb", "filter")}))] == 3
+    assert s[("gpuslice_extender_request_duration_seconds_count", frozenset({("verb", "preempt")}))] == 0
+
+
+@pytest.mark.parametrize(
+    ("verb", "status", "head", "result"),
+    [
+        ("filter", 200, b'{"NodeNames":["a","b"],"Failed', "fits"),
+        ("filter", 200, b'{"NodeNames":[],"FailedNodes"', "unschedulable"),
+        ("filter", 200, b'{"NodeNames":null,"FailedNode', "error"),
+        ("prioritize", 200, b"[]", "error"),
+        ("prioritize", 200, b'[{"Host":"a","Score":3}]', "scored"),
+        ("preempt", 200, b'{"NodeNameToMetaVictims":{}}', "none"),
+        ("preempt", 200, b'{"NodeNameToMetaVictims":{"a":', "candidates"),
+        ("bind", 200, b'{"Error":""}', "bound"),
+        ("bind", 200, b'{"Error":"node n0 is full"}', "refused"),
+        ("bind", 500, b'{"detail":"boom"}', "error"),
+    ],
+)
+def test_reply_results(verb, status, head, result):
+    from gpuslice.observe.k8s_metrics import reply_result
+
+    assert reply_result(verb, status, head) == result

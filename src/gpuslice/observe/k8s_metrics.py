@@ -2,8 +2,15 @@
 
 ```text
 extender        GET /metrics on its own port: request latency per verb, decisions per verb and result
+                (``instrument_extender(app)``: an ASGI middleware around the extender's routes)
 device plugin   GET /metrics on --metrics-port: health of each advertised device and of each GPU
 ```
+
+The extender middleware tells a verb's result from the first bytes of its reply (the extender/v1
+shapes: a filter that ran answers ``{"NodeNames":[...`` or ``{"NodeNames":[]``, one that could not read
+the request ``{"NodeNames":null``; a bind ``{"Error":""}`` or an error text; a preempt with no
+candidate ``{"NodeNameToMetaVictims":{}}``), so the hot path pays for no second decode of 5,000 node
+names; tests/observe/test_k8s_metrics.py drives the real extender app to keep the two in step.
 
 Same conventions and docs table as the serve metrics (observe/metrics.py, docs/metrics.md); the GPU
 health gauge has the same name and labels in serve and the device plugin, so one alert rule covers both.
@@ -15,10 +22,13 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
+from starlette.requests import Request
+from starlette.responses import Response
 
 from gpuslice.observe.metrics import gpu_healthy_family
 
@@ -28,6 +38,9 @@ __all__ = [
     "DeviceHealthRow",
     "DevicePluginMetrics",
     "ExtenderMetrics",
+    "ExtenderMetricsMiddleware",
+    "instrument_extender",
+    "reply_result",
 ]
 
 # An extender call is on kube-scheduler's critical path (its default extender timeout is 5 s); the
@@ -38,8 +51,10 @@ EXTENDER_RESULTS = {
     "filter": ("fits", "unschedulable", "error"),  # fits: at least one node passed
     "prioritize": ("scored", "error"),
     "preempt": ("candidates", "none", "error"),
-    "bind": ("bound", "refused"),
+    "bind": ("bound", "refused", "error"),
 }
+_VERBS = {f"/{verb}": verb for verb in EXTENDER_RESULTS}
+_PEEK_BYTES = 32  # enough of a reply to tell its result
 
 
 class ExtenderMetrics:
@@ -70,6 +85,63 @@ class ExtenderMetrics:
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
+
+
+def reply_result(verb: str, status: int, head: bytes) -> str:
+    """The result code of an extender reply from its HTTP status and first bytes (see the module doc)."""
+    if status != 200:
+        return "error"
+    if verb == "filter":
+        if head.startswith(b'{"NodeNames":null'):
+            return "error"
+        return "unschedulable" if head.startswith(b'{"NodeNames":[]') else "fits"
+    if verb == "prioritize":
+        return "error" if head.startswith(b"[]") else "scored"
+    if verb == "preempt":
+        return "none" if head.startswith(b'{"NodeNameToMetaVictims":{}}') else "candidates"
+    return "bound" if head.startswith(b'{"Error":""}') else "refused"
+
+
+class ExtenderMetricsMiddleware:
+    """Pure ASGI middleware: times POST /filter, /prioritize, /preempt, /bind and counts their results."""
+
+    def __init__(self, app: Any, metrics: ExtenderMetrics) -> None:
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        verb = _VERBS.get(scope.get("path", "")) if scope["type"] == "http" else None
+        if verb is None or scope.get("method") != "POST":
+            await self.app(scope, receive, send)
+            return
+        status = 500
+        head = bytearray()
+
+        async def watch(message: Any) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = int(message["status"])
+            elif message["type"] == "http.response.body" and len(head) < _PEEK_BYTES:
+                head.extend(message.get("body", b"")[: _PEEK_BYTES - len(head)])
+            await send(message)
+
+        try:
+            with self.metrics.timed(verb):
+                await self.app(scope, receive, watch)
+        finally:
+            self.metrics.decided(verb, reply_result(verb, status, bytes(head)))
+
+
+def instrument_extender(app: Any, metrics: ExtenderMetrics | None = None) -> ExtenderMetrics:
+    """Add GET /metrics and the timing middleware to the extender's FastAPI app; the metrics object."""
+    metrics = metrics or ExtenderMetrics()
+
+    async def endpoint(_: Request) -> Response:
+        return Response(metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
+
+    app.add_route("/metrics", endpoint, methods=["GET"])
+    app.add_middleware(ExtenderMetricsMiddleware, metrics=metrics)
+    return metrics
 
 
 @dataclass(frozen=True, slots=True)
