@@ -80,7 +80,7 @@ def test_sim_openb_refuses_a_rejected_file_before_any_run_with_file_and_line(
     bad.write_text(
         "import os\nfrom gpuslice.programs.api import PlacementOps\n\n\nclass P(PlacementOps):\n    pass\n"
     )
-    code, out, err = run_cli(
+    code, _, err = run_cli(
         ["sim", "openb", "--policy", str(bad), "--out", str(tmp_path / "o")], monkeypatch, capsys
     )
     assert code == 2

@@ -11,14 +11,14 @@ guarded.hook(args)                        # same signature as the ops family's h
 
 Interrupting a hook that never returns (the choice, and its limits): the verifier already forbids
 ``while``, recursion and generators, so a verified hook ends — but ``for i in range(10**12)`` ends too
-late. A single watchdog thread polls the armed calls every few milliseconds and, past a call's deadline,
-raises ``HookTimeout`` inside the hook's thread with CPython's ``PyThreadState_SetAsyncExc``. It works
-in any thread (``signal.setitimer`` only in the main one) and costs the hot path two clock reads and
-two uncontended lock operations (``sys.settrace`` would slow every line). ``HookTimeout`` derives from
-``BaseException`` and the verifier forbids ``except BaseException`` and bare ``except``, so the policy
-cannot swallow it. Limits: the exception lands at the next bytecode boundary, so a single long C call
+late. A single watchdog thread polls the armed calls (every quarter of the strictest budget) and, past
+a call's deadline, raises ``HookTimeout`` inside the hook's thread with ``PyThreadState_SetAsyncExc``.
+It works in any thread (``signal.setitimer`` only in the main one) and costs the hot path two clock
+reads and two uncontended lock operations (``sys.settrace`` would slow every line). ``HookTimeout``
+derives from ``BaseException`` and the verifier forbids ``except BaseException`` and bare ``except``,
+so the policy cannot swallow it. Limits: the exception lands at the next bytecode boundary, so a single long C call
 (a huge numpy allocation, ``10 ** 10 ** 8``) is not cut short — the guard counts the overrun when it
-returns; the interruption comes up to one poll period (plus the interpreter's 5 ms switch interval)
+returns; the interruption comes up to a quarter budget (plus the interpreter's 5 ms switch interval)
 after the deadline; CPython only.
 
 Budgets are wall-clock seconds per family (``DEFAULT_BUDGETS``, from ``benchmarks/policy_overhead.py``):
@@ -62,7 +62,12 @@ __all__ = [
 # FGD's score over every node of a 6,000-node cluster takes ~0.1 s of CPU; queue hooks and memory hooks
 # take microseconds. Each budget leaves a wide margin for a busy machine.
 DEFAULT_BUDGETS: dict[str, float] = {"placement": 2.0, "queue": 0.5, "eviction": 0.1, "prefetch": 0.1}
-WATCHDOG_POLL_SECONDS = 0.005  # the interpreter's switch interval: polling faster gains nothing
+# The watchdog wakes every budget / 4 of the strictest live guard, within these bounds: an interruption
+# lands at most a quarter budget late, and a placement-only process wakes 4 times a second, not 200
+# (each wake-up takes the GIL from the deciding thread). Below 5 ms (the interpreter's switch interval)
+# polling gains nothing.
+WATCHDOG_POLL_MIN_SECONDS = 0.005
+WATCHDOG_POLL_MAX_SECONDS = 0.25
 
 
 class HookTimeout(BaseException):
@@ -89,6 +94,7 @@ class _Watchdog:
         self.lock = threading.Lock()
         self.armed: dict[int, tuple[int, float]] = {}  # token -> (thread id, deadline)
         self.injected: set[int] = set()
+        self.guards: weakref.WeakSet[HookGuard] = weakref.WeakSet()
         self._thread: threading.Thread | None = None
         # Two prototypes of one C function: raise an exception class, or clear with NULL (a py_object
         # None would be Py_None, which the interpreter would then try to raise).
@@ -100,14 +106,20 @@ class _Watchdog:
             ("PyThreadState_SetAsyncExc", api)
         )
 
-    def ensure_running(self) -> None:
+    def watch(self, hook_guard: HookGuard) -> None:
+        """Start polling (if not yet) at a pace that suits ``hook_guard``'s budget."""
+        with self.lock:
+            self.guards.add(hook_guard)
         if self._thread is None or not self._thread.is_alive():
             self._thread = threading.Thread(target=self._run, name="gpuslice-policy-watchdog", daemon=True)
             self._thread.start()
 
     def _run(self) -> None:
         while True:  # a daemon thread for the life of the process; idles while nothing is armed
-            time.sleep(WATCHDOG_POLL_SECONDS)
+            with self.lock:
+                budgets = [g.budget for g in self.guards]
+            poll = min(budgets, default=4 * WATCHDOG_POLL_MAX_SECONDS) / 4
+            time.sleep(min(max(poll, WATCHDOG_POLL_MIN_SECONDS), WATCHDOG_POLL_MAX_SECONDS))
             if not self.armed:
                 continue
             now = time.perf_counter()
@@ -162,7 +174,7 @@ class HookGuard:
         self.slowest: dict[str, float] = {}  # hook -> longest call that returned, wall seconds
         self._recent: deque[float] = deque()
         if self.config.interrupt:
-            _WATCHDOG.ensure_running()
+            _WATCHDOG.watch(self)
 
     def call(self, hook: str, fn: Callable[..., Any], args: tuple[Any, ...]) -> tuple[Any, str | None]:
         """Run ``fn(*args)`` timed; (answer, None) or (_MISSING, fault reason)."""
