@@ -16,9 +16,9 @@ a call's deadline, raises ``HookTimeout`` inside the hook's thread with ``PyThre
 It works in any thread (``signal.setitimer`` only in the main one) and costs the hot path two clock
 reads and two uncontended lock operations (``sys.settrace`` would slow every line). ``HookTimeout``
 derives from ``BaseException`` and the verifier forbids ``except BaseException`` and bare ``except``,
-so the policy cannot swallow it. Limits: the exception lands at the next bytecode boundary, so a single long C call
-(a huge numpy allocation, ``10 ** 10 ** 8``) is not cut short — the guard counts the overrun when it
-returns; the interruption comes up to a quarter budget (plus the interpreter's 5 ms switch interval)
+so the policy cannot swallow it. Limits: the exception lands at the next bytecode boundary, so a single
+long C call (a huge numpy allocation, ``10 ** 10 ** 8``) is not cut short — the guard counts the
+overrun when it returns; the interruption comes up to a quarter budget (plus the interpreter's 5 ms switch interval)
 after the deadline; CPython only.
 
 Budgets are wall-clock seconds per family (``DEFAULT_BUDGETS``, from ``benchmarks/policy_overhead.py``):
