@@ -18,8 +18,8 @@ reads and two uncontended lock operations (``sys.settrace`` would slow every lin
 derives from ``BaseException`` and the verifier forbids ``except BaseException`` and bare ``except``,
 so the policy cannot swallow it. Limits: the exception lands at the next bytecode boundary, so a single
 long C call (a huge numpy allocation, ``10 ** 10 ** 8``) is not cut short — the guard counts the
-overrun when it returns; the interruption comes up to a quarter budget (plus the interpreter's 5 ms switch interval)
-after the deadline; CPython only.
+overrun when it returns; the interruption comes up to a quarter budget (plus the interpreter's 5 ms
+switch interval) after the deadline; CPython only.
 
 Budgets are wall-clock seconds per family (``DEFAULT_BUDGETS``, from ``benchmarks/policy_overhead.py``):
 far above what the built-in policies need on the largest inputs, so a loaded machine does not turn
