@@ -189,13 +189,29 @@ def logs(
             sys.stdout.buffer.flush()
 
 
-def gpus(url: Url = None, state_dir: StateDir = None) -> None:
-    """Each GPU with its slices and free memory."""
+def gpus(
+    url: Url = None,
+    state_dir: StateDir = None,
+    mark_unhealthy: Annotated[
+        int | None,
+        typer.Option(help="mark this GPU unhealthy: no new jobs go there (injects a fault on --simulate)"),
+    ] = None,
+    mark_healthy: Annotated[int | None, typer.Option(help="put this GPU back in service")] = None,
+    reason: Annotated[str, typer.Option(help='why, with --mark-unhealthy, e.g. "XID 79"')] = "",
+) -> None:
+    """Each GPU with its slices, free memory and health; --mark-unhealthy / --mark-healthy change health."""
     with _client(url, state_dir) as client:
+        if mark_unhealthy is not None and mark_healthy is not None:
+            raise UserError("give --mark-unhealthy or --mark-healthy, not both")
+        if mark_unhealthy is not None:
+            client.set_gpu_health(mark_unhealthy, False, reason)
+        elif mark_healthy is not None:
+            client.set_gpu_health(mark_healthy, True)
         rows = client.gpus()
     table = Table(
-        "GPU", "MODEL", "MEMORY FREE", "COMPUTE FREE", "OTHERS", "SLICES (job: memory · compute)", box=None
-    )
+        "GPU", "MODEL", "MEMORY FREE", "COMPUTE FREE", "OTHERS", "HEALTH", "SLICES (job: memory · compute)",
+        box=None,
+    )  # fmt: skip
     for g in rows:
         slices = ", ".join(
             f"{s['id']}: {s['mig'] or format_size(s['memory_bytes'])}"
@@ -207,6 +223,7 @@ def gpus(url: Url = None, state_dir: StateDir = None) -> None:
             f"{format_size(g['memory_free_bytes'])} / {format_size(g['memory_total_bytes'])}",
             f"{g['compute_free_percent']:.0f}%",
             format_size(g["external_memory_bytes"]) if g["external_memory_bytes"] else "—",
+            "ok" if g["healthy"] else f"[red]unhealthy: {escape(g['unhealthy_reason'] or '')}[/]",
             slices or "idle",
         )  # fmt: skip
     _out.print(table)

@@ -108,6 +108,10 @@ class ServeClient:
     def gpus(self) -> list[dict[str, Any]]:
         return self._send("GET", "/v1/gpus")
 
+    def set_gpu_health(self, index: int, healthy: bool, reason: str = "") -> dict[str, Any]:
+        body = {"healthy": healthy, "reason": reason}
+        return self._send("POST", f"/v1/gpus/{index}/health", auth=True, json=body)
+
     def queue(self) -> list[dict[str, Any]]:
         return self._send("GET", "/v1/queue")
 
