@@ -240,7 +240,8 @@ function gpuTile(gpu, jobsById) {
   tile.append(memoryBar(gpu, jobsById));
   const free = el("div", "free",
     el("strong", null, `${formatSize(gpu.memory_free_bytes)} free`),
-    ` of ${formatSize(gpu.memory_total_bytes)} · compute ${Math.round(gpu.compute_free_percent)}% free`);
+    ` of ${formatSize(gpu.memory_total_bytes)} · compute ${Math.round(gpu.compute_free_percent)}% free`,
+    gpu.external_memory_bytes > 0 ? ` · ${formatSize(gpu.external_memory_bytes)} used outside gpuslice` : null);
   tile.append(free);
   const extra = telemetry(gpu);
   if (extra) tile.append(extra);
