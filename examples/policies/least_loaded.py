@@ -1,8 +1,9 @@
 """Least loaded: spread requests over the nodes with the most free GPU and CPU left after placing.
 
 Optimises: free GPU (milli) + cpu_weight · free CPU (milli) after the request, higher is better; the
-opposite of best fit. The weight is an operator knob kept in a Map, like gpu_ext's config ARRAY maps:
-change it on a running server with ``gpuslice policy map update placement config cpu_weight 0.25``.
+opposite of best fit. The weight is an operator knob kept in a Map, like gpu_ext's config ARRAY maps;
+unset, it is 0. Whatever holds the policy in a ``PolicySlot`` sets it by name, the way ``bpftool map
+update`` does: ``slot.map_update("config", "cpu_weight", "0.25")``.
 Where it works well: few large jobs that each want a node to themselves for as long as possible.
 Weakness: spreading leaves every node partly used, so an 8-GPU job may find no empty node.
 """

@@ -3,7 +3,7 @@
 Optimises: (priority, highest first), then GPUs asked for (a share counts as its compute fraction, an
 unspecified share as one GPU), then submission order. Each tenant's jobs can be boosted by whole
 priority levels through a Map an operator writes on a running server:
-``gpuslice policy map update queue boost alice 1``.
+``gpuslice policy map update boost alice 1`` (the queue family is the default).
 Where it works well: a queue of many small experiments and a few large runs; short waits for the many.
 Weakness: a large job can wait as long as small ones keep arriving (no aging here; priority-fair ages).
 """

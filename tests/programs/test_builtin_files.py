@@ -107,7 +107,7 @@ def test_queue_example_puts_small_jobs_first_and_reads_its_boost_map() -> None:
     small = QueuedJob("small", JobSpec(command=("x",), gpus=1, tenant="alice"), 0.0, 1)
     share = QueuedJob("share", JobSpec(command=("x",), gpus=1, compute_percent=25, tenant="bob"), 0.0, 2)
     assert [j.job_id for j in order_pending(ops, view, [big, small, share])] == ["share", "small", "big"]
-    maps["boost"].update("bob", 1)  # what `gpuslice policy map update queue boost bob 1` does
+    maps["boost"].update("bob", 1)  # what `gpuslice policy map update boost bob 1` does
     assert [j.job_id for j in order_pending(ops, view, [big, small, share])] == ["share", "big", "small"]
 
 
