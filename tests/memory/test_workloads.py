@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 
@@ -24,6 +26,27 @@ def test_csv_round_trip(tmp_path):
     back = read_trace_csv(path)
     for col in ("tenant", "block", "page", "op", "time", "owner"):
         assert np.array_equal(getattr(trace, col), getattr(back, col)), col
+
+
+def test_csv_round_trip_keeps_the_stream_column(tmp_path):
+    trace = make_workload("rand-stream", scale=0.1)
+    path = tmp_path / "s.csv"
+    write_trace_csv(trace, path)
+    assert path.read_text().splitlines()[0] == "tenant,block,page,op,time,stream"
+    assert np.array_equal(read_trace_csv(path).stream, trace.stream)
+    assert make_workload("gemm", scale=0.1).stream is None  # lockstep traces write five columns
+
+
+@pytest.mark.parametrize("name", ["seq-stream", "rand-stream"])
+def test_uvmbench_tier0_traces_name_a_thread_per_access_and_a_new_one_per_kernel(name):
+    trace = make_workload(name, scale=0.1)  # 64 threads, 2 kernel launches (iterations)
+    assert np.unique(trace.stream).size == 128
+    first_kernel = trace.stream[: len(trace) // 2]
+    assert set(first_kernel.tolist()) == set(range(64))
+    # a thread touches one tile: its pages are contiguous and disjoint from every other thread's
+    gp = (trace.block.astype(np.int64) * 512 + trace.page)[: len(trace) // 2]
+    spans = [(gp[first_kernel == s].min(), gp[first_kernel == s].max()) for s in range(64)]
+    assert all(a[1] < b[0] for a, b in itertools.pairwise(spans))
 
 
 def test_csv_with_a_bad_row_names_the_row(tmp_path):

@@ -25,7 +25,7 @@ from numba import njit
 
 from gpuslice.memory.uvm import BIG_PAGE_PAGES, FAULT_BATCH, PAGE_BYTES, PAGES_PER_BLOCK, TREE_THRESHOLD_PCT
 
-__all__ = ["CompiledState", "replay_steps"]
+__all__ = ["CompiledState", "replay_steps", "replay_streams"]
 
 _P = PAGES_PER_BLOCK
 _NBIG = PAGES_PER_BLOCK // BIG_PAGE_PAGES  # 32 big pages per block
@@ -138,39 +138,96 @@ def _prefetch_block(resident, base, faulted, a, b, thrashing, whole_block, cnt, 
     return new
 
 
+# scalar parameters, packed into one float64 array: index constants
+PER_ACCESS, OVERHEAD, LINK, THR_THRESHOLD, THR_LAPSE, THR_EPOCH, PREFERRED, CAPACITY = range(8)
+
+
 @njit(cache=True)
-def _replay(
-    gp,
-    starts,
-    s0,
-    s1,
-    owner,
-    capacity,
-    per_access_s,
-    batch_overhead_s,
-    link_bytes_per_s,
-    thr_threshold,
-    thr_lapse_s,
-    thr_epoch_s,
-    preferred_gpu,
-    resident,
-    res_count,
-    st_prev,
-    st_next,
-    on_list,
-    evicted_at,
-    events,
-    epoch_start,
-    counters,
-    service_s,
-    tenant_s,
-):
+def _service_faults(faulted, issued, prm, owner, resident, res_count, st_prev, st_next, on_list, evicted_at,
+                    events, epoch_start, counters, service_s, tenant_s):  # fmt: skip
+    """Service one step's (or round's) sorted, distinct faulted pages in batches of 256 (research §3):
+    ``_Run._service_batch_reference`` then ``_Run._charge`` per batch. ``issued`` = accesses issued so far
+    (the compute part of the clock)."""
     nt = tenant_s.shape[0]
     moved_in = np.zeros(nt)
     moved_out = np.zeros(nt)
     waiting = np.zeros(nt, dtype=np.bool_)
     cnt = np.zeros(_NBIG, dtype=np.int64)
     fbig = np.zeros(_NBIG, dtype=np.bool_)
+    capacity = np.int64(prm[CAPACITY])
+    link = prm[LINK]
+    nf = faulted.shape[0]
+    counters[FAULTS] += nf
+    for bs in range(0, nf, FAULT_BATCH):
+        be = min(nf, bs + FAULT_BATCH)
+        now = issued * prm[PER_ACCESS] + service_s[0]  # the Python clock: compute so far + service so far
+        moved_in[:] = 0.0
+        moved_out[:] = 0.0
+        waiting[:] = False
+        i = bs
+        while i < be:
+            block = faulted[i] // _P
+            j = i + 1
+            while j < be and faulted[j] // _P == block:
+                j += 1
+            t = owner[block]
+            waiting[t] = True
+            if not on_list[block]:
+                counters[CHUNK_FAULTS] += 1
+                if counters[SIZE] >= capacity:  # victim: head of used (unused stays empty)
+                    victim = counters[HEAD]
+                    _unlink(st_prev, st_next, counters, victim)
+                    on_list[victim] = False
+                    counters[SIZE] -= 1
+                    counters[EVICTIONS] += 1
+                    evicted_at[victim] = now
+                    moved_out[t] += res_count[victim]
+                    resident[victim * _P : (victim + 1) * _P] = False
+                    res_count[victim] = 0
+                # Thrashing.on_fault_in
+                if now - epoch_start[block] > prm[THR_EPOCH]:
+                    events[block] = 0
+                    epoch_start[block] = now
+                if now - evicted_at[block] < prm[THR_LAPSE]:
+                    events[block] += 1
+                    counters[THRASH_EVENTS] += 1
+                thrashing = events[block] >= prm[THR_THRESHOLD]
+            else:  # Thrashing.is_thrashing
+                thrashing = events[block] >= prm[THR_THRESHOLD] and now - epoch_start[block] <= prm[THR_EPOCH]
+            whole = prm[PREFERRED] != 0.0 and res_count[block] == 0
+            new = _prefetch_block(resident, block * _P, faulted, i, j, thrashing, whole, cnt, fbig)
+            res_count[block] += new
+            moved_in[t] += new
+            # ChunkLists.activate: to the tail of used
+            if on_list[block]:
+                _unlink(st_prev, st_next, counters, block)
+            else:
+                on_list[block] = True
+                counters[SIZE] += 1
+            _append(st_prev, st_next, counters, block)
+            i = j
+        # _Run._charge
+        total_in = 0.0
+        total_out = 0.0
+        for t in range(nt):
+            total_in += moved_in[t]
+            total_out += moved_out[t]
+        moved = np.int64(total_in + total_out)
+        counters[BATCHES] += 1
+        counters[MIGRATED] += np.int64(total_in)
+        counters[EVICTED] += np.int64(total_out)
+        service_s[0] += prm[OVERHEAD] + (moved * PAGE_BYTES) / link
+        for t in range(nt):
+            if waiting[t]:
+                tenant_s[t] += prm[OVERHEAD]
+        for t in range(nt):
+            tenant_s[t] += (moved_in[t] + moved_out[t]) * PAGE_BYTES / link
+
+
+@njit(cache=True)
+def _replay(gp, starts, s0, s1, owner, prm, resident, res_count, st_prev, st_next, on_list, evicted_at,
+            events, epoch_start, counters, service_s, tenant_s):  # fmt: skip
+    """Lockstep: steps ``[s0, s1)``; a step's distinct non-resident pages are its faults."""
     buf = np.empty(0, dtype=np.int64)
     for s in range(s0, s1):
         a, b = starts[s], starts[s + 1]
@@ -188,110 +245,73 @@ def _replay(
                 buf[m] = gp[j]
                 m += 1
         faulted = np.unique(buf[:m])  # coalesced and sorted: address order
-        nf = faulted.shape[0]
-        counters[FAULTS] += nf
-        for bs in range(0, nf, FAULT_BATCH):
-            be = min(nf, bs + FAULT_BATCH)
-            now = b * per_access_s + service_s[0]  # the Python clock: compute so far + service so far
-            moved_in[:] = 0.0
-            moved_out[:] = 0.0
-            waiting[:] = False
-            i = bs
-            while i < be:
-                block = faulted[i] // _P
-                j = i + 1
-                while j < be and faulted[j] // _P == block:
-                    j += 1
-                t = owner[block]
-                waiting[t] = True
-                if not on_list[block]:
-                    counters[CHUNK_FAULTS] += 1
-                    if counters[SIZE] >= capacity:  # victim: head of used (unused stays empty)
-                        victim = counters[HEAD]
-                        _unlink(st_prev, st_next, counters, victim)
-                        on_list[victim] = False
-                        counters[SIZE] -= 1
-                        counters[EVICTIONS] += 1
-                        evicted_at[victim] = now
-                        moved_out[t] += res_count[victim]
-                        resident[victim * _P : (victim + 1) * _P] = False
-                        res_count[victim] = 0
-                    # Thrashing.on_fault_in
-                    if now - epoch_start[block] > thr_epoch_s:
-                        events[block] = 0
-                        epoch_start[block] = now
-                    if now - evicted_at[block] < thr_lapse_s:
-                        events[block] += 1
-                        counters[THRASH_EVENTS] += 1
-                    thrashing = events[block] >= thr_threshold
-                else:  # Thrashing.is_thrashing
-                    thrashing = events[block] >= thr_threshold and now - epoch_start[block] <= thr_epoch_s
-                whole = preferred_gpu and res_count[block] == 0
-                new = _prefetch_block(resident, block * _P, faulted, i, j, thrashing, whole, cnt, fbig)
-                res_count[block] += new
-                moved_in[t] += new
-                # ChunkLists.activate: to the tail of used
-                if on_list[block]:
-                    _unlink(st_prev, st_next, counters, block)
-                else:
-                    on_list[block] = True
-                    counters[SIZE] += 1
-                _append(st_prev, st_next, counters, block)
-                i = j
-            # _Run._charge
-            total_in = 0.0
-            total_out = 0.0
-            for t in range(nt):
-                total_in += moved_in[t]
-                total_out += moved_out[t]
-            moved = np.int64(total_in + total_out)
-            counters[BATCHES] += 1
-            counters[MIGRATED] += np.int64(total_in)
-            counters[EVICTED] += np.int64(total_out)
-            service_s[0] += batch_overhead_s + (moved * PAGE_BYTES) / link_bytes_per_s
-            for t in range(nt):
-                if waiting[t]:
-                    tenant_s[t] += batch_overhead_s
-            for t in range(nt):
-                tenant_s[t] += (moved_in[t] + moved_out[t]) * PAGE_BYTES / link_bytes_per_s
+        _service_faults(faulted, b, prm, owner, resident, res_count, st_prev, st_next, on_list, evicted_at,
+                        events, epoch_start, counters, service_s, tenant_s)  # fmt: skip
 
 
-def replay_steps(
-    state: CompiledState,
-    gp: np.ndarray,
-    starts: np.ndarray,
-    s0: int,
-    s1: int,
-    owner: np.ndarray,
-    capacity: int,
-    cost,
-    thrashing,
-    preferred_gpu: bool,
-) -> None:
-    """Replay trace steps ``[s0, s1)`` (``starts[s]`` = first access of step s) into ``state``."""
-    _replay(
-        gp,
-        starts,
-        s0,
-        s1,
-        owner,
-        capacity,
+@njit(cache=True)
+def _replay_streams(gp, order, off, first_t, last_t, owner, prm, resident, res_count, st_prev, st_next,
+                    on_list, evicted_at, events, epoch_start, counters, service_s, tenant_s):  # fmt: skip
+    """Per-stream progress (``_Run.run_streams``): each round, every eligible stream runs to its next
+    non-resident access; those accesses are the round's faults."""
+    ns = off.shape[0] - 1
+    cur = off[:-1].copy()
+    buf = np.empty(ns, dtype=np.int64)
+    while True:
+        horizon = np.iinfo(np.int64).max
+        for s in range(ns):
+            if cur[s] < off[s + 1] and last_t[s] < horizon:
+                horizon = last_t[s]
+        if horizon == np.iinfo(np.int64).max:
+            break  # every stream finished
+        m = 0
+        issued = 0
+        for s in range(ns):
+            if cur[s] < off[s + 1] and first_t[s] <= horizon:
+                c = cur[s]
+                while c < off[s + 1] and resident[gp[order[c]]]:
+                    c += 1
+                cur[s] = c
+                if c < off[s + 1]:
+                    buf[m] = gp[order[c]]
+                    m += 1
+            issued += cur[s] - off[s]
+        if m:
+            _service_faults(np.unique(buf[:m]), issued + m, prm, owner, resident, res_count, st_prev,
+                            st_next, on_list, evicted_at, events, epoch_start, counters, service_s,
+                            tenant_s)  # fmt: skip
+
+
+def _params(capacity: int, cost, thrashing, preferred_gpu: bool) -> np.ndarray:
+    prm = np.zeros(8)
+    prm[PER_ACCESS], prm[OVERHEAD], prm[LINK] = (
         cost.per_access_s,
         cost.batch_overhead_s,
         cost.link_bytes_per_s,
+    )
+    prm[THR_THRESHOLD], prm[THR_LAPSE], prm[THR_EPOCH] = (
         thrashing.threshold,
         thrashing.lapse_s,
         thrashing.epoch_s,
-        preferred_gpu,
-        state.resident,
-        state.res_count,
-        state.prev,
-        state.next,
-        state.on_list,
-        state.evicted_at,
-        state.events,
-        state.epoch_start,
-        state.counters,
-        state.service_s,
-        state.tenant_s,
     )
+    prm[PREFERRED], prm[CAPACITY] = float(preferred_gpu), capacity
+    return prm
+
+
+def _state_args(state: CompiledState) -> tuple:
+    return (state.resident, state.res_count, state.prev, state.next, state.on_list, state.evicted_at,
+            state.events, state.epoch_start, state.counters, state.service_s, state.tenant_s)  # fmt: skip
+
+
+def replay_steps(state: CompiledState, gp: np.ndarray, starts: np.ndarray, s0: int, s1: int,
+                 owner: np.ndarray, capacity: int, cost, thrashing, preferred_gpu: bool) -> None:  # fmt: skip
+    """Lockstep replay of trace steps ``[s0, s1)`` (``starts[s]`` = first access of step s) into ``state``."""
+    _replay(gp, starts, s0, s1, owner, _params(capacity, cost, thrashing, preferred_gpu), *_state_args(state))
+
+
+def replay_streams(state: CompiledState, gp: np.ndarray, layout, owner: np.ndarray, capacity: int, cost,
+                   thrashing, preferred_gpu: bool) -> None:  # fmt: skip
+    """Per-stream replay of the whole trace; ``layout`` = (order, off, first_t, last_t) of
+    ``simulator.stream_layout``."""
+    prm = _params(capacity, cost, thrashing, preferred_gpu)
+    _replay_streams(gp, *layout, owner, prm, *_state_args(state))

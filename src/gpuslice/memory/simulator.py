@@ -7,6 +7,15 @@ in it (prefetch, allocation, activation) and per eviction — which is where gpu
 A step (``Trace.time``) is a set of concurrent accesses: its faults are the distinct non-resident pages it
 touches (coalesced), serviced in batches of 256 in address order (research §3); the next step sees the
 result. Capacity is ``floor(working set / oversub)`` chunks of 2 MB.
+
+A trace with streams (``Trace.stream``: the issuing GPU thread of each access) is replayed with
+per-stream progress instead, unless ``SimConfig.stream_progress`` is off: in rounds, every stream that may
+run (its kernel has started, see ``workloads``) passes over its resident accesses and stops at its next
+non-resident one; the round's faults are those stopped accesses, coalesced and batched as above. A
+warp stalls only on its own replayable fault while the others run on (research §3: faults are fetched in
+batches and replayed; §5.3: uvmbench's 65 536 threads each walk their own tile), so a stream whose block
+arrived whole runs through it without waiting for the others. Lockstep is the model the figures before
+this change were made with; it is what ``stream_progress=False`` replays.
 """
 
 from __future__ import annotations
@@ -62,10 +71,12 @@ _NO = np.zeros(FAULT_BATCH, dtype=bool)  # no first-touch rows (a batch spans at
 class SimConfig:
     """How to run: oversubscription (working set / GPU capacity), hook visibility, cost model.
 
-    ``preferred_gpu``: the GPU is the blocks' preferred location, so a first-touch fault takes the whole
-    block (research §3). Off by default: plain managed memory, as in uvmbench's ``uvm`` mode and gpu_ext's
-    UVM baselines, sets no preferred location. ``priorities`` maps tenant → "high"/"low"; by default a
-    multi-tenant trace has tenant 0 high and tenant 1 low, a single-tenant trace has no priorities.
+    ``stream_progress``: replay a trace that has streams with per-stream progress (module docstring); off,
+    every trace is replayed in lockstep. ``preferred_gpu``: the GPU is the blocks' preferred location, so
+    a first-touch fault takes the whole block (research §3). Off by default: plain managed memory, as in
+    uvmbench's ``uvm`` mode and gpu_ext's UVM baselines, sets no preferred location. ``priorities`` maps
+    tenant → "high"/"low"; by default a multi-tenant trace has tenant 0 high and tenant 1 low, a
+    single-tenant trace has no priorities.
     """
 
     oversub: float = 1.5
@@ -74,6 +85,7 @@ class SimConfig:
     preferred_gpu: bool = False
     thrashing: ThrashingParams = field(default_factory=ThrashingParams)
     priorities: dict[int, str] | None = None
+    stream_progress: bool = True
 
 
 @dataclass(frozen=True)
@@ -440,10 +452,10 @@ class _Run:
             )
         return mask
 
-    def _access_hooks(self, start: int, end: int) -> None:
-        """ "full" visibility: block_access once per resident block touched in [start, end)."""
-        gp = self.gp[start:end]
-        hit_blocks = self.trace.block[start:end][self.resident[gp]]
+    def _access_hooks(self, rows: slice | np.ndarray) -> None:
+        """ "full" visibility: block_access once per resident block touched by the trace ``rows``."""
+        gp = self.gp[rows]
+        hit_blocks = self.trace.block[rows][self.resident[gp]]
         if not len(hit_blocks):
             return
         blocks, hits = np.unique(hit_blocks, return_counts=True)
@@ -483,7 +495,7 @@ class _Run:
             seg = self.gp[i:end]
             faulted = np.unique(seg[~self.resident[seg]])
             if full:
-                self._access_hooks(hit_start, end)
+                self._access_hooks(slice(hit_start, end))
             self.faults += len(faulted)
             self.view.position = end
             for b in range(0, len(faulted), FAULT_BATCH):
@@ -495,7 +507,64 @@ class _Run:
                 progress(pos - last_report)
                 last_report = pos
         if full and hit_start < n:
-            self._access_hooks(hit_start, n)
+            self._access_hooks(slice(hit_start, n))
+        self.clock = compute(n) + self.service_s
+        if progress is not None:
+            progress(n - last_report)
+
+    def streams(self) -> bool:
+        """Whether this run uses per-stream progress."""
+        return self.trace.stream is not None and self.cfg.stream_progress
+
+    def run_streams(self, progress: Callable[[int], None] | None = None) -> None:
+        """Per-stream progress (module docstring), in rounds; each round a few numpy operations advance
+        every eligible stream to its next non-resident access."""
+        trace, compute = self.trace, self.cfg.cost.compute_seconds
+        n = len(trace)
+        self.gp = trace.block.astype(np.int64) * _P + trace.page
+        self.tenant_s += np.bincount(trace.tenant, minlength=len(self.tenant_s)) * self.cfg.cost.per_access_s
+        self.ops.init(self.view)
+        order, off, first_t, last_t = stream_layout(trace)
+        cur, end = off[:-1].copy(), off[1:]
+        full = self.cfg.visibility == "full"
+        look = 64  # accesses examined per stream per pass while looking for its next miss
+        last_report = 0
+        while True:
+            live = cur < end
+            if not live.any():
+                break
+            eligible = np.flatnonzero(live & (first_t <= last_t[live].min()))
+            passed = []  # trace rows passed over (hits) this round, for the access hook
+            pending = eligible
+            while pending.size:
+                idx = cur[pending, None] + np.arange(look)[None, :]
+                valid = idx < end[pending, None]
+                rows = order[np.minimum(idx, n - 1)]
+                miss = valid & ~self.resident[self.gp[rows]]
+                hit = miss.any(axis=1)
+                step = np.where(hit, miss.argmax(axis=1), valid.sum(axis=1))
+                if full:
+                    passed.append(rows[np.arange(look)[None, :] < step[:, None]])
+                cur[pending] += step
+                pending = pending[~hit & (cur[pending] < end[pending])]
+            stopped = eligible[cur[eligible] < end[eligible]]
+            if full:
+                self._access_hooks(np.concatenate(passed))
+            if not stopped.size:
+                continue
+            at = order[cur[stopped]]
+            faulted = np.unique(self.gp[at])
+            self.faults += len(faulted)
+            issued = int((cur - off[:-1]).sum()) + len(stopped)
+            # Belady's "now": the earliest trace row still to run (an approximation here: with per-stream
+            # progress the future order depends on the schedule, so no offline order is exact)
+            self.view.position = int(order[cur[stopped]].min())
+            for b in range(0, len(faulted), FAULT_BATCH):
+                self.clock = self.view.now_s = compute(issued) + self.service_s
+                self.service(faulted[b : b + FAULT_BATCH])
+            if progress is not None and issued - last_report > 65536:
+                progress(issued - last_report)
+                last_report = issued
         self.clock = compute(n) + self.service_s
         if progress is not None:
             progress(n - last_report)
@@ -514,29 +583,23 @@ class _Run:
         trace, cost = self.trace, self.cfg.cost
         n = len(trace)
         gp = trace.block.astype(np.int64) * _P + trace.page
-        starts = np.append(np.flatnonzero(np.r_[True, trace.time[1:] != trace.time[:-1]]), n)
         self.tenant_s += np.bincount(trace.tenant, minlength=len(self.tenant_s)) * cost.per_access_s
         self.ops.init(self.view)
         state = compiled.CompiledState(trace.blocks, len(self.tenant_s))
         state.tenant_s[:] = self.tenant_s
-        steps = len(starts) - 1
-        # slices of about 64 k accesses, so a progress bar moves while the replay runs
-        cuts = np.unique(np.r_[0, np.searchsorted(starts, np.arange(65536, n, 65536)), steps])
-        for s0, s1 in itertools.pairwise(cuts.tolist()):
-            compiled.replay_steps(
-                state,
-                gp,
-                starts,
-                s0,
-                s1,
-                trace.owner,
-                self.capacity,
-                cost,
-                self.cfg.thrashing,
-                self.cfg.preferred_gpu,
-            )
+        config = (trace.owner, self.capacity, cost, self.cfg.thrashing, self.cfg.preferred_gpu)
+        if self.streams():
+            compiled.replay_streams(state, gp, stream_layout(trace), *config)
             if progress is not None:
-                progress(int(starts[s1] - starts[s0]))
+                progress(n)
+        else:
+            starts = np.append(np.flatnonzero(np.r_[True, trace.time[1:] != trace.time[:-1]]), n)
+            # slices of about 64 k accesses, so a progress bar moves while the replay runs
+            cuts = np.unique(np.r_[0, np.searchsorted(starts, np.arange(65536, n, 65536)), len(starts) - 1])
+            for s0, s1 in itertools.pairwise(cuts.tolist()):
+                compiled.replay_steps(state, gp, starts, s0, s1, *config)
+                if progress is not None:
+                    progress(int(starts[s1] - starts[s0]))
         c = state.counters
         self.faults, self.chunk_faults = int(c[compiled.FAULTS]), int(c[compiled.CHUNK_FAULTS])
         self.batches, self.evictions = int(c[compiled.BATCHES]), int(c[compiled.EVICTIONS])
@@ -545,6 +608,16 @@ class _Run:
         self.service_s = float(state.service_s[0])
         self.clock = cost.compute_seconds(n) + self.service_s
         self.tenant_s = state.tenant_s
+
+
+def stream_layout(trace: Trace) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(order, off, first_t, last_t): ``order[off[s]:off[s+1]]`` are stream s's trace rows in issue order
+    (streams renumbered densely), ``first_t``/``last_t`` the times of its first and last access."""
+    assert trace.stream is not None
+    order = np.argsort(trace.stream, kind="stable")
+    _, first = np.unique(trace.stream[order], return_index=True)
+    off = np.append(first, len(trace)).astype(np.int64)
+    return order.astype(np.int64), off, trace.time[order[off[:-1]]], trace.time[order[off[1:] - 1]]
 
 
 def simulate(
@@ -566,6 +639,8 @@ def simulate(
     t0 = _time.perf_counter()
     if compiled and vectorised and run.compilable():
         run.run_compiled(progress)
+    elif run.streams():
+        run.run_streams(progress)
     else:
         run.run(progress)
     wall = _time.perf_counter() - t0

@@ -5,6 +5,13 @@ block), ``page`` (0–511 inside it), ``op`` (0 read, 1 write) and ``time``. ``t
 accesses with the same time are issued concurrently (their faults coalesce into the same batches), a later
 time waits for earlier faults to be serviced. Tenants own VA blocks: a block belongs to one tenant.
 
+An optional sixth column, ``stream``, names the GPU thread (warp) that issues each access. With it the
+simulator lets every stream run ahead on its own — a stream waits only for its own fault, as a GPU warp
+stalls only on its own replayable fault — and ``time`` orders accesses only inside a stream and across
+kernels: a stream starts once every stream whose last access comes before its first access has finished
+(a kernel launch waits for the previous kernel). The uvmbench tier-0 generators, whose threads are
+described in research §5.3, emit it: one stream id per (kernel launch, thread).
+
 Generators follow the access shapes of research §5.2–5.3 at a scale a laptop sweeps in seconds (tens to a
 few hundred 2 MB blocks). Parallel GPU threads are modelled as ``streams`` that each own a contiguous
 tile and advance one page per step, as in uvmbench's tier-0 kernels (research §5.3). Every generator takes
@@ -43,6 +50,7 @@ class Trace:
     op: np.ndarray
     time: np.ndarray
     owner: np.ndarray
+    stream: np.ndarray | None = None  # issuing thread per access (module docstring); None = lockstep
 
     def __len__(self) -> int:
         return len(self.block)
@@ -62,8 +70,9 @@ class Trace:
         return int(self.tenant.max()) + 1 if len(self) else 0
 
     @classmethod
-    def from_columns(cls, name, tenant, block, page, op, time) -> Trace:
-        """Build and check a trace: pages in range, times non-decreasing, one tenant per block."""
+    def from_columns(cls, name, tenant, block, page, op, time, stream=None) -> Trace:
+        """Build and check a trace: pages in range, times non-decreasing, one tenant per block, streams
+        (if given) >= 0."""
         tenant = np.asarray(tenant, dtype=np.int16)
         block = np.asarray(block, dtype=np.int32)
         page = np.asarray(page, dtype=np.int16)
@@ -81,7 +90,11 @@ class Trace:
                 f"trace {name!r}: VA block {bad} is used by two tenants; a block has one owner"
             )
         owner[owner < 0] = 0
-        return cls(name, tenant, block, page, op, time, owner)
+        if stream is not None:
+            stream = np.asarray(stream, dtype=np.int64)
+            if len(stream) != len(block) or (len(stream) and stream.min() < 0):
+                raise TraceFormatError(f"trace {name!r}: stream must be given for every row and be >= 0")
+        return cls(name, tenant, block, page, op, time, owner, stream)
 
 
 class _Builder:
@@ -91,6 +104,8 @@ class _Builder:
         self.pages: list[np.ndarray] = []
         self.steps: list[np.ndarray] = []
         self.ops: list[np.ndarray] = []
+        self.streams: list[np.ndarray] = []
+        self.next_stream = 0
         self.step = 0
 
     def add(self, pages: np.ndarray, width: int = 1, op: int = 0) -> None:
@@ -103,8 +118,19 @@ class _Builder:
         self.steps.append(steps)
         self.ops.append(np.full(len(pages), op, dtype=np.int8))
 
+    def add_kernel(self, grid: np.ndarray, op: int = 0) -> None:
+        """One kernel launch of a (steps × threads) grid: one step per row, one stream per column, stream
+        ids new for this launch."""
+        threads = self.next_stream + np.arange(grid.shape[1])
+        self.next_stream += grid.shape[1]
+        self.add(grid, width=grid.shape[1], op=op)
+        self.streams.append(np.broadcast_to(threads, grid.shape).ravel())
+
     def trace(self, name: str, tenant: int = 0) -> Trace:
         gp = np.concatenate(self.pages)
+        streams = np.concatenate(self.streams) if self.streams else None
+        if streams is not None and len(streams) != len(gp):
+            raise ValueError("every access of a stream trace must come from add_kernel")
         return Trace.from_columns(
             name,
             np.full(len(gp), tenant),
@@ -112,6 +138,7 @@ class _Builder:
             gp % _P,
             np.concatenate(self.ops),
             np.concatenate(self.steps),
+            streams,
         )
 
 
@@ -132,8 +159,7 @@ def seq_stream(seed: int = 0, scale: float = 1.0, streams: int = 64, iterations:
     """uvmbench seq_stream: 64 streams scan their tiles one page per step; input and output halves (§5.3)."""
     b, npages = _Builder(), _blocks(128 * scale) * _P
     for _ in range(iterations):
-        grid = _streams(0, npages, streams)
-        b.add(grid, width=grid.shape[1], op=0)
+        b.add_kernel(_streams(0, npages, streams))
     t = b.trace("seq-stream")
     return _with_ops(t, t.block >= t.blocks // 2)
 
@@ -146,8 +172,7 @@ def rand_stream(seed: int = 0, scale: float = 1.0, streams: int = 64, iterations
     for _ in range(iterations):
         step = int(rng.integers(0, tile // 2)) * 2 + 1  # odd step over a power-of-two tile: a permutation
         order = (np.arange(tile) * step + int(rng.integers(0, tile))) % tile
-        grid = _streams(0, npages, streams, order)
-        b.add(grid, width=grid.shape[1])
+        b.add_kernel(_streams(0, npages, streams, order))
     return b.trace("rand-stream")
 
 
@@ -159,7 +184,7 @@ def pointer_chase(seed: int = 0, scale: float = 1.0, streams: int = 64, hops: in
     hops = max(16, round(hops * npages / (128 * _P)))
     tile = npages // streams
     grid = np.arange(streams)[None, :] * tile + rng.integers(0, tile, size=(hops, streams))
-    b.add(grid, width=streams)
+    b.add_kernel(grid)
     return b.trace("pointer-chase")
 
 
@@ -325,12 +350,13 @@ def faiss_search(
 
 
 def _with_ops(t: Trace, write: np.ndarray) -> Trace:
-    return Trace(t.name, t.tenant, t.block, t.page, write.astype(np.int8), t.time, t.owner)
+    return Trace(t.name, t.tenant, t.block, t.page, write.astype(np.int8), t.time, t.owner, t.stream)
 
 
 def mix(name: str, first: Trace, second: Trace) -> Trace:
     """Two tenants on one GPU: tenant 0 = ``first`` (high priority), tenant 1 = ``second``; their steps
-    alternate in proportion to their lengths, and tenant 1's blocks come after tenant 0's."""
+    alternate in proportion to their lengths, and tenant 1's blocks come after tenant 0's. The mix is
+    replayed in lockstep (streams, if any, are dropped)."""
     ta = first.time - first.time[0] if len(first) else first.time
     tb = second.time - second.time[0] if len(second) else second.time
     na, nb = max(1, int(ta[-1]) + 1), max(1, int(tb[-1]) + 1)
@@ -394,31 +420,38 @@ def make_workload(name: str, seed: int = 0, scale: float = 1.0) -> Trace:
 
 
 _COLUMNS = ("tenant", "block", "page", "op", "time")
+_STREAM = "stream"  # optional sixth column
 
 
 def write_trace_csv(trace: Trace, path: Path) -> None:
-    """Write ``tenant,block,page,op,time`` with a header, one row per access."""
+    """Write ``tenant,block,page,op,time`` (``,stream`` when the trace has streams) with a header, one row
+    per access."""
+    columns = [trace.tenant, trace.block, trace.page, trace.op, trace.time]
+    header = list(_COLUMNS)
+    if trace.stream is not None:
+        columns.append(trace.stream)
+        header.append(_STREAM)
     with open(path, "w", newline="") as fh:
-        fh.write(",".join(_COLUMNS) + "\n")
-        data = np.stack([trace.tenant, trace.block, trace.page, trace.op, trace.time], axis=1).astype(
-            np.int64
-        )
-        np.savetxt(fh, data, fmt="%d", delimiter=",")
+        fh.write(",".join(header) + "\n")
+        np.savetxt(fh, np.stack(columns, axis=1).astype(np.int64), fmt="%d", delimiter=",")
 
 
 def read_trace_csv(path: Path) -> Trace:
-    """Read a trace CSV (header ``tenant,block,page,op,time``; op is 0/1 or r/w); rows are sorted by time
-    (stable). TraceFormatError names the file and the first bad row."""
+    """Read a trace CSV (header ``tenant,block,page,op,time`` and optionally ``,stream``; op is 0/1 or
+    r/w); rows are sorted by time (stable). TraceFormatError names the file and the first bad row."""
     path = Path(path)
-    cols: list[list[int]] = [[] for _ in _COLUMNS]
     with open(path, newline="") as fh:
         reader = csv.reader(fh)
         header = [h.strip() for h in next(reader, [])]
-        if header != list(_COLUMNS):
-            raise TraceFormatError(f"{path}: header must be {','.join(_COLUMNS)}, got {','.join(header)}")
+        if header not in (list(_COLUMNS), [*_COLUMNS, _STREAM]):
+            raise TraceFormatError(
+                f"{path}: header must be {','.join(_COLUMNS)}[,{_STREAM}], got {','.join(header)}"
+            )
+        width = len(header)
+        cols: list[list[int]] = [[] for _ in header]
         for row_no, row in enumerate(reader, start=2):
             try:
-                if len(row) != len(_COLUMNS):
+                if len(row) != width:
                     raise ValueError
                 opv = row[3].strip().lower()
                 values = [
@@ -426,11 +459,12 @@ def read_trace_csv(path: Path) -> Trace:
                     int(row[1]),
                     int(row[2]),
                     {"r": 0, "w": 1}.get(opv) if opv in "rw" else int(opv),
+                    int(float(row[4])),
+                    *(int(v) for v in row[5:]),
                 ]
-                values.append(int(float(row[4])))
             except (ValueError, TypeError):
                 raise TraceFormatError(
-                    f"{path}, row {row_no}: expected 5 integers, got {','.join(row)}"
+                    f"{path}, row {row_no}: expected {width} integers, got {','.join(row)}"
                 ) from None
             for c, v in zip(cols, values, strict=True):
                 c.append(v)
