@@ -254,10 +254,9 @@ def top(
     interval: Annotated[float, typer.Option(min=0.2, help="seconds between refreshes")] = 2.0,
     once: Annotated[bool, typer.Option("--once", help="print one frame and exit")] = False,
     url: job_cli.Url = None,
-    state_dir: job_cli.StateDir = None,
 ) -> None:
     """A live view of the server's GPUs, slices, running jobs and queue (like top; Ctrl-C quits)."""
-    with job_cli._client(url, state_dir) as client:
+    with job_cli._client(url, None) as client:  # reads only: no token, so no state dir
         if once:
             _out.print(render(snapshot(client)))
             return
