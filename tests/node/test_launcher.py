@@ -106,6 +106,27 @@ def test_terminate_sends_sigterm_and_a_well_behaved_job_ends_at_once(tmp_path, c
     assert status.exit_code == 0 and time.monotonic() - began < 5
 
 
+def test_a_job_stopped_during_supervisor_start_up_is_recorded_as_signalled_not_lost(tmp_path, cleanup):
+    # SIGTERM right after launch, while the supervisor's interpreter is still starting: the launcher
+    # starts it with the signal blocked, so the stop is delivered to its handler instead of killing it.
+    job = launcher.launch("early", python_job(SLEEPER), {}, tmp_path)
+    cleanup.append(job.pgid)
+    assert launcher.terminate(job.pgid, grace_seconds=5)
+    status = wait_for(lambda: launcher.poll("early", tmp_path), timeout=15)
+    assert status.exit_code in (0, 128 + signal.SIGTERM)  # the job ran its handler, or died of SIGTERM
+    assert not launcher.is_alive(job.pid, job.start_time) or wait_for(
+        lambda: not launcher.is_alive(job.pid, job.start_time)
+    )
+
+
+def test_launch_leaves_the_callers_signal_mask_as_it_was(tmp_path, cleanup):
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, set())
+    job = launcher.launch("mask", python_job("print('hi')"), {}, tmp_path)
+    cleanup.append(job.pgid)
+    assert signal.pthread_sigmask(signal.SIG_BLOCK, set()) == before
+    assert wait_for(lambda: launcher.poll("mask", tmp_path)).exit_code == 0
+
+
 def test_terminate_kills_a_job_that_ignores_sigterm_after_the_grace_period(tmp_path, cleanup):
     spec = python_job(SLEEPER, env=(("IGNORE_TERM", "1"),))
     job = launcher.launch("t2", spec, {}, tmp_path)

@@ -31,7 +31,14 @@ import psutil
 
 from gpuslice.errors import InternalError
 from gpuslice.node import supervisor as _supervisor
-from gpuslice.node.supervisor import EXIT_FILE, STDERR_LOG, STDOUT_LOG, STOP_FILE, write_json_atomic
+from gpuslice.node.supervisor import (
+    EXIT_FILE,
+    STDERR_LOG,
+    STDOUT_LOG,
+    STOP_FILE,
+    SUPERVISOR_DEFERRED_SIGNALS,
+    write_json_atomic,
+)
 from gpuslice.workload.job import JobSpec
 
 __all__ = [
@@ -132,16 +139,24 @@ def launch(job_id: str, spec: JobSpec, env: Mapping[str, str], state_dir: Path) 
     if spec.cwd:
         command += ["--cwd", spec.cwd]
     command += ["--", *spec.command]
-    with open(directory / SUPERVISOR_LOG, "ab") as log:
-        process = subprocess.Popen(
-            command,
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=log,
-            env=_job_environment(job_id, spec, env, directory),
-            start_new_session=True,  # own session and group: survives the server, signalled as a group
-            close_fds=True,
-        )
+    # The supervisor starts with SIGTERM/SIGINT blocked (a child inherits its parent thread's signal
+    # mask across fork and exec) and unblocks them once its handlers are installed: a job preempted
+    # within the ~60 ms of interpreter start-up would otherwise kill the supervisor before it can
+    # record anything, and end "lost" instead of preempted.
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, SUPERVISOR_DEFERRED_SIGNALS)
+    try:
+        with open(directory / SUPERVISOR_LOG, "ab") as log:
+            process = subprocess.Popen(
+                command,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=log,
+                env=_job_environment(job_id, spec, env, directory),
+                start_new_session=True,  # own session and group: survives the server, signalled as a group
+                close_fds=True,
+            )
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
     _children[process.pid] = process
     try:
         start_time = psutil.Process(process.pid).create_time()

@@ -33,9 +33,19 @@ import sys
 import time
 from pathlib import Path
 
-__all__ = ["EXIT_FILE", "LEFTOVER_GRACE_SECONDS", "STOP_FILE", "Supervisor", "main", "write_json_atomic"]
+__all__ = [
+    "EXIT_FILE",
+    "LEFTOVER_GRACE_SECONDS",
+    "STOP_FILE",
+    "SUPERVISOR_DEFERRED_SIGNALS",
+    "Supervisor",
+    "main",
+    "write_json_atomic",
+]
 
 EXIT_FILE = "exit.json"
+# Stop requests the supervisor handles itself; blocked from its start until its handlers are in place.
+SUPERVISOR_DEFERRED_SIGNALS = frozenset({signal.SIGTERM, signal.SIGINT})
 STOP_FILE = "stop.json"  # written by launcher.terminate: {"grace_seconds": float, "requested_at": float}
 STDOUT_LOG = "stdout.log"
 STDERR_LOG = "stderr.log"
@@ -160,9 +170,12 @@ class Supervisor:
         self._signal_others(signal.SIGKILL)
 
     def run(self) -> dict[str, object]:
-        for sig in (signal.SIGTERM, signal.SIGINT):
+        for sig in SUPERVISOR_DEFERRED_SIGNALS:
             signal.signal(sig, self._on_signal)
         signal.signal(signal.SIGHUP, signal.SIG_IGN)  # no terminal; the server going away is not an end
+        # The launcher starts us with these blocked; a stop requested during start-up was held pending
+        # and reaches _on_signal now, before the command starts (the command must not inherit the mask).
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, SUPERVISOR_DEFERRED_SIGNALS)
         self.job_dir.mkdir(parents=True, exist_ok=True)
         started_at = time.time()
         flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND
