@@ -5,3 +5,5 @@ verified file in a restricted namespace; ``maps`` holds the bounded typed state 
 ``guard`` times and validates every hook call and detaches a faulty policy; ``slot`` holds the active
 policy of one family in a running system and swaps it atomically. See docs/policy-authors-guide.md.
 """
+
+__all__: list[str] = []  # the modules are the API: programs.api (for policy files), verifier, loader, guard, slot
