@@ -12,6 +12,8 @@ The cluster (ledger order; ``ledger.models`` is ("T4", "V100M16")):
 
 from __future__ import annotations
 
+import os
+import shutil
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -124,3 +126,19 @@ def occupy() -> Callable[[Placer, int, Sequence[int], Request], Placement]:
         return placement
 
     return reserve
+
+
+@pytest.fixture
+def external_tool() -> Callable[[str, str], str]:
+    """external_tool("promtool", "apt install prometheus") -> the program's path. Missing, the test is
+    skipped, unless GPUSLICE_REQUIRE_EXTERNAL is set (CI installs these programs), where it fails."""
+
+    def find(name: str, install: str) -> str:
+        found = shutil.which(name) or shutil.which(f"/usr/bin/{name}")
+        if found is not None:
+            return found
+        if os.environ.get("GPUSLICE_REQUIRE_EXTERNAL"):
+            pytest.fail(f"GPUSLICE_REQUIRE_EXTERNAL is set but {name} is missing ({install})")
+        pytest.skip(f"{name} is not installed ({install})")
+
+    return find

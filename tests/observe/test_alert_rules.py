@@ -7,9 +7,7 @@ GPUSLICE_REQUIRE_EXTERNAL is set (CI), where they fail."""
 
 from __future__ import annotations
 
-import os
 import re
-import shutil
 import subprocess
 from pathlib import Path
 
@@ -21,24 +19,20 @@ RULE_TESTS = RULES.with_name("gpuslice-rules.test.yml")
 SUFFIXES = ("_bucket", "_count", "_sum")
 
 
-def promtool() -> str:
-    found = shutil.which("promtool") or shutil.which("/usr/bin/promtool")
-    if found is None:
-        if os.environ.get("GPUSLICE_REQUIRE_EXTERNAL"):
-            pytest.fail("GPUSLICE_REQUIRE_EXTERNAL is set but promtool is missing (apt install prometheus)")
-        pytest.skip("promtool is not installed (Debian: apt install prometheus)")
-    return found
+@pytest.fixture
+def promtool(external_tool) -> str:
+    return external_tool("promtool", "Debian: apt install prometheus")
 
 
-def test_promtool_accepts_the_rules():
-    result = subprocess.run([promtool(), "check", "rules", str(RULES)], capture_output=True, text=True)
+def test_promtool_accepts_the_rules(promtool):
+    result = subprocess.run([promtool, "check", "rules", str(RULES)], capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "SUCCESS: 6 rules found" in result.stdout
 
 
-def test_each_alert_fires_on_its_case_and_not_on_the_others():
+def test_each_alert_fires_on_its_case_and_not_on_the_others(promtool):
     result = subprocess.run(
-        [promtool(), "test", "rules", RULE_TESTS.name], capture_output=True, text=True, cwd=RULES.parent
+        [promtool, "test", "rules", RULE_TESTS.name], capture_output=True, text=True, cwd=RULES.parent
     )
     assert result.returncode == 0, result.stdout + result.stderr
 

@@ -9,7 +9,7 @@ import subprocess
 from pathlib import Path
 
 import yaml
-from test_alert_rules import SUFFIXES, promtool
+from test_alert_rules import SUFFIXES
 
 DASHBOARD = Path(__file__).resolve().parents[2] / "deploy" / "grafana" / "gpuslice.json"
 
@@ -43,13 +43,14 @@ def test_the_dashboard_covers_the_views_of_the_web_dashboard():
         assert metric in text
 
 
-def test_every_query_is_valid_promql(tmp_path):
+def test_every_query_is_valid_promql(tmp_path, external_tool):
     # $instance is a Grafana variable; as a regex matcher any value is valid PromQL.
     rules = [{"record": f"gpuslice:dashboard_query_{i}", "expr": q.replace("$instance", ".*")}
              for i, q in enumerate(queries())]  # fmt: skip
     path = tmp_path / "queries.yml"
     path.write_text(yaml.safe_dump({"groups": [{"name": "dashboard", "rules": rules}]}))
-    result = subprocess.run([promtool(), "check", "rules", str(path)], capture_output=True, text=True)
+    promtool = external_tool("promtool", "Debian: apt install prometheus")
+    result = subprocess.run([promtool, "check", "rules", str(path)], capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
 
 

@@ -83,3 +83,21 @@ def test_without_a_server_the_error_says_how_to_start_one(tmp_path):
     assert isinstance(result.exception, Exception) and "start one with `gpuslice serve`" in str(
         result.exception
     )
+
+
+def test_mark_unhealthy_then_healthy_and_the_table_shows_it(cli, daemon):
+    code, out = cli("gpus", "--mark-unhealthy", "2", "--reason", "XID 79")
+    assert code == 0
+    line = next(x for x in out.splitlines() if x.strip().startswith("2 "))
+    assert "unhealthy: XID 79" in line
+    assert not daemon.health[2].healthy and daemon.health[2].kind == "manual"
+    code, out = cli("gpus", "--mark-healthy", "2")
+    assert code == 0 and "unhealthy" not in out and daemon.health[2].healthy
+
+
+def test_an_unknown_gpu_or_both_options_are_user_errors(cli, daemon):
+    code, out = cli("gpus", "--mark-unhealthy", "12")
+    assert code == 2 and "no GPU 12" in out
+    code, out = cli("gpus", "--mark-unhealthy", "1", "--mark-healthy", "1")
+    assert code == 2 and "not both" in out
+    assert daemon.health.unhealthy() == {}

@@ -7,8 +7,6 @@ GPUSLICE_REQUIRE_EXTERNAL is set (CI), where a missing Prometheus fails the test
 
 from __future__ import annotations
 
-import os
-import shutil
 import socket
 import subprocess
 import sys
@@ -24,15 +22,6 @@ from gpuslice.units import GiB
 
 FAKE_LOAD = str(Path(sys.executable).parent / "gpuslice-fake-load")
 pytestmark = [pytest.mark.prometheus, pytest.mark.slow]
-
-
-def prometheus_binary() -> str:
-    found = shutil.which("prometheus") or shutil.which("/usr/bin/prometheus")
-    if found is None:
-        if os.environ.get("GPUSLICE_REQUIRE_EXTERNAL"):
-            pytest.fail("GPUSLICE_REQUIRE_EXTERNAL is set but prometheus is missing (apt install prometheus)")
-        pytest.skip("prometheus is not installed (Debian: apt install prometheus)")
-    return found
 
 
 def free_port() -> int:
@@ -65,9 +54,9 @@ class Prometheus:
 
 
 @pytest.fixture
-def prometheus(tmp_path) -> Iterator[Any]:
+def prometheus(tmp_path, external_tool) -> Iterator[Any]:
     """start(target) -> a Prometheus scraping ``target`` (host:port) every second, stopped after."""
-    binary = prometheus_binary()
+    binary = external_tool("prometheus", "Debian: apt install prometheus")
     procs: list[tuple[subprocess.Popen[bytes], Any]] = []
     clients: list[Prometheus] = []
 
