@@ -51,6 +51,7 @@ def serve(
             f"gpuslice serve: listening on {url}  (machine: {simulate or 'this one'}, sharing: {sharing})"
         )
         _out.print(f"token: {token_path}  (clients read it from there or from GPUSLICE_TOKEN)")
+        _out.print(f"look:  {url}/ (dashboard)  {url}/metrics (Prometheus)  gpuslice top --url {url}")
         _out.print(f"try:   gpuslice submit --state-dir {options.state_dir} --mem 8GiB -- nvidia-smi")
 
     run(options, on_ready=ready)
