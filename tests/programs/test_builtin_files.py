@@ -11,7 +11,6 @@ import random
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 
 from gpuslice.memory import SimConfig, make_workload, simulate
@@ -42,23 +41,15 @@ def openb_sample(tmp_path_factory: pytest.TempPathFactory) -> OpenbTrace:
     return load_trace("sample", folder)
 
 
-def same_run(a: Any, b: Any) -> bool:
-    return (
-        a.failed_pods == b.failed_pods
-        and np.array_equal(a.allocated_gpu_milli, b.allocated_gpu_milli)
-        and np.array_equal(a.fragmented_gpu_milli, b.fragmented_gpu_milli)
-    )
-
-
 @pytest.mark.parametrize(("builtin", "file"), [("fgd", "fgd.py"), ("bestfit", "bestfit.py")])
 @pytest.mark.parametrize("seed", [42, 43])
 def test_placement_file_replays_exactly_as_the_builtin(
-    openb_sample: OpenbTrace, builtin: str, file: str, seed: int
+    openb_sample: OpenbTrace, builtin: str, file: str, seed: int, same_replay: Any
 ) -> None:
     ours = replay(openb_sample, builtin, seed)
     loaded = replay(openb_sample, str(FILES / file), seed)
     assert ours.failed_pods > 0 and len(ours.allocated_gpu_milli) > 500  # the sample is under pressure
-    assert same_run(loaded, ours)
+    assert same_replay(loaded, ours)
     assert loaded.fallbacks == {}
 
 
@@ -111,39 +102,28 @@ def test_queue_example_puts_small_jobs_first_and_reads_its_boost_map() -> None:
     assert [j.job_id for j in order_pending(ops, view, [big, small, share])] == ["share", "big", "small"]
 
 
-def outcome(r: Any) -> tuple[Any, ...]:
-    return (
-        r.faults,
-        r.chunk_faults,
-        r.evictions,
-        r.migrated_bytes,
-        r.evicted_bytes,
-        r.thrashing_events,
-        r.requests,
-        r.estimated_seconds,
-    )
-
-
 @pytest.mark.parametrize(("builtin", "file"), [("lfu", "lfu.py"), ("fifo", "fifo_evict.py")])
 @pytest.mark.parametrize("workload", ["gemm", "hotspot"])
-def test_eviction_file_simulates_exactly_as_the_builtin(builtin: str, file: str, workload: str) -> None:
+def test_eviction_file_simulates_exactly_as_the_builtin(
+    builtin: str, file: str, workload: str, memsim_outcome: Any
+) -> None:
     trace = make_workload(workload, scale=0.02, seed=3)
     cfg = SimConfig(oversub=1.5, visibility="full")
     ours = simulate(trace, Composed(EVICTION[builtin](), PREFETCH["tree"]()), cfg)
     ops = guard("eviction", load_file(FILES / file).instantiate(), EVICTION["default"]())
     theirs = simulate(trace, Composed(ops, PREFETCH["tree"]()), cfg)
     assert ours.evictions > 0
-    assert outcome(theirs) == outcome(ours) and ops.guard.faults == {}
+    assert memsim_outcome(theirs) == memsim_outcome(ours) and ops.guard.faults == {}
 
 
 @pytest.mark.parametrize("workload", ["gemm", "hotspot"])
-def test_prefetch_file_simulates_exactly_as_the_builtin(workload: str) -> None:
+def test_prefetch_file_simulates_exactly_as_the_builtin(workload: str, memsim_outcome: Any) -> None:
     trace = make_workload(workload, scale=0.02, seed=3)
     cfg = SimConfig(oversub=1.5)
     ours = simulate(trace, Composed(EVICTION["lfu"](), PREFETCH["stride"]()), cfg)
     ops = guard("prefetch", load_file(FILES / "stride.py").instantiate(), PREFETCH["tree"]())
     theirs = simulate(trace, Composed(EVICTION["lfu"](), ops), cfg)
-    assert outcome(theirs) == outcome(ours) and ops.guard.faults == {}
+    assert memsim_outcome(theirs) == memsim_outcome(ours) and ops.guard.faults == {}
 
 
 def test_eviction_example_keeps_refaulted_blocks_in_its_map() -> None:

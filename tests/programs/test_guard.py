@@ -66,14 +66,6 @@ def placement_file(tmp_path: Path, score_body: str, name: str = "bad") -> str:
     return str(path)
 
 
-def same_run(a: Any, b: Any) -> bool:
-    return (
-        a.failed_pods == b.failed_pods
-        and np.array_equal(a.allocated_gpu_milli, b.allocated_gpu_milli)
-        and np.array_equal(a.fragmented_gpu_milli, b.fragmented_gpu_milli)
-    )
-
-
 @pytest.mark.parametrize(
     ("trick", "body", "reason"),
     [
@@ -89,7 +81,7 @@ def same_run(a: Any, b: Any) -> bool:
     ],
 )
 def test_a_faulty_placement_file_never_stops_the_replay_and_is_detached(
-    small: OpenbTrace, tmp_path: Path, trick: str, body: str, reason: str
+    small: OpenbTrace, tmp_path: Path, trick: str, body: str, reason: str, same_replay: Any
 ) -> None:
     config = GuardConfig(budget_seconds=0.05, max_faults=3)
     empty = placement_file(tmp_path, "return np.zeros(len(nodes))", name="empty")
@@ -98,7 +90,7 @@ def test_a_faulty_placement_file_never_stops_the_replay_and_is_detached(
     result = replay(small, bad, 42, guard_config=config)
     # every pod was tried; the default (equal scores) decided every score, so the run is the baseline's
     assert len(result.allocated_gpu_milli) == len(baseline.allocated_gpu_milli) > 100
-    assert same_run(result, baseline)
+    assert same_replay(result, baseline)
     # three faults, then detached: the policy's score was never called again
     assert result.fallbacks == {f"guard.score:{reason}": 3}
     assert baseline.fallbacks == {}
@@ -220,19 +212,6 @@ def test_a_guarded_builtin_queue_policy_orders_as_the_bare_one() -> None:
     assert guarded == bare
 
 
-def outcome(r: Any) -> tuple[Any, ...]:
-    """What a memory policy decides: every count and the estimated time of a run."""
-    return (
-        r.faults,
-        r.chunk_faults,
-        r.evictions,
-        r.migrated_bytes,
-        r.evicted_bytes,
-        r.thrashing_events,
-        r.estimated_seconds,
-    )
-
-
 # -- memory -----------------------------------------------------------------------------------------
 class _RaisingEvict(MemoryOps):
     name = "raising"
@@ -243,13 +222,15 @@ class _RaisingEvict(MemoryOps):
         raise RuntimeError("bug")
 
 
-def test_a_raising_eviction_hook_leaves_the_driver_in_charge_and_its_request_unapplied() -> None:
+def test_a_raising_eviction_hook_leaves_the_driver_in_charge_and_its_request_unapplied(
+    memsim_outcome: Any,
+) -> None:
     trace = make_workload("gemm", scale=0.02, seed=1)
     cfg = SimConfig(oversub=1.5)
     driver = simulate(trace, Composed(MemoryOps(), PREFETCH["tree"]()), cfg)
     ops = guard("eviction", _RaisingEvict(), MemoryOps(), GuardConfig(max_faults=10**9))
     faulty = simulate(trace, Composed(ops, PREFETCH["tree"]()), cfg)
-    assert outcome(faulty) == outcome(driver)
+    assert memsim_outcome(faulty) == memsim_outcome(driver)
     assert faulty.requests.get("APPLY", 0) == 0
     assert ops.guard.faults[("block_activate", "exception")] > 0
 
