@@ -5,12 +5,24 @@ decoded after it stops (kube-scheduler does that JSON work in Go; the in-process
 one bind between rounds as that benchmark. Target (issue 6): filter + prioritize p99 under 20 ms at 5,000
 nodes of 8 GPUs.
 
+Besides the wall time of each round it records CPU time on both sides, which other work on a shared
+machine barely changes: the server's (thread CPU time inside the ASGI app for the round's /filter and
+/prioritize: reading the body, the extender, writing the reply) and the client's (its thread CPU time
+in the two calls: sending, receiving, HTTP framing; no JSON). The uvicorn server is started with the
+same options as ``gpuslice k8s extender`` (``extender.SERVER_OPTIONS``).
+
+Clients: ``stdlib`` (http.client, one keep-alive connection: little framing work, the nearest Python
+gets to kube-scheduler's Go client) or ``httpx`` (what the first measurement used; its HTTP framing of
+100 kB bodies costs a few ms per call in the client process, see RESULTS.md).
+
     .venv/bin/python benchmarks/extender_socket.py                 # 1,000 and 5,000 nodes, bestfit and fgd
+    .venv/bin/python benchmarks/extender_socket.py --nodes 5000 --client httpx
 """
 
 from __future__ import annotations
 
 import argparse
+import http.client
 import json
 import multiprocessing as mp
 import os
@@ -18,7 +30,9 @@ import random
 import socket
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import httpx
 import numpy as np
@@ -26,11 +40,19 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from extender import SHAPES, NullApi, cluster, pod
 
+CPU_PATH = "/_benchmark/server-cpu"  # served by the benchmark's wrapper, not by the extender
+JSON_HEADERS = {"content-type": "application/json"}
+
 
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def _go_json(value: Any) -> bytes:
+    """JSON as kube-scheduler's Go encoding/json writes it: compact, fields in declaration order."""
+    return json.dumps(value, separators=(",", ":")).encode()
 
 
 def _round_pods(n_nodes: int, policy: str, rounds: int, seed: int, state=None) -> list[dict]:
@@ -46,84 +68,164 @@ def _round_pods(n_nodes: int, policy: str, rounds: int, seed: int, state=None) -
     return [pod(i, *rng.choice(SHAPES), policy) for i in range(rounds + 20)]
 
 
+def _with_server_cpu(app: Any) -> Any:
+    """The extender app, timing the thread CPU of each /filter and /prioritize; GET CPU_PATH lists them."""
+    cpu_ms: list[float] = []
+
+    async def timed(scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and scope["path"] == CPU_PATH:
+            body = json.dumps(cpu_ms).encode()
+            headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+            await send({"type": "http.response.start", "status": 200, "headers": headers})
+            await send({"type": "http.response.body", "body": body})
+            return
+        start = time.thread_time()
+        await app(scope, receive, send)
+        if scope["type"] == "http" and scope["path"] in ("/filter", "/prioritize"):
+            cpu_ms.append((time.thread_time() - start) * 1e3)
+
+    return timed
+
+
 def _serve(n_nodes: int, policy: str, rounds: int, seed: int, port: int) -> None:
     import uvicorn
 
-    from gpuslice.k8s.extender import create_app
+    from gpuslice.k8s.extender import SERVER_OPTIONS, create_app
 
     state, _ = cluster(n_nodes, policy, random.Random(seed))
     assert isinstance(state.api, NullApi)
     for p in _round_pods(n_nodes, policy, rounds, seed, state):
         state.api.pods[p["metadata"]["name"]] = p
-    uvicorn.run(create_app(state), host="127.0.0.1", port=port, log_level="warning", access_log=False)
+    app = _with_server_cpu(create_app(state))
+    uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", **SERVER_OPTIONS)
 
 
-def measure(n_nodes: int, policy: str, rounds: int, seed: int) -> dict[str, float]:
+def _stdlib_post(port: int) -> tuple[Callable[[str, bytes], bytes], Callable[[], None]]:
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+
+    def post(path: str, body: bytes) -> bytes:
+        connection.request("POST", path, body=body, headers=JSON_HEADERS)
+        reply = connection.getresponse()
+        data = reply.read()
+        if reply.status != 200:
+            raise RuntimeError(f"POST {path}: HTTP {reply.status} {data[:200]!r}")
+        return data
+
+    return post, connection.close
+
+
+def _httpx_post(port: int) -> tuple[Callable[[str, bytes], bytes], Callable[[], None]]:
+    client = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30)
+
+    def post(path: str, body: bytes) -> bytes:
+        return client.post(path, content=body, headers=JSON_HEADERS).raise_for_status().content
+
+    return post, client.close
+
+
+CLIENTS = {"stdlib": _stdlib_post, "httpx": _httpx_post}
+
+
+def _wait_for(port: int, server: mp.process.BaseProcess) -> None:
+    for _ in range(1200):  # the server builds and fills the cluster first
+        if not server.is_alive():
+            raise SystemExit(f"the extender exited with code {server.exitcode}")
+        try:
+            with httpx.Client(base_url=f"http://127.0.0.1:{port}") as probe:
+                if probe.get("/healthz").status_code == 200:
+                    return
+        except httpx.TransportError:
+            time.sleep(0.1)
+    raise SystemExit("the extender did not start in 2 minutes")
+
+
+def measure(n_nodes: int, policy: str, rounds: int, seed: int, client: str) -> dict[str, float]:
     port = _free_port()
     server = mp.get_context("spawn").Process(target=_serve, args=(n_nodes, policy, rounds, seed, port))
     server.start()
     names = [f"gpu-node-{i:05d}" for i in range(n_nodes)]
     pods = _round_pods(n_nodes, policy, rounds, seed)
-    headers = {"content-type": "application/json"}
-    totals: list[float] = []
+    wall: list[float] = []
+    client_cpu: list[float] = []
     try:
-        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30) as http:
-            for _ in range(600):  # wait for the server (it builds the cluster first)
-                try:
-                    http.get("/openapi.json")
-                    break
-                except httpx.TransportError:
-                    time.sleep(0.1)
+        _wait_for(port, server)
+        post, close = CLIENTS[client](port)
+        try:
             for i, p in enumerate(pods):
-                body = json.dumps({"Pod": p, "Nodes": None, "NodeNames": names}).encode()
-                start = time.perf_counter()
-                raw = http.post("/filter", content=body, headers=headers).content
-                filter_s = time.perf_counter() - start
+                body = _go_json({"Pod": p, "Nodes": None, "NodeNames": names})
+                cpu, start = time.thread_time(), time.perf_counter()
+                raw = post("/filter", body)
+                filter_s, filter_cpu = time.perf_counter() - start, time.thread_time() - cpu
                 passed = json.loads(raw)["NodeNames"]
-                body = json.dumps({"Pod": p, "Nodes": None, "NodeNames": passed}).encode()
-                start = time.perf_counter()
-                raw = http.post("/prioritize", content=body, headers=headers).content
-                prioritize_s = time.perf_counter() - start
+                body = _go_json({"Pod": p, "Nodes": None, "NodeNames": passed})
+                cpu, start = time.thread_time(), time.perf_counter()
+                raw = post("/prioritize", body)
+                prioritize_s, prioritize_cpu = time.perf_counter() - start, time.thread_time() - cpu
                 if i >= 20:
-                    totals.append((filter_s + prioritize_s) * 1e3)
+                    wall.append((filter_s + prioritize_s) * 1e3)
+                    client_cpu.append((filter_cpu + prioritize_cpu) * 1e3)
                 if passed:
                     best = max(json.loads(raw), key=lambda h: h["Score"])["Host"]
                     meta = p["metadata"]
-                    http.post("/bind", json={"PodName": meta["name"], "PodNamespace": "bench",
-                                             "PodUID": meta["uid"], "Node": best})  # fmt: skip
+                    bind = {
+                        "PodName": meta["name"],
+                        "PodNamespace": "bench",
+                        "PodUID": meta["uid"],
+                        "Node": best,
+                    }
+                    post("/bind", _go_json(bind))
+        finally:
+            close()
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}") as probe:
+            calls = probe.get(CPU_PATH).json()
     finally:
         server.terminate()
         server.join()
-    return {"p50": float(np.percentile(totals, 50)), "p99": float(np.percentile(totals, 99))}
+    server_cpu = [f + p for f, p in zip(calls[::2], calls[1::2], strict=True)][20:]
+    return {
+        f"{name}_{q}": float(np.percentile(values, q))
+        for name, values in (("wall", wall), ("server", server_cpu), ("client", client_cpu))
+        for q in (50, 99)
+    }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--nodes", default="1000,5000")
-    parser.add_argument("--policies", default="bestfit,fgd")
-    parser.add_argument("--rounds", type=int, default=300)
+    parser.add_argument("--nodes", default="1000,5000", help="comma list of cluster sizes (nodes of 8 GPUs)")
+    parser.add_argument("--policies", default="bestfit,fgd", help="comma list of placement policies")
+    parser.add_argument("--rounds", type=int, default=300, help="timed pods per size and policy")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--client", choices=sorted(CLIENTS), default="stdlib", help="HTTP client (see above)")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "out" / "extender_socket.md")
     args = parser.parse_args()
     rows = []
     for n in (int(x) for x in args.nodes.split(",")):
         for policy in args.policies.split(","):
-            r = measure(n, policy, args.rounds, args.seed)
-            rows.append(f"| {n:,} | {n * 8:,} | {policy} | {r['p50']:.2f} | {r['p99']:.2f} |")
+            before = os.getloadavg()[0]
+            r = measure(n, policy, args.rounds, args.seed, args.client)
+            after = os.getloadavg()[0]
+            rows.append(
+                f"| {n:,} | {n * 8:,} | {policy} | {r['wall_50']:.2f} | {r['wall_99']:.2f} "
+                f"| {r['server_50']:.2f} | {r['server_99']:.2f} "
+                f"| {r['client_50']:.2f} | {r['client_99']:.2f} "
+                f"| {before:.1f} → {after:.1f} |"
+            )
             print(rows[-1], flush=True)
-    load = os.getloadavg()
     text = "\n".join([
         "# Scheduler extender latency over a socket",
         "",
         f"Command: `.venv/bin/python benchmarks/extender_socket.py --nodes {args.nodes} "
-        f"--policies {args.policies} --rounds {args.rounds}`",
+        f"--policies {args.policies} --rounds {args.rounds} --client {args.client}`",
         "",
         "Extender in its own process (uvicorn, 127.0.0.1), client in another; bodies encoded before and",
-        "replies decoded after the clock. Milliseconds for one pod's POST /filter + POST /prioritize.",
-        f"Machine: {os.cpu_count()} CPUs, load average {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f}.",
+        "replies decoded after the clock. Milliseconds for one pod's POST /filter + POST /prioritize:",
+        "wall time, the server's CPU time and the client's CPU time for the same round.",
+        f"Machine: {os.cpu_count()} CPUs; 1-minute load average before → after each row. "
+        f"Date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}.",
         "",
-        "| nodes | GPUs | policy | filter + prioritize p50 | p99 |",
-        "|---:|---:|---|---:|---:|",
+        "| nodes | GPUs | policy | wall p50 | wall p99 | server CPU p50 | server CPU p99 "
+        "| client CPU p50 | client CPU p99 | load |",
+        "|---:|---:|---|---:|---:|---:|---:|---:|---:|---|",
         *rows,
     ])  # fmt: skip
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -319,6 +319,104 @@ def test_prioritize_honours_the_policy_annotation(cluster, policy):
     assert all(0 <= h["Score"] <= 10 for h in reply)
 
 
+# ---- cached verdicts: what filter computed is reused, and never outlives a change ---------------------
+
+WHOLE = {"gpuslice.io/gpu": "1"}
+NO_WHOLE_GPU = "insufficient free GPU: need 1 GPU(s) with 1000 milli-GPU"
+
+
+def _bind(state: ClusterState, api: FakeApi, name: str, node: str, resources: Mapping[str, str]) -> None:
+    pod = pod_json(name, resources)
+    api.pods[("team-a", name)] = pod
+    assert state.bind("team-a", name, f"uid-{name}", node) == ""
+
+
+def test_a_bind_refreshes_the_cached_verdict_of_its_node(api):
+    state = make_state(api, {"n": inventory(gpus=1), "m": inventory(gpus=1)})
+    assert state.filter(pod_json("probe", WHOLE), ["n", "m"]).passed == ["n", "m"]  # cached for the shape
+    _bind(state, api, "first", "n", WHOLE)
+    result = state.filter(pod_json("next", WHOLE), ["n", "m"])
+    assert result.passed == ["m"]
+    assert result.failed == {"n": NO_WHOLE_GPU}
+    state.check_invariants()
+
+
+def test_a_deleted_pod_frees_its_node_for_the_cached_shape(api):
+    state = make_state(api, {"n": inventory(gpus=1)})
+    _bind(state, api, "first", "n", WHOLE)
+    assert state.filter(pod_json("probe", WHOLE), ["n"]).passed == []  # the refusal is cached
+    state.apply(WatchEvent("Pod", "DELETED", api.pods[("team-a", "first")]))
+    assert state.filter(pod_json("next", WHOLE), ["n"]).passed == ["n"]
+    state.check_invariants()
+
+
+def test_a_pod_bound_elsewhere_fills_the_cached_node(api):
+    state = make_state(api, {"n": inventory(gpus=1)})
+    assert state.filter(pod_json("probe", WHOLE), ["n"]).passed == ["n"]
+    state.apply(WatchEvent("Pod", "ADDED", _bound_pod("by-another", "n", "0", WHOLE)))
+    assert state.filter(pod_json("next", WHOLE), ["n"]).failed == {"n": NO_WHOLE_GPU}
+
+
+def test_a_failed_binding_gives_the_node_back_to_the_cached_shape(api):
+    state = make_state(api, {"n": inventory(gpus=1)})
+    assert state.filter(pod_json("probe", WHOLE), ["n"]).passed == ["n"]
+    api.fail_binding = True
+    api.pods[("team-a", "unlucky")] = pod_json("unlucky", WHOLE)
+    assert "409 Conflict" in state.bind("team-a", "unlucky", "uid-unlucky", "n")
+    assert state.filter(pod_json("next", WHOLE), ["n"]).passed == ["n"]
+    state.check_invariants()
+
+
+def test_an_inventory_change_replaces_the_cached_verdicts(api):
+    state = make_state(api, {"n": inventory(gpus=1)})
+    assert state.filter(pod_json("probe", WHOLE), ["n"]).passed == ["n"]
+    sick = NodeInventory(gpus=(InventoryGpu(0, "GPU-0", "A100-80GB", 81920, healthy=False),), split_count=10)
+    state.apply(node_event("n", sick, kind="MODIFIED"))
+    assert state.filter(pod_json("next", WHOLE), ["n"]).passed == []
+    state.apply(node_event("n", inventory(gpus=1), kind="MODIFIED"))
+    assert state.filter(pod_json("later", WHOLE), ["n"]).passed == ["n"]
+
+
+def test_prioritize_scores_the_names_it_is_sent_not_the_ones_filter_passed(api):
+    state = make_state(api, {"a": inventory(), "b": inventory(), "c": inventory()})
+    _bind(state, api, "used", "a", GPU1_8G)
+    pod = pod_json("p", GPU1_8G)
+    with client_for(state) as http:
+        passed = http.post("/filter", json=args(pod, ["a", "b", "c"])).json()["NodeNames"]
+        assert passed == ["a", "b", "c"]
+        reply = http.post("/prioritize", json=args(pod, ["c", "a"])).json()
+    assert reply == [{"Host": "c", "Score": 0}, {"Host": "a", "Score": 10}]  # bestfit packs onto a
+
+
+def test_prioritize_sees_a_bind_made_after_the_pods_filter(api):
+    state = make_state(api, {"a": inventory(), "b": inventory()})
+    pod = pod_json("p", GPU1_8G)
+    with client_for(state) as http:
+        passed = http.post("/filter", json=args(pod, ["a", "b"])).json()["NodeNames"]
+        _bind(state, api, "meanwhile", "b", GPU1_8G)
+        reply = http.post("/prioritize", json=args(pod, passed)).json()
+    assert reply == [{"Host": "a", "Score": 0}, {"Host": "b", "Score": 10}]
+
+
+def test_prioritize_after_a_rebuild_does_not_reuse_the_old_indices(api):
+    state = make_state(api, {"b": inventory(), "c": inventory()})
+    _bind(state, api, "used", "c", GPU1_8G)
+    pod = pod_json("p", GPU1_8G)
+    with client_for(state) as http:
+        passed = http.post("/filter", json=args(pod, ["b", "c"])).json()["NodeNames"]
+        state.apply(node_event("a", inventory()))  # sorts first: every ledger index moves
+        reply = http.post("/prioritize", json=args(pod, passed)).json()
+    assert reply == [{"Host": "b", "Score": 0}, {"Host": "c", "Score": 10}]
+
+
+def test_prioritize_gives_zero_to_a_node_whose_shares_are_all_taken(api):
+    state = make_state(api, {"full": inventory(gpus=1, split=1), "free": inventory(gpus=1)})
+    small = {"gpuslice.io/gpu": "1", "gpuslice.io/gpucores": "10"}
+    _bind(state, api, "only", "full", small)  # 900 milli-GPU left, but no share slot
+    reply = state.prioritize(pod_json("p", small), ["full", "free"])
+    assert reply == [("full", 0), ("free", 10)]
+
+
 # ---- bind ---------------------------------------------------------------------------------------------
 
 
@@ -574,10 +672,10 @@ def test_host_priority_list_is_valid_json_whatever_the_names(hosts):
 
     import numpy as np
 
-    from gpuslice.k8s.extender import _host_priorities
+    from gpuslice.k8s.extender_wire import host_priorities
 
     scores = np.arange(len(hosts), dtype=np.int64) * 5
-    text = _host_priorities(hosts, scores)
+    text = host_priorities(hosts, scores)
     assert json.loads(text) == [{"Host": h, "Score": int(s)} for h, s in zip(hosts, scores, strict=True)]
 
 

@@ -66,6 +66,8 @@ def test_extender_command_builds_the_state_with_the_policy_and_serves_it(monkeyp
     )
     assert result.exit_code == 0, result.output
     assert served["port"] == 9999
+    # the C HTTP parser and event loop the k8s extra installs (the 5,000-node latency depends on them)
+    assert (served["http"], served["loop"], served["access_log"]) == ("httptools", "uvloop", False)
     assert made == {"kubeconfig": "kc", "policy": "fgd"}
     assert [r.path for r in served["app"].routes if r.path in ("/filter", "/prioritize", "/bind")] == [
         "/filter",

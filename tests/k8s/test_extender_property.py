@@ -84,6 +84,7 @@ def test_no_sequence_of_pods_overcommits_a_gpu(steps: list[tuple[Any, ...]]):
     live: dict[str, tuple[dict[str, str], Decision]] = {}
     pods_by_name: dict[str, dict[str, Any]] = {}
     for i, step in enumerate(steps):
+        state.check_invariants()  # includes: no cached filter verdict outlived a change of its node
         if step[0] == "delete":
             if live:
                 victim = sorted(live)[step[1] % len(live)]

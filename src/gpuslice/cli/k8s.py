@@ -49,13 +49,13 @@ def extender(
 
     import uvicorn
 
-    from gpuslice.k8s.extender import ClusterState, KubernetesApi, create_app
+    from gpuslice.k8s.extender import SERVER_OPTIONS, ClusterState, KubernetesApi, create_app
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     api = KubernetesApi(str(kubeconfig) if kubeconfig else None)
     state = ClusterState(api, default_policy=policy)
     _out.print(f"gpuslice extender on {host}:{port}, default policy {policy}; watching nodes and pods")
-    uvicorn.run(create_app(state, api.events()), host=host, port=port, log_level="info")
+    uvicorn.run(create_app(state, api.events()), host=host, port=port, log_level="info", **SERVER_OPTIONS)
 
 
 @app.command()

@@ -39,7 +39,6 @@ are tracked beside the ledger, one pod per existing instance.
 from __future__ import annotations
 
 import itertools
-import json
 import logging
 import threading
 import time
@@ -53,10 +52,13 @@ from typing import Any, Protocol
 import fastapi
 import numpy as np
 from fastapi.responses import JSONResponse
+from starlette.requests import Request as HttpRequest
+from starlette.responses import Response
 
 from gpuslice.errors import GpusliceError, InvalidRequest, UnknownPolicy
 from gpuslice.hardware.node import MAX_GPUS_PER_NODE, NodeSpec
 from gpuslice.hardware.topology import Topology, TopologyError, build_topology
+from gpuslice.k8s import extender_wire as wire
 from gpuslice.k8s import kube_client
 from gpuslice.k8s.annotations import (
     ANNOTATION_BIND_PHASE,
@@ -85,6 +87,7 @@ __all__ = [
     "REASON_NO_MIG_INSTANCE",
     "REASON_SHARE_LIMIT",
     "RELISTED",
+    "SERVER_OPTIONS",
     "ClusterState",
     "FilterResult",
     "KubeApi",
@@ -95,10 +98,16 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-MAX_EXTENDER_PRIORITY = 10  # extender/v1 MaxExtenderPriority (research §1.1)
+MAX_EXTENDER_PRIORITY = wire.MAX_EXTENDER_PRIORITY
 DEFAULT_POLICY = "bestfit"  # see the module docstring for why not fgd
 EVENT_REPEAT_S = 60.0  # one Event per pod and message a minute: kube-scheduler retries far more often
 SEEN_PODS_MAX = 10_000  # pods remembered from /filter so /bind needs no API read
+VERDICT_SHAPES_MAX = 256  # request shapes whose per-node verdicts are kept (45 kB each at 5,000 nodes)
+NAME_LISTS_MAX = 4  # node-name lists remembered with their ledger indices (kube-scheduler repeats them)
+# uvicorn.run options for the extender: the C HTTP parser (httptools) and event loop (uvloop) the k8s
+# extra installs, cheaper per 100 kB body than the pure-Python h11 and asyncio; no access log line for
+# the two calls kube-scheduler makes per pod (errors are still logged).
+SERVER_OPTIONS: dict[str, Any] = {"http": "httptools", "loop": "uvloop", "access_log": False}
 
 # Reasons the ledger has no RefusalCode for (fixed text, like RefusalCode values).
 REASON_NO_INVENTORY = "no gpuslice inventory on this node (is the gpuslice device plugin running?)"
@@ -233,6 +242,19 @@ class _Bound:
 
 
 @dataclass
+class _Verdicts:
+    """For one request shape: every node's verdict code and the ledger row version it was computed at.
+
+    A node's verdict reads only its own ledger row (and its inventory, fixed for a build), and every
+    change of a row bumps ``Ledger.version``: a bind, a release on a watch event, a reservation taken
+    back. So a code is current exactly while its version matches; a new build starts a new cache.
+    """
+
+    codes: np.ndarray  # (N,) int8, _NO_INVENTORY.._NO_MIG (0 = fits)
+    version: np.ndarray  # (N,) int64, -1 = not computed yet
+
+
+@dataclass
 class _Ledgered:
     """One build of the ledger: rebuilt when the set of nodes or an inventory changes."""
 
@@ -245,6 +267,7 @@ class _Ledgered:
     targets: TargetWorkload | None
     placers: dict[str, Placer] = field(default_factory=dict)
     blockers: list[Placement] = field(default_factory=list)
+    verdicts: dict[Request, _Verdicts] = field(default_factory=dict)  # least recently used first
 
 
 def _pod_meta(pod: Mapping[str, Any]) -> tuple[str, str, str]:
@@ -296,7 +319,9 @@ class ClusterState:
         self._seen: OrderedDict[str, Mapping[str, Any]] = OrderedDict()
         self._events = ThreadPoolExecutor(max_workers=1, thread_name_prefix="events")
         self._last_event: dict[str, tuple[str, float]] = {}
+        # node-name lists as asked, with their ledger indices; the survivors of each pod's last filter
         self._name_cache: list[tuple[_Ledgered, list[str], np.ndarray]] = []
+        self._passed: OrderedDict[str, tuple[_Ledgered, list[str], np.ndarray]] = OrderedDict()
         self.conflicts = 0  # bound pods the ledger could not hold (over-committed from outside)
 
     # ---- watch --------------------------------------------------------------------------------------
@@ -490,22 +515,21 @@ class ClusterState:
         built = self._ledgered()
         idx = self._indices(built, node_names)
         codes, texts = self._verdicts(built, ask, idx)
-        failing = np.flatnonzero(codes)
-        if not len(failing):
-            return FilterResult(list(node_names), {}, {})
-        # Object arrays and C-level zips: thousands of refused nodes cost no Python loop.
-        names = np.array(node_names, dtype=object)
-        reason = np.array(texts, dtype=object)
         ok = codes == 0
-        unresolvable = (codes == _NO_INVENTORY) | (codes == _MODEL)
-        failed = ~ok & ~unresolvable
-        result = FilterResult(
-            names[ok].tolist(),
-            dict(zip(names[failed].tolist(), reason[codes[failed]].tolist(), strict=True)),
-            dict(zip(names[unresolvable].tolist(), reason[codes[unresolvable]].tolist(), strict=True)),
-        )
-        # /prioritize comes next with exactly these names: keep their indices
-        self._name_cache = [(built, result.passed, idx[ok]), *self._name_cache[:3]]
+        if ok.all():
+            result = FilterResult(list(node_names), {}, {})
+        else:
+            # Object arrays and C-level zips: thousands of refused nodes cost no Python loop.
+            names = np.fromiter(node_names, dtype=object, count=len(node_names))
+            reason = np.array(texts, dtype=object)
+            unresolvable = (codes == _NO_INVENTORY) | (codes == _MODEL)
+            failed = ~ok & ~unresolvable
+            result = FilterResult(
+                names[ok].tolist(),
+                dict(zip(names[failed].tolist(), reason[codes[failed]].tolist(), strict=True)),
+                dict(zip(names[unresolvable].tolist(), reason[codes[unresolvable]].tolist(), strict=True)),
+            )
+        self._keep_passed(pod, built, result.passed, idx[ok])
         if not ok.any() and node_names:
             counts = np.bincount(codes, minlength=len(texts))
             self._explain(
@@ -521,8 +545,28 @@ class ClusterState:
                 return idx
         lookup = built.index.get
         idx = np.fromiter((lookup(n, -1) for n in node_names), dtype=np.int64, count=len(node_names))
-        self._name_cache = [(built, list(node_names), idx), *self._name_cache[:3]]
+        self._name_cache = [(built, list(node_names), idx), *self._name_cache[: NAME_LISTS_MAX - 1]]
         return idx
+
+    def _keep_passed(
+        self, pod: Mapping[str, Any], built: _Ledgered, passed: list[str], idx: np.ndarray
+    ) -> None:
+        """The pod's /prioritize comes next with the nodes that passed: keep their indices for it."""
+        _, _, uid = _pod_meta(pod)
+        with self._lock:
+            self._passed[uid] = (built, passed, idx)
+            self._passed.move_to_end(uid)
+            while len(self._passed) > NAME_LISTS_MAX:
+                self._passed.popitem(last=False)
+
+    def _prioritize_indices(
+        self, pod: Mapping[str, Any], built: _Ledgered, node_names: list[str]
+    ) -> np.ndarray:
+        """``_indices`` for /prioritize: usually exactly the nodes this pod's filter just passed."""
+        kept = self._passed.get(_pod_meta(pod)[2])
+        if kept is not None and kept[0] is built and (kept[1] is node_names or kept[1] == node_names):
+            return kept[2]
+        return self._indices(built, node_names)
 
     def _verdicts(
         self, built: _Ledgered, ask: PodGpuRequest, idx: np.ndarray
@@ -540,16 +584,8 @@ class ClusterState:
             codes = np.select([~known, free == 0], [_NO_INVENTORY, _NO_MIG], default=0)
             return codes, ["", REASON_NO_INVENTORY, "", "", "", "", REASON_NO_MIG_INSTANCE]
         req = ask.to_request()
-        ledger = built.ledger
-        view = ledger.view
-        slots = built.healthy[safe] & (view.gpu_tasks[safe] < built.split[safe][:, None])
-        compute = view.free_gpu_milli[safe] >= req.gpu_milli
-        memory = view.free_gpu_memory_bytes[safe] >= req.gpu_memory_bytes
+        codes = np.where(known, self._shape_codes(built, req, safe), _NO_INVENTORY)
         n = req.num_gpu
-        model_no = ~ledger.model_allowed(req)[safe]
-        share_no = slots.sum(axis=1) < n
-        gpu_no = (slots & compute).sum(axis=1) < n
-        memory_no = (slots & compute & memory).sum(axis=1) < n
         need = f"need {n} GPU(s) with {req.gpu_milli} milli-GPU" + (
             f" and {ask.memory_mib} MiB free" if ask.memory_mib else ""
         )
@@ -561,12 +597,45 @@ class ClusterState:
             f"{RefusalCode.INSUFFICIENT_GPU.value}: {need}",
             f"{RefusalCode.INSUFFICIENT_GPU_MEMORY.value}: {need}",
         ]
-        codes = np.select(
-            [~known, model_no, share_no, gpu_no, memory_no],
-            [_NO_INVENTORY, _MODEL, _SHARES, _GPU, _MEMORY],
+        return codes, texts
+
+    def _shape_codes(self, built: _Ledgered, req: Request, nodes: np.ndarray) -> np.ndarray:
+        """Verdict codes of ``nodes`` (ledger indices) for ``req``, from the shape's cache: only the rows
+        that changed since it was last asked are computed again (at 5,000 nodes one bind changes one)."""
+        with self._lock:  # binds change rows under it; the version is read with the rows it describes
+            cache = built.verdicts.pop(req, None)
+            if cache is None:
+                count = built.ledger.node_count
+                cache = _Verdicts(np.zeros(count, dtype=np.int8), np.full(count, -1, dtype=np.int64))
+            built.verdicts[req] = cache  # now the most recently used
+            while len(built.verdicts) > VERDICT_SHAPES_MAX:
+                del built.verdicts[next(iter(built.verdicts))]
+            version = built.ledger.view.version
+            stale = np.flatnonzero(cache.version != version)
+            if len(stale):
+                cache.codes[stale] = self._row_codes(built, req, stale)
+                cache.version[stale] = version[stale]
+            return cache.codes[nodes]
+
+    @staticmethod
+    def _row_codes(built: _Ledgered, req: Request, rows: np.ndarray) -> np.ndarray:
+        """Verdict codes of ledger ``rows`` computed from the ledger (vectorised, the first failing check)."""
+        ledger = built.ledger
+        view = ledger.view
+        slots = built.healthy[rows] & (view.gpu_tasks[rows] < built.split[rows][:, None])
+        compute = view.free_gpu_milli[rows] >= req.gpu_milli
+        memory = view.free_gpu_memory_bytes[rows] >= req.gpu_memory_bytes
+        n = req.num_gpu
+        return np.select(
+            [
+                ~ledger.model_allowed(req)[rows],
+                slots.sum(axis=1) < n,
+                (slots & compute).sum(axis=1) < n,
+                (slots & compute & memory).sum(axis=1) < n,
+            ],
+            [_MODEL, _SHARES, _GPU, _MEMORY],
             default=0,
         )
-        return codes, texts
 
     def _mig_free(self, built: _Ledgered, node: int, profile: str) -> int:
         name = built.ledger.node_names[node]
@@ -592,7 +661,7 @@ class ClusterState:
         if not ask.wants_gpu or not node_names:
             return np.zeros(len(node_names), dtype=np.int64)
         built = self._ledgered()
-        idx = self._indices(built, node_names)
+        idx = self._prioritize_indices(pod, built, node_names)
         known = idx >= 0
         if ask.mig_profile:  # pack: the node with the fewest free instances of the profile first
             free = np.array(
@@ -606,7 +675,7 @@ class ClusterState:
             placer = self._placer(built, ask)
             req = ask.to_request()
             raw = np.full(len(idx), -np.inf)
-            fits = known & built.ledger.fits(req)[np.where(known, idx, 0)]
+            fits = known & (self._shape_codes(built, req, np.where(known, idx, 0)) == 0)  # filter's verdicts
             if fits.any():
                 candidates = idx[fits]
                 # The placer's cached, fallback-guarded scoring (policy advises, the placer validates).
@@ -843,7 +912,8 @@ class ClusterState:
     # ---- checks -------------------------------------------------------------------------------------
 
     def check_invariants(self) -> None:
-        """The ledger's own invariants plus: no GPU holds more shares than its splitCount."""
+        """The ledger's own invariants plus: no GPU holds more shares than its splitCount, and every
+        cached verdict that its version says is current equals one computed afresh."""
         built = self._ledgered()
         with self._lock:
             built.ledger.check_invariants()
@@ -851,6 +921,11 @@ class ClusterState:
             over = built.healthy & (tasks > built.split[:, None])
             if over.any():
                 raise AssertionError(f"GPUs over their share limit: {np.argwhere(over).tolist()}")
+            for req, cache in built.verdicts.items():
+                current = np.flatnonzero(cache.version == built.ledger.view.version)
+                stale = current[cache.codes[current] != self._row_codes(built, req, current)]
+                if len(stale):
+                    raise AssertionError(f"outdated verdicts cached for {req}: nodes {stale.tolist()}")
             if len(set(self._mig_used)) != len(self._mig_used):
                 raise AssertionError("a MIG instance is held twice")
 
@@ -895,52 +970,7 @@ def _rescale(raw: np.ndarray) -> np.ndarray:
 
 # ---- HTTP ---------------------------------------------------------------------------------------------
 
-
-def _field(body: Mapping[str, Any], name: str) -> Any:
-    """A wire field by its PascalCase name, or the legacy lowercase spelling (research §1.5)."""
-    if name in body:
-        return body[name]
-    lowered = name.lower()
-    for key, value in body.items():
-        if key.lower() == lowered:
-            return value
-    return None
-
-
-def _names(body: Mapping[str, Any]) -> list[str]:
-    """NodeNames (nodeCacheCapable) or, failing that, the names of Nodes.items."""
-    names = _field(body, "NodeNames")
-    if isinstance(names, list):
-        return names  # JSON strings already; checked where they are used (dict lookups, _host_priorities)
-    if names is not None:
-        return [str(n) for n in names]
-    nodes = _field(body, "Nodes") or {}
-    return [str((item.get("metadata") or {}).get("name", "")) for item in nodes.get("items") or []]
-
-
-# After each host name in a HostPriorityList: its score and the opening of the next entry, per score.
-_AFTER_HOST = np.array(
-    [f'","Score":{s}}},{{"Host":"' for s in range(MAX_EXTENDER_PRIORITY + 1)], dtype=object
-)
-_NEXT_HOST = ',{"Host":"'
-
-
-def _host_priorities(hosts: list[str], scores: np.ndarray) -> bytes:
-    """HostPriorityList JSON. Node names are DNS subdomains (no quote, backslash or control character),
-    so the text is joined from the names and 11 precomputed score strings instead of json.dumps' walk
-    over 5,000 dicts (the largest cost of /prioritize at 5,000 nodes). Any other name: json.dumps."""
-    try:
-        joined = ",".join(hosts)
-    except TypeError:  # not all strings
-        joined = '"'
-    if '"' in joined or "\\" in joined or not (joined.isascii() and joined.isprintable()) or not hosts:
-        return json.dumps(
-            [{"Host": h, "Score": int(s)} for h, s in zip(hosts, scores.tolist(), strict=True)]
-        ).encode()
-    parts: list[str] = [""] * (2 * len(hosts))
-    parts[0::2] = hosts
-    parts[1::2] = _AFTER_HOST[np.clip(scores, 0, MAX_EXTENDER_PRIORITY)].tolist()
-    return ('[{"Host":"' + "".join(parts)[: -len(_NEXT_HOST)] + "]").encode()
+_JSON = "application/json"
 
 
 def create_app(state: ClusterState, events: Iterable[WatchEvent] | None = None) -> Any:
@@ -957,53 +987,50 @@ def create_app(state: ClusterState, events: Iterable[WatchEvent] | None = None) 
 
     app = fastapi.FastAPI(title="gpuslice scheduler extender", lifespan=lifespan)
 
-    async def body_of(request: fastapi.Request) -> Mapping[str, Any]:
-        body = await request.json()
-        if not isinstance(body, dict):
-            raise InvalidRequest("the body must be a JSON object")
-        return body
+    # /filter and /prioritize carry every node name both ways, once per pod: plain Starlette routes
+    # (no FastAPI parameter handling) with the orjson codec of extender_wire.
+    reader = wire.ArgsReader()
 
-    @app.post("/filter")
-    async def filter_(request: fastapi.Request) -> JSONResponse:
+    async def filter_(request: HttpRequest) -> Response:
         try:
-            body = await body_of(request)
-            names = _names(body)
-            result = state.filter(_field(body, "Pod") or {}, names)
+            body, names = reader.read(await request.body())
+            result = state.filter(wire.field(body, "Pod") or {}, names)
         except (GpusliceError, ValueError) as err:
-            return JSONResponse({"NodeNames": None, "FailedNodes": {}, "Error": str(err)})
-        return JSONResponse(
-            {
-                "NodeNames": result.passed,
-                "FailedNodes": result.failed,
-                "FailedAndUnresolvableNodes": result.unresolvable,
-                "Error": "",
-            }
+            return Response(wire.filter_error(str(err)), media_type=_JSON)
+        reader.remember(result.passed)  # what kube-scheduler sends to /prioritize next
+        return Response(
+            wire.filter_reply(result.passed, result.failed, result.unresolvable), media_type=_JSON
         )
 
-    @app.post("/prioritize")
-    async def prioritize(request: fastapi.Request) -> JSONResponse:
+    async def prioritize(request: HttpRequest) -> Response:
         try:
-            body = await body_of(request)
-            names = _names(body)
-            scores = state.scores(_field(body, "Pod") or {}, names)
+            body, names = reader.read(await request.body())
+            scores = state.scores(wire.field(body, "Pod") or {}, names)
         except (GpusliceError, ValueError):
-            return JSONResponse([])  # a prioritize error only costs this extender's scores (research §1.2)
-        return fastapi.Response(_host_priorities(names, scores), media_type="application/json")
+            # a prioritize error only costs this extender's scores (research §1.2)
+            return Response(wire.encode([]), media_type=_JSON)
+        return Response(wire.host_priorities(names, scores), media_type=_JSON)
+
+    app.add_route("/filter", filter_, methods=["POST"])
+    app.add_route("/prioritize", prioritize, methods=["POST"])
 
     @app.post("/preempt")
     async def preempt(request: fastapi.Request) -> JSONResponse:
         try:
-            body = await body_of(request)
-            meta = _field(body, "NodeNameToMetaVictims")
+            body = wire.decode(await request.body())
+            meta = wire.field(body, "NodeNameToMetaVictims")
             if meta is not None:  # nodeCacheCapable: victims by UID
                 candidates = {n: (v or {}) for n, v in meta.items()}
                 uids = {
-                    n: [str(_field(p, "UID")) for p in _field(v, "Pods") or []] for n, v in candidates.items()
+                    n: [str(wire.field(p, "UID")) for p in wire.field(v, "Pods") or []]
+                    for n, v in candidates.items()
                 }
             else:  # full pods
-                candidates = {n: (v or {}) for n, v in (_field(body, "NodeNameToVictims") or {}).items()}
-                uids = {n: [_pod_meta(p)[2] for p in _field(v, "Pods") or []] for n, v in candidates.items()}
-            kept = state.preempt(_field(body, "Pod") or {}, uids)
+                candidates = {n: (v or {}) for n, v in (wire.field(body, "NodeNameToVictims") or {}).items()}
+                uids = {
+                    n: [_pod_meta(p)[2] for p in wire.field(v, "Pods") or []] for n, v in candidates.items()
+                }
+            kept = state.preempt(wire.field(body, "Pod") or {}, uids)
         except (GpusliceError, ValueError, AttributeError):
             # ExtenderPreemptionResult has no error field: no candidates means no preemption for now
             log.warning("unreadable preemption request", exc_info=True)
@@ -1013,7 +1040,7 @@ def create_app(state: ClusterState, events: Iterable[WatchEvent] | None = None) 
                 "NodeNameToMetaVictims": {
                     n: {
                         "Pods": [{"UID": u} for u in victims],
-                        "NumPDBViolations": int(_field(candidates[n], "NumPDBViolations") or 0),
+                        "NumPDBViolations": int(wire.field(candidates[n], "NumPDBViolations") or 0),
                     }
                     for n, victims in kept.items()
                 }
@@ -1023,10 +1050,10 @@ def create_app(state: ClusterState, events: Iterable[WatchEvent] | None = None) 
     @app.post("/bind")
     def bind(body: dict[str, Any]) -> JSONResponse:
         error = state.bind(
-            str(_field(body, "PodNamespace") or "default"),
-            str(_field(body, "PodName") or ""),
-            str(_field(body, "PodUID") or ""),
-            str(_field(body, "Node") or ""),
+            str(wire.field(body, "PodNamespace") or "default"),
+            str(wire.field(body, "PodName") or ""),
+            str(wire.field(body, "PodUID") or ""),
+            str(wire.field(body, "Node") or ""),
         )
         return JSONResponse({"Error": error})
 

@@ -1,0 +1,190 @@
+"""The kube-scheduler extender/v1 wire format: reading ExtenderArgs, writing filter and prioritize replies.
+
+```text
+ExtenderArgs            {"Pod": {...}, "Nodes": null, "NodeNames": ["n1", ...]}   (nodeCacheCapable)
+ExtenderFilterResult    {"NodeNames": [...], "FailedNodes": {name: reason}, "FailedAndUnresolvableNodes":
+                         {name: reason}, "Error": ""}
+HostPriorityList        [{"Host": "n1", "Score": 0..10}, ...]
+```
+
+Keys are PascalCase; older kube-schedulers sent lowercase ones, still accepted (research §1.5).
+
+Why a module of its own: at 5,000 nodes the JSON of the node names (about 100 kB each way, four times
+per pod) costs more than the placement itself, so the codec is chosen for speed: orjson (Rust) decodes
+and encodes several times faster than the standard library (benchmarks/RESULTS.md, issue 6), and the
+HostPriorityList of DNS names is spliced from precomputed score strings instead of thousands of dicts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from gpuslice.errors import InvalidRequest, UserError
+
+try:
+    import orjson
+except ImportError:  # the extender runs from the k8s extra; say so instead of a bare ImportError
+    raise UserError("the scheduler extender needs the k8s extra: pip install 'gpuslice[k8s]'") from None
+
+__all__ = [
+    "MAX_EXTENDER_PRIORITY",
+    "ArgsReader",
+    "decode",
+    "encode",
+    "field",
+    "filter_error",
+    "filter_reply",
+    "host_priorities",
+    "node_names",
+]
+
+MAX_EXTENDER_PRIORITY = 10  # extender/v1 MaxExtenderPriority (research §1.1)
+RECENT_NAME_LISTS = 4  # node-name lists an ArgsReader remembers (kube-scheduler's list, the last survivors)
+_NODE_NAMES_KEY = b'"NodeNames":'
+
+
+def decode(raw: bytes) -> dict[str, Any]:
+    """A request body as a JSON object; InvalidRequest for anything else."""
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError as err:
+        raise InvalidRequest(f"the body is not JSON: {err}") from None
+    if not isinstance(body, dict):
+        raise InvalidRequest("the body must be a JSON object")
+    return body
+
+
+def encode(value: Any) -> bytes:
+    """Any reply as JSON bytes."""
+    return orjson.dumps(value)
+
+
+def field(body: Mapping[str, Any], name: str) -> Any:
+    """A wire field by its PascalCase name, or the legacy lowercase spelling (research §1.5)."""
+    if name in body:
+        return body[name]
+    lowered = name.lower()
+    for key, value in body.items():
+        if key.lower() == lowered:
+            return value
+    return None
+
+
+def node_names(body: Mapping[str, Any]) -> list[str]:
+    """NodeNames (nodeCacheCapable) or, failing that, the names of Nodes.items."""
+    names = field(body, "NodeNames")
+    if isinstance(names, list):
+        return names  # JSON strings already; checked where they are used (dict lookups, host_priorities)
+    if names is not None:
+        return [str(n) for n in names]
+    nodes = field(body, "Nodes") or {}
+    return [str((item.get("metadata") or {}).get("name", "")) for item in nodes.get("items") or []]
+
+
+class ArgsReader:
+    """Decodes ExtenderArgs; a NodeNames array that repeats a recent one byte for byte is not decoded again.
+
+    kube-scheduler sends the same node names to /filter pod after pod, and to /prioritize the names
+    /filter just passed. Decoding 5,000 names, comparing them with the last list and freeing them again
+    is a large share of a call; a repeat here costs a memcmp and the returned list is the remembered one
+    (callers must not change it).
+
+    When a repeat is recognised: NodeNames is the last member of the body, written compactly (Go's
+    encoding/json writes ExtenderArgs as Pod, Nodes, NodeNames with no spaces), and its bytes equal the
+    orjson encoding of a remembered list, so they decode to exactly that list. The body is then decoded
+    with the array replaced by null, and must come out with NodeNames null at the top level, which proves
+    the replaced bytes were the top-level array. Anything else takes the plain path.
+    """
+
+    def __init__(self, keep: int = RECENT_NAME_LISTS) -> None:
+        self._keep = keep
+        self._recent: list[tuple[bytes, list[Any]]] = []  # (orjson encoding, list), most recent first
+
+    def read(self, raw: bytes) -> tuple[dict[str, Any], list[Any]]:
+        """The body as a JSON object and its node names (see ``node_names``); InvalidRequest if not JSON."""
+        span = _last_array(raw)
+        if span is not None:
+            start, end = span
+            segment = raw[start:end]
+            for i, (encoded, names) in enumerate(self._recent):
+                if encoded == segment:
+                    body = decode(raw[:start] + b"null" + raw[end:])
+                    if "NodeNames" not in body or body["NodeNames"] is not None:
+                        break  # the replaced array was not the top-level NodeNames
+                    if i:
+                        self._recent.insert(0, self._recent.pop(i))
+                    return body, names
+        body = decode(raw)
+        names = node_names(body)
+        if span is not None:
+            self.remember(names)
+        return body, names
+
+    def remember(self, names: list[Any]) -> None:
+        """Expect ``names`` in a coming request (the nodes a filter passed come back to prioritize)."""
+        self._recent = [(orjson.dumps(names), names), *self._recent[: self._keep - 1]]
+
+
+def _last_array(raw: bytes) -> tuple[int, int] | None:
+    """Where the array of a final ``"NodeNames":[...]}`` starts and ends, if the body ends that way."""
+    key = raw.rfind(_NODE_NAMES_KEY)
+    if key < 0:
+        return None
+    start = key + len(_NODE_NAMES_KEY)
+    end = raw.find(b"]", start) + 1
+    if raw[start : start + 1] != b"[" or end == 0 or raw[end:].strip() != b"}":
+        return None  # not an array, or a name holds a "]", or more follows: the plain path decides
+    return start, end
+
+
+def filter_reply(passed: list[str], failed: Mapping[str, str], unresolvable: Mapping[str, str]) -> bytes:
+    """ExtenderFilterResult for a filter that ran."""
+    return orjson.dumps(
+        {
+            "NodeNames": passed,
+            "FailedNodes": failed,
+            "FailedAndUnresolvableNodes": unresolvable,
+            "Error": "",
+        }
+    )
+
+
+def filter_error(message: str) -> bytes:
+    """ExtenderFilterResult for a request the extender could not read: kube-scheduler reports Error."""
+    return orjson.dumps({"NodeNames": None, "FailedNodes": {}, "Error": message})
+
+
+# After each host name in a HostPriorityList: its score and the opening of the next entry, per score.
+_AFTER_HOST = np.array(
+    [f'","Score":{s}}},{{"Host":"' for s in range(MAX_EXTENDER_PRIORITY + 1)], dtype=object
+)
+_NEXT_HOST = ',{"Host":"'
+
+
+def host_priorities(hosts: Sequence[Any], scores: np.ndarray) -> bytes:
+    """HostPriorityList JSON, scores clipped to 0..MAX_EXTENDER_PRIORITY.
+
+    Node names are DNS subdomains: ASCII with nothing JSON escapes. When every name is like that (one
+    orjson pass over the joined names tells), the text is joined from the names and 11 precomputed
+    score strings instead of building and encoding 5,000 dicts. Any other name: the plain encoding.
+    """
+    clipped = np.clip(scores, 0, MAX_EXTENDER_PRIORITY)
+    try:
+        joined: str | None = ",".join(hosts)
+    except TypeError:  # not all strings
+        joined = None
+    plain = (
+        bool(hosts)
+        and joined is not None
+        and joined.isascii()
+        and len(orjson.dumps(joined)) == len(joined) + 2  # the quotes only: nothing was escaped
+    )
+    if not plain:
+        return orjson.dumps([{"Host": h, "Score": s} for h, s in zip(hosts, clipped.tolist(), strict=True)])
+    parts: list[str] = [""] * (2 * len(hosts))
+    parts[0::2] = hosts
+    parts[1::2] = _AFTER_HOST[clipped].tolist()
+    return ('[{"Host":"' + "".join(parts)[: -len(_NEXT_HOST)] + "]").encode()
