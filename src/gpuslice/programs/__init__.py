@@ -6,4 +6,4 @@ verified file in a restricted namespace; ``maps`` holds the bounded typed state 
 policy of one family in a running system and swaps it atomically. See docs/policy-authors-guide.md.
 """
 
-__all__: list[str] = []  # the modules are the API: programs.api (for policy files), verifier, loader, guard, slot
+__all__: list[str] = []  # the modules are the API: api (for policy files), verifier, loader, guard, slot

@@ -14,7 +14,7 @@ Interrupting a hook that never returns (the choice, and its limits): the verifie
 late. A single watchdog thread polls the armed calls (every quarter of the strictest budget) and, past
 a call's deadline, raises ``HookTimeout`` inside the hook's thread with ``PyThreadState_SetAsyncExc``.
 It works in any thread (``signal.setitimer`` only in the main one) and costs the hot path two clock
-reads and two uncontended lock operations (``sys.settrace`` would slow every line). ``HookTimeout``
+reads and two dict operations (``sys.settrace`` would slow every line). ``HookTimeout``
 derives from ``BaseException`` and the verifier forbids ``except BaseException`` and bare ``except``,
 so the policy cannot swallow it. Limits: the exception lands at the next bytecode boundary, so a single
 long C call (a huge numpy allocation, ``10 ** 10 ** 8``) is not cut short — the guard counts the
@@ -125,21 +125,24 @@ class _Watchdog:
             now = time.perf_counter()
             with self.lock:
                 for token, (thread_id, deadline) in list(self.armed.items()):
-                    if now > deadline:
-                        del self.armed[token]
+                    # dict.pop is atomic: either this thread or the hook's own disarm takes the entry
+                    if now > deadline and self.armed.pop(token, None) is not None:
                         self.injected.add(token)
                         self._raise(thread_id, HookTimeout)
 
     def disarm(self, token: int, thread_id: int) -> None:
-        """Stop watching ``token``; if its interruption was sent but not yet delivered, cancel it. Under
-        the lock, so no interruption can be sent for this call once this returns."""
+        """Stop watching ``token``. If the hook's thread takes the entry first (the common case, no lock),
+        no interruption can follow; if the watchdog took it, wait for it to finish sending (its lock) and
+        cancel the interruption if it has not been delivered yet."""
+        if self.armed.pop(token, None) is not None:
+            return
         with self.lock:
-            self.armed.pop(token, None)
             if token in self.injected:
                 self.injected.discard(token)
                 self._clear(thread_id, None)  # NULL clears a pending async exception
 
     def forget(self, token: int) -> None:
+        """After a delivered interruption: nothing is pending for ``token`` any more."""
         with self.lock:
             self.armed.pop(token, None)
             self.injected.discard(token)
