@@ -122,6 +122,9 @@ def list_policies(url: Url = None, state_dir: StateDir = None) -> None:
     with _client(url, state_dir) as client:
         rows = client.policies()
     table = Table("FAMILY", "POLICY", "SOURCE", "SHA256", "LOADED", "STATE", "FAULTS", "MAPS", box=None)
+    for column in table.columns[:2]:
+        column.no_wrap = True  # the names people type; the path and the lists may fold
+    table.columns[2].overflow = "fold"
     for p in rows:
         faults = ", ".join(f"{f['hook']}/{f['reason']} {f['count']}" for f in p["faults"]) or "—"
         maps = ", ".join(f"{m['name']} {m['entries']}/{m['max_entries']}" for m in p["maps"]) or "—"
@@ -222,4 +225,8 @@ def _spec_text(m: dict[str, Any]) -> str:
 
 
 def _when(t: float | None) -> str:
-    return "—" if t is None else time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))
+    """'14:03:07' today, '2026-11-29 14:03' before; '—' for the built-in."""
+    if t is None:
+        return "—"
+    today = time.strftime("%Y-%m-%d") == time.strftime("%Y-%m-%d", time.localtime(t))
+    return time.strftime("%H:%M:%S" if today else "%Y-%m-%d %H:%M", time.localtime(t))
