@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -125,3 +127,20 @@ def test_a_file_of_another_family_is_refused() -> None:
 def test_a_missing_file_is_a_clear_error() -> None:
     with pytest.raises(loader.UserError, match="does not exist"):
         resolve("nowhere/policy.py", "queue", queue_policy)
+
+
+def test_numpy_code_may_import_its_own_submodules_from_inside_a_policy() -> None:
+    # ndarray.min imports numpy._core._methods lazily, through the calling frame's (restricted)
+    # __import__; a fresh interpreter makes the policy's call the first one
+    script = (
+        "import numpy as np\n"
+        "from gpuslice.programs.loader import load_file\n"
+        f"ops = load_file({str(FILES / 'bestfit.py')!r}).instantiate(None, None)\n"
+        "print(ops.normalize(None, None, np.array([1.0, 3.0])).tolist())\n"
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[0.0, 100.0]"
+    with pytest.raises(ImportError):
+        loader._allow_list_import("os.path")
+    with pytest.raises(ImportError):
+        loader._allow_list_import("gpuslice.programs.loader")

@@ -40,7 +40,9 @@ def extender(
     policy: Annotated[
         str,
         typer.Option(
-            help=f"default placement policy for pods without the annotation: {', '.join(sorted(PLACEMENT))}"
+            help="default placement policy for pods without the annotation: "
+            f"{', '.join(sorted(PLACEMENT))}, or a policy file (.py; verified and guarded; a pod's "
+            "annotation can name built-in policies only)"
         ),
     ] = "bestfit",
 ) -> None:

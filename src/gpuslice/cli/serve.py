@@ -29,7 +29,13 @@ def serve(
     ] = None,
     sharing: Annotated[str, typer.Option(help="enforcement: soft (PyTorch cap), mps or mig")] = "soft",
     grace: Annotated[str, typer.Option(help="SIGTERM-to-SIGKILL grace when stopping a job: 30s, 2m")] = "30s",
-    queue_policy: Annotated[str, typer.Option(help="queue policy: priority-fair or fifo")] = "priority-fair",
+    queue_policy: Annotated[
+        str,
+        typer.Option(
+            help="queue policy: priority-fair, fifo, or a policy file (.py; verified, guarded, swappable "
+            "with `gpuslice policy load`)"
+        ),
+    ] = "priority-fair",
 ) -> None:
     """Serve the GPU job queue on this machine until Ctrl-C; jobs keep running across restarts."""
     # Imported here: FastAPI and uvicorn take ~1 s to import, which the client commands should not pay.

@@ -75,6 +75,7 @@ from gpuslice.ledger.ledger import Ledger
 from gpuslice.ledger.placement import Placement, Refusal, RefusalCode
 from gpuslice.observe.k8s_metrics import instrument_extender
 from gpuslice.policies import PolicyContext, placement_policy
+from gpuslice.programs.loader import resolve
 from gpuslice.scheduler.placer import Placer
 from gpuslice.units import MiB
 from gpuslice.workload.request import MILLI_PER_GPU, Request
@@ -307,7 +308,9 @@ class ClusterState:
     """
 
     def __init__(self, api: KubeApi, default_policy: str = DEFAULT_POLICY) -> None:
-        placement_policy(default_policy)  # UnknownPolicy lists the known names
+        # A registry name, or (operator's choice only, never a pod's annotation) a verified, guarded
+        # policy file; UnknownPolicy lists the known names, PolicyRejected the file's violations.
+        self._default_factory = resolve(default_policy, "placement", placement_policy, on_event=log.warning)
         self.api = api
         self.default_policy = default_policy
         self._lock = threading.RLock()
@@ -689,10 +692,10 @@ class ClusterState:
             with self._lock:
                 placer = built.placers.get(name)
                 if placer is None:
-                    cls = placement_policy(name)
+                    factory = self._default_factory if name == self.default_policy else placement_policy(name)
                     target = built.targets or TargetWorkload.from_requests([ask.to_request()])
                     context = PolicyContext(rng=np.random.default_rng(0), target=target)
-                    placer = built.placers[name] = Placer(built.ledger, cls(built.ledger.view, context))
+                    placer = built.placers[name] = Placer(built.ledger, factory(built.ledger.view, context))
         return placer
 
     # ---- bind ---------------------------------------------------------------------------------------

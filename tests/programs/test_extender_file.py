@@ -1,0 +1,93 @@
+"""The Kubernetes extender takes a policy file as the operator's default placement policy; a pod's
+annotation still names built-in policies only (a pod must not make the extender read a file)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpuslice.k8s.annotations import (
+    ANNOTATION_NODE_INVENTORY,
+    ANNOTATION_PLACEMENT_POLICY,
+    InventoryGpu,
+    NodeInventory,
+)
+from gpuslice.k8s.extender import ClusterState, WatchEvent
+from gpuslice.programs.loader import PolicyRejected
+
+ROOT = Path(__file__).resolve().parents[2]
+BESTFIT_FILE = str(ROOT / "src/gpuslice/programs/builtin_files/bestfit.py")
+NODES = {"a-0": 8, "a-1": 8, "b-0": 4, "c-0": 2}
+
+
+class NoApi:
+    """The extender's Kubernetes API, for scoring only: events are recorded, nothing else is called."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple[str, ...]] = []
+
+    def create_event(self, namespace: str, pod_name: str, pod_uid: str, reason: str, message: str) -> None:
+        self.events.append((namespace, pod_name, reason, message))
+
+
+def state(policy: str) -> ClusterState:
+    cluster = ClusterState(NoApi(), default_policy=policy)  # type: ignore[arg-type]
+    for name, gpus in NODES.items():
+        inv = NodeInventory(
+            gpus=tuple(InventoryGpu(i, f"GPU-{name}-{i}", "A100-80GB", 81920) for i in range(gpus)),
+            split_count=10,
+        )
+        meta = {"name": name, "annotations": {ANNOTATION_NODE_INVENTORY: inv.to_json()}}
+        cluster.apply(WatchEvent("Node", "ADDED", {"metadata": meta}))
+    return cluster
+
+
+def pod(name: str, resources: dict[str, str], annotations: dict[str, str] | None = None) -> dict[str, Any]:
+    limits = {"limits": resources, "requests": resources}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": name,
+            "namespace": "team",
+            "uid": f"uid-{name}",
+            "annotations": annotations or {},
+        },
+        "spec": {"containers": [{"name": "main", "image": "x", "resources": limits}]},
+        "status": {"phase": "Pending"},
+    }
+
+
+@pytest.mark.parametrize(
+    "resources",
+    [
+        {"gpuslice.io/gpu": "1", "gpuslice.io/gpumem": "8000", "gpuslice.io/gpucores": "30"},
+        {"gpuslice.io/gpu": "2"},
+        {"gpuslice.io/gpu": "4"},
+    ],
+    ids=["share", "two whole GPUs", "four whole GPUs"],
+)
+def test_a_policy_file_scores_nodes_as_the_builtin_it_rewrites(resources: dict[str, str]) -> None:
+    names = list(NODES)
+    assert state(BESTFIT_FILE).prioritize(pod("p", resources), names) == state("bestfit").prioritize(
+        pod("p", resources), names
+    )
+
+
+def test_a_pod_annotation_cannot_name_a_policy_file() -> None:
+    cluster = state(BESTFIT_FILE)
+    asking = pod("p", {"gpuslice.io/gpu": "1"}, {ANNOTATION_PLACEMENT_POLICY: BESTFIT_FILE})
+    result = cluster.filter(asking, list(NODES))
+    assert result.passed == [] and len(result.unresolvable) == len(NODES)
+    assert all("is not a placement policy" in reason for reason in result.unresolvable.values())
+
+
+def test_a_rejected_policy_file_stops_the_extender_before_it_starts(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.py"
+    bad.write_text(
+        "from gpuslice.programs.api import PlacementOps\n\n\nclass P(PlacementOps):\n    seen = []\n"
+    )
+    with pytest.raises(PolicyRejected, match=r"bad.py:5: class P-level seen is not a constant"):
+        ClusterState(NoApi(), default_policy=str(bad))  # type: ignore[arg-type]
