@@ -16,7 +16,7 @@ def full_snapshot() -> ServeSnapshot:
     return ServeSnapshot(
         gpus=[GpuState(0, "GPU-a", "H100", 80, 10, True, 50.0, 10, 50.0, 300.0)],
         slices=[SliceState("1", "ml", 0, 10, 0.5, 5)],
-        pending=[PendingState("ml", "normal", 1.0)],
+        pending=[PendingState("ml", "normal", 1, 1.0)],
         jobs_by_state={"RUNNING": 1},
         info={"version": "0", "machine": "m", "sharing": "soft", "simulated": "true"},
     )

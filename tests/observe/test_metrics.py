@@ -24,9 +24,9 @@ def snapshot() -> ServeSnapshot:
         ],
         slices=[SliceState("7", "ml", 0, 30, 0.5, 25), SliceState("8", "cv", 0, 0, 0.0, None)],
         pending=[
-            PendingState("ml", "high", 5.0),
-            PendingState("ml", "high", 9.0),
-            PendingState("cv", "low", 1.0),
+            PendingState("ml", "high", 2, 9.0),
+            PendingState("ml", "low", 1, 3.0),
+            PendingState("cv", "low", 1, 1.0),
         ],
         jobs_by_state={"PENDING": 3, "RUNNING": 2},
         info={"version": "0.1.0", "machine": "sim-dgx-h100", "sharing": "soft", "simulated": "true"},
@@ -66,6 +66,7 @@ def test_queue_gauges_by_tenant_and_priority_and_the_longest_wait():
     s = samples(ServeMetrics(snapshot))
     assert s[("gpuslice_pending_jobs", (("priority", "high"), ("tenant", "ml")))] == 2
     assert s[("gpuslice_pending_jobs", (("priority", "low"), ("tenant", "cv")))] == 1
+    assert s[("gpuslice_pending_jobs", (("priority", "low"), ("tenant", "ml")))] == 1
     assert s[("gpuslice_pending_longest_wait_seconds", (("tenant", "ml"),))] == 9.0
     assert s[("gpuslice_jobs", (("state", "RUNNING"),))] == 2
     info = (("machine", "sim-dgx-h100"), ("sharing", "soft"), ("simulated", "true"), ("version", "0.1.0"))

@@ -10,7 +10,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gpuslice.server.app import create_app
 from gpuslice.units import GiB
-from gpuslice.workload.job import JobSpec, Priority
+from gpuslice.workload.job import JobSpec, JobState, Priority
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore", UserWarning)
@@ -47,7 +47,9 @@ def test_starts_failures_and_the_queue_are_counted(daemon, node, clock):
     assert s[("gpuslice_pending_longest_wait_seconds", frozenset({("tenant", "cv")}))] == 5.0
     assert s[("gpuslice_scheduling_failures_total", frozenset({("reason", "insufficient_gpus")}))] == 1
     assert s[("gpuslice_jobs", frozenset({("state", "RUNNING")}))] == 1
-    slice_labels = frozenset({("job_id", ok.id), ("tenant", "ml"), ("pod", ""), ("namespace", ""), ("gpu", "3")})
+    slice_labels = frozenset(
+        {("job_id", ok.id), ("tenant", "ml"), ("pod", ""), ("namespace", ""), ("gpu", "3")}
+    )
     assert s[("gpuslice_slice_memory_allocated_bytes", slice_labels)] == 80 * GiB
     assert s[("gpuslice_slice_compute_allocated_ratio", slice_labels)] == 1.0
     node.exit(ok.id, 3)
@@ -79,3 +81,18 @@ def test_preemptions_and_enforcement_actions_are_counted(daemon, node):
     for action in ("warn", "suspend"):
         labels = frozenset({("action", action), ("tenant", "ml")})
         assert s[("gpuslice_enforcement_actions_total", labels)] == 1
+
+
+def test_the_queue_figures_come_from_one_grouped_store_read(daemon):
+    store = daemon.store
+    a = store.add_job(spec(tenant="ml"), 100.0)
+    store.add_job(spec(tenant="ml"), 105.0)
+    store.add_job(spec(tenant="cv", priority=Priority.HIGH), 103.0)
+    # a requeued job waits from the end of its previous attempt, not from its submit
+    store.transition(a.id, JobState.RUNNING, "started", 110.0, attempts=1, started_at=110.0)
+    store.transition(a.id, JobState.FAILED, "failed with exit code 1", 120.0, finished_at=120.0)
+    store.transition(a.id, JobState.PENDING, "restart 1 of 3 (on-failure)", 120.0)
+    groups = sorted(store.pending_groups())
+    assert groups == [("cv", int(Priority.HIGH), 1, 103.0), ("ml", int(Priority.NORMAL), 2, 105.0)]
+    counts = store.counts()
+    assert counts[JobState.PENDING] == 3 and counts[JobState.SUCCEEDED] == 0 and len(counts) == len(JobState)

@@ -79,9 +79,12 @@ class SliceState:
 
 @dataclass(frozen=True, slots=True)
 class PendingState:
+    """The jobs waiting with one tenant and priority."""
+
     tenant: str
     priority: str
-    waited_seconds: float
+    jobs: int
+    longest_wait_seconds: float  # since the longest-waiting one entered the queue (submit or requeue)
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,8 +176,8 @@ def _queue_families(s: ServeSnapshot) -> Iterator[Metric]:
     counts: dict[tuple[str, str], int] = {}
     waits: dict[str, float] = {}
     for p in s.pending:
-        counts[(p.tenant, p.priority)] = counts.get((p.tenant, p.priority), 0) + 1
-        waits[p.tenant] = max(waits.get(p.tenant, 0.0), p.waited_seconds)
+        counts[(p.tenant, p.priority)] = counts.get((p.tenant, p.priority), 0) + p.jobs
+        waits[p.tenant] = max(waits.get(p.tenant, 0.0), p.longest_wait_seconds)
     for (tenant, priority), n in sorted(counts.items()):
         pending.add_metric([tenant, priority], n)
     for tenant, wait in sorted(waits.items()):
@@ -211,6 +214,7 @@ class ServeMetrics:
         for decision in ("start", "preempt"):
             self.decisions.labels(decision)
         self._pending_codes: dict[str, str] = {}  # job -> last counted reason code
+        self._code_of: dict[str, str] = {}  # reason sentence -> code (the same sentences recur every pass)
         r.register(_StateCollector(snapshot))
 
     # -- events the daemon reports -------------------------------------------------------------------
@@ -226,8 +230,12 @@ class ServeMetrics:
     def pending_reasons(self, reasons: Sequence[tuple[str, str]]) -> None:
         """The queue after a pass, [(job, reason)]: counts each job's reason code when it changes."""
         seen = {}
+        if len(self._code_of) > 100_000:  # sentences carry sizes and ids; keep the memo bounded
+            self._code_of.clear()
         for job, reason in reasons:
-            code = pending_code(reason)
+            code = self._code_of.get(reason)
+            if code is None:
+                code = self._code_of[reason] = pending_code(reason)
             seen[job] = code
             if code != NOT_TRIED and self._pending_codes.get(job) != code:
                 self.scheduling_failures.labels(code).inc()

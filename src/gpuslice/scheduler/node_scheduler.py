@@ -424,6 +424,10 @@ class NodeScheduler:
         """Running job ids (including those being preempted) and their GPUs, in start order."""
         return {r.job_id: r.holding.gpus for r in self._by_start()}
 
+    def running_specs(self) -> dict[str, tuple[JobSpec, MigAssignment | None]]:
+        """Running job ids with their spec and MIG instance, in start order (reads need no store)."""
+        return {r.job_id: (r.spec, r.mig) for r in self._by_start()}
+
     def gpu_usage(self) -> list[GpuUsage]:
         view = self.ledger.view
         out = []

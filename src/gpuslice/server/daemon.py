@@ -58,7 +58,7 @@ from gpuslice.programs.slot import PolicySlot
 from gpuslice.scheduler.node_scheduler import MigAssignment, NodeScheduler, PreemptJob, StartJob, TenantQuota
 from gpuslice.server.errors import GpuNotFound, JobConflict, PolicyNotFound
 from gpuslice.server.store import JobRecord, Store, TenantRecord
-from gpuslice.workload.job import JobSpec, JobState, RestartPolicy
+from gpuslice.workload.job import JobSpec, JobState, Priority, RestartPolicy
 
 __all__ = ["DEFAULT_GRACE_SECONDS", "Daemon", "NodeOps", "RecoveryReport"]
 
@@ -237,25 +237,24 @@ class Daemon:
     def gpus(self) -> list[dict[str, Any]]:
         with self._lock:
             usage = self.scheduler.gpu_usage()
+            # the scheduler holds every running job's spec: no store read (and JSON decode) per call,
+            # which /metrics and the dashboard make every few seconds
+            running = self.scheduler.running_specs()
             measured = {job: dict(per_gpu) for job, per_gpu in self._usage.items()}
             external = dict(self._external)
             readings = dict(self._readings)
-        running = {j.id: j for j in self.store.jobs([JobState.RUNNING])}
         rows = []
         for gpu in usage:
             jobs = []
             for job_id in gpu.job_ids:
-                job = running.get(job_id)
-                if job is None:
-                    continue
-                spec = job.spec
+                spec, mig = running[job_id]
                 share = spec.is_share
                 jobs.append(
                     {
                         "id": job_id,
                         "memory_bytes": spec.gpu_memory_bytes if share else gpu.memory_total_bytes,
                         "compute_percent": spec.compute_percent if share else 100,
-                        "mig": (job.mig or {}).get("profile", "") if spec.mig_profile else "",
+                        "mig": mig.profile if mig is not None and spec.mig_profile else "",
                         "used_memory_bytes": measured.get(job_id, {}).get(gpu.index),
                         "tenant": spec.tenant,
                     }
@@ -306,8 +305,8 @@ class Daemon:
             for j in r["jobs"]
         ]  # fmt: skip
         pending = [
-            PendingState(j.spec.tenant, j.spec.priority.name.lower(), max(0.0, now - _queued_since(j)))
-            for j in self.store.jobs([JobState.PENDING])
+            PendingState(tenant, Priority(priority).name.lower(), jobs, max(0.0, now - since))
+            for tenant, priority, jobs, since in self.store.pending_groups()
         ]
         info = {
             "version": gpuslice.__version__,
@@ -315,7 +314,7 @@ class Daemon:
             "sharing": self.sharing,
             "simulated": "true" if self.simulated else "false",
         }
-        counts = {s.value: self.store.count(s) for s in JobState}
+        counts = {state.value: n for state, n in self.store.counts().items()}
         return ServeSnapshot(gpus, slices, pending, counts, info)
 
     def tenants(self) -> list[dict[str, Any]]:

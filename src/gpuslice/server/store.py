@@ -255,6 +255,25 @@ class Store:
             row = self._db.execute("SELECT COUNT(*) FROM jobs WHERE state = ?", (state.value,)).fetchone()
         return int(row[0])
 
+    def counts(self) -> dict[JobState, int]:
+        """Jobs per state (every state, 0 when none), in one query: the metrics read it at each scrape."""
+        with self._lock:
+            rows = self._db.execute("SELECT state, COUNT(*) FROM jobs GROUP BY state").fetchall()
+        found = {JobState(r[0]): int(r[1]) for r in rows}
+        return {s: found.get(s, 0) for s in JobState}
+
+    def pending_groups(self) -> list[tuple[str, int, int, float]]:
+        """(tenant, priority, pending jobs, when the longest-waiting entered the queue) per tenant and
+        priority, without decoding any spec: entering the queue is the submit, or the end of the previous
+        attempt for a requeued job."""
+        sql = (
+            "SELECT tenant, priority, COUNT(*), MIN(CASE WHEN attempts > 0 AND finished_at IS NOT NULL "
+            "THEN finished_at ELSE submitted_at END) FROM jobs WHERE state = ? GROUP BY tenant, priority"
+        )
+        with self._lock:
+            rows = self._db.execute(sql, (JobState.PENDING.value,)).fetchall()
+        return [(str(r[0]), int(r[1]), int(r[2]), float(r[3])) for r in rows]
+
     def transition(
         self,
         job_id: str,
