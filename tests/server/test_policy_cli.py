@@ -57,7 +57,7 @@ def test_load_list_map_and_unload_print_one_clear_answer_each(cli, daemon, tmp_p
     code, out, _ = cli("policy", "map", "get", "boost", "vision")
     assert code == 0 and out.strip() == "2"
     code, out, _ = cli("policy", "map", "dump", "boost", "--family", "queue")
-    assert code == 0 and "str → int, max 64, 1 entries" in out and "vision" in out
+    assert code == 0 and "str → int, max 64, 1 entry" in out and "vision" in out
 
     code, out, _ = cli("policy", "list")
     assert code == 0
@@ -77,7 +77,7 @@ def test_a_swap_keeps_the_map_values_the_operator_wrote(cli, tmp_path):
     cli("policy", "load", str(write(tmp_path, "v1.py", BOOST)))
     cli("policy", "map", "update", "boost", "ml", "3")
     code, out, _ = cli("policy", "load", str(write(tmp_path, "v2.py", BOOST_V2)))
-    assert code == 0 and "tenant-boost-v2" in out and "boost (1 entries)" in out
+    assert code == 0 and "tenant-boost-v2" in out and "boost (1 entry)" in out
     assert cli("policy", "map", "get", "boost", "ml")[1].strip() == "3"
 
 
@@ -87,7 +87,7 @@ def test_a_rejected_file_prints_each_violation_and_exits_2(cli, daemon, tmp_path
     assert code == 2
     lines = out.strip().splitlines()
     assert [line.split(": ", 1)[0] for line in lines] == [f"{path}:2", f"{path}:11"]
-    assert err.strip() == f"error: policy {path} rejected (2 violation(s)):"
+    assert err.strip() == f"error: policy {path} rejected (2 violation(s))"
     assert daemon.policy_slots["queue"].info()["builtin"] is True
 
 

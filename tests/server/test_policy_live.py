@@ -189,7 +189,7 @@ def test_map_update_from_the_cli_changes_the_order_and_survives_a_swap_with_the_
     server.wait(lambda: order() == [vision, ml], 10, "vision's boost to reorder the queue")
 
     result = gpuslice(server, "load", str(write(tmp_path, "boost_v2.py", BOOST_V2)))
-    assert result.returncode == 0 and "boost (1 entries)" in result.stdout, result.stderr
+    assert result.returncode == 0 and "boost (1 entry)" in result.stdout, result.stderr
     assert gpuslice(server, "map", "get", "boost", "vision").stdout.strip() == "1"
     time.sleep(0.5)  # a few passes under the new version
     assert order() == [vision, ml]

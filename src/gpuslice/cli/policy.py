@@ -99,7 +99,7 @@ def load(
             if err.status != 422:
                 raise
             _rejected(file, err)
-    maps = ", ".join(f"{m['name']} ({m['entries']} entries)" for m in info["maps"])
+    maps = ", ".join(f"{m['name']} ({_entries(m['entries'])})" for m in info["maps"])
     _out.print(
         f"loaded {info['family']} policy {info['name']} from {file} (sha256 {info['sha256'][:12]})"
         + (f"; maps: {maps}" if maps else ""),
@@ -112,7 +112,7 @@ def _rejected(file: Path, err: ServerError) -> None:
     lines = str(err).splitlines()
     for line in lines[1:]:
         _out.print(line.strip(), markup=False)
-    _err.print(f"error: {lines[0] if lines else f'{file} rejected'}", markup=False)
+    _err.print(f"error: {lines[0].rstrip(':') if lines else f'{file} rejected'}", markup=False)
     raise typer.Exit(2)
 
 
@@ -179,7 +179,7 @@ def map_dump(
     with _client(url, state_dir) as client:
         m = client.policy_map(family, name)
     table = Table(
-        "KEY", "VALUE", box=None, title=f"{m['name']}: {_spec_text(m)}, {len(m['entries'])} entries"
+        "KEY", "VALUE", box=None, title=f"{m['name']}: {_spec_text(m)}, {_entries(len(m['entries']))}"
     )
     for key, value in m["entries"]:
         table.add_row(escape(str(key)), escape(str(value)))
@@ -222,6 +222,10 @@ def map_update(
 def _spec_text(m: dict[str, Any]) -> str:
     """'int → float, max 4096' from a map's JSON form."""
     return f"{m['key_type']} → {m['value_type']}, max {m['max_entries']}"
+
+
+def _entries(n: int) -> str:
+    return f"{n} entry" if n == 1 else f"{n} entries"
 
 
 def _when(t: float | None) -> str:
