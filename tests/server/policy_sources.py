@@ -118,6 +118,20 @@ class Slow(QueueOps):
 """
 )
 
+# Verified, but its __init__ fails: the swap must change nothing.
+INIT_FAILS = (
+    '"""__init__ divides by zero."""\n'
+    + _HEAD
+    + """
+
+class InitFails(QueueOps):
+    name = "init-fails"
+
+    def __init__(self) -> None:
+        self.scale = 1 // 0
+"""
+)
+
 # Rejected by the verifier: imports os and loops with while.
 REJECTED = '''"""Reads the environment and loops forever."""
 import os

@@ -17,9 +17,11 @@ from policy_sources import (
     BOOST_V2,
     BY_TENANT_NAME,
     GARBAGE,
+    INIT_FAILS,
     NEWEST_FIRST,
     RAISES,
     REJECTED,
+    write,
 )
 
 from gpuslice.programs.guard import GuardConfig
@@ -132,6 +134,26 @@ def test_load_swaps_the_policy_in_and_unload_restores_the_builtin(api, daemon):
     assert daemon.scheduler.policy is daemon.policy_slots["queue"].current
     events = policy_events(api)
     assert len(events) == 2 and "tenant-boost" in events[0] and "tenant-boost" in events[1]
+
+
+def test_a_policy_whose_init_fails_is_refused_and_the_running_one_stays(api, daemon):
+    assert load(api, BOOST, "boost.py").status_code == 201
+    api.put("/v1/policies/queue/maps/boost/ml", json={"value": 1}, headers=AUTH)
+    running = daemon.scheduler.policy
+    r = load(api, INIT_FAILS, "init.py")
+    assert r.status_code == 400 and "failed in __init__: ZeroDivisionError" in r.json()["detail"]
+    info = queue_policy(api)
+    assert info["name"] == "tenant-boost" and daemon.scheduler.policy is running
+    assert api.get("/v1/policies/queue/maps/boost/ml").json()["value"] == 1
+
+
+def test_serve_queue_policy_file_starts_with_it_and_unload_gives_the_builtin(make_daemon, tmp_path):
+    path = write(tmp_path, "boost.py", BOOST)
+    daemon = make_daemon(queue_policy=str(path))
+    (info,) = daemon.policies()
+    assert (info["name"], info["source"], info["builtin"]) == ("tenant-boost", str(path), False)
+    assert daemon.scheduler.policy is daemon.policy_slots["queue"].current
+    assert daemon.unload_policy("queue")["name"] == "priority-fair"
 
 
 def test_a_policy_of_a_family_the_server_does_not_run_is_refused(api):
