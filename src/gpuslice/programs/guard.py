@@ -11,19 +11,25 @@ guarded.hook(args)                        # same signature as the ops family's h
 
 Interrupting a hook that never returns (the choice, and its limits): the verifier already forbids
 ``while``, recursion and generators, so a verified hook ends — but ``for i in range(10**12)`` ends too
-late. A single watchdog thread polls the armed calls (every quarter of the strictest budget) and, past
-a call's deadline, raises ``HookTimeout`` inside the hook's thread with ``PyThreadState_SetAsyncExc``.
-It works in any thread (``signal.setitimer`` only in the main one) and costs the hot path two clock
-reads and two dict operations (``sys.settrace`` would slow every line). ``HookTimeout``
-derives from ``BaseException`` and the verifier forbids ``except BaseException`` and bare ``except``,
-so the policy cannot swallow it. Limits: the exception lands at the next bytecode boundary, so a single
-long C call (a huge numpy allocation, ``10 ** 10 ** 8``) is not cut short — the guard counts the
-overrun when it returns; the interruption comes up to a quarter budget (plus the interpreter's 5 ms
-switch interval) after the deadline; CPython only.
+late. A single watchdog thread polls the armed calls (every quarter of the strictest budget) and, once
+a call is past its deadline and has burned its CPU share, raises ``HookTimeout`` inside the hook's
+thread with ``PyThreadState_SetAsyncExc``. It works in any thread (``signal.setitimer`` only in the
+main one) and costs the hot path two clock reads and two dict operations (``sys.settrace`` would slow
+every line); about 3 µs per guarded call in all. ``HookTimeout`` derives from ``BaseException`` and
+the verifier forbids ``except BaseException`` and bare ``except``, so the policy cannot swallow it.
+Limits: the exception lands at the next bytecode boundary, so a single long C call (a huge numpy
+allocation, ``10 ** 10 ** 8``) is not cut short — the guard counts the overrun when it returns; the
+interruption comes up to a quarter budget (plus the interpreter's 5 ms switch interval) late; CPython
+only.
 
-Budgets are wall-clock seconds per family (``DEFAULT_BUDGETS``, from ``benchmarks/policy_overhead.py``):
-far above what the built-in policies need on the largest inputs, so a loaded machine does not turn
-normal calls into faults, and small enough that a runaway hook costs one decision, not the system.
+Budgets are seconds per call, per family (``DEFAULT_BUDGETS``, sized by ``benchmarks/policy_overhead.py``),
+and what counts is the CPU a hook burns. A call is judged only once it is past its budget in wall time
+(two cheap clock reads per call), and then only if its thread burned ``CPU_SHARE`` of the budget since
+the watchdog first saw it (the thread's CPU clock, read on that rare path only). A hook that merely
+waited for a CPU on a busy machine, or for the GIL, is not faulted. With ``interrupt=False`` there is
+no watchdog, and the thread's CPU clock around every call decides (exact, but two syscalls per call).
+The budgets are far above what the built-in policies need on the largest inputs, and small enough that
+a runaway hook costs one decision, not the system.
 """
 
 from __future__ import annotations
@@ -58,10 +64,14 @@ __all__ = [
     "guarded_factory",
 ]
 
-# Seconds per hook call, per family. Measured (benchmarks/policy_overhead.py, RESULTS.md "Issue 9"):
-# FGD's score over every node of a 6,000-node cluster takes ~0.1 s of CPU; queue hooks and memory hooks
-# take microseconds. Each budget leaves a wide margin for a busy machine.
+# Seconds of CPU per hook call, per family (benchmarks/policy_overhead.py, RESULTS.md "Issue 9"). FGD's
+# first score over a 6,000-node cluster (every node stale) is the largest call a built-in makes; queue
+# and memory hooks take microseconds. The margins also cover a full garbage collection inside a hook.
 DEFAULT_BUDGETS: dict[str, float] = {"placement": 2.0, "queue": 0.5, "eviction": 0.1, "prefetch": 0.1}
+# A hook is interrupted, or its late answer dropped, once it has burned this share of its budget in CPU
+# after the watchdog first saw it (at most a quarter budget after its start): wall time alone would fault
+# hooks that merely waited for a CPU on a busy machine.
+CPU_SHARE = 0.75
 # The watchdog wakes every budget / 4 of the strictest live guard, within these bounds: an interruption
 # lands at most a quarter budget late, and a placement-only process wakes 4 times a second, not 200
 # (each wake-up takes the GIL from the deciding thread). Below 5 ms (the interpreter's switch interval)
@@ -87,14 +97,31 @@ class GuardConfig:
         return DEFAULT_BUDGETS[family] if self.budget_seconds is None else self.budget_seconds
 
 
+class _Armed:
+    """One hook call the watchdog watches. ``cpu_seen`` is the thread's CPU clock when the watchdog first
+    saw the call (None until then); the CPU a hook burned after that is what counts against it."""
+
+    __slots__ = ("budget", "cpu_seen", "deadline", "thread_id")
+
+    def __init__(self, thread_id: int, deadline: float, budget: float) -> None:
+        self.thread_id, self.deadline, self.budget = thread_id, deadline, budget
+        self.cpu_seen: float | None = None
+
+    def burned(self, cpu_now: float) -> bool:
+        """Whether the hook used ``CPU_SHARE`` of its budget since it was first seen (a lower bound of
+        what it used: the first sighting comes within a quarter budget of its start)."""
+        return self.cpu_seen is not None and cpu_now - self.cpu_seen >= CPU_SHARE * self.budget
+
+
 class _Watchdog:
-    """One daemon thread for the process: interrupts armed hook calls that pass their deadline."""
+    """One daemon thread for the process: interrupts armed hook calls past their budget."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
-        self.armed: dict[int, tuple[int, float]] = {}  # token -> (thread id, deadline)
+        self.armed: dict[int, _Armed] = {}  # token -> call
         self.injected: set[int] = set()
         self.guards: weakref.WeakSet[HookGuard] = weakref.WeakSet()
+        self._clocks: dict[int, int] = {}  # thread id -> its CPU clock id
         self._thread: threading.Thread | None = None
         # Two prototypes of one C function: raise an exception class, or clear with NULL (a py_object
         # None would be Py_None, which the interpreter would then try to raise).
@@ -114,6 +141,17 @@ class _Watchdog:
             self._thread = threading.Thread(target=self._run, name="gpuslice-policy-watchdog", daemon=True)
             self._thread.start()
 
+    def _cpu(self, thread_id: int) -> float | None:
+        """Another thread's CPU clock (seconds), None if the thread is gone."""
+        try:
+            clock = self._clocks.get(thread_id)
+            if clock is None:
+                clock = self._clocks[thread_id] = time.pthread_getcpuclockid(thread_id)
+            return time.clock_gettime(clock)
+        except OSError:
+            self._clocks.pop(thread_id, None)
+            return None
+
     def _run(self) -> None:
         while True:  # a daemon thread for the life of the process; idles while nothing is armed
             with self.lock:
@@ -124,11 +162,16 @@ class _Watchdog:
                 continue
             now = time.perf_counter()
             with self.lock:
-                for token, (thread_id, deadline) in list(self.armed.items()):
+                for token, call in list(self.armed.items()):
+                    cpu = self._cpu(call.thread_id)
+                    if cpu is None:
+                        continue
+                    if call.cpu_seen is None:
+                        call.cpu_seen = cpu
                     # dict.pop is atomic: either this thread or the hook's own disarm takes the entry
-                    if now > deadline and self.armed.pop(token, None) is not None:
+                    elif now > call.deadline and call.burned(cpu) and self.armed.pop(token, None) is not None:
                         self.injected.add(token)
-                        self._raise(thread_id, HookTimeout)
+                        self._raise(call.thread_id, HookTimeout)
 
     def disarm(self, token: int, thread_id: int) -> None:
         """Stop watching ``token``. If the hook's thread takes the entry first (the common case, no lock),
@@ -182,18 +225,17 @@ class HookGuard:
     def call(self, hook: str, fn: Callable[..., Any], args: tuple[Any, ...]) -> tuple[Any, str | None]:
         """Run ``fn(*args)`` timed; (answer, None) or (_MISSING, fault reason)."""
         self.calls += 1
-        interrupt = self.config.interrupt
-        token = next(_TOKENS)
-        thread_id = threading.get_ident()
         started = time.perf_counter()
+        if not self.config.interrupt:
+            return self._call_measured(hook, fn, args, started)
+        token = next(_TOKENS)
+        call = _Armed(threading.get_ident(), started + self.budget, self.budget)
         try:
-            if interrupt:
-                _WATCHDOG.armed[token] = (thread_id, started + self.budget)
+            _WATCHDOG.armed[token] = call
             try:
                 answer = fn(*args)
             finally:
-                if interrupt:
-                    _WATCHDOG.disarm(token, thread_id)
+                _WATCHDOG.disarm(token, call.thread_id)
         except HookTimeout:
             _WATCHDOG.forget(token)
             return _MISSING, "timeout"
@@ -202,7 +244,25 @@ class HookGuard:
         elapsed = time.perf_counter() - started
         if elapsed > self.slowest.get(hook, 0.0):
             self.slowest[hook] = elapsed
-        if elapsed > self.budget:
+        # Past the wall budget, only CPU the hook burned makes it an overrun (not a busy machine's wait);
+        # the thread's clock is read only on this rare path (a syscall, microseconds).
+        if elapsed > self.budget and call.burned(time.thread_time()):
+            return _MISSING, "overrun"
+        return answer, None
+
+    def _call_measured(
+        self, hook: str, fn: Callable[..., Any], args: tuple[Any, ...], started: float
+    ) -> tuple[Any, str | None]:
+        """Without the watchdog: the thread's CPU clock around the call decides an overrun."""
+        cpu = time.thread_time()
+        try:
+            answer = fn(*args)
+        except Exception as err:
+            return _MISSING, f"exception {type(err).__name__}"
+        elapsed = time.perf_counter() - started
+        if elapsed > self.slowest.get(hook, 0.0):
+            self.slowest[hook] = elapsed
+        if time.thread_time() - cpu > self.budget:
             return _MISSING, "overrun"
         return answer, None
 
