@@ -47,6 +47,7 @@ app.add_typer(map_app, name="map")
 _PAGE = 10_000  # the most events one GET /v1/events returns
 
 Family = Annotated[str, typer.Option("--family", help="the policy family whose map it is")]
+MapName = Annotated[str, typer.Argument(help="the map's name in the policy file", show_default=False)]
 
 
 def _client(url: str | None, state_dir: Path | None) -> ServeClient:
@@ -170,7 +171,7 @@ def events(
 
 @map_app.command("dump")
 def map_dump(
-    name: Annotated[str, typer.Argument(help="the map's name in the policy file", show_default=False)],
+    name: MapName,
     family: Family = "queue",
     url: Url = None,
     state_dir: StateDir = None,
@@ -188,7 +189,7 @@ def map_dump(
 
 @map_app.command("get")
 def map_get(
-    name: Annotated[str, typer.Argument(help="the map's name", show_default=False)],
+    name: MapName,
     key: Annotated[str, typer.Argument(help="the key, written as its type (int, float, str, bool)")],
     family: Family = "queue",
     url: Url = None,
@@ -202,7 +203,7 @@ def map_get(
 
 @map_app.command("update")
 def map_update(
-    name: Annotated[str, typer.Argument(help="the map's name", show_default=False)],
+    name: MapName,
     key: Annotated[str, typer.Argument(help="the key, written as the map's key type")],
     value: Annotated[str, typer.Argument(help="the value, written as the map's value type")],
     family: Family = "queue",
