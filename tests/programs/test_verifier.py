@@ -62,6 +62,11 @@ CATALOGUE: list[tuple[str, str, str]] = [
         "may not be imported from typing",
     ),
     (
+        "import_typing_whole_reaches_get_type_hints",
+        module("import typing  # <-"),
+        "import names from typing one by one",
+    ),
+    (
         "import_whole_gpuslice_package",
         module("import gpuslice.programs.api  # <-"),
         "binds the whole package",

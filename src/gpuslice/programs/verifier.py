@@ -332,8 +332,15 @@ class _Checker:
         if isinstance(stmt, ast.Import):
             for alias in stmt.names:
                 allowed = ALLOWED_IMPORTS.get(alias.name, frozenset())
-                if alias.name not in ALLOWED_IMPORTS or (allowed is not None and alias.name != API_MODULE):
+                if alias.name not in ALLOWED_IMPORTS:
                     self.flag(stmt, self._import_message(alias.name))
+                    self.imported[alias.asname or alias.name.split(".")[0]] = alias.name  # reported once
+                elif allowed is not None and alias.name != API_MODULE:
+                    self.flag(
+                        stmt,
+                        f"import names from {alias.name} one by one: 'from {alias.name} import "
+                        f"{', '.join(sorted(allowed))}' (only these)",
+                    )
                 elif "." in alias.name and alias.asname is None:
                     self.flag(
                         stmt,
@@ -348,6 +355,8 @@ class _Checker:
             return
         if module not in ALLOWED_IMPORTS:
             self.flag(stmt, self._import_message(module))
+            for alias in stmt.names:  # its names are reported once, here, not again where they are used
+                self.imported[alias.asname or alias.name] = f"{module}.{alias.name}"
             return
         allowed = ALLOWED_IMPORTS[module]
         for alias in stmt.names:
