@@ -9,7 +9,8 @@ Besides the wall time of each round it records CPU time on both sides, which oth
 machine barely changes: the server's (thread CPU time inside the ASGI app for the round's /filter and
 /prioritize: reading the body, the extender, writing the reply) and the client's (its thread CPU time
 in the two calls: sending, receiving, HTTP framing; no JSON). The uvicorn server is started with the
-same options as ``gpuslice k8s extender`` (``extender.SERVER_OPTIONS``).
+same options as ``gpuslice k8s extender`` (``extender.SERVER_OPTIONS``); ``--http h11 --loop asyncio``
+measures uvicorn's pure-Python defaults instead.
 
 Clients: ``stdlib`` (http.client, one keep-alive connection: little framing work, the nearest Python
 gets to kube-scheduler's Go client) or ``httpx`` (what the first measurement used; its HTTP framing of
@@ -39,6 +40,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from extender import SHAPES, NullApi, cluster, pod
+from gpuslice.k8s.extender import SERVER_OPTIONS
 
 CPU_PATH = "/_benchmark/server-cpu"  # served by the benchmark's wrapper, not by the extender
 JSON_HEADERS = {"content-type": "application/json"}
@@ -87,17 +89,17 @@ def _with_server_cpu(app: Any) -> Any:
     return timed
 
 
-def _serve(n_nodes: int, policy: str, rounds: int, seed: int, port: int) -> None:
+def _serve(n_nodes: int, policy: str, rounds: int, seed: int, port: int, options: dict[str, Any]) -> None:
     import uvicorn
 
-    from gpuslice.k8s.extender import SERVER_OPTIONS, create_app
+    from gpuslice.k8s.extender import create_app
 
     state, _ = cluster(n_nodes, policy, random.Random(seed))
     assert isinstance(state.api, NullApi)
     for p in _round_pods(n_nodes, policy, rounds, seed, state):
         state.api.pods[p["metadata"]["name"]] = p
     app = _with_server_cpu(create_app(state))
-    uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", **SERVER_OPTIONS)
+    uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", **options)
 
 
 def _stdlib_post(port: int) -> tuple[Callable[[str, bytes], bytes], Callable[[], None]]:
@@ -139,9 +141,13 @@ def _wait_for(port: int, server: mp.process.BaseProcess) -> None:
     raise SystemExit("the extender did not start in 2 minutes")
 
 
-def measure(n_nodes: int, policy: str, rounds: int, seed: int, client: str) -> dict[str, float]:
+def measure(
+    n_nodes: int, policy: str, rounds: int, seed: int, client: str, options: dict[str, Any]
+) -> dict[str, float]:
     port = _free_port()
-    server = mp.get_context("spawn").Process(target=_serve, args=(n_nodes, policy, rounds, seed, port))
+    server = mp.get_context("spawn").Process(
+        target=_serve, args=(n_nodes, policy, rounds, seed, port, options)
+    )
     server.start()
     names = [f"gpu-node-{i:05d}" for i in range(n_nodes)]
     pods = _round_pods(n_nodes, policy, rounds, seed)
@@ -197,12 +203,15 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--client", choices=sorted(CLIENTS), default="stdlib", help="HTTP client (see above)")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "out" / "extender_socket.md")
+    parser.add_argument("--http", choices=["httptools", "h11"], default=SERVER_OPTIONS["http"])
+    parser.add_argument("--loop", choices=["uvloop", "asyncio"], default=SERVER_OPTIONS["loop"])
     args = parser.parse_args()
+    options = {**SERVER_OPTIONS, "http": args.http, "loop": args.loop}
     rows = []
     for n in (int(x) for x in args.nodes.split(",")):
         for policy in args.policies.split(","):
             before = os.getloadavg()[0]
-            r = measure(n, policy, args.rounds, args.seed, args.client)
+            r = measure(n, policy, args.rounds, args.seed, args.client, options)
             after = os.getloadavg()[0]
             rows.append(
                 f"| {n:,} | {n * 8:,} | {policy} | {r['wall_50']:.2f} | {r['wall_99']:.2f} "
@@ -215,7 +224,8 @@ def main() -> None:
         "# Scheduler extender latency over a socket",
         "",
         f"Command: `.venv/bin/python benchmarks/extender_socket.py --nodes {args.nodes} "
-        f"--policies {args.policies} --rounds {args.rounds} --client {args.client}`",
+        f"--policies {args.policies} --rounds {args.rounds} --client {args.client} "
+        f"--http {args.http} --loop {args.loop}`",
         "",
         "Extender in its own process (uvicorn, 127.0.0.1), client in another; bodies encoded before and",
         "replies decoded after the clock. Milliseconds for one pod's POST /filter + POST /prioritize:",

@@ -97,6 +97,8 @@ class ArgsReader:
     orjson encoding of a remembered list, so they decode to exactly that list. The body is then decoded
     with the array replaced by null, and must come out with NodeNames null at the top level, which proves
     the replaced bytes were the top-level array. Anything else takes the plain path.
+
+    Used from the event loop's one thread (the extender's async handlers); not locked.
     """
 
     def __init__(self, keep: int = RECENT_NAME_LISTS) -> None:
