@@ -346,9 +346,9 @@ class Daemon:
         return self.state_dir / "jobs" / job_id / f"{stream}.log"
 
     # -- policies as programs (issue 9) ---------------------------------------------------------------
-    # Every change holds the daemon's lock, which a scheduling pass holds from start to end: a swap, an
-    # unload or a map write lands between two passes, never inside one (no pass orders half its jobs
-    # with one policy and half with the next).
+    # The scheduler's policy is only assigned under the daemon's lock, which a scheduling pass holds
+    # from start to end, and map writes take it too: a swap, an unload or a map write lands between two
+    # passes, never inside one (no pass orders half its jobs with one policy and half with the next).
 
     def policies(self) -> list[dict[str, Any]]:
         """Each family's slot as the API shows it (``PolicyOut``): what runs, its faults, its maps."""
@@ -365,8 +365,11 @@ class Daemon:
                 "extender with --policy FILE)"
             )
         slot = self.policy_slots[loaded.family]
+        # The slot builds the new instance (maps, __init__) before it assigns: a failure changes nothing.
+        # The scheduler takes the new one under the daemon's lock, so the pass in progress ends with the
+        # policy it started with.
+        slot.swap(loaded)
         with self._lock:
-            slot.swap(loaded)  # builds the new instance first: a failing __init__ changes nothing
             self.scheduler.policy = slot.current
             self._flush_policy_events(self.clock())
             self._wake.set()
@@ -375,8 +378,8 @@ class Daemon:
     def unload_policy(self, family: str) -> dict[str, Any]:
         """Back to the family's built-in policy; NoPolicyLoaded when it runs already."""
         slot = self._slot(family)
+        slot.unload()
         with self._lock:
-            slot.unload()
             self.scheduler.policy = slot.current
             self._flush_policy_events(self.clock())
             self._wake.set()
