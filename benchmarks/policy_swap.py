@@ -4,8 +4,9 @@
     .venv/bin/python benchmarks/policy_swap.py --rounds 500 --pending 1000
 
 1. ``load_source``: verify the text and run its module body, in the API's thread, outside every lock.
-2. ``Daemon.load_policy``: instantiate with the carried maps, swap, record the event — the time the
-   daemon's lock is held, i.e. the longest a scheduling pass can be delayed by a swap.
+2. ``Daemon.load_policy``: instantiate with the carried maps and swap in the slot (no daemon lock), then
+   assign the scheduler's policy and store the event under the daemon's lock — an upper bound on how
+   long a swap can delay a scheduling pass.
 3. One scheduling pass (``NodeScheduler.step``) over ``--pending`` queued jobs with the file loaded and
    with the built-in: the longest a swap can wait for the pass in progress (it lands after it).
 
@@ -79,7 +80,7 @@ def main() -> None:
     print(f"machine: {platform.node()}, {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f}")
     print(f"policy: {args.policy.relative_to(ROOT) if args.policy.is_relative_to(ROOT) else args.policy}")
     print(f"verify + load (API thread, no lock):           {quantiles(verify)}")
-    print(f"swap under the daemon lock:                    {quantiles(swap)}")
+    print(f"swap (Daemon.load_policy):                     {quantiles(swap)}")
     for label, ms in passes.items():
         print(f"one pass over {args.pending} pending jobs, {label:<8}:   {quantiles(ms)}")
 
