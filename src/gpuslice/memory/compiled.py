@@ -44,6 +44,7 @@ class CompiledState:
     def __init__(self, blocks: int, tenants: int) -> None:
         self.resident = np.zeros(blocks * _P, dtype=np.bool_)
         self.res_count = np.zeros(blocks, dtype=np.int64)
+        self.big_count = np.zeros(blocks * _NBIG, dtype=np.int64)  # resident pages per 64 KB big page
         # the used list as a doubly linked list over block ids (-1 = none): O(1) tail move and head pop
         self.prev = np.full(blocks, -1, dtype=np.int64)
         self.next = np.full(blocks, -1, dtype=np.int64)
@@ -85,7 +86,7 @@ def _append(st_prev, st_next, counters, block):
 
 
 @njit(cache=True)
-def _prefetch_block(resident, base, faulted, a, b, thrashing, whole_block, cnt, fbig):
+def _prefetch_block(resident, big_count, base, faulted, a, b, thrashing, whole_block, cnt, fbig):
     """Mark the native prefetch of one block's faulted pages ``faulted[a:b]`` (global page numbers, block
     starting at ``base``) resident: ``uvm.native_prefetch_mask`` applied in place. Returns the number of
     pages that became resident."""
@@ -95,26 +96,23 @@ def _prefetch_block(resident, base, faulted, a, b, thrashing, whole_block, cnt, 
             q = faulted[j]
             if not resident[q]:
                 resident[q] = True
+                big_count[q >> _BIG_SHIFT] += 1
                 new += 1
         return new
     if whole_block:
         for q in range(base, base + _P):
             if not resident[q]:
                 resident[q] = True
+                big_count[q >> _BIG_SHIFT] += 1
                 new += 1
         return new
     for g in range(_NBIG):
         fbig[g] = False
     for j in range(a, b):
         fbig[(faulted[j] - base) >> _BIG_SHIFT] = True
+    big0 = base >> _BIG_SHIFT
     for g in range(_NBIG):  # occupied pages per big page: resident, or a faulted big page (64 KB growth)
-        if fbig[g]:
-            cnt[g] = BIG_PAGE_PAGES
-        else:
-            c = 0
-            for q in range(base + g * BIG_PAGE_PAGES, base + (g + 1) * BIG_PAGE_PAGES):
-                c += resident[q]
-            cnt[g] = c
+        cnt[g] = BIG_PAGE_PAGES if fbig[g] else big_count[big0 + g]
     covered = -1
     for g in range(_NBIG):
         if not fbig[g] or g * BIG_PAGE_PAGES < covered:
@@ -133,6 +131,7 @@ def _prefetch_block(resident, base, faulted, a, b, thrashing, whole_block, cnt, 
         for q in range(base + first, base + outer):
             if not resident[q]:
                 resident[q] = True
+                big_count[q >> _BIG_SHIFT] += 1
                 new += 1
         covered = outer
     return new
@@ -143,17 +142,30 @@ PER_ACCESS, OVERHEAD, LINK, THR_THRESHOLD, THR_LAPSE, THR_EPOCH, PREFERRED, CAPA
 
 
 @njit(cache=True)
-def _service_faults(faulted, issued, prm, owner, resident, res_count, st_prev, st_next, on_list, evicted_at,
-                    events, epoch_start, counters, service_s, tenant_s):  # fmt: skip
+def _service_faults(
+    faulted,
+    issued,
+    prm,
+    owner,
+    resident,
+    res_count,
+    big_count,
+    st_prev,
+    st_next,
+    on_list,
+    evicted_at,
+    events,
+    epoch_start,
+    counters,
+    service_s,
+    tenant_s,
+    scratch,
+):
     """Service one step's (or round's) sorted, distinct faulted pages in batches of 256 (research §3):
     ``_Run._service_batch_reference`` then ``_Run._charge`` per batch. ``issued`` = accesses issued so far
     (the compute part of the clock)."""
     nt = tenant_s.shape[0]
-    moved_in = np.zeros(nt)
-    moved_out = np.zeros(nt)
-    waiting = np.zeros(nt, dtype=np.bool_)
-    cnt = np.zeros(_NBIG, dtype=np.int64)
-    fbig = np.zeros(_NBIG, dtype=np.bool_)
+    moved_in, moved_out, waiting, cnt, fbig = scratch
     capacity = np.int64(prm[CAPACITY])
     link = prm[LINK]
     nf = faulted.shape[0]
@@ -182,7 +194,10 @@ def _service_faults(faulted, issued, prm, owner, resident, res_count, st_prev, s
                     counters[EVICTIONS] += 1
                     evicted_at[victim] = now
                     moved_out[t] += res_count[victim]
-                    resident[victim * _P : (victim + 1) * _P] = False
+                    for q in range(victim * _P, (victim + 1) * _P):
+                        resident[q] = False
+                    for g in range(victim * _NBIG, (victim + 1) * _NBIG):
+                        big_count[g] = 0
                     res_count[victim] = 0
                 # Thrashing.on_fault_in
                 if now - epoch_start[block] > prm[THR_EPOCH]:
@@ -195,7 +210,7 @@ def _service_faults(faulted, issued, prm, owner, resident, res_count, st_prev, s
             else:  # Thrashing.is_thrashing
                 thrashing = events[block] >= prm[THR_THRESHOLD] and now - epoch_start[block] <= prm[THR_EPOCH]
             whole = prm[PREFERRED] != 0.0 and res_count[block] == 0
-            new = _prefetch_block(resident, block * _P, faulted, i, j, thrashing, whole, cnt, fbig)
+            new = _prefetch_block(resident, big_count, block * _P, faulted, i, j, thrashing, whole, cnt, fbig)
             res_count[block] += new
             moved_in[t] += new
             # ChunkLists.activate: to the tail of used
@@ -225,10 +240,55 @@ def _service_faults(faulted, issued, prm, owner, resident, res_count, st_prev, s
 
 
 @njit(cache=True)
-def _replay(gp, starts, s0, s1, owner, prm, resident, res_count, st_prev, st_next, on_list, evicted_at,
-            events, epoch_start, counters, service_s, tenant_s):  # fmt: skip
+def _scratch(nt):
+    """Per-batch work arrays, allocated once per replay: moved in/out and waiting per tenant, occupied
+    pages and faulted flags per big page."""
+    return (
+        np.zeros(nt),
+        np.zeros(nt),
+        np.zeros(nt, dtype=np.bool_),
+        np.zeros(_NBIG, dtype=np.int64),
+        np.zeros(_NBIG, dtype=np.bool_),
+    )
+
+
+@njit(cache=True)
+def _sorted_distinct(buf, m):
+    """Sort ``buf[:m]`` in place and drop repeats; returns the view of the distinct pages (address order)."""
+    head = buf[:m]
+    head.sort()
+    k = 0
+    for j in range(m):
+        if j == 0 or head[j] != head[k - 1]:
+            head[k] = head[j]
+            k += 1
+    return buf[:k]
+
+
+@njit(cache=True)
+def _replay(
+    gp,
+    starts,
+    s0,
+    s1,
+    owner,
+    prm,
+    resident,
+    res_count,
+    big_count,
+    st_prev,
+    st_next,
+    on_list,
+    evicted_at,
+    events,
+    epoch_start,
+    counters,
+    service_s,
+    tenant_s,
+):
     """Lockstep: steps ``[s0, s1)``; a step's distinct non-resident pages are its faults."""
     buf = np.empty(0, dtype=np.int64)
+    scratch = _scratch(tenant_s.shape[0])
     for s in range(s0, s1):
         a, b = starts[s], starts[s + 1]
         m = 0
@@ -244,19 +304,56 @@ def _replay(gp, starts, s0, s1, owner, prm, resident, res_count, st_prev, st_nex
             if not resident[gp[j]]:
                 buf[m] = gp[j]
                 m += 1
-        faulted = np.unique(buf[:m])  # coalesced and sorted: address order
-        _service_faults(faulted, b, prm, owner, resident, res_count, st_prev, st_next, on_list, evicted_at,
-                        events, epoch_start, counters, service_s, tenant_s)  # fmt: skip
+        faulted = _sorted_distinct(buf, m)  # coalesced, address order
+        _service_faults(
+            faulted,
+            b,
+            prm,
+            owner,
+            resident,
+            res_count,
+            big_count,
+            st_prev,
+            st_next,
+            on_list,
+            evicted_at,
+            events,
+            epoch_start,
+            counters,
+            service_s,
+            tenant_s,
+            scratch,
+        )
 
 
 @njit(cache=True)
-def _replay_streams(gp, order, off, first_t, last_t, owner, prm, resident, res_count, st_prev, st_next,
-                    on_list, evicted_at, events, epoch_start, counters, service_s, tenant_s):  # fmt: skip
+def _replay_streams(
+    gp,
+    order,
+    off,
+    first_t,
+    last_t,
+    owner,
+    prm,
+    resident,
+    res_count,
+    big_count,
+    st_prev,
+    st_next,
+    on_list,
+    evicted_at,
+    events,
+    epoch_start,
+    counters,
+    service_s,
+    tenant_s,
+):
     """Per-stream progress (``_Run.run_streams``): each round, every eligible stream runs to its next
     non-resident access; those accesses are the round's faults."""
     ns = off.shape[0] - 1
     cur = off[:-1].copy()
     buf = np.empty(ns, dtype=np.int64)
+    scratch = _scratch(tenant_s.shape[0])
     while True:
         horizon = np.iinfo(np.int64).max
         for s in range(ns):
@@ -277,9 +374,25 @@ def _replay_streams(gp, order, off, first_t, last_t, owner, prm, resident, res_c
                     m += 1
             issued += cur[s] - off[s]
         if m:
-            _service_faults(np.unique(buf[:m]), issued + m, prm, owner, resident, res_count, st_prev,
-                            st_next, on_list, evicted_at, events, epoch_start, counters, service_s,
-                            tenant_s)  # fmt: skip
+            _service_faults(
+                _sorted_distinct(buf, m),
+                issued + m,
+                prm,
+                owner,
+                resident,
+                res_count,
+                big_count,
+                st_prev,
+                st_next,
+                on_list,
+                evicted_at,
+                events,
+                epoch_start,
+                counters,
+                service_s,
+                tenant_s,
+                scratch,
+            )
 
 
 def _params(capacity: int, cost, thrashing, preferred_gpu: bool) -> np.ndarray:
@@ -299,18 +412,48 @@ def _params(capacity: int, cost, thrashing, preferred_gpu: bool) -> np.ndarray:
 
 
 def _state_args(state: CompiledState) -> tuple:
-    return (state.resident, state.res_count, state.prev, state.next, state.on_list, state.evicted_at,
-            state.events, state.epoch_start, state.counters, state.service_s, state.tenant_s)  # fmt: skip
+    return (
+        state.resident,
+        state.res_count,
+        state.big_count,
+        state.prev,
+        state.next,
+        state.on_list,
+        state.evicted_at,
+        state.events,
+        state.epoch_start,
+        state.counters,
+        state.service_s,
+        state.tenant_s,
+    )
 
 
-def replay_steps(state: CompiledState, gp: np.ndarray, starts: np.ndarray, s0: int, s1: int,
-                 owner: np.ndarray, capacity: int, cost, thrashing, preferred_gpu: bool) -> None:  # fmt: skip
+def replay_steps(
+    state: CompiledState,
+    gp: np.ndarray,
+    starts: np.ndarray,
+    s0: int,
+    s1: int,
+    owner: np.ndarray,
+    capacity: int,
+    cost,
+    thrashing,
+    preferred_gpu: bool,
+) -> None:
     """Lockstep replay of trace steps ``[s0, s1)`` (``starts[s]`` = first access of step s) into ``state``."""
     _replay(gp, starts, s0, s1, owner, _params(capacity, cost, thrashing, preferred_gpu), *_state_args(state))
 
 
-def replay_streams(state: CompiledState, gp: np.ndarray, layout, owner: np.ndarray, capacity: int, cost,
-                   thrashing, preferred_gpu: bool) -> None:  # fmt: skip
+def replay_streams(
+    state: CompiledState,
+    gp: np.ndarray,
+    layout,
+    owner: np.ndarray,
+    capacity: int,
+    cost,
+    thrashing,
+    preferred_gpu: bool,
+) -> None:
     """Per-stream replay of the whole trace; ``layout`` = (order, off, first_t, last_t) of
     ``simulator.stream_layout``."""
     prm = _params(capacity, cost, thrashing, preferred_gpu)
