@@ -116,20 +116,20 @@ def test_detached_policy_is_not_called_again_and_events_say_why() -> None:
     for cpu in (1000, 1100):  # distinct shapes: each one scores afresh
         assert not isinstance(placer.place(Request(cpu_milli=cpu, num_gpu=1, gpu_milli=100)), Unplaced)
     assert ops.guard.detached
-    calls = ops.guard.calls  # filter, score, normalize, pick_gpus, on_placed; then filter, score
+    calls = ops.guard.calls  # score twice: the hooks it inherits are the base's code, not guarded
     for cpu in (1200, 1300, 1400):
         assert not isinstance(placer.place(Request(cpu_milli=cpu, num_gpu=1, gpu_milli=100)), Unplaced)
-    assert ops.guard.calls == calls == 7
+    assert ops.guard.calls == calls == 2
     assert ops.guard.faults == {("score", "exception"): 2}
     assert events[0] == "policy bad (placement): score exception ValueError; the default decided"
     assert events[-1].startswith("policy bad (placement) detached after 2 faults within 60 s")
 
 
 def burn(seconds: float) -> int:
-    """Busy for ``seconds`` of wall time (CPU-bound while it has a CPU)."""
-    end = time.perf_counter() + seconds
+    """Busy until this thread has used ``seconds`` of CPU (however long a busy machine makes that)."""
+    end = time.thread_time() + seconds
     for n in range(10**9):
-        if time.perf_counter() > end:
+        if time.thread_time() > end:
             return n
     return -1
 

@@ -301,8 +301,11 @@ def _guarded(
     check: Callable[[Any], Any] | None,
     reset: Callable[[tuple[Any, ...]], None] | None = None,
 ) -> Any:
-    """One guarded hook call: the policy's checked answer, or the default's on any fault."""
+    """One guarded hook call: the policy's checked answer, or the default's on any fault. A hook the policy
+    inherits from its base is the base's own code: it runs unguarded (and free of the guard's cost)."""
     g: HookGuard = wrapper.guard
+    if hook in wrapper.inherited and not g.detached:
+        return getattr(wrapper.policy, hook)(*args)
     if not g.detached:
         answer, reason = g.call(hook, getattr(wrapper.policy, hook), args)
         if reason is None:
@@ -316,6 +319,15 @@ def _guarded(
             reset(args)  # a request the faulty hook made before failing must not be applied
         g.fault(hook, reason)
     return getattr(wrapper.default, hook)(*args)
+
+
+def _inherited(policy: Any, base: type, hooks: tuple[str, ...]) -> set[str]:
+    """The hooks ``policy`` does not override."""
+    return {h for h in hooks if getattr(type(policy), h) is getattr(base, h)}
+
+
+_PLACEMENT_HOOKS = ("filter", "score", "normalize", "pick_gpus", "on_placed", "on_released")
+_QUEUE_HOOKS = ("priority", "order_key", "on_started", "on_finished")
 
 
 # -- placement --------------------------------------------------------------------------------------
@@ -334,6 +346,7 @@ class GuardedPlacement(PlacementOps):
 
     def __init__(self, policy: PlacementOps, default: PlacementOps, guard: HookGuard) -> None:
         self.policy, self.default, self.guard = policy, default, guard
+        self.inherited = _inherited(policy, PlacementOps, _PLACEMENT_HOOKS)  # base hooks call no others
         self.view, self.context = policy.view, policy.context
         self.name = policy.name  # type: ignore[misc]
         self.summary = policy.summary  # type: ignore[misc]
@@ -408,6 +421,9 @@ class GuardedQueue(QueueOps):
 
     def __init__(self, policy: QueueOps, default: QueueOps, guard: HookGuard) -> None:
         self.policy, self.default, self.guard = policy, default, guard
+        self.inherited = _inherited(policy, QueueOps, _QUEUE_HOOKS)
+        if "priority" not in self.inherited:
+            self.inherited.discard("order_key")  # the base order_key calls the policy's own priority
         self.name = policy.name  # type: ignore[misc]
         self.summary = policy.summary  # type: ignore[misc]
 
@@ -499,6 +515,7 @@ class GuardedMemory(MemoryOps):
 
     def __init__(self, policy: MemoryOps, default: MemoryOps, guard: HookGuard) -> None:
         self.policy, self.default, self.guard = policy, default, guard
+        self.inherited: set[str] = set()  # the class holds only the policy's own hooks (_memory_class)
         self.name = policy.name  # type: ignore[misc]
         self.summary = policy.summary  # type: ignore[misc]
         self.kind = policy.kind  # type: ignore[misc]
