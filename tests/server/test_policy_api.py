@@ -5,6 +5,7 @@ policies with the guard, and refuses changes without the token."""
 from __future__ import annotations
 
 import hashlib
+import sys
 import threading
 import time
 import warnings
@@ -295,6 +296,8 @@ def test_swaps_land_between_scheduling_passes_never_inside_one(make_daemon, node
     daemon.scheduler.step = step
     stop = threading.Event()
     swaps = 0
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(1e-5)  # threads take turns ~500 times as often: a swap inside a pass would show
 
     def swapper() -> None:
         nonlocal swaps
@@ -326,6 +329,7 @@ def test_swaps_land_between_scheduling_passes_never_inside_one(make_daemon, node
         for t in threads:
             t.join()
         daemon.stop()
+        sys.setswitchinterval(switch)
     assert swaps > 10 and len(set(map(id, passes))) > 1  # passes really ran under different policies
     assert mixed == [] and daemon.scheduler.fallbacks["order_key"] == 0
     starts = Counter(
