@@ -38,7 +38,7 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import gpuslice
 from gpuslice.errors import InvalidRequest
@@ -48,14 +48,21 @@ from gpuslice.node.machine import Machine
 from gpuslice.node.mig_manager import MigCommandFailed
 from gpuslice.node.telemetry import GpuReading, SliceLoad, Telemetry
 from gpuslice.observe.anomaly import SigmaDetector
-from gpuslice.observe.health import HealthBook, HealthChange
+from gpuslice.observe.health import GpuHealth, HealthBook, HealthChange
 from gpuslice.observe.metrics import GpuState, PendingState, ServeMetrics, ServeSnapshot, SliceState
 from gpuslice.policies.queue import queue_policy as lookup_queue_policy
 from gpuslice.programs.guard import GuardConfig
 from gpuslice.programs.loader import LoadedPolicy, PolicyFamilyMismatch, is_policy_path, load_file
 from gpuslice.programs.maps import MAP_TYPES, Map
 from gpuslice.programs.slot import PolicySlot
-from gpuslice.scheduler.node_scheduler import MigAssignment, NodeScheduler, PreemptJob, StartJob, TenantQuota
+from gpuslice.scheduler.node_scheduler import (
+    GpuUsage,
+    MigAssignment,
+    NodeScheduler,
+    PreemptJob,
+    StartJob,
+    TenantQuota,
+)
 from gpuslice.server.errors import GpuNotFound, JobConflict, PolicyNotFound
 from gpuslice.server.store import JobRecord, Store, TenantRecord
 from gpuslice.workload.job import JobSpec, JobState, Priority, RestartPolicy
@@ -173,6 +180,7 @@ class Daemon:
                 for name, floor in zip(_ANOMALY_METRICS, _ANOMALY_MIN_STD, strict=True)
             ],
         )
+        self._published: _GpuState | None = None  # GPU state at the end of the last tick (metrics)
         self.metrics = ServeMetrics(self.snapshot)
 
     def _new_scheduler(self) -> NodeScheduler:
@@ -227,6 +235,7 @@ class Daemon:
         with self._lock:
             now = self.clock()
             self._apply_health(self.health.mark(gpu, healthy, reason, now, manual=True), now)
+            self._published = self._gpu_state()  # the metrics show it at once, not after the next tick
 
     def queue(self) -> list[tuple[JobRecord, str]]:
         with self._lock:
@@ -236,13 +245,23 @@ class Daemon:
 
     def gpus(self) -> list[dict[str, Any]]:
         with self._lock:
-            usage = self.scheduler.gpu_usage()
-            # the scheduler holds every running job's spec: no store read (and JSON decode) per call,
-            # which /metrics and the dashboard make every few seconds
-            running = self.scheduler.running_specs()
-            measured = {job: dict(per_gpu) for job, per_gpu in self._usage.items()}
-            external = dict(self._external)
-            readings = dict(self._readings)
+            state = self._gpu_state()
+        return self._gpu_rows(state)
+
+    def _gpu_state(self) -> _GpuState:
+        """What the GPU rows are made of, copied (call with the lock held). The scheduler holds every
+        running job's spec: no store read, and no JSON decode, per call."""
+        return _GpuState(
+            self.scheduler.gpu_usage(),
+            self.scheduler.running_specs(),
+            {job: dict(per_gpu) for job, per_gpu in self._usage.items()},
+            dict(self._external),
+            dict(self._readings),
+            [self.health[g] for g in range(self.machine.gpu_count)],
+        )
+
+    def _gpu_rows(self, state: _GpuState) -> list[dict[str, Any]]:
+        usage, running, measured, external, readings, healths = state
         rows = []
         for gpu in usage:
             jobs = []
@@ -259,7 +278,7 @@ class Daemon:
                         "tenant": spec.tenant,
                     }
                 )
-            health = self.health[gpu.index]
+            health = healths[gpu.index]
             reading = readings.get(gpu.index)
             rows.append(
                 {
@@ -282,8 +301,11 @@ class Daemon:
         return rows
 
     def snapshot(self) -> ServeSnapshot:
-        """The state the metrics show, read now (``GET /metrics`` calls this at every scrape)."""
-        rows = self.gpus()
+        """The state the metrics show (``GET /metrics`` calls this at every scrape). GPUs and slices are
+        as of the end of the last tick, published without the lock: a scrape never waits for a
+        scheduling pass (hundreds of pending jobs make one take tens of ms). The queue is read now."""
+        published = self._published  # None before the first tick
+        rows = self.gpus() if published is None else self._gpu_rows(published)
         now = self.clock()
         gpus = [
             GpuState(
@@ -471,6 +493,7 @@ class Daemon:
                 elif isinstance(action, PreemptJob):
                     self._preempt(action, now)
             self.metrics.pending_reasons(self.scheduler.queue())
+            self._published = self._gpu_state()
             self._flush_policy_events(now)
 
     # -- recovery -------------------------------------------------------------------------------------
@@ -788,6 +811,15 @@ def _requeue_reason(job: JobRecord, state: JobState) -> str | None:
     if state is JobState.SUCCEEDED and policy is RestartPolicy.ALWAYS:
         return f"restart {restarts_done + 1} of {job.spec.max_restarts} (always)"
     return None
+
+
+class _GpuState(NamedTuple):
+    usage: list[GpuUsage]
+    running: dict[str, tuple[JobSpec, MigAssignment | None]]
+    measured: dict[str, dict[int, int]]
+    external: dict[int, int]
+    readings: dict[int, GpuReading]
+    health: list[GpuHealth]
 
 
 def _queued_since(job: JobRecord) -> float:
