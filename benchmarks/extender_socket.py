@@ -104,6 +104,10 @@ def _serve(n_nodes: int, policy: str, rounds: int, seed: int, port: int, options
 
 def _stdlib_post(port: int) -> tuple[Callable[[str, bytes], bytes], Callable[[], None]]:
     connection = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    connection.connect()
+    # Go's net/http (kube-scheduler) sets TCP_NODELAY on every connection; http.client does not, and
+    # Nagle would hold the end of each 100 kB body back until the server's delayed ACK.
+    connection.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
     def post(path: str, body: bytes) -> bytes:
         connection.request("POST", path, body=body, headers=JSON_HEADERS)
