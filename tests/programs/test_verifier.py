@@ -107,6 +107,7 @@ CATALOGUE: list[tuple[str, str, str]] = [
     ("private_attribute_of_the_view", hook("view._ledger  # <-"), "private attribute 'view._ledger'"),
     ("generator_frame_walk", hook("[x for x in nodes].copy().gi_frame  # <-"), "interpreter frames"),
     ("numpy_load_reads_a_file", hook("np.load('weights.npy')  # <-"), "reads or writes files"),
+    ("masked_array_loads_unpickles", hook("np.ma.loads(b'')  # <-"), "reads or writes files"),
     ("ndarray_tofile_writes_a_file", hook("nodes.tofile('x')  # <-"), "reads or writes files"),
     (
         "make_read_only_view_writeable",

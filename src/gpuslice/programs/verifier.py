@@ -129,8 +129,8 @@ _FRAME_ATTRS = frozenset(
 )  # fmt: skip
 _FILE_ATTRS = frozenset(
     {
-        "load", "save", "savez", "savez_compressed", "loadtxt", "savetxt", "genfromtxt", "fromfile",
-        "tofile", "fromregex", "memmap", "DataSource", "dump", "dumps", "ctypeslib", "ctypes", "lib",
+        "load", "loads", "save", "savez", "savez_compressed", "loadtxt", "savetxt", "genfromtxt", "fromfile",
+        "tofile", "fromregex", "memmap", "DataSource", "dump", "dumps", "ctypeslib", "ctypes", "lib", "core",
         "f2py", "testing", "distutils", "show_config", "show_runtime", "get_include", "lookfor", "info",
         "source",
     }
@@ -900,7 +900,7 @@ class _Checker:
                 node, f"{attr!r} reaches interpreter frames or code objects, and through them every module"
             )
         elif attr in _FILE_ATTRS:
-            self.flag(node, f"{attr!r} reads or writes files or loads native code")
+            self.flag(node, f"{attr!r} reads or writes files, unpickles, or loads native code")
         elif attr in _STATE_ATTRS:
             what = (
                 "reads attributes named inside a string"
