@@ -42,7 +42,6 @@ counts.
 from __future__ import annotations
 
 import ast
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -150,7 +149,6 @@ _GROWERS = frozenset(
 _CONST_CALLS = frozenset({"frozenset", "int", "float", "str", "bool"})
 _MAX_POW_EXPONENT = 64  # module constants are computed at load; a literal tower of powers would hang it
 _MEMORY_KINDS = {"evict": "eviction", "prefetch": "prefetch"}
-_DUNDER = re.compile(r"^__\w+__$")
 
 
 @dataclass(frozen=True)
