@@ -41,6 +41,23 @@ class CompiledState:
     """Arrays the compiled replay reads and updates; ``counters`` holds the integer totals (see indices
     above), ``service_s`` the summed batch service time, ``tenant_s`` each tenant's time."""
 
+    def arrays(self) -> tuple:
+        """The arrays in the order the compiled functions unpack them (``st``)."""
+        return (
+            self.resident,
+            self.res_count,
+            self.big_count,
+            self.prev,
+            self.next,
+            self.on_list,
+            self.evicted_at,
+            self.events,
+            self.epoch_start,
+            self.counters,
+            self.service_s,
+            self.tenant_s,
+        )
+
     def __init__(self, blocks: int, tenants: int) -> None:
         self.resident = np.zeros(blocks * _P, dtype=np.bool_)
         self.res_count = np.zeros(blocks, dtype=np.int64)
@@ -142,28 +159,12 @@ PER_ACCESS, OVERHEAD, LINK, THR_THRESHOLD, THR_LAPSE, THR_EPOCH, PREFERRED, CAPA
 
 
 @njit(cache=True)
-def _service_faults(
-    faulted,
-    issued,
-    prm,
-    owner,
-    resident,
-    res_count,
-    big_count,
-    st_prev,
-    st_next,
-    on_list,
-    evicted_at,
-    events,
-    epoch_start,
-    counters,
-    service_s,
-    tenant_s,
-    scratch,
-):
+def _service_faults(faulted, issued, prm, owner, st, scratch):
     """Service one step's (or round's) sorted, distinct faulted pages in batches of 256 (research §3):
     ``_Run._service_batch_reference`` then ``_Run._charge`` per batch. ``issued`` = accesses issued so far
-    (the compute part of the clock)."""
+    (the compute part of the clock); ``st`` = ``CompiledState.arrays()``."""
+    resident, res_count, big_count, st_prev, st_next, on_list, evicted_at, events, epoch_start = st[:9]
+    counters, service_s, tenant_s = st[9:]
     nt = tenant_s.shape[0]
     moved_in, moved_out, waiting, cnt, fbig = scratch
     capacity = np.int64(prm[CAPACITY])
@@ -266,29 +267,11 @@ def _sorted_distinct(buf, m):
 
 
 @njit(cache=True)
-def _replay(
-    gp,
-    starts,
-    s0,
-    s1,
-    owner,
-    prm,
-    resident,
-    res_count,
-    big_count,
-    st_prev,
-    st_next,
-    on_list,
-    evicted_at,
-    events,
-    epoch_start,
-    counters,
-    service_s,
-    tenant_s,
-):
+def _replay(gp, starts, s0, s1, owner, prm, st):
     """Lockstep: steps ``[s0, s1)``; a step's distinct non-resident pages are its faults."""
+    resident = st[0]
     buf = np.empty(0, dtype=np.int64)
-    scratch = _scratch(tenant_s.shape[0])
+    scratch = _scratch(st[11].shape[0])
     for s in range(s0, s1):
         a, b = starts[s], starts[s + 1]
         m = 0
@@ -305,55 +288,18 @@ def _replay(
                 buf[m] = gp[j]
                 m += 1
         faulted = _sorted_distinct(buf, m)  # coalesced, address order
-        _service_faults(
-            faulted,
-            b,
-            prm,
-            owner,
-            resident,
-            res_count,
-            big_count,
-            st_prev,
-            st_next,
-            on_list,
-            evicted_at,
-            events,
-            epoch_start,
-            counters,
-            service_s,
-            tenant_s,
-            scratch,
-        )
+        _service_faults(faulted, b, prm, owner, st, scratch)
 
 
 @njit(cache=True)
-def _replay_streams(
-    gp,
-    order,
-    off,
-    first_t,
-    last_t,
-    owner,
-    prm,
-    resident,
-    res_count,
-    big_count,
-    st_prev,
-    st_next,
-    on_list,
-    evicted_at,
-    events,
-    epoch_start,
-    counters,
-    service_s,
-    tenant_s,
-):
+def _replay_streams(gp, order, off, first_t, last_t, owner, prm, st):
     """Per-stream progress (``_Run.run_streams``): each round, every eligible stream runs to its next
     non-resident access; those accesses are the round's faults."""
+    resident = st[0]
     ns = off.shape[0] - 1
     cur = off[:-1].copy()
     buf = np.empty(ns, dtype=np.int64)
-    scratch = _scratch(tenant_s.shape[0])
+    scratch = _scratch(st[11].shape[0])
     while True:
         horizon = np.iinfo(np.int64).max
         for s in range(ns):
@@ -374,25 +320,7 @@ def _replay_streams(
                     m += 1
             issued += cur[s] - off[s]
         if m:
-            _service_faults(
-                _sorted_distinct(buf, m),
-                issued + m,
-                prm,
-                owner,
-                resident,
-                res_count,
-                big_count,
-                st_prev,
-                st_next,
-                on_list,
-                evicted_at,
-                events,
-                epoch_start,
-                counters,
-                service_s,
-                tenant_s,
-                scratch,
-            )
+            _service_faults(_sorted_distinct(buf, m), issued + m, prm, owner, st, scratch)
 
 
 def _params(capacity: int, cost, thrashing, preferred_gpu: bool) -> np.ndarray:
@@ -411,23 +339,6 @@ def _params(capacity: int, cost, thrashing, preferred_gpu: bool) -> np.ndarray:
     return prm
 
 
-def _state_args(state: CompiledState) -> tuple:
-    return (
-        state.resident,
-        state.res_count,
-        state.big_count,
-        state.prev,
-        state.next,
-        state.on_list,
-        state.evicted_at,
-        state.events,
-        state.epoch_start,
-        state.counters,
-        state.service_s,
-        state.tenant_s,
-    )
-
-
 def replay_steps(
     state: CompiledState,
     gp: np.ndarray,
@@ -441,7 +352,7 @@ def replay_steps(
     preferred_gpu: bool,
 ) -> None:
     """Lockstep replay of trace steps ``[s0, s1)`` (``starts[s]`` = first access of step s) into ``state``."""
-    _replay(gp, starts, s0, s1, owner, _params(capacity, cost, thrashing, preferred_gpu), *_state_args(state))
+    _replay(gp, starts, s0, s1, owner, _params(capacity, cost, thrashing, preferred_gpu), state.arrays())
 
 
 def replay_streams(
@@ -457,4 +368,4 @@ def replay_streams(
     """Per-stream replay of the whole trace; ``layout`` = (order, off, first_t, last_t) of
     ``simulator.stream_layout``."""
     prm = _params(capacity, cost, thrashing, preferred_gpu)
-    _replay_streams(gp, *layout, owner, prm, *_state_args(state))
+    _replay_streams(gp, *layout, owner, prm, state.arrays())
