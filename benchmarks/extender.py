@@ -64,6 +64,17 @@ class NullApi:
         return None
 
 
+def scheduling() -> str:
+    """How this process shares the CPU with others: its nice and, on Linux, its autogroup's nice. A run in
+    its own autogroup at nice -10 (setsid; echo -10 > /proc/self/autogroup) keeps other sessions'
+    processes from taking its cores on a shared machine."""
+    try:
+        group = Path("/proc/self/autogroup").read_text().split()[-1]
+    except (OSError, IndexError):
+        group = "n/a"
+    return f"nice {os.nice(0)}, autogroup nice {group}"
+
+
 def pod(i: int, resources: dict[str, str], annotations: dict[str, str], policy: str) -> dict[str, Any]:
     return {
         "apiVersion": "v1",
@@ -188,7 +199,8 @@ def main() -> None:
         "app for the round's /filter + /prioritize (request decoding, extender, response encoding): the",
         "extender's own share, without the benchmark client's JSON work (in a cluster, kube-scheduler's).",
         f"Machine: {os.cpu_count()} CPUs, load average {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f} "
-        "(1/5/15 min) when the run ended.",
+        f"(1/5/15 min) when the run ended; {scheduling()}. "
+        f"Date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}.",
         "",
         "| nodes | GPUs | policy | filter p50 | filter p99 | prioritize p50 | prioritize p99 "
         "| wall p50 | wall p99 | CPU p50 | CPU p99 | server CPU p50 | server CPU p99 |",

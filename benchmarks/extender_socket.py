@@ -39,7 +39,7 @@ import httpx
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from extender import SHAPES, NullApi, cluster, pod
+from extender import SHAPES, NullApi, cluster, pod, scheduling
 from gpuslice.k8s.extender import SERVER_OPTIONS
 
 CPU_PATH = "/_benchmark/server-cpu"  # served by the benchmark's wrapper, not by the extender
@@ -234,7 +234,7 @@ def main() -> None:
         "Extender in its own process (uvicorn, 127.0.0.1), client in another; bodies encoded before and",
         "replies decoded after the clock. Milliseconds for one pod's POST /filter + POST /prioritize:",
         "wall time, the server's CPU time and the client's CPU time for the same round.",
-        f"Machine: {os.cpu_count()} CPUs; 1-minute load average before → after each row. "
+        f"Machine: {os.cpu_count()} CPUs; 1-minute load average before → after each row; {scheduling()}.",
         f"Date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}.",
         "",
         "| nodes | GPUs | policy | wall p50 | wall p99 | server CPU p50 | server CPU p99 "
