@@ -5,15 +5,19 @@ node names, never node objects):
 
 ```text
 POST /filter      {Pod, NodeNames}  -> {NodeNames, FailedNodes{name: reason}, Error}
+                  per node a verdict from the pod's shape's cache: rows whose Ledger.version moved are
+                  recomputed, the rest reused; the survivors' ledger indices kept for /prioritize
                   0 nodes pass -> a Warning Event on the pod saying why (off the request path)
 POST /prioritize  {Pod, NodeNames}  -> [{Host, Score 0..10}]      placement policy's scores, rescaled
+                  (0 where filter's verdict refuses the node)
 POST /preempt     {Pod, NodeNameToMetaVictims} -> the candidates where evicting those victims frees a GPU
                   the pod fits on (a what-if over one ledger row)
 POST /bind        {PodName, PodNamespace, PodUID, Node}
                   per-node lock: choose GPUs (policy advice, topology), Ledger.reserve   (microseconds)
                   no lock:       patch decision annotations, create the Binding  -> {Error}
                   API failure -> the reservation is released; kube-scheduler retries the pod
-watch             Node inventory annotation changed -> ledger rebuilt lazily on the next call
+watch             Node inventory annotation changed -> ledger rebuilt lazily on the next call (with new,
+                  empty verdict caches)
                   Pod bound elsewhere / after a restart -> reserved from its decision annotations
                   Pod deleted, Succeeded or Failed -> released
 ```
