@@ -424,8 +424,16 @@ class GuardedQueue(QueueOps):
         self.inherited = _inherited(policy, QueueOps, _QUEUE_HOOKS)
         if "priority" not in self.inherited:
             self.inherited.discard("order_key")  # the base order_key calls the policy's own priority
+        self._views: tuple[QueueView | None, Any] = (None, None)  # a step's view and its read-only copy
         self.name = policy.name  # type: ignore[misc]
         self.summary = policy.summary  # type: ignore[misc]
+
+    def _read_only(self, view: QueueView) -> QueueView:
+        """The read-only copy of ``view``, made once for all the jobs of one step."""
+        views = self._views  # one attribute, replaced whole: safe if two threads decide at once
+        if views[0] is not view:
+            views = self._views = (view, _read_only_view(view))
+        return views[1]
 
     def priority(self, view: QueueView, job: Any) -> int:
         own = int(job.spec.priority)
@@ -434,16 +442,16 @@ class GuardedQueue(QueueOps):
             ok = type(level) is int or isinstance(level, Priority)
             return int(level) if ok and own <= level <= max(own, int(Priority.HIGH)) else _MISSING
 
-        return _guarded(self, "priority", (_read_only_view(view), job), check)
+        return _guarded(self, "priority", (self._read_only(view), job), check)
 
     def order_key(self, view: QueueView, job: Any) -> tuple[Any, ...]:
-        return _guarded(self, "order_key", (_read_only_view(view), job), _checked_key)
+        return _guarded(self, "order_key", (self._read_only(view), job), _checked_key)
 
     def on_started(self, view: QueueView, job: Any) -> None:
-        _guarded(self, "on_started", (_read_only_view(view), job), None)
+        _guarded(self, "on_started", (self._read_only(view), job), None)
 
     def on_finished(self, view: QueueView, job: Any) -> None:
-        _guarded(self, "on_finished", (_read_only_view(view), job), None)
+        _guarded(self, "on_finished", (self._read_only(view), job), None)
 
 
 # -- memory -----------------------------------------------------------------------------------------
