@@ -1002,9 +1002,9 @@ def create_app(state: ClusterState, events: Iterable[WatchEvent] | None = None) 
         try:
             body, names = reader.read(await request.body())
             result = state.filter(wire.field(body, "Pod") or {}, names)
+            reader.remember(result.passed)  # what kube-scheduler sends to /prioritize next
         except (GpusliceError, ValueError) as err:
             return Response(wire.filter_error(str(err)), media_type=_JSON)
-        reader.remember(result.passed)  # what kube-scheduler sends to /prioritize next
         return Response(
             wire.filter_reply(result.passed, result.failed, result.unresolvable), media_type=_JSON
         )
