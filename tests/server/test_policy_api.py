@@ -88,8 +88,9 @@ def test_before_any_load_the_builtin_queue_policy_is_listed(api):
         ("post", "/v1/policies", {"filename": "p.py", "source": BOOST}),
         ("delete", "/v1/policies/queue", None),
         ("put", "/v1/policies/queue/maps/boost/ml", {"value": 1}),
+        ("delete", "/v1/policies/queue/maps/boost/ml", None),
     ],
-    ids=["load", "unload", "map update"],
+    ids=["load", "unload", "map update", "map delete"],
 )
 @pytest.mark.parametrize("headers", [{}, {"Authorization": "Bearer nope"}], ids=["no token", "wrong token"])
 def test_policy_changes_need_the_token(api, method, path, body, headers):
@@ -193,6 +194,10 @@ def test_a_map_update_changes_the_order_on_the_running_server(api, daemon):
     dump = api.get("/v1/policies/queue/maps/boost").json()
     assert dump["entries"] == [["vision", 1]] and (dump["key_type"], dump["value_type"]) == ("str", "int")
     assert api.get("/v1/policies/queue/maps/boost/vision").json()["value"] == 1
+    r = api.delete("/v1/policies/queue/maps/boost/vision", headers=AUTH)
+    assert r.status_code == 200 and (r.json()["key"], r.json()["value"]) == ("vision", 1)
+    assert api.get("/v1/policies/queue/maps/boost/vision").status_code == 404
+    assert api.delete("/v1/policies/queue/maps/boost/vision", headers=AUTH).status_code == 404
 
 
 @pytest.mark.parametrize(

@@ -59,6 +59,12 @@ def test_load_list_map_and_unload_print_one_clear_answer_each(cli, daemon, tmp_p
     code, out, _ = cli("policy", "map", "dump", "boost", "--family", "queue")
     assert code == 0 and "str → int, max 64, 1 entry" in out and "vision" in out
 
+    code, out, _ = cli("policy", "map", "update", "boost", "ml", "3")
+    code, out, _ = cli("policy", "map", "delete", "boost", "ml")
+    assert code == 0 and out.strip() == "boost['ml'] deleted (was 3)"
+    code, _, err = cli("policy", "map", "delete", "boost", "ml")
+    assert code == 2 and "map boost has no key 'ml'" in err
+
     code, out, _ = cli("policy", "list")
     assert code == 0
     row = next(line for line in out.splitlines() if line.strip().startswith("queue"))

@@ -8,7 +8,7 @@ policy load FILE                   the server verifies the source itself, then s
 policy list                        what each family runs now: file or built-in, faults, detached, maps
 policy unload FAMILY               back to the built-in policy the server was started with
 policy events                      loaded / unloaded / fault / detached, the newest, oldest first
-policy map dump|get|update …       a loaded policy's maps; `map update boost 3 2` ~ bpftool's `key 3 value 2`
+policy map dump|get|update|delete   a loaded policy's maps; `map update boost 3 2` ~ bpftool's `key 3 value 2`
 ```
 Server address and token as for the job commands (--url / GPUSLICE_URL, --state-dir / GPUSLICE_TOKEN).
 """
@@ -39,7 +39,7 @@ app = typer.Typer(
     no_args_is_help=True,
 )
 map_app = typer.Typer(
-    help="A loaded policy's maps, on a running server: dump all entries, get one, update one.",
+    help="A loaded policy's maps, on a running server: dump all entries, get, update or delete one.",
     no_args_is_help=True,
 )
 app.add_typer(map_app, name="map")
@@ -218,6 +218,20 @@ def map_update(
         entry = client.policy_map_update(family, name, key, value)
     was = "" if entry.get("previous") is None else f" (was {entry['previous']})"
     _out.print(f"{name}[{entry['key']!r}] = {entry['value']!r}{was}", markup=False)
+
+
+@map_app.command("delete")
+def map_delete(
+    name: MapName,
+    key: Annotated[str, typer.Argument(help="the key, written as the map's key type")],
+    family: Family = "queue",
+    url: Url = None,
+    state_dir: StateDir = None,
+) -> None:
+    """Remove one entry of a loaded policy's map (`bpftool map delete`); exit 2 if it is not there."""
+    with _client(url, state_dir) as client:
+        entry = client.policy_map_delete(family, name, key)
+    _out.print(f"{name}[{entry['key']!r}] deleted (was {entry['value']!r})", markup=False)
 
 
 def _spec_text(m: dict[str, Any]) -> str:

@@ -153,6 +153,9 @@ class ServeClient:
         path = f"{_map_path(family, name)}/{quote(key, safe='')}"
         return self._send("PUT", path, auth=True, json={"value": value})
 
+    def policy_map_delete(self, family: str, name: str, key: str) -> dict[str, Any]:
+        return self._send("DELETE", f"{_map_path(family, name)}/{quote(key, safe='')}", auth=True)
+
     def logs(self, job_id: str, follow: bool = False, stream: str = "both") -> Iterator[bytes]:
         """The job's output as it comes; with ``follow`` until the job ends."""
         params = {"follow": follow, "stream": stream}

@@ -436,6 +436,16 @@ class Daemon:
             return {"family": family, "map": name, "key": _typed_key(slot, name, key),
                     "value": slot.map_get(name, key), "previous": previous}  # fmt: skip
 
+    def policy_map_delete(self, family: str, name: str, key: str) -> dict[str, Any]:
+        """Remove one entry (``bpftool map delete``); PolicyNotFound when the key is not there."""
+        slot = self._slot(family)
+        with self._lock:
+            previous = slot.map_get(name, key)
+            if previous is None or not slot.map_delete(name, key):
+                raise PolicyNotFound(f"map {name} has no key {key!r}; `policy map dump {name}` lists them")
+            self._wake.set()
+            return {"family": family, "map": name, "key": _typed_key(slot, name, key), "value": previous}
+
     def _slot(self, family: str) -> PolicySlot:
         slot = self.policy_slots.get(family)
         if slot is None:

@@ -8,6 +8,7 @@ DELETE /v1/policies/{family}                  🔑  unload: the built-in decides
 GET    /v1/policies/{family}/maps/{map}           every entry, sorted by key
 GET    /v1/policies/{family}/maps/{map}/{key}     one entry; 404 when the key is not in the map
 PUT    /v1/policies/{family}/maps/{map}/{key} 🔑  {"value": …} typed as the map declares -> MapEntryOut
+DELETE /v1/policies/{family}/maps/{map}/{key} 🔑  remove the entry -> MapEntryOut (the value it held)
 ```
 The server verifies the source itself (a client's own check proves nothing). Verifying and running the
 file's module body happen here, outside the daemon's lock; only the swap takes it, so it lands between
@@ -66,5 +67,9 @@ def policy_router(daemon: Daemon, authorized: Callable[..., None]) -> APIRouter:
     @router.put("/{family}/maps/{name}/{key:path}", response_model=MapEntryOut, dependencies=auth)
     def put_entry(family: str, name: str, key: str, body: MapValueIn) -> MapEntryOut:
         return MapEntryOut(**daemon.policy_map_update(family, name, key, body.value))
+
+    @router.delete("/{family}/maps/{name}/{key:path}", response_model=MapEntryOut, dependencies=auth)
+    def delete_entry(family: str, name: str, key: str) -> MapEntryOut:
+        return MapEntryOut(**daemon.policy_map_delete(family, name, key))
 
     return router
