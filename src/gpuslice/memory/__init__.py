@@ -2,7 +2,8 @@
 against Belady (issue 5; research/gpu_ext.md). Sits beside the scheduler; imports only units and errors.
 
 ``uvm`` the UVM model · ``hooks`` the ops table and decision context · ``policies`` one policy per file ·
-``workloads`` trace generators and CSV · ``cost`` estimated time · ``simulator`` the replay.
+``workloads`` trace generators and CSV · ``cost`` estimated time · ``simulator`` the replay ·
+``compiled`` the driver default's replay in numba (loaded only when used).
 """
 
 from __future__ import annotations

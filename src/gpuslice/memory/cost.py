@@ -15,7 +15,8 @@ Where each constant comes from:
 - ``per_access_s`` = 2.3 ns: one 4 KB page read at ~1.8 TB/s, the memory bandwidth of the RTX 5090 that
   gpu_ext measured on (research §4; the bandwidth figure is NVIDIA's spec, not in the note).
 - ``batch_overhead_s`` = 20 µs per fault batch: our assumption (the note gives no service latency); it is a
-  parameter, and speedups between policies that migrate the same bytes are insensitive to it.
+  parameter. Comparisons between policies that need different numbers of batches depend on it: stride +
+  LFU beats the driver on MoE decode below ~1.8 µs and loses above (benchmarks/out/memsim.md).
 """
 
 from __future__ import annotations

@@ -3,6 +3,8 @@
 Hits are found vectorised: between two fault batches nothing changes, so one numpy gather over the
 residency bitmap classifies a whole stretch of accesses. Python runs only per fault batch, per VA block
 in it (prefetch, allocation, activation) and per eviction — which is where gpu_ext's hooks run too.
+An ops table that is the driver (no hook overridden) is replayed by the compiled twin of this module,
+``memory.compiled``, with identical results (tests/memory/test_compiled.py).
 
 A step (``Trace.time``) is a set of concurrent accesses: its faults are the distinct non-resident pages it
 touches (coalesced), serviced in batches of 256 in address order (research §3); the next step sees the
