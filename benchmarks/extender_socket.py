@@ -146,7 +146,7 @@ def _wait_for(port: int, server: mp.process.BaseProcess) -> None:
 
 
 def measure(
-    n_nodes: int, policy: str, rounds: int, seed: int, client: str, options: dict[str, Any]
+    n_nodes: int, policy: str, rounds: int, seed: int, client: str, options: dict[str, Any], drop: float
 ) -> dict[str, float]:
     port = _free_port()
     server = mp.get_context("spawn").Process(
@@ -161,8 +161,10 @@ def measure(
         _wait_for(port, server)
         post, close = CLIENTS[client](port)
         try:
+            dropper = random.Random(seed + 1)
             for i, p in enumerate(pods):
-                body = _go_json({"Pod": p, "Nodes": None, "NodeNames": names})
+                asked = [n for n in names if dropper.random() >= drop] if drop else names
+                body = _go_json({"Pod": p, "Nodes": None, "NodeNames": asked})
                 cpu, start = time.thread_time(), time.perf_counter()
                 raw = post("/filter", body)
                 filter_s, filter_cpu = time.perf_counter() - start, time.thread_time() - cpu
@@ -206,6 +208,13 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=300, help="timed pods per size and policy")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--client", choices=sorted(CLIENTS), default="stdlib", help="HTTP client (see above)")
+    parser.add_argument(
+        "--drop",
+        type=float,
+        default=0.0,
+        help="fraction of nodes left out of each pod's /filter list at random, as kube-scheduler's in-tree "
+        "filters would (default 0: every pod gets the same list)",
+    )
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "out" / "extender_socket.md")
     parser.add_argument("--http", choices=["httptools", "h11"], default=SERVER_OPTIONS["http"])
     parser.add_argument("--loop", choices=["uvloop", "asyncio"], default=SERVER_OPTIONS["loop"])
@@ -215,7 +224,7 @@ def main() -> None:
     for n in (int(x) for x in args.nodes.split(",")):
         for policy in args.policies.split(","):
             before = os.getloadavg()[0]
-            r = measure(n, policy, args.rounds, args.seed, args.client, options)
+            r = measure(n, policy, args.rounds, args.seed, args.client, options, args.drop)
             after = os.getloadavg()[0]
             rows.append(
                 f"| {n:,} | {n * 8:,} | {policy} | {r['wall_50']:.2f} | {r['wall_99']:.2f} "
@@ -229,7 +238,7 @@ def main() -> None:
         "",
         f"Command: `.venv/bin/python benchmarks/extender_socket.py --nodes {args.nodes} "
         f"--policies {args.policies} --rounds {args.rounds} --client {args.client} "
-        f"--http {args.http} --loop {args.loop}`",
+        f"--http {args.http} --loop {args.loop} --drop {args.drop}`",
         "",
         "Extender in its own process (uvicorn, 127.0.0.1), client in another; bodies encoded before and",
         "replies decoded after the clock. Milliseconds for one pod's POST /filter + POST /prioritize:",
