@@ -250,6 +250,15 @@ def test_filter_accepts_legacy_lowercase_keys(cluster):
     assert reply["NodeNames"] == ["a100-0"]
 
 
+def test_filter_answers_a_malformed_node_list_with_an_error(cluster):
+    with client_for(cluster) as http:
+        reply = http.post("/filter", json={"Pod": pod_json("p", GPU1_8G), "NodeNames": ["a100-0", 7]}).json()
+        scores = http.post("/prioritize", json={"Pod": pod_json("p", GPU1_8G), "NodeNames": [7]}).json()
+    assert reply["NodeNames"] is None
+    assert "NodeNames must be a list of node names" in reply["Error"]
+    assert scores == []  # a prioritize error costs only this extender's scores
+
+
 def test_filter_passes_every_node_for_a_pod_without_gpuslice_resources(cluster):
     pod = pod_json("cpu-job", {"cpu": "2"})
     with client_for(cluster) as http:

@@ -93,7 +93,11 @@ def test_legacy_lowercase_keys_and_full_node_objects_are_read():
     assert names == ["a", "b"]
 
 
-@pytest.mark.parametrize("raw", [b"{not json", b"[1, 2]", b""], ids=["broken", "an array", "empty"])
+@pytest.mark.parametrize(
+    "raw",
+    [b"{not json", b"[1, 2]", b"", go_json({"Pod": POD, "NodeNames": ["a", 7]}), go_json({"NodeNames": "a"})],
+    ids=["broken", "an array", "empty", "a name that is a number", "names that are a string"],
+)
 def test_a_body_that_is_not_a_json_object_is_an_invalid_request(raw: bytes):
     with pytest.raises(InvalidRequest):
         wire.ArgsReader().read(raw)

@@ -550,8 +550,8 @@ class ClusterState:
         for cached_built, names, idx in self._name_cache:
             if cached_built is built and len(names) == len(node_names) and names == node_names:
                 return idx
-        lookup = built.index.get
-        idx = np.fromiter((lookup(n, -1) for n in node_names), dtype=np.int64, count=len(node_names))
+        count = len(node_names)
+        idx = np.fromiter(map(built.index.get, node_names, itertools.repeat(-1, count)), np.int64, count)
         self._name_cache = [(built, list(node_names), idx), *self._name_cache[: NAME_LISTS_MAX - 1]]
         return idx
 

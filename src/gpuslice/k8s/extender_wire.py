@@ -77,9 +77,11 @@ def node_names(body: Mapping[str, Any]) -> list[str]:
     """NodeNames (nodeCacheCapable) or, failing that, the names of Nodes.items."""
     names = field(body, "NodeNames")
     if isinstance(names, list):
-        return names  # JSON strings already; checked where they are used (dict lookups, host_priorities)
+        if not {type(n) for n in names} <= {str}:
+            raise InvalidRequest("NodeNames must be a list of node names (strings)")
+        return names
     if names is not None:
-        return [str(n) for n in names]
+        raise InvalidRequest("NodeNames must be a list of node names (strings) or null")
     nodes = field(body, "Nodes") or {}
     return [str((item.get("metadata") or {}).get("name", "")) for item in nodes.get("items") or []]
 
