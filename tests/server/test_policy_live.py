@@ -149,9 +149,10 @@ def test_a_broken_policy_on_a_live_server_is_contained_and_detached(serve, sourc
 
     info = queue_policy(server)
     assert info["detached"] is True and info["builtin"] is False  # still listed, marked detached
-    (fault,) = info["faults"]
-    assert fault["hook"] == "order_key" and fault["count"] == 5  # GuardConfig().max_faults
-    assert reasons is None or fault["reason"] in reasons
+    faults = info["faults"]  # one row per (hook, reason); an overrun may be cut short or end on its own
+    assert {f["hook"] for f in faults} == {"order_key"}
+    assert sum(f["count"] for f in faults) == 5  # GuardConfig().max_faults, then no more
+    assert reasons is None or {f["reason"] for f in faults} <= reasons
     events = policy_events(server)
     assert sum("the default decided" in e for e in events) == 5 and any("detached" in e for e in events)
     # once detached the default decides: later jobs run, and no further fault is counted
