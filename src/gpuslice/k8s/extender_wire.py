@@ -94,9 +94,9 @@ class ArgsReader:
     is a large share of a call; a repeat here costs a memcmp and the returned list is the remembered one
     (callers must not change it).
 
-    When a repeat is recognised: NodeNames is the last member of the body, written compactly (Go's
-    encoding/json writes ExtenderArgs as Pod, Nodes, NodeNames with no spaces), and its bytes equal the
-    orjson encoding of a remembered list, so they decode to exactly that list. The body is then decoded
+    When a repeat is recognised: the body ends with ``"NodeNames":`` and the orjson encoding of a
+    remembered list and ``}`` (Go's encoding/json writes ExtenderArgs compactly, fields in the order Pod,
+    Nodes, NodeNames), so that array decodes to exactly the remembered list. The body is then decoded
     with the array replaced by null, and must come out with NodeNames null at the top level, which proves
     the replaced bytes were the top-level array. Anything else takes the plain path.
 
@@ -105,43 +105,29 @@ class ArgsReader:
 
     def __init__(self, keep: int = RECENT_NAME_LISTS) -> None:
         self._keep = keep
-        self._recent: list[tuple[bytes, list[Any]]] = []  # (orjson encoding, list), most recent first
+        # (b'"NodeNames":' + orjson encoding + b"}", list), most recent first
+        self._recent: list[tuple[bytes, list[Any]]] = []
 
     def read(self, raw: bytes) -> tuple[dict[str, Any], list[Any]]:
         """The body as a JSON object and its node names (see ``node_names``); InvalidRequest if not JSON."""
-        span = _last_array(raw)
-        if span is not None:
-            start, end = span
-            segment = raw[start:end]
-            for i, (encoded, names) in enumerate(self._recent):
-                if encoded == segment:
-                    body = decode(raw[:start] + b"null" + raw[end:])
-                    if "NodeNames" not in body or body["NodeNames"] is not None:
-                        break  # the replaced array was not the top-level NodeNames
-                    if i:
-                        self._recent.insert(0, self._recent.pop(i))
-                    return body, names
+        for i, (tail, names) in enumerate(self._recent):
+            if raw.endswith(tail):  # one memcmp of the array's length
+                body = decode(raw[: len(raw) - len(tail) + len(_NODE_NAMES_KEY)] + b"null}")
+                if "NodeNames" not in body or body["NodeNames"] is not None:
+                    break  # the replaced array was not the top-level NodeNames
+                if i:
+                    self._recent.insert(0, self._recent.pop(i))
+                return body, names
         body = decode(raw)
         names = node_names(body)
-        if span is not None:
+        if raw.endswith(b"]}"):  # written as Go writes it: worth recognising next time
             self.remember(names)
         return body, names
 
     def remember(self, names: list[Any]) -> None:
         """Expect ``names`` in a coming request (the nodes a filter passed come back to prioritize)."""
-        self._recent = [(orjson.dumps(names), names), *self._recent[: self._keep - 1]]
-
-
-def _last_array(raw: bytes) -> tuple[int, int] | None:
-    """Where the array of a final ``"NodeNames":[...]}`` starts and ends, if the body ends that way."""
-    key = raw.rfind(_NODE_NAMES_KEY)
-    if key < 0:
-        return None
-    start = key + len(_NODE_NAMES_KEY)
-    end = raw.find(b"]", start) + 1
-    if raw[start : start + 1] != b"[" or end == 0 or raw[end:].strip() != b"}":
-        return None  # not an array, or a name holds a "]", or more follows: the plain path decides
-    return start, end
+        tail = _NODE_NAMES_KEY + orjson.dumps(names) + b"}"
+        self._recent = [(tail, names), *self._recent[: self._keep - 1]]
 
 
 def filter_reply(passed: list[str], failed: Mapping[str, str], unresolvable: Mapping[str, str]) -> bytes:
