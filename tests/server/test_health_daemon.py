@@ -154,12 +154,17 @@ def test_a_suspended_job_counts_as_idle_in_the_simulated_utilisation(make_daemon
     assert load.busy_share == pytest.approx(0.25) and load.active is False
 
 
+def ticks(daemon, clock, n: int) -> None:
+    """``n`` ticks a second apart: a monitor pass (and a telemetry reading) each."""
+    for _ in range(n):
+        clock.now += 1
+        daemon.tick()
+
+
 def test_a_telemetry_spike_on_a_steady_gpu_is_an_anomaly_event_and_a_metric(make_daemon, clock):
     telemetry = ScriptedTelemetry(8)
     daemon = make_daemon(telemetry=telemetry)
-    for _ in range(30):
-        clock.now += 1
-        daemon.tick()
+    ticks(daemon, clock, 30)
     assert [e for _, e in daemon.store.events() if e.kind == "anomaly"] == []
     telemetry.values[4] = (10.0, 1 * GiB, 95.0)  # the temperature jumps; nothing else changed
     daemon.tick()
@@ -173,14 +178,10 @@ def test_a_telemetry_spike_on_a_steady_gpu_is_an_anomaly_event_and_a_metric(make
 def test_a_job_starting_on_a_gpu_is_an_expected_change_not_an_anomaly(make_daemon, clock):
     telemetry = ScriptedTelemetry(8)
     daemon = make_daemon(telemetry=telemetry)
-    for _ in range(30):
-        clock.now += 1
-        daemon.tick()
+    ticks(daemon, clock, 30)
     job = daemon.submit(spec(gpus=1))
     daemon.tick()  # the job starts (after this tick's monitor pass)
     (gpu,) = daemon.store.get(job.id).gpus
     telemetry.values[gpu] = (100.0, 70 * GiB, 75.0)  # its load shows at the next pass
-    for _ in range(5):
-        clock.now += 1
-        daemon.tick()
+    ticks(daemon, clock, 5)
     assert [e for _, e in daemon.store.events() if e.kind == "anomaly"] == []
