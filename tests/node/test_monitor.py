@@ -50,6 +50,32 @@ def test_job_processes_maps_the_whole_tree_to_its_job(tmp_path, groups):
     assert os.getpid() not in owner
 
 
+# A job that leaves a daemon behind: the middle process exits, its child is re-parented outside the
+# supervisor's tree but stays in the job's process group.
+ORPHANER = (
+    "import os, sys, time\n"
+    "if os.fork() == 0:\n"
+    "    if os.fork() == 0:\n"
+    "        open(sys.argv[1], 'w').write(str(os.getpid())); time.sleep(30)\n"
+    "    os._exit(0)\n"
+    "os.wait(); time.sleep(30)\n"
+)
+
+
+def test_job_processes_keeps_a_daemonised_child_by_its_process_group_and_skips_gone_supervisors(
+    tmp_path, groups
+):
+    marker = tmp_path / "orphan.pid"
+    job = launcher.launch("orphaner", JobSpec(command=(PY, "-c", ORPHANER, str(marker))), {}, tmp_path)
+    groups.append(job.pgid)
+    wait_for(lambda: marker.exists() and marker.read_text().strip())
+    orphan = int(marker.read_text())
+    assert orphan not in {c.pid for c in psutil.Process(job.pid).children(recursive=True)}
+    owner = job_processes({"orphaner": job.pid, "gone": 2**22 + 4321})
+    assert owner[orphan] == "orphaner" and owner[job.pid] == "orphaner"
+    assert "gone" not in owner.values()
+
+
 def test_simulated_usage_reads_each_jobs_fake_load_report_and_counts_others_as_external(tmp_path, groups):
     # Fake UUIDs of our own: fake loads of other test runs on this host (same profile, same UUIDs)
     # would rightly count as external on dgx-h100 and make the numbers depend on the neighbours.

@@ -49,27 +49,34 @@ External = dict[int, int]
 
 def job_processes(pids: Mapping[str, int]) -> dict[int, str]:
     """{pid: job_id} for every process of each job: the supervisor, its descendants, and anything still
-    in its process group (a daemonised child leaves the tree but keeps the group)."""
+    in its process group (a daemonised child leaves the tree but keeps the group).
+
+    One pass over the process table serves every job: asking psutil for each supervisor's children
+    reads the whole table once per job, which with 64 running jobs was 90 % of an idle server's CPU."""
+    parent: dict[int, int] = {}
+    group: dict[int, int] = {}
+    for p in psutil.process_iter(["ppid"]):
+        parent[p.pid] = p.info["ppid"]
+        with contextlib.suppress(OSError):
+            group[p.pid] = os.getpgid(p.pid)
+    children: dict[int, list[int]] = {}
+    for pid, ppid in parent.items():
+        children.setdefault(ppid, []).append(pid)
     owner: dict[int, str] = {}
     by_group: dict[int, str] = {}
-    for job_id, pid in pids.items():
-        try:
-            root = psutil.Process(pid)
-            family = [root, *root.children(recursive=True)]
-        except psutil.Error:
-            continue
-        for p in family:
-            owner[p.pid] = job_id
-        with contextlib.suppress(OSError):
-            by_group[os.getpgid(pid)] = job_id
-    if by_group:
-        for p in psutil.process_iter():
-            if p.pid in owner:
-                continue
-            with contextlib.suppress(OSError):
-                job = by_group.get(os.getpgid(p.pid))
-                if job is not None:
-                    owner[p.pid] = job
+    for job_id, root in pids.items():
+        if root not in parent:
+            continue  # the supervisor is gone
+        family = [root]
+        while family:
+            pid = family.pop()
+            owner[pid] = job_id
+            family.extend(c for c in children.get(pid, ()) if c not in owner)
+        if root in group:
+            by_group[group[root]] = job_id
+    for pid, pgid in group.items():
+        if pid not in owner and pgid in by_group:
+            owner[pid] = by_group[pgid]
     return owner
 
 
