@@ -9,7 +9,6 @@ GPUSLICE_REQUIRE_EXTERNAL is set (CI), where it fails.
 from __future__ import annotations
 
 import contextlib
-import os
 import shutil
 import sys
 import tempfile
@@ -22,44 +21,28 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 SCREENSHOT = REPO / "docs" / "dashboard.png"
-CHROMIUM = "/usr/bin/chromium"
-CHROMEDRIVER = "/usr/bin/chromedriver"
 FAKE_LOAD = str(Path(sys.executable).parent / "gpuslice-fake-load")
 XSS = "<img src=x onerror=alert(1)>"
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
 
-def _missing() -> str | None:
-    for path in (CHROMIUM, CHROMEDRIVER):
-        if not os.access(path, os.X_OK):
-            return f"{path} is missing (apt-get install chromium chromium-driver)"
-    try:
-        import selenium  # noqa: F401
-    except ImportError:
-        return "selenium is not installed (pip install -e '.[test]')"
-    return None
-
-
 @pytest.fixture
-def browser() -> Iterator[Any]:
+def browser(external_tool) -> Iterator[Any]:
     """A headless Chromium that never touches the network beyond the page it is sent to."""
-    why = _missing()
-    if why:
-        if os.environ.get("GPUSLICE_REQUIRE_EXTERNAL"):
-            pytest.fail(f"GPUSLICE_REQUIRE_EXTERNAL is set but {why}")
-        pytest.skip(why)
-    from selenium import webdriver
+    chromium = external_tool("chromium", "Debian: apt install chromium")
+    chromedriver = external_tool("chromedriver", "Debian: apt install chromium-driver")
+    from selenium import webdriver  # the test extra's; nothing to skip
     from selenium.webdriver.chrome.service import Service
 
     profile = tempfile.mkdtemp(prefix="gpuslice-chromium-")
     options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM  # given, with the driver path: Selenium Manager is never asked
+    options.binary_location = chromium  # given, with the driver path: Selenium Manager is never asked
     for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
                 "--disable-dev-shm-usage", "--hide-scrollbars", "--force-device-scale-factor=1",
                 f"--user-data-dir={profile}", "--window-size=1366,768"):  # fmt: skip
         options.add_argument(arg)
-    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+    driver = webdriver.Chrome(service=Service(chromedriver), options=options)
     try:
         yield driver
     finally:
