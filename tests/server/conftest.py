@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -21,6 +20,7 @@ from typing import Any
 import httpx
 import psutil
 import pytest
+from server_helpers import free_port
 
 from gpuslice.node.launcher import ExitStatus, LaunchedJob
 from gpuslice.node.machine import GpuInfo, Machine
@@ -154,12 +154,6 @@ def daemon(make_daemon) -> Daemon:
 
 BIN = Path(sys.executable).parent
 FAKE_LOAD = str(BIN / "gpuslice-fake-load")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class ServerProcess:

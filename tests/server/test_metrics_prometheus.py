@@ -7,7 +7,6 @@ GPUSLICE_REQUIRE_EXTERNAL is set (CI), where a missing Prometheus fails the test
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import sys
 import time
@@ -17,17 +16,12 @@ from typing import Any
 
 import httpx
 import pytest
+from server_helpers import free_port
 
 from gpuslice.units import GiB
 
 FAKE_LOAD = str(Path(sys.executable).parent / "gpuslice-fake-load")
 pytestmark = [pytest.mark.prometheus, pytest.mark.slow]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class Prometheus:

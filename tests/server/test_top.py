@@ -4,12 +4,12 @@ fake node of tests/server/conftest.py, like test_cli_jobs.py."""
 
 from __future__ import annotations
 
-import socket
 import time
 import warnings
 
 import pytest
 from rich.console import Console
+from server_helpers import free_port
 from typer.testing import CliRunner
 
 from gpuslice.cli import jobs, top
@@ -25,13 +25,6 @@ with warnings.catch_warnings():
     from fastapi.testclient import TestClient
 
 TOKEN = "top-token"
-
-
-def free_port() -> int:
-    """A port nothing listens on (just released by the OS)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture
