@@ -16,6 +16,7 @@ from pathlib import Path
 import grpc
 import pytest
 
+from gpuslice.errors import UserError
 from gpuslice.hardware.mig import mig_gpu, parse_layout
 from gpuslice.hardware.topology_profiles import profile
 from gpuslice.k8s.annotations import (
@@ -42,7 +43,7 @@ from gpuslice.k8s.device_plugin import (
 from gpuslice.k8s.health import FakeHealthSource
 from gpuslice.k8s.proto import deviceplugin_pb2 as pb
 from gpuslice.k8s.proto import deviceplugin_pb2_grpc as pb_grpc
-from gpuslice.node.enforcement import mig_device_uuid, mps_dirs
+from gpuslice.node.enforcement import mig_device_uuid
 from gpuslice.node.machine import GpuInfo, Machine
 from gpuslice.units import GiB, MiB
 
@@ -112,8 +113,11 @@ class FakeApi:
     def annotate_pod(self, namespace: str, name: str, annotations: Mapping[str, str]) -> None:
         self.pod_annotations[(namespace, name)].update(annotations)
 
-    def annotate_node(self, node_name: str, annotations: Mapping[str, str]) -> None:
+    def annotate_node(
+        self, node_name: str, annotations: Mapping[str, str], labels: Mapping[str, str] | None = None
+    ) -> None:
         self.node_annotations.append((node_name, dict(annotations)))
+        self.node_labels = dict(labels or {})
 
     def inventory(self) -> NodeInventory:
         return NodeInventory.from_json(self.node_annotations[-1][1][ANNOTATION_NODE_INVENTORY])
@@ -347,55 +351,129 @@ def test_preferred_allocation_without_topology_or_enough_gpus_still_answers_the_
 # ---- Allocate --------------------------------------------------------------------------------------
 
 
-def test_allocate_turns_a_share_decision_into_cuda_and_mps_limits(make_plugin, kubelet, api, tmp_path):
+def test_allocate_turns_a_share_decision_into_cuda_limits_device_nodes_and_cdi(make_plugin, kubelet, api):
     machine = dgx1_machine()
-    make_plugin(machine, sharing="mps")
+    make_plugin(machine)
     stub = kubelet.dial(kubelet.next_request().endpoint)
     uuid = machine.gpus[1].uuid
     api.bind("ml", "notebook", Decision(NODE, "main", (1,), (uuid,), memory_mib=8192, cores_percent=30))
 
-    response = allocate(stub, [share(machine, 4, 0)])  # the kubelet's share is a slot; the decision rules
+    response = allocate(stub, [share(machine, 1, 1)])  # a share of the decided GPU, as preferred
 
     (container,) = response.container_responses
     env = dict(container.envs)
-    pipe, _log = mps_dirs(tmp_path / "state")
     assert env["CUDA_VISIBLE_DEVICES"] == uuid and env["NVIDIA_VISIBLE_DEVICES"] == uuid
-    assert env["GPUSLICE_SHARING"] == "mps"
+    assert env["GPUSLICE_SHARING"] == "soft"
     assert env["GPUSLICE_GPUS"] == "1" and env["GPUSLICE_GPU_UUIDS"] == uuid
     assert env["GPUSLICE_GPU_MEMORY_BYTES"] == str(8192 * MiB)
     assert env["GPUSLICE_COMPUTE_PERCENT"] == "30"
     assert env["GPUSLICE_TENANT"] == "ml"
-    assert env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "30"
-    assert env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == f"{uuid}=8192M"
-    assert env["CUDA_MPS_PIPE_DIRECTORY"] == str(pipe)
-    assert [(m.host_path, m.container_path) for m in container.mounts] == [(str(pipe), str(pipe))]
+    assert not any(k.startswith("CUDA_MPS_") for k in env)
+    # the GPU reaches the container without the NVIDIA runtime's environment variable too
+    assert [d.host_path for d in container.devices] == [
+        "/dev/nvidia1", "/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"
+    ]
+    assert all(d.container_path == d.host_path and d.permissions == "rw" for d in container.devices)
+    assert [c.name for c in container.cdi_devices] == [f"nvidia.com/gpu={uuid}"]
     assert api.pod_annotations[("ml", "notebook")][ANNOTATION_BIND_PHASE] == BIND_PHASE_ALLOCATED
     assert api.pod_annotations[("ml", "notebook")][ANNOTATION_ALLOCATED] == "true"
 
 
 def test_allocate_whole_gpus_sets_every_uuid_and_no_mps_limits(make_plugin, kubelet, api):
     machine = dgx1_machine()
-    make_plugin(machine, sharing="mps")
+    make_plugin(machine)
     stub = kubelet.dial(kubelet.next_request().endpoint)
     uuids = (machine.gpus[0].uuid, machine.gpus[3].uuid)
     api.bind("ml", "ddp", Decision(NODE, "main", (0, 3), uuids))
-    env = dict(allocate(stub, [share(machine, 0), share(machine, 3)]).container_responses[0].envs)
+    container = allocate(stub, [share(machine, 0), share(machine, 3)]).container_responses[0]
+    env = dict(container.envs)
     assert env["CUDA_VISIBLE_DEVICES"] == ",".join(uuids)
     assert env["GPUSLICE_GPUS"] == "0,3" and env["GPUSLICE_COMPUTE_PERCENT"] == "100"
     assert env["GPUSLICE_GPU_MEMORY_BYTES"] == str(16 * GiB)
     assert not any(k.startswith("CUDA_MPS_") for k in env)
+    assert [c.name for c in container.cdi_devices] == [f"nvidia.com/gpu={u}" for u in uuids]
 
 
-def test_allocate_serves_waiting_pods_oldest_bind_first(make_plugin, kubelet, api):
+def test_allocate_goes_by_the_device_ids_not_by_bind_order(make_plugin, kubelet, api):
+    """Two pods bound in the same second on GPUs 2 and 5; the kubelet admits the later one first. Each
+    gets its own GPU because the device IDs it passes are shares of that pod's GPU."""
     machine = dgx1_machine()
     make_plugin(machine)
     stub = kubelet.dial(kubelet.next_request().endpoint)
-    api.bind("a", "late", Decision(NODE, "main", (5,), (machine.gpus[5].uuid,), bind_time=200))
-    api.bind("b", "early", Decision(NODE, "main", (2,), (machine.gpus[2].uuid,), bind_time=100))
-    first = dict(allocate(stub, [share(machine, 0)]).container_responses[0].envs)
-    second = dict(allocate(stub, [share(machine, 1)]).container_responses[0].envs)
-    assert first["CUDA_VISIBLE_DEVICES"] == machine.gpus[2].uuid
-    assert second["CUDA_VISIBLE_DEVICES"] == machine.gpus[5].uuid
+    api.bind("a", "first", Decision(NODE, "main", (2,), (machine.gpus[2].uuid,), bind_time=100))
+    api.bind("b", "second", Decision(NODE, "main", (5,), (machine.gpus[5].uuid,), bind_time=100))
+    for gpu in (5, 2):
+        env = dict(allocate(stub, [share(machine, gpu, 1)]).container_responses[0].envs)
+        assert env["CUDA_VISIBLE_DEVICES"] == machine.gpus[gpu].uuid
+    assert api.pod_annotations[("b", "second")][ANNOTATION_BIND_PHASE] == BIND_PHASE_ALLOCATED
+
+
+def test_allocate_of_pods_on_the_same_gpu_follows_the_kubelets_admission_order(make_plugin, kubelet, api):
+    """The API names no pod: two pods whose decisions name the same GPU are served in the order the
+    kubelet admits pods (oldest creation time first), whatever their bind order."""
+    machine = dgx1_machine()
+    plugin = make_plugin(machine)
+    stub = kubelet.dial(kubelet.next_request().endpoint)
+    uuid = machine.gpus[2].uuid
+    api.bind("a", "younger", Decision(NODE, "main", (2,), (uuid,), memory_mib=1000, bind_time=100))
+    api.bind("b", "older", Decision(NODE, "main", (2,), (uuid,), memory_mib=2000, bind_time=101))
+    created = {("a", "younger"): "2026-01-01T10:00:05Z", ("b", "older"): "2026-01-01T10:00:01Z"}
+    plugin.pods = _WithCreation(api, created)
+    env = dict(allocate(stub, [share(machine, 2, 0)]).container_responses[0].envs)
+    assert env["GPUSLICE_GPU_MEMORY_BYTES"] == str(2000 * MiB)
+
+
+def test_allocate_for_devices_no_waiting_pod_decided_on_fails(make_plugin, kubelet, api):
+    machine = dgx1_machine()
+    make_plugin(machine)
+    stub = kubelet.dial(kubelet.next_request().endpoint)
+    api.bind("a", "on-two", Decision(NODE, "main", (2,), (machine.gpus[2].uuid,)))
+    with pytest.raises(grpc.RpcError) as caught:
+        allocate(stub, [share(machine, 6)])
+    assert caught.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert api.pod_annotations[("a", "on-two")][ANNOTATION_BIND_PHASE] == "allocating"
+
+
+def test_mps_sharing_is_refused_on_kubernetes_with_the_reason(socket_dir, api, tmp_path):
+    with pytest.raises(UserError) as refused:
+        DevicePlugin(dgx1_machine(), NODE, pods=api, node=api, sharing="mps", socket_dir=socket_dir)
+    assert "--sharing mps is not offered on Kubernetes" in str(refused.value)
+    assert "/dev/shm" in str(refused.value)
+
+
+def test_node_labels_follow_gpu_feature_discovery(make_plugin, api):
+    make_plugin(dgx1_machine())
+    assert api.node_labels == {
+        "gpuslice.io/gpu.product": "V100M16",
+        "gpuslice.io/gpu.memory": str(16 * 1024),
+        "gpuslice.io/gpu.count": "8",
+        "gpuslice.io/mig.capable": "false",
+    }
+
+
+def test_node_labels_say_mig_capable_for_a_mig_gpu_with_mig_off_and_clean_product_names():
+    from gpuslice.k8s.device_plugin import node_labels
+
+    gpus = (GpuInfo(0, "GPU-x", "NVIDIA A100 80GB PCIe (rev/2)", 80 * GiB, mig_model="a100-80gb"),)
+    labels = node_labels(Machine("m", gpus))
+    assert labels["gpuslice.io/mig.capable"] == "true"
+    assert labels["gpuslice.io/gpu.product"] == "NVIDIA-A100-80GB-PCIe--rev-2"
+
+
+class _WithCreation:
+    """The fake API's pods with creation timestamps (what KubeApi reads from metadata)."""
+
+    def __init__(self, api: FakeApi, created: dict[tuple[str, str], str]) -> None:
+        self.api, self.created = api, created
+
+    def allocating_pods(self, node_name: str) -> list[PendingPod]:
+        return [
+            PendingPod(p.namespace, p.name, p.decision, self.created[(p.namespace, p.name)])
+            for p in self.api.allocating_pods(node_name)
+        ]
+
+    def annotate_pod(self, namespace: str, name: str, annotations: Mapping[str, str]) -> None:
+        self.api.annotate_pod(namespace, name, annotations)
 
 
 def test_allocate_without_a_decision_fails_and_says_why(make_plugin, kubelet):
@@ -416,7 +494,7 @@ def test_allocate_on_an_unhealthy_gpu_fails_and_marks_the_pod_failed(make_plugin
     assert wait_until(lambda: not plugin.inventory().gpus[4].healthy)
     api.bind("ml", "unlucky", Decision(NODE, "main", (4,), (machine.gpus[4].uuid,)))
     with pytest.raises(grpc.RpcError) as caught:
-        allocate(stub, [share(machine, 0)])
+        allocate(stub, [share(machine, 4)])
     assert "unhealthy" in caught.value.details()
     assert api.pod_annotations[("ml", "unlucky")][ANNOTATION_BIND_PHASE] == BIND_PHASE_FAILED
 

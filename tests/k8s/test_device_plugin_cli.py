@@ -158,7 +158,7 @@ def test_cli_serves_the_kubelet_and_allocates_from_the_api_servers_pod(tmp_path,
     )
     args = ["--simulate", "dgx-h100", "--split-count", "2", "--socket-dir", str(kubelet.socket_dir)]
     args += ["--node-name", NODE, "--kubeconfig", str(kubeconfig(tmp_path / "kc.json", apiserver.url))]
-    args += ["--state-dir", str(tmp_path / "state"), "--sharing", "mps"]
+    args += ["--state-dir", str(tmp_path / "state"), "--sharing", "soft"]
     child = subprocess.Popen(
         [sys.executable, "-c", script, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE
     )
@@ -173,12 +173,12 @@ def test_cli_serves_the_kubelet_and_allocates_from_the_api_servers_pod(tmp_path,
         decision = Decision(NODE, "main", (5,), (uuid,), memory_mib=20480, cores_percent=50, bind_time=1)
         apiserver.add_pod("team-a", "llm", decision.to_annotations())
         stub = kubelet.dial(request.endpoint)
-        ids = pb.ContainerAllocateRequest(devices_ids=[f"{inventory.gpus[0].uuid}::1"])
+        ids = pb.ContainerAllocateRequest(devices_ids=[f"{inventory.gpus[5].uuid}::1"])
         response = stub.Allocate(pb.AllocateRequest(container_requests=[ids]), timeout=TIMEOUT_S)
         env = dict(response.container_responses[0].envs)
         assert env["CUDA_VISIBLE_DEVICES"] == uuid
-        assert env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "50"
-        assert env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == f"{uuid}=20480M"
+        assert env["GPUSLICE_COMPUTE_PERCENT"] == "50"
+        assert env["GPUSLICE_GPU_MEMORY_BYTES"] == str(20480 * 2**20)
         assert apiserver.pods[("team-a", "llm")]["metadata"]["annotations"][ANNOTATION_BIND_PHASE] == (
             BIND_PHASE_ALLOCATED
         )

@@ -63,6 +63,7 @@ class FakeApi:
         self.patches: list[tuple[str, str, dict[str, str]]] = []
         self.bindings: list[tuple[str, str, str, str]] = []
         self.events: list[tuple[str, str, str, str]] = []
+        self.deleted: list[tuple[str, str, str]] = []
         self._lock = threading.Lock()
 
     def get_pod(self, namespace: str, name: str) -> Mapping[str, Any]:
@@ -83,6 +84,10 @@ class FakeApi:
     def create_event(self, namespace: str, pod_name: str, pod_uid: str, reason: str, message: str) -> None:
         with self._lock:
             self.events.append((namespace, pod_name, reason, message))
+
+    def delete_pod(self, namespace: str, name: str, uid: str) -> None:
+        with self._lock:
+            self.deleted.append((namespace, name, uid))
 
     def annotations_of(self, name: str) -> dict[str, str]:
         merged: dict[str, str] = {}

@@ -54,9 +54,10 @@ def test_extender_command_builds_the_state_with_the_policy_and_serves_it(monkeyp
     served: dict[str, Any] = {}
     real_state = extender.ClusterState
 
-    def state(api, default_policy):
+    def state(api, default_policy, **options):
         made["policy"] = default_policy
-        return real_state(api, default_policy=default_policy)
+        made.update(options)
+        return real_state(api, default_policy=default_policy, **options)
 
     monkeypatch.setattr(extender, "KubernetesApi", Api)
     monkeypatch.setattr(extender, "ClusterState", state)
@@ -68,7 +69,7 @@ def test_extender_command_builds_the_state_with_the_policy_and_serves_it(monkeyp
     assert served["port"] == 9999
     # the C HTTP parser and event loop the k8s extra installs (the 5,000-node latency depends on them)
     assert (served["http"], served["loop"], served["access_log"]) == ("httptools", "uvloop", False)
-    assert made == {"kubeconfig": "kc", "policy": "fgd"}
+    assert made == {"kubeconfig": "kc", "policy": "fgd", "narrow": True, "target": None}
     assert [r.path for r in served["app"].routes if r.path in ("/filter", "/prioritize", "/bind")] == [
         "/filter",
         "/prioritize",

@@ -16,10 +16,11 @@ import typer
 from rich.console import Console
 
 from gpuslice.cli import k8s_device_plugin
+from gpuslice.errors import UserError
 from gpuslice.k8s.annotations import SCHEDULER_NAME
 from gpuslice.policies import PLACEMENT
 
-__all__ = ["app", "extender", "webhook"]
+__all__ = ["app", "extender", "probe", "webhook"]
 
 app = typer.Typer(
     help="Kubernetes: scheduler extender, admission webhook, device plugin.", no_args_is_help=True
@@ -29,7 +30,13 @@ _out = Console(highlight=False, soft_wrap=True)
 
 @app.command()
 def extender(
-    host: Annotated[str, typer.Option(help="address to listen on")] = "0.0.0.0",
+    host: Annotated[
+        str,
+        typer.Option(
+            help="address to listen on; kube-scheduler runs in the same pod, so loopback is enough, and "
+            "anyone who reaches the bind verb can bind pods"
+        ),
+    ] = "127.0.0.1",
     port: Annotated[
         int, typer.Option(help="TCP port; the KubeSchedulerConfiguration's urlPrefix points here")
     ] = 8888,
@@ -45,8 +52,26 @@ def extender(
             "annotation can name built-in policies only)"
         ),
     ] = "bestfit",
+    decide: Annotated[
+        bool,
+        typer.Option(
+            "--decide/--no-decide",
+            help="--decide: filter passes only the node the placement policy chooses, so kube-scheduler's "
+            "own scoring cannot undo it; --no-decide: every fitting node passes and kube-scheduler adds "
+            "this extender's scores (weight in the scheduler configuration) to its own",
+        ),
+    ] = True,
+    target_workload: Annotated[
+        Path | None,
+        typer.Option(
+            exists=True,
+            dir_okay=False,
+            help="CSV of representative pods in openb's pod-list format (num_gpu, gpu_milli, …): the "
+            "workload FGD keeps room for; default: the pods bound when the extender last rebuilt",
+        ),
+    ] = None,
 ) -> None:
-    """Serve the kube-scheduler extender (filter, prioritize, bind) over the cluster's GPU inventory."""
+    """Serve the kube-scheduler extender (filter, prioritize, preempt, bind) over the cluster's GPUs."""
     import logging
 
     import uvicorn
@@ -55,7 +80,16 @@ def extender(
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     api = KubernetesApi(str(kubeconfig) if kubeconfig else None)
-    state = ClusterState(api, default_policy=policy)
+    target = None
+    if target_workload is not None:
+        from gpuslice.sim.trace import load_pods
+        from gpuslice.workload.target import TargetWorkload
+
+        try:
+            target = TargetWorkload.gpu_part(p.request for p in load_pods(target_workload))
+        except ValueError:  # parsed, but not one pod asks for a GPU
+            raise UserError(f"--target-workload {target_workload}: no pod in it asks for a GPU") from None
+    state = ClusterState(api, default_policy=policy, narrow=decide, target=target)
     _out.print(f"gpuslice extender on {host}:{port}, default policy {policy}; watching nodes and pods")
     uvicorn.run(create_app(state, api.events()), host=host, port=port, log_level="info", **SERVER_OPTIONS)
 
@@ -75,6 +109,27 @@ def webhook(
 
     _out.print(f"gpuslice webhook on https://{host}:{port}/mutate, scheduler {scheduler_name}")
     run(str(cert), str(key), host=host, port=port, scheduler_name=scheduler_name)
+
+
+@app.command()
+def probe(
+    url: Annotated[str, typer.Argument(help="http(s) URL to GET, e.g. http://127.0.0.1:8888/healthz")],
+    timeout: Annotated[float, typer.Option(help="seconds to wait for the answer")] = 2.0,
+) -> None:
+    """Exit 0 if URL answers 200, else 1: an exec readiness probe for a server that listens on loopback
+    only (an httpGet probe comes from the node, to the pod's address, and cannot reach it)."""
+    import ssl
+    import urllib.request
+
+    context = ssl._create_unverified_context() if url.startswith("https:") else None  # a liveness check
+    try:
+        with urllib.request.urlopen(url, timeout=timeout, context=context) as answer:
+            ok = answer.status == 200
+    except Exception as err:
+        _out.print(f"error: {url}: {err}")
+        raise typer.Exit(1) from None
+    if not ok:
+        raise typer.Exit(1)
 
 
 # The command lives in its own module (one command per module); grpc is imported only when it runs.

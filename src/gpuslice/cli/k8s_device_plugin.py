@@ -45,10 +45,14 @@ def device_plugin(
         typer.Option(help="kubeconfig file; default: the pod's service account, then ~/.kube/config"),
     ] = None,
     sharing: Annotated[
-        str, typer.Option(help="how shares are held to their slice: mps (MPS limits) or soft (PyTorch cap)")
-    ] = "mps",
+        str,
+        typer.Option(
+            help="how shares are held to their slice: soft (PyTorch cap + graded monitor); MPS is not "
+            "offered in pods (see docs/kubernetes.md)"
+        ),
+    ] = "soft",
     state_dir: Annotated[
-        Path, typer.Option(help="host directory for the MPS pipes and the soft-cap file, mounted into pods")
+        Path, typer.Option(help="host directory of the soft-cap file, mounted into pods at the same path")
     ] = Path("/var/lib/gpuslice"),
     mig_layout: Annotated[
         list[str] | None,

@@ -17,9 +17,10 @@ start:   publish the node inventory annotation (GPUs, memory, topology, MIG layo
 kubelet: GetDevicePluginOptions, ListAndWatch (full list now and after every health change)
 admit:   GetPreferredAllocation: the extender's GPUs when a bound pod waits for them, else the
          best-connected GPUs (policies.gpuset "exact" over the machine's topology)
-create:  Allocate: the oldest pod bound to this node in bind-phase "allocating" whose decision fits
-         the request -> CUDA_VISIBLE_DEVICES, GPUSLICE_* and the sharing mode's limits
-         (node.enforcement.job_env); the pod's bind-phase becomes "allocated"
+create:  Allocate: the pod bound to this node in bind-phase "allocating" whose decision names the
+         GPUs (or the MIG instance) of the device IDs the kubelet passed, the first the kubelet admits
+         if several do -> CUDA_VISIBLE_DEVICES, GPUSLICE_* and the sharing mode's limits
+         (node.enforcement.job_env), the GPUs' device nodes and CDI names; bind-phase "allocated"
 watch:   kubelet.sock recreated (kubelet restart) or our sockets deleted -> restart servers, register
 health:  a HealthSource reports GPU / MIG changes -> devices flip Healthy/Unhealthy, list resent,
          inventory republished
@@ -28,8 +29,15 @@ health:  a HealthSource reports GPU / MIG changes -> devices flip Healthy/Unheal
 The extender decides which GPUs a pod gets; the kubelet only counts shares (research §1.6). The
 shares the kubelet hands to Allocate are therefore slots, not GPUs: the GPUs come from the pod's
 decision annotations (``k8s.annotations.Decision``), HAMi's design (hami_and_peers.md §1.2 step 5).
-GetPreferredAllocation steers the kubelet to shares of the decided GPUs so that its own accounting
-matches, but a mismatch costs nothing.
+GetPreferredAllocation steers the kubelet to shares of the decided GPUs, and Allocate then reads the
+GPUs back from the device IDs it is given: the device plugin API names no pod, so the device IDs are
+what tells two pods bound at the same moment apart. Two waiting pods whose decisions name the same
+GPUs are told apart by the order the kubelet admits pods in (creation time, then name).
+
+Sharing on Kubernetes is ``soft`` (the PyTorch cap, with the graded monitor): MPS needs a control
+daemon outside this plugin's container, a host tmpfs at /dev/shm in the daemon and every client, and
+per-GPU pipe folders (NVIDIA runs a separate DaemonSet for it); none of that is set up here, so the
+plugin refuses ``--sharing mps`` instead of shipping a mode that cannot work.
 
 The API server is reached through two small interfaces, ``PodSource`` and ``NodePublisher``, so tests
 swap in fakes; ``KubeApi`` implements both with the official ``kubernetes`` client.
@@ -74,14 +82,7 @@ from gpuslice.k8s.annotations import (
 from gpuslice.k8s.health import FakeHealthSource, HealthChange, HealthSource, NoHealthChecks, NvmlHealthSource
 from gpuslice.k8s.proto import deviceplugin_pb2 as pb
 from gpuslice.k8s.proto import deviceplugin_pb2_grpc as pb_grpc
-from gpuslice.node.enforcement import (
-    MpsDaemon,
-    SharingMode,
-    job_env,
-    mig_device_uuid,
-    mps_dirs,
-    softcap_dir,
-)
+from gpuslice.node.enforcement import SharingMode, job_env, mig_device_uuid, softcap_dir
 from gpuslice.node.machine import Machine
 from gpuslice.observe.k8s_metrics import DeviceHealthRow, DevicePluginMetrics
 from gpuslice.policies.gpuset import choose_gpu_set, make_gpuset_policy
@@ -94,6 +95,7 @@ __all__ = [
     "API_VERSION",
     "DEVICE_PLUGIN_PATH",
     "HEALTHY",
+    "K8S_SHARING",
     "KUBELET_SOCKET",
     "SHARE_SEPARATOR",
     "UNHEALTHY",
@@ -106,8 +108,10 @@ __all__ = [
     "PodSource",
     "RegistrationFailed",
     "default_mig_layouts",
+    "device_nodes",
     "gpu_of_share",
     "node_inventory",
+    "node_labels",
     "parse_mig_layouts",
     "serve",
 ]
@@ -124,6 +128,17 @@ UNHEALTHY = "Unhealthy"
 # Replica ids as NVIDIA's time-slicing builds them (research §3.3, NewAnnotatedID): "<uuid>::<k>".
 SHARE_SEPARATOR = "::"
 _MAX_DEVICE_ID_CHARS = 63  # Device.ID limit in api.proto
+K8S_SHARING = (SharingMode.SOFT.value,)  # the sharing modes that work inside pods (module docstring)
+# GPU feature discovery's node labels (NVIDIA gpu-feature-discovery: nvidia.com/gpu.product, …), under
+# our domain so they never clash with GFD running beside us.
+LABEL_PRODUCT = "gpuslice.io/gpu.product"
+LABEL_MEMORY = "gpuslice.io/gpu.memory"  # MiB of the first GPU, as GFD
+LABEL_COUNT = "gpuslice.io/gpu.count"
+LABEL_MIG_CAPABLE = "gpuslice.io/mig.capable"
+# Device nodes every CUDA container needs besides its GPUs' /dev/nvidia<minor> (NVIDIA's plugin and
+# container toolkit pass the same set).
+CONTROL_DEVICES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools")
+CDI_KIND = "nvidia.com/gpu"  # the CDI kind nvidia-ctk generates; devices named by GPU or MIG UUID
 _REGISTER_TIMEOUT_S = 5.0
 _REGISTER_ATTEMPTS = 5  # after a kubelet restart its socket can appear before it answers
 
@@ -146,6 +161,7 @@ class PendingPod:
     namespace: str
     name: str
     decision: Decision
+    created: str = ""  # metadata.creationTimestamp (RFC 3339): the kubelet admits older pods first
 
 
 class PodSource(Protocol):
@@ -161,10 +177,12 @@ class PodSource(Protocol):
 
 
 class NodePublisher(Protocol):
-    """Writes annotations on this plugin's node."""
+    """Writes annotations and labels on this plugin's node."""
 
-    def annotate_node(self, node_name: str, annotations: Mapping[str, str]) -> None:
-        """Merge ``annotations`` into the node's annotations."""
+    def annotate_node(
+        self, node_name: str, annotations: Mapping[str, str], labels: Mapping[str, str] | None = None
+    ) -> None:
+        """Merge ``annotations`` (and ``labels``) into the node's."""
         ...
 
 
@@ -203,15 +221,22 @@ class KubeApi:
                 log.warning("pod %s/%s: %s; skipped", pod.metadata.namespace, pod.metadata.name, err)
                 continue
             if decision is not None:
-                pods.append(PendingPod(pod.metadata.namespace, pod.metadata.name, decision))
+                created = pod.metadata.creation_timestamp
+                stamp = created.strftime("%Y-%m-%dT%H:%M:%SZ") if created is not None else ""
+                pods.append(PendingPod(pod.metadata.namespace, pod.metadata.name, decision, stamp))
         return pods
 
     # An object body goes out as a strategic merge patch: our annotations merge into the existing ones.
     def annotate_pod(self, namespace: str, name: str, annotations: Mapping[str, str]) -> None:
         self.core.patch_namespaced_pod(name, namespace, {"metadata": {"annotations": dict(annotations)}})
 
-    def annotate_node(self, node_name: str, annotations: Mapping[str, str]) -> None:
-        self.core.patch_node(node_name, {"metadata": {"annotations": dict(annotations)}})
+    def annotate_node(
+        self, node_name: str, annotations: Mapping[str, str], labels: Mapping[str, str] | None = None
+    ) -> None:
+        metadata: dict[str, Any] = {"annotations": dict(annotations)}
+        if labels:
+            metadata["labels"] = dict(labels)
+        self.core.patch_node(node_name, {"metadata": metadata})
 
 
 # ---- devices ------------------------------------------------------------------------------------------
@@ -331,9 +356,8 @@ class DevicePlugin:
 
     ``machine`` comes from ``node.discovery.discover``; ``mig_layouts`` (GPU index -> layout) lists the
     MIG instances of MIG-mode GPUs, named by ``enforcement.mig_device_uuid`` (NVML on real GPUs, made
-    up on simulated ones). ``sharing`` picks how shares are held to their slice
-    (``enforcement.SharingMode``: mps or soft); ``state_dir`` is the host directory of the MPS pipes and
-    the soft-cap file, mounted into containers at the same path.
+    up on simulated ones). ``sharing`` picks how shares are held to their slice (``K8S_SHARING``);
+    ``state_dir`` is the host directory of the soft-cap file, mounted into containers at the same path.
     """
 
     def __init__(
@@ -347,7 +371,7 @@ class DevicePlugin:
         split_count: int = DEFAULT_SPLIT_COUNT,
         socket_dir: str | os.PathLike[str] = DEVICE_PLUGIN_PATH,
         mig_layouts: Mapping[int, MigLayout] | None = None,
-        sharing: SharingMode | str = SharingMode.MPS,
+        sharing: SharingMode | str = SharingMode.SOFT,
         state_dir: str | os.PathLike[str] = "/var/lib/gpuslice",
         gpuset_policy: str = "exact",
         watch_interval_s: float = 1.0,
@@ -362,9 +386,15 @@ class DevicePlugin:
         self.health = health if health is not None else NoHealthChecks()
         self.split_count = split_count
         self.socket_dir = Path(socket_dir)
-        if str(sharing) not in (SharingMode.MPS.value, SharingMode.SOFT.value):
+        if str(sharing) == SharingMode.MPS.value:
             raise UserError(
-                f"sharing {str(sharing)!r}: use mps or soft for gpuslice.io/gpu shares "
+                "--sharing mps is not offered on Kubernetes: MPS needs its control daemon outside the "
+                "device plugin's container and a host /dev/shm shared by the daemon and every pod, which "
+                "this deployment does not set up; use soft (MIG instances are hard partitions on their own)"
+            )
+        if str(sharing) not in K8S_SHARING:
+            raise UserError(
+                f"--sharing {str(sharing)!r}: use {' or '.join(K8S_SHARING)} for gpuslice.io/gpu shares "
                 "(MIG instances are advertised as their own gpuslice.io/mig-<profile> resources)"
             )
         self.sharing = SharingMode(sharing)
@@ -660,7 +690,9 @@ class DevicePlugin:
         if self.node is None:
             return
         try:
-            self.node.annotate_node(self.node_name, {ANNOTATION_NODE_INVENTORY: self.inventory().to_json()})
+            self.node.annotate_node(
+                self.node_name, {ANNOTATION_NODE_INVENTORY: self.inventory().to_json()}, node_labels(self.machine)
+            )
         except Exception as err:  # the API server may be briefly away; the next change republishes
             log.error("could not publish the node inventory of %s: %s", self.node_name, err)
 
@@ -761,7 +793,7 @@ class DevicePlugin:
             taken: set[tuple[str, str]] = set()
             responses = []
             for req in request.container_requests:
-                pod = self._pod_for(resource, len(req.devices_ids), taken)
+                pod = self._pod_for(resource, list(req.devices_ids), taken)
                 taken.add((pod.namespace, pod.name))
                 try:
                     response = self._container_response(resource, pod)
@@ -773,15 +805,31 @@ class DevicePlugin:
                 responses.append(response)
             return pb.AllocateResponse(container_responses=responses)
 
-    def _pod_for(self, resource: _Resource, count: int, taken: set[tuple[str, str]]) -> PendingPod:
+    def _pod_for(self, resource: _Resource, device_ids: list[str], taken: set[tuple[str, str]]) -> PendingPod:
+        """The waiting pod these device IDs are for: its decision names exactly their GPUs (shares) or
+        their MIG instance. The API passes no pod, so among pods whose decisions match, the kubelet's
+        admission order decides (oldest creation time first, then bind time, then name)."""
+        devices = [self._by_id.get(i) for i in device_ids]
+        if not devices or any(d is None for d in devices):
+            unknown = next((i for i, d in zip(device_ids, devices, strict=True) if d is None), "")
+            raise AllocationRefused(f"the kubelet asked for unknown device {unknown!r} of {resource.name}")
         if resource.mig_profile:
+            wanted = {d.mig.uuid for d in devices if d is not None and d.mig is not None}
 
-            def fits(d: Decision) -> bool:
-                return d.mig is not None and d.mig.profile == resource.mig_profile
+            def fits(dec: Decision) -> bool:
+                if dec.mig is None or dec.mig.profile != resource.mig_profile:
+                    return False
+                slot = self._mig_slot(dec.mig.gpu_index, dec.mig.start)
+                return slot is not None and {slot.uuid} == wanted
         else:
+            gpus = {d.gpu for d in devices if d is not None}
 
-            def fits(d: Decision) -> bool:
-                return d.mig is None and len(d.gpu_indices or d.gpu_uuids) == count
+            def fits(dec: Decision) -> bool:
+                return (
+                    dec.mig is None
+                    and len(dec.gpu_indices or dec.gpu_uuids) == len(device_ids)
+                    and set(self._decision_gpus(dec)) == gpus
+                )
 
         try:
             pods = self.pods.allocating_pods(self.node_name)
@@ -794,11 +842,11 @@ class DevicePlugin:
         ]
         if not waiting:
             raise AllocationRefused(
-                f"no pod bound to node {self.node_name} is waiting for {count} {resource.name}: the pod "
-                "was not placed by the gpuslice scheduler (check its schedulerName; the gpuslice webhook "
-                "sets it), or its decision annotations were removed"
+                f"no pod bound to node {self.node_name} is waiting for {resource.name} devices "
+                f"{', '.join(device_ids)}: the pod was not placed by the gpuslice scheduler (check its "
+                "schedulerName; the gpuslice webhook sets it), or its decision annotations were removed"
             )
-        return min(waiting, key=lambda p: (p.decision.bind_time, p.namespace, p.name))
+        return min(waiting, key=lambda p: (p.created, p.decision.bind_time, p.namespace, p.name))
 
     def _mark(self, pod: PendingPod, annotations: Mapping[str, str]) -> None:
         try:
@@ -842,20 +890,31 @@ class DevicePlugin:
                 **spec_args, gpus=len(gpus), gpu_memory_bytes=decision.memory_mib * MiB, compute_percent=cores
             )
         env = job_env(self.sharing, spec, gpus, self.machine, self.state_dir, mig=mig)
-        # NVIDIA's container runtime reads NVIDIA_VISIBLE_DEVICES to mount the devices (research §3.1).
+        # NVIDIA's container runtime reads NVIDIA_VISIBLE_DEVICES to mount the devices; the device nodes
+        # and CDI names below do the same without it (a runtime with CDI, containerd 1.7+ / CRI-O 1.23+).
         env["NVIDIA_VISIBLE_DEVICES"] = env["CUDA_VISIBLE_DEVICES"]
-        return pb.ContainerAllocateResponse(envs=env, mounts=self._mounts(env))
+        cdi_names = [mig_slot_uuid] if (mig_slot_uuid := self._mig_uuid(decision)) else [
+            self.machine.gpus[g].uuid for g in gpus
+        ]
+        return pb.ContainerAllocateResponse(
+            envs=env,
+            mounts=self._mounts(env),
+            devices=[
+                pb.DeviceSpec(container_path=path, host_path=path, permissions="rw")
+                for path in device_nodes(self.machine, gpus)
+            ],
+            cdi_devices=[pb.CDIDevice(name=f"{CDI_KIND}={name}") for name in cdi_names],
+        )
+
+    def _mig_uuid(self, decision: Decision) -> str:
+        if decision.mig is None:
+            return ""
+        slot = self._mig_slot(decision.mig.gpu_index, decision.mig.start)
+        return slot.uuid if slot is not None else ""
 
     def _mounts(self, env: Mapping[str, str]) -> list[pb.Mount]:
-        """Host directories the slice's environment points at, mounted at the same path.
-
-        Not covered here: MPS clients also share memory with the daemon through /dev/shm, so the daemon
-        and the pods must see one /dev/shm (NVIDIA's plugin mounts a host tmpfs there, research §3.3);
-        that is the DaemonSet's and the pods' setup, and it has not been tried on a real node."""
+        """Host directories the slice's environment points at, mounted at the same path."""
         mounts = []
-        if "CUDA_MPS_PIPE_DIRECTORY" in env:
-            pipe, _log = mps_dirs(self.state_dir)
-            mounts.append(pb.Mount(container_path=str(pipe), host_path=str(pipe), read_only=False))
         if "PYTHONPATH" in env:
             cap = softcap_dir(self.state_dir)
             mounts.append(pb.Mount(container_path=str(cap), host_path=str(cap), read_only=True))
@@ -863,6 +922,47 @@ class DevicePlugin:
 
 
 # ---- wiring: what ``gpuslice k8s device-plugin`` runs ----------------------------------------------
+
+
+def _label_value(text: str) -> str:
+    """A label value: at most 63 of [A-Za-z0-9_.-], starting and ending alphanumeric (GFD writes
+    "NVIDIA-H100-80GB-HBM3" for "NVIDIA H100 80GB HBM3" the same way)."""
+    cleaned = "".join(c if c.isascii() and (c.isalnum() or c in "_.-") else "-" for c in text)[:63]
+    return cleaned.strip("_.-")
+
+
+def node_labels(machine: Machine) -> dict[str, str]:
+    """GPU feature discovery's labels, under gpuslice.io/: product, memory (MiB), count, MIG capable."""
+    if not machine.gpus:
+        return {LABEL_COUNT: "0"}
+    first = machine.gpus[0]
+    return {
+        LABEL_PRODUCT: _label_value(first.model),
+        LABEL_MEMORY: str(first.memory_bytes // MiB),
+        LABEL_COUNT: str(len(machine.gpus)),
+        LABEL_MIG_CAPABLE: "true" if any(g.mig_model for g in machine.gpus) else "false",
+    }
+
+
+def device_nodes(machine: Machine, gpus: Sequence[int]) -> list[str]:
+    """The device nodes a container with ``gpus`` needs: each GPU's /dev/nvidia<minor> (the minor from
+    NVML on a real machine, the index on a simulated one) and the control devices."""
+    return [*(f"/dev/nvidia{_minor(machine, g)}" for g in gpus), *CONTROL_DEVICES]
+
+
+def _minor(machine: Machine, gpu: int) -> int:
+    """/dev/nvidia<minor> of a GPU: NVML's minor number, which need not equal its index."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        try:
+            handle = pynvml.nvmlDeviceGetHandleByUUID(machine.gpus[gpu].uuid)
+            return int(pynvml.nvmlDeviceGetMinorNumber(handle))
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:  # no NVML (a simulated machine): indices are the minors there
+        return gpu
 
 
 def parse_mig_layouts(machine: Machine, texts: Sequence[str]) -> dict[int, MigLayout]:
@@ -908,7 +1008,7 @@ def serve(
     kubeconfig: str | None = None,
     split_count: int = DEFAULT_SPLIT_COUNT,
     socket_dir: str | os.PathLike[str] = DEVICE_PLUGIN_PATH,
-    sharing: SharingMode | str = SharingMode.MPS,
+    sharing: SharingMode | str = SharingMode.SOFT,
     state_dir: str | os.PathLike[str] = "/var/lib/gpuslice",
     mig_layouts: Mapping[int, MigLayout] | None = None,
     health_checks: bool = True,
@@ -920,9 +1020,7 @@ def serve(
     """Run the device plugin for ``machine`` until ``stop`` is set (default: until SIGTERM or SIGINT).
 
     A simulated machine (``discover(simulate=…)``) gets its MIG layouts from ``default_mig_layouts``,
-    no NVML health checks and no MPS daemon; a real one reads its MIG layouts and XID events through
-    NVML and, with ``sharing`` mps, starts the MPS control daemon (``enforcement.MpsDaemon``) whose
-    pipe directory Allocate mounts into containers. Without ``pods``, ``KubeApi(kubeconfig)`` serves as
+    no NVML health checks; a real one reads its MIG layouts and XID events through NVML. Without ``pods``, ``KubeApi(kubeconfig)`` serves as
     both the pod source and the node publisher. With ``metrics_port``, Prometheus metrics (device and
     GPU health, observe/k8s_metrics.py) are served at ``http://metrics_host:metrics_port/metrics``."""
     if mig_layouts is None:
@@ -949,10 +1047,6 @@ def serve(
         sharing=sharing,
         state_dir=state_dir,
     )
-    if plugin.sharing is SharingMode.MPS and not simulated:
-        # Started if not running, and left running when the plugin exits: the containers' MPS clients
-        # still use it, and a plugin restart (DaemonSet rollout) must not take their GPUs away.
-        MpsDaemon(Path(state_dir)).start()
     done = stop if stop is not None else threading.Event()
     if stop is None:
         for sig in (signal.SIGTERM, signal.SIGINT):

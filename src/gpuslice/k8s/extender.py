@@ -90,6 +90,7 @@ __all__ = [
     "MAX_EXTENDER_PRIORITY",
     "REASON_NO_INVENTORY",
     "REASON_NO_MIG_INSTANCE",
+    "REASON_RESERVED",
     "REASON_SHARE_LIMIT",
     "RELISTED",
     "SERVER_OPTIONS",
@@ -123,6 +124,11 @@ RELISTED = "RELISTED"  # WatchEvent.type after a full list: object {"items": [..
 # Verdict codes of one node for one pod (0 = fits); the first two are beyond preemption's reach
 # (they go to FailedAndUnresolvableNodes).
 _NO_INVENTORY, _MODEL, _SHARES, _GPU, _MEMORY, _NO_MIG = 1, 2, 3, 4, 5, 6
+_RESERVED, _EXCLUDED = 7, 8  # held for a preempting pod; refused by the placement policy's own filter
+REASON_RESERVED = "held for a higher-priority pod that preempted pods on this node"
+# How long a node stays held for a pod that preempted there if it never binds (its victims' grace
+# period, 30 s by default, plus kube-scheduler's retry back-off, with room to spare).
+NOMINATION_S = 300.0
 
 
 # ---- the Kubernetes API, behind an interface ----------------------------------------------------------
@@ -149,6 +155,10 @@ class KubeApi(Protocol):
     def create_event(
         self, namespace: str, pod_name: str, pod_uid: str, reason: str, message: str
     ) -> None: ...
+
+    def delete_pod(self, namespace: str, name: str, uid: str) -> None:
+        """Delete a preemption victim with its own grace period (only if it is still that pod: ``uid``)."""
+        ...
 
 
 class KubernetesApi:
@@ -195,6 +205,13 @@ class KubernetesApi:
             count=1,
         )
         self._core.create_namespaced_event(namespace, event)
+
+    def delete_pod(self, namespace: str, name: str, uid: str) -> None:
+        c = self._client
+        # The UID precondition: a pod recreated under the same name since is not touched.
+        self._core.delete_namespaced_pod(
+            name, namespace, body=c.V1DeleteOptions(preconditions=c.V1Preconditions(uid=uid))
+        )
 
     def events(self) -> Iterator[WatchEvent]:
         """Every node and pod as ADDED, then their changes; relists after a dropped or expired watch."""
@@ -244,6 +261,19 @@ class _Bound:
     decision: Decision
     placement: Placement | None = None  # None while its node has no inventory, or for MIG pods
     mig_key: tuple[str, int, int] | None = None  # (node, gpu, start)
+    namespace: str = ""
+    name: str = ""
+    priority: int = 0  # spec.priority, set by the API server's Priority admission from priorityClassName
+
+
+@dataclass(frozen=True, slots=True)
+class _Nomination:
+    """A node where a pod preempted others: held for it until it binds, goes away, or ``deadline``."""
+
+    uid: str
+    priority: int
+    victims: frozenset[str]
+    deadline: float  # time.monotonic()
 
 
 @dataclass
@@ -311,7 +341,14 @@ class ClusterState:
     ``_node_locks`` serialise binds on one node from choosing GPUs to reserving them.
     """
 
-    def __init__(self, api: KubeApi, default_policy: str = DEFAULT_POLICY) -> None:
+    def __init__(
+        self,
+        api: KubeApi,
+        default_policy: str = DEFAULT_POLICY,
+        *,
+        narrow: bool = False,
+        target: TargetWorkload | None = None,
+    ) -> None:
         # A registry name, or (operator's choice only, never a pod's annotation) a verified, guarded
         # policy file; UnknownPolicy lists the known names, PolicyRejected the file's violations.
         self._default_factory = resolve(default_policy, "placement", placement_policy, on_event=log.warning)
@@ -330,6 +367,14 @@ class ClusterState:
         self._name_cache: list[tuple[_Ledgered, list[str], np.ndarray]] = []
         self._passed: OrderedDict[str, tuple[_Ledgered, list[str], np.ndarray]] = OrderedDict()
         self.conflicts = 0  # bound pods the ledger could not hold (over-committed from outside)
+        # Filter answers with the one node the placement policy chooses (see ``filter``); False leaves
+        # the choice among all fitting nodes to kube-scheduler's scoring plus this extender's scores.
+        self.narrow = narrow
+        self._nominations: dict[str, _Nomination] = {}  # node name -> the pod that preempted there
+        self.preemptions = 0  # pods this extender evicted to make room for higher-priority ones
+        # FGD's expected workload, given by the operator (``--target-workload``, its GPU part: CPU is
+        # kube-scheduler's business here); else the shapes of the pods bound when the ledger was built.
+        self.target = target
 
     # ---- watch --------------------------------------------------------------------------------------
 
@@ -377,6 +422,7 @@ class ClusterState:
         with self._lock:
             if event.type == "DELETED" or phase in ("Succeeded", "Failed"):
                 self._forget(uid)
+                self._drop_nomination(uid)
                 return
             if uid in self._pods:
                 return
@@ -389,7 +435,8 @@ class ClusterState:
             except InvalidRequest as err:
                 log.warning("pod %s: %s; not counted in the ledger", uid, err)
                 return
-            bound = _Bound(node=decision.node, ask=ask, decision=decision)
+            namespace, name, _ = _pod_meta(pod)
+            bound = _Bound(decision.node, ask, decision, namespace=namespace, name=name, priority=_priority(pod))
             self._pods[uid] = bound
             if self._built is not None:
                 self._hold(self._built, uid, bound)
@@ -506,9 +553,17 @@ class ClusterState:
     def filter(self, pod: Mapping[str, Any], node_names: list[str]) -> FilterResult:
         """Which of ``node_names`` can take the pod, with a reason for each one that cannot.
 
+        With ``narrow`` (``gpuslice k8s extender``'s default, ``--decide``) exactly one node passes when any fits: the one the placement
+        policy chooses among them, through the same ``Placer`` as ``gpuslice sim`` (its scores and tie
+        rule). kube-scheduler then has nothing left to weigh, so its own scoring (which spreads pods,
+        the opposite of packing) cannot undo the policy's choice; the other fitting nodes are reported
+        failed with the node chosen instead.
+
         Reasons preemption cannot cure (no inventory, GPU model, invalid request) go to ``unresolvable``
         (``FailedAndUnresolvableNodes``), so kube-scheduler does not evict pods for nothing. If no node
-        passes, a Warning Event on the pod says why.
+        passes, this extender preempts lower-priority gpuslice pods itself where that makes room
+        (``_preempt``: kube-scheduler's own preemption never reaches an extender that alone refuses a
+        node), and a Warning Event on the pod says why it waits.
         """
         self._remember(pod)
         try:
@@ -522,27 +577,161 @@ class ClusterState:
         built = self._ledgered()
         idx = self._indices(built, node_names)
         codes, texts = self._verdicts(built, ask, idx)
+        codes = self._reserved_for_others(pod, node_names, codes)
+        texts = [*texts, *[""] * (_RESERVED - len(texts)), REASON_RESERVED]
         ok = codes == 0
-        if ok.all():
-            result = FilterResult(list(node_names), {}, {})
-        else:
-            # Object arrays and C-level zips: thousands of refused nodes cost no Python loop.
-            names = np.fromiter(node_names, dtype=object, count=len(node_names))
-            reason = np.array(texts, dtype=object)
-            unresolvable = (codes == _NO_INVENTORY) | (codes == _MODEL)
-            failed = ~ok & ~unresolvable
-            result = FilterResult(
-                names[ok].tolist(),
-                dict(zip(names[failed].tolist(), reason[codes[failed]].tolist(), strict=True)),
-                dict(zip(names[unresolvable].tolist(), reason[codes[unresolvable]].tolist(), strict=True)),
-            )
+        chosen = -1
+        if self.narrow and ok.sum() > 1:
+            chosen = self._choose(built, ask, idx, ok)
+            if chosen < 0:  # the policy's own filter took every fitting node away
+                codes = np.where(ok, _EXCLUDED, codes)
+                ok[:] = False
+        texts = [*texts, *[""] * (_EXCLUDED - len(texts)), RefusalCode.EXCLUDED_BY_POLICY.value]
+        names = np.fromiter(node_names, dtype=object, count=len(node_names))
+        reason = np.array(texts, dtype=object)
+        unresolvable = (codes == _NO_INVENTORY) | (codes == _MODEL)
+        failed = ~ok & ~unresolvable
+        failed_map = dict(zip(names[failed].tolist(), reason[codes[failed]].tolist(), strict=True))
+        passed = names[ok].tolist()
+        if chosen >= 0:
+            others = ok.copy()
+            others[chosen] = False
+            policy = ask.policy or self.default_policy
+            failed_map.update(dict.fromkeys(names[others].tolist(), f"gpuslice ({policy}) chose {names[chosen]}"))
+            passed = [names[chosen]]
+            ok = np.zeros_like(ok)
+            ok[chosen] = True
+        result = FilterResult(
+            passed,
+            failed_map,
+            dict(zip(names[unresolvable].tolist(), reason[codes[unresolvable]].tolist(), strict=True)),
+        )
         self._keep_passed(pod, built, result.passed, idx[ok])
         if not ok.any() and node_names:
             counts = np.bincount(codes, minlength=len(texts))
-            self._explain(
-                pod, len(node_names), Counter({texts[c]: int(n) for c, n in enumerate(counts) if n})
-            )
+            why = Counter({texts[c]: int(n) for c, n in enumerate(counts) if n})
+            preempting = self._preempt(pod, built, ask, node_names, idx, codes)
+            if preempting:
+                why = Counter({preempting: len(node_names)})
+            self._explain(pod, len(node_names), why)
         return result
+
+    def _choose(self, built: _Ledgered, ask: PodGpuRequest, idx: np.ndarray, ok: np.ndarray) -> int:
+        """Position in ``idx`` of the node the policy chooses among the ``ok`` ones; -1 if its filter
+        refuses them all. MIG: the node with the fewest free instances of the profile (packing)."""
+        rows = idx[ok]
+        positions = np.flatnonzero(ok)
+        if ask.mig_profile:
+            free = [self._mig_free(built, int(i), ask.mig_profile) for i in rows]
+            return int(positions[int(np.argmin(free))])
+        placer = self._placer(built, ask)
+        req = ask.to_request()
+        mask = np.zeros(built.ledger.node_count, dtype=bool)
+        mask[rows] = True
+        mask &= placer.feasible(req)
+        if not mask.any():
+            return -1
+        node = placer.choose_node(req, mask)
+        return int(positions[np.flatnonzero(rows == node)[0]])
+
+    # ---- preemption by the extender ---------------------------------------------------------------------
+
+    def _reserved_for_others(
+        self, pod: Mapping[str, Any], node_names: list[str], codes: np.ndarray
+    ) -> np.ndarray:
+        """Codes with ``_RESERVED`` on the nodes where a pod of at least this pod's priority preempted
+        others and has not bound yet: the room it made is its own (kube-scheduler's nominated node)."""
+        if not self._nominations:
+            return codes
+        uid, priority, now = _pod_meta(pod)[2], _priority(pod), time.monotonic()
+        with self._lock:
+            for node, held in list(self._nominations.items()):
+                if held.deadline < now:
+                    del self._nominations[node]
+            held_nodes = {
+                n for n, h in self._nominations.items() if h.uid != uid and h.priority >= priority
+            }
+        if not held_nodes:
+            return codes
+        mask = np.fromiter((n in held_nodes for n in node_names), dtype=bool, count=len(node_names))
+        return np.where(mask & (codes == 0), _RESERVED, codes)
+
+    def _drop_nomination(self, uid: str) -> None:
+        for node in [n for n, h in self._nominations.items() if h.uid == uid]:
+            del self._nominations[node]
+
+    def _preempt(
+        self,
+        pod: Mapping[str, Any],
+        built: _Ledgered,
+        ask: PodGpuRequest,
+        node_names: list[str],
+        idx: np.ndarray,
+        codes: np.ndarray,
+    ) -> str:
+        """Make room for a pod no node can take by evicting lower-priority gpuslice pods; '' if none.
+
+        kube-scheduler's default preemption simulates evictions with its in-tree filters only: when just
+        this extender refuses a node, the simulation finds no victim and never calls the extender's
+        preempt verb (Kubernetes up to at least v1.37). So the extender does what that plugin would: on
+        the nodes kube-scheduler offered, the fewest lowest-priority victims whose removal makes the pod
+        fit (kube-scheduler's rules: only lower priority; prefer the node whose most important victim is
+        least important, then fewer victims), deleted with their own grace period; the node is then held
+        for the pod until it binds (``_reserved_for_others``). Returns the reason the pod waits.
+        """
+        namespace, name, uid = _pod_meta(pod)
+        priority = _priority(pod)
+        with self._lock:
+            waiting = next((n for n, h in self._nominations.items() if h.uid == uid), None)
+            if waiting is not None:
+                left = sum(1 for v in self._nominations[waiting].victims if v in self._pods)
+                return f"preempted lower-priority pods on {waiting}; waiting for {left} of them to end"
+            by_node: dict[str, list[tuple[str, _Bound]]] = {}
+            for other, bound in self._pods.items():
+                if bound.priority < priority:
+                    by_node.setdefault(bound.node, []).append((other, bound))
+            best: tuple[tuple[int, int], str, list[tuple[str, _Bound]]] | None = None
+            for k, node_name in enumerate(node_names):
+                row, lower = int(idx[k]), by_node.get(node_name)
+                if row < 0 or not lower or codes[k] in (_NO_INVENTORY, _MODEL, _RESERVED):
+                    continue
+                victims = self._victims(built, row, ask, lower)
+                if victims:
+                    key = (max(b.priority for _, b in victims), len(victims))
+                    if best is None or key < best[0]:
+                        best = (key, node_name, victims)
+            if best is None:
+                return ""
+            _, node_name, victims = best
+            self._nominations[node_name] = _Nomination(
+                uid, priority, frozenset(u for u, _ in victims), time.monotonic() + NOMINATION_S
+            )
+            self.preemptions += len(victims)
+        for victim_uid, bound in victims:
+            try:
+                self.api.delete_pod(bound.namespace, bound.name, victim_uid)
+            except Exception:
+                log.warning("could not delete preemption victim %s/%s", bound.namespace, bound.name, exc_info=True)
+            self._post_event(
+                bound.namespace, bound.name, victim_uid, "Preempted",
+                f"gpuslice: preempted by {namespace}/{name} (priority {priority}) on {node_name}",
+            )
+        log.info("pod %s/%s preempted %d pod(s) on %s", namespace, name, len(victims), node_name)
+        return f"preempted {len(victims)} lower-priority pod(s) on {node_name}; waiting for them to end"
+
+    def _victims(
+        self, built: _Ledgered, row: int, ask: PodGpuRequest, lower: list[tuple[str, _Bound]]
+    ) -> list[tuple[str, _Bound]]:
+        """The fewest pods of ``lower`` whose removal lets ``ask`` fit on ledger ``row`` ([] if none do):
+        all of them must suffice, then each is spared, most important first, while the pod still fits."""
+        if not self._fits_without(built, row, ask, [u for u, _ in lower]):
+            return []
+        victims = sorted(lower, key=lambda v: (-v[1].priority, -v[1].decision.bind_time))
+        for spared in list(victims):
+            rest = [v for v in victims if v is not spared]
+            if self._fits_without(built, row, ask, [u for u, _ in rest]):
+                victims = rest
+        return victims
 
     def _indices(self, built: _Ledgered, node_names: list[str]) -> np.ndarray:
         """Ledger index per name (-1: no inventory). kube-scheduler sends the same list pod after pod,
@@ -697,7 +886,7 @@ class ClusterState:
                 placer = built.placers.get(name)
                 if placer is None:
                     factory = self._default_factory if name == self.default_policy else placement_policy(name)
-                    target = built.targets or TargetWorkload.from_requests([ask.to_request()])
+                    target = self.target or built.targets or TargetWorkload.from_requests([ask.to_request()])
                     context = PolicyContext(rng=np.random.default_rng(0), target=target)
                     placer = built.placers[name] = Placer(built.ledger, factory(built.ledger.view, context))
         return placer
@@ -717,10 +906,15 @@ class ClusterState:
             return f"cannot read pod {namespace}/{name}: {err}"
         decision: Decision | None = None
         if ask.wants_gpu:
+            held = self._nominations.get(node)
+            if held is not None and held.uid != uid and held.priority >= _priority(pod):
+                return f"pod {namespace}/{name} on {node}: {REASON_RESERVED}"
             with self._node_lock(node):
-                decision, problem = self._reserve(uid, node, ask)
+                decision, problem = self._reserve(uid, node, ask, pod)
             if decision is None:
                 return f"pod {namespace}/{name} on {node}: {problem}"
+            with self._lock:
+                self._drop_nomination(uid)
         try:
             if decision is not None:
                 self.api.patch_pod_annotations(namespace, name, decision.to_annotations())
@@ -742,7 +936,9 @@ class ClusterState:
         with self._lock:
             return self._node_locks.setdefault(node, threading.Lock())
 
-    def _reserve(self, uid: str, node_name: str, ask: PodGpuRequest) -> tuple[Decision | None, str]:
+    def _reserve(
+        self, uid: str, node_name: str, ask: PodGpuRequest, pod: Mapping[str, Any]
+    ) -> tuple[Decision | None, str]:
         """Under the node's lock: pick GPUs and hold them in the ledger (or a MIG instance)."""
         with self._lock:
             if uid in self._pods:  # a retried bind: give back what the earlier attempt held
@@ -754,6 +950,8 @@ class ClusterState:
         inv = built.inventories[node]
         uuids = {g.index: g.uuid for g in inv.gpus}
         now = int(time.time())
+        namespace, name, _ = _pod_meta(pod)
+        who = {"namespace": namespace, "name": name, "priority": _priority(pod)}
         if ask.mig_profile:
             with self._lock:
                 for gpu in inv.gpus:
@@ -766,7 +964,7 @@ class ClusterState:
                             node_name, ask.container, (gpu.index,), (gpu.uuid,), 0, 100, mig, bind_time=now
                         )
                         self._mig_used[key] = uid
-                        self._pods[uid] = _Bound(node_name, ask, decision, mig_key=key)
+                        self._pods[uid] = _Bound(node_name, ask, decision, mig_key=key, **who)
                         return decision, ""
             return None, f"{REASON_NO_MIG_INSTANCE} {ask.mig_profile} (taken since filter)"
         req = ask.to_request()
@@ -790,7 +988,7 @@ class ClusterState:
                 cores,
                 bind_time=now,
             )
-            self._pods[uid] = _Bound(node_name, ask, decision, placement=result)
+            self._pods[uid] = _Bound(node_name, ask, decision, placement=result, **who)
             return decision, ""
 
     def _choose_gpus(
@@ -903,10 +1101,14 @@ class ClusterState:
         if last is not None and last[0] == message and now - last[1] < EVENT_REPEAT_S:
             return
         self._last_event[uid] = (message, now)
+        self._post_event(namespace, name, uid, "FailedScheduling", message)
+
+    def _post_event(self, namespace: str, name: str, uid: str, reason: str, message: str) -> None:
+        """A Warning Event on a pod, sent off the request path."""
 
         def post() -> None:
             try:
-                self.api.create_event(namespace, name, uid, "FailedScheduling", message)
+                self.api.create_event(namespace, name, uid, reason, message)
             except Exception:
                 log.warning("could not post an Event on %s/%s", namespace, name, exc_info=True)
 
@@ -950,6 +1152,12 @@ def _ask(pod: Mapping[str, Any]) -> PodGpuRequest:
         except UnknownPolicy as err:
             raise InvalidRequest(f"annotation {ANNOTATION_PLACEMENT_POLICY}: {err}") from None
     return ask
+
+
+def _priority(pod: Mapping[str, Any]) -> int:
+    """spec.priority (the API server's Priority admission resolves priorityClassName into it); 0 if unset."""
+    value = (pod.get("spec") or {}).get("priority")
+    return int(value) if isinstance(value, int) and not isinstance(value, bool) else 0
 
 
 def _models_text(ask: PodGpuRequest, models: tuple[str, ...]) -> str:
@@ -1003,10 +1211,14 @@ def create_app(state: ClusterState, events: Iterable[WatchEvent] | None = None) 
             body, names = reader.read(await request.body())
             result = state.filter(wire.field(body, "Pod") or {}, names)
             reader.remember(result.passed)  # what kube-scheduler sends to /prioritize next
+            nodes = wire.field(body, "Nodes") if wire.field(body, "NodeNames") is None else None
         except (GpusliceError, ValueError) as err:
             return Response(wire.filter_error(str(err)), media_type=_JSON)
         return Response(
-            wire.filter_reply(result.passed, result.failed, result.unresolvable), media_type=_JSON
+            wire.filter_reply(
+                result.passed, result.failed, result.unresolvable, nodes if isinstance(nodes, dict) else None
+            ),
+            media_type=_JSON,
         )
 
     async def prioritize(request: HttpRequest) -> Response:

@@ -3,7 +3,8 @@
 ```text
 ExtenderArgs            {"Pod": {...}, "Nodes": null, "NodeNames": ["n1", ...]}   (nodeCacheCapable)
 ExtenderFilterResult    {"NodeNames": [...], "FailedNodes": {name: reason}, "FailedAndUnresolvableNodes":
-                         {name: reason}, "Error": ""}
+                         {name: reason}, "Error": ""}, plus "Nodes": {"items": [...]} when the request
+                         carried whole Nodes (nodeCacheCapable: false)
 HostPriorityList        [{"Host": "n1", "Score": 0..10}, ...]
 ```
 
@@ -130,16 +131,29 @@ class ArgsReader:
         self._recent = [(tail, names), *self._recent[: self._keep - 1]]
 
 
-def filter_reply(passed: list[str], failed: Mapping[str, str], unresolvable: Mapping[str, str]) -> bytes:
-    """ExtenderFilterResult for a filter that ran."""
-    return orjson.dumps(
-        {
-            "NodeNames": passed,
-            "FailedNodes": failed,
-            "FailedAndUnresolvableNodes": unresolvable,
-            "Error": "",
-        }
-    )
+def filter_reply(
+    passed: list[str],
+    failed: Mapping[str, str],
+    unresolvable: Mapping[str, str],
+    nodes: Mapping[str, Any] | None = None,
+) -> bytes:
+    """ExtenderFilterResult for a filter that ran.
+
+    ``nodes``: the request's ``Nodes`` (a NodeList) when kube-scheduler sent whole nodes
+    (``nodeCacheCapable: false``); it then reads the survivors from the reply's ``Nodes.items`` only, so
+    they go back there, as the objects it sent. NodeNames is always filled too.
+    """
+    reply: dict[str, Any] = {
+        "NodeNames": passed,
+        "FailedNodes": failed,
+        "FailedAndUnresolvableNodes": unresolvable,
+        "Error": "",
+    }
+    if nodes is not None:
+        keep = set(passed)
+        items = [i for i in nodes.get("items") or [] if (i.get("metadata") or {}).get("name") in keep]
+        reply["Nodes"] = {**nodes, "items": items}
+    return orjson.dumps(reply)
 
 
 def filter_error(message: str) -> bytes:

@@ -59,6 +59,16 @@ class TargetWorkload:
         prob = np.array([c for _, c in kept], dtype=np.float64) / covered
         return cls(shapes=tuple(s for s, _ in kept), probability=prob)
 
+    @classmethod
+    def gpu_part(cls, requests: Iterable[Request], coverage: float = DEFAULT_COVERAGE) -> TargetWorkload:
+        """The target of the GPU tasks with CPU left out: for a scheduler that leaves CPU to another
+        (the Kubernetes extender, whose ledger holds no CPU: kube-scheduler checks it)."""
+        return cls.from_requests(
+            (Request(0, 0, r.num_gpu, r.gpu_milli, r.gpu_models) for r in requests if r.num_gpu),
+            coverage,
+            include_cpu_only=False,
+        )
+
     def __len__(self) -> int:
         return len(self.shapes)
 

@@ -1,0 +1,195 @@
+"""The extender deciding where a pod goes (filter narrowed to the placement policy's choice), answering
+kube-schedulers that send whole Nodes, and preempting lower-priority pods itself where only it refuses
+a node (kube-scheduler's own preemption never reaches it there)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+from gpuslice.k8s.annotations import ANNOTATION_GPU_MODELS, ANNOTATION_PLACEMENT_POLICY, pod_gpu_request
+from gpuslice.k8s.extender import REASON_RESERVED, ClusterState, WatchEvent
+from gpuslice.policies import PolicyContext, placement_policy
+from gpuslice.scheduler.placer import Placer
+
+from test_extender import (
+    FakeApi,
+    _bound_pod,
+    args,
+    binding,
+    client_for,
+    inventory,
+    node_event,
+    pod_json,
+)
+
+SHARE = {"gpuslice.io/gpu": "1", "gpuslice.io/gpumem": "20000", "gpuslice.io/gpucores": "20"}
+
+
+def narrow_state(api: FakeApi, nodes: dict[str, Any], policy: str = "bestfit") -> ClusterState:
+    state = ClusterState(api, default_policy=policy, narrow=True)
+    for name, inv in nodes.items():
+        state.apply(node_event(name, inv))
+    return state
+
+
+def with_priority(pod: dict[str, Any], priority: int) -> dict[str, Any]:
+    pod["spec"]["priority"] = priority
+    return pod
+
+
+# ---- deciding ------------------------------------------------------------------------------------------
+
+
+def test_filter_passes_only_the_node_the_policy_chooses_and_says_why_for_the_others():
+    api = FakeApi()
+    state = narrow_state(api, {"a": inventory(), "b": inventory(), "c": inventory()})
+    state.apply(WatchEvent("Pod", "ADDED", _bound_pod("old", "b", "3", SHARE)))
+    with client_for(state) as http:
+        reply = http.post("/filter", json=args(pod_json("new", SHARE), ["a", "b", "c"])).json()
+    assert reply["NodeNames"] == ["b"]  # bestfit: the node whose GPU is already in use
+    assert reply["FailedNodes"] == {"a": "gpuslice (bestfit) chose b", "c": "gpuslice (bestfit) chose b"}
+
+
+@pytest.mark.parametrize("policy", ["bestfit", "fgd", "dotprod", "hami-spread", "clustering"])
+def test_the_chosen_node_is_the_one_the_shared_placer_chooses(policy):
+    """The same Placer (scores, tie rule) as gpuslice sim, over the nodes kube-scheduler offered."""
+    api = FakeApi()
+    state = narrow_state(api, {f"n{i}": inventory(gpus=2 + i % 3) for i in range(6)}, policy)
+    for i, node in enumerate(["n1", "n1", "n4"]):
+        state.apply(WatchEvent("Pod", "ADDED", _bound_pod(f"p{i}", node, str(i % 2), SHARE)))
+    pod = pod_json("x", SHARE, {ANNOTATION_PLACEMENT_POLICY: policy})
+    offered = ["n0", "n1", "n3", "n4", "n5"]  # n2 dropped by kube-scheduler's own filters
+    chosen = state.filter(pod, offered).passed
+    built = state._ledgered()
+    placer = Placer(built.ledger, placement_policy(policy)(built.ledger.view, PolicyContext(
+        rng=np.random.default_rng(0), target=built.targets)))
+    mask = np.zeros(built.ledger.node_count, dtype=bool)
+    mask[[built.index[n] for n in offered]] = True
+    request = pod_gpu_request(pod).to_request()
+    expected = built.ledger.node_names[placer.choose_node(request, mask & placer.feasible(request))]
+    assert chosen == [expected]
+
+
+def test_without_deciding_every_fitting_node_passes():
+    api = FakeApi()
+    state = ClusterState(api)  # narrow=False: kube-scheduler weighs the scores
+    for name in ("a", "b"):
+        state.apply(node_event(name, inventory()))
+    assert state.filter(pod_json("x", SHARE), ["a", "b"]).passed == ["a", "b"]
+
+
+# ---- whole Nodes (nodeCacheCapable: false) --------------------------------------------------------------
+
+
+def test_filter_answers_whole_nodes_in_nodes_items_when_kube_scheduler_sent_nodes():
+    """Without nodeCacheCapable kube-scheduler reads only Nodes.items from the reply: a reply with
+    NodeNames alone leaves every pod unschedulable."""
+    api = FakeApi()
+    state = ClusterState(api)
+    for name in ("a", "t4"):
+        state.apply(node_event(name, inventory() if name == "a" else inventory("T4", gpus=1, memory_mib=15109)))
+    nodes = {"metadata": {"resourceVersion": "7"}, "items": [
+        {"metadata": {"name": "a", "labels": {"x": "1"}}, "status": {}},
+        {"metadata": {"name": "t4"}, "status": {}},
+    ]}
+    body = {"Pod": pod_json("x", SHARE), "Nodes": nodes, "NodeNames": None}
+    with client_for(state) as http:
+        reply = http.post("/filter", json=body).json()
+    assert [n["metadata"]["name"] for n in reply["Nodes"]["items"]] == ["a"]
+    assert reply["Nodes"]["items"][0] == nodes["items"][0]  # the object as sent
+    assert "t4" in reply["FailedNodes"]
+
+
+def test_a_node_names_request_gets_no_nodes_field():
+    api = FakeApi()
+    state = ClusterState(api)
+    state.apply(node_event("a", inventory()))
+    with client_for(state) as http:
+        reply = http.post("/filter", json=args(pod_json("x", SHARE), ["a"])).json()
+    assert "Nodes" not in reply and reply["NodeNames"] == ["a"]
+
+
+# ---- preemption by the extender --------------------------------------------------------------------------
+
+BIG = {"gpuslice.io/gpu": "1", "gpuslice.io/gpumem": "60000"}
+
+
+def full_node(api: FakeApi) -> ClusterState:
+    """One 2-GPU A100 node; a low (priority 10) and a mid (priority 50) pod hold 60 GB on one GPU each."""
+    state = narrow_state(api, {"n": inventory(gpus=2)})
+    for name, gpu, priority in (("low", "0", 10), ("mid", "1", 50)):
+        state.apply(WatchEvent("Pod", "ADDED", with_priority(_bound_pod(name, "n", gpu, BIG), priority)))
+    return state
+
+
+def test_a_pod_only_the_extender_refuses_preempts_the_least_important_victim():
+    api = FakeApi()
+    state = full_node(api)
+    high = with_priority(pod_json("high", BIG), 100)
+    result = state.filter(high, ["n"])
+    assert result.passed == []
+    assert api.deleted == [("team-a", "low", "uid-low")]  # one victim is enough; the least important
+    state.flush_events()
+    reasons = {(name, reason) for _, name, reason, _ in api.events}
+    assert ("low", "Preempted") in reasons and ("high", "FailedScheduling") in reasons
+    # retried before the victim is gone: nothing more is deleted, the pod is told to wait
+    state.filter(high, ["n"])
+    assert len(api.deleted) == 1
+
+
+def test_no_preemption_for_a_pod_of_equal_or_lower_priority():
+    api = FakeApi()
+    state = full_node(api)
+    state.filter(with_priority(pod_json("peer", BIG), 10), ["n"])
+    assert api.deleted == []
+
+
+def test_the_room_a_preemption_made_is_held_for_the_preemptor():
+    api = FakeApi()
+    state = full_node(api)
+    high = with_priority(pod_json("high", BIG), 100)
+    state.filter(high, ["n"])
+    state.apply(WatchEvent("Pod", "DELETED", _bound_pod("low", "n", "0", BIG)))  # the kubelet removed it
+    sneaky = with_priority(pod_json("sneaky", BIG), 20)
+    refused = state.filter(sneaky, ["n"])
+    assert refused.passed == [] and refused.failed["n"] == REASON_RESERVED
+    assert state.bind("team-a", "sneaky", "uid-sneaky", "n").endswith(REASON_RESERVED)
+    assert state.filter(high, ["n"]).passed == ["n"]
+    api.pods[("team-a", "high")] = high
+    assert state.bind("team-a", "high", "uid-high", "n") == ""
+    # bound: the node is nobody's reservation any more
+    assert state._nominations == {}
+
+
+def test_a_victim_that_would_not_make_room_is_never_evicted():
+    """Evicting the small pod would not free 60 GB: no preemption at all."""
+    api = FakeApi()
+    state = narrow_state(api, {"n": inventory(gpus=1)})
+    small = {"gpuslice.io/gpu": "1", "gpuslice.io/gpumem": "10000"}
+    state.apply(WatchEvent("Pod", "ADDED", with_priority(_bound_pod("big", "n", "0", BIG), 1000)))
+    state.apply(WatchEvent("Pod", "ADDED", with_priority(_bound_pod("small", "n", "0", small), 1)))
+    state.filter(with_priority(pod_json("want", {**BIG, "gpuslice.io/gpumem": "30000"}), 100), ["n"])
+    assert api.deleted == []
+
+
+def test_preemption_respects_the_pods_model_pin():
+    api = FakeApi()
+    state = full_node(api)
+    high = with_priority(pod_json("high", BIG, {ANNOTATION_GPU_MODELS: "H100"}), 100)
+    state.filter(high, ["n"])
+    assert api.deleted == []
+
+
+def test_bind_of_the_preemptor_works_through_the_http_app():
+    api = FakeApi()
+    state = full_node(api)
+    high = with_priority(pod_json("high", BIG), 100)
+    api.pods[("team-a", "high")] = high
+    with client_for(state) as http:
+        http.post("/filter", json=args(high, ["n"]))
+        state.apply(WatchEvent("Pod", "DELETED", _bound_pod("low", "n", "0", BIG)))
+        assert http.post("/filter", json=args(high, ["n"])).json()["NodeNames"] == ["n"]
+        assert http.post("/bind", json=binding(high, "n")).json() == {"Error": ""}

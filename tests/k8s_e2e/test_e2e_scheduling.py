@@ -1,0 +1,288 @@
+"""gpuslice on a real kube-apiserver and kube-scheduler: every request shape ends bound through our
+extender with our decision, nothing is over-committed as read back from the API, a pod that cannot fit
+waits with our reason, preemption by priority works where only the extender refuses, and a kill -9 of
+the extender mid-stream loses nothing."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections import defaultdict
+from typing import Any
+
+import pytest
+
+from gpuslice.k8s.annotations import (
+    ANNOTATION_BIND_PHASE,
+    ANNOTATION_EXCLUDE_GPU_MODELS,
+    ANNOTATION_GPU_INDICES,
+    ANNOTATION_GPU_MODELS,
+    ANNOTATION_MIG_INSTANCE,
+    ANNOTATION_NODE,
+    ANNOTATION_NODE_INVENTORY,
+    ANNOTATION_PLACEMENT_POLICY,
+    BIND_PHASE_ALLOCATED,
+    SCHEDULER_NAME,
+    Decision,
+    NodeInventory,
+)
+from gpuslice.k8s.device_plugin import LABEL_COUNT, LABEL_MIG_CAPABLE, LABEL_PRODUCT
+from gpuslice.k8s.proto import deviceplugin_pb2 as pb
+
+from e2e_helpers import RegisteredNode, Stack, gpu_pod, register_node, wait_for
+
+pytestmark = pytest.mark.k8s_e2e
+
+# Eight GPU nodes of mixed models: NVLink all-pairs (H100, A100), hybrid cube-mesh NVLink pairs (V100),
+# PCIe only (L4, T4), one A100 in MIG mode, and one small node kept for the preemption test (A10s).
+NODES = {
+    "gpu-h100": "dgx-h100",
+    "gpu-a100": "dgx-a100",
+    "gpu-a100-mig": "dgx-a100:mig",
+    "gpu-v100": "dgx1-v100",
+    "gpu-h200": "hgx-h200",
+    "gpu-l4-a": "pcie-4x-l4",
+    "gpu-t4": "pcie-4x-l4@T4",
+    "gpu-a10": "pcie-4x-l4@A10",
+}
+
+
+PREEMPT_TAINT = "e2e.gpuslice.io/preemption"  # only the preemption test's pods go to gpu-a10
+
+
+@pytest.fixture(scope="module")
+def cluster(stack: Stack, core: Any, api_client: Any) -> dict[str, RegisteredNode]:
+    return {
+        name: register_node(core, api_client, name, simulate, taint=PREEMPT_TAINT if name == "gpu-a10" else "")
+        for name, simulate in NODES.items()
+    }
+
+
+def create(core: Any, namespace: str, pod: dict[str, Any]) -> Any:
+    return core.create_namespaced_pod(namespace, pod)
+
+
+def bound(core: Any, namespace: str, name: str, timeout_s: float = 60) -> Any:
+    def check() -> Any:
+        pod = core.read_namespaced_pod(name, namespace)
+        return pod if pod.spec.node_name else None
+
+    return wait_for(check, timeout_s, f"pod {namespace}/{name} to be bound")
+
+
+def assert_nothing_overcommitted(core: Any) -> None:
+    """Every GPU's memory, compute and share count, summed over the pods bound to it as the API server
+    has them, within what its node's inventory says it has."""
+    nodes = {n.metadata.name: n for n in core.list_node().items}
+    inventories = {
+        name: NodeInventory.from_json(node.metadata.annotations[ANNOTATION_NODE_INVENTORY])
+        for name, node in nodes.items()
+        if ANNOTATION_NODE_INVENTORY in (node.metadata.annotations or {})
+    }
+    memory: dict[tuple[str, int], int] = defaultdict(int)
+    cores: dict[tuple[str, int], int] = defaultdict(int)
+    shares: dict[tuple[str, int], int] = defaultdict(int)
+    mig: set[tuple[str, int, int]] = set()
+    for pod in core.list_pod_for_all_namespaces().items:
+        annotations = pod.metadata.annotations or {}
+        if not pod.spec.node_name or ANNOTATION_NODE not in annotations:
+            continue
+        decision = Decision.from_annotations(annotations)
+        assert decision is not None and decision.node == pod.spec.node_name
+        inv = inventories[decision.node]
+        if decision.mig is not None:
+            key = (decision.node, decision.mig.gpu_index, decision.mig.start)
+            assert key not in mig, f"MIG instance {key} given twice"
+            mig.add(key)
+            continue
+        for gpu in decision.gpu_indices:
+            total = inv.gpus[gpu].memory_mib
+            memory[(decision.node, gpu)] += decision.memory_mib or total
+            cores[(decision.node, gpu)] += decision.cores_percent or 0
+            shares[(decision.node, gpu)] += 1
+    for (node, gpu), used in memory.items():
+        inv = inventories[node]
+        assert used <= inv.gpus[gpu].memory_mib, f"{node} GPU {gpu}: {used} MiB promised"
+        assert cores[(node, gpu)] <= 100, f"{node} GPU {gpu}: {cores[(node, gpu)]} % of compute promised"
+        assert shares[(node, gpu)] <= inv.split_count
+
+
+def test_device_plugin_publishes_inventory_and_gpu_feature_labels(cluster: dict, core: Any) -> None:
+    node = core.read_node("gpu-h100")
+    labels = node.metadata.labels
+    assert labels[LABEL_PRODUCT] == "H100"
+    assert labels[LABEL_COUNT] == "8"
+    assert core.read_node("gpu-a100-mig").metadata.labels[LABEL_MIG_CAPABLE] == "true"
+    assert core.read_node("gpu-l4-a").metadata.labels[LABEL_MIG_CAPABLE] == "false"
+    inventory = NodeInventory.from_json(node.metadata.annotations[ANNOTATION_NODE_INVENTORY])
+    assert len(inventory.gpus) == 8
+    assert node.status.capacity["gpuslice.io/gpu"] == "80"  # 8 GPUs x splitCount 10
+
+
+def test_every_request_shape_is_bound_by_kube_scheduler_through_the_extender(
+    cluster: dict, core: Any, namespace: str
+) -> None:
+    shapes = {
+        "share-mem": ({"gpuslice.io/gpumem": 10_000}, {}),
+        "share-cores": ({"gpuslice.io/gpu": 1, "gpuslice.io/gpumem": 8_000, "gpuslice.io/gpucores": 30}, {}),
+        "whole": ({"gpuslice.io/gpu": 1}, {}),
+        "four-linked": ({"gpuslice.io/gpu": 4}, {ANNOTATION_GPU_MODELS: "V100M16"}),
+        "mig": ({"gpuslice.io/mig-1g.10gb": 1}, {}),
+        "only-t4": ({"gpuslice.io/gpumem": 4_000}, {ANNOTATION_GPU_MODELS: "T4"}),
+        "not-h100": ({"gpuslice.io/gpu": 2}, {ANNOTATION_EXCLUDE_GPU_MODELS: "H100,H200,A100-80GB"}),
+        "fgd": ({"gpuslice.io/gpumem": 6_000}, {ANNOTATION_PLACEMENT_POLICY: "fgd"}),
+    }
+    for name, (resources, annotations) in shapes.items():
+        create(core, namespace, gpu_pod(name, resources, annotations=annotations))
+    models = {n.metadata.name: n.metadata.labels[LABEL_PRODUCT] for n in core.list_node().items}
+    for name, (_resources, annotations) in shapes.items():
+        pod = bound(core, namespace, name)
+        assert pod.spec.scheduler_name == SCHEDULER_NAME  # set by the webhook
+        decision = Decision.from_annotations(pod.metadata.annotations)
+        assert decision is not None, f"{name}: no gpuslice decision annotations"
+        assert decision.node == pod.spec.node_name
+        model = models[pod.spec.node_name]
+        if ANNOTATION_GPU_MODELS in annotations:
+            assert model in annotations[ANNOTATION_GPU_MODELS].split(","), name
+        if ANNOTATION_EXCLUDE_GPU_MODELS in annotations:
+            assert model not in annotations[ANNOTATION_EXCLUDE_GPU_MODELS].split(","), name
+    mig = core.read_namespaced_pod("mig", namespace)
+    assert mig.spec.node_name == "gpu-a100-mig"
+    assert ANNOTATION_MIG_INSTANCE in mig.metadata.annotations
+    linked = Decision.from_annotations(core.read_namespaced_pod("four-linked", namespace).metadata.annotations)
+    assert linked is not None and len(linked.gpu_indices) == 4
+    # DGX-1's hybrid cube-mesh: GPUs 0-3 (and 4-7) are fully NVLinked among themselves
+    assert set(linked.gpu_indices) in ({0, 1, 2, 3}, {4, 5, 6, 7})
+    whole = core.read_namespaced_pod("whole", namespace)
+    assert ANNOTATION_GPU_INDICES in whole.metadata.annotations
+    assert_nothing_overcommitted(core)
+
+
+def test_placement_follows_the_extender_policy_not_kube_scheduler_spreading(
+    cluster: dict, core: Any, namespace: str
+) -> None:
+    """bestfit packs small shares onto one L4/T4-class GPU; kube-scheduler's default scoring would
+    spread them over the least-allocated nodes. Six 1,000 MiB shares restricted to the L4 node and the
+    T4 node all land on the same GPU of one node."""
+    for i in range(6):
+        create(core, namespace, gpu_pod(f"small-{i}", {"gpuslice.io/gpumem": 1_000},
+                                        annotations={ANNOTATION_GPU_MODELS: "L4,T4"}))
+    placed = {
+        (d.node, d.gpu_indices)
+        for i in range(6)
+        if (d := Decision.from_annotations(bound(core, namespace, f"small-{i}").metadata.annotations))
+    }
+    assert len(placed) == 1, f"bestfit packs; got {placed}"
+
+
+def test_pod_that_fits_nowhere_stays_pending_with_the_extender_reason(
+    cluster: dict, core: Any, namespace: str
+) -> None:
+    create(core, namespace, gpu_pod("too-big", {"gpuslice.io/gpumem": 150_000}))
+
+    def reason() -> str:
+        events = core.list_namespaced_event(namespace, field_selector="involvedObject.name=too-big").items
+        texts = [e.message for e in events if e.reason == "FailedScheduling" and "gpuslice" in (e.message or "")]
+        return texts[0] if texts else ""
+
+    message = wait_for(reason, 60, "a FailedScheduling event from gpuslice")
+    assert "insufficient GPU memory" in message or "0/" in message
+    assert "150000 MiB" in message
+    assert core.read_namespaced_pod("too-big", namespace).spec.node_name is None
+
+
+def test_extender_preempts_lower_priority_pods_when_only_it_refuses(
+    cluster: dict, core: Any, api_client: Any, namespace: str
+) -> None:
+    """Four low-priority pods hold 16 GiB of each A10 (22 GiB): a high-priority pod asking 12 GiB of
+    one fits nowhere, though kube-scheduler sees free gpuslice.io/gpu shares on the node. The
+    extender evicts one low pod; when the kubelet (played here) has removed it, the high pod binds
+    there."""
+    from kubernetes import client
+
+    scheduling = client.SchedulingV1Api(api_client)
+    for name, value in ((f"{namespace}-low", 100), (f"{namespace}-high", 10_000)):
+        scheduling.create_priority_class(
+            client.V1PriorityClass(metadata=client.V1ObjectMeta(name=name), value=value)
+        )
+    a10 = {ANNOTATION_GPU_MODELS: "A10"}
+    for i in range(4):
+        create(core, namespace, gpu_pod(f"low-{i}", {"gpuslice.io/gpumem": 16_000}, annotations=a10,
+                                        priority_class=f"{namespace}-low", grace_s=5, tolerate=PREEMPT_TAINT))
+    for i in range(4):
+        bound(core, namespace, f"low-{i}")
+    create(core, namespace, gpu_pod("high", {"gpuslice.io/gpumem": 12_000}, annotations=a10,
+                                    priority_class=f"{namespace}-high", tolerate=PREEMPT_TAINT))
+
+    def terminating() -> list[Any]:
+        return [p for p in core.list_namespaced_pod(namespace).items
+                if p.metadata.name.startswith("low-") and p.metadata.deletion_timestamp]
+
+    victims = wait_for(terminating, 90, "the extender to delete a lower-priority pod")
+    assert len(victims) == 1, [v.metadata.name for v in victims]
+    for victim in victims:  # the kubelet confirms the container has stopped
+        core.delete_namespaced_pod(victim.metadata.name, namespace, grace_period_seconds=0)
+    high = bound(core, namespace, "high", timeout_s=120)
+    assert high.spec.node_name == "gpu-a10"
+    assert_nothing_overcommitted(core)
+
+
+def test_kill_9_of_the_extender_mid_stream_loses_nothing_and_double_books_nothing(
+    stack: Stack, cluster: dict, core: Any, namespace: str
+) -> None:
+    names = [f"stream-{i}" for i in range(40)]
+    killed = threading.Event()
+
+    def killer() -> None:
+        wait_for(lambda: sum(1 for p in core.list_namespaced_pod(namespace).items if p.spec.node_name) >= 10,
+                 120, "ten pods bound before the kill")
+        stack.restart_extender(kill=True)
+        killed.set()
+
+    thread = threading.Thread(target=killer)
+    thread.start()
+    for name in names:
+        create(core, namespace, gpu_pod(name, {"gpuslice.io/gpumem": 3_000, "gpuslice.io/gpucores": 10}))
+    thread.join()
+    assert killed.is_set()
+    for name in names:
+        bound(core, namespace, name, timeout_s=180)
+    assert_nothing_overcommitted(core)
+
+
+def test_device_plugin_allocates_each_bound_pod_its_own_decision_by_device_ids(
+    cluster: dict, core: Any, namespace: str
+) -> None:
+    """The kubelet's part, played with the real device plugin: GetPreferredAllocation steers to the
+    decided GPU's shares, Allocate gets those IDs and answers with that pod's decision, its device
+    nodes and CDI name, and marks the pod allocated on the API server. Two pods bound together on
+    different GPUs of one node each get their own GPU."""
+    annotations = {ANNOTATION_GPU_MODELS: "H200"}
+    create(core, namespace, gpu_pod("alloc-a", {"gpuslice.io/gpumem": 100_000}, annotations=annotations))
+    create(core, namespace, gpu_pod("alloc-b", {"gpuslice.io/gpumem": 100_000}, annotations=annotations))
+    pods = {n: bound(core, namespace, n) for n in ("alloc-a", "alloc-b")}
+    decisions = {n: Decision.from_annotations(p.metadata.annotations) for n, p in pods.items()}
+    assert decisions["alloc-a"].gpu_indices != decisions["alloc-b"].gpu_indices
+    plugin = cluster["gpu-h200"].plugin
+    resource = next(r for r in plugin.resources if r.name == "gpuslice.io/gpu")
+    for name in ("alloc-b", "alloc-a"):  # the kubelet's order is not the bind order
+        gpu = decisions[name].gpu_indices[0]
+        ids = [d.id for d in resource.devices if d.gpu == gpu][:1]
+        response = plugin._allocate(resource, pb.AllocateRequest(
+            container_requests=[pb.ContainerAllocateRequest(devices_ids=ids)]))
+        container = response.container_responses[0]
+        uuid = plugin.machine.gpus[gpu].uuid
+        assert container.envs["NVIDIA_VISIBLE_DEVICES"] in (uuid, str(gpu))
+        assert [c.name for c in container.cdi_devices] == [f"nvidia.com/gpu={uuid}"]
+        assert f"/dev/nvidia{gpu}" in [d.host_path for d in container.devices]
+        marked = core.read_namespaced_pod(name, namespace).metadata.annotations
+        assert marked[ANNOTATION_BIND_PHASE] == BIND_PHASE_ALLOCATED
+
+
+def test_extender_metrics_and_health_answer(stack: Stack) -> None:
+    import urllib.request
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{stack.extender_port}/healthz", timeout=5) as answer:
+        health = json.loads(answer.read())
+    assert health["ok"] is True
+    assert health["conflicts"] == 0
