@@ -129,6 +129,11 @@ class ControlPlane:
         for proc in reversed(self.processes):
             proc.stop()
         self.processes.clear()
+        keep = os.environ.get("GPUSLICE_E2E_LOGS")  # a folder to keep every process's log in
+        if keep:
+            Path(keep).mkdir(parents=True, exist_ok=True)
+            for log in self.root.glob("*.log"):
+                shutil.copy(log, Path(keep) / log.name)
         shutil.rmtree(self.root, ignore_errors=True)
 
     def spawn(self, name: str, argv: list[str], env: Mapping[str, str] | None = None) -> Process:
@@ -188,6 +193,8 @@ class ControlPlane:
                 "--etcd-servers", f"http://127.0.0.1:{client}",
                 "--bind-address", "127.0.0.1",
                 "--advertise-address", "127.0.0.1",
+                # the kubernetes Service's endpoint may not be a loopback address: keep none
+                "--endpoint-reconciler-type", "none",
                 "--secure-port", str(self.apiserver_port),
                 "--cert-dir", str(certs),  # a self-signed serving certificate is made here
                 "--service-cluster-ip-range", "10.96.0.0/24",
@@ -263,7 +270,12 @@ class ControlPlane:
         return self.tool("kubectl", "--kubeconfig", str(self.kubeconfig), *args, stdin=stdin, check=check)
 
     def helm(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-        env = {"HELM_CACHE_HOME": str(self.root / "helm-cache"), "HELM_CONFIG_HOME": str(self.root / "helm")}
+        env = {
+            "HELM_CACHE_HOME": str(self.root / "helm-cache"),
+            "HELM_CONFIG_HOME": str(self.root / "helm"),
+            "HELM_DATA_HOME": str(self.root / "helm-data"),
+            "KUBECONFIG": str(self.kubeconfig),
+        }
         return self.tool("helm", *args, check=check, env=env)
 
     def tool(

@@ -64,6 +64,7 @@ class FakeApi:
         self.bindings: list[tuple[str, str, str, str]] = []
         self.events: list[tuple[str, str, str, str]] = []
         self.deleted: list[tuple[str, str, str]] = []
+        self.gone: set[str] = set()  # UIDs the API server no longer has (its watch may not have said so)
         self._lock = threading.Lock()
 
     def get_pod(self, namespace: str, name: str) -> Mapping[str, Any]:
@@ -88,6 +89,9 @@ class FakeApi:
     def delete_pod(self, namespace: str, name: str, uid: str) -> None:
         with self._lock:
             self.deleted.append((namespace, name, uid))
+
+    def pod_gone(self, namespace: str, name: str, uid: str) -> bool:
+        return uid in self.gone
 
     def annotations_of(self, name: str) -> dict[str, str]:
         merged: dict[str, str] = {}
@@ -674,6 +678,9 @@ def test_deployed_scheduler_config_matches_the_extender():
     ignored = {name for name, flag in managed.items() if flag}
     assert ignored == {"gpuslice.io/gpumem", "gpuslice.io/gpucores"}  # the two no node advertises
     assert config["profiles"][0]["schedulerName"] == "gpuslice-scheduler"
+    # every feasible node reaches the extender, not kube-scheduler's adaptive sample (50 % at 100
+    # nodes, down to 5 % in large clusters)
+    assert config["percentageOfNodesToScore"] == 100
 
 
 @pytest.mark.parametrize(

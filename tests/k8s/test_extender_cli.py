@@ -67,6 +67,7 @@ def test_extender_command_builds_the_state_with_the_policy_and_serves_it(monkeyp
     )
     assert result.exit_code == 0, result.output
     assert served["port"] == 9999
+    assert served["host"] == "127.0.0.1"  # its bind verb binds pods: loopback unless told otherwise
     # the C HTTP parser and event loop the k8s extra installs (the 5,000-node latency depends on them)
     assert (served["http"], served["loop"], served["access_log"]) == ("httptools", "uvloop", False)
     assert made == {"kubeconfig": "kc", "policy": "fgd", "narrow": True, "target": None}

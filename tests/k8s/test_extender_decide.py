@@ -62,7 +62,6 @@ def test_the_chosen_node_is_the_one_the_shared_placer_chooses(policy):
         state.apply(WatchEvent("Pod", "ADDED", _bound_pod(f"p{i}", node, str(i % 2), SHARE)))
     pod = pod_json("x", SHARE, {ANNOTATION_PLACEMENT_POLICY: policy})
     offered = ["n0", "n1", "n3", "n4", "n5"]  # n2 dropped by kube-scheduler's own filters
-    chosen = state.filter(pod, offered).passed
     built = state._ledgered()
     placer = Placer(built.ledger, placement_policy(policy)(built.ledger.view, PolicyContext(
         rng=np.random.default_rng(0), target=built.targets)))
@@ -70,7 +69,32 @@ def test_the_chosen_node_is_the_one_the_shared_placer_chooses(policy):
     mask[[built.index[n] for n in offered]] = True
     request = pod_gpu_request(pod).to_request()
     expected = built.ledger.node_names[placer.choose_node(request, mask & placer.feasible(request))]
+    chosen = state.filter(pod, offered).passed
     assert chosen == [expected]
+
+
+def test_the_chosen_nodes_gpus_are_held_from_filter_until_bind():
+    """kube-scheduler binds asynchronously and filters the next pod first: that filter must see the
+    previous pod placed, or two pods are placed against the same state."""
+    api = FakeApi()
+    state = narrow_state(api, {"a": inventory(gpus=1), "b": inventory(gpus=1)})
+    half = {"gpuslice.io/gpu": "1", "gpuslice.io/gpumem": "50000"}
+    first, second = pod_json("first", half), pod_json("second", half)
+    assert state.filter(first, ["a", "b"]).passed == ["a"]
+    assert state.filter(second, ["a", "b"]).passed == ["b"]  # a's GPU is held for "first"
+    api.pods[("team-a", "first")] = first
+    assert state.bind("team-a", "first", "uid-first", "a") == ""
+    assert state._assumed == {"uid-second": state._assumed["uid-second"]}
+    state.check_invariants()
+
+
+def test_a_pod_filtered_again_does_not_count_its_own_hold():
+    api = FakeApi()
+    state = narrow_state(api, {"a": inventory(gpus=1)})
+    whole = pod_json("whole", {"gpuslice.io/gpu": "1"})
+    assert state.filter(whole, ["a"]).passed == ["a"]
+    assert state.filter(whole, ["a"]).passed == ["a"]  # e.g. its bind was never sent
+    assert api.deleted == []
 
 
 def test_without_deciding_every_fitting_node_passes():
@@ -162,6 +186,18 @@ def test_the_room_a_preemption_made_is_held_for_the_preemptor():
     assert state.bind("team-a", "high", "uid-high", "n") == ""
     # bound: the node is nobody's reservation any more
     assert state._nominations == {}
+
+
+def test_a_victim_deleted_before_the_watch_says_so_does_not_hold_up_the_preemptor():
+    """kube-scheduler retries the preemptor as soon as it sees the victim deleted; the extender's own
+    watch may be later. It asks the API server about the victims instead of refusing the pod."""
+    api = FakeApi()
+    state = full_node(api)
+    high = with_priority(pod_json("high", BIG), 100)
+    state.filter(high, ["n"])
+    assert state.filter(high, ["n"]).passed == []  # victim still there
+    api.gone.add("uid-low")  # deleted on the API server; no watch event yet
+    assert state.filter(high, ["n"]).passed == ["n"]
 
 
 def test_a_victim_that_would_not_make_room_is_never_evicted():

@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import os
 import sys
+import tempfile
 import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping
@@ -126,8 +127,9 @@ def start_extender(plane: ControlPlane, port: int, *args: str, name: str = "exte
 
 def webhook_configuration(url: str, ca_pem: bytes) -> dict[str, Any]:
     """30-webhook.yaml's MutatingWebhookConfiguration, its service reference replaced by ``url`` (no
-    Service network here) and a real caBundle."""
+    Service network here), a real caBundle, and a name of its own."""
     config = next(d for d in deploy_docs("30-webhook.yaml") if d["kind"] == "MutatingWebhookConfiguration")
+    config["metadata"]["name"] = "gpuslice-e2e"  # test_e2e_deploy applies the deployed one beside it
     for hook in config["webhooks"]:
         hook["clientConfig"] = {"url": url, "caBundle": base64.b64encode(ca_pem).decode()}
     return config
@@ -187,11 +189,15 @@ def register_node(
     machine = discover(simulate)
     layouts = default_mig_layouts(machine)
     kube = KubeApi(api_client=api_client)
-    plugin = DevicePlugin(machine, name, pods=kube, node=kube, split_count=split_count, mig_layouts=layouts)
-    spec = client.V1NodeSpec(taints=[client.V1Taint(key=taint, value="true", effect="NoSchedule")] if taint else None)
-    core.create_node(
-        client.V1Node(metadata=client.V1ObjectMeta(name=name, labels={"kubernetes.io/hostname": name}), spec=spec)
+    plugin = DevicePlugin(
+        machine, name, pods=kube, node=kube, split_count=split_count, mig_layouts=layouts,
+        state_dir=tempfile.mkdtemp(prefix=f"gpuslice-e2e-{name}-"),  # the soft-cap file goes here
     )
+    spec = client.V1NodeSpec(taints=[client.V1Taint(key=taint, value="true", effect="NoSchedule")] if taint else None)
+    labels = {"kubernetes.io/hostname": name}
+    if taint:
+        labels[taint] = "true"  # the tests that tolerate the taint select the nodes by it too
+    core.create_node(client.V1Node(metadata=client.V1ObjectMeta(name=name, labels=labels), spec=spec))
     capacity = {"cpu": "64", "memory": "512Gi", "pods": "110"}
     for resource in plugin.resources:
         capacity[resource.name] = str(len(resource.devices))
@@ -208,6 +214,9 @@ def register_node(
             }
         },
     )
+    # The API server taints every new node not-ready (TaintNodesByCondition); the node lifecycle
+    # controller lifts it once the kubelet reports Ready. No controller-manager runs here: lift it.
+    core.patch_node(name, {"spec": {"taints": [t.to_dict() for t in spec.taints or []] or None}})
     plugin.publish_inventory()
     return RegisteredNode(name, plugin)
 
@@ -228,6 +237,7 @@ def gpu_pod(
     cpu: str = "100m",
     grace_s: int | None = None,
     tolerate: str = "",
+    node_selector: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     """A pod asking for gpuslice resources as a user writes it (the webhook fills in the rest)."""
     spec: dict[str, Any] = {
@@ -248,6 +258,8 @@ def gpu_pod(
         spec["terminationGracePeriodSeconds"] = grace_s
     if tolerate:
         spec["tolerations"] = [{"key": tolerate, "operator": "Exists", "effect": "NoSchedule"}]
+    if node_selector:
+        spec["nodeSelector"] = dict(node_selector)
     return {
         "apiVersion": "v1",
         "kind": "Pod",

@@ -44,16 +44,21 @@ NODES = {
     "gpu-l4-a": "pcie-4x-l4",
     "gpu-t4": "pcie-4x-l4@T4",
     "gpu-a10": "pcie-4x-l4@A10",
+    # two identical empty nodes kept for the packing test
+    "pack-a": "pcie-4x-l4",
+    "pack-b": "pcie-4x-l4",
 }
 
 
 PREEMPT_TAINT = "e2e.gpuslice.io/preemption"  # only the preemption test's pods go to gpu-a10
+PACK_TAINT = "e2e.gpuslice.io/packing"  # only the packing test's pods go to pack-a and pack-b
+TAINTS = {"gpu-a10": PREEMPT_TAINT, "pack-a": PACK_TAINT, "pack-b": PACK_TAINT}
 
 
 @pytest.fixture(scope="module")
 def cluster(stack: Stack, core: Any, api_client: Any) -> dict[str, RegisteredNode]:
     return {
-        name: register_node(core, api_client, name, simulate, taint=PREEMPT_TAINT if name == "gpu-a10" else "")
+        name: register_node(core, api_client, name, simulate, taint=TAINTS.get(name, ""))
         for name, simulate in NODES.items()
     }
 
@@ -127,7 +132,7 @@ def test_every_request_shape_is_bound_by_kube_scheduler_through_the_extender(
         "share-cores": ({"gpuslice.io/gpu": 1, "gpuslice.io/gpumem": 8_000, "gpuslice.io/gpucores": 30}, {}),
         "whole": ({"gpuslice.io/gpu": 1}, {}),
         "four-linked": ({"gpuslice.io/gpu": 4}, {ANNOTATION_GPU_MODELS: "V100M16"}),
-        "mig": ({"gpuslice.io/mig-1g.10gb": 1}, {}),
+        "mig": ({"gpuslice.io/mig-3g.40gb": 1}, {}),
         "only-t4": ({"gpuslice.io/gpumem": 4_000}, {ANNOTATION_GPU_MODELS: "T4"}),
         "not-h100": ({"gpuslice.io/gpu": 2}, {ANNOTATION_EXCLUDE_GPU_MODELS: "H100,H200,A100-80GB"}),
         "fgd": ({"gpuslice.io/gpumem": 6_000}, {ANNOTATION_PLACEMENT_POLICY: "fgd"}),
@@ -161,18 +166,20 @@ def test_every_request_shape_is_bound_by_kube_scheduler_through_the_extender(
 def test_placement_follows_the_extender_policy_not_kube_scheduler_spreading(
     cluster: dict, core: Any, namespace: str
 ) -> None:
-    """bestfit packs small shares onto one L4/T4-class GPU; kube-scheduler's default scoring would
-    spread them over the least-allocated nodes. Six 1,000 MiB shares restricted to the L4 node and the
-    T4 node all land on the same GPU of one node."""
+    """Six 1,000 MiB shares on two identical empty nodes: bestfit packs them all onto one GPU (ties go
+    to the first node and GPU, as in gpuslice sim); kube-scheduler's default scoring would spread them
+    over the less allocated node. Only the pods of this test tolerate the two nodes' taint and select
+    them."""
     for i in range(6):
-        create(core, namespace, gpu_pod(f"small-{i}", {"gpuslice.io/gpumem": 1_000},
-                                        annotations={ANNOTATION_GPU_MODELS: "L4,T4"}))
-    placed = {
-        (d.node, d.gpu_indices)
-        for i in range(6)
-        if (d := Decision.from_annotations(bound(core, namespace, f"small-{i}").metadata.annotations))
-    }
-    assert len(placed) == 1, f"bestfit packs; got {placed}"
+        create(core, namespace, gpu_pod(f"small-{i}", {"gpuslice.io/gpumem": 1_000}, tolerate=PACK_TAINT,
+                                        node_selector={PACK_TAINT: "true"}))
+    placed = []
+    for i in range(6):
+        pod = bound(core, namespace, f"small-{i}")
+        decision = Decision.from_annotations(pod.metadata.annotations)
+        assert decision is not None
+        placed.append((pod.spec.node_name, decision.gpu_indices))
+    assert set(placed) == {("pack-a", (0,))}, placed
 
 
 def test_pod_that_fits_nowhere_stays_pending_with_the_extender_reason(

@@ -129,6 +129,9 @@ REASON_RESERVED = "held for a higher-priority pod that preempted pods on this no
 # How long a node stays held for a pod that preempted there if it never binds (its victims' grace
 # period, 30 s by default, plus kube-scheduler's retry back-off, with room to spare).
 NOMINATION_S = 300.0
+# A filter's hold on the chosen node's GPUs (``_assume``) without a bind for this long is given back:
+# kube-scheduler binds within milliseconds of filtering, or retries the pod with a new filter.
+ASSUMED_S = 30.0
 
 
 # ---- the Kubernetes API, behind an interface ----------------------------------------------------------
@@ -158,6 +161,10 @@ class KubeApi(Protocol):
 
     def delete_pod(self, namespace: str, name: str, uid: str) -> None:
         """Delete a preemption victim with its own grace period (only if it is still that pod: ``uid``)."""
+        ...
+
+    def pod_gone(self, namespace: str, name: str, uid: str) -> bool:
+        """True once the pod ``uid`` no longer exists (deleted, or replaced by another of that name)."""
         ...
 
 
@@ -212,6 +219,15 @@ class KubernetesApi:
         self._core.delete_namespaced_pod(
             name, namespace, body=c.V1DeleteOptions(preconditions=c.V1Preconditions(uid=uid))
         )
+
+    def pod_gone(self, namespace: str, name: str, uid: str) -> bool:
+        try:
+            pod = self._core.read_namespaced_pod(name, namespace)
+        except self._client.exceptions.ApiException as err:
+            if err.status == 404:
+                return True
+            raise
+        return bool(pod.metadata.uid != uid)
 
     def events(self) -> Iterator[WatchEvent]:
         """Every node and pod as ADDED, then their changes; relists after a dropped or expired watch."""
@@ -371,6 +387,7 @@ class ClusterState:
         # the choice among all fitting nodes to kube-scheduler's scoring plus this extender's scores.
         self.narrow = narrow
         self._nominations: dict[str, _Nomination] = {}  # node name -> the pod that preempted there
+        self._assumed: dict[str, float] = {}  # uid -> when filter held its GPUs (bind not seen yet)
         self.preemptions = 0  # pods this extender evicted to make room for higher-priority ones
         # FGD's expected workload, given by the operator (``--target-workload``, its GPU part: CPU is
         # kube-scheduler's business here); else the shapes of the pods bound when the ledger was built.
@@ -456,6 +473,7 @@ class ClusterState:
                     self._forget(uid)
 
     def _forget(self, uid: str) -> None:
+        self._assumed.pop(uid, None)
         bound = self._pods.pop(uid, None)
         self._seen.pop(uid, None)
         self._last_event.pop(uid, None)
@@ -574,6 +592,12 @@ class ClusterState:
             return FilterResult([], {}, dict.fromkeys(node_names, reason))
         if not ask.wants_gpu:
             return FilterResult(list(node_names), {}, {})
+        uid = _pod_meta(pod)[2]
+        if uid in self._assumed:  # filtered again without a bind: its own hold must not count against it
+            with self._lock:
+                self._forget(uid)
+            self._remember(pod)
+        self._catch_up_on_victims(uid)
         built = self._ledgered()
         idx = self._indices(built, node_names)
         codes, texts = self._verdicts(built, ask, idx)
@@ -581,7 +605,7 @@ class ClusterState:
         texts = [*texts, *[""] * (_RESERVED - len(texts)), REASON_RESERVED]
         ok = codes == 0
         chosen = -1
-        if self.narrow and ok.sum() > 1:
+        if self.narrow and ok.any():
             chosen = self._choose(built, ask, idx, ok)
             if chosen < 0:  # the policy's own filter took every fitting node away
                 codes = np.where(ok, _EXCLUDED, codes)
@@ -607,6 +631,8 @@ class ClusterState:
             dict(zip(names[unresolvable].tolist(), reason[codes[unresolvable]].tolist(), strict=True)),
         )
         self._keep_passed(pod, built, result.passed, idx[ok])
+        if chosen >= 0:
+            self._assume(pod, ask, node_names[chosen])
         if not ok.any() and node_names:
             counts = np.bincount(codes, minlength=len(texts))
             why = Counter({texts[c]: int(n) for c, n in enumerate(counts) if n})
@@ -634,6 +660,26 @@ class ClusterState:
         node = placer.choose_node(req, mask)
         return int(positions[np.flatnonzero(rows == node)[0]])
 
+    def _assume(self, pod: Mapping[str, Any], ask: PodGpuRequest, node: str) -> None:
+        """Hold the chosen node's GPUs for the pod from filter on, as kube-scheduler assumes a pod on its
+        node before binding it asynchronously: the next pod's filter, which runs before this pod's
+        bind arrives, must see this one placed (else consecutive pods are placed against the same
+        state, and a policy's packing falls apart). Bind turns the hold into the decision; a hold whose
+        bind never comes is given back after ``ASSUMED_S``."""
+        uid = _pod_meta(pod)[2]
+        if not uid:
+            return
+        now = time.monotonic()
+        with self._lock:
+            for other in [u for u, t in self._assumed.items() if now - t > ASSUMED_S]:
+                del self._assumed[other]
+                self._forget(other)
+        with self._node_lock(node):
+            decision, _problem = self._reserve(uid, node, ask, pod)
+        if decision is not None:
+            with self._lock:
+                self._assumed[uid] = now
+
     # ---- preemption by the extender ---------------------------------------------------------------------
 
     def _reserved_for_others(
@@ -655,6 +701,29 @@ class ClusterState:
             return codes
         mask = np.fromiter((n in held_nodes for n in node_names), dtype=bool, count=len(node_names))
         return np.where(mask & (codes == 0), _RESERVED, codes)
+
+    def _catch_up_on_victims(self, uid: str) -> None:
+        """For a pod that preempted others: forget the victims the API server no longer has.
+
+        kube-scheduler retries the pod as soon as its informer sees a victim deleted, which can be
+        before this extender's own watch delivers the same event; refused then, the pod would wait for
+        kube-scheduler's next periodic retry (minutes). One read per remaining victim, only while such
+        a pod waits."""
+        held = next((h for h in self._nominations.values() if h.uid == uid), None)
+        if held is None:
+            return
+        for victim in held.victims:
+            bound = self._pods.get(victim)
+            if bound is None:
+                continue
+            try:
+                gone = self.api.pod_gone(bound.namespace, bound.name, victim)
+            except Exception:
+                log.warning("could not check victim %s/%s", bound.namespace, bound.name, exc_info=True)
+                continue
+            if gone:
+                with self._lock:
+                    self._forget(victim)
 
     def _drop_nomination(self, uid: str) -> None:
         for node in [n for n, h in self._nominations.items() if h.uid == uid]:
@@ -915,6 +984,7 @@ class ClusterState:
                 return f"pod {namespace}/{name} on {node}: {problem}"
             with self._lock:
                 self._drop_nomination(uid)
+                self._assumed.pop(uid, None)
         try:
             if decision is not None:
                 self.api.patch_pod_annotations(namespace, name, decision.to_annotations())
