@@ -121,7 +121,9 @@ def register_nodes(core: Any, nodes: tuple[NodeSpec, ...]) -> None:
                 ),
                 split_count=SPLIT,
             )
-            core.patch_node(spec.name, {"metadata": {"annotations": {ANNOTATION_NODE_INVENTORY: inventory.to_json()}}})
+            core.patch_node(
+                spec.name, {"metadata": {"annotations": {ANNOTATION_NODE_INVENTORY: inventory.to_json()}}}
+            )
 
 
 def scheduler_config(port: int, mode: str) -> dict[str, Any]:
@@ -188,12 +190,27 @@ def run_mode(bin_dir: Path, mode: str, trace: Any, pods: list[TracePod], target_
         core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name="bench")))
         started = time.perf_counter()
         register_nodes(core, trace.nodes)
-        print(f"  {mode}: {len(trace.nodes)} nodes registered in {time.perf_counter() - started:.0f} s", flush=True)
+        print(
+            f"  {mode}: {len(trace.nodes)} nodes registered in {time.perf_counter() - started:.0f} s",
+            flush=True,
+        )
         port = free_port()
         policy = {"default": "bestfit"}.get(mode, mode)
-        args = [GPUSLICE, "k8s", "extender", "--host", "127.0.0.1", "--port", str(port),
-                "--kubeconfig", str(plane.kubeconfig), "--policy", policy,
-                "--target-workload", str(target_csv)]
+        args = [
+            GPUSLICE,
+            "k8s",
+            "extender",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--kubeconfig",
+            str(plane.kubeconfig),
+            "--policy",
+            policy,
+            "--target-workload",
+            str(target_csv),
+        ]
         if mode == "default":
             args.append("--no-decide")
         extender = plane.spawn("extender", args)
@@ -241,16 +258,24 @@ def run_mode(bin_dir: Path, mode: str, trace: Any, pods: list[TracePod], target_
         plane.stop()
 
 
-def sim_mapping(trace: Any, pods: list[TracePod], policy: str, target: TargetWorkload) -> tuple[dict[str, str], float]:
+def sim_mapping(
+    trace: Any, pods: list[TracePod], policy: str, target: TargetWorkload
+) -> tuple[dict[str, str], float]:
     """The same sequence through the same Placer over a ledger modelling what the extender models:
     nodes in name order, GPUs only (CPU is kube-scheduler's), the same target workload."""
     nodes = sorted(
-        (NodeSpec(n.name, 0, 0, n.gpu_count, n.gpu_model, n.gpu_memory_bytes) for n in trace.nodes if n.gpu_count),
+        (
+            NodeSpec(n.name, 0, 0, n.gpu_count, n.gpu_model, n.gpu_memory_bytes)
+            for n in trace.nodes
+            if n.gpu_count
+        ),
         key=lambda n: n.name,
     )
     ledger = Ledger(nodes)
-    placer = Placer(ledger, placement_policy(policy)(ledger.view, PolicyContext(
-        rng=np.random.default_rng(0), target=target)))
+    placer = Placer(
+        ledger,
+        placement_policy(policy)(ledger.view, PolicyContext(rng=np.random.default_rng(0), target=target)),
+    )
     mapping = {}
     for pod in pods:
         r = pod.request
@@ -281,12 +306,17 @@ def main() -> None:
         print(f"{mode}: starting", flush=True)
         run = run_mode(bin_dir, mode, trace, pods, target_csv)
         runs.append(run)
-        print(f"  {mode}: {run.bound}/{run.pods} bound in {run.wall_s:.1f} s; unallocated {run.unallocated_pct:.2f} %",
-              flush=True)
+        print(
+            f"  {mode}: {run.bound}/{run.pods} bound in {run.wall_s:.1f} s; "
+            f"unallocated {run.unallocated_pct:.2f} %",
+            flush=True,
+        )
     rows = []
     for run in runs:
         row: dict[str, Any] = {
-            "mode": run.mode, "pods": run.pods, "bound": run.bound,
+            "mode": run.mode,
+            "pods": run.pods,
+            "bound": run.bound,
             "pods_per_s": round(run.bound / run.wall_s, 1) if run.wall_s else None,
             "unallocated_gpu_pct": round(run.unallocated_pct, 2),
             "scheduling_algorithm_ms_p50_p99": [round(x, 2) for x in run.algorithm_ms],
@@ -296,10 +326,17 @@ def main() -> None:
         if run.mode != "default":
             mapping, sim_unallocated = sim_mapping(trace, pods, run.mode, target)
             same = sum(1 for name, node in run.mapping.items() if mapping.get(name) == node)
-            differ = {n: (run.mapping.get(n), mapping.get(n)) for n in set(run.mapping) | set(mapping)
-                      if run.mapping.get(n) != mapping.get(n)}
-            row["sim"] = {"unallocated_gpu_pct": round(sim_unallocated, 2), "same_node": same,
-                          "different": len(differ), "first_differences": dict(list(sorted(differ.items()))[:10])}
+            differ = {
+                n: (run.mapping.get(n), mapping.get(n))
+                for n in set(run.mapping) | set(mapping)
+                if run.mapping.get(n) != mapping.get(n)
+            }
+            row["sim"] = {
+                "unallocated_gpu_pct": round(sim_unallocated, 2),
+                "same_node": same,
+                "different": len(differ),
+                "first_differences": dict(list(sorted(differ.items()))[:10]),
+            }
         rows.append(row)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(rows, indent=2))

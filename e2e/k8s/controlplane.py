@@ -70,9 +70,10 @@ def wait_http(url: str, timeout_s: float, *, insecure: bool = False, proc: Proce
         except Exception as err:  # not up yet
             last = err
         time.sleep(0.2)
-    raise RuntimeError(f"{url} did not answer within {timeout_s:.0f} s ({last})" + (
-        f"; {proc.name} log:\n{proc.tail()}" if proc else ""
-    ))
+    raise RuntimeError(
+        f"{url} did not answer within {timeout_s:.0f} s ({last})"
+        + (f"; {proc.name} log:\n{proc.tail()}" if proc else "")
+    )
 
 
 @dataclass
@@ -165,14 +166,21 @@ class ControlPlane:
             "etcd",
             [
                 str(self.bin / "etcd"),
-                "--data-dir", str(self.root / "etcd"),
-                "--listen-client-urls", f"http://127.0.0.1:{client}",
-                "--advertise-client-urls", f"http://127.0.0.1:{client}",
-                "--listen-peer-urls", f"http://127.0.0.1:{peer}",
-                "--initial-advertise-peer-urls", f"http://127.0.0.1:{peer}",
-                "--initial-cluster", f"default=http://127.0.0.1:{peer}",
+                "--data-dir",
+                str(self.root / "etcd"),
+                "--listen-client-urls",
+                f"http://127.0.0.1:{client}",
+                "--advertise-client-urls",
+                f"http://127.0.0.1:{client}",
+                "--listen-peer-urls",
+                f"http://127.0.0.1:{peer}",
+                "--initial-advertise-peer-urls",
+                f"http://127.0.0.1:{peer}",
+                "--initial-cluster",
+                f"default=http://127.0.0.1:{peer}",
                 "--unsafe-no-fsync",  # test data: a crash may lose it
-                "--log-level", "warn",
+                "--log-level",
+                "warn",
             ],
         )
         wait_http(f"http://127.0.0.1:{client}/health", 60, proc=etcd)
@@ -180,9 +188,7 @@ class ControlPlane:
         certs = self.root / "pki"
         certs.mkdir()
         sa_key = certs / "sa.key"
-        subprocess.run(
-            ["openssl", "genrsa", "-out", str(sa_key), "2048"], check=True, capture_output=True
-        )
+        subprocess.run(["openssl", "genrsa", "-out", str(sa_key), "2048"], check=True, capture_output=True)
         tokens = certs / "tokens.csv"
         tokens.write_text(f'{ADMIN_TOKEN},admin,admin-uid,"system:masters"\n')
         self.apiserver_port = free_port()
@@ -190,22 +196,36 @@ class ControlPlane:
             "kube-apiserver",
             [
                 str(self.bin / "kube-apiserver"),
-                "--etcd-servers", f"http://127.0.0.1:{client}",
-                "--bind-address", "127.0.0.1",
-                "--advertise-address", "127.0.0.1",
+                "--etcd-servers",
+                f"http://127.0.0.1:{client}",
+                "--bind-address",
+                "127.0.0.1",
+                "--advertise-address",
+                "127.0.0.1",
                 # the kubernetes Service's endpoint may not be a loopback address: keep none
-                "--endpoint-reconciler-type", "none",
-                "--secure-port", str(self.apiserver_port),
-                "--cert-dir", str(certs),  # a self-signed serving certificate is made here
-                "--service-cluster-ip-range", "10.96.0.0/24",
-                "--service-account-issuer", "https://kubernetes.default.svc",
-                "--service-account-key-file", str(sa_key),
-                "--service-account-signing-key-file", str(sa_key),
-                "--token-auth-file", str(tokens),
-                "--authorization-mode", "RBAC",
-                "--enable-admission-plugins", "MutatingAdmissionWebhook,ValidatingAdmissionWebhook",
+                "--endpoint-reconciler-type",
+                "none",
+                "--secure-port",
+                str(self.apiserver_port),
+                "--cert-dir",
+                str(certs),  # a self-signed serving certificate is made here
+                "--service-cluster-ip-range",
+                "10.96.0.0/24",
+                "--service-account-issuer",
+                "https://kubernetes.default.svc",
+                "--service-account-key-file",
+                str(sa_key),
+                "--service-account-signing-key-file",
+                str(sa_key),
+                "--token-auth-file",
+                str(tokens),
+                "--authorization-mode",
+                "RBAC",
+                "--enable-admission-plugins",
+                "MutatingAdmissionWebhook,ValidatingAdmissionWebhook",
                 # no controller-manager creates each namespace's "default" service account
-                "--disable-admission-plugins", "ServiceAccount",
+                "--disable-admission-plugins",
+                "ServiceAccount",
                 "--allow-privileged=true",
             ],
         )
@@ -244,7 +264,10 @@ class ControlPlane:
         """kube-scheduler with ``config`` (a KubeSchedulerConfiguration, its client connection pointed at
         this API server); returns the process and its secure port (GET /metrics needs no credentials)."""
         config = dict(config)
-        config["clientConnection"] = {**config.get("clientConnection", {}), "kubeconfig": str(self.kubeconfig)}
+        config["clientConnection"] = {
+            **config.get("clientConnection", {}),
+            "kubeconfig": str(self.kubeconfig),
+        }
         path = self.root / f"{name}.yaml"
         path.write_text(yaml.safe_dump(config))
         port = free_port()
@@ -252,13 +275,20 @@ class ControlPlane:
             name,
             [
                 str(self.bin / "kube-scheduler"),
-                "--config", str(path),
-                "--bind-address", "127.0.0.1",
-                "--secure-port", str(port),
-                "--authentication-kubeconfig", str(self.kubeconfig),
-                "--authorization-kubeconfig", str(self.kubeconfig),
-                "--authorization-always-allow-paths", "/healthz,/readyz,/livez,/metrics",
-                "--v", "2",
+                "--config",
+                str(path),
+                "--bind-address",
+                "127.0.0.1",
+                "--secure-port",
+                str(port),
+                "--authentication-kubeconfig",
+                str(self.kubeconfig),
+                "--authorization-kubeconfig",
+                str(self.kubeconfig),
+                "--authorization-always-allow-paths",
+                "/healthz,/readyz,/livez,/metrics",
+                "--v",
+                "2",
             ],
         )
         wait_http(f"https://127.0.0.1:{port}/healthz", 60, insecure=True, proc=proc)
@@ -266,7 +296,9 @@ class ControlPlane:
 
     # ---- tools -----------------------------------------------------------------------------------------
 
-    def kubectl(self, *args: str, stdin: str | None = None, check: bool = True) -> subprocess.CompletedProcess[str]:
+    def kubectl(
+        self, *args: str, stdin: str | None = None, check: bool = True
+    ) -> subprocess.CompletedProcess[str]:
         return self.tool("kubectl", "--kubeconfig", str(self.kubeconfig), *args, stdin=stdin, check=check)
 
     def helm(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:

@@ -76,3 +76,34 @@ def test_extender_command_builds_the_state_with_the_policy_and_serves_it(monkeyp
         "/prioritize",
         "/bind",
     ]
+
+
+def test_probe_exits_0_for_a_server_that_answers_and_1_for_none():
+    """The exec readiness probe of the loopback-only extender."""
+    import http.server
+    import socket
+    import threading
+
+    class Ok(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200 if self.path == "/healthz" else 503)
+            self.end_headers()
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Ok)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        port = server.server_address[1]
+        assert runner.invoke(main.app, ["k8s", "probe", f"http://127.0.0.1:{port}/healthz"]).exit_code == 0
+        assert runner.invoke(main.app, ["k8s", "probe", f"http://127.0.0.1:{port}/other"]).exit_code == 1
+    finally:
+        server.shutdown()
+        server.server_close()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        closed = s.getsockname()[1]
+    refused = runner.invoke(main.app, ["k8s", "probe", f"http://127.0.0.1:{closed}/healthz", "--timeout", "1"])
+    assert refused.exit_code == 1
+    assert refused.output.startswith("error:")

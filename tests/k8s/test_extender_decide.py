@@ -8,12 +8,6 @@ from typing import Any
 
 import numpy as np
 import pytest
-
-from gpuslice.k8s.annotations import ANNOTATION_GPU_MODELS, ANNOTATION_PLACEMENT_POLICY, pod_gpu_request
-from gpuslice.k8s.extender import REASON_RESERVED, ClusterState, WatchEvent
-from gpuslice.policies import PolicyContext, placement_policy
-from gpuslice.scheduler.placer import Placer
-
 from test_extender import (
     FakeApi,
     _bound_pod,
@@ -24,6 +18,11 @@ from test_extender import (
     node_event,
     pod_json,
 )
+
+from gpuslice.k8s.annotations import ANNOTATION_GPU_MODELS, ANNOTATION_PLACEMENT_POLICY, pod_gpu_request
+from gpuslice.k8s.extender import REASON_RESERVED, ClusterState, WatchEvent
+from gpuslice.policies import PolicyContext, placement_policy
+from gpuslice.scheduler.placer import Placer
 
 SHARE = {"gpuslice.io/gpu": "1", "gpuslice.io/gpumem": "20000", "gpuslice.io/gpucores": "20"}
 
@@ -63,8 +62,12 @@ def test_the_chosen_node_is_the_one_the_shared_placer_chooses(policy):
     pod = pod_json("x", SHARE, {ANNOTATION_PLACEMENT_POLICY: policy})
     offered = ["n0", "n1", "n3", "n4", "n5"]  # n2 dropped by kube-scheduler's own filters
     built = state._ledgered()
-    placer = Placer(built.ledger, placement_policy(policy)(built.ledger.view, PolicyContext(
-        rng=np.random.default_rng(0), target=built.targets)))
+    placer = Placer(
+        built.ledger,
+        placement_policy(policy)(
+            built.ledger.view, PolicyContext(rng=np.random.default_rng(0), target=built.targets)
+        ),
+    )
     mask = np.zeros(built.ledger.node_count, dtype=bool)
     mask[[built.index[n] for n in offered]] = True
     request = pod_gpu_request(pod).to_request()
@@ -114,11 +117,16 @@ def test_filter_answers_whole_nodes_in_nodes_items_when_kube_scheduler_sent_node
     api = FakeApi()
     state = ClusterState(api)
     for name in ("a", "t4"):
-        state.apply(node_event(name, inventory() if name == "a" else inventory("T4", gpus=1, memory_mib=15109)))
-    nodes = {"metadata": {"resourceVersion": "7"}, "items": [
-        {"metadata": {"name": "a", "labels": {"x": "1"}}, "status": {}},
-        {"metadata": {"name": "t4"}, "status": {}},
-    ]}
+        state.apply(
+            node_event(name, inventory() if name == "a" else inventory("T4", gpus=1, memory_mib=15109))
+        )
+    nodes = {
+        "metadata": {"resourceVersion": "7"},
+        "items": [
+            {"metadata": {"name": "a", "labels": {"x": "1"}}, "status": {}},
+            {"metadata": {"name": "t4"}, "status": {}},
+        ],
+    }
     body = {"Pod": pod_json("x", SHARE), "Nodes": nodes, "NodeNames": None}
     with client_for(state) as http:
         reply = http.post("/filter", json=body).json()

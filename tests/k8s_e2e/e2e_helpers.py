@@ -29,6 +29,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "e2e" / "k8s"))  # the control-plane harness lives beside its Go build
 
 from controlplane import ControlPlane, Process, binaries_dir, free_port, wait_http  # noqa: E402
+
 DEPLOY = REPO / "deploy" / "kubernetes"
 GPUSLICE = str(Path(sys.executable).parent / "gpuslice")  # the console script pip installed
 
@@ -118,8 +119,18 @@ class Stack:
 def start_extender(plane: ControlPlane, port: int, *args: str, name: str = "extender") -> Process:
     proc = plane.spawn(
         name,
-        [GPUSLICE, "k8s", "extender", "--host", "127.0.0.1", "--port", str(port),
-         "--kubeconfig", str(plane.kubeconfig), *args],
+        [
+            GPUSLICE,
+            "k8s",
+            "extender",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--kubeconfig",
+            str(plane.kubeconfig),
+            *args,
+        ],
     )
     wait_http(f"http://127.0.0.1:{port}/healthz", 90, proc=proc)
     return proc
@@ -151,8 +162,19 @@ def stack(plane: ControlPlane, api_client: Any, core: Any) -> Iterator[Stack]:
     webhook_port = free_port()
     webhook = plane.spawn(
         "webhook",
-        [GPUSLICE, "k8s", "webhook", "--cert", str(cert), "--key", str(key), "--host", "127.0.0.1",
-         "--port", str(webhook_port)],
+        [
+            GPUSLICE,
+            "k8s",
+            "webhook",
+            "--cert",
+            str(cert),
+            "--key",
+            str(key),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(webhook_port),
+        ],
     )
     wait_http(f"https://127.0.0.1:{webhook_port}/healthz", 90, insecure=True, proc=webhook)
     ca_pem = ca.cert_pem.bytes()
@@ -164,7 +186,14 @@ def stack(plane: ControlPlane, api_client: Any, core: Any) -> Iterator[Stack]:
     extender = start_extender(plane, extender_port, *extender_args)
     scheduler, scheduler_port = plane.start_scheduler(scheduler_config(extender_port))
     yield Stack(
-        plane, extender, extender_port, scheduler, scheduler_port, webhook, webhook_port, ca_pem,
+        plane,
+        extender,
+        extender_port,
+        scheduler,
+        scheduler_port,
+        webhook,
+        webhook_port,
+        ca_pem,
         extender_args,
     )
 
@@ -190,10 +219,17 @@ def register_node(
     layouts = default_mig_layouts(machine)
     kube = KubeApi(api_client=api_client)
     plugin = DevicePlugin(
-        machine, name, pods=kube, node=kube, split_count=split_count, mig_layouts=layouts,
+        machine,
+        name,
+        pods=kube,
+        node=kube,
+        split_count=split_count,
+        mig_layouts=layouts,
         state_dir=tempfile.mkdtemp(prefix=f"gpuslice-e2e-{name}-"),  # the soft-cap file goes here
     )
-    spec = client.V1NodeSpec(taints=[client.V1Taint(key=taint, value="true", effect="NoSchedule")] if taint else None)
+    spec = client.V1NodeSpec(
+        taints=[client.V1Taint(key=taint, value="true", effect="NoSchedule")] if taint else None
+    )
     labels = {"kubernetes.io/hostname": name}
     if taint:
         labels[taint] = "true"  # the tests that tolerate the taint select the nodes by it too
@@ -208,8 +244,14 @@ def register_node(
                 "capacity": capacity,
                 "allocatable": capacity,
                 "conditions": [
-                    {"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "e2e",
-                     "lastHeartbeatTime": _now(), "lastTransitionTime": _now()}
+                    {
+                        "type": "Ready",
+                        "status": "True",
+                        "reason": "KubeletReady",
+                        "message": "e2e",
+                        "lastHeartbeatTime": _now(),
+                        "lastTransitionTime": _now(),
+                    }
                 ],
             }
         },
@@ -225,7 +267,7 @@ def _now() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 
-# ---- pods ---------------------------------------------------------------------------------------------------
+# ---- pods -------------------------------------------------------------------------------------------
 
 
 def gpu_pod(

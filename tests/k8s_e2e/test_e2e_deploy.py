@@ -10,9 +10,7 @@ from typing import Any
 
 import pytest
 import yaml
-
 from controlplane import ControlPlane
-
 from e2e_helpers import REPO
 
 pytestmark = pytest.mark.k8s_e2e
@@ -64,8 +62,11 @@ def test_helm_lint_passes_with_default_and_custom_values(plane: ControlPlane, cu
 
 
 def test_chart_renders_and_matches_the_kustomize_base_where_it_should(plane: ControlPlane) -> None:
-    rendered = docs(plane.helm("template", "gpuslice", str(CHART), "--namespace", "gpuslice",
-                               "--kube-version", "v1.35.2").stdout)
+    rendered = docs(
+        plane.helm(
+            "template", "gpuslice", str(CHART), "--namespace", "gpuslice", "--kube-version", "v1.35.2"
+        ).stdout
+    )
     kinds = sorted({o["kind"] for o in rendered})
     assert "ValidatingAdmissionPolicy" in kinds and "MutatingWebhookConfiguration" in kinds
     scheduler = next(c for c in containers(rendered) if c["name"] == "kube-scheduler")
@@ -79,14 +80,21 @@ def test_chart_renders_and_matches_the_kustomize_base_where_it_should(plane: Con
     assert [" ".join(c["expression"].split()) for c in base_hook["matchConditions"]] == [
         " ".join(c["expression"].split()) for c in hook["matchConditions"]
     ]
-    config = yaml.safe_load(by_kind(rendered, "ConfigMap", "gpuslice-scheduler-config")["data"]["config.yaml"])
-    base_config = yaml.safe_load(by_kind(base, "ConfigMap", "gpuslice-scheduler-config")["data"]["config.yaml"])
+    config = yaml.safe_load(
+        by_kind(rendered, "ConfigMap", "gpuslice-scheduler-config")["data"]["config.yaml"]
+    )
+    base_config = yaml.safe_load(
+        by_kind(base, "ConfigMap", "gpuslice-scheduler-config")["data"]["config.yaml"]
+    )
     assert config["percentageOfNodesToScore"] == base_config["percentageOfNodesToScore"] == 100
 
 
 def test_custom_values_reach_every_place_they_belong(plane: ControlPlane, custom_values: Path) -> None:
-    rendered = docs(plane.helm("template", "gpuslice", str(CHART), "--kube-version", KUBE_VERSION,
-                               "-f", str(custom_values)).stdout)
+    rendered = docs(
+        plane.helm(
+            "template", "gpuslice", str(CHART), "--kube-version", KUBE_VERSION, "-f", str(custom_values)
+        ).stdout
+    )
     plugin_set = by_kind(rendered, "DaemonSet")
     pod = plugin_set["spec"]["template"]["spec"]
     container = pod["containers"][0]
@@ -112,8 +120,9 @@ def test_no_probe_targets_loopback_from_the_node(plane: ControlPlane, custom_val
     pod (unless hostNetwork), so such a pod would never become Ready."""
     for text in (
         plane.helm("template", "gpuslice", str(CHART), "--kube-version", KUBE_VERSION).stdout,
-        plane.helm("template", "gpuslice", str(CHART), "--kube-version", KUBE_VERSION,
-                   "-f", str(custom_values)).stdout,
+        plane.helm(
+            "template", "gpuslice", str(CHART), "--kube-version", KUBE_VERSION, "-f", str(custom_values)
+        ).stdout,
         plane.kubectl("kustomize", str(KUSTOMIZE)).stdout,
     ):
         for obj in docs(text):
@@ -197,7 +206,9 @@ def test_device_plugin_account_may_change_only_its_own_node(
     cfg.ssl_ca_cert = str(plane.root / "pki" / "apiserver.crt")
     cfg.api_key = {"authorization": f"Bearer {token}"}
     as_plugin = client.CoreV1Api(client.ApiClient(cfg))
-    patch = {"metadata": {"annotations": {"gpuslice.io/probe": "1"}, "labels": {"gpuslice.io/gpu.count": "8"}}}
+    patch = {
+        "metadata": {"annotations": {"gpuslice.io/probe": "1"}, "labels": {"gpuslice.io/gpu.count": "8"}}
+    }
     as_plugin.patch_node("own-node-a", patch)
     assert core.read_node("own-node-a").metadata.annotations["gpuslice.io/probe"] == "1"
     with pytest.raises(ApiException) as other_node:

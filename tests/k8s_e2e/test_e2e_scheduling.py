@@ -11,6 +11,7 @@ from collections import defaultdict
 from typing import Any
 
 import pytest
+from e2e_helpers import RegisteredNode, Stack, gpu_pod, register_node, wait_for
 
 from gpuslice.k8s.annotations import (
     ANNOTATION_BIND_PHASE,
@@ -28,8 +29,6 @@ from gpuslice.k8s.annotations import (
 )
 from gpuslice.k8s.device_plugin import LABEL_COUNT, LABEL_MIG_CAPABLE, LABEL_PRODUCT
 from gpuslice.k8s.proto import deviceplugin_pb2 as pb
-
-from e2e_helpers import RegisteredNode, Stack, gpu_pod, register_node, wait_for
 
 pytestmark = pytest.mark.k8s_e2e
 
@@ -137,24 +136,26 @@ def test_every_request_shape_is_bound_by_kube_scheduler_through_the_extender(
         "not-h100": ({"gpuslice.io/gpu": 2}, {ANNOTATION_EXCLUDE_GPU_MODELS: "H100,H200,A100-80GB"}),
         "fgd": ({"gpuslice.io/gpumem": 6_000}, {ANNOTATION_PLACEMENT_POLICY: "fgd"}),
     }
-    for name, (resources, annotations) in shapes.items():
-        create(core, namespace, gpu_pod(name, resources, annotations=annotations))
+    for name, (resources, asked) in shapes.items():
+        create(core, namespace, gpu_pod(name, resources, annotations=asked))
     models = {n.metadata.name: n.metadata.labels[LABEL_PRODUCT] for n in core.list_node().items}
-    for name, (_resources, annotations) in shapes.items():
+    for name, (_resources, asked) in shapes.items():
         pod = bound(core, namespace, name)
         assert pod.spec.scheduler_name == SCHEDULER_NAME  # set by the webhook
         decision = Decision.from_annotations(pod.metadata.annotations)
         assert decision is not None, f"{name}: no gpuslice decision annotations"
         assert decision.node == pod.spec.node_name
         model = models[pod.spec.node_name]
-        if ANNOTATION_GPU_MODELS in annotations:
-            assert model in annotations[ANNOTATION_GPU_MODELS].split(","), name
-        if ANNOTATION_EXCLUDE_GPU_MODELS in annotations:
-            assert model not in annotations[ANNOTATION_EXCLUDE_GPU_MODELS].split(","), name
+        if ANNOTATION_GPU_MODELS in asked:
+            assert model in asked[ANNOTATION_GPU_MODELS].split(","), name
+        if ANNOTATION_EXCLUDE_GPU_MODELS in asked:
+            assert model not in asked[ANNOTATION_EXCLUDE_GPU_MODELS].split(","), name
     mig = core.read_namespaced_pod("mig", namespace)
     assert mig.spec.node_name == "gpu-a100-mig"
     assert ANNOTATION_MIG_INSTANCE in mig.metadata.annotations
-    linked = Decision.from_annotations(core.read_namespaced_pod("four-linked", namespace).metadata.annotations)
+    linked = Decision.from_annotations(
+        core.read_namespaced_pod("four-linked", namespace).metadata.annotations
+    )
     assert linked is not None and len(linked.gpu_indices) == 4
     # DGX-1's hybrid cube-mesh: GPUs 0-3 (and 4-7) are fully NVLinked among themselves
     assert set(linked.gpu_indices) in ({0, 1, 2, 3}, {4, 5, 6, 7})
@@ -171,8 +172,16 @@ def test_placement_follows_the_extender_policy_not_kube_scheduler_spreading(
     over the less allocated node. Only the pods of this test tolerate the two nodes' taint and select
     them."""
     for i in range(6):
-        create(core, namespace, gpu_pod(f"small-{i}", {"gpuslice.io/gpumem": 1_000}, tolerate=PACK_TAINT,
-                                        node_selector={PACK_TAINT: "true"}))
+        create(
+            core,
+            namespace,
+            gpu_pod(
+                f"small-{i}",
+                {"gpuslice.io/gpumem": 1_000},
+                tolerate=PACK_TAINT,
+                node_selector={PACK_TAINT: "true"},
+            ),
+        )
     placed = []
     for i in range(6):
         pod = bound(core, namespace, f"small-{i}")
@@ -189,7 +198,9 @@ def test_pod_that_fits_nowhere_stays_pending_with_the_extender_reason(
 
     def reason() -> str:
         events = core.list_namespaced_event(namespace, field_selector="involvedObject.name=too-big").items
-        texts = [e.message for e in events if e.reason == "FailedScheduling" and "gpuslice" in (e.message or "")]
+        texts = [
+            e.message for e in events if e.reason == "FailedScheduling" and "gpuslice" in (e.message or "")
+        ]
         return texts[0] if texts else ""
 
     message = wait_for(reason, 60, "a FailedScheduling event from gpuslice")
@@ -214,16 +225,38 @@ def test_extender_preempts_lower_priority_pods_when_only_it_refuses(
         )
     a10 = {ANNOTATION_GPU_MODELS: "A10"}
     for i in range(4):
-        create(core, namespace, gpu_pod(f"low-{i}", {"gpuslice.io/gpumem": 16_000}, annotations=a10,
-                                        priority_class=f"{namespace}-low", grace_s=5, tolerate=PREEMPT_TAINT))
+        create(
+            core,
+            namespace,
+            gpu_pod(
+                f"low-{i}",
+                {"gpuslice.io/gpumem": 16_000},
+                annotations=a10,
+                priority_class=f"{namespace}-low",
+                grace_s=5,
+                tolerate=PREEMPT_TAINT,
+            ),
+        )
     for i in range(4):
         bound(core, namespace, f"low-{i}")
-    create(core, namespace, gpu_pod("high", {"gpuslice.io/gpumem": 12_000}, annotations=a10,
-                                    priority_class=f"{namespace}-high", tolerate=PREEMPT_TAINT))
+    create(
+        core,
+        namespace,
+        gpu_pod(
+            "high",
+            {"gpuslice.io/gpumem": 12_000},
+            annotations=a10,
+            priority_class=f"{namespace}-high",
+            tolerate=PREEMPT_TAINT,
+        ),
+    )
 
     def terminating() -> list[Any]:
-        return [p for p in core.list_namespaced_pod(namespace).items
-                if p.metadata.name.startswith("low-") and p.metadata.deletion_timestamp]
+        return [
+            p
+            for p in core.list_namespaced_pod(namespace).items
+            if p.metadata.name.startswith("low-") and p.metadata.deletion_timestamp
+        ]
 
     victims = wait_for(terminating, 90, "the extender to delete a lower-priority pod")
     assert len(victims) == 1, [v.metadata.name for v in victims]
@@ -241,8 +274,11 @@ def test_kill_9_of_the_extender_mid_stream_loses_nothing_and_double_books_nothin
     killed = threading.Event()
 
     def killer() -> None:
-        wait_for(lambda: sum(1 for p in core.list_namespaced_pod(namespace).items if p.spec.node_name) >= 10,
-                 120, "ten pods bound before the kill")
+        wait_for(
+            lambda: sum(1 for p in core.list_namespaced_pod(namespace).items if p.spec.node_name) >= 10,
+            120,
+            "ten pods bound before the kill",
+        )
         stack.restart_extender(kill=True)
         killed.set()
 
@@ -275,8 +311,9 @@ def test_device_plugin_allocates_each_bound_pod_its_own_decision_by_device_ids(
     for name in ("alloc-b", "alloc-a"):  # the kubelet's order is not the bind order
         gpu = decisions[name].gpu_indices[0]
         ids = [d.id for d in resource.devices if d.gpu == gpu][:1]
-        response = plugin._allocate(resource, pb.AllocateRequest(
-            container_requests=[pb.ContainerAllocateRequest(devices_ids=ids)]))
+        response = plugin._allocate(
+            resource, pb.AllocateRequest(container_requests=[pb.ContainerAllocateRequest(devices_ids=ids)])
+        )
         container = response.container_responses[0]
         uuid = plugin.machine.gpus[gpu].uuid
         assert container.envs["NVIDIA_VISIBLE_DEVICES"] in (uuid, str(gpu))

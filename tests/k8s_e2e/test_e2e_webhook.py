@@ -8,10 +8,9 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from e2e_helpers import GPUSLICE, Stack, gpu_pod, wait_http
 
 from gpuslice.k8s.annotations import SCHEDULER_NAME
-
-from e2e_helpers import GPUSLICE, Stack, gpu_pod, wait_http
 
 pytestmark = pytest.mark.k8s_e2e
 
@@ -25,12 +24,14 @@ def plain_pod(name: str) -> dict[str, Any]:
     }
 
 
-def test_pod_created_through_the_api_server_comes_out_mutated(stack: Stack, core: Any, namespace: str) -> None:
+def test_pod_created_through_the_api_server_comes_out_mutated(
+    stack: Stack, core: Any, namespace: str
+) -> None:
     created = core.create_namespaced_pod(namespace, gpu_pod("mutated", {"gpuslice.io/gpumem": 4_000}))
     assert created.spec.scheduler_name == SCHEDULER_NAME
     limits = created.spec.containers[0].resources.limits
     assert limits["gpuslice.io/gpu"] == "1"  # defaulted: a memory share is one GPU
-    assert limits["gpuslice.io/gpumem"] == "4k"  or limits["gpuslice.io/gpumem"] == "4000"
+    assert limits["gpuslice.io/gpumem"] == "4k" or limits["gpuslice.io/gpumem"] == "4000"
 
 
 def test_pod_without_gpuslice_resources_is_left_alone(stack: Stack, core: Any, namespace: str) -> None:

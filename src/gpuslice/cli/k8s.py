@@ -119,16 +119,21 @@ def probe(
     """Exit 0 if URL answers 200, else 1: an exec readiness probe for a server that listens on loopback
     only (an httpGet probe comes from the node, to the pod's address, and cannot reach it)."""
     import ssl
+    import urllib.error
     import urllib.request
 
     context = ssl._create_unverified_context() if url.startswith("https:") else None  # a liveness check
     try:
         with urllib.request.urlopen(url, timeout=timeout, context=context) as answer:
-            ok = answer.status == 200
+            status = answer.status
+    except urllib.error.HTTPError as err:  # an answer, not 200
+        err.close()
+        status = err.code
     except Exception as err:
         _out.print(f"error: {url}: {err}")
         raise typer.Exit(1) from None
-    if not ok:
+    if status != 200:
+        _out.print(f"error: {url} answered {status}")
         raise typer.Exit(1)
 
 

@@ -691,7 +691,9 @@ class DevicePlugin:
             return
         try:
             self.node.annotate_node(
-                self.node_name, {ANNOTATION_NODE_INVENTORY: self.inventory().to_json()}, node_labels(self.machine)
+                self.node_name,
+                {ANNOTATION_NODE_INVENTORY: self.inventory().to_json()},
+                node_labels(self.machine),
             )
         except Exception as err:  # the API server may be briefly away; the next change republishes
             log.error("could not publish the node inventory of %s: %s", self.node_name, err)
@@ -1020,7 +1022,8 @@ def serve(
     """Run the device plugin for ``machine`` until ``stop`` is set (default: until SIGTERM or SIGINT).
 
     A simulated machine (``discover(simulate=…)``) gets its MIG layouts from ``default_mig_layouts``,
-    no NVML health checks; a real one reads its MIG layouts and XID events through NVML. Without ``pods``, ``KubeApi(kubeconfig)`` serves as
+    no NVML health checks; a real one reads its MIG layouts and XID events through NVML. Without
+    ``pods``, ``KubeApi(kubeconfig)`` serves as
     both the pod source and the node publisher. With ``metrics_port``, Prometheus metrics (device and
     GPU health, observe/k8s_metrics.py) are served at ``http://metrics_host:metrics_port/metrics``."""
     if mig_layouts is None:

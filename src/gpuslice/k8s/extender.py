@@ -453,7 +453,9 @@ class ClusterState:
                 log.warning("pod %s: %s; not counted in the ledger", uid, err)
                 return
             namespace, name, _ = _pod_meta(pod)
-            bound = _Bound(decision.node, ask, decision, namespace=namespace, name=name, priority=_priority(pod))
+            bound = _Bound(
+                decision.node, ask, decision, namespace=namespace, name=name, priority=_priority(pod)
+            )
             self._pods[uid] = bound
             if self._built is not None:
                 self._hold(self._built, uid, bound)
@@ -571,11 +573,11 @@ class ClusterState:
     def filter(self, pod: Mapping[str, Any], node_names: list[str]) -> FilterResult:
         """Which of ``node_names`` can take the pod, with a reason for each one that cannot.
 
-        With ``narrow`` (``gpuslice k8s extender``'s default, ``--decide``) exactly one node passes when any fits: the one the placement
-        policy chooses among them, through the same ``Placer`` as ``gpuslice sim`` (its scores and tie
-        rule). kube-scheduler then has nothing left to weigh, so its own scoring (which spreads pods,
-        the opposite of packing) cannot undo the policy's choice; the other fitting nodes are reported
-        failed with the node chosen instead.
+        With ``narrow`` (``gpuslice k8s extender``'s default, ``--decide``) exactly one node passes
+        when any fits: the one the placement policy chooses among them, through the same ``Placer`` as
+        ``gpuslice sim`` (its scores and tie rule). kube-scheduler then has nothing left to weigh, so
+        its own scoring (which spreads pods, the opposite of packing) cannot undo the policy's choice;
+        the other fitting nodes are reported failed with the node chosen instead.
 
         Reasons preemption cannot cure (no inventory, GPU model, invalid request) go to ``unresolvable``
         (``FailedAndUnresolvableNodes``), so kube-scheduler does not evict pods for nothing. If no node
@@ -621,7 +623,8 @@ class ClusterState:
             others = ok.copy()
             others[chosen] = False
             policy = ask.policy or self.default_policy
-            failed_map.update(dict.fromkeys(names[others].tolist(), f"gpuslice ({policy}) chose {names[chosen]}"))
+            why = f"gpuslice ({policy}) chose {names[chosen]}"
+            failed_map.update(dict.fromkeys(names[others].tolist(), why))
             passed = [names[chosen]]
             ok = np.zeros_like(ok)
             ok[chosen] = True
@@ -780,7 +783,9 @@ class ClusterState:
             try:
                 self.api.delete_pod(bound.namespace, bound.name, victim_uid)
             except Exception:
-                log.warning("could not delete preemption victim %s/%s", bound.namespace, bound.name, exc_info=True)
+                log.warning(
+                    "could not delete preemption victim %s/%s", bound.namespace, bound.name, exc_info=True
+                )
             self._post_event(
                 bound.namespace, bound.name, victim_uid, "Preempted",
                 f"gpuslice: preempted by {namespace}/{name} (priority {priority}) on {node_name}",
