@@ -61,7 +61,9 @@ def test_a_profile_changes_the_simulated_time_as_its_numbers_say(tmp_path):
         pytest.param({**GOOD, "format": 2}, "'format' must be 1, got 2", id="wrong format"),
         pytest.param({k: v for k, v in GOOD.items() if k != "format"}, "'format' must be 1", id="no format"),
         pytest.param(
-            {k: v for k, v in GOOD.items() if k != "per_access_s"}, "missing field 'per_access_s'", id="missing"
+            {k: v for k, v in GOOD.items() if k != "per_access_s"},
+            "missing field 'per_access_s'",
+            id="missing",
         ),
         pytest.param({**GOOD, "link_bytes_per_s": 0}, "link_bytes_per_s must be > 0", id="zero link"),
         pytest.param({**GOOD, "batch_overhead_s": -1e-6}, "batch_overhead_s must be >= 0", id="negative"),
@@ -81,7 +83,7 @@ def test_a_bad_profile_is_one_clear_user_error(tmp_path, data, message):
 
 
 def test_a_missing_file_says_so(tmp_path):
-    with pytest.raises(CostProfileError, match="cannot read cost profile .*No such file"):
+    with pytest.raises(CostProfileError, match=r"cannot read cost profile .*No such file"):
         load_cost_profile(tmp_path / "nope.json")
 
 
@@ -110,6 +112,6 @@ def test_memsim_cost_profile_is_used_and_named_in_the_table(tmp_path, monkeypatc
 
 def test_memsim_with_a_bad_profile_prints_one_error_line_and_exits_2(tmp_path, monkeypatch, capsys):
     path = write(tmp_path, {**GOOD, "link_bytes_per_s": -5})
-    code, out, err = run_cli(["memsim", "--cost-profile", str(path)], monkeypatch, capsys)
+    code, _out, err = run_cli(["memsim", "--cost-profile", str(path)], monkeypatch, capsys)
     assert code == 2
     assert err.strip().splitlines() == [f"error: cost profile {path}: link_bytes_per_s must be > 0, got -5"]

@@ -45,7 +45,9 @@ def memsim(
     as_json: Annotated[bool, typer.Option("--json", help="Print results as a JSON list.")] = False,
     cost_profile: Annotated[
         Path | None,
-        typer.Option(help="Cost profile JSON (link bytes/s, fault-batch s, per-access s); docs/cost-profile.md."),
+        typer.Option(
+            help="Cost profile JSON (link bytes/s, fault-batch s, per-access s); docs/cost-profile.md."
+        ),
     ] = None,
     out: Annotated[Path, typer.Option(help="Folder for the PNG.")] = Path("results"),
 ) -> None:
