@@ -9,8 +9,8 @@ from __future__ import annotations
 import types
 
 import pytest
+from acceptance_helpers import FIXTURES, TOPO_FIXTURES, dgx_h100_nvml, make_fake_smi
 
-from conftest import FIXTURES, TOPO_FIXTURES, dgx_h100_nvml, make_fake_smi
 from gpu_acceptance import main as acceptance
 from gpu_acceptance.runner import Context
 from gpu_acceptance.smi import (

@@ -7,8 +7,8 @@ import json
 
 import numpy as np
 import pytest
+from acceptance_helpers import canned_worker_output
 
-from conftest import canned_worker_output
 from gpu_acceptance import um
 from gpuslice.memory import SimConfig, simulate
 from gpuslice.memory.cost import CostModel, load_cost_profile
