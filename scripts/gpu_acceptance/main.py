@@ -99,14 +99,26 @@ def env_stage(ctx: Context) -> dict[str, Any]:
 _PYTEST_COUNT = re.compile(r"(\d+) (passed|failed|skipped|errors?|xfailed|xpassed|deselected)")
 
 
+def gpu_test_files(tests: Path) -> list[str]:
+    """Test files that use the ``gpu`` marker. Only these are collected: the GPU machine need not have
+    what the rest of the suite imports (kubernetes, selenium, …)."""
+    return sorted(
+        str(p.relative_to(tests.parent))
+        for p in tests.rglob("test_*.py")
+        if "pytest.mark.gpu" in p.read_text()
+    )
+
+
 def gpu_tests_stage(ctx: Context) -> dict[str, Any]:
-    args = [ctx.python, "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider", "-rs", "tests"]
+    files = gpu_test_files(ctx.repo / "tests")
+    args = [ctx.python, "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider", "-rs", *files]
     cmd = run_command(ctx, args, ctx.remaining())
     tail = cmd.stdout.strip().splitlines()[-1] if cmd.stdout.strip() else ""
     counts = {k.rstrip("s") if k.startswith("error") else k: int(n) for n, k in _PYTEST_COUNT.findall(tail)}
     skips = [line for line in cmd.stdout.splitlines() if line.startswith("SKIPPED")]
     return {
         "command": " ".join(args[1:]),
+        "files": files,
         "counts": counts,
         "skipped": skips[:20],
         "timed_out": cmd.timed_out,
@@ -185,7 +197,7 @@ def um_stage(ctx: Context) -> dict[str, Any]:
         script="scripts/gpu-acceptance",
     )
     record: dict[str, Any] = {
-        "plan": {k: v for k, v in plan.items() if k != "sweeps"},
+        "plan": plan,
         "source": source,
         "measurements": m.as_dict(),
     }
@@ -243,7 +255,14 @@ def memsim_stage(ctx: Context) -> dict[str, Any]:
         raise RuntimeError("no measured sweep to replay")
     work = Path(tempfile.mkdtemp(prefix="gpuslice-accept-memsim-"))
 
-    def replay(s: dict[str, Any]) -> tuple[tuple[str, float], float | None, str]:
+    planned = um_record["plan"]["sweeps"]
+
+    def replay(measured: dict[str, Any]) -> tuple[tuple[str, float], float | None, str]:
+        key = (measured["pattern"], float(measured["ratio"]))
+        try:
+            s = {**um.planned_sweep(planned, measured), **measured}
+        except um.MeasurementError as e:
+            return key, None, str(e)
         trace = um.sweep_trace(s)
         path = work / f"{s['pattern']}-{s['ratio']}.csv"
         write_trace_csv(trace, path)
@@ -265,9 +284,9 @@ def memsim_stage(ctx: Context) -> dict[str, Any]:
         try:
             rows = json.loads(cmd.stdout)
             row = next(r for r in rows if r["evict"] == "default" and r["prefetch"] == "tree")
-            return (s["pattern"], float(s["ratio"])), row["estimated_seconds"], ""
+            return key, row["estimated_seconds"], ""
         except (json.JSONDecodeError, StopIteration, KeyError, TypeError):
-            return (s["pattern"], float(s["ratio"])), None, (cmd.stderr or cmd.stdout).strip()[-300:]
+            return key, None, (cmd.stderr or cmd.stdout).strip()[-300:]
 
     workers = max(1, min(len(sweeps), (os.cpu_count() or 2) - 1))
     with ThreadPoolExecutor(workers) as pool:
@@ -291,7 +310,7 @@ def memsim_stage(ctx: Context) -> dict[str, Any]:
 
 def _memsim_summary(r: dict[str, Any]) -> str:
     errors = [abs(x["error"]) for x in r.get("rows", []) if x["error"] is not None]
-    return f"{len(errors)} sweeps, median |error| {sorted(errors)[len(errors) // 2]:.0%}" if errors else ""
+    return f"{len(errors)} sweeps, median abs. error {sorted(errors)[len(errors) // 2]:.0%}" if errors else ""
 
 
 STAGES: tuple[Stage, ...] = (
@@ -334,7 +353,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--budget", type=float, default=470.0, help="seconds for the whole run (default 470)")
     p.add_argument(
-        "--capacity", default="1GiB", help="GPU memory left free for the unified-memory sweeps (default 1GiB)"
+        "--capacity",
+        default="512MiB",
+        help="GPU memory left free for the unified-memory sweeps (default 512MiB)",
     )
     p.add_argument(
         "--python", default=sys.executable, help="interpreter for jobs and subprocesses (needs torch, cupy)"

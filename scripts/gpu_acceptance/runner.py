@@ -87,9 +87,9 @@ def run_command(
 ) -> Command:
     """Run ``args`` with its output captured, for at most ``timeout_s`` and never past the stage's limit.
     It gets its own process group, so a timeout kills what it started as well."""
-    limit = max(0.1, min(timeout_s, ctx.remaining()))
+    limit = max(0.1, min(timeout_s, ctx.remaining(), 86_400.0))
     start = time.monotonic()
-    proc = subprocess.Popen(
+    with subprocess.Popen(
         list(args),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -98,19 +98,22 @@ def run_command(
         cwd=cwd or ctx.repo,
         start_new_session=True,
         stdin=subprocess.DEVNULL,
-    )
-    with _live_lock:
-        _live.add(proc)
-    try:
-        out, err = proc.communicate(timeout=limit)
-        timed_out = False
-    except subprocess.TimeoutExpired:
-        kill_group(proc)
-        out, err = proc.communicate()
-        timed_out = True
-    finally:
+    ) as proc:  # closes the pipes and reaps the process whatever happens
         with _live_lock:
-            _live.discard(proc)
+            _live.add(proc)
+        try:
+            out, err = proc.communicate(timeout=limit)
+            timed_out = False
+        except subprocess.TimeoutExpired:
+            kill_group(proc)
+            out, err = proc.communicate()
+            timed_out = True
+        except BaseException:
+            kill_group(proc)
+            raise
+        finally:
+            with _live_lock:
+                _live.discard(proc)
     return Command(
         tuple(args), None if timed_out else proc.returncode, out, err, time.monotonic() - start, timed_out
     )

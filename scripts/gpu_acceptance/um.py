@@ -33,6 +33,7 @@ __all__ = [
     "compare_sweeps",
     "make_plan",
     "parse_measurements",
+    "planned_sweep",
     "sweep_trace",
 ]
 
@@ -43,7 +44,7 @@ SAFE_RATIO = 0.9  # a sweep up to this share of the free GPU memory never oversu
 FULL_RATIOS = (1.0, 1.25, 1.5, 1.75, 2.0)
 SAFE_RATIOS = (0.25, 0.5, 0.75, 0.85)
 MIB = 1 << 20
-DEFAULT_CAPACITY = 1 << 30
+DEFAULT_CAPACITY = 512 * MIB
 
 
 class MeasurementError(ValueError):
@@ -254,6 +255,21 @@ def build_cost_profile(m: Measurements, *, name: str, source: dict[str, Any]) ->
         "per_access_s": per_access,
         "source": {**source, "figures": figures},
     }
+
+
+def planned_sweep(plan_sweeps: list[dict[str, Any]], measured: dict[str, Any]) -> dict[str, Any]:
+    """The planned sweep a measured one ran (its passes' permutations are in the plan only); the
+    measurement must have the plan's shape and one time per planned pass."""
+    for s in plan_sweeps:
+        if (s["pattern"], float(s["ratio"])) == (measured["pattern"], float(measured["ratio"])):
+            shape = (int(measured["tile"]), int(measured["streams"]), len(measured["pass_seconds"]))
+            if shape != (int(s["tile"]), int(s["streams"]), len(s["passes"])):
+                raise MeasurementError(
+                    f"sweep {s['pattern']} {s['ratio']}: measured tile, streams, passes {shape} differ from "
+                    f"the plan's {(s['tile'], s['streams'], len(s['passes']))}"
+                )
+            return s
+    raise MeasurementError(f"sweep {measured['pattern']} {measured['ratio']} is not in the plan")
 
 
 def sweep_trace(sweep: dict[str, Any]):

@@ -154,3 +154,16 @@ def test_compare_sweeps_reports_the_relative_error():
     rows = um.compare_sweeps(measured, {("cyclic", 1.5): 2.5})
     assert rows[0]["error"] == pytest.approx(0.25) and rows[0]["oversub"] == 1.5
     assert rows[1]["memsim_s"] is None and rows[1]["error"] is None
+
+
+def test_a_measured_sweep_is_matched_to_its_plan_and_a_different_shape_is_refused():
+    plan = small_plan()
+    m = um.parse_measurements(canned_worker_output(plan))
+    measured = m.sweeps[3]
+    assert um.planned_sweep(plan["sweeps"], measured)["passes"] == plan["sweeps"][3]["passes"]
+    with pytest.raises(um.MeasurementError, match="differ from the plan"):
+        um.planned_sweep(plan["sweeps"], {**measured, "tile": measured["tile"] + 1})
+    with pytest.raises(um.MeasurementError, match="differ from the plan"):
+        um.planned_sweep(plan["sweeps"], {**measured, "pass_seconds": [1.0]})
+    with pytest.raises(um.MeasurementError, match="not in the plan"):
+        um.planned_sweep(plan["sweeps"], {**measured, "ratio": 3.0})
