@@ -57,11 +57,16 @@ class _Location(ctypes.Structure):
     _fields_ = [("type", ctypes.c_int), ("id", ctypes.c_int)]
 
 
+def load_libcuda():
+    """The CUDA driver library (tests replace this with a fake)."""
+    return ctypes.CDLL("libcuda.so.1")
+
+
 class Cuda:
     """The driver calls used here, through ctypes on the context CuPy made current."""
 
     def __init__(self, device: int) -> None:
-        self.lib = ctypes.CDLL("libcuda.so.1")
+        self.lib = load_libcuda()
         self.device = device
 
     def _ok(self, rc: int, what: str) -> None:
@@ -93,35 +98,27 @@ class Cuda:
     def free(self, ptr: int) -> None:
         self.lib.cuMemFree_v2(ctypes.c_uint64(ptr))
 
+    def _location(self, on_cpu: bool) -> _Location:
+        return _Location(LOCATION_HOST, 0) if on_cpu else _Location(LOCATION_DEVICE, self.device)
+
     def prefetch(self, ptr: int, nbytes: int, to_cpu: bool) -> None:
-        """cuMemPrefetchAsync on the default stream (the v2 call, with a location, where v1 is gone)."""
-        fn = getattr(self.lib, "cuMemPrefetchAsync", None)
-        if fn is not None:
-            rc = fn(
-                ctypes.c_uint64(ptr),
-                ctypes.c_size_t(nbytes),
-                CU_DEVICE_CPU if to_cpu else self.device,
-                ctypes.c_void_p(0),
-            )
+        """cuMemPrefetchAsync on the default stream: the v2 call (a location; CUDA 12.2 on), else v1."""
+        args = (ctypes.c_uint64(ptr), ctypes.c_size_t(nbytes))
+        if hasattr(self.lib, "cuMemPrefetchAsync_v2"):
+            rc = self.lib.cuMemPrefetchAsync_v2(*args, self._location(to_cpu), 0, ctypes.c_void_p(0))
         else:
-            loc = _Location(LOCATION_HOST if to_cpu else LOCATION_DEVICE, 0 if to_cpu else self.device)
-            rc = self.lib.cuMemPrefetchAsync_v2(
-                ctypes.c_uint64(ptr), ctypes.c_size_t(nbytes), loc, 0, ctypes.c_void_p(0)
+            rc = self.lib.cuMemPrefetchAsync(
+                *args, CU_DEVICE_CPU if to_cpu else self.device, ctypes.c_void_p(0)
             )
         self._ok(rc, "cuMemPrefetchAsync")
 
     def advise(self, ptr: int, nbytes: int, advice: str, on_cpu: bool) -> None:
-        fn = getattr(self.lib, "cuMemAdvise", None)
-        if fn is not None:
-            rc = fn(
-                ctypes.c_uint64(ptr),
-                ctypes.c_size_t(nbytes),
-                ADVICE[advice],
-                CU_DEVICE_CPU if on_cpu else self.device,
-            )
+        """cuMemAdvise: the v2 call (a location) where the driver has it, else v1 (a device, -1 = CPU)."""
+        args = (ctypes.c_uint64(ptr), ctypes.c_size_t(nbytes), ADVICE[advice])
+        if hasattr(self.lib, "cuMemAdvise_v2"):
+            rc = self.lib.cuMemAdvise_v2(*args, self._location(on_cpu))
         else:
-            loc = _Location(LOCATION_HOST if on_cpu else LOCATION_DEVICE, 0 if on_cpu else self.device)
-            rc = self.lib.cuMemAdvise_v2(ctypes.c_uint64(ptr), ctypes.c_size_t(nbytes), ADVICE[advice], loc)
+            rc = self.lib.cuMemAdvise(*args, CU_DEVICE_CPU if on_cpu else self.device)
         self._ok(rc, f"cuMemAdvise({advice})")
 
 
@@ -140,7 +137,7 @@ def main(plan_path: str) -> int:
         "env",
         gpu=props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"]),
         cupy=cp.__version__,
-        driver=cp.cuda.runtime.driverGetVersion(),
+        cuda_driver_version=cp.cuda.runtime.driverGetVersion(),
         runtime=cp.cuda.runtime.runtimeGetVersion(),
         free_bytes=free0,
         total_bytes=total,
