@@ -135,7 +135,7 @@ def analyse(mode: str, jobs: dict[str, dict[str, Any]], baseline_rate: float | N
                     f"{name}: driver allocation beyond the slice caught by the monitor",
                     r.get("beyond_driver") == 0 and bool(caught),
                     beyond_driver=r.get("beyond_driver"),
-                    actions=[e.get("data", {}).get("action") for e in caught],
+                    actions=[e.get("detail", {}).get("action") for e in caught],
                 )
             )
         if baseline_rate and job.get("asked"):
@@ -217,7 +217,7 @@ def serve_stage(mode: str):
         smi = ctx.options.get("nvidia_smi", "nvidia-smi")
         state = Path(tempfile.mkdtemp(prefix=f"gpuslice-accept-{mode}-"))
         program = state / "job.py"
-        program.write_text(JOB_PROGRAM)
+        program.write_text(ctx.options.get("serve_job_program", JOB_PROGRAM))  # tests pass a GPU-less one
         port = _free_port()
         url = f"http://127.0.0.1:{port}"
         env = {**ctx.env, "GPUSLICE_STATE_DIR": str(state)}
@@ -232,6 +232,7 @@ def serve_stage(mode: str):
             str(port),
             "--state-dir",
             str(state),
+            *(["--simulate", ctx.options["simulate"]] if ctx.options.get("simulate") else []),
         ]
         log = os.open(state / "serve.log", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         server = subprocess.Popen(
@@ -245,8 +246,8 @@ def serve_stage(mode: str):
         )
         os.close(log)  # the server has its own copy
         record: dict[str, Any] = {"mode": mode, "state_dir": str(state)}
+        client = ServeClient(url=url, state_dir=state)
         try:
-            client = ServeClient(url=url, state_dir=state)
             while True:
                 try:
                     client.health()
@@ -336,6 +337,7 @@ def serve_stage(mode: str):
             record.update(jobs=jobs, checks=checks, baseline_matmuls_per_s=baseline_rate)
             return record
         finally:
+            client.close()
             _stop(server)
 
     return run

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import sys
 
-import acceptance_helpers  # noqa: F401  (puts scripts/ on sys.path)
+import acceptance_helpers
 import pytest
 
 from gpu_acceptance import serve_check
@@ -19,7 +19,7 @@ def job(beyond_torch="oom", beyond_driver=2, rate=50.0, asked=0.3, events=()):
     return {"result": result, "asked": asked, "events": list(events), "state": "SUCCEEDED"}
 
 
-KILL = {"kind": "enforcement", "data": {"action": "kill"}}
+KILL = {"kind": "enforcement", "detail": {"action": "kill", "used": 9, "limit": 4}}
 
 
 def failed(checks):
@@ -72,3 +72,36 @@ def test_without_a_shim_mode_the_shim_stage_is_not_available(tmp_path):
     records = run_stages(ctx, [Stage("serve_shim", serve_check.serve_stage("shim"), 10)], 30, lambda _: None)
     assert records["serve_shim"]["status"] == "not available"
     assert "no --sharing shim" in records["serve_shim"]["reason"]
+
+
+# Stands in for the PyTorch job on a machine without a GPU: the same output lines, figures made up.
+GPU_LESS_JOB = """
+import json, os, sys, time
+share = float(os.environ.get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "100")) / 100
+print(json.dumps({"phase": "computing", "pid": os.getpid()}), flush=True)
+time.sleep(0.5)
+print(json.dumps({"pid": os.getpid(), "matmuls_per_s": 100.0, "beyond_torch": "oom", "beyond_driver": 0}))
+"""
+
+
+def test_serve_stage_runs_three_jobs_through_a_real_server_and_records_every_check(tmp_path, dgx_h100_smi):
+    """Against `gpuslice serve --simulate`: the server starts and stops, the jobs' output and events come
+    back through the API, nvidia-smi is asked for the jobs' processes. A simulated machine holds no GPU
+    memory, so the memory and monitor checks fail here, and are recorded, as on a GPU they must pass."""
+    ctx = Context(repo=acceptance_helpers.ROOT, out_dir=tmp_path, python=sys.executable,
+                  env={**os.environ, "PYTHONPATH": str(acceptance_helpers.ROOT / "src")},
+                  options={"simulate": "dgx-h100", "serve_job_program": GPU_LESS_JOB,
+                           "nvidia_smi": str(dgx_h100_smi)})  # fmt: skip
+    records = run_stages(
+        ctx, [Stage("serve_soft", serve_check.serve_stage("soft"), 120)], 150, lambda _: None
+    )
+    record = records["serve_soft"]
+    assert record["status"] == "failed", record
+    assert record["baseline"]["matmuls_per_s"] == 100.0 and record["baseline"]["state"] == "SUCCEEDED"
+    assert set(record["jobs"]) == {"job_a", "job_b"}
+    assert {j["state"] for j in record["jobs"].values()} == {"SUCCEEDED"}
+    checks = {c["name"]: c["ok"] for c in record["checks"]}
+    assert checks["job_a ran inside its slice"] and checks["job_b: PyTorch allocation beyond the slice fails"]
+    assert not checks["job_a: driver allocation beyond the slice caught by the monitor"]  # nothing to catch
+    assert not checks["job_a memory"] and not checks["job_b memory"]  # nvidia-smi lists no such process
+    assert record["jobs"]["job_a"]["achieved"] == 1.0  # soft mode does not divide compute
