@@ -171,6 +171,28 @@ def _discovery_summary(r: dict[str, Any]) -> str:
 # -- unified memory and the cost profile -------------------------------------------------------------
 
 
+CUDA13_MIN_DRIVER = (
+    580  # CUDA 13.0 needs driver 580 or later (CUDA toolkit release notes; docs/references.md)
+)
+
+
+def ensure_cupy(ctx: Context) -> str:
+    """'present', or install CuPy for this driver's CUDA from PyPI; what happened, in words. A machine
+    without internet access fails fast (no retries, 15 s socket timeout) and the worker reports the rest."""
+    if run_command(ctx, [ctx.python, "-c", "import cupy"], 60).returncode == 0:
+        return "present"
+    driver = str(ctx.records.get("env", {}).get("driver", ""))
+    major = int(driver.split(".")[0]) if driver.split(".")[0].isdigit() else 0
+    package = "cupy-cuda13x" if major >= CUDA13_MIN_DRIVER else "cupy-cuda12x"
+    args = [ctx.python, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--retries", "0",
+            "--timeout", "15", package]  # fmt: skip
+    cmd = run_command(ctx, args, max(5.0, min(90.0, ctx.remaining() - 30)))
+    if cmd.returncode == 0:
+        return f"installed {package} from PyPI"
+    why = "timed out" if cmd.timed_out else (cmd.stderr.strip().splitlines() or ["no output"])[-1][:200]
+    return f"missing; pip install {package} failed: {why}"
+
+
 def um_stage(ctx: Context) -> dict[str, Any]:
     plan = um.make_plan(
         capacity_bytes=ctx.options.get("capacity_bytes", um.DEFAULT_CAPACITY),
@@ -180,11 +202,12 @@ def um_stage(ctx: Context) -> dict[str, Any]:
     if canned:
         text, source = Path(canned).read_text(), {"measured": False, "canned": str(canned)}
     else:
+        cupy = ensure_cupy(ctx)
         plan_path = ctx.out_dir / "um_plan.json"
         plan_path.write_text(json.dumps(plan))
         worker = Path(__file__).with_name("um_worker.py")
         cmd = run_command(ctx, [ctx.python, str(worker), str(plan_path)], ctx.remaining() - 5)
-        text, source = cmd.stdout, {"measured": True}
+        text, source = cmd.stdout, {"measured": True, "cupy": cupy}
         if cmd.returncode != 0:
             source["worker_exit"] = "timeout" if cmd.timed_out else cmd.returncode
             source["worker_stderr"] = cmd.stderr.strip()[-600:]

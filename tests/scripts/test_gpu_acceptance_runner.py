@@ -110,3 +110,26 @@ def test_only_files_with_gpu_tests_are_collected():
     assert all(marker in (acceptance.REPO / f).read_text() for f in files)
     assert "tests/scripts/test_gpu_acceptance_runner.py" not in files
     assert "tests/k8s/test_extender.py" not in files
+
+
+FAKE_PY_NO_CUPY = """#!/bin/sh
+case "$*" in
+  "-c import cupy") echo "ModuleNotFoundError: No module named 'cupy'" >&2; exit 1 ;;
+  "-m pip install"*) echo "$*" > "{log}"; echo "ERROR: No matching distribution found for cupy" >&2; exit 1 ;;
+esac
+exit 0
+"""
+
+
+def test_missing_cupy_is_installed_for_the_drivers_cuda_and_a_failure_is_said(tmp_path):
+    program = tmp_path / "py"
+    program.write_text(FAKE_PY_NO_CUPY.replace("{log}", str(tmp_path / "pip.log")))
+    program.chmod(0o755)
+    ctx = context(tmp_path)
+    ctx.python = str(program)
+    ctx.records["env"] = {"driver": "580.159.03"}
+    said = acceptance.ensure_cupy(ctx)
+    assert said == "missing; pip install cupy-cuda13x failed: ERROR: No matching distribution found for cupy"
+    assert "--retries 0 --timeout 15 cupy-cuda13x" in (tmp_path / "pip.log").read_text()
+    ctx.records["env"] = {"driver": "535.129.03"}
+    assert "cupy-cuda12x" in acceptance.ensure_cupy(ctx)
