@@ -9,6 +9,7 @@ Stages (in order; limits in seconds, 8 minutes in all by default):
 | discovery | 30 | discovery, topology and telemetry through NVML against nvidia-smi |
 | um | 110 | unified-memory microbenchmarks (``um_worker.py``), then the cost profile built from them |
 | memsim | 50 | the measured sweeps replayed by ``gpuslice memsim --cost-profile``, side by side |
+| directions | 40 | gpu_ext's always-max and stride + LFU directions rerun with the measured profile |
 | serve_soft / serve_mps / serve_shim | 70 each | ``serve_check``: two PyTorch jobs with slices per mode |
 """
 
@@ -340,6 +341,51 @@ def _memsim_summary(r: dict[str, Any]) -> str:
     return f"{len(errors)} sweeps, median abs. error {sorted(errors)[len(errors) // 2]:.0%}" if errors else ""
 
 
+# gpu_ext's two directions that hinge on the cost model (tests/memory/test_directions.py):
+# (workload, scale, oversubscription, policy pair compared with the driver's default/tree)
+DIRECTIONS = (
+    ("rand-stream", 0.25, 1.2, ("default", "always-max")),
+    ("llm-moe-decode", 0.5, 1.8, ("lfu", "stride")),
+)
+
+
+def directions_stage(ctx: Context) -> dict[str, Any]:
+    """The two directions rerun with the measured profile: speedup over the driver default (>1 = wins).
+    Findings, not checks: which way they go with measured costs is what the run is for."""
+    from gpuslice.memory import SimConfig, make_workload, simulate
+    from gpuslice.memory.cost import load_cost_profile
+    from gpuslice.programs.loader import memory_ops
+
+    profile = ctx.records.get("um", {}).get("profile", {}).get("path")
+    if not profile:
+        raise RuntimeError("no cost profile: the um stage did not build one")
+    cost = load_cost_profile(profile)
+    rows = []
+    for workload, scale, oversub, (evict, prefetch) in DIRECTIONS:
+        trace = make_workload(workload, scale=scale)
+        cfg = SimConfig(oversub=oversub, cost=cost)
+        base = simulate(trace, memory_ops("default", "tree"), cfg, "default", "tree")
+        ours = simulate(trace, memory_ops(evict, prefetch), cfg, evict, prefetch)
+        rows.append(
+            {
+                "workload": workload,
+                "scale": scale,
+                "oversub": oversub,
+                "policy": f"{evict}+{prefetch}",
+                "default_s": base.estimated_seconds,
+                "policy_s": ours.estimated_seconds,
+                "speedup": base.estimated_seconds / ours.estimated_seconds,
+                "batches": [base.batches, ours.batches],
+                "migrated_bytes": [base.migrated_bytes, ours.migrated_bytes],
+            }
+        )
+    return {"profile": profile, "rows": rows, "checks": []}
+
+
+def _directions_summary(r: dict[str, Any]) -> str:
+    return "; ".join(f"{x['policy']} on {x['workload']} {x['speedup']:.2f}x" for x in r.get("rows", []))
+
+
 STAGES: tuple[Stage, ...] = (
     Stage(
         "env",
@@ -356,6 +402,7 @@ STAGES: tuple[Stage, ...] = (
     Stage("discovery", discovery_stage, 30, _discovery_summary),
     Stage("um", um_stage, 110, _um_summary),
     Stage("memsim", memsim_stage, 50, _memsim_summary),
+    Stage("directions", directions_stage, 40, _directions_summary),
     Stage("serve_soft", serve_check.serve_stage("soft"), 70, serve_check.summary),
     Stage("serve_mps", serve_check.serve_stage("mps"), 70, serve_check.summary),
     Stage("serve_shim", serve_check.serve_stage("shim"), 70, serve_check.summary),

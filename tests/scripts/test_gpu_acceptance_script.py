@@ -29,7 +29,8 @@ def test_fake_run_writes_json_table_and_profile_and_survives_a_failing_stage(tmp
     canned.write_text(canned_worker_output(um.make_plan(capacity_bytes=16 * MIB)))
     out = tmp_path / "out" / "gpu_acceptance.json"
     smi = dgx_h100_smi_at(tmp_path)
-    args = ["--stages", "env,discovery,um,memsim", "--fake-um", str(canned), "--nvidia-smi", str(smi)]
+    names = "env,discovery,um,memsim,directions"
+    args = ["--stages", names, "--fake-um", str(canned), "--nvidia-smi", str(smi)]
     done = run_script(*args, "--capacity", "16MiB", "--out", str(out), "--python", sys.executable)
     assert done.returncode == 1, done.stderr  # discovery cannot pass without NVML
     doc = json.loads(out.read_text())
@@ -47,12 +48,11 @@ def test_fake_run_writes_json_table_and_profile_and_survives_a_failing_stage(tmp
     assert all(r["memsim_s"] > 0 and r["measured_s"] > 0 for r in rows)
     assert stages["memsim"]["status"] in ("ok", "failed")  # within 25 % or not: both are recorded
     table = out.with_suffix(".md").read_text()
-    assert [line.split("|")[1].strip() for line in table.splitlines()[2:]] == [
-        "env",
-        "discovery",
-        "um",
-        "memsim",
-    ]
+    assert [line.split("|")[1].strip() for line in table.splitlines()[2:]] == names.split(",")
+    directions = doc["stages"]["directions"]
+    assert directions["status"] == "ok"
+    assert [r["policy"] for r in directions["rows"]] == ["default+always-max", "lfu+stride"]
+    assert all(r["speedup"] > 0 for r in directions["rows"])
     assert "| discovery | error |" in table and "| um | ok |" in table
     assert "link 25.0 GB/s" in done.stdout
 
@@ -61,8 +61,8 @@ def test_unknown_stage_and_missing_canned_file_are_one_error_line(tmp_path):
     bad_stage = run_script("--stages", "env,warp", "--out", str(tmp_path / "x.json"))
     assert bad_stage.returncode == 2
     assert bad_stage.stderr.strip().splitlines() == [
-        "error: unknown stage 'warp'; known: env, gpu_tests, discovery, um, memsim, serve_soft, serve_mps, "
-        "serve_shim"
+        "error: unknown stage 'warp'; known: env, gpu_tests, discovery, um, memsim, directions, serve_soft, "
+        "serve_mps, serve_shim"
     ]
     no_file = run_script("--fake-um", str(tmp_path / "nope.jsonl"), "--out", str(tmp_path / "x.json"))
     assert no_file.returncode == 2 and no_file.stderr.startswith("error: --fake-um ")
