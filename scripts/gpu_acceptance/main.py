@@ -16,6 +16,7 @@ Stages (in order; limits in seconds, 8 minutes in all by default):
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime as dt
 import json
 import os
@@ -441,6 +442,12 @@ def _parser() -> argparse.ArgumentParser:
         help="canned worker output instead of the GPU (testing only; marks the run fake)",
     )
     p.add_argument(
+        "--limit-factor",
+        type=float,
+        default=1.0,
+        help="multiply every stage's time limit and the budget (a slow or loaded machine; default 1)",
+    )
+    p.add_argument(
         "--allow-oversubscription",
         action="store_true",
         help="sweep managed memory up to 2x the free GPU memory (can hang some GPUs; default: up to 0.85x)",
@@ -456,6 +463,12 @@ def main(argv: list[str] | None = None, *, nvml: Any = None) -> int:
     unknown = [n for n in names if n not in known]
     if unknown:
         print(f"error: unknown stage {unknown[0]!r}; known: {', '.join(known)}", file=sys.stderr)
+        return 2
+    if not 0 < args.limit_factor <= 100:
+        print(
+            f"error: --limit-factor {args.limit_factor}: use a number above 0 and at most 100",
+            file=sys.stderr,
+        )
         return 2
     if args.fake_um is not None and not args.fake_um.is_file():
         print(f"error: --fake-um {args.fake_um}: no such file", file=sys.stderr)
@@ -487,7 +500,10 @@ def main(argv: list[str] | None = None, *, nvml: Any = None) -> int:
         },
     )
     started = time.monotonic()
-    records = run_stages(ctx, stages, args.budget, lambda line: print(f"gpu-acceptance: {line}", flush=True))
+    if args.limit_factor != 1.0:  # a slow machine: every stage's limit and the budget grow alike
+        stages = [dataclasses.replace(s, timeout_s=s.timeout_s * args.limit_factor) for s in stages]
+    budget = args.budget * args.limit_factor
+    records = run_stages(ctx, stages, budget, lambda line: print(f"gpu-acceptance: {line}", flush=True))
     env_record = records.get("env", {})
     document = {
         "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),

@@ -31,7 +31,10 @@ def test_fake_run_writes_json_table_and_profile_and_survives_a_failing_stage(tmp
     smi = dgx_h100_smi_at(tmp_path)
     names = "env,discovery,um,memsim,directions"
     args = ["--stages", names, "--fake-um", str(canned), "--nvidia-smi", str(smi)]
-    done = run_script(*args, "--capacity", "16MiB", "--out", str(out), "--python", sys.executable)
+    # limits x10: the memsim stage starts one memsim process per sweep, slow on a loaded 2-core machine
+    done = run_script(
+        *args, "--capacity", "16MiB", "--limit-factor", "10", "--out", str(out), "--python", sys.executable
+    )
     assert done.returncode == 1, done.stderr  # discovery cannot pass without NVML
     doc = json.loads(out.read_text())
     stages = doc["stages"]
@@ -66,6 +69,8 @@ def test_unknown_stage_and_missing_canned_file_are_one_error_line(tmp_path):
     ]
     no_file = run_script("--fake-um", str(tmp_path / "nope.jsonl"), "--out", str(tmp_path / "x.json"))
     assert no_file.returncode == 2 and no_file.stderr.startswith("error: --fake-um ")
+    bad_factor = run_script("--limit-factor", "0", "--out", str(tmp_path / "x.json"))
+    assert bad_factor.returncode == 2 and bad_factor.stderr.startswith("error: --limit-factor 0.0: ")
     bad_size = run_script("--capacity", "lots", "--out", str(tmp_path / "x.json"))
     assert bad_size.returncode == 2 and bad_size.stderr.startswith("error: --capacity: ")
     assert not (tmp_path / "x.json").exists()
