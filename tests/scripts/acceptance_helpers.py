@@ -151,7 +151,7 @@ def canned_worker_output(plan: dict, *, drop: tuple[str, ...] = ()) -> str:
             "second_touch_seconds": 1e-4,
         },
     ]
-    first = plan["sweeps"][0]
+    first = max((s for s in plan["sweeps"] if s["pattern"] == "cyclic"), key=lambda s: s["tile"])
     lines.append(
         {
             "kind": "resident",

@@ -118,7 +118,9 @@ def test_every_record_the_worker_prints_is_accepted_by_the_parser(tmp_path, monk
         um.planned_sweep(plan["sweeps"], s)
     sweeps = [args for name, grid, block, args in launches if name == "sweep"]
     planned = [(o["step"], o["offset"]) for s in plan["sweeps"] for o in s["passes"]]
-    assert [(a[3], a[4]) for a in sweeps[2:]] == planned  # after the resident sweep's warm-up and run
+    assert [(a[3], a[4]) for a in sweeps[4:]] == planned  # after the resident sweep's warm-up and 3 runs
+    largest = max(s["tile"] for s in plan["sweeps"] if s["pattern"] == "cyclic")
+    assert m.resident["tile"] == largest and m.resident["accesses"] == largest * plan["streams"]
     assert not lib.buffers and not lib.plain  # everything freed, the balloon too
     assert "advise 3" in lib.calls and "prefetch to host" in lib.calls
 
