@@ -228,14 +228,11 @@ def compare_topology(nvml_topo: Any, smi_topo: Any) -> list[dict[str, Any]]:
         if i != j and nvml_topo.label(i, j) != smi_topo.label(i, j)
     ]
     checks.append(check("topology labels", not differ, pairs=n * (n - 1), differ=differ[:8]))
-    checks.append(
-        check(
-            "nvswitch",
-            nvml_topo.nvswitch == smi_topo.nvswitch,
-            nvml=nvml_topo.nvswitch,
-            smi=smi_topo.nvswitch,
-        )
-    )
+    if n > 1:  # nvidia-smi shows NVSwitch only through pairs' link counts: a lone GPU has none
+        checks.append(
+            check("nvswitch", nvml_topo.nvswitch == smi_topo.nvswitch, nvml=nvml_topo.nvswitch,
+                  smi=smi_topo.nvswitch)
+        )  # fmt: skip
     return checks
 
 

@@ -145,3 +145,13 @@ def test_job_memory_is_summed_over_the_jobs_processes_and_compared():
         ("job_b memory", False, 3000 * MIB),
         ("job_c memory", False, None),
     ]
+
+
+def test_a_single_gpu_has_no_pairs_and_no_nvswitch_to_compare():
+    from gpu_acceptance.smi import compare_topology
+    from gpuslice.hardware.topology_smi import parse_topo_matrix
+
+    one = parse_topo_matrix("\tGPU0\tCPU Affinity\tNUMA Affinity\tGPU NUMA ID\nGPU0\t X \t0-15\t0\t\tN/A\n")
+    nvml_view = types.SimpleNamespace(n_gpus=1, nvswitch=True, label=one.label)  # NVLinks to switches
+    checks = compare_topology(nvml_view, one)
+    assert [(c["name"], c["ok"]) for c in checks] == [("topology gpu count", True), ("topology labels", True)]
