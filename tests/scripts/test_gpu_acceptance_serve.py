@@ -43,7 +43,10 @@ def test_hard_mode_fails_when_the_driver_allocation_succeeds_or_a_share_is_excee
 def test_soft_mode_needs_the_monitor_to_catch_the_driver_allocation():
     caught = {"job_a": job(beyond_driver=0, events=[KILL])}
     missed = {"job_a": job(beyond_driver=0)}
-    assert not failed(serve_check.analyse("soft", caught, baseline_rate=100.0))
+    checks = serve_check.analyse("soft", caught, baseline_rate=100.0)
+    assert not failed(checks)
+    monitor = next(c for c in checks if "monitor" in c["name"])
+    assert monitor["actions"] == ["kill"]  # what the daemon's event says it did
     assert failed(serve_check.analyse("soft", missed, baseline_rate=100.0)) == [
         "job_a: driver allocation beyond the slice caught by the monitor"
     ]
