@@ -15,6 +15,7 @@ A mode the server does not offer (``shim`` before the shim exists) is recorded a
 from __future__ import annotations
 
 import contextlib
+import importlib
 import json
 import os
 import signal
@@ -23,6 +24,7 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 from gpu_acceptance.runner import Context, NotAvailable, kill_group
@@ -178,17 +180,27 @@ def _job_pids(pid: int | None) -> set[int]:
         return {pid}
 
 
-def _shim_available() -> str | None:
-    """None if this gpuslice has ``--sharing shim`` and a built shim; else why not."""
+def shim_library(repo: Path, shim: ModuleType) -> Path:
+    """The shim library of ``shim`` (the ``gpuslice.shim`` package). A checkout that was not installed
+    with pip has not built it: then it is built from ``native/shim`` with the machine's C compiler into
+    the package's ``lib`` folder, through the package's own ``build.build_shim``."""
+    try:
+        return Path(shim.library_path())
+    except Exception:
+        build = importlib.import_module(f"{shim.__name__}.build")
+        build.build_shim(repo / "native" / "shim", Path(shim.__file__).parent / "lib")
+        return Path(shim.library_path())
+
+
+def shim_available(repo: Path) -> str | None:
+    """None if this gpuslice has ``--sharing shim`` and its library is (or could be) built; else why not."""
     from gpuslice.node.enforcement import SharingMode
 
     if "shim" not in {m.value for m in SharingMode}:
         return f"gpuslice serve has no --sharing shim (modes: {', '.join(m.value for m in SharingMode)})"
     try:
-        from gpuslice import shim  # type: ignore[attr-defined]
-
-        path = Path(shim.library_path())
-    except Exception as e:  # ImportError, or the library is not built
+        path = shim_library(repo, importlib.import_module("gpuslice.shim"))
+    except Exception as e:  # no package, no compiler, a failed build
         return f"the shim library is not available ({type(e).__name__}: {e})"
     return None if path.is_file() else f"the shim library {path} does not exist"
 
@@ -212,7 +224,7 @@ def serve_stage(mode: str):
 
         from gpuslice.server.client import ServeClient
 
-        if mode == "shim" and (why := _shim_available()):
+        if mode == "shim" and (why := shim_available(ctx.repo)):
             raise NotAvailable(why)
         smi = ctx.options.get("nvidia_smi", "nvidia-smi")
         state = Path(tempfile.mkdtemp(prefix=f"gpuslice-accept-{mode}-"))

@@ -108,3 +108,47 @@ def test_serve_stage_runs_three_jobs_through_a_real_server_and_records_every_che
     assert not checks["job_a: driver allocation beyond the slice caught by the monitor"]  # nothing to catch
     assert not checks["job_a memory"] and not checks["job_b memory"]  # nvidia-smi lists no such process
     assert record["jobs"]["job_a"]["achieved"] == 1.0  # soft mode does not divide compute
+
+
+FAKE_SHIM_INIT = """
+from pathlib import Path
+LIB = Path(__file__).parent / "lib" / "libshim.so"
+def library_path():
+    if not LIB.is_file():
+        raise RuntimeError(f"the shim is not built ({LIB} is missing)")
+    return LIB
+"""
+FAKE_SHIM_BUILD = """
+from pathlib import Path
+def build_shim(source_dir, out_dir):
+    if not (Path(source_dir) / "shim.c").is_file():
+        raise RuntimeError(f"no sources in {source_dir}")
+    Path(out_dir).mkdir(parents=True, exist_ok=True)
+    (Path(out_dir) / "libshim.so").write_text("built")
+"""
+
+
+def fake_shim_package(tmp_path, name):
+    package = tmp_path / "pkgs" / name
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text(FAKE_SHIM_INIT)
+    (package / "build.py").write_text(FAKE_SHIM_BUILD)
+    sys.path.insert(0, str(tmp_path / "pkgs"))
+    try:
+        return __import__(name)
+    finally:
+        sys.path.remove(str(tmp_path / "pkgs"))
+
+
+def test_a_checkout_without_the_built_shim_builds_it_from_native_sources(tmp_path):
+    shim = fake_shim_package(tmp_path, "fake_shim_built_here")
+    (tmp_path / "native" / "shim").mkdir(parents=True)
+    (tmp_path / "native" / "shim" / "shim.c").write_text("/* sources */")
+    path = serve_check.shim_library(tmp_path, shim)
+    assert path.read_text() == "built" and path.parent.name == "lib"
+
+
+def test_a_shim_that_cannot_be_built_raises_with_the_builders_reason(tmp_path):
+    shim = fake_shim_package(tmp_path, "fake_shim_without_sources")
+    with pytest.raises(RuntimeError, match="no sources in"):
+        serve_check.shim_library(tmp_path, shim)
