@@ -13,6 +13,7 @@ from rich.table import Table
 
 from gpuslice.errors import UserError
 from gpuslice.memory import EVICTION, PREFETCH, SimConfig, make_workload, simulate
+from gpuslice.memory.cost import CostModel, load_cost_profile
 from gpuslice.memory.workloads import read_trace_csv
 from gpuslice.programs.loader import memory_ops
 
@@ -42,6 +43,12 @@ def memsim(
     scale: Annotated[float, typer.Option(min=0.01, help="Workload size factor.")] = 1.0,
     plot: Annotated[bool, typer.Option(help="Write memsim.png to --out.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print results as a JSON list.")] = False,
+    cost_profile: Annotated[
+        Path | None,
+        typer.Option(
+            help="Cost profile JSON (link bytes/s, fault-batch s, per-access s); docs/cost-profile.md."
+        ),
+    ] = None,
     out: Annotated[Path, typer.Option(help="Folder for the PNG.")] = Path("results"),
 ) -> None:
     """Faults, bytes and estimated time of one policy pair, or of every eviction policy with --compare all."""
@@ -59,8 +66,9 @@ def memsim(
         pairs.append(("default", "tree"))
     for e, p in pairs:
         memory_ops(e, p)  # validate every name, verify every policy file, before any work
+    cost = load_cost_profile(cost_profile) if cost_profile else CostModel()
     data = read_trace_csv(trace) if trace else make_workload(workload, scale=scale)
-    cfg = SimConfig(oversub=oversub, visibility=visibility, priorities=priorities)
+    cfg = SimConfig(oversub=oversub, visibility=visibility, priorities=priorities, cost=cost)
     results = {}
     with Progress(
         TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), disable=as_json
@@ -76,7 +84,8 @@ def memsim(
         print(json.dumps([r.as_dict() for r in shown], indent=1))
         return
     bound, base = results[("belady", prefetch)], results[("default", "tree")]
-    table = Table(title=f"{data.name} at {oversub}× oversubscription ({len(data):,} accesses)")
+    costs = f"costs: {cost.name or cost.link}"
+    table = Table(title=f"{data.name} at {oversub}× oversubscription ({len(data):,} accesses; {costs})")
     for col in (
         "evict",
         "prefetch",
