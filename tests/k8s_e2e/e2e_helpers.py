@@ -151,7 +151,11 @@ def stack(plane: ControlPlane, api_client: Any, core: Any) -> Iterator[Stack]:
     import trustme
     from kubernetes import client
 
-    core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name="gpuslice")))
+    try:  # the deploy tests may have applied the manifests, namespace included, already
+        core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name="gpuslice")))
+    except client.exceptions.ApiException as err:
+        if err.status != 409:
+            raise
     ca = trustme.CA()
     leaf = ca.issue_cert("127.0.0.1")
     certs = plane.root / "webhook"

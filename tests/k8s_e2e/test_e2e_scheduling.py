@@ -138,7 +138,7 @@ def test_every_request_shape_is_bound_by_kube_scheduler_through_the_extender(
     }
     for name, (resources, asked) in shapes.items():
         create(core, namespace, gpu_pod(name, resources, annotations=asked))
-    models = {n.metadata.name: n.metadata.labels[LABEL_PRODUCT] for n in core.list_node().items}
+    models = {n.metadata.name: (n.metadata.labels or {}).get(LABEL_PRODUCT) for n in core.list_node().items}
     for name, (_resources, asked) in shapes.items():
         pod = bound(core, namespace, name)
         assert pod.spec.scheduler_name == SCHEDULER_NAME  # set by the webhook
