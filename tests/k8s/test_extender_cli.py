@@ -104,6 +104,7 @@ def test_probe_exits_0_for_a_server_that_answers_and_1_for_none():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         closed = s.getsockname()[1]
-    refused = runner.invoke(main.app, ["k8s", "probe", f"http://127.0.0.1:{closed}/healthz", "--timeout", "1"])
+    url = f"http://127.0.0.1:{closed}/healthz"
+    refused = runner.invoke(main.app, ["k8s", "probe", url, "--timeout", "1"])
     assert refused.exit_code == 1
     assert refused.output.startswith("error:")
