@@ -11,8 +11,8 @@ calls included; kube-scheduler has no per-extender histogram) and the extender's
 
 Cross-check with ``gpuslice sim``: the same pod sequence goes through the same ``Placer`` with the same
 policy over a ledger that models what the extender models (GPUs only: CPU and memory are
-kube-scheduler's NodeResourcesFit's) and the same FGD target workload, and the pod -> node mappings
-are compared; every difference is listed with the reason found.
+kube-scheduler's NodeResourcesFit's, modelled by a second ledger that only filters) and the same FGD
+target workload, and the pod -> node mappings are compared; differences are listed.
 
     scripts/k8s-e2e --co -q >/dev/null   # builds the binaries once (or run the e2e suite)
     GPUSLICE_K8S_BIN=~/.cache/gpuslice-e2e/<key>/bin .venv/bin/python benchmarks/k8s_e2e.py --pods 2000
@@ -261,28 +261,26 @@ def run_mode(bin_dir: Path, mode: str, trace: Any, pods: list[TracePod], target_
 def sim_mapping(
     trace: Any, pods: list[TracePod], policy: str, target: TargetWorkload
 ) -> tuple[dict[str, str], float]:
-    """The same sequence through the same Placer over a ledger modelling what the extender models:
-    nodes in name order, GPUs only (CPU is kube-scheduler's), the same target workload."""
-    nodes = sorted(
-        (
-            NodeSpec(n.name, 0, 0, n.gpu_count, n.gpu_model, n.gpu_memory_bytes)
-            for n in trace.nodes
-            if n.gpu_count
-        ),
-        key=lambda n: n.name,
-    )
-    ledger = Ledger(nodes)
-    placer = Placer(
-        ledger,
-        placement_policy(policy)(ledger.view, PolicyContext(rng=np.random.default_rng(0), target=target)),
-    )
+    """The same sequence through the same Placer, deciding as the extender decides on kube-scheduler:
+    the policy scores a ledger of GPUs only (nodes in name order, CPU and memory left out, the same
+    target workload), over the nodes that also pass a second ledger with the nodes' CPU and memory,
+    which stands for kube-scheduler's NodeResourcesFit filter in front of the extender."""
+    gpu_nodes = sorted((n for n in trace.nodes if n.gpu_count), key=lambda n: n.name)
+    full = Ledger(gpu_nodes)  # CPU, memory and GPUs: what kube-scheduler's own filter checks
+    ledger = Ledger([NodeSpec(n.name, 0, 0, n.gpu_count, n.gpu_model, n.gpu_memory_bytes) for n in gpu_nodes])
+    context = PolicyContext(rng=np.random.default_rng(0), target=target)
+    placer = Placer(ledger, placement_policy(policy)(ledger.view, context))
     mapping = {}
     for pod in pods:
         r = pod.request
         request = Request(0, 0, r.num_gpu, r.gpu_milli, r.gpu_models)
-        result = placer.place(request, explain=False)
-        if not isinstance(result, Unplaced):
-            mapping[pod.name] = nodes[result.node].name
+        mask = full.fits(r) & placer.feasible(request)
+        if not mask.any():
+            continue
+        node = placer.choose_node(request, mask)
+        placement = placer._reserve_with_advice(request, node)
+        assert not isinstance(placement, Unplaced) and full.reserve(node, placement.gpus, r) is not None
+        mapping[pod.name] = gpu_nodes[node].name
     total = ledger.total_gpu_milli
     return mapping, 100.0 * (total - ledger.allocated_gpu_milli) / total
 
@@ -331,9 +329,15 @@ def main() -> None:
                 for n in set(run.mapping) | set(mapping)
                 if run.mapping.get(n) != mapping.get(n)
             }
+            order = [p.name for p in pods]
+            first = next((i for i, n in enumerate(order) if run.mapping.get(n) != mapping.get(n)), None)
+            (args.out.parent / f"k8s_e2e_mapping_{run.mode}.json").write_text(
+                json.dumps({"kube-scheduler": run.mapping, "sim": mapping}, indent=0)
+            )
             row["sim"] = {
                 "unallocated_gpu_pct": round(sim_unallocated, 2),
                 "same_node": same,
+                "first_difference_at": first,
                 "different": len(differ),
                 "first_differences": dict(list(sorted(differ.items()))[:10]),
             }
