@@ -284,6 +284,7 @@ int main(int argc, char **argv) {
             check(getproc("cuLaunchKernel", (void **)&launch, 12040, 0), "cuGetProcAddress(cuLaunchKernel)");
         }
         double t0 = seconds();
+        printf("start_s %.6f\n", t0);
         for (long i = 0; i < n; i++) {
             CUresult rc;
             if (!strcmp(api, "ex")) {
@@ -300,7 +301,7 @@ int main(int argc, char **argv) {
         }
         double wall = seconds() - t0;
         double busy = fakeCudaBusyNs() / 1e9;
-        printf("wall_s %.6f\nbusy_s %.6f\nshare %.4f\n", wall, busy, busy / wall);
+        printf("wall_s %.6f\nbusy_s %.6f\nshare %.4f\nend_s %.6f\n", wall, busy, busy / wall, t0 + wall);
         return 0;
     }
     fprintf(stderr, "usage: see the comment at the top of driver_client.c\n");
