@@ -48,7 +48,9 @@ def fake_driver_dir() -> Path:
     """The directory of the fake ``libcuda.so.1`` and ``libnvidia-ml.so.1`` (simulated machines only)."""
     path = _LIB_DIR / "fake"
     if not (path / "libcuda.so.1").is_file():
-        raise ShimUnavailable(f"the fake CUDA driver is not built ({path}): reinstall gpuslice with 'pip install .'")
+        raise ShimUnavailable(
+            f"the fake CUDA driver is not built ({path}): reinstall gpuslice with 'pip install .'"
+        )
     return path
 
 
@@ -57,9 +59,7 @@ def region_path(directory: Path, key: str) -> Path:
     return Path(directory) / f"{key}.region"
 
 
-def environment(
-    directory: Path, *, region: Path | None = None, simulated: bool = False
-) -> dict[str, str]:
+def environment(directory: Path, *, region: Path | None = None, simulated: bool = False) -> dict[str, str]:
     """The variables that load and place the shim (limits come from GPUSLICE_GPU_MEMORY_BYTES,
     GPUSLICE_COMPUTE_PERCENT and GPUSLICE_PRIORITY, which every job has).
 

@@ -35,7 +35,9 @@ def compiler() -> list[str]:
         path = shutil.which(name)
         if path:
             return [path]
-    raise BuildError("no C compiler found (cc or gcc on PATH, or $CC): install gcc to build the gpuslice shim")
+    raise BuildError(
+        "no C compiler found (cc or gcc on PATH, or $CC): install gcc to build the gpuslice shim"
+    )
 
 
 def _compile(sources: list[Path], out: Path, extra: list[str]) -> Path:
