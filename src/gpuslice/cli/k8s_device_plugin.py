@@ -45,10 +45,13 @@ def device_plugin(
         typer.Option(help="kubeconfig file; default: the pod's service account, then ~/.kube/config"),
     ] = None,
     sharing: Annotated[
-        str, typer.Option(help="how shares are held to their slice: mps (MPS limits) or soft (PyTorch cap)")
+        str,
+        typer.Option(
+            help="how shares are held to their slice: mps (MPS limits), soft (PyTorch cap), shim (preloaded)"
+        ),
     ] = "mps",
     state_dir: Annotated[
-        Path, typer.Option(help="host directory for the MPS pipes and the soft-cap file, mounted into pods")
+        Path, typer.Option(help="host directory for the MPS pipes, soft-cap file and shim, mounted into pods")
     ] = Path("/var/lib/gpuslice"),
     mig_layout: Annotated[
         list[str] | None,

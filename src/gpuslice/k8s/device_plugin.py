@@ -74,6 +74,7 @@ from gpuslice.k8s.annotations import (
 from gpuslice.k8s.health import FakeHealthSource, HealthChange, HealthSource, NoHealthChecks, NvmlHealthSource
 from gpuslice.k8s.proto import deviceplugin_pb2 as pb
 from gpuslice.k8s.proto import deviceplugin_pb2_grpc as pb_grpc
+from gpuslice.k8s.shim_mounts import container_setup
 from gpuslice.node.enforcement import (
     MpsDaemon,
     SharingMode,
@@ -332,8 +333,8 @@ class DevicePlugin:
     ``machine`` comes from ``node.discovery.discover``; ``mig_layouts`` (GPU index -> layout) lists the
     MIG instances of MIG-mode GPUs, named by ``enforcement.mig_device_uuid`` (NVML on real GPUs, made
     up on simulated ones). ``sharing`` picks how shares are held to their slice
-    (``enforcement.SharingMode``: mps or soft); ``state_dir`` is the host directory of the MPS pipes and
-    the soft-cap file, mounted into containers at the same path.
+    (``enforcement.SharingMode``: mps, soft or shim); ``state_dir`` is the host directory of the MPS
+    pipes, the soft-cap file and the shim (``k8s.shim_mounts``), mounted into containers at the same path.
     """
 
     def __init__(
@@ -362,9 +363,9 @@ class DevicePlugin:
         self.health = health if health is not None else NoHealthChecks()
         self.split_count = split_count
         self.socket_dir = Path(socket_dir)
-        if str(sharing) not in (SharingMode.MPS.value, SharingMode.SOFT.value):
+        if str(sharing) not in (SharingMode.MPS.value, SharingMode.SOFT.value, SharingMode.SHIM.value):
             raise UserError(
-                f"sharing {str(sharing)!r}: use mps or soft for gpuslice.io/gpu shares "
+                f"sharing {str(sharing)!r}: use mps, soft or shim for gpuslice.io/gpu shares "
                 "(MIG instances are advertised as their own gpuslice.io/mig-<profile> resources)"
             )
         self.sharing = SharingMode(sharing)
@@ -844,7 +845,8 @@ class DevicePlugin:
         env = job_env(self.sharing, spec, gpus, self.machine, self.state_dir, mig=mig)
         # NVIDIA's container runtime reads NVIDIA_VISIBLE_DEVICES to mount the devices (research §3.1).
         env["NVIDIA_VISIBLE_DEVICES"] = env["CUDA_VISIBLE_DEVICES"]
-        return pb.ContainerAllocateResponse(envs=env, mounts=self._mounts(env))
+        shim_mounts = container_setup(self.state_dir, pod.namespace, pod.name, env)  # --sharing shim
+        return pb.ContainerAllocateResponse(envs=env, mounts=self._mounts(env) + shim_mounts)
 
     def _mounts(self, env: Mapping[str, str]) -> list[pb.Mount]:
         """Host directories the slice's environment points at, mounted at the same path.

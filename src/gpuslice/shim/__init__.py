@@ -14,6 +14,8 @@ from gpuslice.errors import UserError
 from gpuslice.shim.region import DeviceUsage, JobRegion, read_region
 
 __all__ = [
+    "GPU_REGION",
+    "SHIM_LIBRARY",
     "DeviceUsage",
     "JobRegion",
     "ShimUnavailable",
