@@ -1134,22 +1134,26 @@ static void *next_after(void *caller, const char *name) {
     Dl_info who;
     struct link_map *map = NULL;
     void *self = dlopen(NULL, RTLD_LAZY | RTLD_NOLOAD);
-    if (!caller || !dladdr(caller, &who) || !self || dlinfo(self, RTLD_DI_LINKMAP, &map) != 0 || !map)
-        return sym(RTLD_NEXT, name);
+    bool usable = caller && dladdr(caller, &who) && self && dlinfo(self, RTLD_DI_LINKMAP, &map) == 0 && map;
+    if (self) dlclose(self);
+    if (!usable) return sym(RTLD_NEXT, name);
     bool after = false;
-    for (struct link_map *m = map; m; m = m->l_next) {
+    void *found = NULL;
+    for (struct link_map *m = map; m && !found; m = m->l_next) {
         Dl_info obj;
         if (!dladdr(m->l_ld, &obj)) continue;
         if (after) {
+            /* NOLOAD handles only add a reference to a loaded object: each is dropped again */
             void *handle = dlopen(m->l_name && *m->l_name ? m->l_name : NULL, RTLD_LAZY | RTLD_NOLOAD);
             void *p = handle ? sym(handle, name) : NULL;
             Dl_info def;
-            if (p && dladdr(p, &def) && def.dli_fbase == obj.dli_fbase) return p;
+            if (p && dladdr(p, &def) && def.dli_fbase == obj.dli_fbase) found = p;
+            if (handle) dlclose(handle);
         } else if (obj.dli_fbase == who.dli_fbase) {
             after = true;
         }
     }
-    return NULL;
+    return found;
 }
 
 /* The one libc function the shim overrides: a handle lookup of a hooked driver symbol (how the CUDA
@@ -1167,7 +1171,10 @@ EXPORT void *dlsym(void *handle, const char *name) {
         if (!p && handle == RTLD_DEFAULT) { /* the caller's own scope (a library opened RTLD_LOCAL) */
             Dl_info who;
             void *own = caller && dladdr(caller, &who) ? dlopen(who.dli_fname, RTLD_LAZY | RTLD_NOLOAD) : NULL;
-            if (own) p = sym(own, name);
+            if (own) {
+                p = sym(own, name);
+                dlclose(own);
+            }
         }
     }
     if (p && is_driver_symbol(name)) {
