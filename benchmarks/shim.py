@@ -5,7 +5,7 @@ then runs the load with and without the installed shim (gpuslice.shim.library_pa
 
   1. ns per cuMemAlloc_v2 + cuMemFree_v2 pair (1 MiB), without the shim and with it (a 1 GiB slice);
   2. ns per empty cuLaunchKernel: without the shim, share 100 % (counted, not throttled), share 50 %
-     (two events recorded around each launch and the token bucket);
+     (two events recorded around each launch and the token bucket); 1 and 2 are medians of 3 runs;
   3. achieved compute share against 10/30/50/100 % over a 5 s loop of 1 ms kernels: the time the fake
      GPU spent running this job's kernels over the wall time;
   4. a high-priority job's launch delay (p50/p99 over 200 1 ms kernels, 10 ms apart) alone and beside
@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import subprocess
 import time
 from pathlib import Path
@@ -77,17 +78,20 @@ def main() -> None:
              f"load average before: {os.getloadavg()[0]:.2f}", ""]  # fmt: skip
 
     n = str(args.repeat)
-    lines += ["| call | without shim | with shim | added |", "|---|---:|---:|---:|"]
-    plain = run(program, ["alloc", n, str(1 << 20)], job_env("alloc", False))["ns_per_op"]
-    shimmed = run(program, ["alloc", n, str(1 << 20)], job_env("alloc", True))["ns_per_op"]
-    lines.append(f"| cuMemAlloc_v2 + cuMemFree_v2 (1 MiB) | {plain:.0f} ns | {shimmed:.0f} ns | "
-                 f"{shimmed - plain:+.0f} ns |")  # fmt: skip
-    plain = run(program, ["launch", n], job_env("launch", False))["ns_per_op"]
-    for share in (100, 50):
-        env = job_env(f"launch{share}", True, GPUSLICE_COMPUTE_PERCENT=str(share))
-        shimmed = run(program, ["launch", n], env)["ns_per_op"]
-        lines.append(f"| cuLaunchKernel, share {share} % | {plain:.0f} ns | {shimmed:.0f} ns | "
-                     f"{shimmed - plain:+.0f} ns |")  # fmt: skip
+    lines += ["| call (median of 3 runs, alternating) | without shim | with shim | added |"]
+    lines += ["|---|---:|---:|---:|"]
+    cases = [
+        ("cuMemAlloc_v2 + cuMemFree_v2 (1 MiB)", ["alloc", n, str(1 << 20)], {}),
+        ("cuLaunchKernel, share 100 % (counted)", ["launch", n], {"GPUSLICE_COMPUTE_PERCENT": "100"}),
+        ("cuLaunchKernel, share 50 % (events, bucket)", ["launch", n], {"GPUSLICE_COMPUTE_PERCENT": "50"}),
+    ]
+    for label, command, extra in cases:
+        plain, shimmed = [], []
+        for _ in range(3):
+            plain.append(run(program, command, job_env("overhead", False))["ns_per_op"])
+            shimmed.append(run(program, command, job_env("overhead", True, **extra))["ns_per_op"])
+        a, b = statistics.median(plain), statistics.median(shimmed)
+        lines.append(f"| {label} | {a:.0f} ns | {b:.0f} ns | {b - a:+.0f} ns |")
 
     header = f"| target share | achieved ({args.seconds:g} s of 1 ms kernels) | error |"
     lines += ["", header, "|---:|---:|---:|"]
