@@ -140,9 +140,10 @@ def test_a_high_priority_job_is_never_delayed_and_a_low_one_yields_to_it(native,
     high = native.start(["launch", "kernel", "800", "1000"], high_env)
     try:
         started = parse(high.stdout.readline())["start_s"]
-        low, _ = native.run(
-            ["launch", "kernel", "5", "1000"], native.env(job + "-low", GPUSLICE_PRIORITY="low")
-        )
+        # "active" for 2 s after a launch (default 100 ms): a loaded machine that pauses the high job
+        # between two of its launches must not let the low one through
+        low_env = native.env(job + "-low", GPUSLICE_PRIORITY="low", GPUSLICE_SHIM_ACTIVE_MS="2000")
+        low, _ = native.run(["launch", "kernel", "5", "1000"], low_env)
         high_out = parse(high.communicate("")[0])
     finally:
         high.kill()
