@@ -117,6 +117,8 @@ HOOKED(CUresult, cuMemRelease, (CUmemGenericAllocationHandle))
 HOOKED(CUresult, cuArrayCreate_v2, (CUarray *, const CUDA_ARRAY_DESCRIPTOR *))
 HOOKED(CUresult, cuArray3DCreate_v2, (CUarray *, const CUDA_ARRAY3D_DESCRIPTOR *))
 HOOKED(CUresult, cuArrayDestroy, (CUarray))
+HOOKED(CUresult, cuMipmappedArrayCreate, (CUmipmappedArray *, const CUDA_ARRAY3D_DESCRIPTOR *, unsigned int))
+HOOKED(CUresult, cuMipmappedArrayDestroy, (CUmipmappedArray))
 HOOKED(CUresult, cuMemGetInfo_v2, (size_t *, size_t *))
 HOOKED(CUresult, cuLaunchKernel, (CUfunction, unsigned int, unsigned int, unsigned int, unsigned int,
                                   unsigned int, unsigned int, unsigned int, CUstream, void **, void **))
@@ -162,6 +164,8 @@ static const struct hook {
     ENTRY(CUDA_LIB, cuArrayCreate_v2),
     ENTRY(CUDA_LIB, cuArray3DCreate_v2),
     ENTRY(CUDA_LIB, cuArrayDestroy),
+    ENTRY(CUDA_LIB, cuMipmappedArrayCreate),
+    ENTRY(CUDA_LIB, cuMipmappedArrayDestroy),
     ENTRY(CUDA_LIB, cuMemGetInfo_v2),
     ENTRY(CUDA_LIB, cuLaunchKernel),
     ENTRY(CUDA_LIB, cuLaunchKernel_ptsz),
@@ -572,7 +576,7 @@ static void release(int dev, uint64_t bytes) {
 
 /* ---- what this process allocated: key -> (bytes, device) --------------------------------------- */
 
-enum { KIND_PTR = 1, KIND_VMM = 2, KIND_ARRAY = 3 };
+enum { KIND_PTR = 1, KIND_VMM = 2, KIND_ARRAY = 3, KIND_MIPMAP = 4 };
 struct alloc {
     uint64_t key;
     uint64_t bytes;
@@ -810,6 +814,29 @@ EXPORT CUresult cuArrayDestroy(CUarray array) {
     REAL_OR_FAIL(cuArrayDestroy);
     if (!on) return r_cuArrayDestroy(array);
     FREE(KIND_ARRAY, (uintptr_t)array, r_cuArrayDestroy(array));
+}
+
+/* Every level halves each dimension (never below 1), down to ``levels`` levels. */
+EXPORT CUresult cuMipmappedArrayCreate(CUmipmappedArray *array, const CUDA_ARRAY3D_DESCRIPTOR *d, unsigned int levels) {
+    bool on = shim_init();
+    REAL_OR_FAIL(cuMipmappedArrayCreate);
+    if (!on || !array || !d) return r_cuMipmappedArrayCreate(array, d, levels);
+    uint64_t bytes = 0, w = max1(d->Width), h = max1(d->Height), z = max1(d->Depth);
+    for (unsigned int level = 0; level < (levels ? levels : 1); level++) {
+        bytes += w * h * z;
+        w = w > 1 ? w / 2 : 1;
+        h = h > 1 ? h / 2 : 1;
+        z = z > 1 ? z / 2 : 1;
+    }
+    bytes *= max1(d->NumChannels) * format_bytes(d->Format);
+    ALLOCATE(KIND_MIPMAP, current_device(), bytes, (uintptr_t)*array, r_cuMipmappedArrayCreate(array, d, levels));
+}
+
+EXPORT CUresult cuMipmappedArrayDestroy(CUmipmappedArray array) {
+    bool on = shim_init();
+    REAL_OR_FAIL(cuMipmappedArrayDestroy);
+    if (!on) return r_cuMipmappedArrayDestroy(array);
+    FREE(KIND_MIPMAP, (uintptr_t)array, r_cuMipmappedArrayDestroy(array));
 }
 
 /* (total, free) as the job sees device slot ``dev``: the slice, less what the job holds. */

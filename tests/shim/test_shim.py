@@ -18,11 +18,12 @@ HOOKS = (
     "cuMemAllocFromPoolAsync",
     *("cuMemCreate", "cuMemRelease", "cuMemFree_v2", "cuMemFreeAsync", "cuMemGetInfo_v2"),
     *("cuArrayCreate_v2", "cuArray3DCreate_v2", "cuArrayDestroy"),
+    *("cuMipmappedArrayCreate", "cuMipmappedArrayDestroy"),
     *("cuLaunchKernel", "cuLaunchKernelEx", "cuLaunchCooperativeKernel", "cuGraphLaunch"),
     *("cuGetProcAddress", "cuGetProcAddress_v2", "dlsym"),
     *("nvmlDeviceGetMemoryInfo", "nvmlDeviceGetMemoryInfo_v2"),
 )
-ALLOCATORS = ["alloc", "pitch", "managed", "async", "pool", "vmm", "array", "procaddr", "dlsym"]
+ALLOCATORS = ["alloc", "pitch", "managed", "async", "pool", "vmm", "array", "mipmap", "procaddr", "dlsym"]
 
 
 @pytest.mark.parametrize("api", ALLOCATORS)

@@ -158,6 +158,14 @@ API CUresult cuArray3DCreate_v2(CUarray *a, const CUDA_ARRAY3D_DESCRIPTOR *d) {
     return take(current, bytes, (void **)a);
 }
 API CUresult cuArrayDestroy(CUarray a) { return give(a); }
+API CUresult cuMipmappedArrayCreate(CUmipmappedArray *a, const CUDA_ARRAY3D_DESCRIPTOR *d, unsigned int levels) {
+    size_t bytes = 0, w = d->Width ? d->Width : 1, h = d->Height ? d->Height : 1, z = d->Depth ? d->Depth : 1;
+    for (unsigned int l = 0; l < (levels ? levels : 1); l++, w = w > 1 ? w / 2 : 1, h = h > 1 ? h / 2 : 1,
+                      z = z > 1 ? z / 2 : 1)
+        bytes += w * h * z;
+    return take(current, bytes * d->NumChannels * 4, (void **)a);
+}
+API CUresult cuMipmappedArrayDestroy(CUmipmappedArray a) { return give(a); }
 API CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total) {
     if (current < 0) return CUDA_ERROR_INVALID_CONTEXT;
     unsigned long long cap = capacity(), held = atomic_load(&used[current]);

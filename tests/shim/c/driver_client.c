@@ -2,7 +2,8 @@
  * shim preloaded. One mode per test scenario; each prints "key value" lines the tests parse.
  *
  *   fill CHUNK [API]      allocate CHUNK bytes until refused, print held/info, free all, print info
- *                         API: alloc (default), pitch, managed, async, pool, vmm, array, procaddr, dlsym
+ *                         API: alloc (default), pitch, managed, async, pool, vmm, array, mipmap,
+ *                         procaddr, dlsym
  *   hold BYTES            allocate BYTES, print "held", then wait for stdin to close (or be killed)
  *   grab CHUNK            allocate until refused, print held, wait for stdin to close, free
  *   threads N ROUNDS CHUNK LIMIT   N threads alloc/free at random; print the most the fake GPU held
@@ -39,6 +40,8 @@ CUresult cuMemCreate(CUmemGenericAllocationHandle *, size_t, const CUmemAllocati
 CUresult cuMemRelease(CUmemGenericAllocationHandle);
 CUresult cuArrayCreate_v2(CUarray *, const CUDA_ARRAY_DESCRIPTOR *);
 CUresult cuArrayDestroy(CUarray);
+CUresult cuMipmappedArrayCreate(CUmipmappedArray *, const CUDA_ARRAY3D_DESCRIPTOR *, unsigned int);
+CUresult cuMipmappedArrayDestroy(CUmipmappedArray);
 CUresult cuMemGetInfo_v2(size_t *, size_t *);
 CUresult cuLaunchKernel(CUfunction, unsigned int, unsigned int, unsigned int, unsigned int, unsigned int,
                         unsigned int, unsigned int, CUstream, void **, void **);
@@ -109,6 +112,12 @@ static CUresult array_alloc(CUdeviceptr *p, size_t n) {
     return cuArrayCreate_v2((CUarray *)p, &d);
 }
 static CUresult array_free(CUdeviceptr p) { return cuArrayDestroy((CUarray)(uintptr_t)p); }
+static CUresult mipmap_alloc(CUdeviceptr *p, size_t n) {
+    /* a 1-level mipmap is exactly one array: n bytes of floats, 16 rows */
+    CUDA_ARRAY3D_DESCRIPTOR d = {n / 4 / 16, 16, 0, 0x20 /* float */, 1, 0};
+    return cuMipmappedArrayCreate((CUmipmappedArray *)p, &d, 1);
+}
+static CUresult mipmap_free(CUdeviceptr p) { return cuMipmappedArrayDestroy((CUmipmappedArray)(uintptr_t)p); }
 
 static info_fn via_info = cuMemGetInfo_v2;
 
@@ -120,6 +129,7 @@ static void pick_api(const char *name) {
     else if (!strcmp(name, "pool")) via_alloc = pool_alloc, via_free = async_free;
     else if (!strcmp(name, "vmm")) via_alloc = vmm_alloc, via_free = vmm_free;
     else if (!strcmp(name, "array")) via_alloc = array_alloc, via_free = array_free;
+    else if (!strcmp(name, "mipmap")) via_alloc = mipmap_alloc, via_free = mipmap_free;
     else if (!strcmp(name, "procaddr") || !strcmp(name, "dlsym")) {
         /* the CUDA runtime's way: dlopen the driver, find cuGetProcAddress, ask it for base names */
         void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
