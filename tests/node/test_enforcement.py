@@ -183,6 +183,7 @@ def test_shim_share_preloads_the_library_and_finds_the_fake_driver_on_a_simulate
     assert (env["GPUSLICE_COMPUTE_PERCENT"], env["GPUSLICE_PRIORITY"]) == ("30", "low")
     assert env["LD_LIBRARY_PATH"] == str(fake_driver_dir())  # a simulated machine has no libcuda
     assert env["FAKE_CUDA_MEMORY_BYTES"] == str(dgx.gpus[5].memory_bytes)
+    assert env["FAKE_CUDA_UUIDS"] == dgx.gpus[5].uuid
 
 
 def test_shim_mode_leaves_whole_gpu_jobs_unwrapped(tmp_path, dgx):

@@ -9,8 +9,8 @@ import signal
 import subprocess
 
 import pytest
+from shim_helpers import C_DIR, CHUNK, LIMIT, compile_program, parse
 
-from conftest import C_DIR, CHUNK, LIMIT, compile_program, parse
 from gpuslice.shim import library_path, read_region, region_path
 
 HOOKS = (
@@ -60,6 +60,12 @@ def test_nvml_reports_the_slice_and_the_memory_the_job_holds(native, job):
 def test_nvml_of_a_gpu_that_is_not_the_jobs_is_left_alone(native, job):
     out, _ = native.run(["nvml"], native.env(job, GPUSLICE_GPU_UUIDS="GPU-someone-else"))
     assert out["nvml_total"] == 80 << 30
+
+
+def test_nvml_finds_the_jobs_gpu_by_uuid(native, job):
+    env = native.env(job, GPUSLICE_GPU_UUIDS="GPU-sim-7", FAKE_CUDA_UUIDS="GPU-sim-7")
+    out, _ = native.run(["nvml"], env)
+    assert out["nvml_total"] == LIMIT
 
 
 def test_sixteen_threads_never_take_the_job_past_its_limit(native, job):

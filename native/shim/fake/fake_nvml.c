@@ -1,9 +1,11 @@
 /* A fake libnvidia-ml.so.1 for tests and ``gpuslice serve --simulate``: FAKE_CUDA_DEVICES devices
- * (default 1) named GPU-fake-<index>, each with FAKE_CUDA_MEMORY_BYTES (default 80 GiB), none used.
- * Enough of NVML for a program (nvidia-smi, a framework) to ask a device's memory. */
+ * (default 1) named by FAKE_CUDA_UUIDS (comma-separated; default GPU-fake-<index>), each with
+ * FAKE_CUDA_MEMORY_BYTES (default 80 GiB), none used. Enough of NVML for a program (nvidia-smi, a
+ * framework) to ask a device's memory. */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "../cuda_abi.h"
 
@@ -36,6 +38,16 @@ API nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned int i, nvmlDevice_t *d) 
 API nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t d, char *uuid, unsigned int length) {
     int i = index_of(d);
     if (i < 0 || !uuid) return NVML_ERROR_INVALID_ARGUMENT;
+    const char *names = getenv("FAKE_CUDA_UUIDS");
+    for (int k = 0; names && *names; k++) {
+        const char *end = strchr(names, ',');
+        int n = end ? (int)(end - names) : (int)strlen(names);
+        if (k == i) {
+            snprintf(uuid, length, "%.*s", n, names);
+            return NVML_SUCCESS;
+        }
+        names = end ? end + 1 : names + n;
+    }
     snprintf(uuid, length, "GPU-fake-%d", i);
     return NVML_SUCCESS;
 }

@@ -22,7 +22,7 @@ shim, for shares (docs/shim.md)
   LD_PRELOAD                          the native shim (gpuslice.shim.library_path()), in front of the job's
   GPUSLICE_SHIM_DIR                   state_dir/shim: the job's region is <dir>/<GPUSLICE_JOB_ID>.region
   GPUSLICE_SHIM_GPU_REGION            <dir>/gpus.region, where priorities meet on each GPU
-  LD_LIBRARY_PATH, FAKE_CUDA_DEVICES, FAKE_CUDA_MEMORY_BYTES   simulated machines only: the fake driver
+  LD_LIBRARY_PATH, FAKE_CUDA_*        simulated machines only: the fake driver, its devices, memory, UUIDs
 every mode, for shares with memory
   TF_FORCE_GPU_ALLOW_GROWTH=true      TensorFlow grows instead of taking all memory (Ray #13680, §1.6)
   XLA_PYTHON_CLIENT_MEM_FRACTION      JAX preallocates only the slice's fraction of the GPU
@@ -212,6 +212,7 @@ def job_env(
         if simulated:
             env["FAKE_CUDA_DEVICES"] = str(len(infos))
             env["FAKE_CUDA_MEMORY_BYTES"] = str(min(info.memory_bytes for info in infos))
+            env["FAKE_CUDA_UUIDS"] = ",".join(uuids)  # fake NVML names the job's GPUs as the job does
     return env
 
 
