@@ -23,7 +23,8 @@ HOOKS = (
     *("cuGetProcAddress", "cuGetProcAddress_v2", "dlsym"),
     *("nvmlDeviceGetMemoryInfo", "nvmlDeviceGetMemoryInfo_v2"),
 )
-ALLOCATORS = ["alloc", "pitch", "managed", "async", "pool", "vmm", "array", "mipmap", "procaddr", "dlsym"]
+ALLOCATORS = ["alloc", "pitch", "managed", "async", "pool", "vmm", "array", "mipmap", "procaddr", "procaddr2"]
+ALLOCATORS += ["dlsym"]
 
 
 @pytest.mark.parametrize("api", ALLOCATORS)
@@ -132,7 +133,7 @@ def test_a_region_of_another_shim_version_passes_through(native, job):
     assert out["held"] == 80 << 30 and "another version" in stderr
 
 
-@pytest.mark.parametrize("api", ["kernel", "ex", "coop", "graph", "procaddr"])
+@pytest.mark.parametrize("api", ["kernel", "ex", "coop", "graph", "procaddr", "ptsz"])
 def test_launches_are_held_to_the_compute_share(native, job, api):
     # 100 kernels of 1 ms at 10 %: at least ~1 s of wall time. A loaded machine only adds wall time,
     # so the bound below holds however slow the machine is (the share is measured in the benchmark).

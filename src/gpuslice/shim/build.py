@@ -61,5 +61,8 @@ def build_fake_driver(source_dir: Path, out_dir: Path) -> dict[str, Path]:
     """The fake ``libcuda.so.1`` and ``libnvidia-ml.so.1`` in ``out_dir``: {file name: path}."""
     built = {}
     for name, source in FAKE_LIBRARIES.items():
-        built[name] = _compile([Path(source_dir) / source], Path(out_dir) / name, [f"-Wl,-soname,{name}"])
+        # -Bsymbolic: calls inside the fake bind to its own functions, as inside the real driver, so a
+        # _ptsz variant that forwards to the plain one is not intercepted twice
+        extra = [f"-Wl,-soname,{name}", "-Wl,-Bsymbolic"]
+        built[name] = _compile([Path(source_dir) / source], Path(out_dir) / name, extra)
     return built

@@ -3,12 +3,13 @@
  *
  *   fill CHUNK [API]      allocate CHUNK bytes until refused, print held/info, free all, print info
  *                         API: alloc (default), pitch, managed, async, pool, vmm, array, mipmap,
- *                         procaddr, dlsym
+ *                         procaddr, procaddr2 (cuGetProcAddress_v2), dlsym
  *   hold BYTES            allocate BYTES, print "held", then wait for stdin to close (or be killed)
  *   grab CHUNK            allocate until refused, print held, wait for stdin to close, free
  *   threads N ROUNDS CHUNK LIMIT   N threads alloc/free at random; print the most the fake GPU held
  *   fork BYTES CHUNK      allocate BYTES, fork: the child fills with CHUNK and execs "fill CHUNK"
- *   launch API N US       N kernels of US microseconds through API (kernel, ex, coop, graph, procaddr);
+ *   launch API N US       N kernels of US microseconds through API (kernel, ex, coop, graph, procaddr,
+ *                         ptsz: the per-thread-stream variant found through cuGetProcAddress);
  *                         prints the wall time, the time kernels ran, and their ratio (the share)
  *   nvml                  NVML memory of device 0 (both versions)
  */
@@ -60,6 +61,7 @@ typedef CUresult (*alloc_fn)(CUdeviceptr *, size_t);
 typedef CUresult (*free_fn)(CUdeviceptr);
 typedef CUresult (*info_fn)(size_t *, size_t *);
 typedef CUresult (*getproc_fn)(const char *, void **, int, cuuint64_t);
+typedef CUresult (*getproc2_fn)(const char *, void **, int, cuuint64_t, CUdriverProcAddressQueryResult *);
 
 static CUcontext ctx;
 
@@ -130,7 +132,16 @@ static void pick_api(const char *name) {
     else if (!strcmp(name, "vmm")) via_alloc = vmm_alloc, via_free = vmm_free;
     else if (!strcmp(name, "array")) via_alloc = array_alloc, via_free = array_free;
     else if (!strcmp(name, "mipmap")) via_alloc = mipmap_alloc, via_free = mipmap_free;
-    else if (!strcmp(name, "procaddr") || !strcmp(name, "dlsym")) {
+    else if (!strcmp(name, "procaddr2")) {
+        /* CUDA 12 runtimes: cuGetProcAddress_v2, with a query result */
+        void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+        if (!h) exit(4);
+        getproc2_fn getproc = (getproc2_fn)dlsym(h, "cuGetProcAddress_v2");
+        CUdriverProcAddressQueryResult found;
+        check(getproc("cuMemAlloc", (void **)&via_alloc, 12040, 0, &found), "cuGetProcAddress_v2(cuMemAlloc)");
+        check(getproc("cuMemFree", (void **)&via_free, 12040, 0, &found), "cuGetProcAddress_v2(cuMemFree)");
+        check(getproc("cuMemGetInfo", (void **)&via_info, 12040, 0, &found), "cuGetProcAddress_v2(cuMemGetInfo)");
+    } else if (!strcmp(name, "procaddr") || !strcmp(name, "dlsym")) {
         /* the CUDA runtime's way: dlopen the driver, find cuGetProcAddress, ask it for base names */
         void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
         if (!h) exit(4);
@@ -288,10 +299,12 @@ int main(int argc, char **argv) {
         unsigned int us = (unsigned int)atoi(argv[4]);
         getproc_fn getproc = NULL;
         typeof(cuLaunchKernel) *launch = cuLaunchKernel;
-        if (!strcmp(api, "procaddr")) {
+        if (!strcmp(api, "procaddr") || !strcmp(api, "ptsz")) {
+            /* ptsz: the per-thread default stream flag (1 << 1) returns cuLaunchKernel_ptsz */
             void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
             getproc = (getproc_fn)dlsym(h, "cuGetProcAddress");
-            check(getproc("cuLaunchKernel", (void **)&launch, 12040, 0), "cuGetProcAddress(cuLaunchKernel)");
+            cuuint64_t flags = strcmp(api, "ptsz") ? 0 : 2;
+            check(getproc("cuLaunchKernel", (void **)&launch, 12040, flags), "cuGetProcAddress(cuLaunchKernel)");
         }
         double t0 = seconds();
         printf("start_s %.6f\n", t0);
