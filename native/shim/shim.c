@@ -1031,15 +1031,18 @@ static struct launch before_launch(CUstream stream) {
         if (r_cuStreamIsCapturing(stream, &status) == CUDA_SUCCESS && status != 0) return l; /* recorded, not run */
     }
     int64_t host = R->dev[dev].host_gpu;
+    /* the region's priority and share, as written by the job's first process: a child cannot raise
+     * its own by changing its environment */
+    int priority = R->priority >= 0 && R->priority < GS_PRIORITIES ? R->priority : 0;
     uint64_t waited = 0, t0 = now_ns();
     if (G && host >= 0 && host < GS_MAX_HOST_GPUS) {
-        if (cfg.priority >= GS_PRIORITY_HIGH) {
-            __atomic_store_n(&G->last_launch_ns[host][cfg.priority], t0, __ATOMIC_RELAXED);
+        if (priority >= GS_PRIORITY_HIGH) {
+            __atomic_store_n(&G->last_launch_ns[host][priority], t0, __ATOMIC_RELAXED);
         } else {
             while (higher_priority_active((int)host, now_ns())) sleep_ns(1000000);
         }
     }
-    bool throttled = cfg.priority < GS_PRIORITY_HIGH && R->compute_percent < 100;
+    bool throttled = priority < GS_PRIORITY_HIGH && R->compute_percent < 100;
     if (throttled) {
         for (;;) {
             if (!job_lock()) break;

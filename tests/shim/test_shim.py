@@ -201,3 +201,14 @@ def test_a_process_that_never_calls_cuda_prints_nothing(native, job):
         ["true"], env=native.env(job, GPUSLICE_GPU_MEMORY_BYTES="lots"), capture_output=True
     )
     assert done.returncode == 0 and done.stderr == b""  # the shim does nothing until a driver call
+
+
+def test_a_later_process_cannot_raise_the_jobs_limits_through_its_environment(native, job):
+    native.run(["fill", str(CHUNK)], native.env(job, GPUSLICE_COMPUTE_PERCENT="10", GPUSLICE_PRIORITY="low"))
+    raised = {"GPUSLICE_GPU_MEMORY_BYTES": str(10 * LIMIT), "GPUSLICE_COMPUTE_PERCENT": "100"}
+    greedy = native.env(job, GPUSLICE_PRIORITY="high", **raised)
+    memory, _ = native.run(["fill", str(CHUNK)], greedy)
+    compute, _ = native.run(["launch", "kernel", "50", "1000"], greedy)
+    assert memory["held"] <= LIMIT
+    assert compute["share"] <= 0.10 * 1.5
+    assert read_region(region_path(native.work, job)).priority == 1  # low, from the first process
