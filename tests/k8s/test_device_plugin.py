@@ -45,6 +45,7 @@ from gpuslice.k8s.proto import deviceplugin_pb2 as pb
 from gpuslice.k8s.proto import deviceplugin_pb2_grpc as pb_grpc
 from gpuslice.node.enforcement import mig_device_uuid
 from gpuslice.node.machine import GpuInfo, Machine
+from gpuslice.shim import library_path
 from gpuslice.units import GiB, MiB
 
 NODE = "gpu-node-1"
@@ -377,6 +378,32 @@ def test_allocate_turns_a_share_decision_into_cuda_limits_device_nodes_and_cdi(m
     assert [c.name for c in container.cdi_devices] == [f"nvidia.com/gpu={uuid}"]
     assert api.pod_annotations[("ml", "notebook")][ANNOTATION_BIND_PHASE] == BIND_PHASE_ALLOCATED
     assert api.pod_annotations[("ml", "notebook")][ANNOTATION_ALLOCATED] == "true"
+
+
+def test_allocate_under_shim_preloads_the_library_and_mounts_it_with_the_pods_region(
+    make_plugin, kubelet, api, tmp_path
+):
+    machine = dgx1_machine()
+    make_plugin(machine, sharing="shim")
+    stub = kubelet.dial(kubelet.next_request().endpoint)
+    uuid = machine.gpus[2].uuid
+    api.bind("ml", "serving", Decision(NODE, "main", (2,), (uuid,), memory_mib=4096, cores_percent=40))
+
+    (container,) = allocate(stub, [share(machine, 0)]).container_responses
+
+    env, base = dict(container.envs), tmp_path / "state" / "shim"
+    library = base / "lib" / "libgpuslice-shim.so"
+    assert env["GPUSLICE_SHARING"] == "shim" and env["GPUSLICE_COMPUTE_PERCENT"] == "40"
+    assert env["LD_PRELOAD"] == str(library) and library.read_bytes() == library_path().read_bytes()
+    assert env["GPUSLICE_SHIM_REGION"] == str(base / "pods" / "ml.serving" / "job.region")
+    assert env["GPUSLICE_SHIM_GPU_REGION"] == str(base / "gpus.region")
+    assert env["LD_LIBRARY_PATH"] == str(base / "lib" / "fake")  # simulated node: the fake driver
+    mounts = {m.host_path: (m.container_path, m.read_only) for m in container.mounts}
+    assert mounts == {
+        str(base / "lib"): (str(base / "lib"), True),  # nobody in a pod may change the library
+        str(base / "pods" / "ml.serving"): (str(base / "pods" / "ml.serving"), False),
+        str(base / "gpus.region"): (str(base / "gpus.region"), False),
+    }
 
 
 def test_allocate_whole_gpus_sets_every_uuid_and_no_mps_limits(make_plugin, kubelet, api):

@@ -169,3 +169,23 @@ def test_mps_daemon_drives_the_control_program_with_our_pipe_dir(tmp_path, monke
         assert daemon.is_running()
         assert (daemon.log_dir / "control.log").read_text() == "started\n"
     assert not daemon.is_running()
+
+
+def test_shim_share_preloads_the_library_and_finds_the_fake_driver_on_a_simulated_machine(tmp_path, dgx):
+    from gpuslice.shim import fake_driver_dir, library_path
+
+    spec = JobSpec(command=CMD, gpus=1, gpu_memory_bytes=20 * GiB, compute_percent=30, priority=Priority.LOW)
+    env = job_env(SharingMode.SHIM, spec, (5,), dgx, tmp_path)
+    assert env["LD_PRELOAD"] == str(library_path())
+    assert env["GPUSLICE_SHIM_DIR"] == str((tmp_path / "shim").resolve()) and (tmp_path / "shim").is_dir()
+    assert env["GPUSLICE_SHIM_GPU_REGION"] == str((tmp_path / "shim" / "gpus.region").resolve())
+    assert (env["GPUSLICE_GPUS"], env["GPUSLICE_GPU_MEMORY_BYTES"]) == ("5", str(20 * GiB))
+    assert (env["GPUSLICE_COMPUTE_PERCENT"], env["GPUSLICE_PRIORITY"]) == ("30", "low")
+    assert env["LD_LIBRARY_PATH"] == str(fake_driver_dir())  # a simulated machine has no libcuda
+    assert env["FAKE_CUDA_MEMORY_BYTES"] == str(dgx.gpus[5].memory_bytes)
+    assert env["FAKE_CUDA_UUIDS"] == dgx.gpus[5].uuid
+
+
+def test_shim_mode_leaves_whole_gpu_jobs_unwrapped(tmp_path, dgx):
+    env = job_env(SharingMode.SHIM, JobSpec(command=CMD, gpus=2), (0, 1), dgx, tmp_path)
+    assert "LD_PRELOAD" not in env and "GPUSLICE_SHIM_DIR" not in env

@@ -65,10 +65,10 @@ def test_the_job_gets_gpuslice_variables_and_env_pythonpath_goes_first(tmp_path,
     monkeypatch.setenv("PYTHONPATH", "/server/path")
     spec = python_job(
         "import json, os; print(json.dumps({k: v for k, v in os.environ.items() "
-        "if k.startswith(('GPUSLICE', 'CUDA', 'PYTHONPATH', 'MINE'))}))",
-        env=(("MINE", "user"), ("CUDA_VISIBLE_DEVICES", "user-choice")),
+        "if k.startswith(('GPUSLICE', 'CUDA', 'PYTHONPATH', 'MINE', 'LD_PRELOAD'))}))",
+        env=(("MINE", "user"), ("CUDA_VISIBLE_DEVICES", "user-choice"), ("LD_PRELOAD", "/user/libmine.so")),
     )
-    env = {"CUDA_VISIBLE_DEVICES": "GPU-1", "PYTHONPATH": "/softcap"}
+    env = {"CUDA_VISIBLE_DEVICES": "GPU-1", "PYTHONPATH": "/softcap", "LD_PRELOAD": "/lib/libc.so.6"}
     cleanup.append(launcher.launch("env-job", spec, env, tmp_path).pgid)
     wait_for(lambda: launcher.poll("env-job", tmp_path))
     seen = json.loads(launcher.log_paths(tmp_path, "env-job")[0].read_text())
@@ -76,6 +76,7 @@ def test_the_job_gets_gpuslice_variables_and_env_pythonpath_goes_first(tmp_path,
     assert seen["CUDA_VISIBLE_DEVICES"] == "GPU-1"  # gpuslice's value wins over the user's
     assert seen["MINE"] == "user"
     assert seen["PYTHONPATH"] == "/softcap" + os.pathsep + "/server/path"
+    assert seen["LD_PRELOAD"] == "/lib/libc.so.6:/user/libmine.so"  # the shim first, the job's own kept
     assert seen["GPUSLICE_JOB_ID"] == "env-job"
     assert seen["GPUSLICE_REPORT_FILE"] == str(directory / launcher.REPORT_FILE)
 

@@ -47,12 +47,12 @@ def device_plugin(
     sharing: Annotated[
         str,
         typer.Option(
-            help="how shares are held to their slice: soft (PyTorch cap + graded monitor); MPS is not "
-            "offered in pods (see docs/kubernetes.md)"
+            help="how shares are held to their slice: soft (PyTorch cap + graded monitor) or shim (the "
+            "preloaded library fences memory and compute); MPS is not offered in pods (docs/kubernetes.md)"
         ),
     ] = "soft",
     state_dir: Annotated[
-        Path, typer.Option(help="host directory of the soft-cap file, mounted into pods at the same path")
+        Path, typer.Option(help="host directory of the soft-cap file and the shim, mounted into pods")
     ] = Path("/var/lib/gpuslice"),
     mig_layout: Annotated[
         list[str] | None,

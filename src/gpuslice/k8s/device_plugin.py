@@ -82,6 +82,7 @@ from gpuslice.k8s.annotations import (
 from gpuslice.k8s.health import FakeHealthSource, HealthChange, HealthSource, NoHealthChecks, NvmlHealthSource
 from gpuslice.k8s.proto import deviceplugin_pb2 as pb
 from gpuslice.k8s.proto import deviceplugin_pb2_grpc as pb_grpc
+from gpuslice.k8s.shim_mounts import container_setup
 from gpuslice.node.enforcement import SharingMode, job_env, mig_device_uuid, softcap_dir
 from gpuslice.node.machine import Machine
 from gpuslice.observe.k8s_metrics import DeviceHealthRow, DevicePluginMetrics
@@ -128,7 +129,7 @@ UNHEALTHY = "Unhealthy"
 # Replica ids as NVIDIA's time-slicing builds them (research §3.3, NewAnnotatedID): "<uuid>::<k>".
 SHARE_SEPARATOR = "::"
 _MAX_DEVICE_ID_CHARS = 63  # Device.ID limit in api.proto
-K8S_SHARING = (SharingMode.SOFT.value,)  # the sharing modes that work inside pods (module docstring)
+K8S_SHARING = (SharingMode.SOFT.value, SharingMode.SHIM.value)  # the sharing modes that work in pods
 # GPU feature discovery's node labels (NVIDIA gpu-feature-discovery: nvidia.com/gpu.product, …), under
 # our domain so they never clash with GFD running beside us.
 LABEL_PRODUCT = "gpuslice.io/gpu.product"
@@ -357,7 +358,8 @@ class DevicePlugin:
     ``machine`` comes from ``node.discovery.discover``; ``mig_layouts`` (GPU index -> layout) lists the
     MIG instances of MIG-mode GPUs, named by ``enforcement.mig_device_uuid`` (NVML on real GPUs, made
     up on simulated ones). ``sharing`` picks how shares are held to their slice (``K8S_SHARING``);
-    ``state_dir`` is the host directory of the soft-cap file, mounted into containers at the same path.
+    ``state_dir`` is the host directory of the soft-cap file and the shim (``k8s.shim_mounts``), mounted
+    into containers at the same path.
     """
 
     def __init__(
@@ -898,9 +900,10 @@ class DevicePlugin:
         cdi_names = [mig_slot_uuid] if (mig_slot_uuid := self._mig_uuid(decision)) else [
             self.machine.gpus[g].uuid for g in gpus
         ]
+        shim_mounts = container_setup(self.state_dir, pod.namespace, pod.name, env)  # --sharing shim
         return pb.ContainerAllocateResponse(
             envs=env,
-            mounts=self._mounts(env),
+            mounts=self._mounts(env) + shim_mounts,
             devices=[
                 pb.DeviceSpec(container_path=path, host_path=path, permissions="rw")
                 for path in device_nodes(self.machine, gpus)

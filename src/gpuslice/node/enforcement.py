@@ -18,6 +18,11 @@ mps, for shares
 soft, for shares with memory
   PYTHONPATH, GPUSLICE_SOFT_CAP=1     the soft-cap sitecustomize dir (node/softcap.py); the launcher puts
                                       it in front of the job's own PYTHONPATH
+shim, for shares (docs/shim.md)
+  LD_PRELOAD                          the native shim (gpuslice.shim.library_path()), in front of the job's
+  GPUSLICE_SHIM_DIR                   state_dir/shim: the job's region is <dir>/<GPUSLICE_JOB_ID>.region
+  GPUSLICE_SHIM_GPU_REGION            <dir>/gpus.region, where priorities meet on each GPU
+  LD_LIBRARY_PATH, FAKE_CUDA_*        simulated machines only: the fake driver, its devices, memory, UUIDs
 every mode, for shares with memory
   TF_FORCE_GPU_ALLOW_GROWTH=true      TensorFlow grows instead of taking all memory (Ray #13680, §1.6)
   XLA_PYTHON_CLIENT_MEM_FRACTION      JAX preallocates only the slice's fraction of the GPU
@@ -38,6 +43,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from gpuslice import shim
 from gpuslice.errors import InternalError, InvalidRequest, UserError
 from gpuslice.hardware.mig import mig_gpu
 from gpuslice.node import softcap
@@ -54,6 +60,7 @@ __all__ = [
     "mig_device_uuid",
     "mps_dirs",
     "mps_memory_limit",
+    "shim_dir",
     "softcap_dir",
 ]
 
@@ -70,6 +77,7 @@ class SharingMode(enum.StrEnum):
     MPS = "mps"  # one MPS control daemon; per-job thread % and pinned memory limit
     MIG = "mig"  # each job gets a MIG instance
     SOFT = "soft"  # default: PyTorch memory fraction + the monitor's graded response
+    SHIM = "shim"  # the native shim preloaded into every process: memory fence, compute share, priorities
 
 
 class MpsUnavailable(UserError):
@@ -95,6 +103,13 @@ def softcap_dir(state_dir: Path) -> Path:
         tmp = directory / f".sitecustomize.{os.getpid()}.tmp"
         tmp.write_text(source, encoding="utf-8")
         os.replace(tmp, target)
+    return directory
+
+
+def shim_dir(state_dir: Path) -> Path:
+    """state_dir/shim: the jobs' shim regions and the node's GPU region (created if missing)."""
+    directory = Path(state_dir).resolve() / "shim"
+    directory.mkdir(parents=True, exist_ok=True)
     return directory
 
 
@@ -189,6 +204,15 @@ def job_env(
     if mode is SharingMode.SOFT and memory_share:
         env["PYTHONPATH"] = str(softcap_dir(state_dir))
         env[softcap.ENV_SOFT_CAP] = "1"
+    if mode is SharingMode.SHIM and spec.is_share:
+        from gpuslice.node.discovery import SIMULATED_UUID_PREFIX
+
+        simulated = all(info.uuid.startswith(SIMULATED_UUID_PREFIX) for info in infos)
+        env.update(shim.environment(shim_dir(state_dir), simulated=simulated))
+        if simulated:
+            env["FAKE_CUDA_DEVICES"] = str(len(infos))
+            env["FAKE_CUDA_MEMORY_BYTES"] = str(min(info.memory_bytes for info in infos))
+            env["FAKE_CUDA_UUIDS"] = ",".join(uuids)  # fake NVML names the job's GPUs as the job does
     return env
 
 

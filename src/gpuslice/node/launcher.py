@@ -63,8 +63,9 @@ _JOB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 # create_time is derived from boot time + start ticks (10 ms); two readings of one process agree to far
 # better than this, and a PID is never recycled within it.
 _START_TIME_TOLERANCE_SECONDS = 0.05
-# Variables that hold search paths: the value from ``env`` goes in front of the job's own, not over it.
-_PATH_VARIABLES = ("PYTHONPATH",)
+# Variables that hold search paths: the value from ``env`` goes in front of the job's own, not over it
+# (the loader takes LD_PRELOAD entries separated by ':' as well as by spaces).
+_PATH_VARIABLES = ("PYTHONPATH", "LD_PRELOAD", "LD_LIBRARY_PATH")
 
 # Supervisors this process started, so they are reaped (no zombies) when is_alive/poll looks at them.
 _children: dict[int, subprocess.Popen[bytes]] = {}

@@ -7,6 +7,8 @@ usage(machine, {job_id: supervisor pid}) ─► per job {gpu: bytes}, external {
                        or its process group; PIDs of no job are "external" (someone else's memory)
     simulated machine: the report files of gpuslice-fake-load processes (node/fake_load.py), found
                        through each process's GPUSLICE_REPORT_FILE; fake loads outside any job are external
+    --sharing shim:    a job with a shim region (shim_dir/<job>.region) is read from it instead: the bytes
+                       its live processes hold through the shim, on the host GPUs the region names
 GradedResponse(config).decide(job_id, used, limit, now) ─► warn → suspend → kill, once each per episode
 ```
 
@@ -21,7 +23,7 @@ import contextlib
 import enum
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,6 +34,8 @@ from gpuslice.errors import InvalidRequest
 from gpuslice.node.discovery import gpu_processes, is_simulated
 from gpuslice.node.fake_load import REPORT_ENV
 from gpuslice.node.machine import Machine
+from gpuslice.shim import read_region, region_path
+from gpuslice.shim.region import RegionError
 from gpuslice.units import format_size
 
 __all__ = [
@@ -40,6 +44,7 @@ __all__ = [
     "GradedResponse",
     "ResponseConfig",
     "job_processes",
+    "shim_usage",
     "usage",
 ]
 
@@ -129,12 +134,36 @@ def _simulated_usage(
     return per_job, external
 
 
-def usage(machine: Machine, jobs: Mapping[str, int], *, nvml: Any | None = None) -> tuple[Usage, External]:
+def shim_usage(directory: Path, job_ids: Iterable[str]) -> Usage:
+    """{job: {gpu index: bytes}} for the jobs that have a shim region in ``directory``; others are left
+    out (no process of theirs has called the driver yet, or they run without the shim)."""
+    found: Usage = {}
+    for job_id in job_ids:
+        try:
+            region = read_region(region_path(directory, job_id))
+        except (OSError, RegionError):
+            continue
+        found[job_id] = {d.host_gpu: d.used_bytes for d in region.devices if d.host_gpu >= 0}
+    return found
+
+
+def usage(
+    machine: Machine, jobs: Mapping[str, int], *, nvml: Any | None = None, shim_dir: Path | None = None
+) -> tuple[Usage, External]:
     """(per job {gpu index: bytes}, external {gpu index: bytes}) right now.
 
     ``jobs`` maps job ids to their supervisor PIDs (``LaunchedJob.pid``). Every job in ``jobs`` is in
     the result, with {} when it holds nothing; GPUs with no external memory are left out of external.
-    ``nvml`` is a pynvml-like module for tests (real machines only)."""
+    ``nvml`` is a pynvml-like module for tests (real machines only). With ``shim_dir`` (--sharing shim),
+    a job's shim region replaces the per-process reading: what the shim counted is what it fences, and
+    NVML's figure would add the CUDA context, which no slice limit covers."""
+    per_job, external = _usage(machine, jobs, nvml)
+    if shim_dir is not None:
+        per_job.update(shim_usage(shim_dir, jobs))
+    return per_job, external
+
+
+def _usage(machine: Machine, jobs: Mapping[str, int], nvml: Any | None) -> tuple[Usage, External]:
     owner = job_processes(jobs)
     if is_simulated(machine):
         return _simulated_usage(machine, owner, jobs)

@@ -5,9 +5,11 @@ memory per job from ``node.monitor`` (NVML, or the fake-load reports on a ``--si
 the graded response (warn → suspend → kill) from ``monitor.GradedResponse``, one per tenant setting.
 With ``--sharing mig`` on a real machine, ``node.mig_manager`` creates a job's MIG instance before its
 environment is built (``job_env``), ties it to the job at ``launch``, and destroys it at ``forget``
-(the daemon calls it whenever a job ends). ``open_telemetry`` gives the daemon its GPU readings: the
-simulated model on a ``--simulate`` machine, NVML otherwise, with ``k8s.health``'s NVML XID source for
-faults (the same source the device plugin uses; it imports nothing of Kubernetes).
+(the daemon calls it whenever a job ends). With ``--sharing shim`` jobs run under the native shim
+(``gpuslice.shim``), and their memory is read from the shim's regions. ``open_telemetry`` gives the
+daemon its GPU readings: the simulated model on a ``--simulate`` machine, NVML otherwise, with
+``k8s.health``'s NVML XID source for faults (the same source the device plugin uses; it imports nothing
+of Kubernetes).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from typing import Any
 
 import psutil
 
+from gpuslice import shim
 from gpuslice.errors import InvalidRequest
 from gpuslice.k8s.health import NvmlHealthSource
 from gpuslice.node import enforcement, launcher, monitor
@@ -67,6 +70,10 @@ class LocalNode:
         if mode is enforcement.SharingMode.MPS and simulate is None:
             mps = enforcement.MpsDaemon(state_dir)
             mps.start()
+        if mode is enforcement.SharingMode.SHIM:  # ShimUnavailable (the library was not built) says so now
+            shim.library_path()
+            if is_simulated(machine):
+                shim.fake_driver_dir()
         mig = None
         if mode is enforcement.SharingMode.MIG and not is_simulated(machine):
             mig = MigManager(machine, state_dir)
@@ -148,7 +155,10 @@ class LocalNode:
             raise
 
     def usage(self, jobs: Mapping[str, int]) -> tuple[dict[str, dict[int, int]], dict[int, int]]:
-        return monitor.usage(self.machine, jobs, nvml=self._nvml)
+        shim_dir = None
+        if self.sharing is enforcement.SharingMode.SHIM:
+            shim_dir = enforcement.shim_dir(self.state_dir)
+        return monitor.usage(self.machine, jobs, nvml=self._nvml, shim_dir=shim_dir)
 
     def response_defaults(self) -> dict[str, Any]:
         return dataclasses.asdict(monitor.ResponseConfig())
@@ -171,6 +181,8 @@ class LocalNode:
         gpuslice created for it is destroyed when no other job uses it."""
         for response in self._responses.values():
             response.forget(job_id)
+        if self.sharing is enforcement.SharingMode.SHIM:  # a requeued run starts with an empty budget
+            shim.region_path(enforcement.shim_dir(self.state_dir), job_id).unlink(missing_ok=True)
         if self._mig is not None:
             self._mig.release(job_id)
 

@@ -1,0 +1,69 @@
+"""What a container needs to run under the native shim on a Kubernetes node (``--sharing shim``).
+
+``node.enforcement.job_env`` already gives a share the shim's variables, with paths that are right for
+``gpuslice serve`` on the host. In a pod those paths must be host paths the kubelet can mount, so the
+device plugin calls ``container_setup`` in Allocate, which rewrites them and returns the mounts:
+
+```text
+<state_dir>/shim/lib/                   read-only   the shim (and, on simulated nodes, the fake driver),
+                                                    copied out of the plugin's package when it changed
+<state_dir>/shim/pods/<ns>.<pod>/       read-write  the pod's job region: one budget for all its processes
+<state_dir>/shim/gpus.region            read-write  the node's GPU region, where priorities meet
+```
+
+LD_PRELOAD points at the library copy, GPUSLICE_SHIM_REGION at the pod's region (a pod has no
+GPUSLICE_JOB_ID), and LD_LIBRARY_PATH, when set, at the fake driver copy. The state dir is a hostPath
+mounted into the plugin's pod at the same path, as for the MPS pipes and the soft-cap file.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+from pathlib import Path
+
+from gpuslice import shim
+from gpuslice.k8s.proto import deviceplugin_pb2 as pb
+
+__all__ = ["container_setup"]
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
+
+
+def _copy_if_changed(source: Path, target: Path) -> None:
+    """Replace ``target`` atomically when its bytes differ: a running pod keeps the file it mapped."""
+    if target.exists() and target.read_bytes() == source.read_bytes():
+        return
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    shutil.copyfile(source, tmp)
+    os.chmod(tmp, 0o755)
+    os.replace(tmp, target)
+
+
+def container_setup(state_dir: Path, namespace: str, pod: str, env: dict[str, str]) -> list[pb.Mount]:
+    """Rewrite the shim variables in ``env`` (in place) for a container of ``namespace/pod``; the mounts
+    it needs. ``env`` without GPUSLICE_SHIM_DIR (not a shim share) is left alone: no mounts."""
+    if "GPUSLICE_SHIM_DIR" not in env:
+        return []
+    base = Path(state_dir) / "shim"
+    lib = base / "lib"
+    _copy_if_changed(shim.library_path(), lib / shim.library_path().name)
+    env["LD_PRELOAD"] = str(lib / shim.library_path().name)
+    if "LD_LIBRARY_PATH" in env:  # a simulated node: the fake driver, copied beside the shim
+        for name in ("libcuda.so.1", "libnvidia-ml.so.1"):
+            _copy_if_changed(shim.fake_driver_dir() / name, lib / "fake" / name)
+        env["LD_LIBRARY_PATH"] = str(lib / "fake")
+    pod_dir = base / "pods" / _UNSAFE.sub("_", f"{namespace}.{pod}")
+    pod_dir.mkdir(parents=True, exist_ok=True)
+    gpu_region = base / shim.GPU_REGION
+    gpu_region.touch(exist_ok=True)  # a file bind mount needs the file; the shim initialises it
+    env["GPUSLICE_SHIM_DIR"] = str(pod_dir)
+    env["GPUSLICE_SHIM_REGION"] = str(pod_dir / "job.region")
+    env["GPUSLICE_SHIM_GPU_REGION"] = str(gpu_region)
+    return [
+        pb.Mount(container_path=str(lib), host_path=str(lib), read_only=True),
+        pb.Mount(container_path=str(pod_dir), host_path=str(pod_dir), read_only=False),
+        pb.Mount(container_path=str(gpu_region), host_path=str(gpu_region), read_only=False),
+    ]
