@@ -389,7 +389,7 @@ def test_allocate_under_shim_preloads_the_library_and_mounts_it_with_the_pods_re
     uuid = machine.gpus[2].uuid
     api.bind("ml", "serving", Decision(NODE, "main", (2,), (uuid,), memory_mib=4096, cores_percent=40))
 
-    (container,) = allocate(stub, [share(machine, 0)]).container_responses
+    (container,) = allocate(stub, [share(machine, 2)]).container_responses
 
     env, base = dict(container.envs), tmp_path / "state" / "shim"
     library = base / "lib" / "libgpuslice-shim.so"
