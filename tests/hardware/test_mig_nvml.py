@@ -41,15 +41,16 @@ class FakeNvml:
     class NVMLError(Exception):
         pass
 
-    # constant -> (-lgip id, slices, count, SMs, MiB) as an A100-80GB reports them
+    # constant -> (-lgip id, slices, count, SMs, MiB) as an A100-80GB reports them on a current driver
+    # (-lgip: 9.50 / 19.50 / 39.25 / 79.00 GiB)
     PROFILES: ClassVar[dict[int, tuple[int, ...]]] = {
-        0x0: (19, 1, 7, 14, 9856),
-        0x7: (20, 1, 1, 14, 9856),
+        0x0: (19, 1, 7, 14, 9728),
+        0x7: (20, 1, 1, 14, 9728),
         0x9: (15, 1, 4, 14, 19968),
         0x1: (14, 2, 3, 28, 19968),
         0x2: (9, 3, 2, 42, 40192),
         0x3: (5, 4, 1, 56, 40192),
-        0x4: (0, 7, 1, 98, 80384),
+        0x4: (0, 7, 1, 98, 80896),
     }
 
     def __init__(self, gis, mig_mode=(1, 1), name="NVIDIA A100-SXM4-80GB", total=80 * GiB):

@@ -9,7 +9,6 @@ from typing import Annotated
 import typer
 from rich import box
 from rich.console import Console
-from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -27,7 +26,7 @@ app = typer.Typer(help="Replay placement policies on cluster traces (virtual clo
 # Generated from the registry, so --help never falls behind it. One paragraph per policy: typer keeps
 # paragraphs apart in every version, where single line breaks are joined by some.
 _POLICIES_EPILOG = "Placement policies:\n\n" + "\n\n".join(
-    f"[bold]{name:<13}[/bold] {escape(cls.summary)}" for name, cls in PLACEMENT.items()
+    f"{name}: {cls.summary}" for name, cls in PLACEMENT.items()
 )
 _SEEDS = re.compile(r"(\d+)-(\d+)|\d+(,\d+)*")
 

@@ -93,7 +93,7 @@ def detect_gpu(nvml: Any, handle: Any) -> MigGpu:
     elif "H200" in upper:
         key = "h200-141gb"
     elif "H100" in upper and total < 88 * GiB:  # H100 NVL 94 GB / GH200 96 GB have other profiles
-        key = "h100-80gb"
+        key = "h100-pcie-80gb" if "PCIE" in upper else "h100-80gb"  # "NVIDIA H100 PCIe": 114 SMs
     else:
         raise UserError(f"{name} has no built-in MIG table; known: {', '.join(MIG_GPUS)}")
     return MIG_GPUS[key]
