@@ -89,6 +89,7 @@ def print_estimate(console: Console, result: Estimate, fit: SliceFit) -> None:
     )
     head = f"{result.model}: {result.parameters / 1e9:.2f}B parameters{active}, {result.mode}, {settings}"
     console.print(head, markup=False, highlight=False)
+    console.print(f"parameters: {result.parameter_source}", markup=False, highlight=False)
     table = Table(box=box.SIMPLE_HEAD, show_edge=False)
     table.add_column("component")
     table.add_column("per GPU", justify="right")
