@@ -28,7 +28,8 @@ _out = Console(highlight=False, soft_wrap=True)
 _ACTIVE = ["PENDING", "RUNNING", "PREEMPTED"]
 
 Url = Annotated[
-    str | None, typer.Option("--url", help="server URL [env GPUSLICE_URL; http://127.0.0.1:8787]")
+    str | None,
+    typer.Option("--url", help="server URL [env GPUSLICE_URL; else the one written in the state dir]"),
 ]
 StateDir = Annotated[
     Path | None,
