@@ -12,8 +12,8 @@ The one extra rule is a per-profile instance cap, which only bites for the ``+me
 media-extension instance per GPU).
 
 Sources (docs/references.md, "MIG tables"): memory and SM counts are the figures ``nvidia-smi mig -lgip``
-prints, in GiB with two decimals, stored as MiB (GiB × 1024): NVIDIA's MIG User Guide for A100-80GB and
-H100 SXM5, published user transcripts for H100 PCIe and H200. A100-40GB keeps NVML's ``memorySizeMB``
+prints, in GiB with two decimals, stored as MiB (GiB × 1024), from published ``-lgip`` output of each
+GPU. A100-40GB keeps NVML's ``memorySizeMB``
 (NVIDIA/go-nvml's mock tables). ``gpuslice.hardware.mig_nvml.compare_with_table`` prints any difference
 between a table and a real GPU. MIG GPUs whose complete ``-lgip`` output was not found (A30, H100 NVL,
 GH200, B200) have no table rather than a guessed one.
@@ -172,8 +172,8 @@ _A100_40 = _gpu(
         ("7g", "7g.40gb", 40192, 98),
     ],
 )
-# A100-80GB: same shapes as the 40 GB card. Memory: `nvidia-smi mig -lgip` on an A100-SXM4-80GB as NVIDIA's
-# MIG User Guide prints it (9.50 / 19.50 / 39.25 / 79.00 GiB; docs/references.md, "MIG tables").
+# A100-80GB: same shapes as the 40 GB card. Memory: `nvidia-smi mig -lgip` on an A100 80GB with a current
+# driver (9.50 / 19.50 / 39.25 / 79.00 GiB; docs/references.md, "MIG tables").
 _A100_80 = _gpu(
     "a100-80gb",
     "NVIDIA A100 SXM4/PCIe 80GB",
@@ -187,7 +187,7 @@ _A100_80 = _gpu(
         ("7g", "7g.80gb", 80896, 98),
     ],
 )
-# H100 SXM5 80GB: `-lgip` as NVIDIA's MIG User Guide prints it (9.75 / 19.62 / 39.50 / 79.25 GiB).
+# H100 SXM5 80GB: a published `-lgip` of an H100 80GB HBM3 (9.75 / 19.62 / 39.50 / 79.25 GiB).
 # SMs per slice are not uniform on GH100 (1g 16, doubled-memory 1g 26, 3g 60, 7g 132).
 _H100_80 = _gpu(
     "h100-80gb",
