@@ -68,7 +68,7 @@ def test_profiles_json_is_the_table_for_scripts():
     result = invoke("profiles", "--gpu", "a100-80gb", "--json")
     assert result.exit_code == 0
     data = json.loads(result.output)
-    assert data["gpu"] == "a100-80gb"
+    assert data["gpu"] == "A100-80GB"
     first = data["profiles"][0]
     assert {k: first[k] for k in ("profile", "id", "memory_bytes", "memory_slices", "starts", "sms")} == {
         "profile": "1g.10gb", "id": 19, "memory_bytes": 9728 * 2**20, "memory_slices": 1,

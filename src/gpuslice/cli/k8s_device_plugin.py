@@ -45,7 +45,11 @@ def device_plugin(
         typer.Option(help="kubeconfig file; default: the pod's service account, then ~/.kube/config"),
     ] = None,
     sharing: Annotated[
-        str, typer.Option(help="how shares are held to their slice: mps (MPS limits) or soft (PyTorch cap)")
+        str,
+        typer.Option(
+            help="how shares are held to their slice: mps (MPS limits; the default on a cluster, where the "
+            "plugin runs the node's MPS daemon) or soft (a PyTorch cap; gpuslice serve's default)"
+        ),
     ] = "mps",
     state_dir: Annotated[
         Path, typer.Option(help="host directory for the MPS pipes and the soft-cap file, mounted into pods")

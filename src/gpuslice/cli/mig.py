@@ -27,7 +27,7 @@ REJECTED_EXIT = 3  # `mig plan`: some request could not be placed (scripts can t
 
 app = typer.Typer(help="MIG geometry: profile tables, placements, and the nvidia-smi mig commands.")
 
-_GPUS = ", ".join(MIG_GPUS)
+_GPUS = ", ".join(g.name for g in MIG_GPUS.values())  # any case is accepted
 _POLICIES = ", ".join(f"{n} ({c.summary})" for n, c in MIG_PLACEMENT.items())
 
 
@@ -77,7 +77,7 @@ def plan(
 
         layout = read_layout(gpu_index)
         if layout.gpu != model:
-            raise UserError(f"GPU {gpu_index} is a {layout.gpu.key}, not a {model.key}: fix --gpu")
+            raise UserError(f"GPU {gpu_index} is a {layout.gpu.name}, not a {model.name}: fix --gpu")
     result = make_plan(model, request, chosen, layout, gpu_index)
     _print_plan(Console(), result)
     if result.rejected:
@@ -86,7 +86,7 @@ def plan(
 
 def _print_plan(console: Console, result: MigPlan) -> None:
     gpu = result.after.gpu
-    console.print(f"{gpu.key}, policy {result.policy}", markup=False, highlight=False)
+    console.print(f"{gpu.name}, policy {result.policy}", markup=False, highlight=False)
     console.print(slot_diagram(result.after), markup=False, highlight=False)
     table = Table(box=box.SIMPLE_HEAD, show_edge=False)
     for header in ("request", "profile", "start", "slots", "memory", "how"):
@@ -132,9 +132,9 @@ def profiles(
     """The GPU-instance profile table: IDs, memory, slices, allowed starts and SMs."""
     model = mig_gpu(gpu)
     if as_json:
-        typer.echo(json.dumps({"gpu": model.key, "profiles": profile_rows(model)}, indent=1))
+        typer.echo(json.dumps({"gpu": model.name, "profiles": profile_rows(model)}, indent=1))
         return
-    table = Table(title=f"{model.key}: {model.description}", box=box.SIMPLE_HEAD, show_edge=False)
+    table = Table(title=f"{model.name}: {model.description}", box=box.SIMPLE_HEAD, show_edge=False)
     # Fits 80 columns: compute and memory slices share a column; the NVML constant is in --json.
     for header in ("profile", "ID", "memory", "slices c/m", "starts", "max", "SMs"):
         table.add_column(header, no_wrap=True, justify="left" if header == "profile" else "right")

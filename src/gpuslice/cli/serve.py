@@ -27,7 +27,13 @@ def serve(
     simulate: Annotated[
         str | None, typer.Option(help="simulate a machine (dgx-h100, pcie-4x-l4, …) instead of reading NVML")
     ] = None,
-    sharing: Annotated[str, typer.Option(help="enforcement: soft (PyTorch cap), mps or mig")] = "soft",
+    sharing: Annotated[
+        str,
+        typer.Option(
+            help="enforcement: soft (a PyTorch cap; the default: needs nothing on the machine), mps (an "
+            "MPS daemon enforces memory and compute; the Kubernetes device plugin's default) or mig"
+        ),
+    ] = "soft",
     grace: Annotated[str, typer.Option(help="SIGTERM-to-SIGKILL grace when stopping a job: 30s, 2m")] = "30s",
     queue_policy: Annotated[
         str,

@@ -114,6 +114,11 @@ class MigGpu:
     description: str
     profiles: tuple[MigProfile, ...]
 
+    @property
+    def name(self) -> str:
+        """The GPU as output shows it, spelled as the GPU model catalogue does: ``A100-80GB``."""
+        return self.key.upper().replace("PCIE", "PCIe")
+
     def profile(self, name_or_id: str | int) -> MigProfile:
         """The profile called ``name_or_id`` ("3g.40gb", "MIG 3g.40gb", 9 or "9"); UnknownMigProfile else."""
         text = str(name_or_id).strip().lower().removeprefix("mig ").strip()
