@@ -41,3 +41,12 @@ def test_help_reads_cleanly_at_80_columns(path, capsys, monkeypatch):
         assert not re.search(r"<(bool|str|int|float|list\[)", line), f"Python type: {line!r}"
         assert "[/" not in line and "[bold" not in line, f"markup: {line!r}"
         assert not re.search(r"\w \.(\s|$)|\w ,", line), f"stray space: {line!r}"
+
+
+@pytest.mark.parametrize("group", [[], ["mig"], ["sim"], ["topo"], ["k8s"], ["policy"]], ids=" ".join)
+def test_a_command_group_called_bare_prints_its_help(group, capsys):
+    with pytest.raises(SystemExit):
+        main(group)
+    out, err = capsys.readouterr()
+    assert out.startswith(f"Usage: gpuslice{''.join(' ' + g for g in group)} [OPTIONS] COMMAND")
+    assert "error" not in err

@@ -130,7 +130,9 @@ def main(args: list[str] | None = None) -> None:
         _error_line(str(err))
         raise SystemExit(exit_code(err)) from None
     except typer.TyperException as err:  # typer's parser: UsageError, BadParameter, MissingParameter, …
-        if type(err).__name__ != "NoArgsIsHelpError":  # that one has printed the help already
+        if type(err).__name__ == "NoArgsIsHelpError":  # a group called bare: its message is the help
+            typer.echo(err.format_message())
+        else:
             _error_line(_usage_text(err))
         raise SystemExit(err.exit_code) from None
     except typer.Abort:

@@ -25,7 +25,9 @@ __all__ = ["REJECTED_EXIT", "app", "plan", "profile_rows", "profiles", "slot_dia
 
 REJECTED_EXIT = 3  # `mig plan`: some request could not be placed (scripts can tell it from a user error)
 
-app = typer.Typer(help="MIG geometry: profile tables, placements, and the nvidia-smi mig commands.")
+app = typer.Typer(
+    help="MIG geometry: profile tables, placements, and the nvidia-smi mig commands.", no_args_is_help=True
+)
 
 _GPUS = ", ".join(g.name for g in MIG_GPUS.values())  # any case is accepted
 _POLICIES = ", ".join(f"{n} ({c.summary})" for n, c in MIG_PLACEMENT.items())

@@ -21,7 +21,9 @@ from gpuslice.sim.sweep import run_sweep
 
 __all__ = ["app", "openb", "parse_seeds"]
 
-app = typer.Typer(help="Replay placement policies on cluster traces (virtual clock, no GPU needed).")
+app = typer.Typer(
+    help="Replay placement policies on cluster traces (virtual clock, no GPU needed).", no_args_is_help=True
+)
 
 # Generated from the registry, so --help never falls behind it. One paragraph per policy: typer keeps
 # paragraphs apart in every version, where single line breaks are joined by some.

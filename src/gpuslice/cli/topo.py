@@ -24,7 +24,10 @@ from gpuslice.policies.gpuset import GPUSET, choose_gpu_set, make_gpuset_policy
 
 __all__ = ["app", "parse_gpu_list", "pick", "show"]
 
-app = typer.Typer(help="GPU topology of one machine: link matrix, NVLink groups, bandwidth, best GPU sets.")
+app = typer.Typer(
+    help="GPU topology of one machine: link matrix, NVLink groups, bandwidth, best GPU sets.",
+    no_args_is_help=True,
+)
 
 _SYSTEMS = ", ".join(PROFILES)
 _POLICIES = ", ".join(GPUSET)
