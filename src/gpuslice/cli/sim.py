@@ -53,7 +53,8 @@ def openb(
     trace_dir: Annotated[
         Path | None,
         typer.Option(
-            help="Folder of openb CSVs (e.g. ../shared/data/openb); default: the bundled data.",
+            help="Folder of openb CSVs: cluster-trace-gpu-v2023/csv of a clone of alibaba/clusterdata; "
+            "default: the bundled data (the default trace only).",
             exists=True,
             file_okay=False,
         ),
