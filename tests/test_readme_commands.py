@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 import httpx
+import psutil
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
@@ -87,10 +88,10 @@ class _Server:
         except subprocess.TimeoutExpired:
             os.killpg(self.proc.pid, signal.SIGKILL)
         # the jobs the README submitted run under their own supervisors: end them with the test
-        found = subprocess.run(["pgrep", "-f", str(self.home)], capture_output=True, text=True)
-        for pid in found.stdout.split():
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(int(pid), signal.SIGKILL)
+        for process in psutil.process_iter(["pid", "cmdline", "environ"]):
+            with contextlib.suppress(psutil.Error, ProcessLookupError, PermissionError):
+                if (process.info["environ"] or {}).get("HOME") == str(self.home):
+                    os.killpg(os.getpgid(process.info["pid"]), signal.SIGKILL)
 
 
 def _free_port() -> int:
