@@ -46,6 +46,9 @@ def test_every_gpu_follows_the_placement_table(key):
         ("h100-80gb", "7g.80gb", 0, 81152, 132),
         ("a100-80gb", "1g.10gb", 19, 9728, 14),  # -lgip 9.50 GiB
         ("a100-80gb", "7g.80gb", 0, 80896, 98),  # -lgip 79.00 GiB
+        ("h100-nvl-94gb", "1g.12gb", 19, 11008, 16),  # -lgip 10.75 GiB
+        ("h100-nvl-94gb", "3g.47gb", 9, 47488, 60),  # -lgip 46.38 GiB
+        ("h100-nvl-94gb", "7g.94gb", 0, 95360, 132),  # -lgip 93.12 GiB
         ("h200-141gb", "1g.18gb", 19, 16384, 16),  # -lgip 16.00 GiB
         ("h200-141gb", "3g.71gb", 9, 71168, 60),  # -lgip 69.50 GiB
         ("h200-141gb", "7g.141gb", 0, 143104, 132),  # -lgip 139.75 GiB

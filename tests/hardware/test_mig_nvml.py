@@ -119,6 +119,7 @@ def test_a_gpu_not_in_mig_mode_says_how_to_enable_it():
 @pytest.mark.parametrize(
     ("name", "total", "key"),
     [("NVIDIA A100-PCIE-40GB", 40 * GiB, "a100-40gb"), ("NVIDIA H100 80GB HBM3", 80 * GiB, "h100-80gb"),
+     ("NVIDIA H100 PCIe", 80 * GiB, "h100-pcie-80gb"), ("NVIDIA H100 NVL", 94 * GiB, "h100-nvl-94gb"),
      ("NVIDIA H200", 141 * GiB, "h200-141gb")],
 )  # fmt: skip
 def test_the_gpu_model_is_detected_from_name_and_memory(name, total, key):
@@ -127,7 +128,7 @@ def test_the_gpu_model_is_detected_from_name_and_memory(name, total, key):
 
 def test_an_unsupported_gpu_is_a_user_error():
     with pytest.raises(Exception, match="no built-in MIG table"):
-        read_layout(0, FakeNvml([], name="NVIDIA H100 NVL", total=94 * GiB))
+        read_layout(0, FakeNvml([], name="NVIDIA A30", total=24 * GiB))  # no table yet
 
 
 def test_profiles_read_from_the_driver_agree_with_the_a100_table():

@@ -1,9 +1,9 @@
 """MIG geometry: per-GPU profile tables and the 8-slot occupancy bitmask that decides what still fits.
 
-What: the GPU-instance (GI) profiles of A100-40GB, A100-80GB, H100 SXM5 80GB, H100 PCIe 80GB and
-H200-141GB (name, the ``nvidia-smi mig -lgip`` ID, the NVML selector constant, memory, compute and memory
-slices, allowed starts, SMs), a ``MigLayout`` (which instances sit where on one GPU) and smallest-profile
-selection for a memory request.
+What: the GPU-instance (GI) profiles of A100-40GB, A100-80GB, H100 SXM5 80GB, H100 PCIe 80GB, H100 NVL
+94GB and H200-141GB (name, the ``nvidia-smi mig -lgip`` ID, the NVML selector constant, memory, compute
+and memory slices, allowed starts, SMs), a ``MigLayout`` (which instances sit where on one GPU) and
+smallest-profile selection for a memory request.
 
 Why a bitmask: a GI occupies ``size`` consecutive memory slices from an aligned ``start``; GIs may not
 overlap. On these GPUs the placement table (``nvidia-smi mig -lgipp``) makes an 8-bit memory-slice mask
@@ -15,8 +15,8 @@ Sources (docs/references.md, "MIG tables"): memory and SM counts are the figures
 prints, in GiB with two decimals, stored as MiB (GiB × 1024), from published ``-lgip`` output of each
 GPU. A100-40GB keeps NVML's ``memorySizeMB``
 (NVIDIA/go-nvml's mock tables). ``gpuslice.hardware.mig_nvml.compare_with_table`` prints any difference
-between a table and a real GPU. MIG GPUs whose complete ``-lgip`` output was not found (A30, H100 NVL,
-GH200, B200) have no table rather than a guessed one.
+between a table and a real GPU. MIG GPUs whose complete ``-lgip`` output was not found (A30, GH200,
+B200) have no table rather than a guessed one.
 """
 
 from __future__ import annotations
@@ -222,6 +222,22 @@ _H100_PCIE_80 = _gpu(
         ("7g", "7g.80gb", 81152, 114),
     ],
 )
+# H100 NVL 94GB: `-lgip` rows posted in NVIDIA/gpu-operator pull request 900 (1g 10.75 GiB, 1g.24gb and
+# 2g.24gb 21.62, 3g 46.38) and a published `-lgip`/`-lgipp` of an H100 94GB on driver 560 (4g 46.38,
+# 7g 93.12; SMs as on the H100 SXM5; the same placements).
+_H100_NVL = _gpu(
+    "h100-nvl-94gb",
+    "NVIDIA H100 NVL 94GB",
+    [
+        ("1g", "1g.12gb", 11008, 16),
+        ("1g+me", "1g.12gb+me", 11008, 16),
+        ("1g.2x", "1g.24gb", 22144, 26),
+        ("2g", "2g.24gb", 22144, 32),
+        ("3g", "3g.47gb", 47488, 60),
+        ("4g", "4g.47gb", 47488, 64),
+        ("7g", "7g.94gb", 95360, 132),
+    ],
+)
 # H200 141GB: `-lgip` of an H200 posted to NVIDIA/mig-parted issue 120 (16.00 / 32.25 / 69.50 /
 # 139.75 GiB; SMs as on the H100 SXM5). IDs and placements are H100's (same GH100 slice layout).
 _H200 = _gpu(
@@ -238,13 +254,16 @@ _H200 = _gpu(
     ],
 )
 
-MIG_GPUS: dict[str, MigGpu] = {g.key: g for g in (_A100_40, _A100_80, _H100_80, _H100_PCIE_80, _H200)}
+MIG_GPUS: dict[str, MigGpu] = {
+    g.key: g for g in (_A100_40, _A100_80, _H100_80, _H100_PCIE_80, _H100_NVL, _H200)
+}
 # Other spellings people use: the GpuModel catalogue's names and nvidia-smi's product names.
 _ALIASES = {
     "a100": "a100-40gb",
     "h100": "h100-80gb",
     "h100-sxm-80gb": "h100-80gb",
     "h100-pcie": "h100-pcie-80gb",
+    "h100-nvl": "h100-nvl-94gb",
     "h200": "h200-141gb",
     "h200-141": "h200-141gb",
 }
