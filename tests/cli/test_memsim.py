@@ -61,3 +61,23 @@ def test_unknown_policy_is_a_user_error_listing_known_names():
 def test_unknown_workload_is_a_user_error():
     result = CliRunner().invoke(app, ["memsim", "--workload", "nope"])
     assert isinstance(result.exception, UserError) and "rand-stream" in str(result.exception)
+
+
+def test_the_compare_plot_labels_every_policy_without_overlap():
+    from gpuslice.cli.memsim import _figure
+    from gpuslice.memory.simulator import SimResult
+
+    results = [SimResult.__new__(SimResult) for _ in range(11)]
+    names = ["default", "fifo", "lfu", "mru", "mru-textbook", "freq-decay", "fifo-chance", "pid-quota",
+             "2q", "priority", "belady"]  # fmt: skip
+    for r, name, seconds in zip(results, names, range(1, 12), strict=True):
+        object.__setattr__(r, "evict", name)
+        object.__setattr__(r, "prefetch", "tree")
+        object.__setattr__(r, "estimated_seconds", float(seconds))
+    fig = _figure(results, results[0], "test")
+    fig.canvas.draw()
+    ax = fig.axes[0]
+    labels = [t for t in ax.get_yticklabels() if t.get_text()]
+    assert [t.get_text() for t in labels] == [f"{n} / tree" for n in names]
+    boxes = [t.get_window_extent() for t in labels]
+    assert not any(a.overlaps(b) for i, a in enumerate(boxes) for b in boxes[i + 1 :])

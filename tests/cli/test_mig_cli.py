@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import typer
 from typer.testing import CliRunner
@@ -13,8 +15,8 @@ from gpuslice.hardware.mig import mig_gpu, parse_layout
 runner = CliRunner()
 
 
-def invoke(*args: str):
-    result = runner.invoke(app, list(args), env={"COLUMNS": "120"})
+def invoke(*args: str, env: dict[str, str] | None = None):
+    result = runner.invoke(app, list(args), env=env or {"COLUMNS": "120"})
     return result
 
 
@@ -29,7 +31,7 @@ def test_plan_prints_placements_and_the_exact_commands():
 def test_plan_with_a_layout_and_first_free_reports_rejections():
     result = invoke("plan", "--gpu", "A100-80GB", "--request", "4g.40gb", "--request", "12GiB",
                     "--policy", "first-free", "--from-layout", "1g.10gb@3/4", "--gpu-index", "1")  # fmt: skip
-    assert result.exit_code == 0, result.output
+    assert result.exit_code == 3, result.output  # a rejection: scripts can tell
     assert "rejected 4g.40gb" in result.output
     assert "nvidia-smi mig -i 1 -cgi 15:6 -C" in result.output
 
@@ -55,12 +57,24 @@ def test_user_errors_are_gpuslice_user_errors_that_exit_2(args, match):
     assert exit_code(result.exception) == 2
 
 
-def test_profiles_lists_the_table_and_marks_h200_inferred():
-    result = invoke("profiles", "--gpu", "h200-141gb")
+def test_profiles_lists_the_table_in_80_columns():
+    result = invoke("profiles", "--gpu", "h200-141gb", env={"COLUMNS": "80"})
     assert result.exit_code == 0
-    assert "3g.71gb" in result.output and "inferred" in result.output
-    a100 = invoke("profiles", "--gpu", "a100-40gb")
-    assert "1g.5gb" in a100.output and "inferred" not in a100.output
+    assert "3g.71gb" in result.output and "139.8 GiB" in result.output
+    assert max(len(line) for line in result.output.splitlines()) <= 80
+
+
+def test_profiles_json_is_the_table_for_scripts():
+    result = invoke("profiles", "--gpu", "a100-80gb", "--json")
+    assert result.exit_code == 0
+    data = json.loads(result.output)
+    assert data["gpu"] == "A100-80GB"
+    first = data["profiles"][0]
+    assert {k: first[k] for k in ("profile", "id", "memory_bytes", "memory_slices", "starts", "sms")} == {
+        "profile": "1g.10gb", "id": 19, "memory_bytes": 9728 * 2**20, "memory_slices": 1,
+        "starts": [0, 1, 2, 3, 4, 5, 6], "sms": 14,
+    }  # fmt: skip
+    assert [p["profile"] for p in data["profiles"]][-1] == "7g.80gb"
 
 
 def test_slot_diagram_marks_idle_instances_and_free_slots():

@@ -52,7 +52,7 @@ def test_options_of_the_other_mode_are_contradictions(options, message):
 def test_model_and_params_are_exclusive_and_one_is_needed():
     with pytest.raises(InvalidEstimateOptions, match="not both"):
         resolve_model("llama-3-8b", 7e9)
-    with pytest.raises(InvalidEstimateOptions, match="not both"):
+    with pytest.raises(InvalidEstimateOptions, match=r"give a MODEL .* or --params, e\.g\."):
         resolve_model(None, None)
 
 

@@ -23,9 +23,10 @@ def test_gpu_models_are_those_whose_memory_holds_the_rounded_request_smallest_fi
 
 def test_mig_profiles_are_the_smallest_per_mig_gpu():
     fit = fit_slice(18 * GiB)  # 18 GiB = 18432 MiB: an A100-80GB 1g.20gb (19968 MiB) holds it
-    assert "a100-80gb 1g.20gb" in fit.mig_profiles
-    assert "a100-40gb 3g.20gb" in fit.mig_profiles
-    assert "h200-141gb 1g.18gb" not in fit.mig_profiles  # 17643 MiB < 18 GiB
+    assert "A100-80GB 1g.20gb" in fit.mig_profiles  # spelled as the GPU model catalogue spells GPUs
+    assert "A100-40GB 3g.20gb" in fit.mig_profiles
+    assert "H100-PCIe-80GB 1g.20gb" in fit.mig_profiles
+    assert "H200-141GB 1g.18gb" not in fit.mig_profiles  # 16384 MiB < 18 GiB
 
 
 def test_nothing_holds_a_model_larger_than_every_gpu():

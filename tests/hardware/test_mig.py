@@ -44,18 +44,26 @@ def test_every_gpu_follows_the_placement_table(key):
         ("a100-80gb", "3g.40gb", 9, 40192, 42),
         ("h100-80gb", "1g.20gb", 15, 20096, 26),
         ("h100-80gb", "7g.80gb", 0, 81152, 132),
-        ("h200-141gb", "3g.71gb", 9, 71475, 60),
+        ("a100-80gb", "1g.10gb", 19, 9728, 14),  # -lgip 9.50 GiB
+        ("a100-80gb", "7g.80gb", 0, 80896, 98),  # -lgip 79.00 GiB
+        ("h100-nvl-94gb", "1g.12gb", 19, 11008, 16),  # -lgip 10.75 GiB
+        ("h100-nvl-94gb", "3g.47gb", 9, 47488, 60),  # -lgip 46.38 GiB
+        ("h100-nvl-94gb", "7g.94gb", 0, 95360, 132),  # -lgip 93.12 GiB
+        ("h200-141gb", "1g.18gb", 19, 16384, 16),  # -lgip 16.00 GiB
+        ("h200-141gb", "3g.71gb", 9, 71168, 60),  # -lgip 69.50 GiB
+        ("h200-141gb", "7g.141gb", 0, 143104, 132),  # -lgip 139.75 GiB
     ],
 )
-def test_profile_rows_carry_the_research_figures(key, name, pid, mib, sms):
+def test_profile_rows_carry_the_published_lgip_figures(key, name, pid, mib, sms):
     p = MIG_GPUS[key].profile(name)
     assert (p.profile_id, p.memory_bytes, p.sm_count) == (pid, mib * MiB, sms)
 
 
-def test_h200_is_marked_inferred_and_the_others_verified():
-    assert not mig_gpu("h200").verified
-    assert all(not p.verified for p in mig_gpu("h200-141gb").profiles)
-    assert all(MIG_GPUS[k].verified for k in ("a100-40gb", "a100-80gb", "h100-80gb"))
+def test_h100_pcie_has_its_own_sm_counts_and_the_sxm_memory():
+    pcie, sxm = mig_gpu("h100-pcie-80gb"), mig_gpu("h100-80gb")
+    assert [p.sm_count for p in pcie.profiles] == [14, 14, 14, 30, 46, 62, 114]
+    assert [p.sm_count for p in sxm.profiles] == [16, 16, 26, 32, 60, 64, 132]
+    assert [p.memory_bytes for p in pcie.profiles] == [p.memory_bytes for p in sxm.profiles]
 
 
 def test_nvml_constants_differ_from_nvidia_smi_ids_as_research_4_2_says():

@@ -41,15 +41,16 @@ class FakeNvml:
     class NVMLError(Exception):
         pass
 
-    # constant -> (-lgip id, slices, count, SMs, MiB) as an A100-80GB reports them
+    # constant -> (-lgip id, slices, count, SMs, MiB) as an A100-80GB reports them on a current driver
+    # (-lgip: 9.50 / 19.50 / 39.25 / 79.00 GiB)
     PROFILES: ClassVar[dict[int, tuple[int, ...]]] = {
-        0x0: (19, 1, 7, 14, 9856),
-        0x7: (20, 1, 1, 14, 9856),
+        0x0: (19, 1, 7, 14, 9728),
+        0x7: (20, 1, 1, 14, 9728),
         0x9: (15, 1, 4, 14, 19968),
         0x1: (14, 2, 3, 28, 19968),
         0x2: (9, 3, 2, 42, 40192),
         0x3: (5, 4, 1, 56, 40192),
-        0x4: (0, 7, 1, 98, 80384),
+        0x4: (0, 7, 1, 98, 80896),
     }
 
     def __init__(self, gis, mig_mode=(1, 1), name="NVIDIA A100-SXM4-80GB", total=80 * GiB):
@@ -118,6 +119,7 @@ def test_a_gpu_not_in_mig_mode_says_how_to_enable_it():
 @pytest.mark.parametrize(
     ("name", "total", "key"),
     [("NVIDIA A100-PCIE-40GB", 40 * GiB, "a100-40gb"), ("NVIDIA H100 80GB HBM3", 80 * GiB, "h100-80gb"),
+     ("NVIDIA H100 PCIe", 80 * GiB, "h100-pcie-80gb"), ("NVIDIA H100 NVL", 94 * GiB, "h100-nvl-94gb"),
      ("NVIDIA H200", 141 * GiB, "h200-141gb")],
 )  # fmt: skip
 def test_the_gpu_model_is_detected_from_name_and_memory(name, total, key):
@@ -126,7 +128,7 @@ def test_the_gpu_model_is_detected_from_name_and_memory(name, total, key):
 
 def test_an_unsupported_gpu_is_a_user_error():
     with pytest.raises(Exception, match="no built-in MIG table"):
-        read_layout(0, FakeNvml([], name="NVIDIA H100 NVL", total=94 * GiB))
+        read_layout(0, FakeNvml([], name="NVIDIA A30", total=24 * GiB))  # no table yet
 
 
 def test_profiles_read_from_the_driver_agree_with_the_a100_table():

@@ -22,11 +22,14 @@ def test_device_plugin_command_is_the_device_plugin_modules_own_function():
 
 
 def test_webhook_command_serves_with_the_given_certificate(monkeypatch, tmp_path):
+    import trustme
+
     from gpuslice.k8s import webhook
 
     cert, key = tmp_path / "tls.crt", tmp_path / "tls.key"
-    cert.write_text("cert")
-    key.write_text("key")
+    issued = trustme.CA().issue_cert("gpuslice-webhook.gpuslice.svc")
+    issued.cert_chain_pems[0].write_to_path(str(cert))  # the command loads the pair before serving
+    issued.private_key_pem.write_to_path(str(key))
     seen: dict[str, Any] = {}
     monkeypatch.setattr(webhook, "run", lambda *a, **kw: seen.update(args=a, **kw))
     result = runner.invoke(

@@ -214,6 +214,7 @@ def test_registries_list_every_policy_of_the_issue():
         "fifo",
         "lfu",
         "mru",
+        "mru-textbook",
         "freq-decay",
         "fifo-chance",
         "pid-quota",

@@ -162,3 +162,16 @@ def test_stream_replay_runs_every_access_and_ends_under_any_policy(evict, prefet
         cfg = SimConfig(oversub=1.5, visibility=visibility)
         r = simulate(trace, make_ops(evict, prefetch), cfg, progress=seen.append)
         assert sum(seen) == len(trace) and r.faults > 0 and r.chunk_faults >= trace.working_set_blocks
+
+
+def test_gpu_ext_mru_faults_like_fifo_on_a_cyclic_sweep_and_textbook_mru_keeps_a_resident_prefix(hand_trace):
+    # 10 blocks swept 5 times at 2x oversubscription (5 chunks fit): LRU and FIFO miss every access;
+    # gpu_ext's mru moves a chunk to the head only on a hit, which driver visibility never reports, so it
+    # is FIFO here; textbook MRU evicts the newest chunk and keeps the sweep's first blocks resident.
+    trace = hand_trace([(b, 0) for _ in range(5) for b in range(10)])
+    cfg = SimConfig(oversub=2.0)
+    fifo = simulate(trace, make_ops("fifo", "none"), cfg).chunk_faults
+    gpu_ext = simulate(trace, make_ops("mru", "none"), cfg).chunk_faults
+    textbook = simulate(trace, make_ops("mru-textbook", "none"), cfg).chunk_faults
+    assert fifo == gpu_ext == 50
+    assert textbook == 10 + 4 * 6  # 10 compulsory faults, then 4 of every 10 blocks hit per sweep

@@ -227,3 +227,18 @@ def test_the_graded_response_applied_to_a_real_job_suspends_and_then_kills_it(tm
     status = wait_for(step, timeout=20, interval=0.05)
     assert seen == [ActionKind.WARN, ActionKind.SUSPEND, ActionKind.KILL]
     assert status.signal == signal.SIGKILL
+
+
+def test_two_simulated_servers_have_their_own_gpus_and_never_count_each_others_fake_loads(tmp_path, groups):
+    mine = discover("pcie-4x-l4", instance=str(tmp_path / "a"))
+    other = discover("pcie-4x-l4", instance=str(tmp_path / "b"))
+    assert {g.uuid for g in mine.gpus}.isdisjoint(g.uuid for g in other.gpus)
+    assert [g.uuid for g in discover("pcie-4x-l4", instance=str(tmp_path / "a")).gpus] == [
+        g.uuid for g in mine.gpus
+    ]  # the same state dir keeps its GPUs across restarts
+    spec = JobSpec(command=(*FAKE_LOAD, "--mem", "3GiB", "--seconds", "60"), gpu_memory_bytes=4 * GiB)
+    job = launcher.launch("load", spec, job_env("soft", spec, (1,), mine, tmp_path), tmp_path)
+    groups.append(job.pgid)
+    wait_for(lambda: usage(mine, {"load": job.pid})[0]["load"], timeout=20)
+    assert usage(mine, {"load": job.pid})[0]["load"] == {1: 3 * GiB}
+    assert usage(other, {})[1] == {}  # not "others'" memory on the second server's GPU 1

@@ -73,7 +73,7 @@ def test_bad_advice_falls_back_to_the_lowest_free_gpus_and_says_why(policy, reas
     ("free", "k", "match"),
     [
         ([0, 1], 3, "asked for 3 GPUs .* 2 are free"),
-        ([], 1, "0 are free"),
+        ([], 1, "every GPU of .* is busy"),
         ([0, 9], 1, "GPU 9 does not exist"),
     ],
 )

@@ -154,3 +154,9 @@ def test_health_and_openapi_are_served(api):
     schema = api.get("/openapi.json").json()
     routes = {"/v1/jobs", "/v1/jobs/{job_id}/cancel", "/v1/gpus", "/v1/queue", "/v1/tenants"}
     assert routes <= set(schema["paths"])
+
+
+def test_no_page_loads_scripts_from_a_cdn_and_the_schema_is_served(api):
+    assert api.get("/docs").status_code == 404  # Swagger UI would load its scripts from a CDN
+    assert api.get("/redoc").status_code == 404
+    assert api.get("/openapi.json").json()["info"]["title"] == "gpuslice serve"

@@ -50,7 +50,7 @@ def test_submit_sends_the_slice_and_prints_the_job(cli, daemon):
 
 def test_bad_submit_is_one_error_line_naming_the_field_and_exit_2(cli, daemon):
     code, out = cli("submit", "--mem", "20GB?", "--", "x")
-    assert code == 2 and "memory: invalid size" in out
+    assert code == 2 and "--mem: invalid size" in out  # the flag, not the API field
     assert daemon.store.jobs() == []
 
 
@@ -101,3 +101,22 @@ def test_an_unknown_gpu_or_both_options_are_user_errors(cli, daemon):
     code, out = cli("gpus", "--mark-unhealthy", "1", "--mark-healthy", "1")
     assert code == 2 and "not both" in out
     assert daemon.health.unhealthy() == {}
+
+
+def test_ps_cuts_a_long_command_with_an_ellipsis(cli, daemon):
+    long_command = ["python", "train.py", "--config", "configs/a-very-long-experiment-name.yaml"]
+    assert cli("submit", "--mem", "1GiB", "--", *long_command)[0] == 0
+    code, ps = cli("ps")
+    assert code == 0
+    shown = " ".join(long_command)[:39] + "…"
+    assert shown in ps and " ".join(long_command) not in ps
+
+
+def test_submit_checks_its_arguments_before_the_token_and_names_the_flag(cli, monkeypatch, tmp_path):
+    from gpuslice.server.client import ServeClient
+
+    monkeypatch.setattr(jobs, "_client", lambda url, state_dir: ServeClient(state_dir=tmp_path))  # no token
+    code, out = cli("submit", "--mem", "-5GiB", "--", "true")
+    assert code == 2 and out.startswith("error: --mem:") and "token" not in out
+    code, out = cli("submit", "--gpus", "2", "--cores", "50", "--", "true")
+    assert code == 2 and out.startswith("error: --gpus:") and "compute_percent" not in out

@@ -170,7 +170,7 @@ def test_a_telemetry_spike_on_a_steady_gpu_is_an_anomaly_event_and_a_metric(make
     daemon.tick()
     (anomaly,) = [e for _, e in daemon.store.events() if e.kind == "anomaly"]
     assert anomaly.detail["gpu"] == 4 and anomaly.detail["metric"] == "temperature"
-    assert anomaly.reason.startswith("GPU 4 temperature 95 is ")
+    assert anomaly.reason.startswith("GPU 4 temperature 95 °C is ")
     text = daemon.metrics.exposition().decode()
     assert 'gpuslice_gpu_anomalies_total{gpu="4",metric="temperature",model="H100",uuid="GPU-4"} 1.0' in text
 

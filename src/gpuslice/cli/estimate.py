@@ -33,15 +33,15 @@ Dtype = Annotated[
 TensorParallel = Annotated[
     int, typer.Option("--tp", min=1, help="Tensor-parallel GPUs; must divide the heads.")
 ]
-Context = Annotated[int | None, typer.Option(min=1, help="Inference: tokens per sequence [default: 4096].")]
-Batch = Annotated[int | None, typer.Option(min=1, help="Inference: sequences cached at once [default: 1].")]
+Context = Annotated[int | None, typer.Option(min=1, help="Inference: tokens per sequence (default 4096).")]
+Batch = Annotated[int | None, typer.Option(min=1, help="Inference: sequences cached at once (default 1).")]
 KvDtype = Annotated[str | None, typer.Option(help="Inference: KV cache fp32, bf16, fp16 or fp8.")]
 FlashAttention = Annotated[bool, typer.Option(help="Inference: fused attention, no context² score matrix.")]
 Gpus = Annotated[int | None, typer.Option(min=1, help="Training: GPUs in all (data parallel = gpus / tp).")]
-Zero = Annotated[int | None, typer.Option(min=0, max=3, help="Training: ZeRO stage 0-3 [default: 0].")]
+Zero = Annotated[int | None, typer.Option(min=0, max=3, help="Training: ZeRO stage 0-3 (default 0).")]
 Recompute = Annotated[str | None, typer.Option(help=f"Training: recomputation {'|'.join(RECOMPUTE)}.")]
 MicroBatch = Annotated[int | None, typer.Option(min=1, help="Training: sequences per micro-batch.")]
-SeqLen = Annotated[int | None, typer.Option(min=1, help="Training: tokens per sequence [default: 4096].")]
+SeqLen = Annotated[int | None, typer.Option(min=1, help="Training: tokens per sequence (default 4096).")]
 
 _MODELS = ", ".join(BUNDLED)
 
@@ -89,6 +89,7 @@ def print_estimate(console: Console, result: Estimate, fit: SliceFit) -> None:
     )
     head = f"{result.model}: {result.parameters / 1e9:.2f}B parameters{active}, {result.mode}, {settings}"
     console.print(head, markup=False, highlight=False)
+    console.print(f"parameters: {result.parameter_source}", markup=False, highlight=False)
     table = Table(box=box.SIMPLE_HEAD, show_edge=False)
     table.add_column("component")
     table.add_column("per GPU", justify="right")

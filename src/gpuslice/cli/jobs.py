@@ -28,7 +28,8 @@ _out = Console(highlight=False, soft_wrap=True)
 _ACTIVE = ["PENDING", "RUNNING", "PREEMPTED"]
 
 Url = Annotated[
-    str | None, typer.Option("--url", help="server URL [env GPUSLICE_URL; http://127.0.0.1:8787]")
+    str | None,
+    typer.Option("--url", help="server URL [env GPUSLICE_URL; else the one written in the state dir]"),
 ]
 StateDir = Annotated[
     Path | None,
@@ -58,6 +59,14 @@ def slice_text(job: dict[str, Any]) -> str:
     return " · ".join(parts)
 
 
+_COMMAND_WIDTH = 40  # characters of a job's command in `ps`; `show` prints it whole
+
+
+def _shorten(text: str, width: int) -> str:
+    """``text`` cut to ``width`` characters, the last one an ellipsis when anything was cut."""
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
 def _ago(t: float | None) -> str:
     if t is None:
         return "—"
@@ -67,9 +76,13 @@ def _ago(t: float | None) -> str:
 
 def submit(
     command: Annotated[list[str], typer.Argument(help="the command, after --", show_default=False)],
-    gpus: Annotated[int, typer.Option(help="GPUs (whole, unless --mem/--cores make it a share of 1)")] = 1,
+    gpus: Annotated[
+        int, typer.Option(min=1, help="GPUs (whole, unless --mem/--cores make it a share of 1)")
+    ] = 1,
     mem: Annotated[str | None, typer.Option(help="GPU memory per GPU, e.g. 20GiB")] = None,
-    cores: Annotated[int, typer.Option(help="compute share in percent of a GPU's SMs, 1..100")] = 0,
+    cores: Annotated[
+        int, typer.Option(min=0, max=100, help="compute share in percent of a GPU's SMs, 1..100")
+    ] = 0,
     mig: Annotated[str, typer.Option(help="a MIG profile, e.g. 3g.40gb")] = "",
     gpu_model: Annotated[list[str] | None, typer.Option(help="allowed GPU model (repeatable)")] = None,
     exclude_model: Annotated[list[str] | None, typer.Option(help="excluded GPU model (repeatable)")] = None,
@@ -120,9 +133,42 @@ def submit(
         "topology": topology, "priority": priority, "tenant": tenant, "preemptible": preemptible,
         "max_runtime": max_runtime, "restart": restart, "cwd": str(Path.cwd()),
     }  # fmt: skip
+    check_submit(body)  # every argument before the token is looked for
     with _client(url, state_dir) as client:
         job = client.submit(body)
     _out.print(f"job {job['id']} submitted: {job['state']} ({slice_text(job)})")
+
+
+# The submit body's fields as the command line spells them, for error messages.
+_FLAGS = {
+    "command": "the command", "gpus": "--gpus", "memory": "--mem", "compute_percent": "--cores",
+    "mig": "--mig", "gpu_models": "--gpu-model", "excluded_gpu_models": "--exclude-model",
+    "exclusive": "--exclusive", "topology": "--topology", "priority": "--priority", "tenant": "--tenant",
+    "preemptible": "--preemptible", "max_runtime": "--max-runtime", "restart": "--restart",
+}  # fmt: skip
+
+
+def check_submit(body: dict[str, Any]) -> None:
+    """Validate a submit body as the server will, naming the command-line flag of any problem.
+
+    The server checks again (it is the authority); this only makes a wrong argument say so before the
+    token or the server is needed.
+    """
+    from pydantic import ValidationError
+
+    from gpuslice.server.models import FieldError, SubmitRequest, spec_from_submit
+
+    try:
+        spec_from_submit(SubmitRequest.model_validate(body), server_user="")
+    except ValidationError as err:
+        first = err.errors()[0]
+        field = str(first["loc"][0]) if first["loc"] else ""
+        raise UserError(f"{_FLAGS.get(field, field)}: {first['msg']}") from None
+    except FieldError as err:
+        message = str(err).removeprefix(f"{err.field}: ")
+        for name, flag in _FLAGS.items():  # JobSpec messages may name other fields too
+            message = message.replace(f"{name}:", f"{flag}:")
+        raise UserError(f"{_FLAGS.get(err.field, err.field)}: {message}") from None
 
 
 def ps(
@@ -137,7 +183,7 @@ def ps(
     table = Table("ID", "STATE", "PRIORITY", "TENANT", "SLICE", "GPUS", "AGE", "COMMAND", "REASON", box=None)
     for j in jobs:
         gpus_text = ",".join(map(str, j["gpus"])) if j["state"] == "RUNNING" else "—"
-        command = escape(" ".join(j["command"]))[:40]
+        command = escape(_shorten(" ".join(j["command"]), _COMMAND_WIDTH))
         table.add_row(j["id"], j["state"], j["priority"], escape(j["tenant"]), slice_text(j), gpus_text,
                       _ago(j["submitted_at"]), command, escape(j["reason"]))  # fmt: skip
     _out.print(

@@ -107,6 +107,7 @@ def webhook(
     """Serve the mutating admission webhook over HTTPS (AdmissionReview v1 at /mutate)."""
     from gpuslice.k8s.webhook import run
 
+    _check_tls_pair(cert, key)
     _out.print(f"gpuslice webhook on https://{host}:{port}/mutate, scheduler {scheduler_name}")
     run(str(cert), str(key), host=host, port=port, scheduler_name=scheduler_name)
 
@@ -135,6 +136,19 @@ def probe(
     if status != 200:
         _out.print(f"error: {url} answered {status}")
         raise typer.Exit(1)
+
+
+def _check_tls_pair(cert: Path, key: Path) -> None:
+    """Load the certificate and key as the server will, so a wrong file is one error line, not a trace."""
+    import ssl
+
+    try:
+        ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(cert, key)
+    except (ssl.SSLError, OSError) as err:
+        raise UserError(
+            f"cannot use --cert {cert} with --key {key}: {getattr(err, 'reason', None) or err}; give a PEM "
+            "certificate and its unencrypted PEM private key"
+        ) from None
 
 
 # The command lives in its own module (one command per module); grpc is imported only when it runs.

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+from typing import Annotated, Any, get_args, get_origin
+
 import typer
 from rich.console import Console
 
 from gpuslice.cli import estimate, jobs, k8s, memsim, mig, policy, serve, sim, top, topo
 from gpuslice.errors import GpusliceError, exit_code
 
-__all__ = ["app", "main"]
+__all__ = ["app", "build_command", "main", "package_version"]
 
 app = typer.Typer(
     name="gpuslice",
@@ -16,6 +20,34 @@ app = typer.Typer(
     no_args_is_help=True,
     pretty_exceptions_show_locals=False,
 )
+
+
+def package_version() -> str:
+    """The installed distribution's version (pyproject.toml), or 'unknown' when run from a bare tree."""
+    try:
+        return version("gpuslice")
+    except PackageNotFoundError:
+        return "unknown"
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        typer.echo(f"gpuslice {package_version()}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    _version: Annotated[
+        bool,
+        typer.Option(
+            "--version", help="Print the version and exit.", is_eager=True, callback=_print_version
+        ),
+    ] = False,
+) -> None:
+    """Share and schedule GPUs; replay placement policies on real cluster traces."""
+
+
 app.add_typer(sim.app, name="sim")
 app.add_typer(topo.app, name="topo")
 app.add_typer(mig.app, name="mig")
@@ -30,12 +62,80 @@ app.command("top")(top.top)
 
 _stderr = Console(stderr=True)
 
+# What --help shows after an option that takes a value, by Python type (as click names them); a flag
+# shows nothing. typer's own labels (<bool>, <list[str]>, <float range>) read as Python, not as a CLI.
+_METAVARS = {bool: "", int: "INTEGER", float: "NUMBER", str: "TEXT", Path: "PATH"}
 
-def main() -> None:
-    """Run the CLI; a GpusliceError becomes one ``error: …`` line on stderr and exit 2 (user) or 1 (bug)."""
+
+def _plain_help(typer_app: typer.Typer) -> None:
+    """Plain, click-style help in every sub-app: it wraps whole words at any width, where the boxed
+    rich layout cuts option names and help text with an ellipsis at 80 columns."""
+    typer_app.rich_markup_mode = None
+    for group in typer_app.registered_groups:
+        if group.typer_instance is not None:
+            _plain_help(group.typer_instance)
+
+
+def _no_type(ctx: Any) -> None:
+    return None
+
+
+def _name_value_types(command: Any) -> None:
+    for param in command.params:
+        if param.param_type_name == "argument" and param.metavar is None:
+            param.metavar = param.name.upper()
+            param.display_type_rich = _no_type  # "MODEL", not "MODEL <str>"
+        if param.param_type_name == "option" and param.metavar is None:
+            annotation = getattr(getattr(param, "type_descriptor", None), "annotation", None)
+            element = get_args(annotation)[0] if get_origin(annotation) is list else annotation
+            if param.is_flag or element is bool:
+                param.metavar = ""
+            elif element in _METAVARS:
+                param.metavar = _METAVARS[element]
+    for sub in getattr(command, "commands", {}).values():
+        _name_value_types(sub)
+
+
+def build_command() -> Any:
+    """The click command tree of ``app``, with plain value names in --help (what ``main`` runs)."""
+    _plain_help(app)
+    command = typer.main.get_command(app)
+    _name_value_types(command)
+    return command
+
+
+def _error_line(text: str) -> None:
+    # soft_wrap: the message stays on one line whatever the terminal width.
+    _stderr.print(f"error: {text}", markup=False, highlight=False, soft_wrap=True)
+
+
+def _usage_text(err: typer.TyperException) -> str:
+    """The parser's message, plus where the usage is, on one line (typer's own box takes four)."""
+    message = err.format_message().rstrip(".")
+    ctx = getattr(err, "ctx", None)
+    if ctx is not None:
+        return f"{message} (see `{ctx.command_path} --help`)"
+    return message
+
+
+def main(args: list[str] | None = None) -> None:
+    """Run the CLI; every error a user can cause becomes one ``error: …`` line on stderr.
+
+    A GpusliceError exits 2 (user) or 1 (bug); a usage error from the option parser (a value out of
+    range, a missing option, a file that does not exist) exits 2, as click's own handler would.
+    """
     try:
-        app()
+        result = build_command().main(args=args, prog_name="gpuslice", standalone_mode=False)
     except GpusliceError as err:
-        # soft_wrap: the message stays on one line whatever the terminal width.
-        _stderr.print(f"error: {err}", markup=False, highlight=False, soft_wrap=True)
+        _error_line(str(err))
         raise SystemExit(exit_code(err)) from None
+    except typer.TyperException as err:  # typer's parser: UsageError, BadParameter, MissingParameter, …
+        if type(err).__name__ == "NoArgsIsHelpError":  # a group called bare: its message is the help
+            typer.echo(err.format_message())
+        else:
+            _error_line(_usage_text(err))
+        raise SystemExit(err.exit_code) from None
+    except typer.Abort:
+        _error_line("aborted")
+        raise SystemExit(130) from None
+    raise SystemExit(result if isinstance(result, int) else 0)

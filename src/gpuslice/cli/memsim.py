@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich import box
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 from rich.table import Table
@@ -14,7 +15,8 @@ from rich.table import Table
 from gpuslice.errors import UserError
 from gpuslice.memory import EVICTION, PREFETCH, SimConfig, make_workload, simulate
 from gpuslice.memory.cost import CostModel, load_cost_profile
-from gpuslice.memory.workloads import read_trace_csv
+from gpuslice.memory.hooks import PRIORITY_HIGH, PRIORITY_LOW, VISIBILITIES
+from gpuslice.memory.workloads import WORKLOADS, read_trace_csv
 from gpuslice.programs.loader import memory_ops
 
 __all__ = ["app", "memsim"]
@@ -24,9 +26,7 @@ app = typer.Typer(help="Simulate GPU memory oversubscription under gpu_ext-style
 
 @app.command()
 def memsim(
-    workload: Annotated[
-        str, typer.Option(help="Workload name (see gpuslice.memory.WORKLOADS).")
-    ] = "llm-moe-decode",
+    workload: Annotated[str, typer.Option(help=f"Workload: {', '.join(WORKLOADS)}.")] = "llm-moe-decode",
     oversub: Annotated[float, typer.Option(min=1.0, help="Working set / GPU capacity, e.g. 1.5.")] = 1.5,
     evict: Annotated[
         str, typer.Option(help=f"Eviction policy: {', '.join(EVICTION)}, or a policy file (.py).")
@@ -34,12 +34,19 @@ def memsim(
     prefetch: Annotated[
         str, typer.Option(help=f"Prefetch policy: {', '.join(PREFETCH)}, or a policy file (.py).")
     ] = "tree",
-    tenants: Annotated[str | None, typer.Option(help="Priorities, e.g. '0=high,1=low'.")] = None,
+    tenants: Annotated[
+        str | None, typer.Option(help="Tenant priorities, high or low, e.g. 0=high,1=low.")
+    ] = None,
     trace: Annotated[
-        Path | None, typer.Option(help="Replay a CSV trace (tenant,block,page,op,time).")
+        Path | None,
+        typer.Option(
+            help="Replay a CSV trace (tenant,block,page,op,time).", exists=True, dir_okay=False
+        ),
     ] = None,
     compare: Annotated[str | None, typer.Option(help="'all': every eviction policy incl. belady.")] = None,
-    visibility: Annotated[str, typer.Option(help="Access hook: driver (never fires) or full.")] = "driver",
+    visibility: Annotated[
+        str, typer.Option(help="When the access hook runs: driver (never, as the driver) or full.")
+    ] = "driver",
     scale: Annotated[float, typer.Option(min=0.01, help="Workload size factor.")] = 1.0,
     plot: Annotated[bool, typer.Option(help="Write memsim.png to --out.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print results as a JSON list.")] = False,
@@ -54,12 +61,9 @@ def memsim(
     """Faults, bytes and estimated time of one policy pair, or of every eviction policy with --compare all."""
     if compare not in (None, "all"):
         raise UserError(f"invalid --compare {compare!r}: the only value is 'all'")
-    priorities = None
-    if tenants:
-        try:
-            priorities = {int(k): v for k, v in (p.split("=") for p in tenants.split(","))}
-        except ValueError:
-            raise UserError(f"invalid --tenants {tenants!r}: use e.g. 0=high,1=low") from None
+    if visibility not in VISIBILITIES:
+        raise UserError(f"invalid --visibility {visibility!r}: use {' or '.join(VISIBILITIES)}")
+    priorities = _parse_tenants(tenants) if tenants else None
     evicts = list(EVICTION) if compare else [evict]
     pairs = [(e, prefetch) for e in dict.fromkeys([*evicts, "default", "belady"])]
     if (evict, prefetch) != ("default", "tree"):
@@ -85,18 +89,16 @@ def memsim(
         return
     bound, base = results[("belady", prefetch)], results[("default", "tree")]
     costs = f"costs: {cost.name or cost.link}"
-    table = Table(title=f"{data.name} at {oversub}× oversubscription ({len(data):,} accesses; {costs})")
-    for col in (
-        "evict",
-        "prefetch",
-        "faults",
-        "×Belady",
-        "evictions",
-        "migrated MiB",
-        "est. s",
-        "speedup vs default",
-    ):
-        table.add_column(col, justify="left" if col in ("evict", "prefetch") else "right")
+    table = Table(
+        title=f"{data.name} at {oversub}× oversubscription ({len(data):,} accesses; {costs})",
+        caption="speedup: estimated time of the driver default / this pair",
+        box=box.SIMPLE_HEAD,
+        padding=(0, 0),  # gaps of one space (the box's)
+        show_edge=False,
+    )
+    # Short headers and no folding: the eight columns fit 80 characters with the longest policy names.
+    for col in ("evict", "prefetch", "faults", "×Belady", "evicts", "MiB moved", "est. s", "speedup"):
+        table.add_column(col, justify="left" if col in ("evict", "prefetch") else "right", no_wrap=True)
     for r in shown:
         table.add_row(
             r.evict,
@@ -113,22 +115,46 @@ def memsim(
         _plot(shown, base, out / "memsim.png", f"{data.name} ×{oversub}")
 
 
-def _plot(results, base, path: Path, title: str) -> None:
+def _parse_tenants(text: str) -> dict[int, str]:
+    """'0=high,1=low' → {0: 'high', 1: 'low'}; UserError names the input and the known priorities."""
+    known = (PRIORITY_HIGH, PRIORITY_LOW)
+    try:
+        pairs = [(int(k), v.strip()) for k, v in (p.split("=") for p in text.split(","))]
+    except ValueError:
+        raise UserError(f"invalid --tenants {text!r}: use TENANT=PRIORITY pairs, e.g. 0=high,1=low") from None
+    for tenant, level in pairs:
+        if tenant < 0 or level not in known:
+            raise UserError(
+                f"invalid --tenants {text!r}: tenant {tenant} = {level!r}; tenants are numbers from 0 "
+                f"and priorities {' or '.join(known)}"
+            )
+    return dict(pairs)
+
+
+def _figure(results, base, title: str):
+    """Speedup over the driver default per policy pair, as horizontal bars: one label per row, so ten
+    policy names never overlap as x-axis labels do."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig, ax = plt.subplots(figsize=(7, 3.5))
-    ax.bar(
-        [f"{r.evict}\n{r.prefetch}" for r in results],
-        [base.estimated_seconds / r.estimated_seconds for r in results],
-    )
-    ax.axhline(1.0, color="grey", lw=0.8)
-    ax.set_ylabel("speedup over driver default")
+    labels = [f"{r.evict} / {r.prefetch}" for r in results]
+    fig, ax = plt.subplots(figsize=(7, 1.2 + 0.35 * len(results)))
+    ax.barh(labels, [base.estimated_seconds / r.estimated_seconds for r in results])
+    ax.invert_yaxis()  # the table's order, top to bottom
+    ax.axvline(1.0, color="grey", lw=0.8)
+    ax.set_xlabel("speedup over the driver default (eviction / prefetch)")
     ax.set_title(title)
     fig.tight_layout()
+    return fig
+
+
+def _plot(results, base, path: Path, title: str) -> None:
+    import matplotlib.pyplot as plt
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig = _figure(results, base, title)
     fig.savefig(path, dpi=120)
     plt.close(fig)
     Console().print(f"wrote {path}")

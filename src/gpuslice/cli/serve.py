@@ -28,7 +28,12 @@ def serve(
         str | None, typer.Option(help="simulate a machine (dgx-h100, pcie-4x-l4, …) instead of reading NVML")
     ] = None,
     sharing: Annotated[
-        str, typer.Option(help="enforcement: soft (PyTorch cap), mps, mig or shim (preloaded library)")
+        str,
+        typer.Option(
+            help="enforcement: soft (a PyTorch cap; the default: needs nothing on the machine), mps (an "
+            "MPS daemon enforces memory and compute), mig, or shim (a preloaded library fences memory and "
+            "compute in any CUDA process)"
+        ),
     ] = "soft",
     grace: Annotated[str, typer.Option(help="SIGTERM-to-SIGKILL grace when stopping a job: 30s, 2m")] = "30s",
     queue_policy: Annotated[

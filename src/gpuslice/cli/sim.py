@@ -9,7 +9,6 @@ from typing import Annotated
 import typer
 from rich import box
 from rich.console import Console
-from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -22,12 +21,14 @@ from gpuslice.sim.sweep import run_sweep
 
 __all__ = ["app", "openb", "parse_seeds"]
 
-app = typer.Typer(help="Replay placement policies on cluster traces (virtual clock, no GPU needed).")
+app = typer.Typer(
+    help="Replay placement policies on cluster traces (virtual clock, no GPU needed).", no_args_is_help=True
+)
 
 # Generated from the registry, so --help never falls behind it. One paragraph per policy: typer keeps
 # paragraphs apart in every version, where single line breaks are joined by some.
 _POLICIES_EPILOG = "Placement policies:\n\n" + "\n\n".join(
-    f"[bold]{name:<13}[/bold] {escape(cls.summary)}" for name, cls in PLACEMENT.items()
+    f"{name}: {cls.summary}" for name, cls in PLACEMENT.items()
 )
 _SEEDS = re.compile(r"(\d+)-(\d+)|\d+(,\d+)*")
 
@@ -52,7 +53,8 @@ def openb(
     trace_dir: Annotated[
         Path | None,
         typer.Option(
-            help="Folder of openb CSVs (e.g. ../shared/data/openb); default: the bundled data.",
+            help="Folder of openb CSVs: cluster-trace-gpu-v2023/csv of a clone of alibaba/clusterdata; "
+            "default: the bundled data (the default trace only).",
             exists=True,
             file_okay=False,
         ),

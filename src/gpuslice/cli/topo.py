@@ -24,7 +24,10 @@ from gpuslice.policies.gpuset import GPUSET, choose_gpu_set, make_gpuset_policy
 
 __all__ = ["app", "parse_gpu_list", "pick", "show"]
 
-app = typer.Typer(help="GPU topology of one machine: link matrix, NVLink groups, bandwidth, best GPU sets.")
+app = typer.Typer(
+    help="GPU topology of one machine: link matrix, NVLink groups, bandwidth, best GPU sets.",
+    no_args_is_help=True,
+)
 
 _SYSTEMS = ", ".join(PROFILES)
 _POLICIES = ", ".join(GPUSET)
@@ -43,7 +46,7 @@ def parse_gpu_list(text: str) -> list[int]:
 def _load(system: str | None, from_file: Path | None, local: bool) -> Topology:
     chosen = [x for x in (system is not None, from_file is not None, local) if x]
     if len(chosen) != 1:
-        raise UserError("give exactly one of --system NAME, --from-file FILE or --local")
+        raise UserError("give exactly one of --simulate NAME, --from-file FILE or --local")
     if from_file is not None:
         return read_topo_file(from_file)
     if local:
@@ -83,7 +86,9 @@ def _tables(topo: Topology) -> list[Table]:
 
 @app.command()
 def show(
-    system: Annotated[str | None, typer.Option(help=f"Built-in machine: {_SYSTEMS}.")] = None,
+    system: Annotated[
+        str | None, typer.Option("--simulate", "--system", help=f"Built-in machine: {_SYSTEMS}.")
+    ] = None,
     from_file: Annotated[
         Path | None, typer.Option(help="Saved output of `nvidia-smi topo -m`.", dir_okay=False)
     ] = None,
@@ -100,12 +105,12 @@ def show(
 
 @app.command()
 def pick(
-    system: Annotated[str, typer.Option(help=f"Built-in machine: {_SYSTEMS}.")],
+    system: Annotated[str, typer.Option("--simulate", "--system", help=f"Built-in machine: {_SYSTEMS}.")],
     gpus: Annotated[int, typer.Option(min=1, help="How many GPUs the job needs.")],
     busy: Annotated[str, typer.Option(help="GPUs already in use, e.g. 0,3.")] = "",
     policy: Annotated[str, typer.Option(help=f"GPU-set policy: {_POLICIES}.")] = "exact",
 ) -> None:
-    """Choose the GPUs a job asking for --gpus would get on --system with --busy GPUs taken."""
+    """Choose the GPUs a job asking for --gpus would get on --simulate with --busy GPUs taken."""
     topo = profile(system)
     taken = parse_gpu_list(busy)
     unknown = [g for g in taken if g >= topo.n_gpus]

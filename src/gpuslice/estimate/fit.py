@@ -27,7 +27,7 @@ class SliceFit:
     mem: str  # the --mem value, e.g. "18GiB"
     mem_bytes: int
     gpu_models: tuple[str, ...]  # catalogue names whose memory holds ``mem``, smallest first
-    mig_profiles: tuple[str, ...]  # "a100-80gb 3g.40gb": per MIG GPU, the smallest profile that holds it
+    mig_profiles: tuple[str, ...]  # "A100-80GB 3g.40gb": per MIG GPU, the smallest profile that holds it
 
     def as_dict(self) -> dict[str, object]:
         return {"gpus": self.gpus, "mem": self.mem, "mem_bytes": self.mem_bytes,
@@ -49,7 +49,7 @@ def fit_slice(need_bytes: int, gpus: int = 1) -> SliceFit:
     if gpus == 1:
         for gpu in MIG_GPUS.values():
             try:
-                mig.append(f"{gpu.key} {smallest_profiles(gpu, mem_bytes)[0].name}")
+                mig.append(f"{gpu.name} {smallest_profiles(gpu, mem_bytes)[0].name}")
             except MigRequestTooLarge:
                 continue
     return SliceFit(need_bytes=need_bytes, gpus=gpus, mem=mem, mem_bytes=mem_bytes,

@@ -49,16 +49,16 @@ class WeightDtype:
 WEIGHT_DTYPES: dict[str, WeightDtype] = {
     d.name: d
     for d in (
-        WeightDtype("fp32", 4.0, "4 B/param (research §2.1)"),
-        WeightDtype("bf16", 2.0, "2 B/param (research §2.1)"),
-        WeightDtype("fp16", 2.0, "2 B/param (research §2.1)"),
+        WeightDtype("fp32", 4.0, "4 B/param"),
+        WeightDtype("bf16", 2.0, "2 B/param"),
+        WeightDtype("fp16", 2.0, "2 B/param"),
         # fp8 checkpoints carry one scale per tensor (or per channel): under 0.1 % of the weights.
-        WeightDtype("fp8", 1.0, "1 B/param (research §2.1)"),
+        WeightDtype("fp8", 1.0, "1 B/param"),
         WeightDtype(
-            "int8", 34 / 32, "34 B per 32 weights, 8-bit values + one fp16 scale (Q8_0, research §2.1)"
+            "int8", 34 / 32, "34 B per 32 weights, 8-bit values + one fp16 scale (llama.cpp Q8_0)"
         ),
         WeightDtype(
-            "int4", 18 / 32, "18 B per 32 weights, 4-bit values + one fp16 scale (Q4_0, research §2.1)"
+            "int4", 18 / 32, "18 B per 32 weights, 4-bit values + one fp16 scale (llama.cpp Q4_0)"
         ),
     )
 }
@@ -138,17 +138,18 @@ def estimate_inference(
         Component("weights", "weights", math.ceil(params * fmt.bytes_per_param / tp),
                   f"{params / 1e9:.2f}B params × {fmt.note} / tp {tp}"),
         Component("kv_cache", "KV cache", math.ceil(kv_per_token * tokens),
-                  f"{kv_name}, {context} tokens × batch {batch} (research §2.8)"),
+                  f"{kv_name}, {context} tokens × batch {batch}: 2·layers·kv_heads·head_dim·bytes per token"),
         Component("activations", "activation peak", batch * (linear + scores) * act_bytes,
-                  "batch × (ctx·h·5 + ctx²·heads/tp) × bytes (gpu_poor, research §2.5)"
+                  "batch × (ctx·h·5 + ctx²·heads/tp) × bytes (gpu_poor)"
                   + ("; no ctx² term with flash attention" if flash_attention else "")),
         Component("cuda_context", "CUDA context + framework", CUDA_CONTEXT_BYTES,
-                  "650 MiB fixed (gpu_poor, research §2.5)"),
+                  "650 MiB fixed (gpu_poor)"),
     )  # fmt: skip
     settings = {"dtype": fmt.name, "kv_dtype": kv_name, "context": context, "batch": batch, "tp": tp,
                 "flash_attention": flash_attention}  # fmt: skip
     return Estimate(model=model.name, mode="inference", gpus=tp, components=components, settings=settings,
-                    parameters=params, active_parameters=model.active_parameter_count())  # fmt: skip
+                    parameters=params, active_parameters=model.active_parameter_count(),
+                    parameter_source=model.parameter_source)  # fmt: skip
 
 
 def _bare(params: int, fmt: WeightDtype, tp: int, context: int | None) -> Estimate:
@@ -161,7 +162,7 @@ def _bare(params: int, fmt: WeightDtype, tp: int, context: int | None) -> Estima
         Component("weights", "weights", math.ceil(params * fmt.bytes_per_param / tp),
                   f"{params / 1e9:.2f}B params × {fmt.note} / tp {tp}"),
         Component("cuda_context", "CUDA context + framework", CUDA_CONTEXT_BYTES,
-                  "650 MiB fixed (gpu_poor, research §2.5)"),
+                  "650 MiB fixed (gpu_poor)"),
     )  # fmt: skip
     return Estimate(model=f"{params / 1e9:g}B parameters", mode="inference", gpus=tp,
                     components=components, settings={"dtype": fmt.name, "tp": tp}, parameters=params,

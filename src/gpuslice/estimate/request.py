@@ -23,6 +23,7 @@ from gpuslice.units import MiB, format_size
 __all__ = ["DEFAULT_MARGIN", "EstimateOptions", "estimate_request_bytes", "resolve_model", "run_estimate"]
 
 DEFAULT_MARGIN = 0.1
+_MAX_PARAMS = 1e15
 
 _TRAIN_ONLY = ("gpus", "zero", "recompute", "micro_batch", "seq_len")
 _INFER_ONLY = ("context", "batch", "kv_dtype", "flash_attention")
@@ -59,11 +60,18 @@ class EstimateOptions:
 
 def resolve_model(model: str | None, params: float | None = None) -> ModelShape | int:
     """A bundled name, a path to a config.json (or its folder), or ``params`` as a bare count."""
-    if (model is None) == (params is None):
-        raise InvalidEstimateOptions("give a MODEL (bundled name or config.json path) or --params, not both")
+    if model is None and params is None:
+        raise InvalidEstimateOptions(
+            "give a MODEL (a bundled name or a config.json path) or --params, e.g. --params 7.5e9"
+        )
+    if model is not None and params is not None:
+        raise InvalidEstimateOptions("give a MODEL or --params, not both")
     if params is not None:
-        if not params >= 1:
-            raise InvalidEstimateOptions(f"--params {params:g}: a parameter count must be at least 1")
+        # A count beyond 1e15 (a thousand times the largest models) is a typo; inf and nan are refused too.
+        if not 1 <= params <= _MAX_PARAMS:
+            raise InvalidEstimateOptions(
+                f"--params {params:g}: a parameter count must be from 1 to {_MAX_PARAMS:.0e}, e.g. 7.5e9"
+            )
         return round(params)
     assert model is not None
     path = Path(model).expanduser()

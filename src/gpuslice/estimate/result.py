@@ -28,6 +28,7 @@ class Estimate:
     settings: dict[str, object] = field(default_factory=dict)
     parameters: int = 0
     active_parameters: int = 0
+    parameter_source: str = "given with --params"  # how ``parameters`` was counted
 
     @property
     def total_bytes_per_gpu(self) -> int:
@@ -47,6 +48,7 @@ class Estimate:
             "gpus": self.gpus,
             "parameters": self.parameters,
             "active_parameters": self.active_parameters,
+            "parameter_source": self.parameter_source,
             "settings": dict(self.settings),
             "components": {c.key: c.bytes_per_gpu for c in self.components},
             "total_bytes_per_gpu": self.total_bytes_per_gpu,

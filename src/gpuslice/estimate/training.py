@@ -129,7 +129,7 @@ def estimate_training(
                                      "--params gives model states only")  # fmt: skip
     params = model if isinstance(model, int) else model.parameter_count()
     states = model_states(math.ceil(params / tp), zero, dp, dtype)
-    d = f"{dtype}, ZeRO-{zero} over {dp} data-parallel GPU{'s' if dp > 1 else ''}, tp {tp} (research §2.3)"
+    d = f"{dtype}, ZeRO-{zero} over {dp} data-parallel GPU{'s' if dp > 1 else ''}, tp {tp} (ZeRO paper)"
     components = [
         Component("weights", "weights", states.weights, d),
         Component("gradients", "gradients", states.gradients, d),
@@ -139,11 +139,13 @@ def estimate_training(
     if isinstance(model, ModelShape):
         components += _shape_components(model, dtype, tp, zero, recompute, micro_batch, seq_len, settings)
     components.append(Component("cuda_context", "CUDA context + framework", CUDA_CONTEXT_BYTES,
-                                "650 MiB fixed (gpu_poor, research §2.5)"))  # fmt: skip
+                                "650 MiB fixed (gpu_poor)"))  # fmt: skip
     name = f"{params / 1e9:g}B parameters" if bare else model.name  # type: ignore[union-attr]
     active = params if isinstance(model, int) else model.active_parameter_count()
+    source = "given with --params" if isinstance(model, int) else model.parameter_source
     return Estimate(model=name, mode="training", gpus=gpus, components=tuple(components),
-                    settings=settings, parameters=params, active_parameters=active)  # fmt: skip
+                    settings=settings, parameters=params, active_parameters=active,
+                    parameter_source=source)  # fmt: skip
 
 
 def _shape_components(
@@ -166,14 +168,14 @@ def _shape_components(
     settings.update({"recompute": recompute, "micro_batch": micro_batch, "seq_len": seq})
     out = [
         Component("activations", "activations", math.ceil(per_layer * model.layers * scale),
-                  f"{model.layers} layers, {recompute} recomputation, s {seq} × b {b} (Korthikanti, §2.7)"),
+                  f"{model.layers} layers, {recompute} recomputation, s {seq} × b {b} (Korthikanti et al.)"),
     ]  # fmt: skip
     if working:
         out.append(Component("recompute_working_set", "recompute working set",
                              math.ceil(working * scale),
-                             "one layer rebuilt in the backward pass (our addition to §2.7)"))  # fmt: skip
+                             "one layer rebuilt in the backward pass (ours)"))  # fmt: skip
     if zero == 3:
         largest = math.ceil(model.largest_layer_params() / tp)
         out.append(Component("zero3_gathered_layer", "ZeRO-3 gathered layer", 4 * largest,
-                             "4 × largest layer params (DeepSpeed estimator, research §2.3)"))  # fmt: skip
+                             "4 × largest layer params (DeepSpeed's ZeRO-3 estimator)"))  # fmt: skip
     return out

@@ -1,22 +1,22 @@
 """MIG geometry: per-GPU profile tables and the 8-slot occupancy bitmask that decides what still fits.
 
-What: the GPU-instance (GI) profiles of A100-40GB, A100-80GB, H100-80GB and H200-141GB (name, the
-``nvidia-smi mig -lgip`` ID, the NVML selector constant, memory, compute and memory slices, allowed
-starts), a ``MigLayout`` (which instances sit where on one GPU) and smallest-profile selection for a
-memory request.
+What: the GPU-instance (GI) profiles of A100-40GB, A100-80GB, H100 SXM5 80GB, H100 PCIe 80GB, H100 NVL
+94GB and H200-141GB (name, the ``nvidia-smi mig -lgip`` ID, the NVML selector constant, memory, compute
+and memory slices, allowed starts, SMs), a ``MigLayout`` (which instances sit where on one GPU) and
+smallest-profile selection for a memory request.
 
 Why a bitmask: a GI occupies ``size`` consecutive memory slices from an aligned ``start``; GIs may not
-overlap. On these four GPUs the placement table (research §4.3) makes an 8-bit memory-slice mask
-capture every GI conflict, including the 7 SM slices (research §4.8, "Modelling"): bit ``s`` is set when
-memory slice ``s`` is taken. The one extra rule is a per-profile instance cap, which only bites for the
-``+me`` profile (one media-extension instance per GPU, research §4.1).
+overlap. On these GPUs the placement table (``nvidia-smi mig -lgipp``) makes an 8-bit memory-slice mask
+capture every GI conflict, including the 7 SM slices: bit ``s`` is set when memory slice ``s`` is taken.
+The one extra rule is a per-profile instance cap, which only bites for the ``+me`` profile (one
+media-extension instance per GPU).
 
-Source: ``k8s_nvidia_reference.md`` §4.1 (model), §4.2 (IDs and NVML constants), §4.3 (placements),
-§4.4–4.7 (per-GPU tables), §4.8 (alignment and fragmentation). Memory figures are MiB as NVML's
-``memorySizeMB`` reports them (A100: NVIDIA/go-nvml mock tables; H100: ``-lgip`` GiB transcript).
-The H200 table is **inferred** (research §4.7): every H200 profile carries ``verified=False``; correct
-``_H200`` below once ``nvidia-smi mig -lgip``/``-lgipp`` on a real H200 is at hand
-(``gpuslice.hardware.mig_nvml.compare_with_table`` prints the differences).
+Sources (docs/references.md, "MIG tables"): memory and SM counts are the figures ``nvidia-smi mig -lgip``
+prints, in GiB with two decimals, stored as MiB (GiB × 1024), from published ``-lgip`` output of each
+GPU. A100-40GB keeps NVML's ``memorySizeMB``
+(NVIDIA/go-nvml's mock tables). ``gpuslice.hardware.mig_nvml.compare_with_table`` prints any difference
+between a table and a real GPU. MIG GPUs whose complete ``-lgip`` output was not found (A30, GH200,
+B200) have no table rather than a guessed one.
 """
 
 from __future__ import annotations
@@ -96,7 +96,6 @@ class MigProfile:
     starts: tuple[int, ...]  # allowed placement starts, research §4.3
     max_count: int  # instances per GPU
     sm_count: int
-    verified: bool = True  # False: inferred by analogy, see the module docstring
 
     def mask_at(self, start: int) -> int:
         """Memory slices this profile occupies when started at ``start``."""
@@ -115,6 +114,11 @@ class MigGpu:
     description: str
     profiles: tuple[MigProfile, ...]
 
+    @property
+    def name(self) -> str:
+        """The GPU as output shows it, spelled as the GPU model catalogue does: ``A100-80GB``."""
+        return self.key.upper().replace("PCIE", "PCIe")
+
     def profile(self, name_or_id: str | int) -> MigProfile:
         """The profile called ``name_or_id`` ("3g.40gb", "MIG 3g.40gb", 9 or "9"); UnknownMigProfile else."""
         text = str(name_or_id).strip().lower().removeprefix("mig ").strip()
@@ -123,10 +127,6 @@ class MigGpu:
                 return p
         known = ", ".join(f"{p.name} ({p.profile_id})" for p in self.profiles)
         raise UnknownMigProfile(f"{name_or_id!r} is not a MIG profile of {self.key}; known: {known}")
-
-    @property
-    def verified(self) -> bool:
-        return all(p.verified for p in self.profiles)
 
 
 # Profile shapes shared by all four GPUs (research §4.2 IDs/constants, §4.3 starts and counts):
@@ -142,7 +142,7 @@ _SHAPES: dict[str, tuple[int, int, int, int, tuple[int, ...], int]] = {
 }
 
 
-def _gpu(key: str, description: str, rows: Iterable[tuple[str, str, int, int]], verified: bool) -> MigGpu:
+def _gpu(key: str, description: str, rows: Iterable[tuple[str, str, int, int]]) -> MigGpu:
     """rows: (shape key, profile name, memory MiB, SMs)."""
     profiles = []
     for shape, name, memory_mib, sms in rows:
@@ -158,7 +158,6 @@ def _gpu(key: str, description: str, rows: Iterable[tuple[str, str, int, int]], 
                 starts=starts,
                 max_count=count,
                 sm_count=sms,
-                verified=verified,
             )
         )
     return MigGpu(key=key, description=description, profiles=tuple(profiles))
@@ -177,28 +176,27 @@ _A100_40 = _gpu(
         ("4g", "4g.20gb", 19968, 56),
         ("7g", "7g.40gb", 40192, 98),
     ],
-    verified=True,
 )
-# research §4.5: A100-80GB, same shapes; memory doubles.
+# A100-80GB: same shapes as the 40 GB card. Memory: `nvidia-smi mig -lgip` on an A100 80GB with a current
+# driver (9.50 / 19.50 / 39.25 / 79.00 GiB; docs/references.md, "MIG tables").
 _A100_80 = _gpu(
     "a100-80gb",
     "NVIDIA A100 SXM4/PCIe 80GB",
     [
-        ("1g", "1g.10gb", 9856, 14),
-        ("1g+me", "1g.10gb+me", 9856, 14),
+        ("1g", "1g.10gb", 9728, 14),
+        ("1g+me", "1g.10gb+me", 9728, 14),
         ("1g.2x", "1g.20gb", 19968, 14),
         ("2g", "2g.20gb", 19968, 28),
         ("3g", "3g.40gb", 40192, 42),
         ("4g", "4g.40gb", 40192, 56),
-        ("7g", "7g.80gb", 80384, 98),
+        ("7g", "7g.80gb", 80896, 98),
     ],
-    verified=True,
 )
-# research §4.6: H100-80GB; memory from the -lgip transcript (9.75 / 19.62 / 39.50 / 79.25 GiB).
-# SMs per slice are not uniform on GH100 (1g 16, doubled-memory 1g 26, 3g 60).
+# H100 SXM5 80GB: a published `-lgip` of an H100 80GB HBM3 (9.75 / 19.62 / 39.50 / 79.25 GiB).
+# SMs per slice are not uniform on GH100 (1g 16, doubled-memory 1g 26, 3g 60, 7g 132).
 _H100_80 = _gpu(
     "h100-80gb",
-    "NVIDIA H100 SXM5/PCIe 80GB",
+    "NVIDIA H100 SXM5 80GB",
     [
         ("1g", "1g.10gb", 9984, 16),
         ("1g+me", "1g.10gb+me", 9984, 16),
@@ -208,30 +206,67 @@ _H100_80 = _gpu(
         ("4g", "4g.40gb", 40448, 64),
         ("7g", "7g.80gb", 81152, 132),
     ],
-    verified=True,
 )
-# research §4.7: H200-141GB — INFERRED, easy to correct here. Names and fractions: MIG guide table 8.
-# IDs 15/9/5 by analogy with H100; SM counts from H100 (same die). Memory: the only H200 figure in the
-# research is ~69.8 GiB for 3g.71gb, so every size below is the H100 -lgip size × 69.8/39.5, rounded to
-# MiB. Placements are H100's (same GH100 slice layout, research §4.3). Verify with -lgip / -lgipp.
+# H100 PCIe 80GB: the same memory, fewer SMs (114 in all; 14 / 14 / 14 / 30 / 46 / 62 / 114), from a
+# published `-lgip` of an H100 PCIe on driver 570.169 (docs/references.md).
+_H100_PCIE_80 = _gpu(
+    "h100-pcie-80gb",
+    "NVIDIA H100 PCIe 80GB",
+    [
+        ("1g", "1g.10gb", 9984, 14),
+        ("1g+me", "1g.10gb+me", 9984, 14),
+        ("1g.2x", "1g.20gb", 20096, 14),
+        ("2g", "2g.20gb", 20096, 30),
+        ("3g", "3g.40gb", 40448, 46),
+        ("4g", "4g.40gb", 40448, 62),
+        ("7g", "7g.80gb", 81152, 114),
+    ],
+)
+# H100 NVL 94GB: `-lgip` rows posted in NVIDIA/gpu-operator pull request 900 (1g 10.75 GiB, 1g.24gb and
+# 2g.24gb 21.62, 3g 46.38) and a published `-lgip`/`-lgipp` of an H100 94GB on driver 560 (4g 46.38,
+# 7g 93.12; SMs as on the H100 SXM5; the same placements).
+_H100_NVL = _gpu(
+    "h100-nvl-94gb",
+    "NVIDIA H100 NVL 94GB",
+    [
+        ("1g", "1g.12gb", 11008, 16),
+        ("1g+me", "1g.12gb+me", 11008, 16),
+        ("1g.2x", "1g.24gb", 22144, 26),
+        ("2g", "2g.24gb", 22144, 32),
+        ("3g", "3g.47gb", 47488, 60),
+        ("4g", "4g.47gb", 47488, 64),
+        ("7g", "7g.94gb", 95360, 132),
+    ],
+)
+# H200 141GB: `-lgip` of an H200 posted to NVIDIA/mig-parted issue 120 (16.00 / 32.25 / 69.50 /
+# 139.75 GiB; SMs as on the H100 SXM5). IDs and placements are H100's (same GH100 slice layout).
 _H200 = _gpu(
     "h200-141gb",
-    "NVIDIA H200 SXM5/NVL 141GB (profile facts inferred, see module docstring)",
+    "NVIDIA H200 SXM5/NVL 141GB",
     [
-        ("1g", "1g.18gb", 17643, 16),
-        ("1g+me", "1g.18gb+me", 17643, 16),
-        ("1g.2x", "1g.35gb", 35511, 26),
-        ("2g", "2g.35gb", 35511, 32),
-        ("3g", "3g.71gb", 71475, 60),
-        ("4g", "4g.71gb", 71475, 64),
-        ("7g", "7g.141gb", 143402, 132),
+        ("1g", "1g.18gb", 16384, 16),
+        ("1g+me", "1g.18gb+me", 16384, 16),
+        ("1g.2x", "1g.35gb", 33024, 26),
+        ("2g", "2g.35gb", 33024, 32),
+        ("3g", "3g.71gb", 71168, 60),
+        ("4g", "4g.71gb", 71168, 64),
+        ("7g", "7g.141gb", 143104, 132),
     ],
-    verified=False,
 )
 
-MIG_GPUS: dict[str, MigGpu] = {g.key: g for g in (_A100_40, _A100_80, _H100_80, _H200)}
+MIG_GPUS: dict[str, MigGpu] = {
+    g.key: g for g in (_A100_40, _A100_80, _H100_80, _H100_PCIE_80, _H100_NVL, _H200)
+}
 # Other spellings people use: the GpuModel catalogue's names and nvidia-smi's product names.
-_ALIASES = {"a100": "a100-40gb", "h100": "h100-80gb", "h200": "h200-141gb", "h200-141": "h200-141gb"}
+_ALIASES = {
+    "a100": "a100-40gb",
+    "h100": "h100-80gb",
+    "h100-sxm-80gb": "h100-80gb",
+    "h100-pcie": "h100-pcie-80gb",
+    "h100-nvl": "h100-nvl-94gb",
+    "h200": "h200-141gb",
+    "h200-141": "h200-141gb",
+}
 
 
 def mig_gpu(name: str) -> MigGpu:
@@ -267,6 +302,8 @@ def resolve_request(gpu: MigGpu, text: str) -> tuple[MigProfile, ...]:
     try:
         return (gpu.profile(text),)
     except UnknownMigProfile as err:
+        if text.strip().isdigit():  # a bare number is a profile ID, never a size in bytes
+            raise UnknownMigProfile(f"{err}; a memory size needs a unit, e.g. 12GiB") from None
         try:
             size = parse_size(text.strip())
         except InvalidSize:

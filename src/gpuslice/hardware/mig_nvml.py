@@ -92,8 +92,10 @@ def detect_gpu(nvml: Any, handle: Any) -> MigGpu:
         key = "a100-80gb" if total > 60 * GiB else "a100-40gb"
     elif "H200" in upper:
         key = "h200-141gb"
-    elif "H100" in upper and total < 88 * GiB:  # H100 NVL 94 GB / GH200 96 GB have other profiles
-        key = "h100-80gb"
+    elif "H100" in upper and "NVL" in upper:
+        key = "h100-nvl-94gb"
+    elif "H100" in upper and total < 88 * GiB:  # GH200 96 GB has other profiles
+        key = "h100-pcie-80gb" if "PCIE" in upper else "h100-80gb"  # "NVIDIA H100 PCIe": 114 SMs
     else:
         raise UserError(f"{name} has no built-in MIG table; known: {', '.join(MIG_GPUS)}")
     return MIG_GPUS[key]

@@ -133,7 +133,7 @@ def _mig_table(model: str) -> MigGpu | None:
         return None
 
 
-def _simulated(spec: str) -> Machine:
+def _simulated(spec: str, instance: str = "") -> Machine:
     """``PROFILE[@MODEL][:mig]`` → a Machine from the built-in profile."""
     name, _, flag = spec.partition(":")
     name, _, model = name.partition("@")
@@ -150,7 +150,7 @@ def _simulated(spec: str) -> Machine:
         raise UserError(
             f"--simulate {spec!r}: {model} cannot do MIG; MIG models: A100-40GB, A100-80GB, H100, H200"
         )
-    digest = hashlib.sha1(f"{topology.name}@{model}".encode()).hexdigest()[:8]
+    digest = hashlib.sha1(f"{topology.name}@{model}|{instance}".encode()).hexdigest()[:8]
     gpus = tuple(
         GpuInfo(
             index=i,
@@ -242,10 +242,15 @@ def _session(nvml: Any | None) -> Iterator[Any]:
             nvml.nvmlShutdown()
 
 
-def discover(simulate: str | None = None, *, nvml: Any | None = None) -> Machine:
-    """This machine's GPUs (NVML), or the simulated machine ``simulate`` names; NoGpuDriver otherwise."""
+def discover(simulate: str | None = None, *, nvml: Any | None = None, instance: str = "") -> Machine:
+    """This machine's GPUs (NVML), or the simulated machine ``simulate`` names; NoGpuDriver otherwise.
+
+    ``instance`` (a server passes its state directory) goes into the simulated GPUs' UUIDs, so two
+    simulated servers on one host have different GPUs: a fake load reports memory under its server's
+    UUIDs, and the other server, which cannot resolve them, never counts it.
+    """
     if simulate:
-        return _simulated(simulate)
+        return _simulated(simulate, instance)
     with _session(nvml) as opened:
         return _real(opened)
 

@@ -159,6 +159,8 @@ def create_app(daemon: Daemon, token: str) -> FastAPI:
         title="gpuslice serve",
         version=gpuslice.__version__,
         description="A GPU job queue and sharing daemon for one machine.",
+        docs_url=None,  # Swagger UI loads its scripts from a CDN: blank offline, and a remote script
+        redoc_url=None,  # on the server's origin; the schema itself is at /openapi.json
     )
     started = time.time()
 

@@ -1,7 +1,8 @@
 """A small httpx client for ``gpuslice serve``, used by the CLI and the benchmarks.
 
-Finds the server through ``url`` / ``GPUSLICE_URL`` (default http://127.0.0.1:8787) and the token through
-``GPUSLICE_TOKEN`` or the state directory (``state_dir`` / ``GPUSLICE_STATE_DIR`` / the default one).
+Finds the server through ``url`` / ``GPUSLICE_URL``, else the URL the server wrote into its state
+directory (server/url_file.py), else http://127.0.0.1:8787; and the token through ``GPUSLICE_TOKEN`` or
+the state directory (``state_dir`` / ``GPUSLICE_STATE_DIR`` / the default one).
 An error answer becomes a UserError carrying the server's one-line ``detail``.
 """
 
@@ -18,6 +19,7 @@ import httpx
 from gpuslice.errors import InternalError, UserError
 from gpuslice.server.auth import read_token
 from gpuslice.server.errors import ServerUnavailable
+from gpuslice.server.url_file import read_url
 
 __all__ = ["DEFAULT_PORT", "DEFAULT_URL", "ServeClient", "ServerError", "default_state_dir"]
 
@@ -53,8 +55,9 @@ class ServeClient:
         timeout: float = 30.0,
         http: httpx.Client | None = None,
     ) -> None:
-        self.url = (url or os.environ.get("GPUSLICE_URL") or DEFAULT_URL).rstrip("/")
         self.state_dir = Path(state_dir) if state_dir else default_state_dir()
+        written = read_url(self.state_dir)  # where the server of that state dir said it listens
+        self.url = (url or os.environ.get("GPUSLICE_URL") or written or DEFAULT_URL).rstrip("/")
         self._token = token or os.environ.get("GPUSLICE_TOKEN") or None
         # ``http``: an httpx.Client to use instead (tests pass one bound to the app in-process).
         self._owns_http = http is None

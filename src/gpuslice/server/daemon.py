@@ -65,9 +65,10 @@ from gpuslice.scheduler.node_scheduler import (
 )
 from gpuslice.server.errors import GpuNotFound, JobConflict, PolicyNotFound
 from gpuslice.server.store import JobRecord, Store, TenantRecord
+from gpuslice.units import format_size
 from gpuslice.workload.job import JobSpec, JobState, Priority, RestartPolicy
 
-__all__ = ["DEFAULT_GRACE_SECONDS", "Daemon", "NodeOps", "RecoveryReport"]
+__all__ = ["DEFAULT_GRACE_SECONDS", "Daemon", "NodeOps", "RecoveryReport", "anomaly_text"]
 
 _log = logging.getLogger("gpuslice.server")
 
@@ -79,6 +80,20 @@ _KILL_SLACK_SECONDS = 5.0
 # percentage points of utilisation, 1 % of the GPU's memory, 1 °C.
 _ANOMALY_METRICS = ("utilization", "memory_used", "temperature")
 _ANOMALY_MIN_STD = (2.0, 0.01, 1.0)
+
+
+def anomaly_text(gpu: int, metric: str, value: float, mean: float, sigmas: float) -> str:
+    """'GPU 3 memory used 70 GiB is 4.2 sigma from its recent mean 12.5 GiB', each value in its unit."""
+
+    def shown(v: float) -> str:
+        if metric == "memory_used":
+            return format_size(round(v))
+        return f"{v:.0f} °C" if metric == "temperature" else f"{v:.0f} %"
+
+    return (
+        f"GPU {gpu} {metric.replace('_', ' ')} {shown(value)} is {sigmas:.1f} sigma from its recent mean "
+        f"{shown(mean)}"
+    )
 
 
 class NodeOps(Protocol):
@@ -759,9 +774,7 @@ class Daemon:
             gpu, name = self.machine.gpus[g], _ANOMALY_METRICS[metric]
             self.metrics.anomaly(g, gpu.uuid, gpu.model, name)
             self.store.event(
-                None, "anomaly",
-                f"GPU {g} {name.replace('_', ' ')} {a.value:g} is {a.sigmas:.1f} sigma from its recent mean "
-                f"{a.mean:g}",
+                None, "anomaly", anomaly_text(g, name, a.value, a.mean, a.sigmas),
                 now, {"gpu": g, "uuid": gpu.uuid, "metric": name, "value": a.value, "mean": a.mean,
                       "std": a.std},
             )  # fmt: skip

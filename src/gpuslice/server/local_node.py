@@ -65,7 +65,7 @@ class LocalNode:
         except ValueError:
             known = ", ".join(m.value for m in enforcement.SharingMode)
             raise InvalidRequest(f"--sharing {sharing!r} is not known; known: {known}") from None
-        machine = discover(simulate)
+        machine = discover(simulate, instance=str(Path(state_dir).resolve()))
         mps = None
         if mode is enforcement.SharingMode.MPS and simulate is None:
             mps = enforcement.MpsDaemon(state_dir)

@@ -24,6 +24,7 @@ from gpuslice.server.auth import TOKEN_FILE, load_or_create_token
 from gpuslice.server.daemon import DEFAULT_GRACE_SECONDS, Daemon
 from gpuslice.server.local_node import LocalNode
 from gpuslice.server.store import Store
+from gpuslice.server.url_file import write_url
 from gpuslice.workload.job import JobState
 
 __all__ = ["ServeOptions", "run", "state_lock"]
@@ -90,6 +91,7 @@ def run(options: ServeOptions, on_ready: Callable[[str, Path], None] = lambda ur
     with state_lock(state_dir):
         _check_port(options.host, options.port)
         token = load_or_create_token(state_dir)
+        write_url(state_dir, options.url)  # clients that find the state dir find the server too
         node = LocalNode.open(state_dir, options.simulate, options.sharing)
         store = Store(state_dir / STORE_FILE)
         telemetry = node.open_telemetry()

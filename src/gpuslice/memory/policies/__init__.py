@@ -5,7 +5,8 @@
 | default       | driver LRU at activation                                     | §3                |
 | fifo          | order of activation, accesses never move                     | §2.1              |
 | lfu           | new chunk at head, access → freq+1 and tail                  | §2.1              |
-| mru           | new at tail, used → head                                     | §2.1              |
+| mru           | gpu_ext's: new at tail, used → head (FIFO without hits)      | §2.1              |
+| mru-textbook  | textbook MRU: new or used → head                             | caching texts     |
 | freq-decay    | tail every N-th access, N per tenant                         | §2.1              |
 | fifo-chance   | second chances per tenant at evict-prepare                   | §2.1              |
 | pid-quota     | tenants over quota are not protected                         | §2.1              |
@@ -28,7 +29,7 @@ from gpuslice.memory.policies.fifo import Fifo
 from gpuslice.memory.policies.fifo_chance import FifoChance
 from gpuslice.memory.policies.freq_decay import FreqDecay
 from gpuslice.memory.policies.lfu import Lfu
-from gpuslice.memory.policies.mru import Mru
+from gpuslice.memory.policies.mru import Mru, MruTextbook
 from gpuslice.memory.policies.pid_quota import PidQuota
 from gpuslice.memory.policies.pid_tree import PidTree
 from gpuslice.memory.policies.prefetch_none import PrefetchNone
@@ -42,7 +43,9 @@ __all__ = ["EVICTION", "PREFETCH", "UnknownMemoryPolicy", "make_ops"]
 
 EVICTION: dict[str, type[MemoryOps]] = {
     p.name: p
-    for p in (DriverDefault, Fifo, Lfu, Mru, FreqDecay, FifoChance, PidQuota, TwoQ, Priority, Belady)
+    for p in (
+        DriverDefault, Fifo, Lfu, Mru, MruTextbook, FreqDecay, FifoChance, PidQuota, TwoQ, Priority, Belady
+    )
 }
 PREFETCH: dict[str, type[MemoryOps]] = {
     p.name: p

@@ -72,6 +72,8 @@ def choose_gpu_set(policy: GpuSetOps, topology: Topology, free: Sequence[int], k
         raise GpuSetUnavailable(
             f"GPU {bad[0]} does not exist on {topology.name} (GPUs 0–{topology.n_gpus - 1})"
         )
+    if not free_sorted:
+        raise GpuSetUnavailable(f"every GPU of {topology.name} is busy: free some GPUs first")
     if not 1 <= k <= len(free_sorted):
         raise GpuSetUnavailable(
             f"asked for {k} GPUs on {topology.name} but {len(free_sorted)} are free "
