@@ -40,13 +40,14 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "e2e" / "k8s"))
 
-from controlplane import ControlPlane, binaries_dir, free_port, wait_http  # noqa: E402
+from controlplane import ControlPlane, binaries_dir, free_port  # noqa: E402
 
 from gpuslice.hardware.node import NodeSpec  # noqa: E402
 from gpuslice.k8s.annotations import ANNOTATION_NODE_INVENTORY, Decision, InventoryGpu, NodeInventory  # noqa: E402
 from gpuslice.ledger.ledger import Ledger  # noqa: E402
+from gpuslice.ledger.placement import Placement  # noqa: E402
 from gpuslice.policies import PolicyContext, placement_policy  # noqa: E402
-from gpuslice.scheduler.placer import Placer, Unplaced  # noqa: E402
+from gpuslice.scheduler.placer import Placer  # noqa: E402
 from gpuslice.sim.trace import TracePod, bundled_dir, load_trace  # noqa: E402
 from gpuslice.units import MiB  # noqa: E402
 from gpuslice.workload.request import MILLI_PER_GPU, Request  # noqa: E402
@@ -196,25 +197,10 @@ def run_mode(bin_dir: Path, mode: str, trace: Any, pods: list[TracePod], target_
         )
         port = free_port()
         policy = {"default": "bestfit"}.get(mode, mode)
-        args = [
-            GPUSLICE,
-            "k8s",
-            "extender",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--kubeconfig",
-            str(plane.kubeconfig),
-            "--policy",
-            policy,
-            "--target-workload",
-            str(target_csv),
-        ]
+        args = ["--policy", policy, "--target-workload", str(target_csv)]
         if mode == "default":
             args.append("--no-decide")
-        extender = plane.spawn("extender", args)
-        wait_http(f"http://127.0.0.1:{port}/healthz", 120, proc=extender)
+        plane.start_extender(GPUSLICE, port, *args)
         _, scheduler_port = plane.start_scheduler(scheduler_config(port, mode))
         result = Run(mode, len(pods))
         first = time.perf_counter()
@@ -279,7 +265,8 @@ def sim_mapping(
             continue
         node = placer.choose_node(request, mask)
         placement = placer._reserve_with_advice(request, node)
-        assert not isinstance(placement, Unplaced) and full.reserve(node, placement.gpus, r) is not None
+        assert isinstance(placement, Placement), placement  # the ledger said the node fits
+        assert isinstance(full.reserve(node, placement.gpus, r), Placement)
         mapping[pod.name] = gpu_nodes[node].name
     total = ledger.total_gpu_milli
     return mapping, 100.0 * (total - ledger.allocated_gpu_milli) / total

@@ -294,6 +294,18 @@ class ControlPlane:
         wait_http(f"https://127.0.0.1:{port}/healthz", 60, insecure=True, proc=proc)
         return proc, port
 
+    # ---- gpuslice's extender ------------------------------------------------------------------------
+
+    def start_extender(self, gpuslice: str, port: int, *args: str, name: str = "extender") -> Process:
+        """``gpuslice k8s extender`` as users start it, on 127.0.0.1:``port`` against this API server."""
+        proc = self.spawn(
+            name,
+            [gpuslice, "k8s", "extender", "--host", "127.0.0.1", "--port", str(port),
+             "--kubeconfig", str(self.kubeconfig), *args],
+        )  # fmt: skip
+        wait_http(f"http://127.0.0.1:{port}/healthz", 120, proc=proc)
+        return proc
+
     # ---- tools -----------------------------------------------------------------------------------------
 
     def kubectl(

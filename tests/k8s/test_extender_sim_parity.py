@@ -4,20 +4,22 @@ a replay through the shared ``Placer`` over the GPU-only ledger the extender kee
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 from test_extender import FakeApi, node_event
 
-from gpuslice.hardware.node import NodeSpec
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 from gpuslice.k8s.annotations import InventoryGpu, NodeInventory
 from gpuslice.k8s.extender import ClusterState
 from gpuslice.ledger.ledger import Ledger
-from gpuslice.policies import PolicyContext, placement_policy
-from gpuslice.scheduler.placer import Placer
 from gpuslice.sim.trace import load_trace
 from gpuslice.units import MiB
 from gpuslice.workload.request import MILLI_PER_GPU, Request
 from gpuslice.workload.target import TargetWorkload
+from k8s_e2e import sim_mapping
 
 PODS = 300
 
@@ -61,22 +63,7 @@ def test_extender_places_an_openb_sequence_exactly_as_the_shared_placer(policy):
         in_tree.reserve(next(i for i, n in enumerate(nodes) if n.name == chosen[0]), gpus, pod.request)
         extender[pod.name] = chosen[0]
 
-    gpu_only = Ledger([NodeSpec(n.name, 0, 0, n.gpu_count, n.gpu_model, n.gpu_memory_bytes) for n in nodes])
-    cpu = Ledger(nodes)
-    placer = Placer(
-        gpu_only, placement_policy(policy)(gpu_only.view, PolicyContext(np.random.default_rng(0), target))
-    )
-    sim = {}
-    for pod in pods:
-        r = pod.request
-        request = Request(0, 0, r.num_gpu, r.gpu_milli, r.gpu_models)
-        mask = cpu.fits(r) & placer.feasible(request)
-        if not mask.any():
-            continue
-        node = placer.choose_node(request, mask)
-        placement = placer._reserve_with_advice(request, node)
-        cpu.reserve(node, placement.gpus, r)
-        sim[pod.name] = nodes[node].name
+    sim, _ = sim_mapping(trace, pods, policy, target)
 
     assert len(extender) == PODS
     assert extender == sim

@@ -116,24 +116,8 @@ class Stack:
         self.extender = start_extender(self.plane, self.extender_port, *self.extender_args)
 
 
-def start_extender(plane: ControlPlane, port: int, *args: str, name: str = "extender") -> Process:
-    proc = plane.spawn(
-        name,
-        [
-            GPUSLICE,
-            "k8s",
-            "extender",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--kubeconfig",
-            str(plane.kubeconfig),
-            *args,
-        ],
-    )
-    wait_http(f"http://127.0.0.1:{port}/healthz", 90, proc=proc)
-    return proc
+def start_extender(plane: ControlPlane, port: int, *args: str) -> Process:
+    return plane.start_extender(GPUSLICE, port, *args)
 
 
 def webhook_configuration(url: str, ca_pem: bytes) -> dict[str, Any]:
