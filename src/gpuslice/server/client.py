@@ -43,7 +43,8 @@ def default_state_dir() -> Path:
 
 
 class ServeClient:
-    """One server. ``token`` is looked up lazily: reads work without one."""
+    """One server. ``token`` is looked up lazily and sent with every call but health; a server started
+    with --public-reads answers reads without one, so a read goes without when none can be found."""
 
     def __init__(
         self,
@@ -76,8 +77,20 @@ class ServeClient:
             self._token = read_token(self.state_dir)
         return self._token
 
+    def _read_headers(self) -> dict[str, str]:
+        """The token for a read, when there is one to send (else the server says what is missing)."""
+        try:
+            return {"Authorization": f"Bearer {self.token}"}
+        except UserError:
+            return {}
+
     def _send(self, method: str, path: str, *, auth: bool = False, **kw: Any) -> Any:
-        headers = {"Authorization": f"Bearer {self.token}"} if auth else {}
+        if auth:
+            headers = {"Authorization": f"Bearer {self.token}"}
+        else:
+            headers = self._read_headers() if path != "/v1/health" else {}
+        if "idempotency_key" in kw:
+            headers["Idempotency-Key"] = kw.pop("idempotency_key")
         try:
             response = self._http.request(method, path, headers=headers, **kw)
         except httpx.TransportError as err:
@@ -93,8 +106,11 @@ class ServeClient:
     def health(self) -> dict[str, Any]:
         return self._send("GET", "/v1/health")
 
-    def submit(self, body: dict[str, Any]) -> dict[str, Any]:
-        return self._send("POST", "/v1/jobs", auth=True, json=body)
+    def submit(self, body: dict[str, Any], idempotency_key: str | None = None) -> dict[str, Any]:
+        """Submit a job; with ``idempotency_key``, a retry after a lost answer returns the same job."""
+        if idempotency_key is None:
+            return self._send("POST", "/v1/jobs", auth=True, json=body)
+        return self._send("POST", "/v1/jobs", auth=True, json=body, idempotency_key=idempotency_key)
 
     def jobs(self, states: list[str] | None = None, limit: int = 1000) -> list[dict[str, Any]]:
         return self._send("GET", "/v1/jobs", params={"state": states or [], "limit": limit})
@@ -160,7 +176,9 @@ class ServeClient:
         """The job's output as it comes; with ``follow`` until the job ends."""
         params = {"follow": follow, "stream": stream}
         try:
-            with self._http.stream("GET", f"/v1/jobs/{job_id}/logs", params=params, timeout=None) as r:
+            path = f"/v1/jobs/{job_id}/logs"
+            headers = self._read_headers()
+            with self._http.stream("GET", path, params=params, headers=headers, timeout=None) as r:
                 if r.status_code >= 400:
                     r.read()
                     _answer(r)
