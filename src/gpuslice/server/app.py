@@ -218,13 +218,16 @@ def create_app(
             body = ErrorBody(detail=f"the body is not valid JSON: {first.get('ctx', {}).get('error', '')}",
                              type="InvalidJSON")  # fmt: skip
             return JSONResponse(body.model_dump(), 400)
-        loc = [p for p in first.get("loc", ()) if p not in ("body", "query", "path", "header")]
-        about = ""
+        loc = _field_path(first.get("loc", ()))
+        about, msg = "", str(first["msg"])
         if loc and loc[0] in _DICT_FIELDS and len(loc) > 1:  # a key is user text, not a field name
             about = f"{'name' if loc[-1] == '[key]' else 'value of'} {str(loc[1])[:64]!r}: "
             loc = loc[:1]
+        else:  # a field of several types: every member's complaint about it, once each
+            same = [str(e["msg"]) for e in err.errors() if _field_path(e.get("loc", ())) == loc]
+            msg = "; or ".join(dict.fromkeys(same)) or msg
         field = ".".join(str(p) for p in loc) or None
-        detail = f"{field}: {about}{first['msg']}" if field else str(first["msg"])
+        detail = f"{field}: {about}{msg}" if field else msg
         return JSONResponse(ErrorBody(detail=detail, field=field, type="ValidationError").model_dump(), 422)
 
     @app.exception_handler(StarletteHTTPException)
@@ -401,6 +404,18 @@ def create_app(
     dashboard.mount(app)
     app.include_router(policy_router(daemon, authorized))
     return app
+
+
+def _field_path(loc: Iterable[Any]) -> list[Any]:
+    """A validation error's location as the request's field path: ("body", "command", 1) -> command, 1;
+    pydantic's names for the members of a union ("constrained-str", "int") are dropped, a map's keys and
+    their "[key]" marker kept (the caller words them)."""
+    parts = [p for p in loc if p not in ("body", "query", "path", "header")]
+    if not parts:
+        return []
+    if parts[0] in _DICT_FIELDS:
+        return parts[:3]
+    return [parts[0], *[p for p in parts[1:] if isinstance(p, int)]]
 
 
 async def _tail(daemon: Daemon, job_id: str, paths: list[Any], follow: bool) -> AsyncIterator[bytes]:

@@ -73,6 +73,9 @@ def http_status(error: UserError) -> int:
     from gpuslice.programs.loader import PolicyRejected
     from gpuslice.programs.slot import NoPolicyLoaded, NoSuchMap
 
+    own = getattr(error, "http_status", None)  # an error that says its own (FieldError for a limit: 422)
+    if isinstance(own, int):
+        return own
     for cls, status in (
         (JobNotFound, 404),
         (GpuNotFound, 404),

@@ -78,9 +78,10 @@ _SPEC_FIELD = {
 class FieldError(UserError):
     """A user error that names the request field it is about."""
 
-    def __init__(self, field: str, message: str) -> None:
+    def __init__(self, field: str, message: str, http_status: int = 400) -> None:
         super().__init__(f"{field}: {message}")
         self.field = field
+        self.http_status = http_status  # 422 for a documented limit, as the schema's own checks answer
 
 
 def utf8_bytes(text: str) -> int:
@@ -197,7 +198,7 @@ def spec_from_submit(body: SubmitRequest, server_user: str) -> JobSpec:
     total += sum(utf8_bytes(k) + utf8_bytes(v) + 2 for k, v in body.env.items())
     if total > MAX_COMMAND_ENV_BYTES:
         raise FieldError(
-            "command", f"command and env hold {total} bytes; at most {MAX_COMMAND_ENV_BYTES} together"
+            "command", f"command and env hold {total} bytes; at most {MAX_COMMAND_ENV_BYTES} together", 422
         )
     memory = 0 if body.memory is None else _size(body.memory, "memory")
     runtime = None if body.max_runtime is None else parse_duration(body.max_runtime)
@@ -259,6 +260,7 @@ class JobOut(BaseModel):
     stopping: str = Field(description="why the server is stopping it: preempt, cancel, limit, enforce; ''")
 
 
+_SURROGATE = re.compile("[\ud800-\udfff]")
 ENV_MASK = "********"  # what the API shows for every env value: names are shown, secrets never
 
 
@@ -271,7 +273,7 @@ def _valid_text(value: Any) -> Any:
             value.encode("utf-8")
             return value
         except UnicodeEncodeError:
-            return value.encode("utf-8", "surrogatepass").decode("utf-8", "replace")
+            return _SURROGATE.sub("\ufffd", value)
     if isinstance(value, list | tuple):
         return [_valid_text(v) for v in value]
     if isinstance(value, dict):
