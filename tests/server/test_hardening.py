@@ -199,7 +199,8 @@ def test_a_host_that_is_not_the_servers_is_refused():
 
 
 @pytest.mark.parametrize(
-    "path", ["/v1/jobs", "/v1/jobs/1", "/v1/jobs/1/logs", "/v1/gpus", "/v1/queue", "/v1/events", "/v1/tenants"]
+    "path",
+    ["/v1/jobs", "/v1/jobs/1", "/v1/jobs/1/logs", "/v1/gpus", "/v1/queue", "/v1/events", "/v1/tenants"],
 )
 def test_reads_need_the_token_but_health_metrics_and_the_page_do_not(api, path):
     submit(api)
@@ -246,7 +247,9 @@ def test_parse_errors_unknown_paths_and_wrong_methods_answer_the_error_format(ap
     r = post_raw(api, "{not json")
     assert r.status_code == 400 and r.json()["type"] == "InvalidJSON" and r.json()["field"] is None
     r = api.get("/v1/nothing-here")
-    assert r.status_code == 404 and r.json()["type"] == "NotFound" and "/v1/nothing-here" in r.json()["detail"]
+    assert (
+        r.status_code == 404 and r.json()["type"] == "NotFound" and "/v1/nothing-here" in r.json()["detail"]
+    )
     r = api.delete("/v1/jobs")
     assert r.status_code == 405 and r.json()["type"] == "MethodNotAllowed"
     assert r.headers["Allow"] == "GET, HEAD, POST"  # both routes on that path, not the first one's
@@ -302,7 +305,9 @@ def recording(tmp_path, clock):
 
     node = RecordingNode()
     store = Store(tmp_path / "state.db")
-    daemon = Daemon(store, h100_machine(), node, tmp_path, clock=clock, grace_seconds=2.0, monitor_seconds=0.0)
+    daemon = Daemon(
+        store, h100_machine(), node, tmp_path, clock=clock, grace_seconds=2.0, monitor_seconds=0.0
+    )
     node.daemon = daemon
     yield daemon, node
     store.close()

@@ -155,7 +155,7 @@ def run(options: ServeOptions, on_ready: Callable[[str, Path, str], None] = lamb
     try:
         _run(options, state_dir, on_ready)
     except _Stop:
-        _log.warning("stopped by SIGTERM before serving")
+        _log.warning("stopped by SIGTERM")
     finally:
         signal.signal(signal.SIGTERM, previous)
 
