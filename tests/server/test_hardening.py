@@ -11,8 +11,8 @@ import json
 import warnings
 
 import pytest
-from conftest import FakeNode
 
+from conftest import FakeNode
 from gpuslice.node.launcher import ExitStatus
 from gpuslice.server.app import create_app
 from gpuslice.server.guard import Guard, cookie_value, host_name
@@ -56,12 +56,12 @@ LONE = '"\\ud800"'  # a JSON escape Python decodes to a lone surrogate
 @pytest.mark.parametrize(
     ("body", "field"),
     [
-        ('{"command": [%s]}' % LONE, "command.0"),
-        ('{"command": ["sh", %s]}' % LONE, "command.1"),
-        ('{"command": ["x"], "env": {"A": %s}}' % LONE, "env"),
-        ('{"command": ["x"], "env": {%s: "1"}}' % LONE, "env"),
-        ('{"command": ["x"], "cwd": %s}' % LONE, "cwd"),
-        ('{"command": ["x"], "gpu_models": [%s]}' % LONE, "gpu_models.0"),
+        ('{"command": [' + LONE + "]}", "command.0"),
+        ('{"command": ["sh", ' + LONE + "]}", "command.1"),
+        ('{"command": ["x"], "env": {"A": ' + LONE + "}}", "env"),
+        ('{"command": ["x"], "env": {' + LONE + ': "1"}}', "env"),
+        ('{"command": ["x"], "cwd": ' + LONE + "}", "cwd"),
+        ('{"command": ["x"], "gpu_models": [' + LONE + "]}", "gpu_models.0"),
     ],
     ids=["program", "argument", "env value", "env name", "cwd", "gpu model"],
 )
@@ -108,7 +108,7 @@ def test_text_over_its_limit_is_a_422_naming_the_field_and_stores_nothing(api, b
     ("path", "text", "field"),
     [
         ("/v1/jobs", '{"command": ["x"], "memory": 1e400}', "memory"),
-        ("/v1/jobs", '{"command": ["x"], "memory": "%sTiB"}' % ("9" * 400), "memory"),
+        ("/v1/jobs", '{"command": ["x"], "memory": "' + ("9" * 400) + 'TiB"}', "memory"),
         ("/v1/jobs", '{"command": ["x"], "memory": true}', "memory"),
         ("/v1/jobs", '{"command": ["x"], "gpus": true}', "gpus"),
         ("/v1/jobs", '{"command": ["x"], "max_runtime": NaN}', "max_runtime"),
@@ -119,7 +119,8 @@ def test_text_over_its_limit_is_a_422_naming_the_field_and_stores_nothing(api, b
         ("/v1/tenants/t", '{"response": {"kill_after_seconds": Infinity}}', "response"),
         ("/v1/tenants/t", '{"response": {"suspend_after_seconds": true}}', "response"),
     ],
-    ids=["memory 1e400", "memory of 400 digits", "memory true", "gpus true", "runtime NaN", "runtime Infinity",
+    ids=["memory 1e400", "memory of 400 digits", "memory true", "gpus true", "runtime NaN",
+         "runtime Infinity",
          "tenant memory 2^63", "weight NaN", "timing NaN", "timing Infinity", "timing true"],
 )  # fmt: skip
 def test_numbers_that_are_not_numbers_or_too_big_are_4xx_never_500(api, path, text, field):
@@ -160,8 +161,10 @@ def asgi_call(guard: Guard, method: str, path: str, headers: dict[str, str], chu
         await send({"type": "http.response.body", "body": body})
 
     guard.app = app
-    scope = {"type": "http", "method": method, "path": path, "query_string": b"", "server": ("127.0.0.1", 8787),
-             "headers": [(k.lower().encode(), v.encode()) for k, v in headers.items()]}  # fmt: skip
+    scope = {
+        "type": "http", "method": method, "path": path, "query_string": b"", "server": ("127.0.0.1", 8787),
+        "headers": [(k.lower().encode(), v.encode()) for k, v in headers.items()],
+    }  # fmt: skip
     asyncio.run(guard(scope, receive, send))
     return sent[0]["status"], sent[1]["body"], reads
 
@@ -299,7 +302,6 @@ class RecordingNode(FakeNode):
 @pytest.fixture
 def recording(tmp_path, clock):
     from conftest import h100_machine
-
     from gpuslice.server.daemon import Daemon
     from gpuslice.server.store import Store
 

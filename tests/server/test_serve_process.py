@@ -130,3 +130,20 @@ def test_serve_prints_a_sign_in_link_and_refuses_foreign_hosts(serve):
         assert anonymous.get(f"http://localhost:{server.port}/v1/health").status_code == 200
     with pytest.raises(subprocess.TimeoutExpired):
         server.proc.wait(timeout=0.1)  # still serving after all that
+
+
+def test_the_cli_clients_read_with_the_token_from_the_state_dir(serve):
+    from conftest import BIN
+
+    server = serve()
+    job = server.submit(["sleep", "60"])
+    where = ["--url", server.url, "--state-dir", str(server.state_dir)]
+    for args in (["ps", "-a"], ["show", job["id"]], ["top", "--once"], ["queue"], ["gpus"]):
+        done = subprocess.run(
+            [str(BIN / "gpuslice"), *args, *where], capture_output=True, text=True, timeout=60
+        )
+        assert done.returncode == 0, (args, done.stdout, done.stderr)
+    env = {**os.environ, "GPUSLICE_STATE_DIR": str(server.state_dir), "COLUMNS": "200"}
+    top = subprocess.run([str(BIN / "gpuslice"), "top", "--once", "--url", server.url], env=env,
+                         capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert top.returncode == 0 and "sleep 60" in top.stdout, top.stderr

@@ -354,7 +354,7 @@ def create_app(
 
     @app.get("/metrics", responses={200: {"content": {"text/plain": {}}}})
     def metrics() -> Response:
-        """Prometheus metrics; read-only, so no token (like /v1/gpus)."""
+        """Prometheus metrics; open without the token (a scraper has none; no job's command or env)."""
         return Response(daemon.metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/v1/queue", response_model=list[QueueEntry])
