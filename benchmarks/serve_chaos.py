@@ -241,7 +241,7 @@ def campaign(args: argparse.Namespace, root: Path) -> dict[str, Any]:
             if time.monotonic() - started > args.time_limit:
                 break
             time.sleep(rng.uniform(0.5, 2.0))
-            for key, job_id in ids.items():  # cancel the cancel-kind jobs once they are in the store
+            for key, job_id in list(ids.items()):  # cancel the cancel-kind jobs once they are stored
                 if keys[key][0] == "cancel" and done[f"cancel-{job_id}"] == 0:
                     with contextlib.suppress(httpx.TransportError):
                         r = server.http.post(f"/v1/jobs/{job_id}/cancel")
