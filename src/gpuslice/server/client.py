@@ -8,6 +8,7 @@ An error answer becomes a UserError carrying the server's one-line ``detail``.
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,7 @@ __all__ = ["DEFAULT_PORT", "DEFAULT_URL", "ServeClient", "ServerError", "default
 
 DEFAULT_PORT = 8787
 DEFAULT_URL = f"http://127.0.0.1:{DEFAULT_PORT}"
+_RETRY_SECONDS = 1.0
 
 
 class ServerError(UserError):
@@ -94,7 +96,9 @@ class ServeClient:
         try:
             response = self._http.request(method, path, headers=headers, **kw)
         except httpx.TransportError as err:
-            raise self._unavailable(err) from None
+            unavailable = self._unavailable(err)
+            unavailable.transport_error = err  # submit() tells a refused connection from a lost answer
+            raise unavailable from None
         return _answer(response)
 
     def _unavailable(self, err: Exception) -> ServerUnavailable:
@@ -106,11 +110,25 @@ class ServeClient:
     def health(self) -> dict[str, Any]:
         return self._send("GET", "/v1/health")
 
-    def submit(self, body: dict[str, Any], idempotency_key: str | None = None) -> dict[str, Any]:
-        """Submit a job; with ``idempotency_key``, a retry after a lost answer returns the same job."""
+    def submit(
+        self, body: dict[str, Any], idempotency_key: str | None = None, *, retries: int = 0
+    ) -> dict[str, Any]:
+        """Submit a job. With ``idempotency_key``, a submit whose answer was lost (sent, then the
+        connection broke: the server crashed) is sent again up to ``retries`` times, 1 s apart: the
+        server returns the job the first try made, if it made one, so a retry never makes a second job.
+        No server at all (connection refused at the first try) is an error at once."""
         if idempotency_key is None:
             return self._send("POST", "/v1/jobs", auth=True, json=body)
-        return self._send("POST", "/v1/jobs", auth=True, json=body, idempotency_key=idempotency_key)
+        lost = False
+        for attempt in range(retries + 1):
+            try:
+                return self._send("POST", "/v1/jobs", auth=True, json=body, idempotency_key=idempotency_key)
+            except ServerUnavailable as err:
+                lost = lost or not isinstance(getattr(err, "transport_error", None), httpx.ConnectError)
+                if not lost or attempt == retries:
+                    raise
+                time.sleep(_RETRY_SECONDS)
+        raise AssertionError("unreachable")
 
     def jobs(self, states: list[str] | None = None, limit: int = 1000) -> list[dict[str, Any]]:
         return self._send("GET", "/v1/jobs", params={"state": states or [], "limit": limit})
