@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import sys
 import time
-import uuid
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -122,9 +121,7 @@ def submit(
         "max_runtime": max_runtime, "restart": restart, "cwd": str(Path.cwd()),
     }  # fmt: skip
     with _client(url, state_dir) as client:
-        # A key of its own: if the answer is lost (the server restarts mid-submit), the retries get the
-        # job the first try made instead of a second one.
-        job = client.submit(body, idempotency_key=str(uuid.uuid4()), retries=5)
+        job = client.submit(body)
     _out.print(f"job {job['id']} submitted: {job['state']} ({slice_text(job)})")
 
 
