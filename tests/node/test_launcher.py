@@ -51,11 +51,14 @@ def cleanup():
 
 
 def test_launch_runs_the_command_and_poll_reads_its_exit(tmp_path, cleanup):
+    before = time.time()
     job = launcher.launch("j1", python_job("import sys; print('out'); sys.exit(4)"), {}, tmp_path)
     cleanup.append(job.pgid)
     assert isinstance(job, LaunchedJob) and job.pid == job.pgid
     status = wait_for(lambda: launcher.poll("j1", tmp_path))
-    assert status == ExitStatus(exit_code=4, signal=None, finished_at=status.finished_at)
+    assert status == ExitStatus(4, None, status.finished_at, started_at=status.started_at)
+    # the supervisor's start time tells this run's record from an earlier run's
+    assert status.started_at is not None and before <= status.started_at <= status.finished_at
     assert not status.succeeded
     assert launcher.log_paths(tmp_path, "j1")[0].read_text() == "out\n"
     wait_for(lambda: not launcher.is_alive(job.pid, job.start_time))  # reaped: no zombie counts as alive

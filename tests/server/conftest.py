@@ -179,9 +179,20 @@ class ServerProcess:
             with contextlib.suppress(httpx.TransportError):
                 if self.http.get("/v1/health").status_code == 200:
                     self.token = (self.state_dir / "token").read_text().strip()
+                    self.http.headers["Authorization"] = f"Bearer {self.token}"  # reads need it too
                     return self
             time.sleep(0.1)
         raise AssertionError("server did not come up in 20 s")
+
+    @property
+    def log(self) -> str:
+        return (self.state_dir.parent / f"server-{self.port}.log").read_text()
+
+    @property
+    def sign_in_url(self) -> str:
+        """The one-time dashboard link the server printed at its start."""
+        (line,) = [line for line in self.log.splitlines() if line.startswith("dashboard: ")]
+        return line.split()[1]
 
     def kill9(self) -> None:
         """SIGKILL the server: no shutdown code runs (its jobs keep running under their supervisors)."""

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import warnings
 
+import httpx
 import pytest
+from server_helpers import free_port
 from typer.testing import CliRunner
 
 from gpuslice.cli import jobs
@@ -13,6 +15,7 @@ from gpuslice.cli.main import app
 from gpuslice.errors import GpusliceError, exit_code
 from gpuslice.server.app import create_app
 from gpuslice.server.client import ServeClient
+from gpuslice.server.errors import ServerUnavailable
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore", UserWarning)  # starlette asks for httpx2; httpx works the same here
@@ -120,3 +123,36 @@ def test_submit_checks_its_arguments_before_the_token_and_names_the_flag(cli, mo
     assert code == 2 and out.startswith("error: --mem:") and "token" not in out
     code, out = cli("submit", "--gpus", "2", "--cores", "50", "--", "true")
     assert code == 2 and out.startswith("error: --gpus:") and "compute_percent" not in out
+
+
+def test_a_submit_whose_answer_is_lost_is_retried_with_its_key_and_makes_one_job(daemon, monkeypatch):
+    """The server took the submit, then the connection broke before its answer (a crash): the client
+    sends it again with the same Idempotency-Key and gets the job the first try made."""
+    http = TestClient(create_app(daemon, TOKEN))
+    calls = []
+
+    def lossy(request):
+        calls.append(request.headers.get("Idempotency-Key"))
+        answer = http.request(
+            request.method, request.url.path, headers=request.headers, content=request.content
+        )
+        if len(calls) == 1:
+            raise httpx.ReadError("connection reset by peer", request=request)
+        return httpx.Response(answer.status_code, headers=answer.headers, content=answer.content)
+
+    monkeypatch.setattr("gpuslice.server.client._RETRY_SECONDS", 0.0)
+    client = ServeClient(
+        token=TOKEN, http=httpx.Client(transport=httpx.MockTransport(lossy), base_url="http://x")
+    )
+    job = client.submit({"command": ["train"]}, idempotency_key="key-1", retries=3)
+    assert len(calls) == 2 and calls[0] == calls[1] == "key-1"
+    assert [j.id for j in daemon.store.jobs()] == [job["id"]]
+
+
+def test_a_submit_with_no_server_there_fails_at_once(monkeypatch):
+    sleeps = []
+    monkeypatch.setattr("gpuslice.server.client.time.sleep", sleeps.append)
+    client = ServeClient(url=f"http://127.0.0.1:{free_port()}", token=TOKEN, timeout=2)
+    with pytest.raises(ServerUnavailable):
+        client.submit({"command": ["train"]}, idempotency_key="key-2", retries=5)
+    assert sleeps == []

@@ -26,13 +26,21 @@ def test_kill_9_with_jobs_running_and_finishing_loses_and_duplicates_nothing(ser
         "fails-while-down": (sh("echo run; sleep 2; exit 3"), {}, "FAILED", 3),
         "outlives-the-restart": (sh("echo run; sleep 15"), {}, "SUCCEEDED", 0),
         "restarts-after-failing": (sh("echo run; sleep 2; exit 5"), RESTART_ONCE, "FAILED", 5),
+        # Runs when cancelled: the command's own exit code, 128 + SIGTERM (shell convention).
+        "cancelled-while-running": (sh("echo run; sleep 30"), {}, "CANCELLED", 143),
         "waits-for-all-gpus": (sh("echo run"), {"gpus": 8}, "SUCCEEDED", 0),
-        "cancelled-before": (sh("echo run; sleep 30"), {}, "CANCELLED", None),
+        # Needs every GPU, so it is still queued when cancelled: no process, no exit code.
+        "cancelled-while-queued": (sh("echo run; sleep 30"), {"gpus": 8}, "CANCELLED", None),
     }  # fmt: skip
     ids = {name: first.submit(cmd, **body)["id"] for name, (cmd, body, _, _) in plan.items()}
-    running = ["ends-ok-while-down", "fails-while-down", "outlives-the-restart", "restarts-after-failing"]
-    first.wait(lambda: all(first.jobs()[ids[n]]["state"] == "RUNNING" for n in running), 10, "jobs to start")
-    first.http.post(f"/v1/jobs/{ids['cancelled-before']}/cancel", headers=first.auth)
+    running = ["ends-ok-while-down", "fails-while-down", "outlives-the-restart", "restarts-after-failing",
+               "cancelled-while-running"]  # fmt: skip
+    first.wait(lambda: all(first.jobs()[ids[n]]["state"] == "RUNNING" for n in running), 30, "jobs to start")
+    started = first.state_dir / "jobs" / ids["cancelled-while-running"] / "stdout.log"
+    first.wait(lambda: started.exists() and "run" in started.read_text(), 30, "the command to print")
+    for name in ("cancelled-while-queued", "cancelled-while-running"):
+        assert first.http.post(f"/v1/jobs/{ids[name]}/cancel", headers=first.auth).status_code == 200
+    assert first.jobs()[ids["cancelled-while-queued"]]["state"] == "CANCELLED"
     pids = {n: first.jobs()[ids[n]]["pid"] for n in running}
 
     first.kill9()
@@ -52,5 +60,5 @@ def test_kill_9_with_jobs_running_and_finishing_loses_and_duplicates_nothing(ser
         log = first.state_dir / "jobs" / job["id"] / "stdout.log"
         runs = log.read_text().count("run") if log.exists() else 0
         assert runs == job["attempts"], (name, job)  # every launch ran its command once, no more
-        assert runs == {"restarts-after-failing": 2, "cancelled-before": runs}.get(name, 1), name
+        assert runs == {"restarts-after-failing": 2, "cancelled-while-queued": 0}.get(name, 1), name
     assert final[ids["restarts-after-failing"]]["attempts"] == 2

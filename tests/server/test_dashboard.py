@@ -26,7 +26,7 @@ JS = (STATIC / "dashboard.js").read_text()
 
 @pytest.fixture
 def http(daemon):
-    with TestClient(create_app(daemon, "token")) as client:
+    with TestClient(create_app(daemon, "token"), headers={"Authorization": "Bearer token"}) as client:
         yield client
 
 

@@ -135,7 +135,7 @@ def test_dashboard_shows_gpus_jobs_queue_and_events_of_a_real_server(serve, brow
     queue = {q["id"]: q["reason"] for q in server.http.get("/v1/queue").json()}
     assert {ids["victim"], ids["waiting"]} <= set(queue)
 
-    browser.get(server.url + "/")
+    browser.get(server.sign_in_url)  # the link `serve` printed: a read-only cookie, then the page
     until("the first refresh", lambda: browser.find_element("id", "updated").text.startswith("updated"))
     page = browser.execute_script(READ_PAGE)
 

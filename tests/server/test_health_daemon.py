@@ -54,13 +54,13 @@ class ScriptedTelemetry:
 
 @pytest.fixture
 def api(daemon):
-    with TestClient(create_app(daemon, TOKEN)) as client:
+    with TestClient(create_app(daemon, TOKEN), headers=AUTH) as client:
         yield client
 
 
 def test_marking_a_gpu_unhealthy_needs_the_token_and_an_existing_gpu(api):
     body = {"healthy": False, "reason": "XID 79"}
-    assert api.post("/v1/gpus/3/health", json=body).status_code == 401
+    assert api.post("/v1/gpus/3/health", json=body, headers={"Authorization": ""}).status_code == 401
     r = api.post("/v1/gpus/8/health", json=body, headers=AUTH)
     assert r.status_code == 404 and r.json()["type"] == "GpuNotFound" and "GPU 0–7" in r.json()["detail"]
     assert api.post("/v1/gpus/3/health", json={"healthy": "maybe"}, headers=AUTH).status_code == 422
@@ -129,7 +129,7 @@ def test_simulated_telemetry_fills_the_gpu_fields_of_the_api(make_daemon, node):
     daemon.tick()
     node.used[job.id] = {0: 12 * GiB}
     daemon.tick()
-    with TestClient(create_app(daemon, TOKEN)) as client:
+    with TestClient(create_app(daemon, TOKEN), headers=AUTH) as client:
         gpus = client.get("/v1/gpus").json()
     busy = next(g for g in gpus if g["jobs"])
     idle = next(g for g in gpus if not g["jobs"])

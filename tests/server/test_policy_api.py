@@ -46,7 +46,7 @@ def daemon(make_daemon):
 
 @pytest.fixture
 def api(daemon):
-    with TestClient(create_app(daemon, TOKEN)) as client:
+    with TestClient(create_app(daemon, TOKEN), headers=AUTH) as client:
         yield client
 
 
@@ -92,7 +92,9 @@ def test_before_any_load_the_builtin_queue_policy_is_listed(api):
     ],
     ids=["load", "unload", "map update", "map delete"],
 )
-@pytest.mark.parametrize("headers", [{}, {"Authorization": "Bearer nope"}], ids=["no token", "wrong token"])
+@pytest.mark.parametrize(
+    "headers", [{"Authorization": ""}, {"Authorization": "Bearer nope"}], ids=["no token", "wrong token"]
+)
 def test_policy_changes_need_the_token(api, method, path, body, headers):
     assert load(api, BOOST).status_code == 201
     api.put("/v1/policies/queue/maps/boost/ml", json={"value": 2}, headers=AUTH)

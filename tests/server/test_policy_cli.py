@@ -135,5 +135,7 @@ def test_changes_without_the_right_token_are_refused_and_change_nothing(cli, dae
         assert code == 2 and "token" in err.lower()
     assert daemon.policy_slots["queue"].info()["name"] == "tenant-boost"
     assert daemon.policy_slots["queue"].map_dump("boost") == []
-    code, out, _ = cli("policy", "list", token="wrong")  # reads need no token
+    code, _, err = cli("policy", "list", token="wrong")  # reads need the token too
+    assert code == 2 and "token" in err.lower()
+    code, out, _ = cli("policy", "list")
     assert code == 0 and "tenant-boost" in out

@@ -43,6 +43,21 @@ def serve(
             "with `gpuslice policy load`)"
         ),
     ] = "priority-fair",
+    public_reads: Annotated[
+        bool,
+        typer.Option(
+            "--public-reads",
+            help="let anyone who reaches the port read jobs, logs and the queue without the token (env "
+            "values stay masked); only for a machine whose every user may see every job",
+        ),
+    ] = False,
+    allow_host: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="also accept requests for this Host name (a reverse proxy's); repeatable; '*' = any. "
+            "The server's own names and addresses are always accepted",
+        ),
+    ] = None,
 ) -> None:
     """Serve the GPU job queue on this machine until Ctrl-C; jobs keep running across restarts."""
     # Imported here: FastAPI and uvicorn take ~1 s to import, which the client commands should not pay.
@@ -57,14 +72,17 @@ def serve(
         sharing=sharing,
         grace_seconds=parse_duration(grace, "grace"),
         queue_policy=queue_policy,
+        public_reads=public_reads,
+        allow_hosts=tuple(allow_host or ()),
     )
 
-    def ready(url: str, token_path: Path) -> None:
+    def ready(url: str, token_path: Path, sign_in_url: str) -> None:
         _out.print(
             f"gpuslice serve: listening on {url}  (machine: {simulate or 'this one'}, sharing: {sharing})"
         )
         _out.print(f"token: {token_path}  (clients read it from there or from GPUSLICE_TOKEN)")
-        _out.print(f"look:  {url}/ (dashboard)  {url}/metrics (Prometheus)  gpuslice top --url {url}")
+        _out.print(f"dashboard: {sign_in_url}  (works once; it leaves a cookie in your browser)")
+        _out.print(f"look:  {url}/metrics (Prometheus)  gpuslice top --url {url}")
         _out.print(f"try:   gpuslice submit --state-dir {options.state_dir} --mem 8GiB -- nvidia-smi")
 
     run(options, on_ready=ready)

@@ -1,9 +1,10 @@
 """``gpuslice top``: a live terminal view of a ``gpuslice serve`` machine — GPUs, their slices, jobs, queue.
 
 For people who live in SSH: the web dashboard's picture in rich, redrawn every ``--interval`` seconds.
-It reads the server's read-only API (no token) through ``ServeClient``; ``--once`` prints one frame and
-exits (scripts, tests). If the server stops answering while it runs, the last frame stays on screen under
-a red line saying so, and it keeps trying.
+It reads the server's read-only API through ``ServeClient`` (with the token from the state dir or
+GPUSLICE_TOKEN, as every read needs it unless the server runs with --public-reads); ``--once`` prints one
+frame and exits (scripts, tests). If the server stops answering while it runs, the last frame stays on
+screen under a red line saying so, and it keeps trying.
 """
 
 from __future__ import annotations
@@ -254,9 +255,10 @@ def top(
     interval: Annotated[float, typer.Option(min=0.2, help="seconds between refreshes")] = 2.0,
     once: Annotated[bool, typer.Option("--once", help="print one frame and exit")] = False,
     url: job_cli.Url = None,
+    state_dir: job_cli.StateDir = None,
 ) -> None:
     """A live view of the server's GPUs, slices, running jobs and queue (like top; Ctrl-C quits)."""
-    with job_cli._client(url, None) as client:  # reads only: no token, so no state dir
+    with job_cli._client(url, state_dir) as client:  # reads need the token too: found in the state dir
         if once:
             _out.print(render(snapshot(client)))
             return

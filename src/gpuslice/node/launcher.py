@@ -90,6 +90,8 @@ class ExitStatus:
     exit_code: int
     signal: int | None
     finished_at: float
+    # when the supervisor started: tells this attempt's record from an older attempt's
+    started_at: float | None = None
 
     @property
     def succeeded(self) -> bool:
@@ -133,7 +135,8 @@ def launch(job_id: str, spec: JobSpec, env: Mapping[str, str], state_dir: Path) 
     removed first, so ``poll`` only ever reports this run.
     """
     directory = job_dir(state_dir, job_id)
-    directory.mkdir(parents=True, exist_ok=True)
+    directory.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    directory.mkdir(exist_ok=True, mode=0o700)  # the job's output and its env are its user's alone
     for stale in (EXIT_FILE, STOP_FILE, REPORT_FILE):
         (directory / stale).unlink(missing_ok=True)
     command = [sys.executable, "-I", str(_SUPERVISOR_PATH), "--job-dir", str(directory)]
@@ -146,7 +149,8 @@ def launch(job_id: str, spec: JobSpec, env: Mapping[str, str], state_dir: Path) 
     # record anything, and end "lost" instead of preempted.
     previous = signal.pthread_sigmask(signal.SIG_BLOCK, SUPERVISOR_DEFERRED_SIGNALS)
     try:
-        with open(directory / SUPERVISOR_LOG, "ab") as log:
+        log_fd = os.open(directory / SUPERVISOR_LOG, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        with open(log_fd, "ab") as log:
             process = subprocess.Popen(
                 command,
                 stdin=subprocess.DEVNULL,
@@ -175,6 +179,7 @@ def poll(job_id: str, state_dir: Path) -> ExitStatus | None:
             exit_code=int(data["exit_code"]),
             signal=None if data.get("signal") is None else int(data["signal"]),
             finished_at=float(data["finished_at"]),
+            started_at=None if data.get("started_at") is None else float(data["started_at"]),
         )
     except FileNotFoundError:
         return None

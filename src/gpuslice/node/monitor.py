@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import enum
 import json
+import math
 import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -208,6 +209,13 @@ class ResponseConfig:
     kill_after_seconds: float | None = 120.0
 
     def __post_init__(self) -> None:
+        for name in ("over_percent", "suspend_after_seconds", "kill_after_seconds"):
+            value = getattr(self, name)
+            if value is None and name != "over_percent":
+                continue
+            if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+                raise InvalidRequest(f"{name}: {value!r} must be a finite number" + (
+                    "" if name == "over_percent" else " of seconds, or null for never"))  # fmt: skip
         if self.over_percent <= 0:
             raise InvalidRequest(f"over_percent: {self.over_percent} must be positive")
         for name in ("suspend_after_seconds", "kill_after_seconds"):

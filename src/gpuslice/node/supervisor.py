@@ -60,7 +60,8 @@ _EXIT_NOT_FOUND = 127
 def write_json_atomic(path: Path, data: dict[str, object]) -> None:
     """Write ``data`` to ``path`` so that a reader sees the old file or the whole new one, never half."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
+    # 0600 from the start: the job folder holds the job's output and is its user's alone.
+    with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w", encoding="utf-8") as f:
         json.dump(data, f)
         f.flush()
         os.fsync(f.fileno())
@@ -176,7 +177,7 @@ class Supervisor:
         # The launcher starts us with these blocked; a stop requested during start-up was held pending
         # and reaches _on_signal now, before the command starts (the command must not inherit the mask).
         signal.pthread_sigmask(signal.SIG_UNBLOCK, SUPERVISOR_DEFERRED_SIGNALS)
-        self.job_dir.mkdir(parents=True, exist_ok=True)
+        self.job_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         started_at = time.time()
         flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND
         out = os.open(self.job_dir / STDOUT_LOG, flags, 0o600)

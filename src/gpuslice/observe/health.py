@@ -51,6 +51,10 @@ class HealthBook:
     def __len__(self) -> int:
         return len(self._state)
 
+    def restore(self, gpu: int, health: GpuHealth) -> None:
+        """Set a GPU's health as stored before a restart (no change is reported: nothing changed)."""
+        self._state[gpu] = health
+
     def unhealthy(self) -> dict[int, GpuHealth]:
         return {g: h for g, h in enumerate(self._state) if not h.healthy}
 

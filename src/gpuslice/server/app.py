@@ -21,37 +21,54 @@ GET  /v1/policies                   what each policy family runs: file or built-
 DELETE /v1/policies/{family}   🔑   back to the built-in; GET/PUT …/{family}/maps/{map}[/{key}] 🔑 on PUT
 GET  /  and  /dashboard             the web dashboard (server/dashboard/: static files over these reads)
 ```
-🔑 = needs ``Authorization: Bearer <token>``. Every error is ``ErrorBody`` JSON: 400/404/409 for user
-errors (``detail`` says how to fix it; ``field`` names the field), 401 without the token, 403 when a
-request claims another user, 422 when the body does not match the schema, 500 only for bugs.
+🔑 = needs ``Authorization: Bearer <token>``. Every other ``/v1`` read but ``/v1/health`` needs the token
+too, as a bearer or as the dashboard's cookie, unless the server runs with ``--public-reads`` (guard.py:
+Host check, token before body, body cap, sign-in). Env values are never returned: names, masked values.
+Every error is ``ErrorBody`` JSON: 400/404/405/409 for user errors (``detail`` says how to fix it;
+``field`` names the field), 401 without the token, 403 when a request claims another user, 413 for a
+body over the cap, 422 when the body does not match the schema, 429 when too many follow one log, 500
+only for bugs.
+
+``POST /v1/jobs`` takes an ``Idempotency-Key`` header (1–200 printable ASCII characters): a retry with
+the same key and body answers 200 with the job the first try made, never a second job; the same key
+with another body is 409.
 """
 
 from __future__ import annotations
 
+import asyncio
+import hashlib
+import json
 import logging
+import re
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterable
+from http import HTTPStatus
 from typing import Annotated, Any, Literal
 
-from fastapi import Depends, FastAPI, Query, Request
+from fastapi import Depends, FastAPI, Header, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import BaseModel, ConfigDict, Field
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 
 import gpuslice
 from gpuslice.errors import InvalidRequest, UserError
 from gpuslice.server import dashboard
 from gpuslice.server.auth import check_bearer
 from gpuslice.server.daemon import Daemon
-from gpuslice.server.errors import ForbiddenUser, http_status
+from gpuslice.server.errors import ForbiddenUser, TooManyFollowers, http_status
+from gpuslice.server.guard import Guard, new_sign_in_token
 from gpuslice.server.models import (
     ErrorBody,
     FieldError,
     JobOut,
     SubmitRequest,
     TenantIn,
+    Text,
     job_out,
     named,
     spec_from_submit,
@@ -69,6 +86,11 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
 }
 _FOLLOW_POLL_SECONDS = 0.2
 _CHUNK_BYTES = 64 * 1024
+# Followers are coroutines, not threads (a few KiB each); the cap only bounds a client that opens
+# connections in a loop.
+MAX_LOG_FOLLOWERS = 1000
+_DICT_FIELDS = frozenset({"env", "response"})  # request fields that are maps with user-chosen keys
+_IDEMPOTENCY_KEY = re.compile(r"^[\x21-\x7e]{1,200}$")
 
 StateName = Literal["PENDING", "RUNNING", "SUCCEEDED", "FAILED", "CANCELLED", "PREEMPTED"]
 
@@ -103,10 +125,10 @@ class GpuOut(BaseModel):
 class GpuHealthIn(BaseModel):
     """Mark a GPU unhealthy (no new jobs; running ones are reported) or healthy again."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     healthy: bool
-    reason: str = Field("", max_length=500, description='why, e.g. "XID 79"; shown in events and the queue')
+    reason: Text = Field("", max_length=500, description='why, e.g. "XID 79"; shown in events and the queue')
 
 
 class QueueEntry(BaseModel):
@@ -153,8 +175,17 @@ class Health(BaseModel):
     jobs: dict[str, int]
 
 
-def create_app(daemon: Daemon, token: str) -> FastAPI:
-    """The FastAPI app serving ``daemon``; state-changing routes need ``token`` as a bearer."""
+def create_app(
+    daemon: Daemon,
+    token: str,
+    *,
+    public_reads: bool = False,
+    hosts: Iterable[str] | None = None,
+    sign_in_token: str | None = None,
+) -> FastAPI:
+    """The FastAPI app serving ``daemon``; writes need ``token`` as a bearer, and so do reads unless
+    ``public_reads``. ``hosts``: the Host names accepted (None: any, for in-process clients);
+    ``sign_in_token``: the one-time token of the dashboard URL (``app.state.sign_in_token``)."""
     app = FastAPI(
         title="gpuslice serve",
         version=gpuslice.__version__,
@@ -163,6 +194,11 @@ def create_app(daemon: Daemon, token: str) -> FastAPI:
         redoc_url=None,  # on the server's origin; the schema itself is at /openapi.json
     )
     started = time.time()
+    app.state.sign_in_token = sign_in_token or new_sign_in_token()
+    app.add_middleware(
+        Guard, token=token, sign_in_token=app.state.sign_in_token, hosts=hosts, public_reads=public_reads
+    )
+    followers = 0
 
     def authorized(credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]) -> None:
         header = f"{credentials.scheme} {credentials.credentials}" if credentials else None
@@ -180,10 +216,38 @@ def create_app(daemon: Daemon, token: str) -> FastAPI:
     @app.exception_handler(RequestValidationError)
     async def invalid(_: Request, err: RequestValidationError) -> JSONResponse:
         first = err.errors()[0] if err.errors() else {"loc": (), "msg": "invalid request"}
-        loc = [str(p) for p in first.get("loc", ()) if p not in ("body", "query", "path")]
-        field = ".".join(loc) or None
-        detail = f"{field}: {first['msg']}" if field else str(first["msg"])
+        if first.get("type") == "json_invalid":
+            body = ErrorBody(detail=f"the body is not valid JSON: {first.get('ctx', {}).get('error', '')}",
+                             type="InvalidJSON")  # fmt: skip
+            return JSONResponse(body.model_dump(), 400)
+        loc = _field_path(first.get("loc", ()))
+        about, msg = "", str(first["msg"])
+        if loc and loc[0] in _DICT_FIELDS and len(loc) > 1:  # a key is user text, not a field name
+            about = f"{'name' if loc[-1] == '[key]' else 'value of'} {str(loc[1])[:64]!r}: "
+            loc = loc[:1]
+        else:  # a field of several types: every member's complaint about it, once each
+            same = [str(e["msg"]) for e in err.errors() if _field_path(e.get("loc", ())) == loc]
+            msg = "; or ".join(dict.fromkeys(same)) or msg
+        field = ".".join(str(p) for p in loc) or None
+        detail = f"{field}: {about}{msg}" if field else msg
         return JSONResponse(ErrorBody(detail=detail, field=field, type="ValidationError").model_dump(), 422)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, err: StarletteHTTPException) -> JSONResponse:
+        """Routing's own answers (404 no such path, 405 wrong method) in the one error format."""
+        headers = dict(err.headers or {})
+        if err.status_code == 405:
+            allowed = {m for r in app.routes if r.matches(request.scope)[0] is not Match.NONE
+                       for m in (getattr(r, "methods", None) or ())}  # fmt: skip
+            headers["Allow"] = ", ".join(sorted(allowed))  # FastAPI's GET routes do not answer HEAD
+            detail = f"{request.method} is not allowed on {request.url.path}; allowed: {headers['Allow']}"
+        elif err.status_code == 404:
+            detail = f"no such path {request.url.path!r}; the API is under /v1 (schema: /openapi.json)"
+        else:
+            detail = str(err.detail)
+        kind = "".join(w.capitalize() for w in HTTPStatus(err.status_code).phrase.split())
+        body = ErrorBody(detail=detail, type=kind)
+        return JSONResponse(body.model_dump(), status_code=err.status_code, headers=headers)
 
     @app.exception_handler(Exception)
     async def bug(_: Request, err: Exception) -> JSONResponse:
@@ -207,16 +271,33 @@ def create_app(daemon: Daemon, token: str) -> FastAPI:
         )
 
     @app.post("/v1/jobs", status_code=201, response_model=JobOut, responses=_ERRORS, dependencies=[Auth])
-    def submit(body: SubmitRequest) -> JobOut:
+    def submit(
+        body: SubmitRequest,
+        response: Response,
+        idempotency_key: Annotated[
+            str | None,
+            Header(max_length=200, description="a retry with the same key and body returns the same job"),
+        ] = None,
+    ) -> JobOut:
         if body.user is not None and body.user != daemon.user:
             raise ForbiddenUser(
                 f"user: this server runs jobs as {daemon.user!r} and never switches users; "
                 f"{body.user!r} should start their own server"
             )
+        spec = spec_from_submit(body, daemon.user)
+        key = None
+        if idempotency_key is not None:
+            if not _IDEMPOTENCY_KEY.match(idempotency_key):
+                raise FieldError("Idempotency-Key", "1 to 200 printable ASCII characters, no spaces")
+            digest = hashlib.sha256(json.dumps(body.model_dump(), sort_keys=True).encode()).hexdigest()
+            key = (idempotency_key, digest)
         try:
-            return job_out(daemon.submit(spec_from_submit(body, daemon.user)))
+            job, created = daemon.submit_once(spec, key)
         except InvalidRequest as err:  # the scheduler's "can never run here", with its field named
             raise named(err) from None
+        if not created:
+            response.status_code = 200  # a retry: the job the first try made
+        return job_out(job)
 
     @app.get("/v1/jobs", response_model=list[JobOut], responses=_ERRORS)
     def list_jobs(
@@ -236,16 +317,33 @@ def create_app(daemon: Daemon, token: str) -> FastAPI:
     def cancel(job_id: str) -> JobOut:
         return job_out(daemon.cancel(job_id))
 
-    @app.get("/v1/jobs/{job_id}/logs", responses={200: {"content": {"text/plain": {}}}, **_ERRORS})
-    def logs(
+    @app.get("/v1/jobs/{job_id}/logs", responses={200: {"content": {"text/plain": {}}}, **_ERRORS, 429: {}})
+    async def logs(
         job_id: str,
         follow: bool = False,
         stream: Literal["stdout", "stderr", "both"] = "both",
     ) -> StreamingResponse:
+        """Async: a follower is a coroutine waiting on a timer, never a worker thread, and a client
+        that goes away cancels it at once (Starlette watches for the disconnect)."""
+        nonlocal followers
         daemon.store.get(job_id)  # 404 before streaming starts
         names = ("stdout", "stderr") if stream == "both" else (stream,)
         paths = [daemon.log_path(job_id, name) for name in names]
-        return StreamingResponse(_tail(daemon, job_id, paths, follow), media_type="text/plain")
+        if not follow:
+            return StreamingResponse(_tail(daemon, job_id, paths, False), media_type="text/plain")
+        if followers >= MAX_LOG_FOLLOWERS:
+            raise TooManyFollowers(f"{followers} clients follow logs already; try again later")
+        followers += 1
+
+        async def counted() -> AsyncIterator[bytes]:
+            nonlocal followers
+            try:
+                async for chunk in _tail(daemon, job_id, paths, True):
+                    yield chunk
+            finally:
+                followers -= 1
+
+        return StreamingResponse(counted(), media_type="text/plain")
 
     @app.get("/v1/gpus", response_model=list[GpuOut])
     def gpus() -> list[GpuOut]:
@@ -258,7 +356,7 @@ def create_app(daemon: Daemon, token: str) -> FastAPI:
 
     @app.get("/metrics", responses={200: {"content": {"text/plain": {}}}})
     def metrics() -> Response:
-        """Prometheus metrics; read-only, so no token (like /v1/gpus)."""
+        """Prometheus metrics; open without the token (a scraper has none; no job's command or env)."""
         return Response(daemon.metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/v1/queue", response_model=list[QueueEntry])
@@ -310,7 +408,19 @@ def create_app(daemon: Daemon, token: str) -> FastAPI:
     return app
 
 
-def _tail(daemon: Daemon, job_id: str, paths: list[Any], follow: bool) -> Iterator[bytes]:
+def _field_path(loc: Iterable[Any]) -> list[Any]:
+    """A validation error's location as the request's field path: ("body", "command", 1) -> command, 1;
+    pydantic's names for the members of a union ("constrained-str", "int") are dropped, a map's keys and
+    their "[key]" marker kept (the caller words them)."""
+    parts = [p for p in loc if p not in ("body", "query", "path", "header")]
+    if not parts:
+        return []
+    if parts[0] in _DICT_FIELDS:
+        return parts[:3]
+    return [parts[0], *[p for p in parts[1:] if isinstance(p, int)]]
+
+
+async def _tail(daemon: Daemon, job_id: str, paths: list[Any], follow: bool) -> AsyncIterator[bytes]:
     """The files' bytes; with ``follow``, keep reading until the job is finished and nothing is new.
 
     Both streams are read in turns, a chunk at a time, so a follower sees stderr lines as they come;
@@ -336,7 +446,7 @@ def _tail(daemon: Daemon, job_id: str, paths: list[Any], follow: bool) -> Iterat
         if not got:
             if daemon.store.get(job_id).state in TERMINAL_STATES and _drained(paths, offsets):
                 return
-            time.sleep(_FOLLOW_POLL_SECONDS)
+            await asyncio.sleep(_FOLLOW_POLL_SECONDS)
 
 
 def _drained(paths: list[Any], offsets: list[int]) -> bool:

@@ -1,7 +1,8 @@
 """The bearer token: one secret per state directory, created at the first start, readable by its owner only.
 
-Every state-changing call (submit, cancel, tenant quotas) must carry ``Authorization: Bearer <token>``.
-Reads are open to anyone who can reach the port, which is 127.0.0.1 unless ``--host`` says otherwise.
+Every state-changing call (submit, cancel, tenant quotas) must carry ``Authorization: Bearer <token>``,
+and so does every read but /v1/health and /metrics unless the server runs with ``--public-reads``
+(guard.py applies both, and the dashboard's read-only cookie).
 """
 
 from __future__ import annotations

@@ -9,6 +9,7 @@ An error answer becomes a UserError carrying the server's one-line ``detail``.
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,7 @@ __all__ = ["DEFAULT_PORT", "DEFAULT_URL", "ServeClient", "ServerError", "default
 
 DEFAULT_PORT = 8787
 DEFAULT_URL = f"http://127.0.0.1:{DEFAULT_PORT}"
+_RETRY_SECONDS = 1.0
 
 
 class ServerError(UserError):
@@ -45,7 +47,8 @@ def default_state_dir() -> Path:
 
 
 class ServeClient:
-    """One server. ``token`` is looked up lazily: reads work without one."""
+    """One server. ``token`` is looked up lazily and sent with every call but health; a server started
+    with --public-reads answers reads without one, so a read goes without when none can be found."""
 
     def __init__(
         self,
@@ -79,12 +82,26 @@ class ServeClient:
             self._token = read_token(self.state_dir)
         return self._token
 
+    def _read_headers(self) -> dict[str, str]:
+        """The token for a read, when there is one to send (else the server says what is missing)."""
+        try:
+            return {"Authorization": f"Bearer {self.token}"}
+        except UserError:
+            return {}
+
     def _send(self, method: str, path: str, *, auth: bool = False, **kw: Any) -> Any:
-        headers = {"Authorization": f"Bearer {self.token}"} if auth else {}
+        if auth:
+            headers = {"Authorization": f"Bearer {self.token}"}
+        else:
+            headers = self._read_headers() if path != "/v1/health" else {}
+        if "idempotency_key" in kw:
+            headers["Idempotency-Key"] = kw.pop("idempotency_key")
         try:
             response = self._http.request(method, path, headers=headers, **kw)
         except httpx.TransportError as err:
-            raise self._unavailable(err) from None
+            unavailable = self._unavailable(err)
+            unavailable.transport_error = err  # submit() tells a refused connection from a lost answer
+            raise unavailable from None
         return _answer(response)
 
     def _unavailable(self, err: Exception) -> ServerUnavailable:
@@ -96,8 +113,25 @@ class ServeClient:
     def health(self) -> dict[str, Any]:
         return self._send("GET", "/v1/health")
 
-    def submit(self, body: dict[str, Any]) -> dict[str, Any]:
-        return self._send("POST", "/v1/jobs", auth=True, json=body)
+    def submit(
+        self, body: dict[str, Any], idempotency_key: str | None = None, *, retries: int = 0
+    ) -> dict[str, Any]:
+        """Submit a job. With ``idempotency_key``, a submit whose answer was lost (sent, then the
+        connection broke: the server crashed) is sent again up to ``retries`` times, 1 s apart: the
+        server returns the job the first try made, if it made one, so a retry never makes a second job.
+        No server at all (connection refused at the first try) is an error at once."""
+        if idempotency_key is None:
+            return self._send("POST", "/v1/jobs", auth=True, json=body)
+        lost = False
+        for attempt in range(retries + 1):
+            try:
+                return self._send("POST", "/v1/jobs", auth=True, json=body, idempotency_key=idempotency_key)
+            except ServerUnavailable as err:
+                lost = lost or not isinstance(getattr(err, "transport_error", None), httpx.ConnectError)
+                if not lost or attempt == retries:
+                    raise
+                time.sleep(_RETRY_SECONDS)
+        raise AssertionError("unreachable")
 
     def jobs(self, states: list[str] | None = None, limit: int = 1000) -> list[dict[str, Any]]:
         return self._send("GET", "/v1/jobs", params={"state": states or [], "limit": limit})
@@ -163,7 +197,9 @@ class ServeClient:
         """The job's output as it comes; with ``follow`` until the job ends."""
         params = {"follow": follow, "stream": stream}
         try:
-            with self._http.stream("GET", f"/v1/jobs/{job_id}/logs", params=params, timeout=None) as r:
+            path = f"/v1/jobs/{job_id}/logs"
+            headers = self._read_headers()
+            with self._http.stream("GET", path, params=params, headers=headers, timeout=None) as r:
                 if r.status_code >= 400:
                     r.read()
                     _answer(r)

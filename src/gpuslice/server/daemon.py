@@ -180,11 +180,16 @@ class Daemon:
         }
         if is_policy_path(queue_policy):  # serve --queue-policy FILE: loaded as if by `policy load`
             self.policy_slots["queue"].swap(load_file(queue_policy))
+        # GPU health marks outlive a restart (an XID'd GPU must not take jobs again because the server
+        # restarted); a mark is kept only for the GPU it was made for (same index and UUID).
+        self.health = HealthBook(machine.gpu_count)
+        for g, uuid, healthy, reason, kind, since in store.gpu_health():
+            if not healthy and g < machine.gpu_count and machine.gpus[g].uuid == uuid:
+                self.health.restore(g, GpuHealth(False, reason, kind, since))
         self.scheduler = self._new_scheduler()
         self._usage: dict[str, dict[int, int]] = {}  # job -> GPU -> bytes, from the last monitor pass
         self._external: dict[int, int] = {}
         self.telemetry = telemetry  # None: no GPU readings (tests with a fake node)
-        self.health = HealthBook(machine.gpu_count)
         self._readings: dict[int, GpuReading] = {}  # GPU -> the last telemetry reading
         self._gpu_jobs: list[frozenset[str]] = [frozenset()] * machine.gpu_count
         self.anomalies = SigmaDetector(
@@ -203,6 +208,8 @@ class Daemon:
             self.machine, tenants=_quotas(self.store.tenants()), grace_seconds=self.grace_seconds
         )
         scheduler.policy = self.policy_slots["queue"].current
+        for g, health in self.health.unhealthy().items():
+            scheduler.set_gpu_health(g, False, health.reason)
         return scheduler
 
     # -- API side -------------------------------------------------------------------------------------
@@ -216,6 +223,20 @@ class Daemon:
                 self.scheduler.submit(job.id, spec, now)  # raises before the commit: nothing half-applied
             self._wake.set()
             return job
+
+    def submit_once(self, spec: JobSpec, key: tuple[str, str] | None) -> tuple[JobRecord, bool]:
+        """``submit`` under an idempotency key (key, digest of the body): the job a previous submit with
+        that key made, or a new one stored together with the key. Returns (job, created)."""
+        if key is None:
+            return self.submit(spec), True
+        with self._lock:
+            found = self.store.job_for_key(*key)
+            if found is not None:
+                return found, False
+            with self.store.transaction():
+                job = self.submit(spec)
+                self.store.remember_key(key[0], key[1], job.id)
+            return job, True
 
     def cancel(self, job_id: str) -> JobRecord:
         """Cancel a pending job now; stop a running one (SIGTERM, grace, SIGKILL): CANCELLED at its exit."""
@@ -532,7 +553,7 @@ class Daemon:
             for job in self.store.jobs([JobState.RUNNING]):
                 job = self._find_process(job)
                 alive = job.pid is not None and self.node.is_alive(job.pid, job.proc_start_time or 0.0)
-                if alive or self.node.poll(job.id, self.state_dir) is not None:
+                if alive or self._exit_record(job) is not None:
                     try:
                         self.scheduler.adopt(job.id, job.spec, job.gpus, job.started_at or now, _mig(job.mig))
                     except InvalidRequest as err:  # the machine changed under it (fewer GPUs, MIG off)
@@ -543,6 +564,7 @@ class Daemon:
                     report.adopted.append(job.id)
                     continue
                 report.lost.append(job.id)
+                self._kill_lost(job)
                 if self._end(job, JobState.FAILED, "lost while the server was down", now, None, requeue=True):
                     report.requeued.append(job.id)
             for job in self.store.jobs([JobState.PENDING]):
@@ -611,8 +633,25 @@ class Daemon:
 
     # -- exits ----------------------------------------------------------------------------------------
 
-    def _check_exit(self, job: JobRecord, now: float) -> None:
+    def _exit_record(self, job: JobRecord) -> ExitStatus | None:
+        """The exit record of the job's current attempt. A record that started before this attempt is a
+        previous attempt's (the server died after storing RUNNING, before the launch removed it): none."""
         status = self.node.poll(job.id, self.state_dir)
+        if status is None or status.started_at is None or job.started_at is None:
+            return status
+        if status.started_at < job.started_at:
+            _log.warning("job %s: ignoring the exit record of an earlier attempt", job.id)
+            return None
+        return status
+
+    def _kill_lost(self, job: JobRecord) -> None:
+        """SIGKILL what is left of a job whose supervisor is gone, before it is recorded as ended: its
+        processes must never outlive the record that says they ended (nor run beside a restart)."""
+        if job.pgid is not None:
+            self.node.kill(job.pgid)
+
+    def _check_exit(self, job: JobRecord, now: float) -> None:
+        status = self._exit_record(job)
         if status is not None:
             self._finished(job, status, now)
             return
@@ -623,10 +662,11 @@ class Daemon:
             return
         if not self.node.is_alive(job.pid, job.proc_start_time or 0.0):
             # The supervisor writes exit.json before it exits; read once more in case it just did.
-            status = self.node.poll(job.id, self.state_dir)
+            status = self._exit_record(job)
             if status is not None:
                 self._finished(job, status, now)
             else:
+                self._kill_lost(job)
                 self._end(job, JobState.FAILED, "lost: its supervisor died without an exit record", now, None,
                           requeue=True)  # fmt: skip
             return
@@ -797,6 +837,8 @@ class Daemon:
             if on_it:
                 text += f"; jobs running on it: {', '.join(on_it)}"
         with self.store.transaction():
+            since = after.since or now
+            self.store.put_gpu_health(g, gpu.uuid, after.healthy, after.reason, after.kind, since)
             self.store.event(None, "gpu-health", text, now, detail)
             if not after.healthy:
                 for job in on_it:

@@ -8,6 +8,7 @@ UserError (gpuslice.errors)
 ├─ JobConflict                        409  the job's state does not allow the action (cancel a finished job)
 ├─ NotAuthenticated                   401  no bearer token, or the wrong one
 ├─ ForbiddenUser                      403  a request claims another user; the server never switches users
+├─ TooManyFollowers                   429  the cap on clients following logs is reached
 ├─ PolicyNotFound                     404  no such policy family or map key on this server
 ├─ NoSuchMap, NoPolicyLoaded (programs.slot)  404  no such map; only the built-in runs (nothing to unload)
 ├─ PolicyRejected (programs.loader)   422  the verifier rejected a policy file; the detail lists why
@@ -29,6 +30,7 @@ __all__ = [
     "NotAuthenticated",
     "PolicyNotFound",
     "ServerUnavailable",
+    "TooManyFollowers",
     "http_status",
 ]
 
@@ -53,6 +55,10 @@ class ForbiddenUser(UserError):
     """A request claims a user other than the one running the server."""
 
 
+class TooManyFollowers(UserError):
+    """So many clients follow logs already that one more is refused; the client may retry later."""
+
+
 class PolicyNotFound(UserError):
     """A policy family the server does not run, or a map or map key the loaded policy does not have."""
 
@@ -67,12 +73,16 @@ def http_status(error: UserError) -> int:
     from gpuslice.programs.loader import PolicyRejected
     from gpuslice.programs.slot import NoPolicyLoaded, NoSuchMap
 
+    own = getattr(error, "http_status", None)  # an error that says its own (FieldError for a limit: 422)
+    if isinstance(own, int):
+        return own
     for cls, status in (
         (JobNotFound, 404),
         (GpuNotFound, 404),
         (JobConflict, 409),
         (NotAuthenticated, 401),
         (ForbiddenUser, 403),
+        (TooManyFollowers, 429),
         (PolicyNotFound, 404),
         (NoSuchMap, 404),
         (NoPolicyLoaded, 404),

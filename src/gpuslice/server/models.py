@@ -2,15 +2,30 @@
 
 Sizes travel as strings people write ("20GiB") or as integer bytes; durations as "90s", "30m", "1h",
 "2d" or seconds. Unknown fields are refused, so a typo ("gpu" for "gpus") is an error naming the field,
-not a silently ignored wish.
+not a silently ignored wish. Types are strict: ``true`` is not a number, ``"8"`` is not an integer, and
+NaN or Infinity is no number at all.
+
+Every text field is checked before anything is stored: valid Unicode (a JSON ``"\ud800"`` escape is a
+lone surrogate, which no file, process or JSON answer can carry) and bounded in size. The limits:
+
+```text
+command      1 to 4096 arguments; the program name non-empty; each argument at most 128 KiB of UTF-8
+             and without NUL (Linux's MAX_ARG_STRLEN: execve refuses a longer one; docs/references.md)
+env          at most 1024 variables; a name 1 to 1024 bytes without '=' or NUL; a value at most 128 KiB
+command+env  at most 1 MiB of UTF-8 together (execve's total is 1/4 of the stack limit, 2 MiB by default,
+             and the server's own environment needs its share)
+cwd          at most 4096 bytes (PATH_MAX), without NUL
+sizes        at most 2^60 bytes (1 EiB); SQLite stores 64-bit integers
+```
 """
 
 from __future__ import annotations
 
+import math
 import re
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from gpuslice.errors import InvalidRequest, InvalidSize, UserError
 from gpuslice.hardware.node import MAX_GPUS_PER_NODE
@@ -44,6 +59,14 @@ _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*$")
 _SECONDS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
 _NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
 # JobSpec messages start with its field name; this maps them to the API's field names.
+MAX_ARG_BYTES = 128 * 1024  # Linux MAX_ARG_STRLEN (32 pages of 4 KiB): execve(2)
+MAX_ENV_VARS = 1024
+MAX_ENV_NAME_BYTES = 1024
+MAX_COMMAND_ENV_BYTES = 1024 * 1024
+MAX_PATH_BYTES = 4096  # PATH_MAX
+MAX_SIZE_BYTES = 2**60  # 1 EiB: far above any GPU, far below SQLite's 2^63
+# Request models: unknown fields refused, strict JSON types, no NaN/Infinity.
+_STRICT = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 _SPEC_FIELD = {
     "gpu_memory_bytes": "memory",
     "max_runtime_seconds": "max_runtime",
@@ -55,9 +78,43 @@ _SPEC_FIELD = {
 class FieldError(UserError):
     """A user error that names the request field it is about."""
 
-    def __init__(self, field: str, message: str) -> None:
+    def __init__(self, field: str, message: str, http_status: int = 400) -> None:
         super().__init__(f"{field}: {message}")
         self.field = field
+        self.http_status = http_status  # 422 for a documented limit, as the schema's own checks answer
+
+
+def utf8_bytes(text: str) -> int:
+    """Size of ``text`` in UTF-8; ValueError for a lone surrogate (not valid Unicode)."""
+    try:
+        return len(text.encode("utf-8"))
+    except UnicodeEncodeError:
+        raise ValueError("is not valid Unicode (a lone surrogate such as \\ud800)") from None
+
+
+def _unicode(text: str) -> str:
+    utf8_bytes(text)
+    return text
+
+
+def _bounded(limit: int) -> AfterValidator:
+    def check(text: str) -> str:
+        if utf8_bytes(text) > limit:
+            raise ValueError(f"is longer than {limit} bytes of UTF-8")
+        return text
+
+    return AfterValidator(check)
+
+
+# Text: valid Unicode. Arg/EnvValue: also at most MAX_ARG_BYTES and without NUL; the pattern shows in the
+# schema, the validators add what a pattern cannot say.
+Text = Annotated[str, AfterValidator(_unicode)]
+Arg = Annotated[str, Field(pattern=r"^[^\x00]*$", max_length=MAX_ARG_BYTES), _bounded(MAX_ARG_BYTES)]
+EnvName = Annotated[
+    str, Field(pattern=r"^[^=\x00]+$", max_length=MAX_ENV_NAME_BYTES), _bounded(MAX_ENV_NAME_BYTES)
+]
+EnvValue = Arg
+ShortText = Annotated[str, Field(max_length=64), _bounded(256)]
 
 
 def parse_duration(text: str | float | int, field: str = "max_runtime") -> float:
@@ -66,6 +123,8 @@ def parse_duration(text: str | float | int, field: str = "max_runtime") -> float
         raise FieldError(field, f"invalid duration {text!r}; use e.g. 90s, 30m, 1h, 2d")
     if isinstance(text, int | float):
         seconds = float(text)
+        if not math.isfinite(seconds):
+            raise FieldError(field, f"duration {text!r} must be a finite number of seconds")
     else:
         match = _DURATION.match(text)
         if match is None:
@@ -78,44 +137,69 @@ def parse_duration(text: str | float | int, field: str = "max_runtime") -> float
 
 def _size(value: str | int, field: str) -> int:
     try:
-        return parse_size(value)
+        size = parse_size(value)
     except InvalidSize as err:
         raise FieldError(field, str(err)) from None
+    except (OverflowError, ValueError):  # "1e400" as digits: a float that is no number of bytes
+        raise FieldError(field, f"size {str(value)[:40]!r} is too large; at most 2^60 bytes") from None
+    if size > MAX_SIZE_BYTES:
+        raise FieldError(field, f"size {size} is too large; at most 2^60 bytes (1 EiB)")
+    return size
 
 
 class SubmitRequest(BaseModel):
     """A job to run: the command and the slice it needs. Memory is per GPU."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = _STRICT
 
-    command: list[str] = Field(min_length=1, max_length=4096, description="argv, program first")
+    command: list[Arg] = Field(
+        min_length=1,
+        max_length=4096,
+        description="argv, program first (non-empty); each argument at most 128 KiB of UTF-8, no NUL",
+        json_schema_extra={"prefixItems": [{"type": "string", "minLength": 1}]},
+    )
     gpus: int = Field(1, ge=0, le=MAX_GPUS_PER_NODE, description="GPUs; a share (memory/compute) is for 1")
-    memory: str | int | None = Field(None, description='GPU memory per GPU: "20GiB", "8000MiB" or bytes')
+    memory: Annotated[str, Field(max_length=64)] | Annotated[int, Field(ge=0, le=MAX_SIZE_BYTES)] | None = (
+        Field(None, description='GPU memory per GPU: "20GiB", "8000MiB" or bytes (at most 2^60)')
+    )
     compute_percent: int = Field(0, ge=0, le=100, description="% of each GPU's SMs; 0 = not given")
-    mig: str = Field("", max_length=32, description='a MIG profile, e.g. "3g.40gb"')
-    gpu_models: list[str] = Field(default_factory=list, max_length=32, description="allowed models; [] = any")
-    excluded_gpu_models: list[str] = Field(default_factory=list, max_length=32)
+    mig: Annotated[str, Field(max_length=32), AfterValidator(_unicode)] = Field(
+        "", description='a MIG profile, e.g. "3g.40gb"'
+    )
+    gpu_models: list[ShortText] = Field(default_factory=list, max_length=32, description="allowed; [] = any")
+    excluded_gpu_models: list[ShortText] = Field(default_factory=list, max_length=32)
     exclusive: bool = False
     topology: Literal["any", "nvlink", "pcie-switch"] = "any"
     priority: PriorityName = "normal"
     tenant: str = Field("default", pattern=_NAME)
     preemptible: bool = True
-    max_runtime: str | float | None = Field(None, description='"90s", "30m", "1h", "2d" or seconds')
+    max_runtime: Annotated[str, Field(max_length=64)] | float | None = Field(
+        None, description='"90s", "30m", "1h", "2d" or seconds (a finite number)'
+    )
     restart: Literal["never", "on-failure", "always"] = "never"
     max_restarts: int = Field(3, ge=0, le=1000)
-    user: str | None = Field(None, max_length=64, description="must be the server's user, if given")
-    cwd: str = Field("", max_length=4096, description="working directory; '' = the server's")
-    env: dict[str, str] = Field(default_factory=dict, description="extra environment variables")
+    user: ShortText | None = Field(None, description="must be the server's user, if given")
+    cwd: Annotated[str, Field(pattern=r"^[^\x00]*$", max_length=MAX_PATH_BYTES), _bounded(MAX_PATH_BYTES)] = (
+        Field("", description="working directory; '' = the server's")
+    )
+    env: dict[EnvName, EnvValue] = Field(
+        default_factory=dict,
+        max_length=MAX_ENV_VARS,
+        description="extra environment variables: at most 1024; names without '=' or NUL, values at most "
+        "128 KiB; command and env at most 1 MiB together",
+    )
 
 
 def spec_from_submit(body: SubmitRequest, server_user: str) -> JobSpec:
     """The JobSpec for a submit body; FieldError names the field of any problem."""
-    if any(not arg or "\0" in arg for arg in body.command[:1]) or any("\0" in a for a in body.command):
-        raise FieldError("command", "the program name must be non-empty and no argument may hold NUL")
-    if any(not k or "=" in k or "\0" in k or "\0" in v for k, v in body.env.items()):
-        raise FieldError("env", "names must be non-empty without '=' and values without NUL")
-    if "\0" in body.cwd:
-        raise FieldError("cwd", "must not hold NUL")
+    if not body.command[0]:
+        raise FieldError("command", "the program name (the first argument) must be non-empty")
+    total = sum(utf8_bytes(a) + 1 for a in body.command)
+    total += sum(utf8_bytes(k) + utf8_bytes(v) + 2 for k, v in body.env.items())
+    if total > MAX_COMMAND_ENV_BYTES:
+        raise FieldError(
+            "command", f"command and env hold {total} bytes; at most {MAX_COMMAND_ENV_BYTES} together", 422
+        )
     memory = 0 if body.memory is None else _size(body.memory, "memory")
     runtime = None if body.max_runtime is None else parse_duration(body.max_runtime)
     try:
@@ -176,16 +260,39 @@ class JobOut(BaseModel):
     stopping: str = Field(description="why the server is stopping it: preempt, cancel, limit, enforce; ''")
 
 
+_SURROGATE = re.compile("[\ud800-\udfff]")
+ENV_MASK = "********"  # what the API shows for every env value: names are shown, secrets never
+
+
+def _valid_text(value: Any) -> Any:
+    """``value`` with every lone surrogate in its strings replaced by U+FFFD. Submits are checked since
+    such text is refused, but a store written by an older server may hold some; one bad row must not
+    make every list that contains it fail to encode."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+            return value
+        except UnicodeEncodeError:
+            return _SURROGATE.sub("\ufffd", value)
+    if isinstance(value, list | tuple):
+        return [_valid_text(v) for v in value]
+    if isinstance(value, dict):
+        return {_valid_text(k): _valid_text(v) for k, v in value.items()}
+    return value
+
+
 def job_out(job: JobRecord) -> JobOut:
+    spec = spec_to_json(job.spec)
+    spec["env"] = {name: ENV_MASK for name in spec["env"]}
     return JobOut(
         id=job.id,
         state=job.state.value,
-        reason=job.reason,
+        reason=_valid_text(job.reason),
         user=job.user,
         tenant=job.spec.tenant,
         priority=job.spec.priority.name.lower(),
-        command=list(job.spec.command),
-        spec=spec_to_json(job.spec),
+        command=_valid_text(list(job.spec.command)),
+        spec=_valid_text(spec),
         submitted_at=job.submitted_at,
         started_at=job.started_at,
         finished_at=job.finished_at,
@@ -203,13 +310,17 @@ def job_out(job: JobRecord) -> JobOut:
 class TenantIn(BaseModel):
     """A tenant's share and quotas; null = no limit. ``response`` tunes the graded memory response."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = _STRICT
 
     weight: float = Field(1.0, gt=0, le=1e6, description="fair-share weight")
     max_gpus: float | None = Field(None, ge=0, le=MAX_GPUS_PER_NODE, description="GPUs (shares count)")
-    max_gpu_memory: str | int | None = Field(None, description='total GPU memory, e.g. "160GiB", or bytes')
-    response: dict[str, float | str | bool] = Field(
-        default_factory=dict, description="graded response settings (see GET /v1/tenants for defaults)"
+    max_gpu_memory: (
+        Annotated[str, Field(max_length=64)] | Annotated[int, Field(ge=0, le=MAX_SIZE_BYTES)] | None
+    ) = Field(None, description='total GPU memory, e.g. "160GiB", or bytes (at most 2^60)')
+    response: dict[Annotated[str, Field(max_length=64)], float | None] = Field(
+        default_factory=dict,
+        max_length=16,
+        description="graded response settings, finite numbers or null (see GET /v1/tenants for defaults)",
     )
 
 
@@ -228,10 +339,10 @@ MapScalar = bool | int | float | str  # a map key or value; bool first so JSON t
 class PolicyIn(BaseModel):
     """A policy file to verify and swap in: its text, and the name violations are reported under."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = _STRICT
 
-    filename: str = Field(min_length=1, max_length=4096, description='shown in violations: "file:line: …"')
-    source: str = Field(max_length=1_000_000, description="the file's text; the server verifies it")
+    filename: Text = Field(min_length=1, max_length=4096, description='shown in violations: "file:line: …"')
+    source: Text = Field(max_length=1_000_000, description="the file's text; the server verifies it")
 
 
 class FaultOut(BaseModel):
@@ -290,9 +401,9 @@ class MapEntryOut(BaseModel):
 class MapValueIn(BaseModel):
     """A map update: the value as JSON of the map's type, or as text ("2.5", "true") to be parsed."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)  # lax: "2.5" and 2.5 both parse
 
-    value: MapScalar
+    value: bool | int | float | Annotated[str, Field(max_length=256), AfterValidator(_unicode)]
 
 
 class ErrorBody(BaseModel):

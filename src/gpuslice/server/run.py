@@ -3,6 +3,14 @@
 ``gpuslice serve`` (cli/serve.py) calls ``run``; tests and the benchmark start the same thing as a
 subprocess. One server per state directory: a second one is refused while the first holds the lock
 (the lock is an flock, so a server killed with ``kill -9`` leaves nothing to clean up).
+
+The state directory holds secrets (the token, jobs' env and logs): it must belong to the server's user
+and is forced to mode 0700 at every start, and every file the server or a job's supervisor makes in it
+is 0600 (folders 0700): each is created with its mode (SQLite gives its -wal and -shm files the mode
+of the database file, so that one is made 0600 first). Files a job's command makes are its own affair.
+
+SIGINT and SIGTERM both stop the server cleanly: the daemon loop ends, the store is closed (its WAL
+checkpointed), and the node cleans up (MPS daemon, idle MIG instances) before the process exits 0.
 """
 
 from __future__ import annotations
@@ -11,23 +19,27 @@ import contextlib
 import fcntl
 import logging
 import os
+import signal
 import socket
+import stat
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import psutil
 import uvicorn
 
 from gpuslice.errors import InvalidRequest
 from gpuslice.server.app import create_app
 from gpuslice.server.auth import TOKEN_FILE, load_or_create_token
 from gpuslice.server.daemon import DEFAULT_GRACE_SECONDS, Daemon
+from gpuslice.server.guard import new_sign_in_token
 from gpuslice.server.local_node import LocalNode
 from gpuslice.server.store import Store
 from gpuslice.server.url_file import write_url
 from gpuslice.workload.job import JobState
 
-__all__ = ["ServeOptions", "run", "state_lock"]
+__all__ = ["ServeOptions", "own_names", "run", "secure_state_dir", "state_lock"]
 
 _log = logging.getLogger("gpuslice.server")
 STORE_FILE = "gpuslice.db"
@@ -44,6 +56,8 @@ class ServeOptions:
     grace_seconds: float = DEFAULT_GRACE_SECONDS
     tick_seconds: float = 0.2
     queue_policy: str = "priority-fair"
+    public_reads: bool = False  # reads without the token, as before (a machine with one trusted user)
+    allow_hosts: tuple[str, ...] = ()  # Host names accepted besides the server's own ("*": any)
 
     @property
     def url(self) -> str:
@@ -51,10 +65,51 @@ class ServeOptions:
         return f"http://{host}:{self.port}"
 
 
+def secure_state_dir(state_dir: Path) -> None:
+    """Create ``state_dir`` (0700) or check it is ours and force it to 0700, with every file in it 0600
+    and every folder 0700 (a state dir made by an older server, or by hand with mode 0755).
+    InvalidRequest for a state dir that belongs to another user."""
+    state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    info = state_dir.stat()
+    if info.st_uid != os.geteuid():
+        raise InvalidRequest(
+            f"state dir {state_dir} belongs to user id {info.st_uid}, not to you ({os.geteuid()}); "
+            "every user runs their own server: pass --state-dir with a folder of your own"
+        )
+    os.chmod(state_dir, 0o700)
+    for root, dirs, files in os.walk(state_dir):
+        for name in dirs:
+            _chmod_own(Path(root) / name, 0o700)
+        for name in files:
+            _chmod_own(Path(root) / name, 0o600)
+
+
+def _chmod_own(path: Path, mode: int) -> None:
+    with contextlib.suppress(FileNotFoundError, PermissionError):
+        info = path.lstat()
+        if stat.S_ISLNK(info.st_mode) or info.st_uid != os.geteuid():
+            return  # a link is not followed out of the state dir; a job's foreign file is left alone
+        if stat.S_IMODE(info.st_mode) & ~mode:
+            os.chmod(path, stat.S_IMODE(info.st_mode) & mode)
+
+
+def own_names(host: str) -> set[str]:
+    """The Host names that are this server's own when it listens on ``host``: loopback names always,
+    plus the machine's names and addresses when it listens beyond loopback."""
+    names = {"localhost", "127.0.0.1", "::1", host.lower()}
+    if host not in ("127.0.0.1", "localhost", "::1"):
+        names |= {socket.gethostname().lower(), socket.getfqdn().lower()}
+        if host in ("0.0.0.0", "::", ""):  # every interface
+            for addresses in psutil.net_if_addrs().values():
+                names |= {a.address.split("%")[0].lower() for a in addresses
+                          if a.family in (socket.AF_INET, socket.AF_INET6)}  # fmt: skip
+    return names
+
+
 @contextlib.contextmanager
 def state_lock(state_dir: Path) -> Iterator[None]:
     """Hold the state directory's lock; InvalidRequest if another server holds it."""
-    state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    secure_state_dir(state_dir)
     fd = os.open(state_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o600)
     try:
         try:
@@ -83,11 +138,30 @@ def _check_port(host: str, port: int) -> None:
             ) from None
 
 
-def run(options: ServeOptions, on_ready: Callable[[str, Path], None] = lambda url, token: None) -> None:
+class _Stop(Exception):
+    """SIGTERM before uvicorn serves: unwinds through the clean-up like SIGINT's KeyboardInterrupt."""
+
+
+def _stop_on_sigterm(_signum: int, _frame: object) -> None:
+    raise _Stop
+
+
+def run(options: ServeOptions, on_ready: Callable[[str, Path, str], None] = lambda url, t, s: None) -> None:
     """Run the server until SIGINT/SIGTERM. Jobs keep running after it stops; the next start adopts them.
 
-    ``on_ready(url, token_path)`` is called once the state is recovered, just before serving."""
+    ``on_ready(url, token_path, sign_in_url)`` is called once the state is recovered, just before
+    serving; ``sign_in_url`` opens the dashboard once and leaves a read-only cookie."""
     state_dir = options.state_dir.expanduser().resolve()
+    previous = signal.signal(signal.SIGTERM, _stop_on_sigterm)
+    try:
+        _run(options, state_dir, on_ready)
+    except _Stop:
+        _log.warning("stopped by SIGTERM")
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _run(options: ServeOptions, state_dir: Path, on_ready: Callable[[str, Path, str], None]) -> None:
     with state_lock(state_dir):
         _check_port(options.host, options.port)
         token = load_or_create_token(state_dir)
@@ -109,12 +183,20 @@ def run(options: ServeOptions, on_ready: Callable[[str, Path], None] = lambda ur
         )
         daemon.start()
         try:
-            on_ready(options.url, state_dir / TOKEN_FILE)
-            app = create_app(daemon, token)
+            sign_in = new_sign_in_token()
+            hosts = None if "*" in options.allow_hosts else own_names(options.host) | set(options.allow_hosts)
+            app = create_app(
+                daemon, token, public_reads=options.public_reads, hosts=hosts, sign_in_token=sign_in
+            )
             config = uvicorn.Config(app, host=options.host, port=options.port, log_level="warning",
                                     access_log=False)  # fmt: skip
+            on_ready(options.url, state_dir / TOKEN_FILE, f"{options.url}/?token={sign_in}")
+            # uvicorn handles SIGTERM itself (graceful HTTP shutdown) and then raises it again, which would
+            # end the process before the clean-up below; once it has served, that echo is ignored.
+            signal.signal(signal.SIGTERM, lambda _s, _f: None)
             uvicorn.Server(config).run()
         finally:
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM must not cut the clean-up
             daemon.stop()
             telemetry.close()
             node.close(jobs_running=store.count(JobState.RUNNING) > 0)

@@ -14,12 +14,16 @@ jobs     seq PK, id, spec JSON, state, reason, user, tenant, priority, submitted
          stop ("" | preempt | cancel | limit | enforce), stop_deadline, suspended
 events   id PK, job_id, time, kind, old_state, new_state, reason, detail JSON
 tenants  name PK, weight, max_gpus, max_gpu_memory_bytes, response JSON (graded-response settings)
+idempotency  key PK, digest (of the submit body), job_id: a retried submit finds its job
+gpu_health   gpu PK, uuid, healthy, reason, kind, since: marks that outlive a restart
 ```
+The last two tables came after version 1 and are created when missing, so an older file opens as is.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 import threading
 from collections.abc import Iterator, Sequence
@@ -30,7 +34,7 @@ from typing import Any
 
 from gpuslice.errors import InternalError, InvalidRequest
 from gpuslice.server.codec import spec_from_json, spec_to_json
-from gpuslice.server.errors import JobNotFound
+from gpuslice.server.errors import JobConflict, JobNotFound
 from gpuslice.workload.job import JobEvent, JobSpec, JobState, check_transition
 
 __all__ = ["SCHEMA_VERSION", "JobRecord", "Store", "TenantRecord"]
@@ -75,6 +79,19 @@ CREATE TABLE IF NOT EXISTS events (
     detail TEXT NOT NULL DEFAULT '{}'
 );
 CREATE INDEX IF NOT EXISTS events_job ON events (job_id);
+CREATE TABLE IF NOT EXISTS idempotency (
+    key TEXT PRIMARY KEY,
+    digest TEXT NOT NULL,
+    job_id TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS gpu_health (
+    gpu INTEGER PRIMARY KEY,
+    uuid TEXT NOT NULL,
+    healthy INTEGER NOT NULL,
+    reason TEXT NOT NULL,
+    kind TEXT NOT NULL,
+    since REAL NOT NULL
+);
 CREATE TABLE IF NOT EXISTS tenants (
     name TEXT PRIMARY KEY,
     weight REAL NOT NULL DEFAULT 1.0,
@@ -136,7 +153,10 @@ class Store:
 
     def __init__(self, path: Path | str) -> None:
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        # 0600 before SQLite opens it: SQLite gives the -wal and -shm files the database file's mode.
+        os.close(os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600))
+        os.chmod(self.path, 0o600)
         self._lock = threading.RLock()
         self._depth = 0
         # isolation_level=None: we issue BEGIN/COMMIT ourselves, so a transaction is exactly what we say.
@@ -216,6 +236,38 @@ class Store:
             self._db.execute("UPDATE jobs SET id = ? WHERE seq = ?", (job_id, seq))
             self._event(job_id, now, "transition", None, JobState.PENDING, reason, {})
         return self.get(job_id)
+
+    def job_for_key(self, key: str, digest: str) -> JobRecord | None:
+        """The job a submit with this Idempotency-Key made, or None; JobConflict when the key was used
+        with another body."""
+        with self._lock:
+            row = self._db.execute("SELECT digest, job_id FROM idempotency WHERE key = ?", (key,)).fetchone()
+        if row is None:
+            return None
+        if row["digest"] != digest:
+            raise JobConflict(
+                f"Idempotency-Key {key!r} was used for job {row['job_id']} with another body; use a new key"
+            )
+        return self.get(row["job_id"])
+
+    def remember_key(self, key: str, digest: str, job_id: str) -> None:
+        with self.transaction():
+            self._db.execute("INSERT INTO idempotency VALUES (?, ?, ?)", (key, digest, job_id))
+
+    def gpu_health(self) -> list[tuple[int, str, bool, str, str, float]]:
+        """Stored GPU health marks: (gpu, uuid, healthy, reason, kind, since)."""
+        with self._lock:
+            rows = self._db.execute("SELECT * FROM gpu_health ORDER BY gpu").fetchall()
+        return [(r["gpu"], r["uuid"], bool(r["healthy"]), r["reason"], r["kind"], r["since"]) for r in rows]
+
+    def put_gpu_health(
+        self, gpu: int, uuid: str, healthy: bool, reason: str, kind: str, since: float
+    ) -> None:
+        with self.transaction():
+            self._db.execute(
+                "INSERT OR REPLACE INTO gpu_health VALUES (?, ?, ?, ?, ?, ?)",
+                (gpu, uuid, int(healthy), reason, kind, since),
+            )
 
     def get(self, job_id: str) -> JobRecord:
         with self._lock:

@@ -5,7 +5,9 @@ GET /  and  /dashboard        the page (index.html)
 GET /dashboard/{file}         its script, style sheet and icon (the files in static/)
 ```
 The page reads the same read-only JSON API as everyone else (/v1/health, /v1/gpus, /v1/jobs, /v1/queue,
-/v1/events; no token) every 2 s. Everything it shows from the API is user input somewhere (commands,
+/v1/events) every 2 s, with the read-only cookie that the sign-in link printed by ``gpuslice serve``
+leaves (guard.py; no cookie is needed with --public-reads). The page itself holds no data.
+Everything it shows from the API is user input somewhere (commands,
 reasons), so the script only ever sets text, never HTML, and the Content-Security-Policy below refuses
 inline scripts, inline styles and every source but this server: an injected ``<img onerror=…>`` or
 ``<script>`` cannot run even if a bug let one into the page.

@@ -116,6 +116,10 @@ async function getJson(path) {
   const timer = setTimeout(() => controller.abort(), TIMEOUT_MS);
   try {
     const response = await fetch(path, { signal: controller.signal, cache: "no-store" });
+    if (response.status === 401) {
+      // Reads need the token: the sign-in link printed by `gpuslice serve` leaves a cookie for them.
+      throw new Error("not signed in: open the dashboard link that `gpuslice serve` printed (…/?token=…)");
+    }
     if (!response.ok) throw new Error(`${path}: HTTP ${response.status}`);
     return await response.json();
   } finally {
