@@ -91,6 +91,24 @@ def test_the_chosen_nodes_gpus_are_held_from_filter_until_bind():
     state.check_invariants()
 
 
+def test_bind_keeps_the_hold_from_filter_so_no_other_filter_can_take_it_in_between():
+    """Bind used to give the hold back and pick again: another pod filtered in that moment saw the GPU
+    free, chose it, and its own bind then failed with "no longer fits"."""
+    api = FakeApi()
+    state = narrow_state(api, {"a": inventory(gpus=1)})
+    whole = {"gpuslice.io/gpu": "1"}
+    first = pod_json("first", whole)
+    assert state.filter(first, ["a"]).passed == ["a"]
+    held = state._pods["uid-first"].placement
+    released = []
+    original = state._forget
+    state._forget = lambda uid: (released.append(uid), original(uid))[1]  # type: ignore[method-assign]
+    api.pods[("team-a", "first")] = first
+    assert state.bind("team-a", "first", "uid-first", "a") == ""
+    assert released == [] and state._pods["uid-first"].placement is held
+    assert state.filter(pod_json("second", whole), ["a"]).passed == []
+
+
 def test_a_pod_filtered_again_does_not_count_its_own_hold():
     api = FakeApi()
     state = narrow_state(api, {"a": inventory(gpus=1)})

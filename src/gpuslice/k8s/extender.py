@@ -983,13 +983,18 @@ class ClusterState:
             held = self._nominations.get(node)
             if held is not None and held.uid != uid and held.priority >= _priority(pod):
                 return f"pod {namespace}/{name} on {node}: {REASON_RESERVED}"
-            with self._node_lock(node):
-                decision, problem = self._reserve(uid, node, ask, pod)
+            with self._lock:  # held since filter on this node: that hold is the decision (no re-pick,
+                # whose release-then-reserve would let another pod's filter take the GPUs in between)
+                assumed = self._pods.get(uid) if self._assumed.pop(uid, None) is not None else None
+                if assumed is not None and assumed.node == node:
+                    decision = assumed.decision
             if decision is None:
-                return f"pod {namespace}/{name} on {node}: {problem}"
+                with self._node_lock(node):
+                    decision, problem = self._reserve(uid, node, ask, pod)
+                if decision is None:
+                    return f"pod {namespace}/{name} on {node}: {problem}"
             with self._lock:
                 self._drop_nomination(uid)
-                self._assumed.pop(uid, None)
         try:
             if decision is not None:
                 self.api.patch_pod_annotations(namespace, name, decision.to_annotations())
