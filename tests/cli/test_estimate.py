@@ -116,7 +116,8 @@ def test_submit_with_estimate_sends_the_estimated_memory_to_the_server(monkeypat
         def __exit__(self, *exc):
             return False
 
-        def submit(self, body):
+        def submit(self, body, idempotency_key=None, retries=0):
+            assert idempotency_key  # the CLI makes every submit safe to retry
             sent.update(body)
             return {"id": "j-1", "state": "PENDING", **body}
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import sys
 import time
+import uuid
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -135,7 +136,9 @@ def submit(
     }  # fmt: skip
     check_submit(body)  # every argument before the token is looked for
     with _client(url, state_dir) as client:
-        job = client.submit(body)
+        # A key of its own: if the server crashes after taking the job but before answering, the
+        # retry returns that job instead of making a second one.
+        job = client.submit(body, idempotency_key=str(uuid.uuid4()), retries=5)
     _out.print(f"job {job['id']} submitted: {job['state']} ({slice_text(job)})")
 
 
