@@ -188,7 +188,7 @@ class ModelShape:
         return self.vocab * d + encoder + decoder + positions + 2 * d + head
 
     def parameter_count(self) -> int:
-        """Every parameter of the model (all experts of an MoE model: they all stay resident, research §3).
+        """Every parameter of the model (all experts of an MoE model: they all stay resident in GPU memory).
 
         The exact count from transformers when one was made, else the formulas above.
         """
