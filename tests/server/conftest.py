@@ -13,97 +13,17 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import httpx
 import psutil
 import pytest
-from server_helpers import free_port
+from server_helpers import FakeNode, free_port, h100_machine
 
-from gpuslice.node.launcher import ExitStatus, LaunchedJob
-from gpuslice.node.machine import GpuInfo, Machine
 from gpuslice.server.daemon import Daemon
-from gpuslice.server.store import Store, TenantRecord
-from gpuslice.units import GiB
-from gpuslice.workload.job import JobSpec
-
-
-class FakeNode:
-    def __init__(self) -> None:
-        self.launched: dict[str, LaunchedJob] = {}
-        self.envs: dict[str, dict[str, str]] = {}
-        self.exits: dict[str, ExitStatus] = {}
-        self.alive: set[int] = set()
-        self.found: dict[str, LaunchedJob] = {}
-        self.signals: list[tuple[str, int]] = []
-        self.used: dict[str, dict[int, int]] = {}
-        self.external: dict[int, int] = {}
-        self.decisions: dict[str, tuple[str, str]] = {}
-        self.fail_launch: set[str] = set()
-        self._pid = 1000
-
-    def launch(self, job_id: str, spec: JobSpec, env: Mapping[str, str], state_dir: Path) -> LaunchedJob:
-        if job_id in self.fail_launch:
-            raise OSError(f"cannot start {spec.command[0]}")
-        self.exits.pop(job_id, None)
-        self._pid += 1
-        job = LaunchedJob(self._pid, self._pid, float(self._pid))
-        self.launched[job_id] = job
-        self.envs[job_id] = dict(env)
-        self.alive.add(job.pid)
-        return job
-
-    def exit(self, job_id: str, code: int = 0, signal: int | None = None) -> None:
-        """The job's command ends: its exit file appears and its supervisor goes away."""
-        self.exits[job_id] = ExitStatus(code, signal, 0.0)
-        self.alive.discard(self.launched[job_id].pid)
-
-    def poll(self, job_id: str, state_dir: Path) -> ExitStatus | None:
-        return self.exits.get(job_id)
-
-    def is_alive(self, pid: int, start_time: float) -> bool:
-        return pid in self.alive
-
-    def find_supervisor(self, job_id: str, state_dir: Path) -> LaunchedJob | None:
-        return self.found.get(job_id)
-
-    def terminate(self, pgid: int, grace_seconds: float) -> bool:
-        self.signals.append(("term", pgid))
-        return True
-
-    def suspend(self, pgid: int) -> bool:
-        self.signals.append(("stop", pgid))
-        return True
-
-    def resume(self, pgid: int) -> bool:
-        self.signals.append(("cont", pgid))
-        return True
-
-    def kill(self, pgid: int) -> bool:
-        self.signals.append(("kill", pgid))
-        return True
-
-    def job_env(self, spec: JobSpec, gpus: tuple[int, ...], mig: Any) -> dict[str, str]:
-        return {"CUDA_VISIBLE_DEVICES": ",".join(f"GPU-{g}" for g in gpus)}
-
-    def usage(self, jobs: Mapping[str, int]) -> tuple[dict[str, dict[int, int]], dict[int, int]]:
-        return {j: dict(self.used.get(j, {})) for j in jobs}, dict(self.external)
-
-    def respond(
-        self, job_id: str, tenant: TenantRecord | None, used: int, limit: int, now: float
-    ) -> tuple[str, str] | None:
-        return self.decisions.pop(job_id, None)
-
-    def check_response(self, settings: Mapping[str, Any]) -> None:
-        return None
-
-    def response_defaults(self) -> dict[str, Any]:
-        return {"kill_after_seconds": 120.0}
-
-    def forget(self, job_id: str) -> None:
-        return None
+from gpuslice.server.store import Store
 
 
 class Clock:
@@ -112,10 +32,6 @@ class Clock:
 
     def __call__(self) -> float:
         return self.now
-
-
-def h100_machine(n: int = 8) -> Machine:
-    return Machine("test-h100", tuple(GpuInfo(i, f"GPU-{i}", "H100", 80 * GiB) for i in range(n)))
 
 
 @pytest.fixture

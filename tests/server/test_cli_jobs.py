@@ -150,8 +150,11 @@ def test_a_submit_whose_answer_is_lost_is_retried_with_its_key_and_makes_one_job
 
 
 def test_a_submit_with_no_server_there_fails_at_once(monkeypatch):
+    import types
+
     sleeps = []
-    monkeypatch.setattr("gpuslice.server.client.time.sleep", sleeps.append)
+    # the client module's own clock only: other tests' daemon threads may still sleep on time.sleep
+    monkeypatch.setattr("gpuslice.server.client.time", types.SimpleNamespace(sleep=sleeps.append))
     client = ServeClient(url=f"http://127.0.0.1:{free_port()}", token=TOKEN, timeout=2)
     with pytest.raises(ServerUnavailable):
         client.submit({"command": ["train"]}, idempotency_key="key-2", retries=5)

@@ -11,8 +11,8 @@ import json
 import warnings
 
 import pytest
+from server_helpers import FakeNode
 
-from conftest import FakeNode
 from gpuslice.node.launcher import ExitStatus
 from gpuslice.server.app import create_app
 from gpuslice.server.guard import Guard, cookie_value, host_name
@@ -303,7 +303,8 @@ class RecordingNode(FakeNode):
 
 @pytest.fixture
 def recording(tmp_path, clock):
-    from conftest import h100_machine
+    from server_helpers import h100_machine
+
     from gpuslice.server.daemon import Daemon
     from gpuslice.server.store import Store
 

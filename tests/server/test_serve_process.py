@@ -8,6 +8,8 @@ import os
 import signal
 import stat
 import subprocess
+import sys
+from pathlib import Path
 
 import httpx
 import psutil
@@ -133,17 +135,17 @@ def test_serve_prints_a_sign_in_link_and_refuses_foreign_hosts(serve):
 
 
 def test_the_cli_clients_read_with_the_token_from_the_state_dir(serve):
-    from conftest import BIN
+    bin_dir = Path(sys.executable).parent  # the venv of this test run
 
     server = serve()
     job = server.submit(["sleep", "60"])
     where = ["--url", server.url, "--state-dir", str(server.state_dir)]
     for args in (["ps", "-a"], ["show", job["id"]], ["top", "--once"], ["queue"], ["gpus"]):
         done = subprocess.run(
-            [str(BIN / "gpuslice"), *args, *where], capture_output=True, text=True, timeout=60
+            [str(bin_dir / "gpuslice"), *args, *where], capture_output=True, text=True, timeout=60
         )
         assert done.returncode == 0, (args, done.stdout, done.stderr)
     env = {**os.environ, "GPUSLICE_STATE_DIR": str(server.state_dir), "COLUMNS": "200"}
-    top = subprocess.run([str(BIN / "gpuslice"), "top", "--once", "--url", server.url], env=env,
+    top = subprocess.run([str(bin_dir / "gpuslice"), "top", "--once", "--url", server.url], env=env,
                          capture_output=True, text=True, timeout=60)  # fmt: skip
     assert top.returncode == 0 and "sleep 60" in top.stdout, top.stderr

@@ -90,8 +90,8 @@ def memsim(
     bound, base = results[("belady", prefetch)], results[("default", "tree")]
     costs = f"costs: {cost.name or cost.link}"
     table = Table(
-        title=f"{data.name} at {oversub}× oversubscription ({len(data):,} accesses; {costs})",
-        caption="speedup: estimated time of the driver default / this pair",
+        title=f"{data.name} at {oversub}× oversubscription ({len(data):,} accesses)",
+        caption=f"speedup: estimated time of the driver default / this pair; {costs}",
         box=box.SIMPLE_HEAD,
         padding=(0, 0),  # gaps of one space (the box's)
         show_edge=False,
