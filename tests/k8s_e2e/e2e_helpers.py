@@ -265,6 +265,7 @@ def gpu_pod(
     annotations: Mapping[str, str] | None = None,
     priority_class: str | None = None,
     cpu: str = "100m",
+    memory: str = "",
     grace_s: int | None = None,
     tolerate: str = "",
     node_selector: Mapping[str, str] | None = None,
@@ -276,7 +277,7 @@ def gpu_pod(
                 "name": "main",
                 "image": "registry.example/job:1",
                 "resources": {
-                    "requests": {"cpu": cpu},
+                    "requests": {"cpu": cpu, **({"memory": memory} if memory else {})},
                     "limits": {k: str(v) for k, v in resources.items()},
                 },
             }
