@@ -173,7 +173,8 @@ def test_placement_follows_the_extender_policy_not_kube_scheduler_spreading(
     over), then pack-b. kube-scheduler's own NodeResourcesFit score (LeastAllocated: spread) prefers
     pack-b by about 95 points, more than a weight-1 extender's score separates its best node from the
     second (50 points here: 10 vs 5, times 10): with ``--no-decide`` the share lands on pack-b (this test
-    fails so). The extender deciding puts it on pack-a. Only this test's pods tolerate and select the three nodes."""
+    fails so). The extender deciding puts it on pack-a. Only this test's pods tolerate and select the
+    three nodes."""
     pin = {PACK_TAINT: "true"}
     for name, node, cpu, memory in (
         ("heavy-0", "pack-a", "30", "240Gi"),
