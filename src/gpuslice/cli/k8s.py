@@ -79,7 +79,6 @@ def extender(
     from gpuslice.k8s.extender import SERVER_OPTIONS, ClusterState, KubernetesApi, create_app
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    api = KubernetesApi(str(kubeconfig) if kubeconfig else None)
     target = None
     if target_workload is not None:
         from gpuslice.sim.trace import load_pods
@@ -89,6 +88,7 @@ def extender(
             target = TargetWorkload.gpu_part(p.request for p in load_pods(target_workload))
         except ValueError:  # parsed, but not one pod asks for a GPU
             raise UserError(f"--target-workload {target_workload}: no pod in it asks for a GPU") from None
+    api = KubernetesApi(str(kubeconfig) if kubeconfig else None)  # after the cheap checks of the options
     state = ClusterState(api, default_policy=policy, narrow=decide, target=target)
     _out.print(f"gpuslice extender on {host}:{port}, default policy {policy}; watching nodes and pods")
     uvicorn.run(create_app(state, api.events()), host=host, port=port, log_level="info", **SERVER_OPTIONS)

@@ -28,11 +28,17 @@ def api_client(kubeconfig: str | None = None) -> Any:
     client = kubernetes_client_module()
     from kubernetes import config
 
-    if kubeconfig:
-        config.load_kube_config(config_file=kubeconfig)
-    else:
-        try:
-            config.load_incluster_config()
-        except config.ConfigException:
-            config.load_kube_config()
+    try:
+        if kubeconfig:
+            config.load_kube_config(config_file=kubeconfig)
+        else:
+            try:
+                config.load_incluster_config()
+            except config.ConfigException:
+                config.load_kube_config()
+    except (config.ConfigException, OSError) as err:
+        where = f"--kubeconfig {kubeconfig}" if kubeconfig else "no --kubeconfig, no pod, ~/.kube/config"
+        raise UserError(
+            f"no usable Kubernetes configuration ({where}): {err}; give --kubeconfig FILE or run it in a pod"
+        ) from None
     return client.ApiClient()
