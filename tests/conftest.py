@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -142,3 +143,22 @@ def external_tool() -> Callable[[str, str], str]:
         pytest.skip(f"{name} is not installed ({install})")
 
     return find
+
+
+@pytest.fixture
+def run_cli(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> Callable[[list[str]], tuple[int, str, str]]:
+    """run_cli(args) -> (exit code, stdout, stderr) of ``gpuslice ARGS`` as the installed command runs
+    (``main``: a UserError is one error line and exit 2), 200 columns wide so tables are not cut."""
+    from gpuslice.cli.main import main
+
+    def run(args: list[str]) -> tuple[int, str, str]:
+        monkeypatch.setattr(sys, "argv", ["gpuslice", *args])
+        monkeypatch.setenv("COLUMNS", "200")
+        with pytest.raises(SystemExit) as stopped:
+            main()
+        captured = capsys.readouterr()
+        return stopped.value.code, captured.out, captured.err
+
+    return run

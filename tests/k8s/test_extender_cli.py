@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import pytest
 from typer.testing import CliRunner
 
 from gpuslice.cli import k8s as k8s_cli
@@ -114,29 +113,21 @@ def test_probe_exits_0_for_a_server_that_answers_and_1_for_none():
     assert refused.output.startswith("error:")
 
 
-def _main(args, capsys):
-    """The installed command's path: ``main`` turns a UserError into one error line and exit 2."""
-    with pytest.raises(SystemExit) as exit_info:
-        main.main(args)
-    out, err = capsys.readouterr()
-    return exit_info.value.code, out + err
-
-
-def test_extender_without_a_kubernetes_configuration_is_one_error_line(tmp_path, monkeypatch, capsys):
+def test_extender_without_a_kubernetes_configuration_is_one_error_line(tmp_path, monkeypatch, run_cli):
     monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.kube/config; not in a pod
     monkeypatch.delenv("KUBECONFIG", raising=False)
     for args in ([], ["--kubeconfig", str(tmp_path / "missing")]):
-        code, out = _main(["k8s", "extender", *args], capsys)
-        assert code == 2, out
-        assert out.startswith("error: no usable Kubernetes configuration") and "Traceback" not in out
+        code, out, err = run_cli(["k8s", "extender", *args])
+        assert code == 2, out + err
+        assert (out + err).startswith("error: no usable Kubernetes configuration") and "Traceback" not in err
 
 
-def test_a_target_workload_that_is_not_a_pod_list_is_refused_before_anything_starts(tmp_path, capsys):
+def test_a_target_workload_that_is_not_a_pod_list_is_refused_before_anything_starts(tmp_path, run_cli):
     bad = tmp_path / "pods.csv"
     bad.write_text("a,b\n1,2\n")
-    code, out = _main(["k8s", "extender", "--target-workload", str(bad)], capsys)
-    assert code == 2 and out.startswith("error:") and "header lacks" in out
+    code, out, err = run_cli(["k8s", "extender", "--target-workload", str(bad)])
+    assert code == 2 and (out + err).startswith("error:") and "header lacks" in out + err
     no_gpu = tmp_path / "cpu.csv"
     no_gpu.write_text("name,cpu_milli,memory_mib,num_gpu,gpu_milli\np,1000,1024,0,0\n")
-    code, out = _main(["k8s", "extender", "--target-workload", str(no_gpu)], capsys)
-    assert code == 2 and "no pod in it asks for a GPU" in out
+    code, out, err = run_cli(["k8s", "extender", "--target-workload", str(no_gpu)])
+    assert code == 2 and "no pod in it asks for a GPU" in out + err

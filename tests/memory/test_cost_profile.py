@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import json
-import sys
 
 import pytest
 
-from gpuslice.cli.main import main
 from gpuslice.memory import SimConfig, make_workload, simulate
 from gpuslice.memory.cost import CostModel, CostProfileError, load_cost_profile
 from gpuslice.programs.loader import memory_ops
@@ -93,25 +91,16 @@ def test_an_unknown_link_name_is_refused_unless_a_rate_is_given():
     assert CostModel(link="measured", bytes_per_s=1e9).link_bytes_per_s == 1e9
 
 
-def run_cli(args, monkeypatch, capsys):
-    monkeypatch.setattr(sys, "argv", ["gpuslice", *args])
-    monkeypatch.setenv("COLUMNS", "200")
-    with pytest.raises(SystemExit) as stopped:
-        main()
-    captured = capsys.readouterr()
-    return stopped.value.code, captured.out, captured.err
-
-
-def test_memsim_cost_profile_is_used_and_named_in_the_table(tmp_path, monkeypatch, capsys):
+def test_memsim_cost_profile_is_used_and_named_in_the_table(tmp_path, run_cli):
     path = write(tmp_path, GOOD)
     args = ["memsim", "--workload", "seq-stream", "--scale", "0.05", "--cost-profile", str(path)]
-    code, out, err = run_cli(args, monkeypatch, capsys)
+    code, out, err = run_cli(args)
     assert code in (0, None), err
     assert "costs: test-profile" in out
 
 
-def test_memsim_with_a_bad_profile_prints_one_error_line_and_exits_2(tmp_path, monkeypatch, capsys):
+def test_memsim_with_a_bad_profile_prints_one_error_line_and_exits_2(tmp_path, run_cli):
     path = write(tmp_path, {**GOOD, "link_bytes_per_s": -5})
-    code, _out, err = run_cli(["memsim", "--cost-profile", str(path)], monkeypatch, capsys)
+    code, _out, err = run_cli(["memsim", "--cost-profile", str(path)])
     assert code == 2
     assert err.strip().splitlines() == [f"error: cost profile {path}: link_bytes_per_s must be > 0, got -5"]

@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import json
-import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-
-from gpuslice.cli.main import main
 
 ROOT = Path(__file__).resolve().parents[2]
 FILES = ROOT / "src/gpuslice/programs/builtin_files"
@@ -20,15 +18,6 @@ PODS = "name,cpu_milli,memory_mib,num_gpu,gpu_milli\n" + "".join(
 )
 
 
-def run_cli(args: list[str], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]):
-    monkeypatch.setattr(sys, "argv", ["gpuslice", *args])
-    monkeypatch.setenv("COLUMNS", "200")
-    with pytest.raises(SystemExit) as stopped:
-        main()
-    captured = capsys.readouterr()
-    return stopped.value.code, captured.out, captured.err
-
-
 @pytest.fixture
 def trace_dir(tmp_path: Path) -> Path:
     (tmp_path / "openb_node_list_gpu_node.csv").write_text(NODES)
@@ -37,7 +26,7 @@ def trace_dir(tmp_path: Path) -> Path:
 
 
 def test_sim_openb_runs_a_policy_file_beside_the_builtin_with_equal_results(
-    trace_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    trace_dir: Path, tmp_path: Path, run_cli: Callable[[list[str]], tuple[int, str, str]]
 ) -> None:
     fgd_file = str(FILES / "fgd.py")
     code, out, err = run_cli(
@@ -56,9 +45,7 @@ def test_sim_openb_runs_a_policy_file_beside_the_builtin_with_equal_results(
             "42-43",
             "--out",
             str(tmp_path / "out"),
-        ],
-        monkeypatch,
-        capsys,
+        ]
     )
     assert code == 0, err
     assert fgd_file in out
@@ -74,38 +61,34 @@ def test_sim_openb_runs_a_policy_file_beside_the_builtin_with_equal_results(
 
 
 def test_sim_openb_refuses_a_rejected_file_before_any_run_with_file_and_line(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, run_cli: Callable[[list[str]], tuple[int, str, str]]
 ) -> None:
     bad = tmp_path / "bad.py"
     bad.write_text(
         "import os\nfrom gpuslice.programs.api import PlacementOps\n\n\nclass P(PlacementOps):\n    pass\n"
     )
-    code, _, err = run_cli(
-        ["sim", "openb", "--policy", str(bad), "--out", str(tmp_path / "o")], monkeypatch, capsys
-    )
+    code, _, err = run_cli(["sim", "openb", "--policy", str(bad), "--out", str(tmp_path / "o")])
     assert code == 2
     assert f"{bad}:1: import of 'os' is not allowed" in err
     assert not (tmp_path / "o").exists()
 
 
 def test_sim_openb_refuses_a_file_of_another_family(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, run_cli: Callable[[list[str]], tuple[int, str, str]]
 ) -> None:
-    code, _, err = run_cli(
-        ["sim", "openb", "--policy", str(FILES / "lfu.py"), "--out", str(tmp_path)], monkeypatch, capsys
-    )
+    code, _, err = run_cli(["sim", "openb", "--policy", str(FILES / "lfu.py"), "--out", str(tmp_path)])
     assert code == 2 and "is a eviction policy; a placement policy is needed here" in err
 
 
 def test_memsim_takes_eviction_and_prefetch_files_and_matches_the_builtins(
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    run_cli: Callable[[list[str]], tuple[int, str, str]],
 ) -> None:
     common = ["memsim", "--workload", "hotspot", "--scale", "0.02", "--visibility", "full", "--json"]
-    code, out, err = run_cli([*common, "--evict", "lfu", "--prefetch", "stride"], monkeypatch, capsys)
+    code, out, err = run_cli([*common, "--evict", "lfu", "--prefetch", "stride"])
     assert code == 0, err
     builtin = json.loads(out)[0]
     files = ["--evict", str(FILES / "lfu.py"), "--prefetch", str(FILES / "stride.py")]
-    code, out, err = run_cli([*common, *files], monkeypatch, capsys)
+    code, out, err = run_cli([*common, *files])
     assert code == 0, err
     loaded = json.loads(out)[0]
     assert (loaded["evict"], loaded["prefetch"]) == (str(FILES / "lfu.py"), str(FILES / "stride.py"))
