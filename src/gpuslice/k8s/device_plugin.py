@@ -110,6 +110,7 @@ __all__ = [
     "RegistrationFailed",
     "default_mig_layouts",
     "device_nodes",
+    "gpu_minors",
     "gpu_of_share",
     "node_inventory",
     "node_labels",
@@ -417,6 +418,7 @@ class DevicePlugin:
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._kubelet_id: tuple[int, int] | None = None
+        self._minors = gpu_minors(machine)  # for the device nodes Allocate passes
 
     # -- construction -------------------------------------------------------------------------------
 
@@ -906,7 +908,7 @@ class DevicePlugin:
             mounts=self._mounts(env) + shim_mounts,
             devices=[
                 pb.DeviceSpec(container_path=path, host_path=path, permissions="rw")
-                for path in device_nodes(self.machine, gpus)
+                for path in device_nodes(self._minors, gpus)
             ],
             cdi_devices=[pb.CDIDevice(name=f"{CDI_KIND}={name}") for name in cdi_names],
         )
@@ -949,25 +951,32 @@ def node_labels(machine: Machine) -> dict[str, str]:
     }
 
 
-def device_nodes(machine: Machine, gpus: Sequence[int]) -> list[str]:
-    """The device nodes a container with ``gpus`` needs: each GPU's /dev/nvidia<minor> (the minor from
-    NVML on a real machine, the index on a simulated one) and the control devices."""
-    return [*(f"/dev/nvidia{_minor(machine, g)}" for g in gpus), *CONTROL_DEVICES]
+def device_nodes(minors: Sequence[int], gpus: Sequence[int]) -> list[str]:
+    """The device nodes a container with ``gpus`` needs: each GPU's /dev/nvidia<minor> (``minors`` by
+    GPU index, from ``gpu_minors``) and the control devices."""
+    return [*(f"/dev/nvidia{minors[g]}" for g in gpus), *CONTROL_DEVICES]
 
 
-def _minor(machine: Machine, gpu: int) -> int:
-    """/dev/nvidia<minor> of a GPU: NVML's minor number, which need not equal its index."""
+def gpu_minors(machine: Machine) -> tuple[int, ...]:
+    """Each GPU's /dev/nvidia<minor>: NVML's minor number, which need not equal its index (read once,
+    when the plugin starts); the index where NVML cannot say (a simulated machine)."""
     try:
         import pynvml
 
         pynvml.nvmlInit()
-        try:
-            handle = pynvml.nvmlDeviceGetHandleByUUID(machine.gpus[gpu].uuid)
-            return int(pynvml.nvmlDeviceGetMinorNumber(handle))
-        finally:
-            pynvml.nvmlShutdown()
-    except Exception:  # no NVML (a simulated machine): indices are the minors there
-        return gpu
+    except Exception:  # no NVML: indices are the minors there
+        return tuple(g.index for g in machine.gpus)
+    try:
+        minors = []
+        for g in machine.gpus:
+            try:
+                handle = pynvml.nvmlDeviceGetHandleByUUID(g.uuid)
+                minors.append(int(pynvml.nvmlDeviceGetMinorNumber(handle)))
+            except Exception:  # a GPU NVML does not know (a simulated UUID)
+                minors.append(g.index)
+        return tuple(minors)
+    finally:
+        pynvml.nvmlShutdown()
 
 
 def parse_mig_layouts(machine: Machine, texts: Sequence[str]) -> dict[int, MigLayout]:
