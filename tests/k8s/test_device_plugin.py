@@ -40,11 +40,11 @@ from gpuslice.k8s.device_plugin import (
     PendingPod,
     gpu_of_share,
 )
-from gpuslice.k8s.health import FakeHealthSource
+from gpuslice.node.gpu_faults import FakeHealthSource
 from gpuslice.k8s.proto import deviceplugin_pb2 as pb
 from gpuslice.k8s.proto import deviceplugin_pb2_grpc as pb_grpc
 from gpuslice.node.enforcement import mig_device_uuid
-from gpuslice.node.machine import GpuInfo, Machine
+from gpuslice.hardware.machine import GpuInfo, Machine
 from gpuslice.shim import library_path
 from gpuslice.units import GiB, MiB
 

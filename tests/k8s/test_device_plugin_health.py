@@ -9,14 +9,14 @@ from dataclasses import dataclass
 
 import pytest
 
-from gpuslice.k8s.health import (
+from gpuslice.node.gpu_faults import (
     APPLICATION_XIDS,
     FakeHealthSource,
     HealthChange,
     NoHealthChecks,
     NvmlHealthSource,
 )
-from gpuslice.node.machine import GpuInfo, Machine
+from gpuslice.hardware.machine import GpuInfo, Machine
 from gpuslice.units import GiB
 
 NO_INSTANCE = 0xFFFFFFFF

@@ -18,7 +18,7 @@ from gpuslice.errors import InvalidRequest
 from gpuslice.node import launcher
 from gpuslice.node.discovery import discover
 from gpuslice.node.enforcement import job_env
-from gpuslice.node.machine import GpuInfo, Machine
+from gpuslice.hardware.machine import GpuInfo, Machine
 from gpuslice.node.monitor import ActionKind, GradedResponse, ResponseConfig, job_processes, usage
 from gpuslice.units import GiB, MiB
 from gpuslice.workload.job import JobSpec

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from gpuslice.k8s.health import HealthChange
-from gpuslice.node.machine import GpuInfo, Machine
+from gpuslice.node.gpu_faults import HealthChange
+from gpuslice.hardware.machine import GpuInfo, Machine
 from gpuslice.observe.k8s_metrics import DevicePluginMetrics, ExtenderMetrics
 from gpuslice.units import GiB
 

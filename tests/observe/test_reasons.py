@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from gpuslice.hardware.topology_profiles import profile
-from gpuslice.node.machine import GpuInfo, Machine
+from gpuslice.hardware.machine import GpuInfo, Machine
 from gpuslice.observe.reasons import NOT_TRIED, failure_code, fault_kind, pending_code
 from gpuslice.scheduler.node_scheduler import NodeScheduler, TenantQuota
 from gpuslice.units import GiB

@@ -9,9 +9,9 @@ from types import ModuleType, SimpleNamespace
 
 import pytest
 
-from gpuslice.k8s.health import FakeHealthSource
+from gpuslice.node.gpu_faults import FakeHealthSource
 from gpuslice.node.discovery import gpu_telemetry
-from gpuslice.node.machine import GpuInfo, Machine
+from gpuslice.hardware.machine import GpuInfo, Machine
 from gpuslice.node.telemetry import NvmlTelemetry, SimulatedTelemetry, SliceLoad
 from gpuslice.units import GiB
 

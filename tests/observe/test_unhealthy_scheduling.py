@@ -6,7 +6,7 @@ import pytest
 
 from gpuslice.errors import InvalidRequest
 from gpuslice.hardware.topology_profiles import profile
-from gpuslice.node.machine import GpuInfo, Machine
+from gpuslice.hardware.machine import GpuInfo, Machine
 from gpuslice.scheduler.node_scheduler import NodeScheduler, PreemptJob, StartJob
 from gpuslice.units import GiB
 from gpuslice.workload.job import JobSpec, Priority

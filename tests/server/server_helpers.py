@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuslice.node.launcher import ExitStatus, LaunchedJob
-from gpuslice.node.machine import GpuInfo, Machine
+from gpuslice.hardware.machine import GpuInfo, Machine
 from gpuslice.server.store import TenantRecord
 from gpuslice.units import GiB
 from gpuslice.workload.job import JobSpec

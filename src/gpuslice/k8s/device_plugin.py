@@ -79,12 +79,12 @@ from gpuslice.k8s.annotations import (
     NodeInventory,
     mig_resource,
 )
-from gpuslice.k8s.health import FakeHealthSource, HealthChange, HealthSource, NoHealthChecks, NvmlHealthSource
+from gpuslice.node.gpu_faults import FakeHealthSource, HealthChange, HealthSource, NoHealthChecks, NvmlHealthSource
 from gpuslice.k8s.proto import deviceplugin_pb2 as pb
 from gpuslice.k8s.proto import deviceplugin_pb2_grpc as pb_grpc
 from gpuslice.k8s.shim_mounts import container_setup
 from gpuslice.node.enforcement import SharingMode, job_env, mig_device_uuid, softcap_dir
-from gpuslice.node.machine import Machine
+from gpuslice.hardware.machine import Machine
 from gpuslice.observe.k8s_metrics import DeviceHealthRow, DevicePluginMetrics
 from gpuslice.policies.gpuset import choose_gpu_set, make_gpuset_policy
 from gpuslice.policies.gpuset.exact import Exact

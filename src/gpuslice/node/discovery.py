@@ -12,7 +12,7 @@ neither works         → NoGpuDriver, which says to try --simulate
 ``pynvml`` is imported only for a real read; tests pass a fake module as ``nvml``. Processes on the
 GPUs (``gpu_processes``), MIG device UUIDs (``find_mig_device_uuid``), and telemetry and faults
 (``gpu_telemetry``: utilisation, memory, temperature, power, uncorrected ECC errors) are read here too,
-so every NVML call of the node layer is in this file (XID events: ``k8s/health.py``'s NVML source,
+so every NVML call of the node layer is in this file (XID events: ``node/gpu_faults.py``'s NVML source,
 shared by the device plugin and serve).
 """
 
@@ -39,7 +39,7 @@ from gpuslice.hardware.mig_nvml import detect_gpu
 from gpuslice.hardware.topology import Topology, TopologyError
 from gpuslice.hardware.topology_nvml import read_nvml_topology
 from gpuslice.hardware.topology_profiles import PROFILES, profile
-from gpuslice.node.machine import GpuInfo, Machine
+from gpuslice.hardware.machine import GpuInfo, Machine
 
 __all__ = [
     "DEFAULT_SIMULATED_MODEL",

@@ -47,7 +47,7 @@ from gpuslice import shim
 from gpuslice.errors import InternalError, InvalidRequest, UserError
 from gpuslice.hardware.mig import mig_gpu
 from gpuslice.node import softcap
-from gpuslice.node.machine import Machine
+from gpuslice.hardware.machine import Machine
 from gpuslice.units import MiB
 from gpuslice.workload.job import JobSpec
 

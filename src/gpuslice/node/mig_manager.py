@@ -36,7 +36,7 @@ from typing import Any
 from gpuslice.errors import UserError
 from gpuslice.hardware.mig import MigInstance, mig_gpu
 from gpuslice.node.discovery import MigInstanceMissing, find_mig_device_uuid
-from gpuslice.node.machine import Machine
+from gpuslice.hardware.machine import Machine
 from gpuslice.scheduler.mig_planner import CreateInstance, DestroyInstance
 
 __all__ = [

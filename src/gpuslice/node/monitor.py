@@ -34,7 +34,7 @@ import psutil
 from gpuslice.errors import InvalidRequest
 from gpuslice.node.discovery import gpu_processes, is_simulated
 from gpuslice.node.fake_load import REPORT_ENV
-from gpuslice.node.machine import Machine
+from gpuslice.hardware.machine import Machine
 from gpuslice.shim import read_region, region_path
 from gpuslice.shim.region import RegionError
 from gpuslice.units import format_size

@@ -2,7 +2,7 @@
 
 ```text
 NvmlTelemetry(machine, faults) real machine: NVML reads (discovery.gpu_telemetry); faults from a
-                             fault source (serve passes k8s/health.py's NvmlHealthSource: critical XID
+                             fault source (serve passes node/gpu_faults.py's NvmlHealthSource: critical XID
                              events, application XIDs ignored) and from a rising uncorrected-ECC count
 SimulatedTelemetry(machine)  --simulate: derived from the jobs placed on each GPU (see below)
 read(loads, external) ──► [GpuReading per GPU]   (faults: what went wrong since the last read)
@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from gpuslice.node import discovery
-from gpuslice.node.machine import Machine
+from gpuslice.hardware.machine import Machine
 
 __all__ = [
     "IDLE_POWER_FRACTION",
@@ -139,7 +139,7 @@ class SimulatedTelemetry:
 
 
 class FaultSource(Protocol):
-    """Where GPU faults come from (``k8s.health.HealthSource``): ``wait(0)`` returns what happened
+    """Where GPU faults come from (``node.gpu_faults.HealthSource``): ``wait(0)`` returns what happened
     since the last call without blocking, as changes with a GPU ``uuid``, ``healthy`` and ``reason``."""
 
     def wait(self, timeout_s: float) -> list[Any]: ...

@@ -44,7 +44,7 @@ import gpuslice
 from gpuslice.errors import InvalidRequest
 from gpuslice.hardware.mig import mig_gpu
 from gpuslice.node.launcher import ExitStatus, LaunchedJob
-from gpuslice.node.machine import Machine
+from gpuslice.hardware.machine import Machine
 from gpuslice.node.mig_manager import MigCommandFailed
 from gpuslice.node.telemetry import GpuReading, SliceLoad, Telemetry
 from gpuslice.observe.anomaly import SigmaDetector

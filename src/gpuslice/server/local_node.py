@@ -8,7 +8,7 @@ environment is built (``job_env``), ties it to the job at ``launch``, and destro
 (the daemon calls it whenever a job ends). With ``--sharing shim`` jobs run under the native shim
 (``gpuslice.shim``), and their memory is read from the shim's regions. ``open_telemetry`` gives the
 daemon its GPU readings: the simulated model on a ``--simulate`` machine, NVML otherwise, with
-``k8s.health``'s NVML XID source for faults (the same source the device plugin uses; it imports nothing
+``node.gpu_faults``'s NVML XID source for faults (the same source the device plugin uses; it imports nothing
 of Kubernetes).
 """
 
@@ -25,11 +25,11 @@ import psutil
 
 from gpuslice import shim
 from gpuslice.errors import InvalidRequest
-from gpuslice.k8s.health import NvmlHealthSource
+from gpuslice.node.gpu_faults import NvmlHealthSource
 from gpuslice.node import enforcement, launcher, monitor
 from gpuslice.node.discovery import discover, is_simulated
 from gpuslice.node.launcher import ExitStatus, LaunchedJob
-from gpuslice.node.machine import Machine
+from gpuslice.hardware.machine import Machine
 from gpuslice.node.mig_manager import MigManager
 from gpuslice.node.telemetry import NvmlTelemetry, SimulatedTelemetry, Telemetry
 from gpuslice.scheduler.node_scheduler import MigAssignment

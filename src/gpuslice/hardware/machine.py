@@ -1,6 +1,6 @@
 """One machine as the scheduler sees it: its GPUs and how they are wired. Plain data, no I/O.
 
-``node/discovery.py`` builds a ``Machine`` from NVML or from a ``--simulate`` profile; the node
+``gpuslice.node.discovery`` builds a ``Machine`` from NVML or from a ``--simulate`` profile; the node
 scheduler (``scheduler/node_scheduler.py``) only reads it. Nothing here imports NVML.
 """
 

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from gpuslice.errors import UserError
-from gpuslice.node.machine import Machine
+from gpuslice.hardware.machine import Machine
 
 __all__ = [
     "APPLICATION_XIDS",
