@@ -1,4 +1,4 @@
-"""MIG placement benchmark: ours vs HAMi's first-free (and lowest-free) vs the exhaustive optimum.
+"""MIG placement benchmark: keep-largest vs HAMi's first-free (and lowest-free) vs the exhaustive optimum.
 
 Streams (fixed seeds 0..N-1, ``random.Random(seed)``): each event is, with probability ``depart``, the
 departure of a uniformly chosen live request, otherwise the arrival of a new request for one profile
@@ -6,7 +6,7 @@ drawn from the mix. Mixes: ``uniform`` over the five sharing shapes (1g, 1g with
 no 7g — that is a whole GPU — and no ``+me``); ``small-heavy`` weights them 4:2:2:1:1. Departures
 refer to request ids, so they are the same for every policy (a rejected request's departure is a no-op).
 
-Metrics per stream (``gpuslice.scheduler.mig_stream``): requests accepted before the first rejection,
+Metrics per stream (``benchmarks/mig_stream.py``): requests accepted before the first rejection,
 total requests accepted. Acceptance is forced: a request that fits somewhere is accepted.
 Optimum (short streams only): for each metric on its own, the maximum over every placement choice at
 every accepted arrival, found by depth-first search with memoisation on (event index, live instances).
@@ -25,9 +25,9 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from gpuslice.hardware.mig import MigGpu, mig_gpu
 from gpuslice.policies.mig_placement import mig_placement_policy
-from gpuslice.scheduler.mig_stream import Arrive, Depart, Event, optimum, replay
+from mig_stream import Arrive, Depart, Event, optimum, replay
 
-POLICIES = ("ours", "first-free", "lowest-free")
+POLICIES = ("keep-largest", "first-free", "lowest-free")
 MIXES: dict[str, dict[str, int]] = {
     "uniform": {"1g": 1, "1g.2x": 1, "2g": 1, "3g": 1, "4g": 1},
     "small-heavy": {"1g": 4, "1g.2x": 2, "2g": 2, "3g": 1, "4g": 1},
@@ -79,7 +79,7 @@ class Row:
     total: dict[str, float]
     match_before: dict[str, float]  # % streams equal to the optimum
     match_total: dict[str, float]
-    vs_ff_before: tuple[int, int, int]  # ours vs first-free per stream: wins, ties, losses
+    vs_ff_before: tuple[int, int, int]  # keep-largest vs first-free per stream: wins, ties, losses
     vs_ff_total: tuple[int, int, int]
 
 
@@ -102,7 +102,7 @@ def run(seeds: int, progress: Progress) -> list[Row]:
         for seed in range(seeds):
             events = make_stream(gpu, seed, kind, MIXES[mix])
             for name in POLICIES:
-                r = replay(gpu, events, mig_placement_policy(name))
+                r = replay(gpu, events, mig_placement_policy(name)())
                 before[name].append(r.accepted_before_first_rejection)
                 total[name].append(r.accepted)
             if kind.exhaustive:
@@ -127,8 +127,8 @@ def run(seeds: int, progress: Progress) -> list[Row]:
                 {p: sum(total[p]) / seeds for p in names},
                 {p: pct(before, p) for p in POLICIES},
                 {p: pct(total, p) for p in POLICIES},
-                _wtl(before["ours"], before["first-free"]),
-                _wtl(total["ours"], total["first-free"]),
+                _wtl(before["keep-largest"], before["first-free"]),
+                _wtl(total["keep-largest"], total["first-free"]),
             )
         )
     return rows
@@ -139,8 +139,8 @@ def markdown(rows: list[Row], seeds: int) -> str:
         return "–" if x != x else f"{x:.{digits}f}"
 
     head = (
-        "| GPU | stream | mix | metric | ours | first-free | lowest-free | optimum "
-        "| ours = opt % | first-free = opt % | ours vs first-free W/T/L |\n"
+        "| GPU | stream | mix | metric | keep-largest | first-free | lowest-free | optimum "
+        "| keep-largest = opt % | first-free = opt % | keep-largest vs first-free W/T/L |\n"
         "|---|---|---|---|---|---|---|---|---|---|---|\n"
     )
     lines = []
@@ -149,14 +149,16 @@ def markdown(rows: list[Row], seeds: int) -> str:
             ("before 1st rejection", r.before, r.match_before, r.vs_ff_before),
             ("total accepted", r.total, r.match_total, r.vs_ff_total),
         ):
+            keep, ff = "keep-largest", "first-free"
             lines.append(
-                f"| {r.gpu} | {r.kind} | {r.mix} | {metric} | {f(means['ours'])} | {f(means['first-free'])} "
+                f"| {r.gpu} | {r.kind} | {r.mix} | {metric} | {f(means[keep])} | {f(means[ff])} "
                 f"| {f(means['lowest-free'])} | {f(means.get('optimum', float('nan')))} "
-                f"| {f(match['ours'], 1)} | {f(match['first-free'], 1)} | {wtl[0]}/{wtl[1]}/{wtl[2]} |"
+                f"| {f(match[keep], 1)} | {f(match[ff], 1)} | {wtl[0]}/{wtl[1]}/{wtl[2]} |"
             )
     note = (
-        f"\nMeans over {seeds} streams per row (seeds 0–{seeds - 1}); W/T/L counts streams where ours "
-        "accepted more / the same / fewer than first-free. Optimum: exhaustive search (short streams only).\n"
+        f"\nMeans over {seeds} streams per row (seeds 0–{seeds - 1}); W/T/L counts streams where "
+        "keep-largest accepted more / the same / fewer than first-free. "
+        "Optimum: exhaustive search (short streams only).\n"
     )
     return head + "\n".join(lines) + "\n" + note
 

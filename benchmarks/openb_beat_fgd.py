@@ -31,10 +31,9 @@ from pathlib import Path
 import numpy as np
 from rich.progress import Progress
 
-from gpuslice.policies import FGD_PAPER_POLICIES
 from gpuslice.policies.fgd_scarcity import ScarcityFGD
 from gpuslice.sim.openb import replay
-from gpuslice.sim.published import PUBLISHED_FILE, published_results
+from gpuslice.sim.published import FGD_PAPER_POLICIES, PUBLISHED_FILE, published_results
 from gpuslice.sim.sweep import run_sweep
 from gpuslice.sim.trace import NODE_FILE, load_trace
 from gpuslice.units import MiB

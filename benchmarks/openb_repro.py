@@ -22,9 +22,8 @@ from pathlib import Path
 import numpy as np
 from rich.progress import Progress
 
-from gpuslice.policies import FGD_PAPER_POLICIES
 from gpuslice.sim.openb import ReplayResult
-from gpuslice.sim.published import PUBLISHED_FILE, published_results
+from gpuslice.sim.published import FGD_PAPER_POLICIES, PUBLISHED_FILE, published_results
 from gpuslice.sim.sweep import run_sweep
 
 REPO = Path(__file__).resolve().parents[1]

@@ -18,7 +18,7 @@ import sys
 import time
 from datetime import date
 
-from gpuslice.policies import FGD_PAPER_POLICIES
+from gpuslice.sim.published import FGD_PAPER_POLICIES
 from gpuslice.sim.sweep import run_sweep
 from gpuslice.sim.trace import load_trace
 

@@ -7,10 +7,10 @@ units with decimal labels: "MB" is MiB, "GB" is GiB; the ZeRO paper uses decimal
 from __future__ import annotations
 
 import pytest
+from published_estimators import accelerate_estimate, deepspeed_zero2, deepspeed_zero3
 
 from gpuslice.estimate.inference import estimate_inference
 from gpuslice.estimate.model_shapes import bundled_model
-from gpuslice.estimate.peers import accelerate_estimate, deepspeed_zero2, deepspeed_zero3
 from gpuslice.estimate.training import activation_bytes_per_layer, estimate_training, model_states
 from gpuslice.units import GiB, MiB, TiB
 

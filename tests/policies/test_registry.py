@@ -12,13 +12,13 @@ from gpuslice.errors import UnknownPolicy, UserError
 from gpuslice.ledger.ledger import Ledger
 from gpuslice.ledger.placement import Placement
 from gpuslice.policies import (
-    FGD_PAPER_POLICIES,
     PLACEMENT,
     PlacementOps,
     PolicyContext,
     make_policy,
     placement_policy,
 )
+from gpuslice.sim.published import FGD_PAPER_POLICIES
 from gpuslice.workload.request import Request
 from gpuslice.workload.target import TargetWorkload
 

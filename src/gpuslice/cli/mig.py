@@ -51,7 +51,7 @@ def plan(
         list[str],
         typer.Option(help="Profile name or -lgip ID (3g.40gb, 9) or memory (12GiB); repeatable, in order."),
     ],
-    policy: Annotated[str, typer.Option(help=f"Placement policy: {_POLICIES}.")] = "ours",
+    policy: Annotated[str, typer.Option(help=f"Placement policy: {_POLICIES}.")] = "keep-largest",
     from_layout: Annotated[
         str | None,
         typer.Option(
@@ -70,7 +70,7 @@ def plan(
     Exit status 3 when a request could not be placed (the others are still planned and printed).
     """
     model = mig_gpu(gpu)
-    chosen = mig_placement_policy(policy)
+    chosen = mig_placement_policy(policy)()
     if from_layout and from_nvml:
         raise UserError("give --from-layout or --from-nvml, not both")
     layout = parse_layout(model, from_layout) if from_layout else None

@@ -13,9 +13,9 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from gpuslice.errors import UserError
-from gpuslice.policies import FGD_PAPER_POLICIES, PLACEMENT
+from gpuslice.policies import PLACEMENT
 from gpuslice.sim.openb import DEFAULT_TUNE, ReplayResult
-from gpuslice.sim.published import published_results
+from gpuslice.sim.published import FGD_PAPER_POLICIES, published_results
 from gpuslice.sim.report import PolicySummary, summarize, write_results
 from gpuslice.sim.sweep import run_sweep
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from gpuslice.errors import UnknownPolicy
 from gpuslice.ledger.ledger import LedgerView
 from gpuslice.policies.base import PlacementOps, PolicyContext, TieBreak
 from gpuslice.policies.bestfit import BestFit
@@ -13,9 +12,9 @@ from gpuslice.policies.fgd_scarcity import ScarcityFGD
 from gpuslice.policies.hami import HamiBinpack, HamiSpread
 from gpuslice.policies.packing import Packing
 from gpuslice.policies.random import RandomFit
+from gpuslice.registry import Registry
 
 __all__ = [
-    "FGD_PAPER_POLICIES",
     "PLACEMENT",
     "PlacementOps",
     "PolicyContext",
@@ -24,32 +23,16 @@ __all__ = [
     "placement_policy",
 ]
 
-PLACEMENT: dict[str, type[PlacementOps]] = {
-    p.name: p
-    for p in (
-        RandomFit, DotProd, Clustering, Packing, BestFit, FGD, FGDExact, ScarcityFGD, HamiBinpack, HamiSpread
-    )
-}
-
-# The six policies of the FGD paper, in its order, with the artifact's directory names.
-FGD_PAPER_POLICIES: dict[str, str] = {
-    "random": "01-Random",
-    "dotprod": "02-DotProd",
-    "clustering": "03-GpuClustering",
-    "packing": "04-GpuPacking",
-    "bestfit": "05-BestFit",
-    "fgd": "06-FGD",
-}
+# Alphabetical, so help texts and "known: ..." messages list the names in that order.
+PLACEMENT: Registry[PlacementOps] = Registry(
+    "placement",
+    (BestFit, Clustering, DotProd, FGD, FGDExact, ScarcityFGD, HamiBinpack, HamiSpread, Packing, RandomFit),
+)
 
 
 def placement_policy(name: str) -> type[PlacementOps]:
     """The policy class registered as ``name``; UnknownPolicy lists the known names otherwise."""
-    try:
-        return PLACEMENT[name]
-    except KeyError:
-        raise UnknownPolicy(
-            f"{name!r} is not a placement policy; known: {', '.join(sorted(PLACEMENT))}"
-        ) from None
+    return PLACEMENT.lookup(name)
 
 
 def make_policy(name: str, view: LedgerView, context: PolicyContext) -> PlacementOps:

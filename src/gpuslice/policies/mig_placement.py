@@ -14,12 +14,17 @@ Policies, smallest first:
 
 - ``lowest-free``: the lowest valid start. The ops-table default; what ``-cgi`` without a placement
   tends to do, and the easiest to read.
-- ``first-free``: HAMi's dynamic-MIG placement (hami_and_peers.md §3.4): the first NVML placement that
-  does not overlap, trying the highest start first for ``1g.*`` and ``3g.*`` profiles and the lowest
-  first for the others.
-- ``ours`` (keep the large profiles placeable): among valid starts, the one that leaves the most room
-  for the largest profiles, compared lexicographically from the largest shape down; ties go to the
-  highest start (research §4.8: pack small instances from the top end, keep the 4g/3g slots open).
+- ``first-free``: HAMi's dynamic-MIG placement (HAMi ``pkg/device/nvidia/mig_topology.go``): the first
+  NVML placement that does not overlap, trying the highest start first for ``1g.*`` and ``3g.*`` profiles
+  and the lowest first for the others.
+- ``keep-largest``: among valid starts, the one that leaves the most room for the largest profiles,
+  compared lexicographically from the largest shape down; ties go to the highest start. Packing small
+  instances from one end keeps the 4g and 3g slots open (NVIDIA *Multi-Instance GPU User Guide*,
+  placement table: a 1g at start 3 or 4 already blocks every 3g and the 4g). The one-machine scheduler
+  uses it.
+
+A policy's answer is checked once, in ``checked_start``: a start that is not valid now, or an exception,
+is replaced by the default's answer (the lowest valid start) and reported, never raised.
 """
 
 from __future__ import annotations
@@ -27,8 +32,8 @@ from __future__ import annotations
 from functools import cache
 from typing import ClassVar
 
-from gpuslice.errors import UnknownPolicy
 from gpuslice.hardware.mig import MigGpu, MigLayout, MigProfile
+from gpuslice.registry import Registry
 
 __all__ = [
     "MIG_PLACEMENT",
@@ -36,6 +41,7 @@ __all__ = [
     "KeepLargestPlaceable",
     "LowestFree",
     "MigPlacementOps",
+    "checked_start",
     "headroom",
     "mig_placement_policy",
 ]
@@ -61,7 +67,7 @@ class LowestFree(MigPlacementOps):
 
 
 class FirstFree(MigPlacementOps):
-    """HAMi's first-free placement (hami_and_peers.md §3.4): highest start first for 1g.* and 3g.*."""
+    """HAMi's first-free placement (dynamic MIG, HAMi v2.10): highest start first for 1g.* and 3g.*."""
 
     name = "first-free"
     summary = "HAMi dynamic MIG: first non-overlapping placement; 1g/3g from the top, others from 0"
@@ -83,7 +89,8 @@ def _shapes(gpu: MigGpu) -> tuple[MigProfile, ...]:
 
 @cache
 def _headroom_of_mask(gpu: MigGpu, mask: int) -> tuple[int, ...]:
-    # Starts of one profile never overlap each other (they are size-aligned, research §4.8), so the
+    # Starts of one profile never overlap each other (they are aligned to the profile's size in the MIG
+    # User Guide's placement table), so the
     # number of free starts is how many instances of that profile could still be created together.
     return tuple(sum(1 for s in p.starts if not mask & p.mask_at(s)) for p in _shapes(gpu))
 
@@ -94,14 +101,14 @@ def headroom(layout: MigLayout) -> tuple[int, ...]:
 
 
 class KeepLargestPlaceable(MigPlacementOps):
-    """Ours: maximise what the largest profiles can still get; ties to the highest start.
+    """Keep the largest profiles placeable: maximise what they can still get; ties to the highest start.
 
     Score of a start s = ``headroom`` of the layout after placing at s, compared lexicographically (one
     more 3g slot beats any number of 1g slots). Known weakness: it does not know the coming requests;
     a stream of only small profiles would do as well with any packing from one end.
     """
 
-    name = "ours"
+    name = "keep-largest"
     summary = "keep the largest profiles placeable (lexicographic headroom, ties to the highest start)"
 
     def choose(self, layout: MigLayout, profile: MigProfile) -> int | None:
@@ -112,15 +119,30 @@ class KeepLargestPlaceable(MigPlacementOps):
         return max(starts, key=lambda s: (_headroom_of_mask(layout.gpu, mask | profile.mask_at(s)), s))
 
 
-MIG_PLACEMENT: dict[str, type[MigPlacementOps]] = {
-    p.name: p for p in (KeepLargestPlaceable, FirstFree, LowestFree)
-}
+MIG_PLACEMENT: Registry[MigPlacementOps] = Registry(
+    "MIG placement", (KeepLargestPlaceable, FirstFree, LowestFree)
+)
 
 
-def mig_placement_policy(name: str) -> MigPlacementOps:
-    """A fresh policy called ``name``; UnknownPolicy lists the known ones."""
+def mig_placement_policy(name: str) -> type[MigPlacementOps]:
+    """The MIG placement policy class registered as ``name``; UnknownPolicy lists the known ones."""
+    return MIG_PLACEMENT.lookup(name)
+
+
+def checked_start(
+    policy: MigPlacementOps, layout: MigLayout, profile: MigProfile
+) -> tuple[int | None, str | None]:
+    """The policy's start for ``profile`` if it is valid now, else the default's; and why it fell back.
+
+    The one advice check of the MIG family: an exception, or an answer that is not one of
+    ``layout.placements(profile)`` (None while a start exists counts as a valid "no"), falls back to the
+    lowest valid start. The reason ("error" or "invalid") is returned for the caller to count; None when
+    the policy's own answer is used."""
+    starts = layout.placements(profile)
     try:
-        return MIG_PLACEMENT[name]()
-    except KeyError:
-        known = ", ".join(MIG_PLACEMENT)
-        raise UnknownPolicy(f"{name!r} is not a MIG placement policy; known: {known}") from None
+        start = policy.choose(layout, profile)
+    except Exception:  # a policy's bug costs quality, never a placement
+        return (starts[0] if starts else None), "error"
+    if start is None or start in starts:
+        return start, None
+    return (starts[0] if starts else None), "invalid"

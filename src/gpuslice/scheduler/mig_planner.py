@@ -22,12 +22,13 @@ Pure: the plan is data; nothing here runs a command.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import combinations
 
 from gpuslice.hardware.mig import MigGpu, MigInstance, MigLayout, format_mask, resolve_request
-from gpuslice.policies.mig_placement import MigPlacementOps
+from gpuslice.policies.mig_placement import MigPlacementOps, checked_start
 
 __all__ = [
     "CreateInstance",
@@ -102,6 +103,7 @@ class MigPlan:
     placed: tuple[PlacedRequest, ...]
     rejected: tuple[Rejection, ...]
     steps: tuple[Step, ...]
+    fallbacks: dict[str, int] = field(default_factory=dict)  # reason -> times the policy's start was replaced
 
     @property
     def commands(self) -> tuple[str, ...]:
@@ -124,8 +126,21 @@ def _reason(layout: MigLayout, request: str, candidates: Sequence) -> Rejection:
     )
 
 
+def _first_start(
+    layout: MigLayout, candidates: Sequence, policy: MigPlacementOps, fallbacks: Counter[str]
+) -> MigInstance | None:
+    """The instance created for the first candidate the policy gives a start for (advice checked)."""
+    for profile in candidates:
+        start, fell_back = checked_start(policy, layout, profile)
+        if fell_back is not None:
+            fallbacks[fell_back] += 1
+        if start is not None:
+            return MigInstance(profile, start)
+    return None
+
+
 def _make_room(
-    layout: MigLayout, candidates: Sequence, policy: MigPlacementOps
+    layout: MigLayout, candidates: Sequence, policy: MigPlacementOps, fallbacks: Counter[str]
 ) -> tuple[tuple[MigInstance, ...], MigInstance] | None:
     """The fewest idle instances whose removal lets a candidate in, and the instance created then."""
     idle = [i for i in layout.instances if i.idle]
@@ -134,10 +149,9 @@ def _make_room(
             trial = layout
             for v in victims:
                 trial = trial.without(v)
-            for profile in candidates:
-                start = policy.choose(trial, profile)
-                if start is not None:
-                    return victims, MigInstance(profile, start)
+            created = _first_start(trial, candidates, policy, fallbacks)
+            if created is not None:
+                return victims, created
     return None
 
 
@@ -151,7 +165,8 @@ def plan(
     """Plan ``requests`` on GPU ``gpu_index`` whose instances are ``layout`` (empty when None).
 
     Every request is validated first (UnknownMigProfile, MigRequestTooLarge), so a bad one fails the
-    whole call before anything is planned.
+    whole call before anything is planned. A start the policy gets wrong (or a policy that raises) is
+    replaced by the lowest valid start and counted in ``MigPlan.fallbacks``.
     """
     before = layout if layout is not None else MigLayout(gpu)
     resolved = [(text, resolve_request(gpu, text)) for text in requests]
@@ -159,6 +174,7 @@ def plan(
     placed: list[PlacedRequest] = []
     rejected: list[Rejection] = []
     steps: list[Step] = []
+    fallbacks: Counter[str] = Counter()
     for text, candidates in resolved:
         # Reuse beats create (no reconfiguration); among idle instances, the best-ranked candidate.
         idle = [i for p in candidates for i in current.instances if i.idle and i.profile == p]
@@ -168,14 +184,9 @@ def plan(
             current = current.without(reusable).with_instance(busy)
             placed.append(PlacedRequest(text, busy, reused=True))
             continue
-        created = None
-        for profile in candidates:
-            start = policy.choose(current, profile)
-            if start is not None:
-                created = MigInstance(profile, start)
-                break
+        created = _first_start(current, candidates, policy, fallbacks)
         if created is None:
-            room = _make_room(current, candidates, policy)
+            room = _make_room(current, candidates, policy, fallbacks)
             if room is None:
                 rejected.append(_reason(current, text, candidates))
                 continue
@@ -183,7 +194,9 @@ def plan(
             for v in victims:
                 current = current.without(v)
                 steps.append(DestroyInstance(gpu_index, v))
-        current = current.with_instance(created)  # the mechanism validates the policy's advice
+        current = current.with_instance(created)  # valid: checked_start only returns valid starts
         steps.append(CreateInstance(gpu_index, created))
         placed.append(PlacedRequest(text, created))
-    return MigPlan(gpu_index, policy.name, before, current, tuple(placed), tuple(rejected), tuple(steps))
+    return MigPlan(
+        gpu_index, policy.name, before, current, tuple(placed), tuple(rejected), tuple(steps), dict(fallbacks)
+    )

@@ -13,12 +13,21 @@ from pathlib import Path
 
 import numpy as np
 
-from gpuslice.policies import FGD_PAPER_POLICIES
 from gpuslice.sim.trace import bundled_dir
 
-__all__ = ["PUBLISHED_FILE", "PublishedResult", "published_results"]
+__all__ = ["FGD_PAPER_POLICIES", "PUBLISHED_FILE", "PublishedResult", "published_results"]
 
 PUBLISHED_FILE = "analysis_allo_discrete.csv"
+
+# The six policies of the FGD paper, in its order, with the artifact's directory names.
+FGD_PAPER_POLICIES: dict[str, str] = {
+    "random": "01-Random",
+    "dotprod": "02-DotProd",
+    "clustering": "03-GpuClustering",
+    "packing": "04-GpuPacking",
+    "bestfit": "05-BestFit",
+    "fgd": "06-FGD",
+}
 _POLICY_BY_DIR = {directory: name for name, directory in FGD_PAPER_POLICIES.items()}
 
 

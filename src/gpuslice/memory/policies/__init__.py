@@ -38,29 +38,29 @@ from gpuslice.memory.policies.stride import Stride
 from gpuslice.memory.policies.tree import DriverTree
 from gpuslice.memory.policies.tree_iter import TreeIter
 from gpuslice.memory.policies.two_q import TwoQ
+from gpuslice.registry import Registry
 
 __all__ = ["EVICTION", "PREFETCH", "UnknownMemoryPolicy", "make_ops"]
-
-EVICTION: dict[str, type[MemoryOps]] = {
-    p.name: p
-    for p in (
-        DriverDefault, Fifo, Lfu, Mru, MruTextbook, FreqDecay, FifoChance, PidQuota, TwoQ, Priority, Belady
-    )
-}
-PREFETCH: dict[str, type[MemoryOps]] = {
-    p.name: p
-    for p in (PrefetchNone, DriverTree, AlwaysMax, AdaptiveSequential, TreeIter, Stride, PidTree, Priority)
-}
 
 
 class UnknownMemoryPolicy(UnknownPolicy):
     """An --evict or --prefetch name is not in the memory registries."""
 
 
+# The driver's own policy first in each, so "known: ..." messages and `memsim --compare` start with it.
+EVICTION: Registry[MemoryOps] = Registry(
+    "eviction",
+    (DriverDefault, Fifo, Lfu, Mru, MruTextbook, FreqDecay, FifoChance, PidQuota, TwoQ, Priority, Belady),
+    error=UnknownMemoryPolicy,
+)
+PREFETCH: Registry[MemoryOps] = Registry(
+    "prefetch",
+    (PrefetchNone, DriverTree, AlwaysMax, AdaptiveSequential, TreeIter, Stride, PidTree, Priority),
+    error=UnknownMemoryPolicy,
+)
+
+
 def make_ops(evict: str = "default", prefetch: str = "tree") -> Composed:
     """A fresh ops table from an eviction and a prefetch policy name; unknown names list the known ones."""
-    if evict not in EVICTION:
-        raise UnknownMemoryPolicy(f"{evict!r} is not an eviction policy; known: {', '.join(EVICTION)}")
-    if prefetch not in PREFETCH:
-        raise UnknownMemoryPolicy(f"{prefetch!r} is not a prefetch policy; known: {', '.join(PREFETCH)}")
-    return Composed(EVICTION[evict](), PREFETCH[prefetch]())
+    evict_cls, prefetch_cls = EVICTION.lookup(evict), PREFETCH.lookup(prefetch)
+    return Composed(evict_cls(), prefetch_cls())

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from gpuslice.errors import UnknownPolicy
 from gpuslice.policies.gpuset.base import (
     GpuSetChoice,
     GpuSetOps,
@@ -16,6 +15,7 @@ from gpuslice.policies.gpuset.besteffort import BestEffort
 from gpuslice.policies.gpuset.exact import Exact
 from gpuslice.policies.gpuset.hami_topology import HamiTopology
 from gpuslice.policies.gpuset.random import RandomSet
+from gpuslice.registry import Registry
 
 __all__ = [
     "GPUSET",
@@ -28,17 +28,12 @@ __all__ = [
     "make_gpuset_policy",
 ]
 
-GPUSET: dict[str, type[GpuSetOps]] = {p.name: p for p in (Exact, BestEffort, HamiTopology, RandomSet)}
+GPUSET: Registry[GpuSetOps] = Registry("GPU-set", (BestEffort, Exact, HamiTopology, RandomSet))
 
 
 def gpuset_policy(name: str) -> type[GpuSetOps]:
     """The GPU-set policy class registered as ``name``; UnknownPolicy lists the known names otherwise."""
-    try:
-        return GPUSET[name]
-    except KeyError:
-        raise UnknownPolicy(
-            f"{name!r} is not a GPU-set policy; known: {', '.join(sorted(GPUSET))}"
-        ) from None
+    return GPUSET.lookup(name)
 
 
 def make_gpuset_policy(name: str, seed: int = 0) -> GpuSetOps:

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from gpuslice.errors import UnknownPolicy
 from gpuslice.policies.queue.base import QueuedJob, QueueOps, QueueView, effective_priority, order_pending
 from gpuslice.policies.queue.fifo import Fifo
 from gpuslice.policies.queue.priority_fair import PriorityFair
+from gpuslice.registry import Registry
 
 __all__ = [
     "QUEUE",
@@ -19,12 +19,9 @@ __all__ = [
     "queue_policy",
 ]
 
-QUEUE: dict[str, type[QueueOps]] = {p.name: p for p in (PriorityFair, Fifo)}
+QUEUE: Registry[QueueOps] = Registry("queue", (Fifo, PriorityFair))
 
 
 def queue_policy(name: str) -> type[QueueOps]:
     """The queue policy class registered as ``name``; UnknownPolicy lists the known names otherwise."""
-    try:
-        return QUEUE[name]
-    except KeyError:
-        raise UnknownPolicy(f"{name!r} is not a queue policy; known: {', '.join(sorted(QUEUE))}") from None
+    return QUEUE.lookup(name)

@@ -2,8 +2,8 @@
 
 What: ``replay`` runs a placement policy over a stream and counts what it accepted; ``optimum`` finds,
 by exhaustive search, the most any sequence of placement choices could accept on the same stream.
-Why: the MIG benchmark and the acceptance tests compare policies against each other and against that
-optimum (issue 3: "ours vs first-free vs the optimum found by exhaustive search on short streams").
+Why: the MIG benchmark (``benchmarks/mig.py``) and its tests compare policies against each other and
+against that optimum on short streams.
 
 Rules shared by both, so the comparison is fair:
 
