@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuslice.programs.verifier import MAX_SOURCE_BYTES, check_file, check_source
+from gpuslice.programs.verify import MAX_SOURCE_BYTES, check_file, check_source
 
 ROOT = Path(__file__).resolve().parents[2]
 BUILTIN_FILES = sorted((ROOT / "src/gpuslice/programs/builtin_files").glob("*.py"))

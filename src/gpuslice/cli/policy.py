@@ -69,7 +69,7 @@ def check(file: Annotated[Path, typer.Argument(help="the policy file (.py)", sho
 
     Prints one line per violation ("file:line: message") and exits 2 if there is any; otherwise one line
     naming the policy's family, class and maps."""
-    from gpuslice.programs.verifier import check_source
+    from gpuslice.programs.verify import check_source
 
     report = check_source(_read(file), str(file))
     if not report.ok:

@@ -1,7 +1,7 @@
 """The runtime guard: every hook of a loaded policy runs timed, checked, and replaceable by the default.
 
 ```text
-guarded.hook(args)                        # same signature as the ops family's hook
+guarded.hook(args)                        # same signature as the ops family's hook (memory: guard_memory.py)
     detached?  -> default.hook(args)
     arm watchdog (deadline = now + budget) -> answer = policy.hook(args) -> disarm
     exception | interrupted (timeout) | returned after the budget (overrun) | wrong type or shape
@@ -47,7 +47,6 @@ from typing import Any
 
 import numpy as np
 
-from gpuslice.memory.hooks import DecisionContext, EvictContext, MemoryOps
 from gpuslice.policies.base import PlacementOps
 from gpuslice.policies.queue.base import QueueOps, QueueView
 from gpuslice.workload.job import Priority
@@ -55,18 +54,19 @@ from gpuslice.workload.job import Priority
 __all__ = [
     "DEFAULT_BUDGETS",
     "GuardConfig",
-    "GuardedMemory",
     "GuardedPlacement",
     "GuardedQueue",
     "HookGuard",
     "HookTimeout",
+    "family_default",
     "guard",
     "guarded_factory",
 ]
 
-# Seconds of CPU per hook call, per family (benchmarks/policy_overhead.py, RESULTS.md "Issue 9"). FGD's
-# first score over a 6,000-node cluster (every node stale) is the largest call a built-in makes; queue
-# and memory hooks take microseconds. The margins also cover a full garbage collection inside a hook.
+# Seconds of CPU per hook call, per family (benchmarks/policy_overhead.py; RESULTS.md, "overhead of a
+# policy file"). FGD's first score over a 6,000-node cluster (every node stale) is the largest call a
+# built-in makes; queue and memory hooks take microseconds. The margins also cover a full garbage
+# collection inside a hook.
 DEFAULT_BUDGETS: dict[str, float] = {"placement": 2.0, "queue": 0.5, "eviction": 0.1, "prefetch": 0.1}
 # A hook is interrupted, or its late answer dropped, once it has burned this share of its budget in CPU
 # after the watchdog first saw it (at most a quarter budget after its start): wall time alone would fault
@@ -454,102 +454,22 @@ class GuardedQueue(QueueOps):
         _guarded(self, "on_finished", (self._read_only(view), job), None)
 
 
-# -- memory -----------------------------------------------------------------------------------------
-def _reset_request(args: tuple[Any, ...]) -> None:
-    """Forget the request a faulty hook recorded in its decision context (always the last argument)."""
-    ctx = args[-1]
-    ctx._request = None  # the guard is the mechanism's side: it may clear a faulty hook's request
-    ctx._conflict = False
-
-
-def _reset_moves(args: tuple[Any, ...]) -> None:
-    args[-1].moves.clear()
-
-
-def _int_in(allowed: tuple[int, ...]) -> Callable[[Any], Any]:
-    def check(answer: Any) -> Any:
-        ok = isinstance(answer, int | np.integer) and not isinstance(answer, bool) and answer in allowed
-        return int(answer) if ok else _MISSING
-
-    return check
-
-
-_ACCESS_ACTIONS = _int_in((0, 1))  # DEFAULT, BYPASS
-_PREFETCH_ACTIONS = _int_in((0, 1, 2))  # DEFAULT, BYPASS, ENTER_LOOP
-_ITER_ACTIONS = _int_in((0, 1))
-
-
-def _init(self: Any, view: Any) -> None:
-    _guarded(self, "init", (view,), None)
-
-
-def _block_activate(self: Any, view: Any, block: int, ctx: DecisionContext) -> None:
-    _guarded(self, "block_activate", (view, block, ctx), None, _reset_request)
-
-
-def _block_access(self: Any, view: Any, block: int, hits: int, ctx: DecisionContext) -> int:
-    return _guarded(self, "block_access", (view, block, hits, ctx), _ACCESS_ACTIONS, _reset_request)
-
-
-def _evict_prepare(self: Any, view: Any, ctx: EvictContext) -> None:
-    _guarded(self, "evict_prepare", (view, ctx), None, _reset_moves)
-
-
-def _page_prefetch(self: Any, view: Any, fault: Any, ctx: DecisionContext) -> int:
-    return _guarded(self, "page_prefetch", (view, fault, ctx), _PREFETCH_ACTIONS, _reset_request)
-
-
-def _page_prefetch_iter(
-    self: Any, view: Any, fault: Any, first: int, outer: int, counter: int, ctx: DecisionContext
-) -> int:
-    args = (view, fault, first, outer, counter, ctx)
-    return _guarded(self, "page_prefetch_iter", args, _ITER_ACTIONS, _reset_request)
-
-
-_MEMORY_HOOKS: dict[str, Callable[..., Any]] = {
-    "init": _init,
-    "block_activate": _block_activate,
-    "block_access": _block_access,
-    "evict_prepare": _evict_prepare,
-    "page_prefetch": _page_prefetch,
-    "page_prefetch_iter": _page_prefetch_iter,
-}
-
-
-class GuardedMemory(MemoryOps):
-    """A loaded memory policy behind the guard. ``guard()`` builds a subclass per policy class holding
-    only the hooks that policy overrides, because the simulator skips hooks left to the driver (so a
-    guarded policy runs the same code paths as the bare one)."""
-
-    def __init__(self, policy: MemoryOps, default: MemoryOps, guard: HookGuard) -> None:
-        self.policy, self.default, self.guard = policy, default, guard
-        self.inherited: set[str] = set()  # the class holds only the policy's own hooks (_memory_class)
-        self.name = policy.name  # type: ignore[misc]
-        self.summary = policy.summary  # type: ignore[misc]
-        self.kind = policy.kind  # type: ignore[misc]
-
-
-_MEMORY_CLASSES: weakref.WeakKeyDictionary[type, type] = weakref.WeakKeyDictionary()
-
-
-def _memory_class(policy_class: type) -> type:
-    cls = _MEMORY_CLASSES.get(policy_class)
-    if cls is None:
-        own = {
-            h: f for h, f in _MEMORY_HOOKS.items() if getattr(policy_class, h) is not getattr(MemoryOps, h)
-        }
-        cls = _MEMORY_CLASSES[policy_class] = type(f"Guarded{policy_class.__name__}", (GuardedMemory,), own)
-    return cls
-
-
 # -- building -----------------------------------------------------------------------------------------
 # The built-in default of each family: what decides when the policy faults or is detached.
-FAMILY_DEFAULTS: dict[str, Callable[..., Any]] = {
-    "placement": PlacementOps,
-    "queue": QueueOps,
-    "eviction": MemoryOps,
-    "prefetch": MemoryOps,
-}
+def family_default(family: str) -> Callable[..., Any]:
+    """The base ops class of ``family`` (its defaults decide when a policy faults or is detached).
+
+    The memory base is imported only when a memory policy is guarded, so guarding a placement or a queue
+    policy never loads the memory engine."""
+    if family == "placement":
+        return PlacementOps
+    if family == "queue":
+        return QueueOps
+    if family in ("eviction", "prefetch"):
+        from gpuslice.memory.hooks import MemoryOps
+
+        return MemoryOps
+    raise ValueError(f"unknown policy family {family!r}")
 
 
 def guard(
@@ -567,7 +487,9 @@ def guard(
     if family == "queue":
         return GuardedQueue(policy, default, hook_guard)
     if family in ("eviction", "prefetch"):
-        return _memory_class(type(policy))(policy, default, hook_guard)
+        from gpuslice.programs.guard_memory import guarded_memory  # loads the memory engine
+
+        return guarded_memory(policy, default, hook_guard)
     raise ValueError(f"unknown policy family {family!r}")
 
 
@@ -576,7 +498,7 @@ def guarded_factory(
 ) -> Callable[..., Any]:
     """A factory with the family's constructor arguments that builds ``loaded`` guarded, with the
     family's base ops as the default (``resolve`` uses it for ``--policy FILE``)."""
-    default_factory = FAMILY_DEFAULTS[loaded.family]
+    default_factory = family_default(loaded.family)
 
     def build(*args: Any) -> Any:
         policy = loaded.instantiate(*args)

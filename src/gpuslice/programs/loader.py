@@ -1,7 +1,7 @@
 """Load a verified policy file: check it, run it in a restricted namespace, find its one ops class.
 
 ```text
-load_file(path) -> check_source (verifier.py; rejected -> PolicyRejected listing "file:line: message")
+load_file(path) -> check_source (programs/verify; rejected -> PolicyRejected listing "file:line: message")
                 -> compile once -> exec in {__builtins__: SAFE_BUILTINS only, imports through the allow-list}
                 -> LoadedPolicy(family, name, sha256, ops_class, map_specs)
 LoadedPolicy.instantiate(*args, maps=...) -> exec again in a fresh namespace, bind the maps, build the ops
@@ -30,7 +30,7 @@ from typing import Any
 
 from gpuslice.errors import UserError
 from gpuslice.programs.maps import Map, MapError, MapSpec
-from gpuslice.programs.verifier import (
+from gpuslice.programs.verify import (
     ALLOWED_IMPORTS,
     SAFE_BUILTINS,
     Violation,

@@ -28,7 +28,7 @@ from gpuslice.errors import UserError
 from gpuslice.programs.guard import GuardConfig, guard
 from gpuslice.programs.loader import LoadedPolicy, PolicyFamilyMismatch
 from gpuslice.programs.maps import Map
-from gpuslice.programs.verifier import FAMILIES
+from gpuslice.programs.verify import FAMILIES
 
 __all__ = ["NoPolicyLoaded", "NoSuchMap", "PolicySlot"]
 
