@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/policy_overhead.py                 # FGD, openb default trace, seeds 42-46
     .venv/bin/python benchmarks/policy_overhead.py --seeds 42-51 --rounds 2
 
-1. openb default trace, FGD built-in vs ``src/gpuslice/programs/builtin_files/fgd.py`` through
+1. openb default trace, FGD built-in vs the same FGD as a file (``gpuslice policy export fgd``) through
    ``sim.openb.replay`` (the path ``gpuslice sim openb --policy FILE`` takes). Runs alternate built-in /
    file per seed so machine load hits both alike; CPU time (``time.process_time``, this process and its
    threads, so the guard's watchdog thread is included) and wall time per run; overhead = file / built-in
@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import tempfile
 import time
 from datetime import UTC, datetime
 from pathlib import Path
@@ -33,6 +34,7 @@ from gpuslice.memory.hooks import BYPASS, DecisionContext, MemoryOps
 from gpuslice.policies import PlacementOps, PolicyContext
 from gpuslice.policies.queue import QUEUE
 from gpuslice.policies.queue.base import QueuedJob, QueueView, order_pending
+from gpuslice.programs.export import export_source
 from gpuslice.programs.guard import DEFAULT_BUDGETS, guard
 from gpuslice.programs.loader import load_file, memory_ops
 from gpuslice.sim import openb
@@ -42,7 +44,15 @@ from gpuslice.workload.job import JobSpec, Priority
 from gpuslice.workload.request import Request
 from gpuslice.workload.target import TargetWorkload
 
-FILES = Path(__file__).resolve().parents[1] / "src/gpuslice/programs/builtin_files"
+FILES = Path(tempfile.mkdtemp(prefix="gpuslice-builtin-files-"))  # the built-ins written as files
+
+
+def builtin_file(file: str, name: str, family: str) -> Path:
+    """``FILES / file``: built-in ``name`` as a policy file (what ``gpuslice policy export`` writes)."""
+    path = FILES / file
+    if not path.exists():
+        path.write_text(export_source(name, family), encoding="utf-8")
+    return path
 
 
 def load() -> str:
@@ -62,7 +72,7 @@ class _CountingPlacer(openb.Placer):
 def replay_overhead(seeds: list[int], rounds: int) -> list[str]:
     openb.Placer = _CountingPlacer  # type: ignore[misc]  # only to count guarded calls
     trace = load_trace("default")
-    fgd_file = str(FILES / "fgd.py")
+    fgd_file = str(builtin_file("fgd.py", "fgd", "placement"))
     cpu = {"fgd": 0.0, "file": 0.0}
     wall = {"fgd": 0.0, "file": 0.0}
     calls: dict[int, int] = {}
@@ -126,7 +136,7 @@ def slowest_calls() -> list[str]:
     ledger = Ledger(nodes)
     target = TargetWorkload.from_requests(p.request for p in trace.pods)
     context = PolicyContext(rng=np.random.default_rng(0), target=target)
-    loaded = load_file(FILES / "fgd.py")
+    loaded = load_file(builtin_file("fgd.py", "fgd", "placement"))
     ops = guard("placement", loaded.instantiate(ledger.view, context), PlacementOps(ledger.view, context))
     everything = np.arange(ledger.node_count)
     cpu = 0.0
@@ -153,7 +163,8 @@ def slowest_calls() -> list[str]:
         )
         for i in range(2000)
     ]
-    qops = guard("queue", load_file(FILES / "priority_fair.py").instantiate(), QUEUE["fifo"]())
+    queue_file = builtin_file("priority_fair.py", "priority-fair", "queue")
+    qops = guard("queue", load_file(queue_file).instantiate(), QUEUE["fifo"]())
     order_pending(qops, QueueView(now=3600.0), jobs)
     for hook, seconds in sorted(qops.guard.slowest.items()):
         lines.append(
@@ -161,7 +172,8 @@ def slowest_calls() -> list[str]:
             f"{DEFAULT_BUDGETS['queue'] * 1e3:.0f} |"
         )
     # memory: LFU + stride files, every hook visible
-    mops = memory_ops(str(FILES / "lfu.py"), str(FILES / "stride.py"))
+    lfu, stride = builtin_file("lfu.py", "lfu", "eviction"), builtin_file("stride.py", "stride", "prefetch")
+    mops = memory_ops(str(lfu), str(stride))
     workload = make_workload("llm-moe-decode", scale=0.2)
     simulate(workload, mops, SimConfig(oversub=1.5, visibility="full"))
     for half, family in ((mops.evict, "eviction"), (mops.prefetch, "prefetch")):

@@ -82,3 +82,34 @@ def test_help_explains_each_command():
     assert code == 0 and all(c in out for c in ("check", "load", "list", "unload", "events", "map"))
     code, out, _ = run("map", "update", "--help")
     assert code == 0 and "bpftool" in out and "--family" in out
+
+
+def test_export_prints_a_builtin_as_a_file_that_check_accepts(tmp_path):
+    code, out, _ = run("export", "bestfit")
+    assert code == 0 and "from gpuslice.programs.api import" in out and "class BestFit(PlacementOps)" in out
+    path = tmp_path / "bestfit.py"
+    path.write_text(out)
+    code, out, _ = run("check", str(path))
+    assert code == 0 and "placement policy BestFit" in out
+
+
+def test_export_writes_to_a_file_with_output(tmp_path):
+    path = tmp_path / "lfu.py"
+    code, out, _ = run("export", "lfu", "--output", str(path))
+    assert code == 0 and out == ""
+    assert "class Lfu(MemoryOps)" in path.read_text()
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["fifo"], "'fifo' is a built-in queue or eviction policy: say which with --family"),
+        (["fdg"], "'fdg' is not a built-in policy; known: 2q, adaptive-seq"),
+        (["priority", "--family", "prefetch"], "prefetch policy 'priority' cannot be written as a file"),
+        (["fifo", "--family", "mig"], "'mig' is not a policy family"),
+    ],
+    ids=["name in two families", "unknown name", "built on another policy", "unknown family"],
+)
+def test_export_refuses_with_a_user_error(args, message):
+    code, _, err = run("export", *args)
+    assert code == 2 and message in err

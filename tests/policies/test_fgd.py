@@ -14,7 +14,8 @@ import pytest
 from gpuslice.ledger.ledger import Ledger
 from gpuslice.ledger.placement import Placement
 from gpuslice.policies import PolicyContext
-from gpuslice.policies.fgd import FGD, FGDExact
+from gpuslice.policies.fgd import FGD
+from gpuslice.policies.fgd_exact import FGDExact
 from gpuslice.workload.request import Request
 from gpuslice.workload.target import TargetWorkload
 

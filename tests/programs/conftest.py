@@ -1,12 +1,14 @@
-"""Shared checks for policy files: did two runs decide the same?"""
+"""Shared checks for policy files: did two runs decide the same? And the built-ins written as files."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
+from builtin_exports import write_builtin_files
 
 
 def _same_replay(a: Any, b: Any) -> bool:
@@ -34,3 +36,9 @@ def same_replay() -> Callable[[Any, Any], bool]:
 @pytest.fixture
 def memsim_outcome() -> Callable[[Any], tuple[Any, ...]]:
     return _memsim_outcome
+
+
+@pytest.fixture(scope="session")
+def builtin_files(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A folder with built-in policies exported as files (``builtin_exports.EXPORTED``)."""
+    return write_builtin_files(tmp_path_factory.mktemp("builtin_files"))

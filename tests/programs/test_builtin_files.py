@@ -1,4 +1,5 @@
-"""The built-in policies rewritten as policy files decide exactly as the built-ins, and the examples run.
+"""Built-in policies written as policy files (``gpuslice policy export``) decide exactly as the built-ins:
+verifying, loading and guarding a policy leaves its decisions alone. And the examples run.
 
 Placement: an openb replay per policy on a small trace made from the bundled default trace. Queue: the
 order of random pending sets. Memory: memsim runs with the hooks visible ("full"), so the access hooks
@@ -25,7 +26,6 @@ from gpuslice.sim.trace import NODE_FILE, OpenbTrace, load_trace
 from gpuslice.workload.job import JobSpec, Priority
 
 ROOT = Path(__file__).resolve().parents[2]
-FILES = ROOT / "src/gpuslice/programs/builtin_files"
 EXAMPLES = ROOT / "examples/policies"
 DATA = ROOT / "src/gpuslice/data/openb"
 
@@ -44,10 +44,10 @@ def openb_sample(tmp_path_factory: pytest.TempPathFactory) -> OpenbTrace:
 @pytest.mark.parametrize(("builtin", "file"), [("fgd", "fgd.py"), ("bestfit", "bestfit.py")])
 @pytest.mark.parametrize("seed", [42, 43])
 def test_placement_file_replays_exactly_as_the_builtin(
-    openb_sample: OpenbTrace, builtin: str, file: str, seed: int, same_replay: Any
+    openb_sample: OpenbTrace, builtin: str, file: str, seed: int, same_replay: Any, builtin_files: Path
 ) -> None:
     ours = replay(openb_sample, builtin, seed)
-    loaded = replay(openb_sample, str(FILES / file), seed)
+    loaded = replay(openb_sample, str(builtin_files / file), seed)
     assert ours.failed_pods > 0 and len(ours.allocated_gpu_milli) > 500  # the sample is under pressure
     assert same_replay(loaded, ours)
     assert loaded.fallbacks == {}
@@ -78,8 +78,8 @@ def random_jobs(rng: random.Random, now: float) -> list[QueuedJob]:
 @pytest.mark.parametrize(
     ("builtin", "file"), [("fifo", "fifo_queue.py"), ("priority-fair", "priority_fair.py")]
 )
-def test_queue_file_orders_exactly_as_the_builtin(builtin: str, file: str) -> None:
-    loaded = load_file(FILES / file)
+def test_queue_file_orders_exactly_as_the_builtin(builtin: str, file: str, builtin_files: Path) -> None:
+    loaded = load_file(builtin_files / file)
     ours, theirs = QUEUE[builtin](), guard("queue", loaded.instantiate(), QUEUE["fifo"]())
     rng = random.Random(7)
     for _ in range(20):
@@ -105,23 +105,25 @@ def test_queue_example_puts_small_jobs_first_and_reads_its_boost_map() -> None:
 @pytest.mark.parametrize(("builtin", "file"), [("lfu", "lfu.py"), ("fifo", "fifo_evict.py")])
 @pytest.mark.parametrize("workload", ["gemm", "hotspot"])
 def test_eviction_file_simulates_exactly_as_the_builtin(
-    builtin: str, file: str, workload: str, memsim_outcome: Any
+    builtin: str, file: str, workload: str, memsim_outcome: Any, builtin_files: Path
 ) -> None:
     trace = make_workload(workload, scale=0.02, seed=3)
     cfg = SimConfig(oversub=1.5, visibility="full")
     ours = simulate(trace, Composed(EVICTION[builtin](), PREFETCH["tree"]()), cfg)
-    ops = guard("eviction", load_file(FILES / file).instantiate(), EVICTION["default"]())
+    ops = guard("eviction", load_file(builtin_files / file).instantiate(), EVICTION["default"]())
     theirs = simulate(trace, Composed(ops, PREFETCH["tree"]()), cfg)
     assert ours.evictions > 0
     assert memsim_outcome(theirs) == memsim_outcome(ours) and ops.guard.faults == {}
 
 
 @pytest.mark.parametrize("workload", ["gemm", "hotspot"])
-def test_prefetch_file_simulates_exactly_as_the_builtin(workload: str, memsim_outcome: Any) -> None:
+def test_prefetch_file_simulates_exactly_as_the_builtin(
+    workload: str, memsim_outcome: Any, builtin_files: Path
+) -> None:
     trace = make_workload(workload, scale=0.02, seed=3)
     cfg = SimConfig(oversub=1.5)
     ours = simulate(trace, Composed(EVICTION["lfu"](), PREFETCH["stride"]()), cfg)
-    ops = guard("prefetch", load_file(FILES / "stride.py").instantiate(), PREFETCH["tree"]())
+    ops = guard("prefetch", load_file(builtin_files / "stride.py").instantiate(), PREFETCH["tree"]())
     theirs = simulate(trace, Composed(EVICTION["lfu"](), ops), cfg)
     assert memsim_outcome(theirs) == memsim_outcome(ours) and ops.guard.faults == {}
 

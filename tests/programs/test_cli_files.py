@@ -9,7 +9,6 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-FILES = ROOT / "src/gpuslice/programs/builtin_files"
 NODES = "sn,cpu_milli,memory_mib,gpu,model\n" + "".join(
     f"n-{i},32000,131072,{1 + i % 8},V100M16\n" for i in range(12)
 )
@@ -26,9 +25,12 @@ def trace_dir(tmp_path: Path) -> Path:
 
 
 def test_sim_openb_runs_a_policy_file_beside_the_builtin_with_equal_results(
-    trace_dir: Path, tmp_path: Path, run_cli: Callable[[list[str]], tuple[int, str, str]]
+    trace_dir: Path,
+    tmp_path: Path,
+    run_cli: Callable[[list[str]], tuple[int, str, str]],
+    builtin_files: Path,
 ) -> None:
-    fgd_file = str(FILES / "fgd.py")
+    fgd_file = str(builtin_files / "fgd.py")
     code, out, err = run_cli(
         [
             "sim",
@@ -74,24 +76,26 @@ def test_sim_openb_refuses_a_rejected_file_before_any_run_with_file_and_line(
 
 
 def test_sim_openb_refuses_a_file_of_another_family(
-    tmp_path: Path, run_cli: Callable[[list[str]], tuple[int, str, str]]
+    tmp_path: Path, run_cli: Callable[[list[str]], tuple[int, str, str]], builtin_files: Path
 ) -> None:
-    code, _, err = run_cli(["sim", "openb", "--policy", str(FILES / "lfu.py"), "--out", str(tmp_path)])
+    lfu = str(builtin_files / "lfu.py")
+    code, _, err = run_cli(["sim", "openb", "--policy", lfu, "--out", str(tmp_path)])
     assert code == 2 and "is a eviction policy; a placement policy is needed here" in err
 
 
 def test_memsim_takes_eviction_and_prefetch_files_and_matches_the_builtins(
-    run_cli: Callable[[list[str]], tuple[int, str, str]],
+    run_cli: Callable[[list[str]], tuple[int, str, str]], builtin_files: Path
 ) -> None:
     common = ["memsim", "--workload", "hotspot", "--scale", "0.02", "--visibility", "full", "--json"]
     code, out, err = run_cli([*common, "--evict", "lfu", "--prefetch", "stride"])
     assert code == 0, err
     builtin = json.loads(out)[0]
-    files = ["--evict", str(FILES / "lfu.py"), "--prefetch", str(FILES / "stride.py")]
+    lfu, stride = str(builtin_files / "lfu.py"), str(builtin_files / "stride.py")
+    files = ["--evict", lfu, "--prefetch", stride]
     code, out, err = run_cli([*common, *files])
     assert code == 0, err
     loaded = json.loads(out)[0]
-    assert (loaded["evict"], loaded["prefetch"]) == (str(FILES / "lfu.py"), str(FILES / "stride.py"))
+    assert (loaded["evict"], loaded["prefetch"]) == (lfu, stride)
     different = {"evict", "prefetch", "wall_seconds"}
     assert {k: v for k, v in loaded.items() if k not in different} == {
         k: v for k, v in builtin.items() if k not in different

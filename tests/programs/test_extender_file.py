@@ -17,8 +17,6 @@ from gpuslice.k8s.annotations import (
 from gpuslice.k8s.extender import ClusterState, WatchEvent
 from gpuslice.programs.loader import PolicyRejected
 
-ROOT = Path(__file__).resolve().parents[2]
-BESTFIT_FILE = str(ROOT / "src/gpuslice/programs/builtin_files/bestfit.py")
 NODES = {"a-0": 8, "a-1": 8, "b-0": 4, "c-0": 2}
 
 
@@ -69,16 +67,19 @@ def pod(name: str, resources: dict[str, str], annotations: dict[str, str] | None
     ],
     ids=["share", "two whole GPUs", "four whole GPUs"],
 )
-def test_a_policy_file_scores_nodes_as_the_builtin_it_rewrites(resources: dict[str, str]) -> None:
-    names = list(NODES)
-    assert state(BESTFIT_FILE).prioritize(pod("p", resources), names) == state("bestfit").prioritize(
+def test_a_policy_file_scores_nodes_as_the_builtin_it_rewrites(
+    resources: dict[str, str], builtin_files: Path
+) -> None:
+    names, bestfit_file = list(NODES), str(builtin_files / "bestfit.py")
+    assert state(bestfit_file).prioritize(pod("p", resources), names) == state("bestfit").prioritize(
         pod("p", resources), names
     )
 
 
-def test_a_pod_annotation_cannot_name_a_policy_file() -> None:
-    cluster = state(BESTFIT_FILE)
-    asking = pod("p", {"gpuslice.io/gpu": "1"}, {ANNOTATION_PLACEMENT_POLICY: BESTFIT_FILE})
+def test_a_pod_annotation_cannot_name_a_policy_file(builtin_files: Path) -> None:
+    bestfit_file = str(builtin_files / "bestfit.py")
+    cluster = state(bestfit_file)
+    asking = pod("p", {"gpuslice.io/gpu": "1"}, {ANNOTATION_PLACEMENT_POLICY: bestfit_file})
     result = cluster.filter(asking, list(NODES))
     assert result.passed == [] and len(result.unresolvable) == len(NODES)
     assert all("is not a placement policy" in reason for reason in result.unresolvable.values())

@@ -26,15 +26,18 @@ from gpuslice.programs.loader import (
 from gpuslice.programs.maps import Map, MapError
 
 ROOT = Path(__file__).resolve().parents[2]
-FILES = ROOT / "src/gpuslice/programs/builtin_files"
 EXAMPLES = ROOT / "examples/policies"
 
 
 def test_loaded_policy_knows_family_name_hash_and_maps() -> None:
-    loaded = load_file(FILES / "lfu.py")
-    assert (loaded.family, loaded.name, loaded.ops_class.__name__) == ("eviction", "lfu", "Lfu")
-    assert len(loaded.sha256) == 64 and loaded.path.endswith("lfu.py")
-    assert str(loaded.map_specs["freq"]) == "Map(key=int, value=int, max_entries=1048576)"
+    loaded = load_file(EXAMPLES / "refault_protect.py")
+    assert (loaded.family, loaded.name, loaded.ops_class.__name__) == (
+        "eviction",
+        "refault-protect",
+        "RefaultProtect",
+    )
+    assert len(loaded.sha256) == 64 and loaded.path.endswith("refault_protect.py")
+    assert str(loaded.map_specs["activations"]) == "Map(key=int, value=int, max_entries=65536)"
 
 
 def test_rejected_file_lists_every_violation_as_file_line_message() -> None:
@@ -92,8 +95,8 @@ def test_handed_in_map_must_match_the_declared_spec() -> None:
         loaded.instantiate(maps={"other": Map(key=int, value=int, max_entries=1)})
 
 
-def test_a_policy_whose_init_fails_reports_it_as_a_user_error() -> None:
-    loaded = load_file(FILES / "fgd.py")
+def test_a_policy_whose_init_fails_reports_it_as_a_user_error(builtin_files: Path) -> None:
+    loaded = load_file(builtin_files / "fgd.py")
     with pytest.raises(PolicyInitError, match="FGD needs a target workload"):
         loaded.instantiate(object(), PolicyContext(rng=np.random.default_rng(0), target=None))
 
@@ -129,13 +132,13 @@ def test_a_missing_file_is_a_clear_error() -> None:
         resolve("nowhere/policy.py", "queue", queue_policy)
 
 
-def test_numpy_code_may_import_its_own_submodules_from_inside_a_policy() -> None:
+def test_numpy_code_may_import_its_own_submodules_from_inside_a_policy(builtin_files: Path) -> None:
     # ndarray.min imports numpy._core._methods lazily, through the calling frame's (restricted)
     # __import__; a fresh interpreter makes the policy's call the first one
     script = (
         "import numpy as np\n"
         "from gpuslice.programs.loader import load_file\n"
-        f"ops = load_file({str(FILES / 'bestfit.py')!r}).instantiate(None, None)\n"
+        f"ops = load_file({str(builtin_files / 'bestfit.py')!r}).instantiate(None, None)\n"
         "print(ops.normalize(None, None, np.array([1.0, 3.0])).tolist())\n"
     )
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)

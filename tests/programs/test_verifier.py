@@ -11,10 +11,12 @@ from pathlib import Path
 
 import pytest
 
+from gpuslice.programs.export import export_source, exportable
 from gpuslice.programs.verify import MAX_SOURCE_BYTES, check_file, check_source
 
 ROOT = Path(__file__).resolve().parents[2]
-BUILTIN_FILES = sorted((ROOT / "src/gpuslice/programs/builtin_files").glob("*.py"))
+FAMILIES = ("placement", "queue", "eviction", "prefetch")
+EXPORTABLE = [(family, name) for family in FAMILIES for name in exportable(family)]
 EXAMPLES = sorted((ROOT / "examples/policies").glob("*.py"))
 
 HEAD = """\
@@ -298,12 +300,19 @@ def test_a_file_larger_than_the_limit_is_rejected_at_line_1() -> None:
     assert "larger than" in report.violations[0].message
 
 
-@pytest.mark.parametrize("path", BUILTIN_FILES + EXAMPLES, ids=lambda p: f"{p.parent.name}/{p.name}")
-def test_verifier_accepts_builtin_policies_as_files_and_the_examples(path: Path) -> None:
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
+def test_verifier_accepts_the_examples(path: Path) -> None:
     report = check_file(path)
     assert report.ok, "\n".join(map(str, report.violations))
-    assert report.family in ("placement", "queue", "eviction", "prefetch")
+    assert report.family in FAMILIES
     assert report.class_name
+
+
+@pytest.mark.parametrize(("family", "name"), EXPORTABLE, ids=lambda x: x)
+def test_verifier_accepts_every_exportable_builtin_as_a_file_of_its_family(family: str, name: str) -> None:
+    report = check_source(export_source(name, family), f"{name}.py")
+    assert report.ok, "\n".join(map(str, report.violations))
+    assert report.family == family and report.class_name
 
 
 def test_report_names_family_class_and_maps() -> None:
@@ -314,11 +323,11 @@ def test_report_names_family_class_and_maps() -> None:
 
 
 def test_every_family_is_recognised() -> None:
-    families = {check_file(p).family for p in BUILTIN_FILES}
-    assert families == {"placement", "queue", "eviction", "prefetch"}
+    families = {check_source(export_source(n, f), f"{n}.py").family for f, n in EXPORTABLE}
+    assert families == set(FAMILIES)
 
 
 def test_attribute_of_a_hook_argument_named_like_a_method_is_not_recursion() -> None:
     # job.spec.priority is data, not a call of the policy's own priority(): no false recursion
-    report = check_file(ROOT / "src/gpuslice/programs/builtin_files/priority_fair.py")
+    report = check_source(export_source("priority-fair"), "priority_fair.py")
     assert report.ok

@@ -4,6 +4,7 @@ The Python counterpart of ``bpftool prog load`` / ``bpftool map update`` for gpu
 
 ```text
 policy check FILE                  the verifier, locally; no server needed
+policy export NAME                 a built-in policy written as a policy file, to read or start from
 policy load FILE                   the server verifies the source itself, then swaps it in between decisions
 policy list                        what each family runs now: file or built-in, faults, detached, maps
 policy unload FAMILY               back to the built-in policy the server was started with
@@ -34,8 +35,9 @@ _out = Console(highlight=False, soft_wrap=True)
 _err = Console(stderr=True, highlight=False, soft_wrap=True)
 
 app = typer.Typer(
-    help="Policies as programs: verify a policy file (check), hot-swap it into a running `gpuslice serve` "
-    "(load, list, unload) and read or write the maps it keeps its state in (map dump|get|update).",
+    help="Policies as programs: verify a policy file (check), write a built-in as a file (export), hot-swap "
+    "a file into a running `gpuslice serve` (load, list, unload) and read or write the maps it keeps its "
+    "state in (map dump|get|update).",
     no_args_is_help=True,
 )
 map_app = typer.Typer(
@@ -79,6 +81,34 @@ def check(file: Annotated[Path, typer.Argument(help="the policy file (.py)", sho
         _err.print(f"error: {file} rejected by the verifier: {len(report.violations)} {noun}", markup=False)
         raise typer.Exit(2)
     _out.print(report.summary(), markup=False)
+
+
+@app.command()
+def export(
+    name: Annotated[str, typer.Argument(help="a built-in, e.g. bestfit, fgd, lfu", show_default=False)],
+    family: Annotated[
+        str | None,
+        typer.Option(help="placement, queue, eviction or prefetch; needed when the name is in several"),
+    ] = None,
+    output: Annotated[
+        Path | None, typer.Option("--output", "-o", help="write here instead of printing", show_default=False)
+    ] = None,
+) -> None:
+    """Write a built-in policy as a policy file: its own source, importing from the policy API.
+
+    A starting point for your own policy: the file passes `policy check` and decides exactly as the
+    built-in. Built-ins that build on another policy (fgd-scarcity, priority) cannot be exported."""
+    from gpuslice.programs.export import export_source
+
+    text = export_source(name, family)
+    if output is None:
+        _out.print(text, markup=False, end="")
+        return
+    try:
+        output.write_text(text, encoding="utf-8")
+    except OSError as err:
+        raise UserError(f"cannot write {output}: {err.strerror or err}") from None
+    _err.print(f"wrote built-in policy {name} to {output}", markup=False)
 
 
 @app.command()

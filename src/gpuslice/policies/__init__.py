@@ -7,7 +7,8 @@ from gpuslice.policies.base import PlacementOps, PolicyContext, TieBreak
 from gpuslice.policies.bestfit import BestFit
 from gpuslice.policies.clustering import Clustering
 from gpuslice.policies.dotprod import DotProd
-from gpuslice.policies.fgd import FGD, FGDExact
+from gpuslice.policies.fgd import FGD
+from gpuslice.policies.fgd_exact import FGDExact
 from gpuslice.policies.fgd_scarcity import ScarcityFGD
 from gpuslice.policies.hami import HamiBinpack, HamiSpread
 from gpuslice.policies.packing import Packing

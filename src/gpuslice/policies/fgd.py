@@ -5,10 +5,12 @@ Optimises: Δ = F_n'(M) − F_n(M), the change in node n's fragmentation relativ
 and the one with the smallest Δ is used (first GPU on ties); whole GPUs take the lowest free ones.
 Score: int(100 · sigmoid(−Δ / 1000)) with Δ in milli-GPU, as the artifact computes it. The integer
 score is deliberate: near-equal Δs tie, ties go to the first node in ledger order, and that implicit
-packing is worth ~2 points of unallocated GPUs on openb (research note §1.3: 4.63 % vs 6.99 % with
-exact Δ). ``FGDExact`` scores −Δ without quantisation for comparison.
-Source: Weng et al., ATC'23; ``calculateGpuShareFragExtendScore`` in the artifact's
-``pkg/simulator/plugin/fgd_score.go`` (cluster-traces research note §1.2–1.3).
+packing is worth ~2 points of unallocated GPUs on openb (a replay of the default trace, seed 42: 4.63 %
+unallocated at 100 % arrival, against 6.99 % with the exact Δ of ``fgd_exact.py``).
+Source: Weng et al., "Beware of Fragmentation: Scheduling GPU-Sharing Workloads with Fragmentation
+Gradient Descent", USENIX ATC'23; ``calculateGpuShareFragExtendScore`` in the artifact's
+``pkg/simulator/plugin/fgd_score.go`` (hkust-adsl/kubernetes-scheduler-simulator).
+Also a valid policy file: ``gpuslice policy export fgd`` writes it with its imports from the policy API.
 """
 
 from __future__ import annotations
@@ -23,9 +25,7 @@ from gpuslice.ledger.ledger import LedgerView
 from gpuslice.policies.base import MAX_NODE_SCORE, PlacementOps, PolicyContext, lowest_free_gpus
 from gpuslice.workload.request import MILLI_PER_GPU, Request
 
-__all__ = ["FGD", "FGDExact"]
-
-_ONE_GPU_EACH = np.eye(MAX_GPUS_PER_NODE, dtype=np.int64)
+__all__ = ["FGD"]
 
 
 class FGD(PlacementOps):
@@ -39,6 +39,7 @@ class FGD(PlacementOps):
         if context.target is None:
             raise ValueError("FGD needs a target workload (the trace's task shapes)")
         self.measure = FragmentationMeasure(context.target, view.models)
+        self._one_gpu_each = np.eye(MAX_GPUS_PER_NODE, dtype=np.int64)  # row g: a share on GPU g
         # F_n(M) of every node as it is now, valid while the node's version matches (shape-independent)
         self._frag = np.zeros(view.node_count)
         self._frag_version = np.full(view.node_count, -1, dtype=np.int64)
@@ -72,7 +73,7 @@ class FGD(PlacementOps):
         model = view.node_model[nodes]
         if _is_share(req):
             # every "share on GPU g" variant at once: (K, G variants, G GPUs)
-            after_free = free[:, None, :] - req.gpu_milli * _ONE_GPU_EACH[None, :, :]
+            after_free = free[:, None, :] - req.gpu_milli * self._one_gpu_each[None, :, :]
             cpu_after = np.repeat(cpu_after, MAX_GPUS_PER_NODE)
             model_after = np.repeat(model, MAX_GPUS_PER_NODE)
             after_free = after_free.reshape(-1, MAX_GPUS_PER_NODE)
@@ -119,9 +120,3 @@ class FGD(PlacementOps):
 
 def _is_share(req: Request) -> bool:
     return req.num_gpu == 1 and req.gpu_milli < MILLI_PER_GPU
-
-
-class FGDExact(FGD):
-    name = "fgd-exact"
-    summary = "FGD with the exact Δ instead of the artifact's integer score (ablation)"
-    quantized = False
