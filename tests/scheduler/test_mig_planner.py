@@ -107,7 +107,7 @@ def test_a_start_that_overlaps_is_replaced_by_the_lowest_valid_start_and_counted
 def test_a_policy_that_raises_falls_back_to_the_lowest_valid_start_and_is_counted():
     result = plan(A100, ["2g.20gb", "12GiB"], _Crashing())
     assert [str(p.instance) for p in result.placed] == ["2g.20gb@0", "1g.20gb@2"]
-    assert result.fallbacks == {"error": 2}
+    assert result.fallbacks == {"exception": 2}
 
 
 def test_a_policy_whose_advice_is_valid_has_no_fallbacks():

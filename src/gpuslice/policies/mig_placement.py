@@ -32,6 +32,7 @@ from __future__ import annotations
 from functools import cache
 from typing import ClassVar
 
+from gpuslice.advice import ask
 from gpuslice.hardware.mig import MigGpu, MigLayout, MigProfile
 from gpuslice.registry import Registry
 
@@ -134,15 +135,14 @@ def checked_start(
 ) -> tuple[int | None, str | None]:
     """The policy's start for ``profile`` if it is valid now, else the default's; and why it fell back.
 
-    The one advice check of the MIG family: an exception, or an answer that is not one of
-    ``layout.placements(profile)`` (None while a start exists counts as a valid "no"), falls back to the
-    lowest valid start. The reason ("error" or "invalid") is returned for the caller to count; None when
-    the policy's own answer is used."""
+    The advice check of the MIG family (``gpuslice.advice.ask``): an exception, or an answer that is not
+    one of ``layout.placements(profile)`` (None, "no start", is always an answer a policy may give),
+    falls back to the lowest valid start. The reason ("exception" or "invalid") is returned for the
+    caller to count; None when the policy's own answer is used."""
     starts = layout.placements(profile)
-    try:
-        start = policy.choose(layout, profile)
-    except Exception:  # a policy's bug costs quality, never a placement
-        return (starts[0] if starts else None), "error"
-    if start is None or start in starts:
-        return start, None
-    return (starts[0] if starts else None), "invalid"
+    advice = ask(
+        lambda: policy.choose(layout, profile),
+        lambda start: start is None or start in starts,
+        lambda: starts[0] if starts else None,
+    )
+    return advice.value, advice.fallback

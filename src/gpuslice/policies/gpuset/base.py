@@ -21,6 +21,7 @@ from typing import ClassVar
 
 import numpy as np
 
+from gpuslice.advice import EXCEPTION, ask
 from gpuslice.errors import UserError
 from gpuslice.hardware.topology import Topology
 
@@ -79,14 +80,23 @@ def choose_gpu_set(policy: GpuSetOps, topology: Topology, free: Sequence[int], k
             f"asked for {k} GPUs on {topology.name} but {len(free_sorted)} are free "
             f"({', '.join(map(str, free_sorted)) or 'none'}); ask for 1–{len(free_sorted)} or free some GPUs"
         )
+    answers: list[tuple[int, ...]] = []  # what the policy returned, for the fallback's message
+
+    def pick() -> tuple[int, ...]:
+        answers.append(tuple(int(g) for g in policy.pick(GpuSetView(topology, free_sorted), k)))
+        return answers[-1]
+
+    advice = ask(
+        pick,
+        lambda gpus: len(set(gpus)) == k and set(gpus) <= set(free_sorted),
+        lambda: free_sorted[:k],
+    )
     fallback = None
-    try:
-        advice = tuple(int(g) for g in policy.pick(GpuSetView(topology, free_sorted), k))
-    except Exception as err:  # a crashing policy must not take the mechanism down (STYLE.md habit 5)
-        advice, fallback = (), f"pick raised {type(err).__name__}"
-    if fallback is None and (len(set(advice)) != k or not set(advice) <= set(free_sorted)):
-        fallback = f"pick returned {advice}, not {k} distinct free GPUs"
-    gpus = tuple(sorted(advice)) if fallback is None else free_sorted[:k]
+    if advice.fallback == EXCEPTION:
+        fallback = f"pick raised {type(advice.error).__name__}"
+    elif advice.fallback is not None:
+        fallback = f"pick returned {answers[-1] if answers else ()}, not {k} distinct free GPUs"
+    gpus = tuple(sorted(advice.value))
     return GpuSetChoice(
         gpus=gpus,
         ring_bandwidth_gbps=topology.ring_bandwidth(gpus),

@@ -27,6 +27,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from gpuslice.advice import ask
 from gpuslice.workload.job import JobSpec, Priority
 
 __all__ = ["QueueOps", "QueueView", "QueuedJob", "effective_priority", "order_pending"]
@@ -92,16 +93,14 @@ def effective_priority(
     """``policy.priority`` validated: an exception or a level outside [own, max(own, HIGH)] gives the
     job's own level, and ``fallbacks["priority"]`` goes up by one."""
     own = int(job.spec.priority)
-    try:
-        level = policy.priority(view, job)
-        ok = isinstance(level, int) and own <= level <= max(own, int(Priority.HIGH))
-    except Exception:  # a crashing policy must not take the scheduler down (STYLE.md habit 5)
-        ok = False
-    if not ok:
-        if fallbacks is not None:
-            fallbacks["priority"] += 1
-        return own
-    return int(level)
+    advice = ask(
+        lambda: policy.priority(view, job),
+        lambda level: isinstance(level, int) and own <= level <= max(own, int(Priority.HIGH)),
+        lambda: own,
+    )
+    if not advice.followed and fallbacks is not None:
+        fallbacks["priority"] += 1
+    return int(advice.value)
 
 
 def order_pending(
@@ -109,11 +108,13 @@ def order_pending(
 ) -> list[QueuedJob]:
     """``jobs`` in the order the policy advises (key, then FIFO). If any key raises or keys do not
     compare, the default order (own priority, then FIFO) is used and ``fallbacks["order_key"]`` counted."""
-    try:
+
+    def advised() -> list[QueuedJob]:  # a key of the wrong shape, or keys that do not compare, raise here
         keyed = [((*policy.order_key(view, j), j.seq), j) for j in jobs]
         keyed.sort(key=lambda pair: pair[0])
         return [j for _, j in keyed]
-    except Exception:  # wrong shape or incomparable keys: the default order, never a crash
-        if fallbacks is not None:
-            fallbacks["order_key"] += 1
-        return sorted(jobs, key=lambda j: (-int(j.spec.priority), j.seq))
+
+    advice = ask(advised, lambda _: True, lambda: sorted(jobs, key=lambda j: (-int(j.spec.priority), j.seq)))
+    if not advice.followed and fallbacks is not None:
+        fallbacks["order_key"] += 1
+    return advice.value
