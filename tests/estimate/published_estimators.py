@@ -1,9 +1,11 @@
 """Published estimators, reproduced formula for formula, so that their reference numbers are tests.
 
-accelerate's ``estimate-memory`` (research §2.4, §2.2) and DeepSpeed's ZeRO-2 / ZeRO-3 model-state
-estimators (research §2.3). These are not what ``gpuslice estimate`` prints: our training figures
-follow the ZeRO paper (``training.model_states``), which DeepSpeed's ZeRO-2 estimator exceeds
-(4Ψ + 16Ψ/N against 2Ψ + 14Ψ/N). Keeping their formulas here pins where the two differ.
+accelerate's ``estimate-memory`` (huggingface/accelerate ``commands/estimate.py``) and DeepSpeed's ZeRO-2
+/ ZeRO-3 model-state estimators (``estimate_zero2_model_states_mem_needs`` and
+``estimate_zero3_model_states_mem_needs`` in deepspeed ``runtime/zero/``). These are not what ``gpuslice
+estimate`` prints: our training figures follow the ZeRO paper (``training.model_states``), which
+DeepSpeed's ZeRO-2 estimator exceeds (4Ψ + 16Ψ/N against 2Ψ + 14Ψ/N). Keeping their formulas here pins
+where the two differ.
 """
 
 from __future__ import annotations
@@ -21,9 +23,9 @@ __all__ = [
     "deepspeed_zero3",
 ]
 
-# DeepSpeed's additional_buffer_factor default (research §2.3).
+# DeepSpeed's additional_buffer_factor default (its ZeRO memory estimators).
 DEEPSPEED_BUFFER_FACTOR = 1.5
-# accelerate divides the fp32 size by these (research §2.4).
+# accelerate divides the fp32 size by these (``commands/estimate.py``).
 _ACCELERATE_DIVISORS = {"float32": 1, "float16": 2, "int8": 4, "int4": 8}
 
 
@@ -40,7 +42,7 @@ class AccelerateRow:
 def accelerate_estimate(params: int, largest_layer_params: int, buffer_bytes: int = 0) -> list[AccelerateRow]:
     """accelerate ``estimate-memory``: fp32 size = 4 B/param + buffers at their own dtype, then ÷2/4/8.
 
-    Training (research §2.2, current code): fp32 → 4 × fp32 size; float16 → 2 × fp32 size (equal to the
+    Training (accelerate's current code): fp32 → 4 × fp32 size; float16 → 2 × fp32 size (equal to the
     older docs' 4 × dtype size); int8/int4 → N/A.
     """
     fp32_total = 4 * params + buffer_bytes
@@ -64,7 +66,7 @@ def deepspeed_zero2(
     params: int, gpus_per_node: int = 1, nodes: int = 1, cpu_offload: bool = False,
     buffer_factor: float = DEEPSPEED_BUFFER_FACTOR,
 ) -> ZeroEstimate:  # fmt: skip
-    """``estimate_zero2_model_states_mem_needs`` (research §2.3)."""
+    """DeepSpeed's ``estimate_zero2_model_states_mem_needs``."""
     total_gpus = gpus_per_node * nodes
     if cpu_offload:
         return ZeroEstimate(params * max(4 * total_gpus, 16) * buffer_factor, 2 * params)
@@ -78,7 +80,7 @@ def deepspeed_zero3(
     cpu_offload: bool = True, cpu_offload_params: bool = True, zero_init: bool = True,
     buffer_factor: float = DEEPSPEED_BUFFER_FACTOR,
 ) -> ZeroEstimate:  # fmt: skip
-    """``estimate_zero3_model_states_mem_needs`` (research §2.3): LL = largest layer, gf = 1/nodes."""
+    """DeepSpeed's ``estimate_zero3_model_states_mem_needs``: LL = largest layer, gf = 1/nodes."""
     if cpu_offload_params and not cpu_offload:
         raise InvalidEstimateOptions("offloading parameters to CPU needs the optimizer offloaded too")
     total_gpus = gpus_per_node * nodes
