@@ -593,7 +593,7 @@ def test_recreated_kubelet_socket_alone_triggers_re_registration(make_plugin, ku
 
 
 def test_start_fails_clearly_when_no_kubelet_listens(socket_dir, api, tmp_path, monkeypatch):
-    from gpuslice.k8s import device_plugin as dp
+    from gpuslice.k8s.device_plugin import plugin as dp
 
     monkeypatch.setattr(dp, "_REGISTER_TIMEOUT_S", 0.2)
     monkeypatch.setattr(dp, "_REGISTER_ATTEMPTS", 2)
