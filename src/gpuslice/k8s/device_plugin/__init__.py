@@ -1,14 +1,15 @@
 """The gpuslice device plugin: the kubelet side of gpuslice on one Kubernetes node.
 
-It speaks the kubelet device plugin API v1beta1 (``proto/deviceplugin.proto``; research
-k8s_nvidia_reference.md §2) for one or more resources, each on its own unix socket:
+It speaks the kubelet device plugin API v1beta1 (``proto/deviceplugin.proto``, from kubernetes
+``staging/src/k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1/api.proto``) for one or more resources, each
+on its own unix socket:
 
 ```text
 gpuslice.io/gpu              every non-MIG GPU as split_count shares "<GPU-uuid>::<n>" (n = 0..split-1)
 gpuslice.io/mig-<profile>    every existing MIG instance of that profile, by its "MIG-…" UUID
 ```
 
-Lifecycle (NVIDIA's plugin does the same, research §2.4):
+Lifecycle (NVIDIA's k8s-device-plugin does the same, ``internal/plugin/server.go``):
 
 ```text
 start:   publish the node inventory annotation (GPUs, memory, topology, MIG layout, health)
@@ -26,9 +27,11 @@ health:  a HealthSource reports GPU / MIG changes -> devices flip Healthy/Unheal
          inventory republished
 ```
 
-The extender decides which GPUs a pod gets; the kubelet only counts shares (research §1.6). The
+The extender decides which GPUs a pod gets; the kubelet only counts shares (an extended resource
+is an integer count; the kubelet picks device IDs at admission). The
 shares the kubelet hands to Allocate are therefore slots, not GPUs: the GPUs come from the pod's
-decision annotations (``k8s.annotations.Decision``), HAMi's design (hami_and_peers.md §1.2 step 5).
+decision annotations (``k8s.annotations.Decision``), HAMi's design (its device plugin's Allocate,
+Project-HAMi/HAMi ``pkg/device-plugin/nvidiadevice/nvinternal/plugin/server.go``).
 GetPreferredAllocation steers the kubelet to shares of the decided GPUs, and Allocate then reads the
 GPUs back from the device IDs it is given: the device plugin API names no pod, so the device IDs are
 what tells two pods bound at the same moment apart. Two waiting pods whose decisions name the same

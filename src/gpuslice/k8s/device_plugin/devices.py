@@ -41,7 +41,8 @@ __all__ = [
 HEALTHY = "Healthy"
 UNHEALTHY = "Unhealthy"
 
-# Replica ids as NVIDIA's time-slicing builds them (research §3.3, NewAnnotatedID): "<uuid>::<k>".
+# Replica ids as NVIDIA's time-slicing builds them (k8s-device-plugin ``internal/rm/devices.go``,
+# NewAnnotatedID): "<uuid>::<k>".
 SHARE_SEPARATOR = "::"
 _MAX_DEVICE_ID_CHARS = 63  # Device.ID limit in api.proto
 # GPU feature discovery's node labels (NVIDIA gpu-feature-discovery: nvidia.com/gpu.product, …), under

@@ -342,7 +342,8 @@ class DevicePlugin(Allocation):
         """Re-register when kubelet.sock is recreated (a kubelet restart) or our sockets vanish.
 
         A restarting kubelet deletes every socket in its directory, so the servers are restarted too
-        (NVIDIA's plugin restarts all its plugins on the same inotify event, research §2.4). Polling the
+        (NVIDIA's k8s-device-plugin restarts all its plugins on the same inotify event, in
+        ``cmd/nvidia-device-plugin/main.go``). Polling the
         socket's inode every ``watch_interval_s`` stands in for inotify: no extra dependency, and a
         second's delay is nothing next to a kubelet restart."""
         while not self._stop.wait(self.watch_interval_s):

@@ -1,7 +1,8 @@
 """kube-scheduler extender: filter, prioritize and bind over a gpuslice Ledger of the cluster's GPUs.
 
-Lifecycle of one pod (k8s_nvidia_reference.md §1; the extender is ``nodeCacheCapable``, so it gets
-node names, never node objects):
+Lifecycle of one pod (the extender/v1 protocol: k8s.io/kube-scheduler/extender/v1 and kube-scheduler's
+``pkg/scheduler/extender.go``; the extender is ``nodeCacheCapable``, so it gets node names, never node
+objects):
 
 ```text
 POST /filter      {Pod, NodeNames}  -> {NodeNames, FailedNodes{name: reason}, Error}
@@ -22,12 +23,13 @@ watch             Node inventory annotation changed -> ledger rebuilt lazily on 
                   Pod deleted, Succeeded or Failed -> released
 ```
 
-Why no multi-minute stalls (HAMi's node lock, hami_and_peers.md): HAMi marks a node locked in an
-annotation at bind and unlocks it only when its device plugin finishes Allocate, so a pod that never
-reaches Allocate holds the node until a timeout. Here the in-memory ledger is the arbiter: a bind holds
-its node's lock only while it chooses GPUs and reserves them, never across an API call, and a failed
-bind gives its reservation back at once. A stale filter answer is harmless: bind re-checks against the
-ledger and refuses with a reason if the node has filled up meanwhile.
+Why no multi-minute stalls (HAMi's node lock: Project-HAMi/HAMi ``pkg/scheduler/scheduler.go``, the
+``hami.io/mutex.lock`` node annotation, and the 5-minute waits between pods its users reported): HAMi
+marks a node locked in an annotation at bind and unlocks it only when its device plugin finishes
+Allocate, so a pod that never reaches Allocate holds the node until a timeout. Here the in-memory ledger
+is the arbiter: a bind holds its node's lock only while it chooses GPUs and reserves them, never across
+an API call, and a failed bind gives its reservation back at once. A stale filter answer is harmless:
+bind re-checks against the ledger and refuses with a reason if the node has filled up meanwhile.
 
 Default placement policy: ``bestfit``. FGD (the better policy on openb) needs a target workload, the
 mix of task shapes to come, which a freshly started extender does not have; bestfit needs nothing,

@@ -70,7 +70,8 @@ def create_app(state: ClusterState, events: Iterable[WatchEvent] | None = None) 
             body, names = reader.read(await request.body())
             scores = state.scores(wire.field(body, "Pod") or {}, names)
         except (GpusliceError, ValueError):
-            # a prioritize error only costs this extender's scores (research §1.2)
+            # kube-scheduler ignores a failed prioritize call (prioritizeNodes in schedule_one.go): it
+            # costs only this extender's scores, never the pod's scheduling
             return Response(wire.encode([]), media_type=_JSON)
         return Response(wire.host_priorities(names, scores), media_type=_JSON)
 

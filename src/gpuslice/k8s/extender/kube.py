@@ -75,7 +75,7 @@ class KubernetesApi:
             target=c.V1ObjectReference(api_version="v1", kind="Node", name=node),
         )
         # _preload_content=False: the client cannot decode the Binding the server answers with
-        # (kubernetes-client/python issue 547, "target must not be None").
+        # (a known kubernetes-client/python bug: "Invalid value for `target`, must not be `None`").
         self._core.create_namespaced_binding(namespace, body, _preload_content=False)
 
     def create_event(self, namespace: str, pod_name: str, pod_uid: str, reason: str, message: str) -> None:
