@@ -62,6 +62,7 @@ import grpc
 from prometheus_client import start_http_server
 
 from gpuslice.errors import UserError
+from gpuslice.hardware.machine import Machine
 from gpuslice.hardware.mig import MigLayout, mig_gpu, parse_layout
 from gpuslice.k8s import kube_client
 from gpuslice.k8s.annotations import (
@@ -79,12 +80,17 @@ from gpuslice.k8s.annotations import (
     NodeInventory,
     mig_resource,
 )
-from gpuslice.node.gpu_faults import FakeHealthSource, HealthChange, HealthSource, NoHealthChecks, NvmlHealthSource
 from gpuslice.k8s.proto import deviceplugin_pb2 as pb
 from gpuslice.k8s.proto import deviceplugin_pb2_grpc as pb_grpc
 from gpuslice.k8s.shim_mounts import container_setup
 from gpuslice.node.enforcement import SharingMode, job_env, mig_device_uuid, softcap_dir
-from gpuslice.hardware.machine import Machine
+from gpuslice.node.gpu_faults import (
+    FakeHealthSource,
+    HealthChange,
+    HealthSource,
+    NoHealthChecks,
+    NvmlHealthSource,
+)
 from gpuslice.observe.k8s_metrics import DeviceHealthRow, DevicePluginMetrics
 from gpuslice.policies.gpuset import choose_gpu_set, make_gpuset_policy
 from gpuslice.policies.gpuset.exact import Exact
@@ -899,9 +905,11 @@ class DevicePlugin:
         # NVIDIA's container runtime reads NVIDIA_VISIBLE_DEVICES to mount the devices; the device nodes
         # and CDI names below do the same without it (a runtime with CDI, containerd 1.7+ / CRI-O 1.23+).
         env["NVIDIA_VISIBLE_DEVICES"] = env["CUDA_VISIBLE_DEVICES"]
-        cdi_names = [mig_slot_uuid] if (mig_slot_uuid := self._mig_uuid(decision)) else [
-            self.machine.gpus[g].uuid for g in gpus
-        ]
+        cdi_names = (
+            [mig_slot_uuid]
+            if (mig_slot_uuid := self._mig_uuid(decision))
+            else [self.machine.gpus[g].uuid for g in gpus]
+        )
         shim_mounts = container_setup(self.state_dir, pod.namespace, pod.name, env)  # --sharing shim
         return pb.ContainerAllocateResponse(
             envs=env,

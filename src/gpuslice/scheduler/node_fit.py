@@ -32,9 +32,9 @@ from dataclasses import dataclass
 from itertools import combinations
 
 from gpuslice.errors import InvalidRequest, UserError
+from gpuslice.hardware.machine import Machine
 from gpuslice.hardware.mig import MigInstance, MigLayout, MigProfile, format_mask, mig_gpu, resolve_request
 from gpuslice.hardware.topology import Topology
-from gpuslice.hardware.machine import Machine
 from gpuslice.policies.gpuset import choose_gpu_set
 from gpuslice.policies.gpuset.exact import Exact
 from gpuslice.policies.mig_placement import KeepLargestPlaceable, MigPlacementOps

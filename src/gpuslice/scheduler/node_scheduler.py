@@ -37,10 +37,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from gpuslice.errors import InvalidRequest, UserError
+from gpuslice.hardware.machine import Machine
 from gpuslice.hardware.mig import MigInstance, MigLayout, format_mask, mig_gpu
 from gpuslice.ledger.ledger import Ledger
 from gpuslice.ledger.placement import Placement, Refusal
-from gpuslice.hardware.machine import Machine
 from gpuslice.policies.mig_placement import KeepLargestPlaceable
 from gpuslice.policies.queue import QueuedJob, QueueView, effective_priority, order_pending
 from gpuslice.policies.queue import queue_policy as lookup_queue_policy
