@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from gpuslice.hardware.topology_profiles import profile
 from gpuslice.hardware.machine import GpuInfo, Machine
+from gpuslice.hardware.topology_profiles import profile
 from gpuslice.observe.reasons import NOT_TRIED, failure_code, fault_kind, pending_code
 from gpuslice.scheduler.node_scheduler import NodeScheduler, TenantQuota
 from gpuslice.units import GiB

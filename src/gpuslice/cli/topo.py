@@ -31,8 +31,16 @@ app = typer.Typer(
 
 _SYSTEMS = ", ".join(PROFILES)
 _POLICIES = ", ".join(GPUSET)
-_STYLE = {LinkType.NVLINK: "green", LinkType.NVSWITCH: "green", LinkType.PIX: "cyan", LinkType.PXB: "cyan",
-          LinkType.PHB: "yellow", LinkType.NODE: "yellow", LinkType.SYS: "red", LinkType.SELF: "dim"}
+_STYLE = {
+    LinkType.NVLINK: "green",
+    LinkType.NVSWITCH: "green",
+    LinkType.PIX: "cyan",
+    LinkType.PXB: "cyan",
+    LinkType.PHB: "yellow",
+    LinkType.NODE: "yellow",
+    LinkType.SYS: "red",
+    LinkType.SELF: "dim",
+}
 
 
 def parse_gpu_list(text: str) -> list[int]:

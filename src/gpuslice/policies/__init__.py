@@ -27,7 +27,16 @@ __all__ = [
 PLACEMENT: dict[str, type[PlacementOps]] = {
     p.name: p
     for p in (
-        RandomFit, DotProd, Clustering, Packing, BestFit, FGD, FGDExact, ScarcityFGD, HamiBinpack, HamiSpread
+        RandomFit,
+        DotProd,
+        Clustering,
+        Packing,
+        BestFit,
+        FGD,
+        FGDExact,
+        ScarcityFGD,
+        HamiBinpack,
+        HamiSpread,
     )
 }
 

@@ -6,20 +6,15 @@ per GPU, MIG slot layouts), for the real machine and for what-if copies (backfil
 ```text
 demand_for(spec, machine)        -> Demand, or InvalidRequest when the job can never run here (at submit)
 fits(demand, capacity)           -> bool, cheap (what-ifs call it often)
-choose(demand, capacity)         -> Choice (GPUs, MIG slot) or None
+choose_mig(demand, capacity)     -> Choice (GPU, MIG slot) or None
 why_not(demand, capacity)        -> the reason: "needs 40 GiB on one GPU; largest free is 22 GiB on GPU 3"
 ```
 
-GPU choice inside the machine:
-
-- whole GPUs: the ``exact`` GPU-set policy through ``choose_gpu_set`` (best ring bandwidth, fewest hops,
-  best leftovers); with a topology need, the same ranking (``Exact.cost`` then ``leftover_value``) over
-  only the sets that meet the need (``choose_gpu_set`` cannot take such a filter);
-- a share of one GPU: best fit, the fitting GPU with the least free memory (or compute, for a share
-  given as compute only), lowest index on ties: ``best_fit_gpus``' rule, applied here because that
-  helper cannot mask out GPUs in MIG mode or of an excluded model;
-- a MIG instance: the smallest candidate profile first, then the fullest MIG GPU, at the start the
-  ``ours`` MIG placement policy advises (validated with ``MigLayout.can_place``).
+GPU choice inside the machine is not made here: shares and whole GPUs are chosen by the shared placer
+(``Placer.pick_gpus``: the placement policy's advice, else best fit for a share and ``pick_gpu_set`` for
+whole GPUs), as in sim and the Kubernetes extender. Only a MIG instance is chosen here: the smallest
+candidate profile first, then the fullest MIG GPU, at the start the MIG placement policy advises
+(validated with ``MigLayout.can_place``).
 
 Pure and deterministic: every loop runs in GPU index order.
 """
@@ -32,11 +27,10 @@ from dataclasses import dataclass
 from itertools import combinations
 
 from gpuslice.errors import InvalidRequest, UserError
+from gpuslice.hardware.machine import Machine
 from gpuslice.hardware.mig import MigInstance, MigLayout, MigProfile, format_mask, mig_gpu, resolve_request
 from gpuslice.hardware.topology import Topology
-from gpuslice.hardware.machine import Machine
-from gpuslice.policies.gpuset import choose_gpu_set
-from gpuslice.policies.gpuset.exact import Exact
+from gpuslice.policies.gpuset.pick import meets_need
 from gpuslice.policies.mig_placement import KeepLargestPlaceable, MigPlacementOps
 from gpuslice.units import format_size
 from gpuslice.workload.job import JobSpec, TopologyNeed
@@ -48,11 +42,10 @@ __all__ = [
     "Demand",
     "DemandKind",
     "Holding",
-    "choose",
+    "choose_mig",
     "demand_for",
     "fits",
     "gpus_equivalent",
-    "meets_need",
     "mig_request",
     "why_not",
 ]
@@ -163,21 +156,6 @@ def mig_request(profile: MigProfile, gpu_memory_bytes: int) -> Request:
     )
 
 
-def meets_need(topology: Topology | None, gpus: Sequence[int], need: TopologyNeed) -> bool:
-    """NVLINK: every pair joined by NVLink (direct or NVSwitch); PCIE_SWITCH: every pair PIX or NVLink."""
-    if need is TopologyNeed.ANY or len(gpus) < 2:
-        return True
-    if topology is None:
-        return False
-    for i, j in combinations(gpus, 2):
-        if topology.nvlinks[i, j] > 0:
-            continue
-        if need is TopologyNeed.PCIE_SWITCH and topology.pcie[i, j] == 1:  # code 1 = PIX
-            continue
-        return False
-    return True
-
-
 # ---- submit-time resolution -------------------------------------------------------------------------
 
 
@@ -272,8 +250,6 @@ def _need_text(need: TopologyNeed) -> str:
 
 # ---- fit, choice, reasons ---------------------------------------------------------------------------
 
-_EXACT = Exact()  # stateless apart from its leftover cache, which is keyed by (topology, free mask)
-
 
 def _whole_free(demand: Demand, cap: Capacity) -> list[int]:
     return [g for g in demand.eligible if cap.free_milli[g] >= MILLI_PER_GPU]
@@ -297,7 +273,8 @@ def _mig_candidates(demand: Demand, cap: Capacity) -> list[tuple[int, int, int, 
 
 
 def fits(demand: Demand, cap: Capacity, topology: Topology | None) -> bool:
-    """Could the job start on ``cap`` now? Same answer as ``choose(...) is not None``, cheaper."""
+    """Could the job start on ``cap`` now? (For shares and whole GPUs the placer then always finds GPUs:
+    its default choice takes any fitting GPU, and any set that meets the need.)"""
     if demand.kind is DemandKind.NONE:
         return True
     if demand.kind is DemandKind.SHARE:
@@ -312,47 +289,9 @@ def fits(demand: Demand, cap: Capacity, topology: Topology | None) -> bool:
     return any(meets_need(topology, c, demand.need) for c in combinations(free, demand.count))
 
 
-def choose(
-    demand: Demand,
-    cap: Capacity,
-    topology: Topology | None,
-    mig_policy: MigPlacementOps | None = None,
-) -> Choice | None:
-    """The GPUs (and MIG slot) the job gets on ``cap``, or None if it does not fit; see the module doc."""
-    if demand.kind is DemandKind.NONE:
-        return Choice((), Holding(()))
-    if demand.kind is DemandKind.SHARE:
-        fitting = [g for g in demand.eligible if _share_fits(demand, cap, g)]
-        if not fitting:
-            return None
-        by = cap.free_memory if demand.memory_bytes else cap.free_milli
-        g = min(fitting, key=lambda i: (by[i], cap.free_milli[i], i))
-        return Choice((g,), Holding((g,), demand.milli, demand.memory_bytes))
-    if demand.kind is DemandKind.MIG:
-        return _choose_mig(demand, cap, mig_policy or KeepLargestPlaceable())
-    gpus = _choose_whole(demand, cap, topology)
-    return None if gpus is None else Choice(gpus, Holding(gpus, MILLI_PER_GPU, 0))
-
-
-def _choose_whole(demand: Demand, cap: Capacity, topology: Topology | None) -> tuple[int, ...] | None:
-    free = _whole_free(demand, cap)
-    k = demand.count
-    if len(free) < k:
-        return None
-    if demand.need is TopologyNeed.ANY:
-        if topology is None:
-            return tuple(free[:k])
-        return choose_gpu_set(_EXACT, topology, free, k).gpus
-    assert topology is not None, "a topology need on a machine without topology passed submit"
-    valid = [c for c in combinations(free, k) if meets_need(topology, c, demand.need)]
-    if not valid:
-        return None
-
-    def rank(c: tuple[int, ...]) -> tuple[object, ...]:
-        rest = tuple(g for g in free if g not in c)
-        return (Exact.cost(topology, c), -_EXACT.leftover_value(topology, rest), c)
-
-    return min(valid, key=rank)
+def choose_mig(demand: Demand, cap: Capacity, policy: MigPlacementOps | None = None) -> Choice | None:
+    """The MIG GPU and slot the job gets on ``cap``, or None if none is free; see the module doc."""
+    return _choose_mig(demand, cap, policy or KeepLargestPlaceable())
 
 
 def _choose_mig(demand: Demand, cap: Capacity, policy: MigPlacementOps) -> Choice | None:

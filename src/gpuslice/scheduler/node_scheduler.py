@@ -36,11 +36,15 @@ from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from gpuslice.errors import InvalidRequest, UserError
-from gpuslice.hardware.mig import MigInstance, MigLayout, format_mask, mig_gpu
-from gpuslice.ledger.ledger import Ledger
-from gpuslice.ledger.placement import Placement, Refusal
 from gpuslice.hardware.machine import Machine
+from gpuslice.hardware.mig import MigInstance, MigLayout, format_mask, mig_gpu
+from gpuslice.ledger.ledger import Ledger, LedgerView
+from gpuslice.ledger.placement import Placement, Refusal
+from gpuslice.policies.base import PlacementOps, PolicyContext
+from gpuslice.policies.bestfit import BestFit
 from gpuslice.policies.mig_placement import KeepLargestPlaceable
 from gpuslice.policies.queue import QueuedJob, QueueView, effective_priority, order_pending
 from gpuslice.policies.queue import queue_policy as lookup_queue_policy
@@ -51,17 +55,19 @@ from gpuslice.scheduler.node_fit import (
     Demand,
     DemandKind,
     Holding,
-    choose,
+    choose_mig,
     demand_for,
     fits,
     gpus_equivalent,
     mig_request,
     why_not,
 )
+from gpuslice.scheduler.placer import Placer
 from gpuslice.scheduler.preemption import Victim, choose_victims
 from gpuslice.units import format_size
 from gpuslice.workload.job import JobSpec
 from gpuslice.workload.request import MILLI_PER_GPU, Request
+from gpuslice.workload.target import TargetWorkload
 
 __all__ = ["GpuUsage", "MigAssignment", "NodeScheduler", "PreemptJob", "StartJob", "TenantQuota"]
 
@@ -160,8 +166,18 @@ class NodeScheduler:
         grace_seconds: float = 30.0,
         aging_seconds: float = 600.0,
         backfill: bool = True,
+        placement: Callable[[LedgerView, PolicyContext], PlacementOps] = BestFit,
+        target: TargetWorkload | None = None,
     ) -> None:
+        """``placement`` builds the placement policy (a registered class, or a policy file's guarded
+        factory) that advises which GPUs a share or whole-GPU job gets, through the same ``Placer`` as
+        sim and the Kubernetes extender. ``target`` is the workload FGD-style policies measure
+        fragmentation against; without one, the shapes of the jobs this scheduler knows are used."""
         self.machine = machine
+        self.placement = placement
+        self.target = target
+        self._placer: Placer | None = None
+        self._placer_shapes: frozenset[Request] = frozenset()
         self.tenants = dict(tenants)
         self.policy = lookup_queue_policy(queue_policy)()
         self.grace_seconds = grace_seconds
@@ -170,8 +186,6 @@ class NodeScheduler:
         self.fallbacks: Counter[str] = Counter()  # queue-policy answers replaced by the default
         self.ledger = Ledger([machine.node_spec()])
         self._n = machine.gpu_count
-        top = max(g.memory_bytes for g in machine.gpus)
-        self._gap = [top - g.memory_bytes for g in machine.gpus]  # smaller GPUs in a mixed machine
         self._layouts: list[MigLayout | None] = [
             MigLayout(mig_gpu(g.mig_model)) if g.mig_enabled else None for g in machine.gpus
         ]
@@ -477,7 +491,55 @@ class NodeScheduler:
         return [by_id[q.job_id] for q in ordered]
 
     def _choose(self, demand: Demand, cap: Capacity) -> Choice | None:
-        return choose(demand, cap, self.machine.topology, self._mig_policy)
+        """The GPUs the job gets now. ``cap`` mirrors the ledger here (every start reserves at once), so
+        the placer, reading the ledger, sees the same free capacity."""
+        if demand.kind is DemandKind.NONE:
+            return Choice((), Holding(()))
+        if demand.kind is DemandKind.MIG:
+            return choose_mig(demand, cap, self._mig_policy)
+        topology = self.machine.topology
+        if not fits(demand, cap, topology):
+            return None
+        req = self._demand_request(demand)
+        usable = np.zeros(self.ledger.view.free_gpu_milli.shape[1], dtype=bool)
+        usable[list(demand.eligible)] = True
+        gpus = self.placement_placer().pick_gpus(req, 0, usable, topology, demand.need)
+        if gpus is None:  # fits() said a choice exists; only a broken invariant gets here
+            return None
+        return Choice(gpus, Holding(gpus, req.gpu_milli, req.gpu_memory_bytes))
+
+    def placement_placer(self) -> Placer:
+        """The placer over this machine's ledger, with the placement policy built for the current
+        target workload (rebuilt only when the set of known job shapes changes and no target is given)."""
+        shapes = frozenset() if self.target is not None else self._known_shapes()
+        if self._placer is None or shapes != self._placer_shapes:
+            target = self.target or (
+                TargetWorkload.from_requests(sorted(shapes, key=str)) if shapes else None
+            )
+            context = PolicyContext(rng=np.random.default_rng(0), target=target)
+            policy = self.placement(self.ledger.view, context)
+            self._placer = Placer(self.ledger, policy, topologies=[self.machine.topology])
+            self._placer_shapes = shapes
+        return self._placer
+
+    def _known_shapes(self) -> frozenset[Request]:
+        """The distinct share and whole-GPU requests of the pending and running jobs (MIG jobs aside)."""
+        pending = (
+            self._demand_request(j.demand)
+            for j in self._pending.values()
+            if j.demand.kind in (DemandKind.SHARE, DemandKind.WHOLE)
+        )
+        running = (r.placement.request for r in self._running.values() if r.mig is None and r.holding.gpus)
+        return frozenset((*pending, *running))
+
+    @staticmethod
+    def _demand_request(demand: Demand) -> Request:
+        """The ledger request of a share or whole-GPU demand."""
+        if demand.kind is DemandKind.SHARE:
+            return Request(
+                cpu_milli=0, num_gpu=1, gpu_milli=demand.milli, gpu_memory_bytes=demand.memory_bytes
+            )
+        return Request(cpu_milli=0, num_gpu=demand.count, gpu_milli=MILLI_PER_GPU)
 
     def _fits_head(self, p: _Pass) -> Callable[[Capacity], bool]:
         assert p.head is not None
@@ -522,7 +584,7 @@ class NodeScheduler:
     def _capacity(self) -> Capacity:
         view = self.ledger.view
         milli = [int(x) for x in view.free_gpu_milli[0, : self._n]]
-        memory = [int(view.free_gpu_memory_bytes[0, g]) - self._gap[g] for g in range(self._n)]
+        memory = [int(view.free_gpu_memory_bytes[0, g]) for g in range(self._n)]
         total = [g.memory_bytes for g in self.machine.gpus]
         return Capacity(milli, memory, self._layouts, self._external, total)
 

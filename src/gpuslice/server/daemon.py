@@ -42,9 +42,9 @@ from typing import Any, NamedTuple, Protocol
 
 import gpuslice
 from gpuslice.errors import InvalidRequest
+from gpuslice.hardware.machine import Machine
 from gpuslice.hardware.mig import mig_gpu
 from gpuslice.node.launcher import ExitStatus, LaunchedJob
-from gpuslice.hardware.machine import Machine
 from gpuslice.node.mig_manager import MigCommandFailed
 from gpuslice.node.telemetry import GpuReading, SliceLoad, Telemetry
 from gpuslice.observe.anomaly import SigmaDetector
