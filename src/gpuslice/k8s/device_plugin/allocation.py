@@ -259,9 +259,11 @@ class Allocation:
         # NVIDIA's container runtime reads NVIDIA_VISIBLE_DEVICES to mount the devices; the device nodes
         # and CDI names below do the same without it (a runtime with CDI, containerd 1.7+ / CRI-O 1.23+).
         env["NVIDIA_VISIBLE_DEVICES"] = env["CUDA_VISIBLE_DEVICES"]
-        cdi_names = [mig_slot_uuid] if (mig_slot_uuid := self._mig_uuid(decision)) else [
-            self.machine.gpus[g].uuid for g in gpus
-        ]
+        cdi_names = (
+            [mig_slot_uuid]
+            if (mig_slot_uuid := self._mig_uuid(decision))
+            else [self.machine.gpus[g].uuid for g in gpus]
+        )
         shim_mounts = container_setup(self.state_dir, pod.namespace, pod.name, env)  # --sharing shim
         return pb.ContainerAllocateResponse(
             envs=env,
@@ -286,4 +288,3 @@ class Allocation:
             cap = softcap_dir(self.state_dir)
             mounts.append(pb.Mount(container_path=str(cap), host_path=str(cap), read_only=True))
         return mounts
-

@@ -200,4 +200,3 @@ def _mig_health_keys(machine: Machine, layouts: Mapping[int, MigLayout]) -> dict
             for ci in instance.ci_ids:
                 keys[(machine.gpus[gpu].uuid, instance.gi_id, ci)] = uuid
     return keys
-

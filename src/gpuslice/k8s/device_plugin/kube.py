@@ -24,6 +24,7 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
+
 @dataclass(frozen=True, slots=True)
 class PendingPod:
     """A pod bound to this node by the extender and waiting for Allocate, with its decision."""
@@ -107,4 +108,3 @@ class KubeApi:
         if labels:
             metadata["labels"] = dict(labels)
         self.core.patch_node(node_name, {"metadata": metadata})
-

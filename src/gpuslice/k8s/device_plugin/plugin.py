@@ -111,7 +111,6 @@ class _Servicer(pb_grpc.DevicePluginServicer):
 _OPTIONS = pb.DevicePluginOptions(pre_start_required=False, get_preferred_allocation_available=True)
 
 
-
 class DevicePlugin(Allocation):
     """All gpuslice resources of one node: servers, registration, health, Allocate, inventory.
 
@@ -461,4 +460,3 @@ class DevicePlugin(Allocation):
             )
         except Exception as err:  # the API server may be briefly away; the next change republishes
             log.error("could not publish the node inventory of %s: %s", self.node_name, err)
-

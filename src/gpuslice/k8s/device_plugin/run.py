@@ -30,6 +30,7 @@ __all__ = [
     "serve",
 ]
 
+
 def serve(
     machine: Machine,
     node_name: str,

@@ -135,7 +135,6 @@ def _priority(pod: Mapping[str, Any]) -> int:
     return int(value) if isinstance(value, int) and not isinstance(value, bool) else 0
 
 
-
 class ClusterCache:
     """The ledger over every node with an inventory annotation, and the pods bound on them.
 

@@ -146,4 +146,3 @@ class KubernetesApi:
                     ready.wait()
                 batch, queue[:] = list(queue), []
             yield from batch
-

@@ -95,9 +95,7 @@ class Preemption(Verdicts):
             for node, held in list(self._nominations.items()):
                 if held.deadline < now:
                     del self._nominations[node]
-            held_nodes = {
-                n for n, h in self._nominations.items() if h.uid != uid and h.priority >= priority
-            }
+            held_nodes = {n for n, h in self._nominations.items() if h.uid != uid and h.priority >= priority}
         if not held_nodes:
             return codes
         mask = np.fromiter((n in held_nodes for n in node_names), dtype=bool, count=len(node_names))
@@ -181,7 +179,10 @@ class Preemption(Verdicts):
                     "could not delete preemption victim %s/%s", bound.namespace, bound.name, exc_info=True
                 )
             self._post_event(
-                bound.namespace, bound.name, victim_uid, "Preempted",
+                bound.namespace,
+                bound.name,
+                victim_uid,
+                "Preempted",
                 f"gpuslice: preempted by {namespace}/{name} (priority {priority}) on {node_name}",
             )
         log.info("pod %s/%s preempted %d pod(s) on %s", namespace, name, len(victims), node_name)

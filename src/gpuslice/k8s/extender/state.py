@@ -59,7 +59,6 @@ class FilterResult:
     unresolvable: dict[str, str]
 
 
-
 class ClusterState(Preemption):
     """The extender's verbs over the cluster: filter, prioritize, bind (and preempt, from ``Preemption``).
 
@@ -415,4 +414,3 @@ def _rescale(raw: np.ndarray) -> np.ndarray:
         return out
     out[ok] = np.rint((raw[ok] - low) / (high - low) * MAX_EXTENDER_PRIORITY).astype(np.int64)
     return out
-

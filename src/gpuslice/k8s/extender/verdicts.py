@@ -84,7 +84,6 @@ class Verdicts(ClusterCache):
                 cache.version[stale] = version[stale]
             return cache.codes[nodes]
 
-
     @staticmethod
     def _row_codes(built: _Ledgered, req: Request, rows: np.ndarray) -> np.ndarray:
         """Verdict codes of ledger ``rows`` computed from the ledger (vectorised, the first failing check)."""
@@ -113,4 +112,3 @@ def _models_text(ask: PodGpuRequest, models: tuple[str, ...]) -> str:
     if ask.excluded_gpu_models:
         parts.append(f"pod excludes {'|'.join(ask.excluded_gpu_models)}")
     return ", ".join(parts) + f" (cluster has {', '.join(models) or 'no GPUs'})"
-
