@@ -36,7 +36,7 @@ from gpuslice.units import MiB
 from gpuslice.workload.request import MILLI_PER_GPU, Request
 from gpuslice.workload.target import TargetWorkload
 
-__all__ = ["DEFAULT_POLICY", "ClusterCache"]
+__all__ = ["DEFAULT_POLICY", "ClusterCache", "open_slots"]
 
 log = logging.getLogger(__name__)
 
@@ -96,6 +96,14 @@ class _Ledgered:
     placers: dict[str, Placer] = field(default_factory=dict)
     blockers: list[Placement] = field(default_factory=list)
     verdicts: dict[Request, _Verdicts] = field(default_factory=dict)  # least recently used first
+
+
+def open_slots(built: _Ledgered, nodes: int | np.ndarray, tasks: np.ndarray) -> np.ndarray:
+    """Bool per GPU of ``nodes`` (one node: (G,); an array of nodes: (N, G)): a GPU a share may land on,
+    given ``tasks`` shares on each GPU. The one Kubernetes-only rule beside the ledger's: the GPU is
+    advertised, healthy and not in MIG mode, and holds fewer shares than the node's splitCount (the
+    kubelet has only that many share devices per GPU)."""
+    return built.healthy[nodes] & (tasks < np.asarray(built.split[nodes])[..., None])
 
 
 def _pod_meta(pod: Mapping[str, Any]) -> tuple[str, str, str]:
@@ -376,7 +384,9 @@ class ClusterCache:
                     factory = self._default_factory if name == self.default_policy else placement_policy(name)
                     target = self.target or built.targets or TargetWorkload.from_requests([ask.to_request()])
                     context = PolicyContext(rng=np.random.default_rng(0), target=target)
-                    placer = built.placers[name] = Placer(built.ledger, factory(built.ledger.view, context))
+                    placer = built.placers[name] = Placer(
+                        built.ledger, factory(built.ledger.view, context), topologies=built.topologies
+                    )
         return placer
 
     def _node_lock(self, node: str) -> threading.Lock:

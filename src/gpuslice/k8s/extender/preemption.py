@@ -11,8 +11,16 @@ import numpy as np
 
 from gpuslice.errors import InvalidRequest
 from gpuslice.k8s.annotations import PodGpuRequest
-from gpuslice.k8s.extender.cluster import _ask, _Bound, _Ledgered, _Nomination, _pod_meta, _priority
-from gpuslice.k8s.extender.verdicts import _MODEL, _NO_INVENTORY, _RESERVED, Verdicts
+from gpuslice.k8s.extender.cluster import (
+    _ask,
+    _Bound,
+    _Ledgered,
+    _Nomination,
+    _pod_meta,
+    _priority,
+    open_slots,
+)
+from gpuslice.k8s.extender.verdicts import _MODEL, _NO_INVENTORY, _RESERVED, Verdicts, fit_codes
 
 __all__ = ["NOMINATION_S", "Preemption"]
 
@@ -75,13 +83,9 @@ class Preemption(Verdicts):
                     memory[g] += b.placement.request.gpu_memory_bytes
                     tasks[g] -= 1
         req = ask.to_request()
-        usable = (
-            built.healthy[node]
-            & (tasks < built.split[node])
-            & (free >= req.gpu_milli)
-            & (memory >= req.gpu_memory_bytes)
-        )
-        return bool(built.ledger.model_allowed(req)[node]) and int(usable.sum()) >= req.num_gpu
+        model_ok = built.ledger.model_allowed(req)[node : node + 1]
+        slots = open_slots(built, node, tasks)
+        return int(fit_codes(req, model_ok, slots[None], free[None], memory[None])[0]) == 0
 
     def _reserved_for_others(
         self, pod: Mapping[str, Any], node_names: list[str], codes: np.ndarray

@@ -13,7 +13,6 @@ from typing import Any
 import numpy as np
 
 from gpuslice.errors import InvalidRequest
-from gpuslice.hardware.node import MAX_GPUS_PER_NODE
 from gpuslice.k8s import extender_wire as wire
 from gpuslice.k8s.annotations import (
     ANNOTATION_BIND_PHASE,
@@ -22,7 +21,7 @@ from gpuslice.k8s.annotations import (
     MigChoice,
     PodGpuRequest,
 )
-from gpuslice.k8s.extender.cluster import _ask, _Bound, _Ledgered, _pod_meta, _priority
+from gpuslice.k8s.extender.cluster import _ask, _Bound, _Ledgered, _pod_meta, _priority, open_slots
 from gpuslice.k8s.extender.preemption import Preemption
 from gpuslice.k8s.extender.verdicts import (
     _EXCLUDED,
@@ -35,7 +34,7 @@ from gpuslice.k8s.extender.verdicts import (
     REASON_RESERVED,
 )
 from gpuslice.ledger.placement import Refusal, RefusalCode
-from gpuslice.workload.request import MILLI_PER_GPU, Request
+from gpuslice.workload.request import Request
 
 __all__ = ["MAX_EXTENDER_PRIORITY", "ClusterState", "FilterResult"]
 
@@ -353,33 +352,11 @@ class ClusterState(Preemption):
     def _choose_gpus(
         self, built: _Ledgered, node: int, ask: PodGpuRequest, req: Request
     ) -> tuple[int, ...] | None:
-        """The policy's advice if it is usable, else best fit; for several GPUs the best-linked set."""
-        view = built.ledger.view
-        usable = (
-            built.healthy[node]
-            & (view.gpu_tasks[node] < built.split[node])
-            & built.ledger.gpu_fits(req, node)
-        )
-        free = np.flatnonzero(usable)
-        if len(free) < req.num_gpu:
-            return None
-        if req.num_gpu == 1:
-            placer = self._placer(built, ask)
-            try:
-                advice = tuple(int(g) for g in placer.policy.pick_gpus(view, req, node))
-            except Exception:
-                placer.fallbacks[("pick_gpus", "exception")] += 1
-                advice = ()
-            if len(advice) == 1 and 0 <= advice[0] < MAX_GPUS_PER_NODE and usable[advice[0]]:
-                return advice
-            if req.gpu_milli >= MILLI_PER_GPU:
-                return (int(free[0]),)
-            return (int(free[np.argmin(view.free_gpu_milli[node][free])]),)  # best fit: least free
-        topology = built.topologies[node]
-        if topology is None or free.max() >= topology.n_gpus:
-            return tuple(int(g) for g in free[: req.num_gpu])
-        sets = itertools.combinations((int(g) for g in free), req.num_gpu)
-        return min(sets, key=lambda gs: (topology.hop_cost(gs), gs))
+        """The GPUs of ``node`` for the pod, chosen by the placer as in every home (``Placer.pick_gpus``:
+        the policy's advice if the ledger accepts it, else best fit for a share and ``pick_gpu_set`` over
+        the node's wiring for several GPUs), among the GPUs ``open_slots`` leaves; None if none fit."""
+        usable = open_slots(built, node, built.ledger.view.gpu_tasks[node])
+        return self._placer(built, ask).pick_gpus(req, node, usable, built.topologies[node])
 
     # ---- checks -------------------------------------------------------------------------------------
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from gpuslice.k8s.annotations import PodGpuRequest
-from gpuslice.k8s.extender.cluster import ClusterCache, _Ledgered, _Verdicts
+from gpuslice.k8s.extender.cluster import ClusterCache, _Ledgered, _Verdicts, open_slots
 from gpuslice.ledger.placement import RefusalCode
 from gpuslice.workload.request import Request
 
@@ -16,6 +16,7 @@ __all__ = [
     "REASON_RESERVED",
     "REASON_SHARE_LIMIT",
     "Verdicts",
+    "fit_codes",
 ]
 
 VERDICT_SHAPES_MAX = 256  # request shapes whose per-node verdicts are kept (45 kB each at 5,000 nodes)
@@ -87,22 +88,36 @@ class Verdicts(ClusterCache):
     @staticmethod
     def _row_codes(built: _Ledgered, req: Request, rows: np.ndarray) -> np.ndarray:
         """Verdict codes of ledger ``rows`` computed from the ledger (vectorised, the first failing check)."""
-        ledger = built.ledger
-        view = ledger.view
-        slots = built.healthy[rows] & (view.gpu_tasks[rows] < built.split[rows][:, None])
-        compute = view.free_gpu_milli[rows] >= req.gpu_milli
-        memory = view.free_gpu_memory_bytes[rows] >= req.gpu_memory_bytes
-        n = req.num_gpu
-        return np.select(
-            [
-                ~ledger.model_allowed(req)[rows],
-                slots.sum(axis=1) < n,
-                (slots & compute).sum(axis=1) < n,
-                (slots & compute & memory).sum(axis=1) < n,
-            ],
-            [_MODEL, _SHARES, _GPU, _MEMORY],
-            default=0,
+        view = built.ledger.view
+        return fit_codes(
+            req,
+            built.ledger.model_allowed(req)[rows],
+            open_slots(built, rows, view.gpu_tasks[rows]),
+            view.free_gpu_milli[rows],
+            view.free_gpu_memory_bytes[rows],
         )
+
+
+def fit_codes(
+    req: Request, model_ok: np.ndarray, slots: np.ndarray, free_milli: np.ndarray, free_memory: np.ndarray
+) -> np.ndarray:
+    """Verdict codes (0 = fits) of nodes given as (nodes, GPUs) arrays: the first failing check of the
+    GPU model, the share slots (``open_slots``), compute, then memory on enough GPUs; the ledger's own
+    per-GPU fit (``Ledger.gpu_fits``) plus the share slots. The filter's verdicts read the ledger's rows,
+    preemption's what-if a row with its victims given back: one fit rule for both."""
+    compute = free_milli >= req.gpu_milli
+    memory = free_memory >= req.gpu_memory_bytes
+    n = req.num_gpu
+    return np.select(
+        [
+            ~model_ok,
+            slots.sum(axis=-1) < n,
+            (slots & compute).sum(axis=-1) < n,
+            (slots & compute & memory).sum(axis=-1) < n,
+        ],
+        [_MODEL, _SHARES, _GPU, _MEMORY],
+        default=0,
+    )
 
 
 def _models_text(ask: PodGpuRequest, models: tuple[str, ...]) -> str:
