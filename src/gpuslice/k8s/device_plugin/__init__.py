@@ -17,7 +17,7 @@ start:   publish the node inventory annotation (GPUs, memory, topology, MIG layo
          (version v1beta1, options: GetPreferredAllocationAvailable)
 kubelet: GetDevicePluginOptions, ListAndWatch (full list now and after every health change)
 admit:   GetPreferredAllocation: the extender's GPUs when a bound pod waits for them, else the
-         best-connected GPUs (policies.gpuset "exact" over the machine's topology)
+         GPU set every home chooses (policies.gpuset.pick.pick_gpu_set over the machine's topology)
 create:  Allocate: the pod bound to this node in bind-phase "allocating" whose decision names the
          GPUs (or the MIG instance) of the device IDs the kubelet passed, the first the kubelet admits
          if several do -> CUDA_VISIBLE_DEVICES, GPUSLICE_* and the sharing mode's limits

@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Mapping
-from itertools import combinations
 from pathlib import Path
 from typing import Any
 
@@ -29,8 +28,8 @@ from gpuslice.k8s.device_plugin.kube import PendingPod, PodSource
 from gpuslice.k8s.proto import deviceplugin_pb2 as pb
 from gpuslice.k8s.shim_mounts import container_setup
 from gpuslice.node.enforcement import SharingMode, job_env, softcap_dir
-from gpuslice.policies.gpuset import GpuSetOps, choose_gpu_set
-from gpuslice.policies.gpuset.exact import Exact
+from gpuslice.policies.gpuset import GpuSetOps
+from gpuslice.policies.gpuset.pick import pick_gpu_set
 from gpuslice.scheduler.node_scheduler import MigAssignment
 from gpuslice.units import MiB
 from gpuslice.workload.job import JobSpec
@@ -91,7 +90,7 @@ class Allocation:
     def _prefer_shares(
         self, available: list[PluginDevice], must: list[PluginDevice], size: int
     ) -> list[PluginDevice]:
-        """One share per GPU: the GPUs a waiting pod's decision names, else the best-connected set."""
+        """One share per GPU: the GPUs a waiting pod's decision names, else ``pick_gpu_set``'s choice."""
         per_gpu: dict[int, list[PluginDevice]] = {}
         for d in available:
             per_gpu.setdefault(d.gpu, []).append(d)
@@ -103,7 +102,11 @@ class Allocation:
             if decided and set(decided) >= must_gpus and all(g in per_gpu for g in decided):
                 gpus = decided
         if gpus is None and 0 < size <= len(per_gpu) and len(must_gpus) <= size:
-            gpus = self._topology_choice(tuple(sorted(per_gpu)), must_gpus, size)
+            # the GPU-set choice every home makes (the placer, topo pick): the GPU-set policy's advice,
+            # or with must-include GPUs the exact ranking over the sets that hold them
+            gpus = pick_gpu_set(
+                self.machine.topology, sorted(per_gpu), size, must=must_gpus, policy=self.policy
+            )
         chosen = list(must)
         if gpus is not None:
             for g in gpus:
@@ -114,18 +117,6 @@ class Allocation:
         by_rank = sorted(available, key=lambda d: (per_gpu[d.gpu].index(d), d.gpu))
         chosen += [d for d in by_rank if d not in chosen]
         return chosen[:size]
-
-    def _topology_choice(self, free: tuple[int, ...], must: set[int], size: int) -> tuple[int, ...]:
-        topology = self.machine.topology
-        if topology is None:
-            rest = [g for g in free if g not in must]
-            return tuple(sorted(must)) + tuple(rest[: size - len(must)])
-        if not must:
-            return choose_gpu_set(self.policy, topology, free, size).gpus
-        # Some GPUs are fixed: search the completions with the exact policy's own cost order.
-        rest = [g for g in free if g not in must]
-        sets = (tuple(sorted(must | set(c))) for c in combinations(rest, size - len(must)))
-        return min(sets, key=lambda s: (Exact.cost(topology, s), s))
 
     def _prefer_mig(
         self, resource: _Resource, available: list[PluginDevice], must: list[PluginDevice], size: int
