@@ -1,7 +1,7 @@
 """``gpuslice k8s …``: the three Kubernetes components, one command each.
 
 ```text
-gpuslice k8s extender       -> k8s/extender.py::create_app(ClusterState(KubernetesApi), watch events)
+gpuslice k8s extender       -> k8s/extender/app.py::create_app(ClusterState(KubernetesApi), watch events)
 gpuslice k8s webhook        -> k8s/webhook.py::run(cert, key)
 gpuslice k8s device-plugin  -> cli/k8s_device_plugin.py::device_plugin(...)
 ```
