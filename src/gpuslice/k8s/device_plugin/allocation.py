@@ -21,7 +21,7 @@ from gpuslice.k8s.annotations import (
 from gpuslice.k8s.device_plugin.devices import (
     CDI_KIND,
     PluginDevice,
-    _Resource,
+    Resource,
     device_nodes,
 )
 from gpuslice.k8s.device_plugin.kube import PendingPod, PodSource
@@ -73,7 +73,7 @@ class Allocation:
         return min(waiting, key=lambda p: (p.decision.bind_time, p.namespace, p.name), default=None)
 
     def _preferred(
-        self, resource: _Resource, request: pb.PreferredAllocationRequest
+        self, resource: Resource, request: pb.PreferredAllocationRequest
     ) -> pb.PreferredAllocationResponse:
         answers = []
         for req in request.container_requests:
@@ -119,7 +119,7 @@ class Allocation:
         return chosen[:size]
 
     def _prefer_mig(
-        self, resource: _Resource, available: list[PluginDevice], must: list[PluginDevice], size: int
+        self, resource: Resource, available: list[PluginDevice], must: list[PluginDevice], size: int
     ) -> list[PluginDevice]:
         chosen = list(must)
         pod = self._oldest_waiting(
@@ -145,7 +145,7 @@ class Allocation:
     def _mig_slot(self, gpu: int, start: int) -> MigSlot | None:
         return next((s for s in self._mig.get(gpu, ()) if s.start == start), None)
 
-    def _allocate(self, resource: _Resource, request: pb.AllocateRequest) -> pb.AllocateResponse:
+    def _allocate(self, resource: Resource, request: pb.AllocateRequest) -> pb.AllocateResponse:
         with self._allocate_lock:
             taken: set[tuple[str, str]] = set()
             responses = []
@@ -162,7 +162,7 @@ class Allocation:
                 responses.append(response)
             return pb.AllocateResponse(container_responses=responses)
 
-    def _pod_for(self, resource: _Resource, device_ids: list[str], taken: set[tuple[str, str]]) -> PendingPod:
+    def _pod_for(self, resource: Resource, device_ids: list[str], taken: set[tuple[str, str]]) -> PendingPod:
         """The waiting pod these device IDs are for: its decision names exactly their GPUs (shares) or
         their MIG instance. The API passes no pod, so among pods whose decisions match, the kubelet's
         admission order decides (oldest creation time first, then bind time, then name)."""
@@ -214,7 +214,7 @@ class Allocation:
                 f"could not record the allocation on pod {pod.namespace}/{pod.name}: {err}"
             ) from None
 
-    def _container_response(self, resource: _Resource, pod: PendingPod) -> pb.ContainerAllocateResponse:
+    def _container_response(self, resource: Resource, pod: PendingPod) -> pb.ContainerAllocateResponse:
         decision = pod.decision
         spec_args: dict[str, Any] = {"command": (f"pod {pod.namespace}/{pod.name}",), "tenant": pod.namespace}
         mig = None

@@ -26,15 +26,20 @@ __all__ = [
     "LABEL_MEMORY",
     "LABEL_MIG_CAPABLE",
     "LABEL_PRODUCT",
+    "MAX_DEVICE_ID_CHARS",
     "SHARE_SEPARATOR",
     "UNHEALTHY",
     "PluginDevice",
+    "Resource",
     "default_mig_layouts",
     "device_nodes",
     "gpu_minors",
+    "gpu_numa",
     "gpu_of_share",
+    "mig_health_keys",
     "node_inventory",
     "node_labels",
+    "nvml_mig_layouts",
     "parse_mig_layouts",
 ]
 
@@ -44,7 +49,7 @@ UNHEALTHY = "Unhealthy"
 # Replica ids as NVIDIA's time-slicing builds them (k8s-device-plugin ``internal/rm/devices.go``,
 # NewAnnotatedID): "<uuid>::<k>".
 SHARE_SEPARATOR = "::"
-_MAX_DEVICE_ID_CHARS = 63  # Device.ID limit in api.proto
+MAX_DEVICE_ID_CHARS = 63  # Device.ID limit in api.proto
 # GPU feature discovery's node labels (NVIDIA gpu-feature-discovery: nvidia.com/gpu.product, …), under
 # our domain so they never clash with GFD running beside us.
 LABEL_PRODUCT = "gpuslice.io/gpu.product"
@@ -86,7 +91,7 @@ def default_mig_layouts(machine: Machine) -> dict[int, MigLayout]:
     return layouts
 
 
-def _numa(machine: Machine, gpu: int) -> int:
+def gpu_numa(machine: Machine, gpu: int) -> int:
     return machine.topology.numa[gpu] if machine.topology is not None else -1
 
 
@@ -113,7 +118,7 @@ def node_inventory(
 
 
 @dataclass
-class _Resource:
+class Resource:
     name: str  # gpuslice.io/gpu or gpuslice.io/mig-<profile>
     endpoint: str  # socket file name inside socket_dir
     devices: list[PluginDevice]
@@ -183,13 +188,13 @@ def parse_mig_layouts(machine: Machine, texts: Sequence[str]) -> dict[int, MigLa
     return layouts
 
 
-def _nvml_mig_layouts(machine: Machine) -> dict[int, MigLayout]:
+def nvml_mig_layouts(machine: Machine) -> dict[int, MigLayout]:
     from gpuslice.hardware.mig_nvml import read_layout
 
     return {g.index: read_layout(g.index) for g in machine.gpus if g.mig_enabled}
 
 
-def _mig_health_keys(machine: Machine, layouts: Mapping[int, MigLayout]) -> dict[tuple[str, int, int], str]:
+def mig_health_keys(machine: Machine, layouts: Mapping[int, MigLayout]) -> dict[tuple[str, int, int], str]:
     """(GPU UUID, GI id, CI id) -> MIG device UUID, so an XID inside one instance marks only it."""
     keys = {}
     for gpu, layout in layouts.items():

@@ -26,14 +26,14 @@ from gpuslice.k8s.annotations import (
 )
 from gpuslice.k8s.device_plugin.allocation import Allocation, AllocationRefused
 from gpuslice.k8s.device_plugin.devices import (
-    _MAX_DEVICE_ID_CHARS,
     HEALTHY,
+    MAX_DEVICE_ID_CHARS,
     SHARE_SEPARATOR,
     UNHEALTHY,
     PluginDevice,
-    _numa,
-    _Resource,
+    Resource,
     gpu_minors,
+    gpu_numa,
     node_inventory,
     node_labels,
 )
@@ -75,7 +75,7 @@ class RegistrationFailed(UserError):
 class _Servicer(pb_grpc.DevicePluginServicer):
     """The DevicePlugin service of one resource; the state lives in the DevicePlugin."""
 
-    def __init__(self, plugin: DevicePlugin, resource: _Resource) -> None:
+    def __init__(self, plugin: DevicePlugin, resource: Resource) -> None:
         self.plugin = plugin
         self.resource = resource
 
@@ -198,27 +198,27 @@ class DevicePlugin(Allocation):
             )
         return slots
 
-    def _build_resources(self) -> list[_Resource]:
+    def _build_resources(self) -> list[Resource]:
         shares = [
-            PluginDevice(f"{g.uuid}{SHARE_SEPARATOR}{n}", g.index, _numa(self.machine, g.index))
+            PluginDevice(f"{g.uuid}{SHARE_SEPARATOR}{n}", g.index, gpu_numa(self.machine, g.index))
             for g in self.machine.gpus
             if not g.mig_enabled
             for n in range(self.split_count)
         ]
-        too_long = [d.id for d in shares if len(d.id) > _MAX_DEVICE_ID_CHARS]
+        too_long = [d.id for d in shares if len(d.id) > MAX_DEVICE_ID_CHARS]
         if too_long:
             raise UserError(f"device id {too_long[0]!r} is longer than the kubelet's 63 characters")
         resources = []
         if shares:
-            resources.append(_Resource(RESOURCE_GPU, "gpuslice-gpu.sock", shares))
+            resources.append(Resource(RESOURCE_GPU, "gpuslice-gpu.sock", shares))
         by_profile: dict[str, list[PluginDevice]] = {}
         for gpu, slots in self._mig.items():
             for slot in slots:
-                device = PluginDevice(slot.uuid, gpu, _numa(self.machine, gpu), slot)
+                device = PluginDevice(slot.uuid, gpu, gpu_numa(self.machine, gpu), slot)
                 by_profile.setdefault(slot.profile, []).append(device)
         for profile, devices in sorted(by_profile.items()):
             resources.append(
-                _Resource(mig_resource(profile), f"gpuslice-mig-{profile}.sock", devices, profile)
+                Resource(mig_resource(profile), f"gpuslice-mig-{profile}.sock", devices, profile)
             )
         if not resources:
             raise UserError(
@@ -300,7 +300,7 @@ class DevicePlugin(Allocation):
         for resource in self.resources:
             self._register(resource)
 
-    def _register(self, resource: _Resource) -> None:
+    def _register(self, resource: Resource) -> None:
         request = pb.RegisterRequest(
             version=API_VERSION, endpoint=resource.endpoint, resource_name=resource.name, options=_OPTIONS
         )
@@ -416,7 +416,7 @@ class DevicePlugin(Allocation):
         with self._changed:
             return [(g.index, g.uuid, g.model, self._gpu_healthy[g.index]) for g in self.machine.gpus]
 
-    def device_list(self, resource: _Resource) -> pb.ListAndWatchResponse:
+    def device_list(self, resource: Resource) -> pb.ListAndWatchResponse:
         """The resource's devices with their current health (what ListAndWatch sends)."""
         devices = []
         for d in resource.devices:
@@ -426,7 +426,7 @@ class DevicePlugin(Allocation):
         return pb.ListAndWatchResponse(devices=devices)
 
     def _list_and_watch(
-        self, resource: _Resource, context: grpc.ServicerContext
+        self, resource: Resource, context: grpc.ServicerContext
     ) -> Iterator[pb.ListAndWatchResponse]:
         with self._changed:
             seen = self._version

@@ -14,7 +14,7 @@ from gpuslice.hardware.mig import MigLayout
 from gpuslice.k8s.annotations import (
     DEFAULT_SPLIT_COUNT,
 )
-from gpuslice.k8s.device_plugin.devices import _mig_health_keys, _nvml_mig_layouts, default_mig_layouts
+from gpuslice.k8s.device_plugin.devices import default_mig_layouts, mig_health_keys, nvml_mig_layouts
 from gpuslice.k8s.device_plugin.kube import KubeApi, NodePublisher, PodSource
 from gpuslice.k8s.device_plugin.plugin import DEVICE_PLUGIN_PATH, DevicePlugin
 from gpuslice.node.enforcement import SharingMode
@@ -58,7 +58,7 @@ def serve(
     both the pod source and the node publisher. With ``metrics_port``, Prometheus metrics (device and
     GPU health, observe/k8s_metrics.py) are served at ``http://metrics_host:metrics_port/metrics``."""
     if mig_layouts is None:
-        mig_layouts = default_mig_layouts(machine) if simulated else _nvml_mig_layouts(machine)
+        mig_layouts = default_mig_layouts(machine) if simulated else nvml_mig_layouts(machine)
     owned: KubeApi | None = None
     if pods is None:
         pods = node = owned = KubeApi(kubeconfig)
@@ -66,7 +66,7 @@ def serve(
     if simulated:
         health = FakeHealthSource()  # nothing breaks on a simulated node
     elif health_checks:
-        health = NvmlHealthSource(machine, mig_devices=_mig_health_keys(machine, mig_layouts))
+        health = NvmlHealthSource(machine, mig_devices=mig_health_keys(machine, mig_layouts))
     else:
         health = NoHealthChecks()
     plugin = DevicePlugin(

@@ -15,7 +15,7 @@ from starlette.responses import Response
 
 from gpuslice.errors import GpusliceError
 from gpuslice.k8s import extender_wire as wire
-from gpuslice.k8s.extender.cluster import _pod_meta
+from gpuslice.k8s.extender.cluster import pod_meta
 from gpuslice.k8s.extender.kube import WatchEvent
 from gpuslice.k8s.extender.state import ClusterState
 from gpuslice.observe.k8s_metrics import instrument_extender
@@ -92,7 +92,7 @@ def create_app(state: ClusterState, events: Iterable[WatchEvent] | None = None) 
             else:  # full pods
                 candidates = {n: (v or {}) for n, v in (wire.field(body, "NodeNameToVictims") or {}).items()}
                 uids = {
-                    n: [_pod_meta(p)[2] for p in wire.field(v, "Pods") or []] for n, v in candidates.items()
+                    n: [pod_meta(p)[2] for p in wire.field(v, "Pods") or []] for n, v in candidates.items()
                 }
             kept = state.preempt(wire.field(body, "Pod") or {}, uids)
         except (GpusliceError, ValueError, AttributeError):

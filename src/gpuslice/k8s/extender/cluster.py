@@ -36,7 +36,18 @@ from gpuslice.units import MiB
 from gpuslice.workload.request import MILLI_PER_GPU, Request
 from gpuslice.workload.target import TargetWorkload
 
-__all__ = ["DEFAULT_POLICY", "ClusterCache", "open_slots"]
+__all__ = [
+    "DEFAULT_POLICY",
+    "BoundPod",
+    "ClusterCache",
+    "LedgerBuild",
+    "Nomination",
+    "VerdictCache",
+    "open_slots",
+    "pod_ask",
+    "pod_meta",
+    "pod_priority",
+]
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +57,7 @@ SEEN_PODS_MAX = 10_000  # pods remembered from /filter so /bind needs no API rea
 
 
 @dataclass
-class _Bound:
+class BoundPod:
     """A pod the ledger holds: where it went and what it asked for."""
 
     node: str
@@ -60,7 +71,7 @@ class _Bound:
 
 
 @dataclass(frozen=True, slots=True)
-class _Nomination:
+class Nomination:
     """A node where a pod preempted others: held for it until it binds, goes away, or ``deadline``."""
 
     uid: str
@@ -70,7 +81,7 @@ class _Nomination:
 
 
 @dataclass
-class _Verdicts:
+class VerdictCache:
     """For one request shape: every node's verdict code and the ledger row version it was computed at.
 
     A node's verdict reads only its own ledger row (and its inventory, fixed for a build), and every
@@ -78,12 +89,12 @@ class _Verdicts:
     back. So a code is current exactly while its version matches; a new build starts a new cache.
     """
 
-    codes: np.ndarray  # (N,) int8, _NO_INVENTORY.._NO_MIG (0 = fits)
+    codes: np.ndarray  # (N,) int8, CODE_NO_INVENTORY.._NO_MIG (0 = fits)
     version: np.ndarray  # (N,) int64, -1 = not computed yet
 
 
 @dataclass
-class _Ledgered:
+class LedgerBuild:
     """One build of the ledger: rebuilt when the set of nodes or an inventory changes."""
 
     ledger: Ledger
@@ -95,10 +106,10 @@ class _Ledgered:
     targets: TargetWorkload | None
     placers: dict[str, Placer] = field(default_factory=dict)
     blockers: list[Placement] = field(default_factory=list)
-    verdicts: dict[Request, _Verdicts] = field(default_factory=dict)  # least recently used first
+    verdicts: dict[Request, VerdictCache] = field(default_factory=dict)  # least recently used first
 
 
-def open_slots(built: _Ledgered, nodes: int | np.ndarray, tasks: np.ndarray) -> np.ndarray:
+def open_slots(built: LedgerBuild, nodes: int | np.ndarray, tasks: np.ndarray) -> np.ndarray:
     """Bool per GPU of ``nodes`` (one node: (G,); an array of nodes: (N, G)): a GPU a share may land on,
     given ``tasks`` shares on each GPU. The one Kubernetes-only rule beside the ledger's: the GPU is
     advertised, healthy and not in MIG mode, and holds fewer shares than the node's splitCount (the
@@ -106,7 +117,7 @@ def open_slots(built: _Ledgered, nodes: int | np.ndarray, tasks: np.ndarray) -> 
     return built.healthy[nodes] & (tasks < np.asarray(built.split[nodes])[..., None])
 
 
-def _pod_meta(pod: Mapping[str, Any]) -> tuple[str, str, str]:
+def pod_meta(pod: Mapping[str, Any]) -> tuple[str, str, str]:
     meta = pod.get("metadata") or {}
     return str(meta.get("namespace", "default")), str(meta.get("name", "")), str(meta.get("uid", ""))
 
@@ -126,7 +137,7 @@ def _topology(name: str, inv: NodeInventory) -> Topology | None:
         return None
 
 
-def _ask(pod: Mapping[str, Any]) -> PodGpuRequest:
+def pod_ask(pod: Mapping[str, Any]) -> PodGpuRequest:
     """The pod's gpuslice request, its placement policy name checked against the registry."""
     ask = pod_gpu_request(pod)
     if ask.policy:
@@ -137,7 +148,7 @@ def _ask(pod: Mapping[str, Any]) -> PodGpuRequest:
     return ask
 
 
-def _priority(pod: Mapping[str, Any]) -> int:
+def pod_priority(pod: Mapping[str, Any]) -> int:
     """spec.priority (the API server's Priority admission resolves priorityClassName into it); 0 if unset."""
     value = (pod.get("spec") or {}).get("priority")
     return int(value) if isinstance(value, int) and not isinstance(value, bool) else 0
@@ -166,20 +177,20 @@ class ClusterCache:
         self._lock = threading.RLock()
         self._node_locks: dict[str, threading.Lock] = {}
         self._inventory_text: dict[str, str] = {}
-        self._pods: dict[str, _Bound] = {}
+        self._pods: dict[str, BoundPod] = {}
         self._mig_used: dict[tuple[str, int, int], str] = {}
-        self._built: _Ledgered | None = None
+        self._built: LedgerBuild | None = None
         self._seen: OrderedDict[str, Mapping[str, Any]] = OrderedDict()
         self._events = ThreadPoolExecutor(max_workers=1, thread_name_prefix="events")
         self._last_event: dict[str, tuple[str, float]] = {}
         # node-name lists as asked, with their ledger indices; the survivors of each pod's last filter
-        self._name_cache: list[tuple[_Ledgered, list[str], np.ndarray]] = []
-        self._passed: OrderedDict[str, tuple[_Ledgered, list[str], np.ndarray]] = OrderedDict()
+        self._name_cache: list[tuple[LedgerBuild, list[str], np.ndarray]] = []
+        self._passed: OrderedDict[str, tuple[LedgerBuild, list[str], np.ndarray]] = OrderedDict()
         self.conflicts = 0  # bound pods the ledger could not hold (over-committed from outside)
         # Filter answers with the one node the placement policy chooses (see ``filter``); False leaves
         # the choice among all fitting nodes to kube-scheduler's scoring plus this extender's scores.
         self.narrow = narrow
-        self._nominations: dict[str, _Nomination] = {}  # node name -> the pod that preempted there
+        self._nominations: dict[str, Nomination] = {}  # node name -> the pod that preempted there
         self._assumed: dict[str, float] = {}  # uid -> when filter held its GPUs (bind not seen yet)
         self.preemptions = 0  # pods this extender evicted to make room for higher-priority ones
         # FGD's expected workload, given by the operator (``--target-workload``, its GPU part: CPU is
@@ -227,7 +238,7 @@ class ClusterCache:
 
     def _apply_pod(self, event: WatchEvent) -> None:
         pod = event.object
-        _, _, uid = _pod_meta(pod)
+        _, _, uid = pod_meta(pod)
         phase = (pod.get("status") or {}).get("phase")
         with self._lock:
             if event.type == "DELETED" or phase in ("Succeeded", "Failed"):
@@ -241,13 +252,13 @@ class ClusterCache:
                 decision = Decision.from_annotations(annotations)
                 if decision is None or decision.phase == BIND_PHASE_FAILED:
                     return
-                ask = _ask(pod)
+                ask = pod_ask(pod)
             except InvalidRequest as err:
                 log.warning("pod %s: %s; not counted in the ledger", uid, err)
                 return
-            namespace, name, _ = _pod_meta(pod)
-            bound = _Bound(
-                decision.node, ask, decision, namespace=namespace, name=name, priority=_priority(pod)
+            namespace, name, _ = pod_meta(pod)
+            bound = BoundPod(
+                decision.node, ask, decision, namespace=namespace, name=name, priority=pod_priority(pod)
             )
             self._pods[uid] = bound
             if self._built is not None:
@@ -263,7 +274,7 @@ class ClusterCache:
                     del self._inventory_text[name]
                     self._built = None
             elif event.kind == "Pod":
-                listed = {_pod_meta(o)[2] for o in items}
+                listed = {pod_meta(o)[2] for o in items}
                 for uid in [u for u in self._pods if u not in listed]:
                     self._forget(uid)
 
@@ -281,7 +292,7 @@ class ClusterCache:
 
     # ---- ledger build -------------------------------------------------------------------------------
 
-    def _ledgered(self) -> _Ledgered:
+    def _ledgered(self) -> LedgerBuild:
         """The current ledger, rebuilt (under the lock) if nodes or inventories changed."""
         built = self._built
         if built is not None:
@@ -291,7 +302,7 @@ class ClusterCache:
                 self._built = self._build()
             return self._built
 
-    def _build(self) -> _Ledgered:
+    def _build(self) -> LedgerBuild:
         names = sorted(self._inventory_text)
         inventories = [NodeInventory.from_json(self._inventory_text[n]) for n in names]
         specs = [
@@ -323,7 +334,7 @@ class ClusterCache:
                 if isinstance(held, Placement):
                     blockers.append(held)
         shapes = [b.ask.to_request() for b in self._pods.values() if b.ask.gpus]
-        built = _Ledgered(
+        built = LedgerBuild(
             ledger=ledger,
             index={n: i for i, n in enumerate(names)},
             inventories=inventories,
@@ -340,7 +351,7 @@ class ClusterCache:
         log.info("ledger built: %d nodes, %d pods", len(names), len(self._pods))
         return built
 
-    def _hold(self, built: _Ledgered, uid: str, bound: _Bound) -> None:
+    def _hold(self, built: LedgerBuild, uid: str, bound: BoundPod) -> None:
         """Put an already bound pod into the ledger (or the MIG table) from its decision."""
         node = built.index.get(bound.node)
         if node is None:
@@ -365,7 +376,7 @@ class ClusterCache:
         for node in [n for n, h in self._nominations.items() if h.uid == uid]:
             del self._nominations[node]
 
-    def _mig_free(self, built: _Ledgered, node: int, profile: str) -> int:
+    def _mig_free(self, built: LedgerBuild, node: int, profile: str) -> int:
         name = built.ledger.node_names[node]
         return sum(
             1
@@ -374,7 +385,7 @@ class ClusterCache:
             if slot.profile == profile and gpu.healthy and (name, gpu.index, slot.start) not in self._mig_used
         )
 
-    def _placer(self, built: _Ledgered, ask: PodGpuRequest) -> Placer:
+    def _placer(self, built: LedgerBuild, ask: PodGpuRequest) -> Placer:
         name = ask.policy or self.default_policy
         placer = built.placers.get(name)
         if placer is None:
@@ -396,7 +407,7 @@ class ClusterCache:
     # ---- events -------------------------------------------------------------------------------------
 
     def _remember(self, pod: Mapping[str, Any]) -> None:
-        _, _, uid = _pod_meta(pod)
+        _, _, uid = pod_meta(pod)
         if uid:
             self._seen[uid] = pod
             self._seen.move_to_end(uid)
@@ -405,7 +416,7 @@ class ClusterCache:
 
     def _explain(self, pod: Mapping[str, Any], total: int, reasons: Counter[str]) -> None:
         """Post 'gpuslice: 0/N nodes fit: …' as a Warning Event, at most once a minute per message."""
-        namespace, name, uid = _pod_meta(pod)
+        namespace, name, uid = pod_meta(pod)
         detail = "; ".join(f"{count} {reason}" for reason, count in reasons.most_common())
         message = f"gpuslice: 0/{total} nodes fit: {detail}"
         now = time.monotonic()

@@ -12,15 +12,15 @@ import numpy as np
 from gpuslice.errors import InvalidRequest
 from gpuslice.k8s.annotations import PodGpuRequest
 from gpuslice.k8s.extender.cluster import (
-    _ask,
-    _Bound,
-    _Ledgered,
-    _Nomination,
-    _pod_meta,
-    _priority,
+    BoundPod,
+    LedgerBuild,
+    Nomination,
     open_slots,
+    pod_ask,
+    pod_meta,
+    pod_priority,
 )
-from gpuslice.k8s.extender.verdicts import _MODEL, _NO_INVENTORY, _RESERVED, Verdicts, fit_codes
+from gpuslice.k8s.extender.verdicts import CODE_MODEL, CODE_NO_INVENTORY, CODE_RESERVED, Verdicts, fit_codes
 
 __all__ = ["NOMINATION_S", "Preemption"]
 
@@ -42,7 +42,7 @@ class Preemption(Verdicts):
         what-if over the ledger drops the candidates whose evictions would free the wrong GPUs.
         """
         try:
-            ask = _ask(pod)
+            ask = pod_ask(pod)
         except InvalidRequest:
             return {}
         if not ask.wants_gpu:
@@ -55,7 +55,7 @@ class Preemption(Verdicts):
                 if (node := built.index.get(name)) is not None and self._fits_without(built, node, ask, uids)
             }
 
-    def _fits_without(self, built: _Ledgered, node: int, ask: PodGpuRequest, uids: list[str]) -> bool:
+    def _fits_without(self, built: LedgerBuild, node: int, ask: PodGpuRequest, uids: list[str]) -> bool:
         """Would ``ask`` fit on ``node`` with the pods ``uids`` gone? Reads only (a copy of one row)."""
         gone = [
             b
@@ -90,11 +90,11 @@ class Preemption(Verdicts):
     def _reserved_for_others(
         self, pod: Mapping[str, Any], node_names: list[str], codes: np.ndarray
     ) -> np.ndarray:
-        """Codes with ``_RESERVED`` on the nodes where a pod of at least this pod's priority preempted
+        """Codes with ``CODE_RESERVED`` on the nodes where a pod of at least this pod's priority preempted
         others and has not bound yet: the room it made is its own (kube-scheduler's nominated node)."""
         if not self._nominations:
             return codes
-        uid, priority, now = _pod_meta(pod)[2], _priority(pod), time.monotonic()
+        uid, priority, now = pod_meta(pod)[2], pod_priority(pod), time.monotonic()
         with self._lock:
             for node, held in list(self._nominations.items()):
                 if held.deadline < now:
@@ -103,7 +103,7 @@ class Preemption(Verdicts):
         if not held_nodes:
             return codes
         mask = np.fromiter((n in held_nodes for n in node_names), dtype=bool, count=len(node_names))
-        return np.where(mask & (codes == 0), _RESERVED, codes)
+        return np.where(mask & (codes == 0), CODE_RESERVED, codes)
 
     def _catch_up_on_victims(self, uid: str) -> None:
         """For a pod that preempted others: forget the victims the API server no longer has.
@@ -131,7 +131,7 @@ class Preemption(Verdicts):
     def _preempt(
         self,
         pod: Mapping[str, Any],
-        built: _Ledgered,
+        built: LedgerBuild,
         ask: PodGpuRequest,
         node_names: list[str],
         idx: np.ndarray,
@@ -147,21 +147,21 @@ class Preemption(Verdicts):
         least important, then fewer victims), deleted with their own grace period; the node is then held
         for the pod until it binds (``_reserved_for_others``). Returns the reason the pod waits.
         """
-        namespace, name, uid = _pod_meta(pod)
-        priority = _priority(pod)
+        namespace, name, uid = pod_meta(pod)
+        priority = pod_priority(pod)
         with self._lock:
             waiting = next((n for n, h in self._nominations.items() if h.uid == uid), None)
             if waiting is not None:
                 left = sum(1 for v in self._nominations[waiting].victims if v in self._pods)
                 return f"preempted lower-priority pods on {waiting}; waiting for {left} of them to end"
-            by_node: dict[str, list[tuple[str, _Bound]]] = {}
+            by_node: dict[str, list[tuple[str, BoundPod]]] = {}
             for other, bound in self._pods.items():
                 if bound.priority < priority:
                     by_node.setdefault(bound.node, []).append((other, bound))
-            best: tuple[tuple[int, int], str, list[tuple[str, _Bound]]] | None = None
+            best: tuple[tuple[int, int], str, list[tuple[str, BoundPod]]] | None = None
             for k, node_name in enumerate(node_names):
                 row, lower = int(idx[k]), by_node.get(node_name)
-                if row < 0 or not lower or codes[k] in (_NO_INVENTORY, _MODEL, _RESERVED):
+                if row < 0 or not lower or codes[k] in (CODE_NO_INVENTORY, CODE_MODEL, CODE_RESERVED):
                     continue
                 victims = self._victims(built, row, ask, lower)
                 if victims:
@@ -171,7 +171,7 @@ class Preemption(Verdicts):
             if best is None:
                 return ""
             _, node_name, victims = best
-            self._nominations[node_name] = _Nomination(
+            self._nominations[node_name] = Nomination(
                 uid, priority, frozenset(u for u, _ in victims), time.monotonic() + NOMINATION_S
             )
             self.preemptions += len(victims)
@@ -193,8 +193,8 @@ class Preemption(Verdicts):
         return f"preempted {len(victims)} lower-priority pod(s) on {node_name}; waiting for them to end"
 
     def _victims(
-        self, built: _Ledgered, row: int, ask: PodGpuRequest, lower: list[tuple[str, _Bound]]
-    ) -> list[tuple[str, _Bound]]:
+        self, built: LedgerBuild, row: int, ask: PodGpuRequest, lower: list[tuple[str, BoundPod]]
+    ) -> list[tuple[str, BoundPod]]:
         """The fewest pods of ``lower`` whose removal lets ``ask`` fit on ledger ``row`` ([] if none do):
         all of them must suffice, then each is spared, most important first, while the pod still fits."""
         if not self._fits_without(built, row, ask, [u for u, _ in lower]):

@@ -21,13 +21,13 @@ from gpuslice.k8s.annotations import (
     MigChoice,
     PodGpuRequest,
 )
-from gpuslice.k8s.extender.cluster import _ask, _Bound, _Ledgered, _pod_meta, _priority, open_slots
+from gpuslice.k8s.extender.cluster import BoundPod, LedgerBuild, open_slots, pod_ask, pod_meta, pod_priority
 from gpuslice.k8s.extender.preemption import Preemption
 from gpuslice.k8s.extender.verdicts import (
-    _EXCLUDED,
-    _MODEL,
-    _NO_INVENTORY,
-    _RESERVED,
+    CODE_EXCLUDED,
+    CODE_MODEL,
+    CODE_NO_INVENTORY,
+    CODE_RESERVED,
     REASON_INVALID,
     REASON_NO_INVENTORY,
     REASON_NO_MIG_INSTANCE,
@@ -84,14 +84,14 @@ class ClusterState(Preemption):
         """
         self._remember(pod)
         try:
-            ask = _ask(pod)
+            ask = pod_ask(pod)
         except InvalidRequest as err:
             reason = f"{REASON_INVALID}: {err}"
             self._explain(pod, len(node_names), Counter({reason: len(node_names)}))
             return FilterResult([], {}, dict.fromkeys(node_names, reason))
         if not ask.wants_gpu:
             return FilterResult(list(node_names), {}, {})
-        uid = _pod_meta(pod)[2]
+        uid = pod_meta(pod)[2]
         if uid in self._assumed:  # filtered again without a bind: its own hold must not count against it
             with self._lock:
                 self._forget(uid)
@@ -101,18 +101,18 @@ class ClusterState(Preemption):
         idx = self._indices(built, node_names)
         codes, texts = self._verdicts(built, ask, idx)
         codes = self._reserved_for_others(pod, node_names, codes)
-        texts = [*texts, *[""] * (_RESERVED - len(texts)), REASON_RESERVED]
+        texts = [*texts, *[""] * (CODE_RESERVED - len(texts)), REASON_RESERVED]
         ok = codes == 0
         chosen = -1
         if self.narrow and ok.any():
             chosen = self._choose(built, ask, idx, ok)
             if chosen < 0:  # the policy's own filter took every fitting node away
-                codes = np.where(ok, _EXCLUDED, codes)
+                codes = np.where(ok, CODE_EXCLUDED, codes)
                 ok[:] = False
-        texts = [*texts, *[""] * (_EXCLUDED - len(texts)), RefusalCode.EXCLUDED_BY_POLICY.value]
+        texts = [*texts, *[""] * (CODE_EXCLUDED - len(texts)), RefusalCode.EXCLUDED_BY_POLICY.value]
         names = np.fromiter(node_names, dtype=object, count=len(node_names))
         reason = np.array(texts, dtype=object)
-        unresolvable = (codes == _NO_INVENTORY) | (codes == _MODEL)
+        unresolvable = (codes == CODE_NO_INVENTORY) | (codes == CODE_MODEL)
         failed = ~ok & ~unresolvable
         failed_map = dict(zip(names[failed].tolist(), reason[codes[failed]].tolist(), strict=True))
         passed = names[ok].tolist()
@@ -142,7 +142,7 @@ class ClusterState(Preemption):
             self._explain(pod, len(node_names), why)
         return result
 
-    def _choose(self, built: _Ledgered, ask: PodGpuRequest, idx: np.ndarray, ok: np.ndarray) -> int:
+    def _choose(self, built: LedgerBuild, ask: PodGpuRequest, idx: np.ndarray, ok: np.ndarray) -> int:
         """Position in ``idx`` of the node the policy chooses among the ``ok`` ones; -1 if its filter
         refuses them all. MIG: the node with the fewest free instances of the profile (packing)."""
         rows = idx[ok]
@@ -166,7 +166,7 @@ class ClusterState(Preemption):
         bind arrives, must see this one placed (else consecutive pods are placed against the same
         state, and a policy's packing falls apart). Bind turns the hold into the decision; a hold whose
         bind never comes is given back after ``ASSUMED_S``."""
-        uid = _pod_meta(pod)[2]
+        uid = pod_meta(pod)[2]
         if not uid:
             return
         now = time.monotonic()
@@ -180,7 +180,7 @@ class ClusterState(Preemption):
             with self._lock:
                 self._assumed[uid] = now
 
-    def _indices(self, built: _Ledgered, node_names: list[str]) -> np.ndarray:
+    def _indices(self, built: LedgerBuild, node_names: list[str]) -> np.ndarray:
         """Ledger index per name (-1: no inventory). kube-scheduler sends the same list pod after pod,
         so the last few lists are kept and compared (a C-level list compare) instead of looked up again."""
         for cached_built, names, idx in self._name_cache:
@@ -192,10 +192,10 @@ class ClusterState(Preemption):
         return idx
 
     def _keep_passed(
-        self, pod: Mapping[str, Any], built: _Ledgered, passed: list[str], idx: np.ndarray
+        self, pod: Mapping[str, Any], built: LedgerBuild, passed: list[str], idx: np.ndarray
     ) -> None:
         """The pod's /prioritize comes next with the nodes that passed: keep their indices for it."""
-        _, _, uid = _pod_meta(pod)
+        _, _, uid = pod_meta(pod)
         with self._lock:
             self._passed[uid] = (built, passed, idx)
             self._passed.move_to_end(uid)
@@ -203,10 +203,10 @@ class ClusterState(Preemption):
                 self._passed.popitem(last=False)
 
     def _prioritize_indices(
-        self, pod: Mapping[str, Any], built: _Ledgered, node_names: list[str]
+        self, pod: Mapping[str, Any], built: LedgerBuild, node_names: list[str]
     ) -> np.ndarray:
         """``_indices`` for /prioritize: usually exactly the nodes this pod's filter just passed."""
-        kept = self._passed.get(_pod_meta(pod)[2])
+        kept = self._passed.get(pod_meta(pod)[2])
         if kept is not None and kept[0] is built and (kept[1] is node_names or kept[1] == node_names):
             return kept[2]
         return self._indices(built, node_names)
@@ -220,7 +220,7 @@ class ClusterState(Preemption):
     def scores(self, pod: Mapping[str, Any], node_names: list[str]) -> np.ndarray:
         """``prioritize`` as an int array in the order of ``node_names``."""
         try:
-            ask = _ask(pod)
+            ask = pod_ask(pod)
         except InvalidRequest:
             return np.zeros(len(node_names), dtype=np.int64)
         if not ask.wants_gpu or not node_names:
@@ -255,7 +255,7 @@ class ClusterState(Preemption):
         try:
             if pod is None:
                 pod = self.api.get_pod(namespace, name)
-            ask = _ask(pod)
+            ask = pod_ask(pod)
         except InvalidRequest as err:
             return f"{REASON_INVALID}: {err}"
         except Exception as err:
@@ -263,7 +263,7 @@ class ClusterState(Preemption):
         decision: Decision | None = None
         if ask.wants_gpu:
             held = self._nominations.get(node)
-            if held is not None and held.uid != uid and held.priority >= _priority(pod):
+            if held is not None and held.uid != uid and held.priority >= pod_priority(pod):
                 return f"pod {namespace}/{name} on {node}: {REASON_RESERVED}"
             with self._lock:  # held since filter on this node: that hold is the decision (no re-pick,
                 # whose release-then-reserve would let another pod's filter take the GPUs in between)
@@ -308,8 +308,8 @@ class ClusterState(Preemption):
         inv = built.inventories[node]
         uuids = {g.index: g.uuid for g in inv.gpus}
         now = int(time.time())
-        namespace, name, _ = _pod_meta(pod)
-        who = {"namespace": namespace, "name": name, "priority": _priority(pod)}
+        namespace, name, _ = pod_meta(pod)
+        who = {"namespace": namespace, "name": name, "priority": pod_priority(pod)}
         if ask.mig_profile:
             with self._lock:
                 for gpu in inv.gpus:
@@ -322,7 +322,7 @@ class ClusterState(Preemption):
                             node_name, ask.container, (gpu.index,), (gpu.uuid,), 0, 100, mig, bind_time=now
                         )
                         self._mig_used[key] = uid
-                        self._pods[uid] = _Bound(node_name, ask, decision, mig_key=key, **who)
+                        self._pods[uid] = BoundPod(node_name, ask, decision, mig_key=key, **who)
                         return decision, ""
             return None, f"{REASON_NO_MIG_INSTANCE} {ask.mig_profile} (taken since filter)"
         req = ask.to_request()
@@ -346,11 +346,11 @@ class ClusterState(Preemption):
                 cores,
                 bind_time=now,
             )
-            self._pods[uid] = _Bound(node_name, ask, decision, placement=result, **who)
+            self._pods[uid] = BoundPod(node_name, ask, decision, placement=result, **who)
             return decision, ""
 
     def _choose_gpus(
-        self, built: _Ledgered, node: int, ask: PodGpuRequest, req: Request
+        self, built: LedgerBuild, node: int, ask: PodGpuRequest, req: Request
     ) -> tuple[int, ...] | None:
         """The GPUs of ``node`` for the pod, chosen by the placer as in every home (``Placer.pick_gpus``:
         the policy's advice if the ledger accepts it, else best fit for a share and ``pick_gpu_set`` over

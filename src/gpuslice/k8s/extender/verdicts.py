@@ -5,11 +5,19 @@ from __future__ import annotations
 import numpy as np
 
 from gpuslice.k8s.annotations import PodGpuRequest
-from gpuslice.k8s.extender.cluster import ClusterCache, _Ledgered, _Verdicts, open_slots
+from gpuslice.k8s.extender.cluster import ClusterCache, LedgerBuild, VerdictCache, open_slots
 from gpuslice.ledger.placement import RefusalCode
 from gpuslice.workload.request import Request
 
 __all__ = [
+    "CODE_EXCLUDED",
+    "CODE_GPU",
+    "CODE_MEMORY",
+    "CODE_MODEL",
+    "CODE_NO_INVENTORY",
+    "CODE_NO_MIG",
+    "CODE_RESERVED",
+    "CODE_SHARES",
     "REASON_INVALID",
     "REASON_NO_INVENTORY",
     "REASON_NO_MIG_INSTANCE",
@@ -28,8 +36,8 @@ REASON_NO_MIG_INSTANCE = "no free MIG instance of this profile"
 REASON_INVALID = "invalid gpuslice request"
 # Verdict codes of one node for one pod (0 = fits); the first two are beyond preemption's reach
 # (they go to FailedAndUnresolvableNodes).
-_NO_INVENTORY, _MODEL, _SHARES, _GPU, _MEMORY, _NO_MIG = 1, 2, 3, 4, 5, 6
-_RESERVED, _EXCLUDED = 7, 8  # held for a preempting pod; refused by the placement policy's own filter
+CODE_NO_INVENTORY, CODE_MODEL, CODE_SHARES, CODE_GPU, CODE_MEMORY, CODE_NO_MIG = 1, 2, 3, 4, 5, 6
+CODE_RESERVED, CODE_EXCLUDED = 7, 8  # held for a preempting pod; refused by the placement policy's own filter
 REASON_RESERVED = "held for a higher-priority pod that preempted pods on this node"
 
 
@@ -37,7 +45,7 @@ class Verdicts(ClusterCache):
     """Per node, whether a pod's request fits, and the reason when it does not (cached per shape)."""
 
     def _verdicts(
-        self, built: _Ledgered, ask: PodGpuRequest, idx: np.ndarray
+        self, built: LedgerBuild, ask: PodGpuRequest, idx: np.ndarray
     ) -> tuple[np.ndarray, list[str]]:
         """Per node a code, 0 = fits, else an index into the returned reason texts (vectorised)."""
         known = idx >= 0
@@ -49,10 +57,10 @@ class Verdicts(ClusterCache):
                     for i, k in zip(safe.tolist(), known.tolist(), strict=True)
                 ]
             )
-            codes = np.select([~known, free == 0], [_NO_INVENTORY, _NO_MIG], default=0)
+            codes = np.select([~known, free == 0], [CODE_NO_INVENTORY, CODE_NO_MIG], default=0)
             return codes, ["", REASON_NO_INVENTORY, "", "", "", "", REASON_NO_MIG_INSTANCE]
         req = ask.to_request()
-        codes = np.where(known, self._shape_codes(built, req, safe), _NO_INVENTORY)
+        codes = np.where(known, self._shape_codes(built, req, safe), CODE_NO_INVENTORY)
         n = req.num_gpu
         need = f"need {n} GPU(s) with {req.gpu_milli} milli-GPU" + (
             f" and {ask.memory_mib} MiB free" if ask.memory_mib else ""
@@ -67,14 +75,14 @@ class Verdicts(ClusterCache):
         ]
         return codes, texts
 
-    def _shape_codes(self, built: _Ledgered, req: Request, nodes: np.ndarray) -> np.ndarray:
+    def _shape_codes(self, built: LedgerBuild, req: Request, nodes: np.ndarray) -> np.ndarray:
         """Verdict codes of ``nodes`` (ledger indices) for ``req``, from the shape's cache: only the rows
         that changed since it was last asked are computed again (at 5,000 nodes one bind changes one)."""
         with self._lock:  # binds change rows under it; the version is read with the rows it describes
             cache = built.verdicts.pop(req, None)
             if cache is None:
                 count = built.ledger.node_count
-                cache = _Verdicts(np.zeros(count, dtype=np.int8), np.full(count, -1, dtype=np.int64))
+                cache = VerdictCache(np.zeros(count, dtype=np.int8), np.full(count, -1, dtype=np.int64))
             built.verdicts[req] = cache  # now the most recently used
             while len(built.verdicts) > VERDICT_SHAPES_MAX:
                 del built.verdicts[next(iter(built.verdicts))]
@@ -86,7 +94,7 @@ class Verdicts(ClusterCache):
             return cache.codes[nodes]
 
     @staticmethod
-    def _row_codes(built: _Ledgered, req: Request, rows: np.ndarray) -> np.ndarray:
+    def _row_codes(built: LedgerBuild, req: Request, rows: np.ndarray) -> np.ndarray:
         """Verdict codes of ledger ``rows`` computed from the ledger (vectorised, the first failing check)."""
         view = built.ledger.view
         return fit_codes(
@@ -115,7 +123,7 @@ def fit_codes(
             (slots & compute).sum(axis=-1) < n,
             (slots & compute & memory).sum(axis=-1) < n,
         ],
-        [_MODEL, _SHARES, _GPU, _MEMORY],
+        [CODE_MODEL, CODE_SHARES, CODE_GPU, CODE_MEMORY],
         default=0,
     )
 
