@@ -64,6 +64,7 @@ from gpuslice.scheduler.node_fit import (
 )
 from gpuslice.scheduler.placer import Placer
 from gpuslice.scheduler.preemption import Victim, choose_victims
+from gpuslice.scheduler.reasons import PendingCode, PendingReason
 from gpuslice.units import format_size
 from gpuslice.workload.job import JobSpec
 from gpuslice.workload.request import MILLI_PER_GPU, Request
@@ -71,7 +72,7 @@ from gpuslice.workload.target import TargetWorkload
 
 __all__ = ["GpuUsage", "MigAssignment", "NodeScheduler", "PreemptJob", "StartJob", "TenantQuota"]
 
-SUBMITTED_REASON = "submitted; waiting for the next scheduling pass"
+SUBMITTED_REASON = PendingReason(PendingCode.NOT_TRIED, "submitted; waiting for the next scheduling pass")
 
 
 @dataclass(frozen=True)
@@ -127,7 +128,7 @@ class GpuUsage:
 class _Pending:
     queued: QueuedJob
     demand: Demand
-    reason: str = SUBMITTED_REASON
+    reason: PendingReason = SUBMITTED_REASON
 
 
 @dataclass
@@ -151,7 +152,9 @@ class _Pass:
     head: _Pending | None = None
     head_level: int = 0
     reservation: backfill.Shadow | None = None
-    failed: dict[Demand, str] = field(default_factory=dict)  # shapes that did not fit; cleared on start
+    failed: dict[Demand, PendingReason] = field(
+        default_factory=dict
+    )  # shapes that did not fit; cleared on start
 
 
 class NodeScheduler:
@@ -335,7 +338,7 @@ class NodeScheduler:
     def _consider(self, job: _Pending, now: float, p: _Pass) -> bool:
         spec = job.queued.spec
         quota = self._quota_reason(spec.tenant, *self._least_use(job.demand))
-        if quota:
+        if quota is not None:
             job.reason = quota
             return False
         if p.head is not None and not self.backfill:
@@ -353,7 +356,7 @@ class NodeScheduler:
         exact = self._quota_reason(
             spec.tenant, gpus_equivalent(choice.holding), self._memory_of(choice.holding)
         )
-        if exact:
+        if exact is not None:
             job.reason = exact
             return False
         if p.head is not None:
@@ -370,7 +373,7 @@ class NodeScheduler:
         self.policy.on_started(self._view(now), job.queued)
         return True
 
-    def _block_head(self, job: _Pending, now: float, p: _Pass, reason: str) -> str:
+    def _block_head(self, job: _Pending, now: float, p: _Pass, reason: PendingReason) -> PendingReason:
         """``job`` is the first that does not fit: plan preemption and take its backfill reservation."""
         p.head = job
         p.head_level = effective_priority(self.policy, self._view(now), job.queued, self.fallbacks)
@@ -378,8 +381,9 @@ class NodeScheduler:
         in_flight = sorted(r.job_id for r in self._running.values() if r.preempt_at is not None)
         mine = [r for r in in_flight if self._preempted_for.get(r) == head_id]
         if mine:
-            reason = (
-                f"waiting for preempted job(s) {', '.join(mine)} to stop (grace {self.grace_seconds:g} s)"
+            reason = PendingReason(
+                _preempting(reason),
+                f"waiting for preempted job(s) {', '.join(mine)} to stop (grace {self.grace_seconds:g} s)",
             )
         else:
             victims = self._victims(job, now, p.cap)
@@ -390,8 +394,9 @@ class NodeScheduler:
                     self._preempted_for[v.job_id] = head_id
                     p.decisions.append(PreemptJob(v.job_id, head_id, self.grace_seconds))
                 names = ", ".join(v.job_id for v in victims)
-                reason = (
-                    f"preempting lower-priority job(s) {names} (grace {self.grace_seconds:g} s); {reason}"
+                reason = PendingReason(
+                    _preempting(reason),
+                    f"preempting lower-priority job(s) {names} (grace {self.grace_seconds:g} s); {reason}",
                 )
         running = [(self._expected_end(r), r.holding) for r in self._by_start()]
         p.reservation = backfill.shadow(p.cap, running, self._fits_head(p))
@@ -412,18 +417,20 @@ class NodeScheduler:
         topology = self.machine.topology
         return choose_victims(candidates, cap, lambda c: fits(demand, c, topology), now)
 
-    def _behind(self, job: _Pending, now: float, p: _Pass, why: str) -> str:
+    def _behind(self, job: _Pending, now: float, p: _Pass, why: str) -> PendingReason:
         assert p.head is not None
         level = effective_priority(self.policy, self._view(now), job.queued, self.fallbacks)
         kind = "higher-priority" if p.head_level > level else "earlier"
-        return f"waiting behind {kind} job {p.head.queued.job_id} ({why})"
+        return PendingReason(
+            PendingCode.BEHIND_QUEUE_HEAD, f"waiting behind {kind} job {p.head.queued.job_id} ({why})"
+        )
 
     # ---- reads ---------------------------------------------------------------------------------------
 
     def pending_reason(self, job_id: str) -> str:
         """Why a pending job is not running, as of the last step. KeyError if it is not pending."""
         try:
-            return self._pending[job_id].reason
+            return self._pending[job_id].reason.text
         except KeyError:
             raise KeyError(f"job {job_id!r} is not pending") from None
 
@@ -432,7 +439,20 @@ class NodeScheduler:
         seen = [i for i in self._order if i in self._pending]
         known = set(seen)
         rest = sorted((j for i, j in self._pending.items() if i not in known), key=lambda j: j.queued.seq)
-        return [(i, self._pending[i].reason) for i in seen] + [(j.queued.job_id, j.reason) for j in rest]
+        return [(i, self._pending[i].reason.text) for i in seen] + [
+            (j.queued.job_id, j.reason.text) for j in rest
+        ]
+
+    def pending_codes(self) -> list[tuple[str, PendingCode]]:
+        """Each pending job's reason code, as of the last step (for the metrics' ``reason`` label)."""
+        return [(i, j.reason.code) for i, j in self._pending.items()]
+
+    def pending_code(self, job_id: str) -> PendingCode:
+        """The code of ``pending_reason(job_id)``. KeyError if it is not pending."""
+        try:
+            return self._pending[job_id].reason.code
+        except KeyError:
+            raise KeyError(f"job {job_id!r} is not pending") from None
 
     def running(self) -> dict[str, tuple[int, ...]]:
         """Running job ids (including those being preempted) and their GPUs, in start order."""
@@ -561,7 +581,7 @@ class NodeScheduler:
             self._usable_cache[demand] = usable
         return usable
 
-    def _why_not(self, demand: Demand, usable: Demand, cap: Capacity) -> str:
+    def _why_not(self, demand: Demand, usable: Demand, cap: Capacity) -> PendingReason:
         """why_not, plus the unhealthy GPUs the job could otherwise have used."""
         lost = [g for g in demand.eligible if g in self._unhealthy]
         if not lost:
@@ -570,8 +590,11 @@ class NodeScheduler:
         sick += ": no new jobs go there"
         if len(usable.eligible) < max(1, usable.count):
             left = len(usable.eligible)
-            return f"needs {max(1, usable.count)} GPU(s) it may use; only {left} healthy; {sick}"
-        return f"{why_not(usable, cap, self.machine.topology)}; {sick}"
+            text = f"needs {max(1, usable.count)} GPU(s) it may use; only {left} healthy; {sick}"
+            return PendingReason(PendingCode.UNHEALTHY_GPU, text)
+        return PendingReason(
+            PendingCode.UNHEALTHY_GPU, f"{why_not(usable, cap, self.machine.topology)}; {sick}"
+        )
 
     def _expected_end(self, r: _Running) -> float:
         ends = [math.inf]
@@ -610,24 +633,26 @@ class NodeScheduler:
         smallest = sorted(self.machine.gpus[g].memory_bytes for g in demand.eligible)
         return float(demand.count), sum(smallest[: demand.count])
 
-    def _quota_reason(self, tenant: str, gpus: float, memory: int) -> str:
+    def _quota_reason(self, tenant: str, gpus: float, memory: int) -> PendingReason | None:
         quota = self.tenants.get(tenant)
         if quota is None:
-            return ""
+            return None
         held = [r.holding for r in self._running.values() if r.spec.tenant == tenant]
         used_gpus = sum(gpus_equivalent(h) for h in held)
         if quota.max_gpus is not None and used_gpus + gpus > quota.max_gpus + 1e-9:
-            return (
+            return PendingReason(
+                PendingCode.QUOTA,
                 f"tenant {tenant} at its quota of {quota.max_gpus:g} GPUs "
-                f"({used_gpus:g} in use, this job needs {gpus:g})"
+                f"({used_gpus:g} in use, this job needs {gpus:g})",
             )
         used_memory = sum(self._memory_of(h) for h in held)
         if quota.max_gpu_memory_bytes is not None and used_memory + memory > quota.max_gpu_memory_bytes:
-            return (
+            return PendingReason(
+                PendingCode.QUOTA,
                 f"tenant {tenant} at its quota of {format_size(quota.max_gpu_memory_bytes)} GPU memory "
-                f"({format_size(used_memory)} in use, this job needs {format_size(memory)})"
+                f"({format_size(used_memory)} in use, this job needs {format_size(memory)})",
             )
-        return ""
+        return None
 
     def _assignment(self, choice: Choice) -> MigAssignment | None:
         mig = choice.holding.mig
@@ -682,3 +707,8 @@ class NodeScheduler:
         )
         if isinstance(result, Placement):
             self._external_placement[g] = result
+
+
+def _preempting(base: PendingReason) -> PendingCode:
+    """A head job that preempts is PREEMPTING, unless unhealthy GPUs are what it waits for."""
+    return base.code if base.code is PendingCode.UNHEALTHY_GPU else PendingCode.PREEMPTING

@@ -557,7 +557,7 @@ class Daemon:
                     self._launch(action, now)
                 elif isinstance(action, PreemptJob):
                     self._preempt(action, now)
-            self.metrics.pending_reasons(self.scheduler.queue())
+            self.metrics.pending_reasons(self.scheduler.pending_codes())
             self._published = self._gpu_state()
             self._flush_policy_events(now)
 
