@@ -340,7 +340,8 @@ def why_not(demand: Demand, cap: Capacity, topology: Topology | None) -> Pending
     if len(free) >= k:  # enough GPUs, none of the sets meets the topology need
         return PendingReason(
             PendingCode.TOPOLOGY,
-            f"needs {k} GPUs all {_need_text(demand.need)}; the free ones ({_gpu_list(free)}) hold no such set",
+            f"needs {k} GPUs all {_need_text(demand.need)}; "
+            f"the free ones ({_gpu_list(free)}) hold no such set",
         )
     text = f"needs {k} {noun}; {len(free)} {'is' if len(free) == 1 else 'are'} free"
     if free:

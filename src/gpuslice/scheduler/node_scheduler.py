@@ -592,9 +592,7 @@ class NodeScheduler:
             left = len(usable.eligible)
             text = f"needs {max(1, usable.count)} GPU(s) it may use; only {left} healthy; {sick}"
             return PendingReason(PendingCode.UNHEALTHY_GPU, text)
-        return PendingReason(
-            PendingCode.UNHEALTHY_GPU, f"{why_not(usable, cap, self.machine.topology)}; {sick}"
-        )
+        return why_not(usable, cap, self.machine.topology).then(sick).recoded(PendingCode.UNHEALTHY_GPU)
 
     def _expected_end(self, r: _Running) -> float:
         ends = [math.inf]

@@ -40,3 +40,7 @@ class PendingReason:
     def then(self, more: str) -> PendingReason:
         """The same code with ``more`` appended to the sentence."""
         return PendingReason(self.code, f"{self.text}; {more}")
+
+    def recoded(self, code: PendingCode) -> PendingReason:
+        """The same sentence under another code (a cause found above the one that wrote it)."""
+        return PendingReason(code, self.text)
