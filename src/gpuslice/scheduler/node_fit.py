@@ -7,7 +7,8 @@ per GPU, MIG slot layouts), for the real machine and for what-if copies (backfil
 demand_for(spec, machine)        -> Demand, or InvalidRequest when the job can never run here (at submit)
 fits(demand, capacity)           -> bool, cheap (what-ifs call it often)
 choose_mig(demand, capacity)     -> Choice (GPU, MIG slot) or None
-why_not(demand, capacity)        -> the reason: "needs 40 GiB on one GPU; largest free is 22 GiB on GPU 3"
+why_not(demand, capacity)        -> PendingReason: INSUFFICIENT_MEMORY, "needs 40 GiB on one GPU; largest
+                                    free is 22 GiB on GPU 3"
 ```
 
 GPU choice inside the machine is not made here: shares and whole GPUs are chosen by the shared placer
@@ -32,6 +33,7 @@ from gpuslice.hardware.mig import MigInstance, MigLayout, MigProfile, format_mas
 from gpuslice.hardware.topology import Topology
 from gpuslice.policies.gpuset.pick import meets_need
 from gpuslice.policies.mig_placement import KeepLargestPlaceable, MigPlacementOps
+from gpuslice.scheduler.reasons import PendingCode, PendingReason
 from gpuslice.units import format_size
 from gpuslice.workload.job import JobSpec, TopologyNeed
 from gpuslice.workload.request import MILLI_PER_GPU, Request
@@ -319,8 +321,8 @@ def _percent(milli: int) -> str:
     return f"{milli / 10:g} %"
 
 
-def why_not(demand: Demand, cap: Capacity, topology: Topology | None) -> str:
-    """A sentence saying why the job does not fit ``cap`` now (call only when it does not)."""
+def why_not(demand: Demand, cap: Capacity, topology: Topology | None) -> PendingReason:
+    """Why the job does not fit ``cap`` now, code and sentence (call only when it does not)."""
     if demand.kind is DemandKind.SHARE:
         return _share_reason(demand, cap)
     if demand.kind is DemandKind.MIG:
@@ -328,14 +330,18 @@ def why_not(demand: Demand, cap: Capacity, topology: Topology | None) -> str:
             f"GPU {g} slots {format_mask(cap.layouts[g].mask)}"  # type: ignore[union-attr]
             for g, _ in demand.mig_options
         )
-        return f"needs MIG {demand.mig_text}; no MIG GPU has a free slot for it ({slots})"
+        return PendingReason(
+            PendingCode.NO_MIG_SLOT,
+            f"needs MIG {demand.mig_text}; no MIG GPU has a free slot for it ({slots})",
+        )
     free = _whole_free(demand, cap)
     k = demand.count
     noun = "whole GPU" if k == 1 else "whole GPUs"
     if len(free) >= k:  # enough GPUs, none of the sets meets the topology need
-        return (
+        return PendingReason(
+            PendingCode.TOPOLOGY,
             f"needs {k} GPUs all {_need_text(demand.need)}; "
-            f"the free ones ({_gpu_list(free)}) hold no such set"
+            f"the free ones ({_gpu_list(free)}) hold no such set",
         )
     text = f"needs {k} {noun}; {len(free)} {'is' if len(free) == 1 else 'are'} free"
     if free:
@@ -344,10 +350,10 @@ def why_not(demand: Demand, cap: Capacity, topology: Topology | None) -> str:
     if outside:
         held = ", ".join(f"GPU {g} has {format_size(cap.external[g])}" for g in outside)
         text += f"; used outside gpuslice: {held}"
-    return text
+    return PendingReason(PendingCode.INSUFFICIENT_GPUS, text)
 
 
-def _share_reason(demand: Demand, cap: Capacity) -> str:
+def _share_reason(demand: Demand, cap: Capacity) -> PendingReason:
     eligible = demand.eligible
     best_mem = max(eligible, key=lambda g: (cap.free_memory[g], -g))
     best_milli = max(eligible, key=lambda g: (cap.free_milli[g], -g))
@@ -360,15 +366,20 @@ def _share_reason(demand: Demand, cap: Capacity) -> str:
         )
         if cap.external[best_mem]:
             text += f" ({format_size(cap.external[best_mem])} there is used outside gpuslice)"
-        return text
+        return PendingReason(PendingCode.INSUFFICIENT_MEMORY, text)
     if milli_short:
         if demand.milli == 1:  # a memory-only share: only a whole-GPU job can block it
-            return f"needs a share of one GPU; every GPU it may use ({_gpu_list(eligible)}) is held whole"
-        return (
+            return PendingReason(
+                PendingCode.INSUFFICIENT_GPUS,
+                f"needs a share of one GPU; every GPU it may use ({_gpu_list(eligible)}) is held whole",
+            )
+        return PendingReason(
+            PendingCode.INSUFFICIENT_COMPUTE,
             f"needs {_percent(demand.milli)} compute on one GPU; most free is "
-            f"{_percent(cap.free_milli[best_milli])} on GPU {best_milli}"
+            f"{_percent(cap.free_milli[best_milli])} on GPU {best_milli}",
         )
-    return (
+    return PendingReason(
+        PendingCode.INSUFFICIENT_COMPUTE,
         f"needs {format_size(demand.memory_bytes)} and {_percent(demand.milli)} compute on one GPU; "
-        "no GPU has both free"
+        "no GPU has both free",
     )
