@@ -44,6 +44,16 @@ plugin refuses ``--sharing mps`` instead of shipping a mode that cannot work.
 
 The API server is reached through two small interfaces, ``PodSource`` and ``NodePublisher``, so tests
 swap in fakes; ``KubeApi`` implements both with the official ``kubernetes`` client.
+
+Modules, one job each:
+
+```text
+kube.py        PodSource, NodePublisher and KubeApi: the pods bound to this node, the node itself
+devices.py     the devices advertised (shares, MIG instances), the node inventory and labels, device nodes
+allocation.py  GetPreferredAllocation (pick_gpu_set when no decision names GPUs) and Allocate
+plugin.py      DevicePlugin: gRPC servers, kubelet registration and its watch, health, inventory
+run.py         serve: the plugin wired to the API server, NVML health and metrics
+```
 """
 
 from __future__ import annotations

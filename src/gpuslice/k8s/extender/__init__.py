@@ -31,6 +31,23 @@ is the arbiter: a bind holds its node's lock only while it chooses GPUs and rese
 an API call, and a failed bind gives its reservation back at once. A stale filter answer is harmless:
 bind re-checks against the ledger and refuses with a reason if the node has filled up meanwhile.
 
+Modules, one job each (the class chain ``ClusterCache`` -> ``Verdicts`` -> ``Preemption`` ->
+``ClusterState``):
+
+```text
+kube.py        the API server: KubeApi (what the extender needs), KubernetesApi, the node and pod watch
+cluster.py     ClusterCache: nodes' inventories and bound pods from the watch, the ledger built over them
+verdicts.py    Verdicts: per node, does the pod fit and why not (cached per request shape); fit_codes
+preemption.py  Preemption: the preempt verb's what-if, and evictions the extender starts itself
+state.py       ClusterState: filter, prioritize, bind; GPUs chosen by Placer.pick_gpus
+app.py         create_app: the HTTP verbs over a ClusterState
+```
+
+GPUs inside a node are never chosen here: ``Placer.pick_gpus`` (the policy's advice checked by the ledger,
+else best fit for a share and ``pick_gpu_set`` over the node's wiring for several GPUs) chooses them, as
+for ``gpuslice sim`` and ``serve``; the extender adds only what Kubernetes adds, ``cluster.open_slots``
+(healthy, not in MIG mode, fewer shares than the node's splitCount).
+
 Default placement policy: ``bestfit``. FGD (the better policy on openb) needs a target workload, the
 mix of task shapes to come, which a freshly started extender does not have; bestfit needs nothing,
 is deterministic and packs shares onto already-used GPUs, which is what keeps whole GPUs free. A pod

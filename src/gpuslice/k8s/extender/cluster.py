@@ -155,7 +155,9 @@ def pod_priority(pod: Mapping[str, Any]) -> int:
 
 
 class ClusterCache:
-    """The ledger over every node with an inventory annotation, and the pods bound on them.
+    """The ledger over every node with an inventory annotation, and the pods bound on them, kept from the
+    watch. ``ClusterState`` builds on it: ``Verdicts`` (does a pod fit a node), then ``Preemption``, then
+    the filter, prioritize and bind verbs.
 
     Thread-safe: ``_lock`` guards every ledger change and the bookkeeping dicts (held for microseconds);
     ``_node_locks`` serialise binds on one node from choosing GPUs to reserving them.
