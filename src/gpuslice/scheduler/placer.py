@@ -83,10 +83,15 @@ class Placer:
             return mask
         return mask & extra.astype(bool)
 
+    def node_scores(self, req: Request, candidates: np.ndarray) -> np.ndarray:
+        """The policy's scores of ``candidates`` (feasible node indices), normalized over them together,
+        with broken answers replaced and counted: what ``choose_node`` ranks by."""
+        return self._normalized(req, self._scores(req, candidates))
+
     def choose_node(self, req: Request, feasible: np.ndarray) -> int:
         """The best feasible node by the policy's scores and tie rule; ``feasible`` must have a node."""
         candidates = np.flatnonzero(feasible)
-        scores = self._normalized(req, self._scores(req, candidates))
+        scores = self.node_scores(req, candidates)
         best = np.flatnonzero(scores == scores.max())
         if len(best) == 1 or self.policy.tie_break is TieBreak.FIRST:
             return int(candidates[best[0]])

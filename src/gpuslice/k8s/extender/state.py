@@ -244,7 +244,7 @@ class ClusterState(Preemption):
             if fits.any():
                 candidates = idx[fits]
                 # The placer's cached, fallback-guarded scoring (policy advises, the placer validates).
-                raw[fits] = placer._normalized(req, placer._scores(req, candidates))
+                raw[fits] = placer.node_scores(req, candidates)
         return _rescale(raw)
 
     # ---- bind ---------------------------------------------------------------------------------------
