@@ -16,6 +16,7 @@ from gpuslice.policies.random import RandomFit
 from gpuslice.registry import Registry
 
 __all__ = [
+    "DEFAULT_PLACEMENT",
     "PLACEMENT",
     "PlacementOps",
     "PolicyContext",
@@ -23,6 +24,10 @@ __all__ = [
     "make_policy",
     "placement_policy",
 ]
+
+# What serve and the Kubernetes extender place with unless told otherwise: FGD needs a target workload
+# that a fresh server or cluster may not have yet; best fit needs nothing.
+DEFAULT_PLACEMENT = "bestfit"
 
 # Alphabetical, so help texts and "known: ..." messages list the names in that order.
 PLACEMENT: Registry[PlacementOps] = Registry(
