@@ -54,12 +54,8 @@ WEIGHT_DTYPES: dict[str, WeightDtype] = {
         WeightDtype("fp16", 2.0, "2 B/param"),
         # fp8 checkpoints carry one scale per tensor (or per channel): under 0.1 % of the weights.
         WeightDtype("fp8", 1.0, "1 B/param"),
-        WeightDtype(
-            "int8", 34 / 32, "34 B per 32 weights, 8-bit values + one fp16 scale (llama.cpp Q8_0)"
-        ),
-        WeightDtype(
-            "int4", 18 / 32, "18 B per 32 weights, 4-bit values + one fp16 scale (llama.cpp Q4_0)"
-        ),
+        WeightDtype("int8", 34 / 32, "34 B per 32 weights, 8-bit values + one fp16 scale (llama.cpp Q8_0)"),
+        WeightDtype("int4", 18 / 32, "18 B per 32 weights, 4-bit values + one fp16 scale (llama.cpp Q4_0)"),
     )
 }
 # KV cache element sizes (vLLM ``--kv-cache-dtype fp8`` halves the bytes of a 16-bit cache).

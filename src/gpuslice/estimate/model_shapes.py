@@ -171,8 +171,11 @@ class ModelShape:
         width = self.embed_dim or self.hidden
         project_out = self.hidden * width if width != self.hidden else 0
         head = 0 if self.tied_embeddings else self.vocab * width
-        return (self._norm() if self.final_norm else 0) + project_out + head + (
-            self.vocab if self.lm_head_bias else 0
+        return (
+            (self._norm() if self.final_norm else 0)
+            + project_out
+            + head
+            + (self.vocab if self.lm_head_bias else 0)
         )
 
     def _t5_parameter_count(self) -> int:

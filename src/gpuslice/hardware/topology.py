@@ -270,9 +270,7 @@ class Topology:
             groups.append(tuple(sorted(group)))
         return groups
 
-    def with_models(
-        self, bandwidth: BandwidthModel | None = None, cost: CostModel | None = None
-    ) -> Topology:
+    def with_models(self, bandwidth: BandwidthModel | None = None, cost: CostModel | None = None) -> Topology:
         """The same wiring under another bandwidth or cost model."""
         return replace(
             self, bandwidth_model=bandwidth or self.bandwidth_model, cost_model=cost or self.cost_model

@@ -63,9 +63,9 @@ def _const(nvml: ModuleType, name: str, default: int) -> int:
     return int(getattr(nvml, name, default))
 
 
-def _nvlinks(nvml: ModuleType, handle: Any, bus_index: dict[tuple[int, int, int, int], int]) -> tuple[
-    dict[int, int], int
-]:
+def _nvlinks(
+    nvml: ModuleType, handle: Any, bus_index: dict[tuple[int, int, int, int], int]
+) -> tuple[dict[int, int], int]:
     """(links per peer GPU index, links to NVSwitches) for one GPU; absent link indices are skipped."""
     enabled = _const(nvml, "NVML_FEATURE_ENABLED", _FEATURE_ENABLED)
     switch_type = _const(nvml, "NVML_NVLINK_DEVICE_TYPE_SWITCH", _DEVICE_TYPE_SWITCH)

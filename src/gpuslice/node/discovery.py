@@ -34,12 +34,12 @@ import psutil
 
 from gpuslice.errors import UserError
 from gpuslice.hardware.gpu_models import GPU_MODELS
+from gpuslice.hardware.machine import GpuInfo, Machine
 from gpuslice.hardware.mig import MigGpu, UnknownMigGpu, mig_gpu
 from gpuslice.hardware.mig_nvml import detect_gpu
 from gpuslice.hardware.topology import Topology, TopologyError
 from gpuslice.hardware.topology_nvml import read_nvml_topology
 from gpuslice.hardware.topology_profiles import PROFILES, profile
-from gpuslice.hardware.machine import GpuInfo, Machine
 
 __all__ = [
     "DEFAULT_SIMULATED_MODEL",
@@ -306,6 +306,7 @@ def find_mig_device_uuid(gpu: int, profile_name: str, start: int, *, nvml: Any |
 
 
 # ---- telemetry and faults ---------------------------------------------------------------------------
+
 
 @dataclass(frozen=True, slots=True)
 class NvmlReading:

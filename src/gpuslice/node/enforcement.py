@@ -45,9 +45,9 @@ from typing import Any
 
 from gpuslice import shim
 from gpuslice.errors import InternalError, InvalidRequest, UserError
+from gpuslice.hardware.machine import Machine
 from gpuslice.hardware.mig import mig_gpu
 from gpuslice.node import softcap
-from gpuslice.hardware.machine import Machine
 from gpuslice.units import MiB
 from gpuslice.workload.job import JobSpec
 

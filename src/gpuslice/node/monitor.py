@@ -32,9 +32,9 @@ from typing import Any
 import psutil
 
 from gpuslice.errors import InvalidRequest
+from gpuslice.hardware.machine import Machine
 from gpuslice.node.discovery import gpu_processes, is_simulated
 from gpuslice.node.fake_load import REPORT_ENV
-from gpuslice.hardware.machine import Machine
 from gpuslice.shim import read_region, region_path
 from gpuslice.shim.region import RegionError
 from gpuslice.units import format_size

@@ -375,8 +375,10 @@ class GuardedPlacement(PlacementOps):
     def normalize(self, view: Any, req: Any, scores: np.ndarray) -> np.ndarray:
         return _guarded(self, "normalize", (view, req, scores), lambda a: _float_vector(a, len(scores)))
 
-    def pick_gpus(self, view: Any, req: Any, node: int) -> tuple[int, ...]:
+    def pick_gpus(self, view: Any, req: Any, node: int) -> tuple[int, ...] | None:
         def check(answer: Any) -> Any:
+            if answer is None:  # no advice: the mechanism's default GPUs
+                return None
             if not isinstance(answer, tuple | list) or not all(
                 isinstance(g, int | np.integer) and not isinstance(g, bool) for g in answer
             ):

@@ -42,17 +42,18 @@ from typing import Any, NamedTuple, Protocol
 
 import gpuslice
 from gpuslice.errors import InvalidRequest
+from gpuslice.hardware.machine import Machine
 from gpuslice.hardware.mig import mig_gpu
 from gpuslice.node.launcher import ExitStatus, LaunchedJob
-from gpuslice.hardware.machine import Machine
 from gpuslice.node.mig_manager import MigCommandFailed
 from gpuslice.node.telemetry import GpuReading, SliceLoad, Telemetry
 from gpuslice.observe.anomaly import SigmaDetector
 from gpuslice.observe.health import GpuHealth, HealthBook, HealthChange
 from gpuslice.observe.metrics import GpuState, PendingState, ServeMetrics, ServeSnapshot, SliceState
+from gpuslice.policies import DEFAULT_PLACEMENT, placement_policy
 from gpuslice.policies.queue import queue_policy as lookup_queue_policy
 from gpuslice.programs.guard import GuardConfig
-from gpuslice.programs.loader import LoadedPolicy, PolicyFamilyMismatch, is_policy_path, load_file
+from gpuslice.programs.loader import LoadedPolicy, PolicyFamilyMismatch, is_policy_path, load_file, resolve
 from gpuslice.programs.maps import MAP_TYPES, Map
 from gpuslice.programs.slot import PolicySlot
 from gpuslice.scheduler.node_scheduler import (
@@ -67,6 +68,7 @@ from gpuslice.server.errors import GpuNotFound, JobConflict, PolicyNotFound
 from gpuslice.server.store import JobRecord, Store, TenantRecord
 from gpuslice.units import format_size
 from gpuslice.workload.job import JobSpec, JobState, Priority, RestartPolicy
+from gpuslice.workload.target import TargetWorkload
 
 __all__ = ["DEFAULT_GRACE_SECONDS", "Daemon", "NodeOps", "RecoveryReport", "anomaly_text"]
 
@@ -140,6 +142,8 @@ class Daemon:
         sharing: str = "soft",
         grace_seconds: float = DEFAULT_GRACE_SECONDS,
         queue_policy: str = "priority-fair",
+        placement: str = DEFAULT_PLACEMENT,
+        target: TargetWorkload | None = None,
         guard: GuardConfig | None = None,
         tick_seconds: float = 0.2,
         monitor_seconds: float = 0.5,
@@ -180,6 +184,17 @@ class Daemon:
         }
         if is_policy_path(queue_policy):  # serve --queue-policy FILE: loaded as if by `policy load`
             self.policy_slots["queue"].swap(load_file(queue_policy))
+        # The placement policy (a name, or a file verified and guarded here) advises which GPUs a job
+        # gets, through the same placer as sim and the Kubernetes extender.
+        self.placement = placement
+        self._placement_factory = resolve(
+            placement,
+            "placement",
+            placement_policy,
+            guard or GuardConfig(),
+            on_event=lambda message: self._policy_events.append(("placement", message)),
+        )
+        self.target = target
         # GPU health marks outlive a restart (an XID'd GPU must not take jobs again because the server
         # restarted); a mark is kept only for the GPU it was made for (same index and UUID).
         self.health = HealthBook(machine.gpu_count)
@@ -205,7 +220,11 @@ class Daemon:
 
     def _new_scheduler(self) -> NodeScheduler:
         scheduler = NodeScheduler(
-            self.machine, tenants=_quotas(self.store.tenants()), grace_seconds=self.grace_seconds
+            self.machine,
+            tenants=_quotas(self.store.tenants()),
+            grace_seconds=self.grace_seconds,
+            placement=self._placement_factory,
+            target=self.target,
         )
         scheduler.policy = self.policy_slots["queue"].current
         for g, health in self.health.unhealthy().items():
@@ -419,8 +438,8 @@ class Daemon:
         if loaded.family not in self.policy_slots:
             raise PolicyFamilyMismatch(
                 f"{loaded.path} is a {loaded.family} policy; this server runs {', '.join(self.policy_slots)} "
-                "policies (placement and memory policies load into sim openb, memsim and the Kubernetes "
-                "extender with --policy FILE)"
+                "policies from `policy load` (a placement policy file is given at start: serve --placement "
+                "FILE; memory policies load into memsim)"
             )
         slot = self.policy_slots[loaded.family]
         # The slot builds the new instance (maps, __init__) before it assigns: a failure changes nothing.
@@ -538,7 +557,7 @@ class Daemon:
                     self._launch(action, now)
                 elif isinstance(action, PreemptJob):
                     self._preempt(action, now)
-            self.metrics.pending_reasons(self.scheduler.queue())
+            self.metrics.pending_reasons(self.scheduler.pending_codes())
             self._published = self._gpu_state()
             self._flush_policy_events(now)
 

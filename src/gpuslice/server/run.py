@@ -30,6 +30,7 @@ import psutil
 import uvicorn
 
 from gpuslice.errors import InvalidRequest
+from gpuslice.policies import DEFAULT_PLACEMENT
 from gpuslice.server.app import create_app
 from gpuslice.server.auth import TOKEN_FILE, load_or_create_token
 from gpuslice.server.daemon import DEFAULT_GRACE_SECONDS, Daemon
@@ -38,6 +39,7 @@ from gpuslice.server.local_node import LocalNode
 from gpuslice.server.store import Store
 from gpuslice.server.url_file import write_url
 from gpuslice.workload.job import JobState
+from gpuslice.workload.target import TargetWorkload
 
 __all__ = ["ServeOptions", "own_names", "run", "secure_state_dir", "state_lock"]
 
@@ -56,6 +58,8 @@ class ServeOptions:
     grace_seconds: float = DEFAULT_GRACE_SECONDS
     tick_seconds: float = 0.2
     queue_policy: str = "priority-fair"
+    placement: str = DEFAULT_PLACEMENT  # a placement policy name or file
+    target: TargetWorkload | None = None  # what FGD-style placement keeps room for
     public_reads: bool = False  # reads without the token, as before (a machine with one trusted user)
     allow_hosts: tuple[str, ...] = ()  # Host names accepted besides the server's own ("*": any)
 
@@ -177,6 +181,8 @@ def _run(options: ServeOptions, state_dir: Path, on_ready: Callable[[str, Path, 
             sharing=options.sharing,
             grace_seconds=options.grace_seconds,
             queue_policy=options.queue_policy,
+            placement=options.placement,
+            target=options.target,
             tick_seconds=options.tick_seconds,
             simulated=options.simulate is not None,
             telemetry=telemetry,

@@ -44,7 +44,17 @@ __all__ = ["EVICTION", "PREFETCH", "UnknownMemoryPolicy", "make_ops"]
 EVICTION: dict[str, type[MemoryOps]] = {
     p.name: p
     for p in (
-        DriverDefault, Fifo, Lfu, Mru, MruTextbook, FreqDecay, FifoChance, PidQuota, TwoQ, Priority, Belady
+        DriverDefault,
+        Fifo,
+        Lfu,
+        Mru,
+        MruTextbook,
+        FreqDecay,
+        FifoChance,
+        PidQuota,
+        TwoQ,
+        Priority,
+        Belady,
     )
 }
 PREFETCH: dict[str, type[MemoryOps]] = {
