@@ -13,7 +13,7 @@ Names follow Prometheus' conventions: the ``gpuslice_`` prefix, base units (byte
 tests/observe/test_metrics_doc.py keeps that table and this registry in step. Labels never hold
 numbers that grow without bound (job ids do: one series per running job, gone when it ends).
 Pod and namespace are empty under serve; the labels exist so dashboards work for both serve and
-Kubernetes (HAMi #112: pod labels lost under device sharing; research hami_and_peers.md §4.2, §5).
+Kubernetes (Project-HAMi/HAMi#112: pod labels lost under device sharing).
 """
 
 from __future__ import annotations

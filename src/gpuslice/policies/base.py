@@ -21,7 +21,8 @@ the case for every policy here; ``normalize`` exists for scores that also depend
 Ties are part of a policy, not an accident of iteration: ``tie_break = TieBreak.FIRST`` gives the node
 that comes first in the ledger's order. The openb replay shuffles that order by seed, which reproduces
 the FGD artifact exactly (its kube-scheduler picks the lexicographically smallest name among the best,
-and names carry a seeded random prefix; cluster-traces research note §1.3).
+and names carry a seeded random prefix: the artifact's vendored generic_scheduler.go and simulator.go;
+see docs/references.md, "openb replay and the FGD baselines").
 """
 
 from __future__ import annotations

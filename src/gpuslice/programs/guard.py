@@ -63,10 +63,9 @@ __all__ = [
     "guarded_factory",
 ]
 
-# Seconds of CPU per hook call, per family (benchmarks/policy_overhead.py; RESULTS.md, "overhead of a
-# policy file"). FGD's first score over a 6,000-node cluster (every node stale) is the largest call a
-# built-in makes; queue and memory hooks take microseconds. The margins also cover a full garbage
-# collection inside a hook.
+# Seconds of CPU per hook call, per family (benchmarks/policy_overhead.py, RESULTS.md, policy-file overhead).
+# FGD's first score over a 6,000-node cluster (every node stale) is the largest call a built-in makes; queue
+# and memory hooks take microseconds. The margins also cover a full garbage collection inside a hook.
 DEFAULT_BUDGETS: dict[str, float] = {"placement": 2.0, "queue": 0.5, "eviction": 0.1, "prefetch": 0.1}
 # A hook is interrupted, or its late answer dropped, once it has burned this share of its budget in CPU
 # after the watchdog first saw it (at most a quarter budget after its start): wall time alone would fault
