@@ -215,8 +215,8 @@ def resolve(
     function that builds the file's ops guarded (defaults: the family's base ops decide on a fault).
 
     The factory takes what the family's classes take: placement ``(view, context)``, queue and memory
-    ``()``. ``registry`` is the family's lookup (``placement_policy``, ``queue_policy``, or a memory
-    registry dict's ``__getitem__`` wrapped to raise UnknownPolicy)."""
+    ``()``. ``registry`` is the family's lookup, e.g. ``PLACEMENT.lookup`` (every family's
+    ``registry.Registry`` raises UnknownPolicy listing the known names)."""
     if not is_policy_path(name_or_path):
         return registry(name_or_path)
     return _file_factory(name_or_path, family, guard_config, on_event)
