@@ -469,3 +469,23 @@ def test_queue_lists_pending_jobs_in_start_order_with_reasons():
     )
     assert [i for i, _ in s.queue()] == ["high", "low"]
     assert all(reason for _, reason in s.queue())
+
+
+class _OverlappingStart:
+    """A MIG placement policy that answers a start already taken (slot 0) every time."""
+
+    name = "overlapping"
+
+    def choose(self, layout, profile):
+        return 0
+
+
+def test_a_mig_start_the_layout_refuses_falls_back_to_the_lowest_valid_one_and_is_counted():
+    s = NodeScheduler(machine(1, mig=(0,), topology=None))
+    s._mig_policy = _OverlappingStart()  # the one MIG policy slot of serve, swapped for a wrong one
+    s.submit("a", spec(mig_profile="1g.10gb"), 0)
+    s.submit("b", spec(mig_profile="1g.10gb"), 0)
+    decisions = s.step(1)
+    starts = sorted(d.mig.start for d in decisions if isinstance(d, StartJob))
+    assert len(starts) == 2 and starts[0] != starts[1]  # never the same slot twice
+    assert s.fallbacks["mig-placement: invalid"] >= 1

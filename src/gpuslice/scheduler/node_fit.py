@@ -23,6 +23,7 @@ Pure and deterministic: every loop runs in GPU index order.
 from __future__ import annotations
 
 import enum
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import combinations
@@ -32,7 +33,7 @@ from gpuslice.hardware.machine import Machine
 from gpuslice.hardware.mig import MigInstance, MigLayout, MigProfile, format_mask, mig_gpu, resolve_request
 from gpuslice.hardware.topology import Topology
 from gpuslice.policies.gpuset.pick import meets_need
-from gpuslice.policies.mig_placement import KeepLargestPlaceable, MigPlacementOps
+from gpuslice.policies.mig_placement import KeepLargestPlaceable, MigPlacementOps, checked_start
 from gpuslice.scheduler.reasons import PendingCode, PendingReason
 from gpuslice.units import format_size
 from gpuslice.workload.job import JobSpec, TopologyNeed
@@ -291,21 +292,24 @@ def fits(demand: Demand, cap: Capacity, topology: Topology | None) -> bool:
     return any(meets_need(topology, c, demand.need) for c in combinations(free, demand.count))
 
 
-def choose_mig(demand: Demand, cap: Capacity, policy: MigPlacementOps | None = None) -> Choice | None:
-    """The MIG GPU and slot the job gets on ``cap``, or None if none is free; see the module doc."""
-    return _choose_mig(demand, cap, policy or KeepLargestPlaceable())
-
-
-def _choose_mig(demand: Demand, cap: Capacity, policy: MigPlacementOps) -> Choice | None:
+def choose_mig(
+    demand: Demand,
+    cap: Capacity,
+    policy: MigPlacementOps | None = None,
+    fallbacks: Counter[str] | None = None,
+) -> Choice | None:
+    """The MIG GPU and slot the job gets on ``cap``, or None if none is free; see the module doc. The
+    policy's start goes through the MIG family's advice check (``checked_start``); a fallback is counted
+    in ``fallbacks["mig-placement: <reason>"]``."""
+    policy = policy or KeepLargestPlaceable()
     for _, _, g, profile in sorted(_mig_candidates(demand, cap), key=lambda c: c[:3]):
         layout = cap.layouts[g]
         assert layout is not None
-        try:
-            start = policy.choose(layout, profile)
-        except Exception:  # a crashing placement policy costs quality, never correctness
-            start = None
-        if start is None or not layout.can_place(profile, start):
-            start = layout.placements(profile)[0]  # the default's answer: lowest valid start
+        start, why = checked_start(policy, layout, profile)
+        if why is not None and fallbacks is not None:
+            fallbacks[f"mig-placement: {why}"] += 1
+        if start is None:  # "no start" from a policy: the default's answer, the lowest valid start
+            start = layout.placements(profile)[0]
         instance = MigInstance(profile=profile, start=start)
         return Choice((g,), Holding((g,), mig=instance))
     return None

@@ -141,7 +141,7 @@ class NodeScheduler:
         self.grace_seconds = grace_seconds
         self.aging_seconds = aging_seconds
         self.backfill = backfill
-        self.fallbacks: Counter[str] = Counter()  # queue-policy answers replaced by the default
+        self.fallbacks: Counter[str] = Counter()  # queue-policy and MIG-slot answers replaced by the default
         self.ledger = Ledger([machine.node_spec()])
         self.gpu_choice = NodeGpuChoice(self.ledger, machine.topology, placement, target)
         self._n = machine.gpu_count
@@ -460,7 +460,7 @@ class NodeScheduler:
         """The GPUs the job gets now: MIG slots here, shares and whole GPUs from the shared placer. ``cap``
         mirrors the ledger at this point (every start reserves at once), so both see the same capacity."""
         if demand.kind is DemandKind.MIG:
-            return choose_mig(demand, cap, self._mig_policy)
+            return choose_mig(demand, cap, self._mig_policy, self.fallbacks)
         if not fits(demand, cap, self.machine.topology):
             return None
         return self.gpu_choice.choose(demand, self._known_shapes())
