@@ -32,14 +32,14 @@ from typing import Any
 
 import psutil
 
-from gpuslice.errors import UserError
+from gpuslice.errors import Unavailable, UserError
 from gpuslice.hardware.gpu_models import GPU_MODELS
+from gpuslice.hardware.machine import GpuInfo, Machine
 from gpuslice.hardware.mig import MigGpu, UnknownMigGpu, mig_gpu
 from gpuslice.hardware.mig_nvml import detect_gpu
 from gpuslice.hardware.topology import Topology, TopologyError
 from gpuslice.hardware.topology_nvml import read_nvml_topology
 from gpuslice.hardware.topology_profiles import PROFILES, profile
-from gpuslice.hardware.machine import GpuInfo, Machine
 
 __all__ = [
     "DEFAULT_SIMULATED_MODEL",
@@ -81,7 +81,7 @@ _NAME_PATTERNS: tuple[tuple[str, str], ...] = (
 _HINT = "use --simulate dgx-h100 to try gpuslice without GPUs (other profiles: " + ", ".join(PROFILES) + ")"
 
 
-class NoGpuDriver(UserError):
+class NoGpuDriver(Unavailable):
     """No NVML here (nvidia-ml-py missing, no NVIDIA driver, or no GPUs) and no --simulate given."""
 
 

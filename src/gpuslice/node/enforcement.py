@@ -44,10 +44,10 @@ from pathlib import Path
 from typing import Any
 
 from gpuslice import shim
-from gpuslice.errors import InternalError, InvalidRequest, UserError
+from gpuslice.errors import InternalError, InvalidRequest, Unavailable
+from gpuslice.hardware.machine import Machine
 from gpuslice.hardware.mig import mig_gpu
 from gpuslice.node import softcap
-from gpuslice.hardware.machine import Machine
 from gpuslice.units import MiB
 from gpuslice.workload.job import JobSpec
 
@@ -80,7 +80,7 @@ class SharingMode(enum.StrEnum):
     SHIM = "shim"  # the native shim preloaded into every process: memory fence, compute share, priorities
 
 
-class MpsUnavailable(UserError):
+class MpsUnavailable(Unavailable):
     """The MPS control program is missing or will not start."""
 
 
