@@ -52,6 +52,7 @@ from gpuslice.units import MiB
 from gpuslice.workload.job import JobSpec
 
 __all__ = [
+    "DEFAULT_SHARING",
     "MPS_CONTROL",
     "MpsDaemon",
     "MpsUnavailable",
@@ -78,6 +79,10 @@ class SharingMode(enum.StrEnum):
     MIG = "mig"  # each job gets a MIG instance
     SOFT = "soft"  # default: PyTorch memory fraction + the monitor's graded response
     SHIM = "shim"  # the native shim preloaded into every process: memory fence, compute share, priorities
+
+
+# `serve --sharing` and the device plugin's --sharing when none is named: needs nothing on the machine.
+DEFAULT_SHARING = SharingMode.SOFT
 
 
 class MpsUnavailable(Unavailable):

@@ -42,14 +42,16 @@ from typing import Any, NamedTuple, Protocol
 
 import gpuslice
 from gpuslice.errors import InvalidRequest
-from gpuslice.hardware.mig import mig_gpu
-from gpuslice.node.launcher import ExitStatus, LaunchedJob
 from gpuslice.hardware.machine import Machine
+from gpuslice.hardware.mig import mig_gpu
+from gpuslice.node.enforcement import DEFAULT_SHARING
+from gpuslice.node.launcher import ExitStatus, LaunchedJob
 from gpuslice.node.mig_manager import MigCommandFailed
 from gpuslice.node.telemetry import GpuReading, SliceLoad, Telemetry
 from gpuslice.observe.anomaly import SigmaDetector
 from gpuslice.observe.health import GpuHealth, HealthBook, HealthChange
 from gpuslice.observe.metrics import GpuState, PendingState, ServeMetrics, ServeSnapshot, SliceState
+from gpuslice.policies.queue import DEFAULT_QUEUE_POLICY
 from gpuslice.policies.queue import queue_policy as lookup_queue_policy
 from gpuslice.programs.guard import GuardConfig
 from gpuslice.programs.loader import LoadedPolicy, PolicyFamilyMismatch, is_policy_path, load_file
@@ -66,13 +68,21 @@ from gpuslice.scheduler.node_scheduler import (
 from gpuslice.server.errors import GpuNotFound, JobConflict, PolicyNotFound
 from gpuslice.server.store import JobRecord, Store, TenantRecord
 from gpuslice.units import format_size
-from gpuslice.workload.job import JobSpec, JobState, Priority, RestartPolicy
+from gpuslice.workload.job import DEFAULT_GRACE_SECONDS, JobSpec, JobState, Priority, RestartPolicy
 
-__all__ = ["DEFAULT_GRACE_SECONDS", "Daemon", "NodeOps", "RecoveryReport", "anomaly_text"]
+__all__ = [
+    "DEFAULT_GRACE_SECONDS",
+    "DEFAULT_TICK_SECONDS",
+    "Daemon",
+    "NodeOps",
+    "RecoveryReport",
+    "anomaly_text",
+]
 
 _log = logging.getLogger("gpuslice.server")
 
-DEFAULT_GRACE_SECONDS = 30.0  # issue 4: SIGTERM, 30 s, SIGKILL
+# How often the loop runs when nothing wakes it (a submit, a cancel or an exit wakes it at once).
+DEFAULT_TICK_SECONDS = 0.2
 # The supervisor sends the SIGKILL after the grace; if the group still lives this much later (the
 # supervisor itself died), the daemon kills it.
 _KILL_SLACK_SECONDS = 5.0
@@ -137,11 +147,11 @@ class Daemon:
         node: NodeOps,
         state_dir: Path,
         *,
-        sharing: str = "soft",
+        sharing: str = DEFAULT_SHARING.value,
         grace_seconds: float = DEFAULT_GRACE_SECONDS,
-        queue_policy: str = "priority-fair",
+        queue_policy: str = DEFAULT_QUEUE_POLICY,
         guard: GuardConfig | None = None,
-        tick_seconds: float = 0.2,
+        tick_seconds: float = DEFAULT_TICK_SECONDS,
         monitor_seconds: float = 0.5,
         simulated: bool = False,
         clock: Callable[[], float] = time.time,
@@ -169,7 +179,7 @@ class Daemon:
         # a built-in or a guarded file swapped in while serving. Guard events (fault, detached, …) come
         # from inside a scheduling pass; they are queued and written to the store by the lock holder.
         self._policy_events: deque[tuple[str, str]] = deque()
-        builtin = "priority-fair" if is_policy_path(queue_policy) else queue_policy
+        builtin = DEFAULT_QUEUE_POLICY if is_policy_path(queue_policy) else queue_policy
         self.policy_slots = {
             "queue": PolicySlot(
                 "queue",

@@ -20,6 +20,7 @@ from gpuslice.hardware.node import MAX_GPUS_PER_NODE
 from gpuslice.workload.request import MILLI_PER_GPU, Request
 
 __all__ = [
+    "DEFAULT_GRACE_SECONDS",
     "TERMINAL_STATES",
     "TRANSITIONS",
     "JobEvent",
@@ -84,6 +85,10 @@ TRANSITIONS: dict[JobState, frozenset[JobState]] = {
     JobState.CANCELLED: frozenset(),
 }
 TERMINAL_STATES = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED})
+# A job asked to stop (cancel, max runtime, preemption) gets SIGTERM, then SIGKILL this many seconds
+# later: the default of `serve --grace`, the node scheduler and the job supervisor. Kubernetes gives a
+# pod the same 30 s by default (PodSpec terminationGracePeriodSeconds).
+DEFAULT_GRACE_SECONDS = 30.0
 
 
 def check_transition(old: JobState, new: JobState) -> None:

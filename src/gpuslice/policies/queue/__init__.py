@@ -8,6 +8,7 @@ from gpuslice.policies.queue.fifo import Fifo
 from gpuslice.policies.queue.priority_fair import PriorityFair
 
 __all__ = [
+    "DEFAULT_QUEUE_POLICY",
     "QUEUE",
     "Fifo",
     "PriorityFair",
@@ -20,6 +21,8 @@ __all__ = [
 ]
 
 QUEUE: dict[str, type[QueueOps]] = {p.name: p for p in (PriorityFair, Fifo)}
+# The queue policy of `gpuslice serve` and the node scheduler when none is named.
+DEFAULT_QUEUE_POLICY = PriorityFair.name
 
 
 def queue_policy(name: str) -> type[QueueOps]:
