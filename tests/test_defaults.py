@@ -12,17 +12,20 @@ from typing import Any
 
 import yaml
 
+from gpuslice.cli.jobs import submit
 from gpuslice.cli.k8s_device_plugin import device_plugin
 from gpuslice.cli.serve import serve
+from gpuslice.cli.sim import openb
 from gpuslice.k8s.annotations import DEFAULT_SPLIT_COUNT
 from gpuslice.node import supervisor
 from gpuslice.node.enforcement import DEFAULT_SHARING, SharingMode
 from gpuslice.policies.queue import DEFAULT_QUEUE_POLICY, QUEUE, PriorityFair
 from gpuslice.scheduler.node_scheduler import NodeScheduler
 from gpuslice.server.daemon import DEFAULT_TICK_SECONDS, Daemon
-from gpuslice.server.models import parse_duration
+from gpuslice.server.models import SubmitRequest, parse_duration
 from gpuslice.server.run import ServeOptions
-from gpuslice.workload.job import DEFAULT_GRACE_SECONDS
+from gpuslice.sim.trace import BUNDLED_TRACES, DEFAULT_TRACE, load_trace
+from gpuslice.workload.job import DEFAULT_GRACE_SECONDS, DEFAULT_TENANT, JobSpec
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -77,3 +80,15 @@ def test_the_deploy_manifests_use_the_default_split_count() -> None:
     ]
     [command] = [c for c in commands if "--split-count" in c]
     assert int(command[command.index("--split-count") + 1]) == DEFAULT_SPLIT_COUNT
+
+
+def test_the_cli_the_api_and_the_job_spec_share_the_default_tenant() -> None:
+    assert JobSpec(command=("true",)).tenant == DEFAULT_TENANT
+    assert SubmitRequest.model_fields["tenant"].default == DEFAULT_TENANT
+    assert _default(submit, "tenant") == DEFAULT_TENANT
+
+
+def test_sim_openb_replays_the_bundled_default_trace() -> None:
+    assert DEFAULT_TRACE in BUNDLED_TRACES
+    assert _default(load_trace, "name") == DEFAULT_TRACE
+    assert _default(openb, "trace") is None  # None: the command replays [DEFAULT_TRACE]

@@ -17,7 +17,7 @@ from gpuslice.observe.health import GpuHealth, HealthBook
 from gpuslice.observe.metrics import GpuState, PendingState, ServeSnapshot, SliceState
 from gpuslice.scheduler.node_scheduler import GpuUsage, MigAssignment, NodeScheduler
 from gpuslice.server.store import JobRecord, Store, TenantRecord
-from gpuslice.workload.job import JobSpec, JobState, Priority
+from gpuslice.workload.job import DEFAULT_TENANT, JobSpec, JobState, Priority
 
 __all__ = ["DaemonViews", "GpuSnapshot"]
 
@@ -150,7 +150,7 @@ class DaemonViews:
     def tenants(self) -> list[dict[str, Any]]:
         stored = self.store.tenants()
         active = self.store.jobs([JobState.PENDING, JobState.RUNNING])
-        names = sorted(set(stored) | {j.spec.tenant for j in active} | {"default"})
+        names = sorted(set(stored) | {j.spec.tenant for j in active} | {DEFAULT_TENANT})
         rows = []
         for name in names:
             t = stored.get(name, TenantRecord(name))
