@@ -18,10 +18,10 @@ GpusliceError
 │  ├─ NotAuthenticated HTTP 401   no bearer token, or the wrong one
 │  ├─ Forbidden        HTTP 403   the caller may not do this: ForbiddenUser (server.errors)
 │  ├─ TooManyRequests  HTTP 429   a cap is reached; retry later: TooManyFollowers (server.errors)
-│  ├─ Unavailable           something this machine lacks or that does not answer: NoGpuDriver
-│  │                        (node.discovery), MpsUnavailable (node.enforcement), NvmlUnavailable
-│  │                        (hardware.mig_nvml, hardware.topology_nvml), MigNotEnabled (hardware.mig_nvml),
-│  │                        ShimUnavailable (shim), ServerUnavailable (server.errors)
+│  ├─ Unavailable           something this machine lacks or that does not answer
+│  │  ├─ NvmlUnavailable     nvidia-ml-py is not installed, or NVML finds no NVIDIA driver
+│  │  └─ elsewhere: NoGpuDriver (node.discovery), MpsUnavailable (node.enforcement), MigNotEnabled
+│  │     (hardware.mig_nvml), ShimUnavailable (shim), ServerUnavailable (server.errors)
 │  └─ elsewhere, one module's own failures: PolicyRejected (HTTP 422), PolicyFamilyMismatch,
 │     PolicyInitError (programs.loader), MapError, MapFull (programs.maps), FieldError (server.models,
 │     HTTP 400 or 422), ServerError (server.client), TopologyError and its kin (hardware.topology*),
@@ -56,6 +56,7 @@ __all__ = [
     "LedgerError",
     "NotAuthenticated",
     "NotFound",
+    "NvmlUnavailable",
     "TooManyRequests",
     "TraceFormatError",
     "Unavailable",
@@ -139,6 +140,11 @@ class TooManyRequests(UserError):
 class Unavailable(UserError):
     """Something gpuslice needs is missing on this machine or does not answer (a driver, NVML, MPS,
     the shim, the server); the message says how to provide it."""
+
+
+class NvmlUnavailable(Unavailable):
+    """NVML cannot be used here: nvidia-ml-py is not installed, or there is no NVIDIA driver (MIG
+    state, topology and telemetry all read it)."""
 
 
 class InternalError(GpusliceError):

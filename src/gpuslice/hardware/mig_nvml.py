@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
-from gpuslice.errors import Unavailable, UserError
+from gpuslice.errors import NvmlUnavailable, Unavailable, UserError
 from gpuslice.hardware.mig import MIG_GPUS, MigGpu, MigInstance, MigLayout
 from gpuslice.units import GiB, MiB
 
@@ -36,10 +36,6 @@ __all__ = [
 ]
 
 _MAX_INSTANCES = 8  # at most 7 GIs per GPU (research §4.3); 8 leaves room for a driver surprise
-
-
-class NvmlUnavailable(Unavailable):
-    """nvidia-ml-py is not installed, or NVML finds no NVIDIA driver."""
 
 
 class MigNotEnabled(Unavailable):
