@@ -1,4 +1,4 @@
-"""Scheduler extender latency (issue 6): one pod's /filter + /prioritize against 1,000 and 5,000 nodes of
+"""Scheduler extender latency: one pod's /filter + /prioritize against 1,000 and 5,000 nodes of
 8 GPUs each, over the real HTTP app, target p99 under 20 ms at 5,000 nodes. Writes benchmarks/out/extender.md.
 
 Transport: httpx.AsyncClient over httpx.ASGITransport, i.e. the FastAPI app in-process: the request and

@@ -2,7 +2,7 @@
 a localhost socket, the client in another, request bodies encoded before the clock starts and replies
 decoded after it stops (kube-scheduler does that JSON work in Go; the in-process benchmark
 `benchmarks/extender.py` charges it to the round in Python). Same cluster, pod shapes, fill level and
-one bind between rounds as that benchmark. Target (issue 6): filter + prioritize p99 under 20 ms at 5,000
+one bind between rounds as that benchmark. Target: filter + prioritize p99 under 20 ms at 5,000
 nodes of 8 GPUs.
 
 Besides the wall time of each round it records CPU time on both sides, which other work on a shared

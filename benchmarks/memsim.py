@@ -1,4 +1,4 @@
-"""Memory oversubscription sweep (issue 5): every eviction × prefetch pair on every workload at 1.2×,
+"""Memory oversubscription sweep: every eviction × prefetch pair on every workload at 1.2×,
 1.5×, 1.8× — faults normalised to Belady (same prefetch) and estimated speedup over the driver default
 (default + tree) — and simulator throughput per policy. Writes benchmarks/out/memsim.md (grid) and
 benchmarks/out/memsim_speed.md (throughput).

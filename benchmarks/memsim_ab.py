@@ -1,4 +1,4 @@
-"""Simulator throughput before and after a change (issue 5): for each workload, a git revision's memory
+"""Simulator throughput before and after a change: for each workload, a git revision's memory
 engine and the working tree's, each in a fresh process, one after the other, so both see the same machine
 load. Accesses per CPU second (``time.process_time``), best of ``--repeat``, scale 1, oversub 1.5×; the
 compiled driver default is loaded before timing. Tier-0 traces are measured both ways (per-stream and

@@ -1,4 +1,4 @@
-"""Issue 10: does fgd-scarcity leave fewer GPUs unallocated than FGD? openb traces, new mixes, run time.
+"""Beating FGD: does fgd-scarcity leave fewer GPUs unallocated than FGD? openb traces, new mixes, run time.
 
     .venv/bin/python benchmarks/openb_beat_fgd.py --jobs 2     # 17 traces × 10 seeds, 3 mixes, timing
 

@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/openb_speed.py   # one FGD run ×3, peak memory, 6 × 10 sweep (--jobs 2)
 
-Measures (targets from issue 2): one FGD run of the default trace (≈ 10.9k pod arrivals on 6212 GPUs)
+Measures (targets): one FGD run of the default trace (≈ 10.9k pod arrivals on 6212 GPUs)
 ≤ 5 s wall; peak resident memory of a process doing one run < 500 MB; the whole 6-policy × 10-seed
 default sweep with 2 worker processes < 3 minutes. Each single run happens in a fresh child process so
 its peak RSS (ru_maxrss of the child) is its own.

@@ -8,7 +8,7 @@ probabilities 0.4/0.3/0.2/0.1, sizes larger than the machine dropped; exponentia
 offered load ``--load`` × the machine's GPUs). A job that finds fewer free GPUs than it asks for is
 rejected (no queue), so every policy sees the same jobs arrive and leave; only which GPUs they get
 differs. Per policy we report, over the multi-GPU jobs: the mean and 5th percentile of the ring
-bandwidth each got (GB/s per direction, the slowest link of the best ring through its GPUs, §6 model),
+bandwidth each got (GB/s per direction, the slowest link of the best ring through its GPUs, as modelled),
 the accepted jobs, and the share of decisions that matched the exhaustive optimum, the best ring
 bandwidth any k free GPUs offered at that moment, recomputed here by brute force over every set and
 every ring order (independent of ``Topology.ring_bandwidth``).
@@ -154,7 +154,7 @@ def run(n_jobs: int, seeds: list[int], load: float) -> tuple[list[dict], list[st
 
 
 def acceptance(rows: list[dict]) -> list[str]:
-    """The issue's acceptance points, checked on the numbers just produced."""
+    """The acceptance points of multi-GPU selection, checked on the numbers just produced."""
     by = {(r["profile"], r["policy"]): r for r in rows}
     lines, strictly_better = [], []
     for profile in dict.fromkeys(r["profile"] for r in rows):

@@ -27,7 +27,7 @@ GpusliceError
 │     HTTP 400 or 422), ServerError (server.client), TopologyError and its kin (hardware.topology*),
 │     InvalidMigLayout, MigRequestTooLarge (hardware.mig), MigInstanceMissing (node.discovery),
 │     MigCommandFailed, MigPermissionDenied (node.mig_manager), RegistrationFailed, AllocationRefused
-│     (k8s.device_plugin), GpuSetUnavailable (policies.gpuset), MalformedModelConfig,
+│     (k8s.device_plugin.plugin, .allocation), GpuSetUnavailable (policies.gpuset), MalformedModelConfig,
 │     InvalidEstimateOptions (estimate.errors), CostProfileError (memory.cost), ImpossibleBatch
 │     (scheduler.batch_assign)
 └─ InternalError       CLI exit 1 · HTTP 500   a bug: the message says so

@@ -84,3 +84,20 @@ def test_gpu_lists_parse_or_fail_clearly():
     assert parse_gpu_list("0, 3") == [0, 3] and parse_gpu_list("") == []
     with pytest.raises(UserError, match="invalid GPU list '1-3'"):
         parse_gpu_list("1-3")
+
+
+def test_pick_is_the_choice_the_placer_and_device_plugin_make():
+    from gpuslice.hardware.topology_profiles import profile
+    from gpuslice.policies.gpuset.pick import pick_gpu_set
+    from gpuslice.workload.job import TopologyNeed
+
+    expected = pick_gpu_set(profile("dgx1-v100"), [1, 2, 3, 4, 5, 6, 7], 3, need=TopologyNeed.NVLINK)
+    result = invoke("pick", "--system", "dgx1-v100", "--gpus", "3", "--busy", "0", "--need", "nvlink")
+    assert result.exit_code == 0, result.output
+    assert ", ".join(map(str, expected)) in result.output and "need nvlink" in result.output
+
+
+def test_pick_with_a_need_no_free_set_meets_says_so():
+    result = invoke("pick", "--system", "pcie-8gpu-2socket", "--gpus", "2", "--need", "nvlink")
+    assert isinstance(result.exception, UserError)
+    assert "meet --need nvlink" in str(result.exception)

@@ -29,7 +29,7 @@ def test_a_config_json_gives_the_same_parameter_count_as_the_bundled_shape(name)
 def test_gqa_key_value_heads_are_read_and_drive_the_kv_cache():
     shape = load_hf_config(CONFIGS / "llama-3-8b.json")
     assert (shape.heads, shape.kv_heads, shape.head_size) == (32, 8, 128)
-    assert shape.kv_cache_bytes_per_token(2) == 131_072  # research §2.9 T7
+    assert shape.kv_cache_bytes_per_token(2) == 131_072  # Llama-3-8B: 2 × 32 × 8 × 128 × 2 B
 
 
 def test_missing_num_key_value_heads_means_full_multi_head_attention():

@@ -26,8 +26,8 @@ def test_active_parameters_of_moe_models_are_within_1_percent_of_the_published_f
     [("llama-3-8b", 8.03), ("llama-3-70b", 70.55), ("mistral-7b", 7.24), ("mixtral-8x7b", 46.70),
      ("qwen2.5-72b", 72.71), ("deepseek-v3", 671.03)],
 )  # fmt: skip
-def test_parameter_counts_match_the_research_computed_column(name, billions):
-    # research §3 gives each count computed from the config fields to two decimals
+def test_parameter_counts_match_the_counts_computed_from_the_config_fields(name, billions):
+    # each count computed by hand from the model's config.json fields, to two decimals
     assert round(bundled_model(name).parameter_count() / 1e9, 2) == pytest.approx(billions, abs=0.011)
 
 

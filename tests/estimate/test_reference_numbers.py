@@ -1,4 +1,4 @@
-"""Every reference number of research §2.9 (T1–T8), reproduced within 1 %.
+"""Every published reference number (T1–T8; docs/references.md, "LLM memory estimator"), within 1 %.
 
 Each case names the published figure and its unit as printed (accelerate and DeepSpeed print binary
 units with decimal labels: "MB" is MiB, "GB" is GiB; the ZeRO paper uses decimal GB).
@@ -39,7 +39,7 @@ def test_t1_accelerate_bert_base_cased_largest_layer_and_total(dtype, largest_mi
 
 
 def test_t1_bert_total_is_exactly_the_documented_byte_count():
-    # research §2.9 T1: 108,310,272 params × 4 B + 8,192 B int64 buffers = 413.18 MiB
+    # accelerate's bert-base-cased example: 108,310,272 params × 4 B + 8,192 B int64 buffers = 413.18 MiB
     assert BERT.parameter_count() == 108_310_272
     assert BERT_ROWS["float32"].total_bytes == 108_310_272 * 4 + 8_192
     assert round(BERT_ROWS["float32"].total_bytes / MiB, 2) == 413.18
@@ -51,7 +51,7 @@ def test_t1_accelerate_bert_training_with_adam():
     assert BERT_ROWS["int8"].training_bytes is None  # the current code prints N/A
 
 
-# -- T2: accelerate, idefics-80b-instruct (the research checks the ratios 1 : ½ : ¼ : ⅛) -------------------
+# -- T2: accelerate, idefics-80b-instruct (the ratios 1 : ½ : ¼ : ⅛) -------------------------------------
 
 
 def test_t2_accelerate_idefics_80b_dtype_ratios_largest_layer_and_adam():
@@ -127,7 +127,7 @@ def test_t6_holds_through_the_training_estimate_of_a_bare_parameter_count():
     assert round(states / GB, 2) == 16.64
 
 
-# -- T7: bf16 KV cache per token (research §2.8) -----------------------------------------------------------
+# -- T7: bf16 KV cache per token (vLLM's layout: 2 × layers × kv_heads × head_dim × 2 B) -----------------
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,4 @@
-"""MIG geometry: the profile tables match research §4.3–4.7, the bitmask model enforces §4.8."""
+"""MIG geometry: the profile tables match NVIDIA's published ones, the bitmask model enforces alignment."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ from gpuslice.units import GiB, MiB
 
 A100 = mig_gpu("a100-80gb")
 
-# research §4.3: (ID, allowed starts, memory slices), identical on all four GPUs
+# nvidia-smi mig -lgipp: (ID, allowed starts, memory slices), identical on all four GPUs
 PLACEMENT_TABLE = {19: ((0, 1, 2, 3, 4, 5, 6), 1), 20: ((0, 1, 2, 3, 4, 5, 6), 1), 15: ((0, 2, 4, 6), 2),
                    14: ((0, 2, 4), 2), 9: ((0, 4), 4), 5: ((0,), 4), 0: ((0,), 8)}  # fmt: skip
 
@@ -66,7 +66,7 @@ def test_h100_pcie_has_its_own_sm_counts_and_the_sxm_memory():
     assert [p.memory_bytes for p in pcie.profiles] == [p.memory_bytes for p in sxm.profiles]
 
 
-def test_nvml_constants_differ_from_nvidia_smi_ids_as_research_4_2_says():
+def test_nvml_constants_differ_from_nvidia_smi_ids():
     consts = {p.name: (p.profile_id, p.nvml_constant) for p in A100.profiles}
     assert consts["1g.10gb"] == (19, 0x0)
     assert consts["1g.10gb+me"] == (20, 0x7)

@@ -32,7 +32,7 @@ from gpuslice.hardware.topology_profiles import PROFILES, UnknownSystem, profile
         ("PHB", (0, LinkType.PHB)),
         ("NODE", (0, LinkType.NODE)),
         ("SYS", (0, LinkType.SYS)),
-        ("SOC", (0, LinkType.SYS)),  # older drivers (research §5.2)
+        ("SOC", (0, LinkType.SYS)),  # older drivers
     ],
 )
 def test_link_labels_read_as_nvidia_smi_prints_them(label, expected):
@@ -58,7 +58,7 @@ def brute_ring(bw: np.ndarray, gpus: tuple[int, ...]) -> float:
 def test_dgx1_pair_bandwidth_follows_nvlink_count_and_pcie_gen3():
     t = profile("dgx1-v100")
     bw = t.pair_bandwidth_gbps()
-    assert bw[0, 3] == 50.0  # NV2 × 25 GB/s (research §6)
+    assert bw[0, 3] == 50.0  # NV2 × 25 GB/s per link
     assert bw[0, 1] == 25.0  # NV1
     assert bw[0, 5] == pytest.approx(15.75 * 0.4)  # SYS over PCIe Gen3
     assert np.isinf(bw[2, 2])
@@ -121,7 +121,7 @@ def test_nvlink_groups_split_machines_without_nvlink_into_single_gpus():
 
 
 def test_pcie_path_under_nvlink_is_kept_for_dgx1_and_inferred_from_numa_otherwise():
-    assert profile("dgx1-v100").pcie_link(0, 1) is LinkType.PIX  # go-gpuallocator fixture (§5.3)
+    assert profile("dgx1-v100").pcie_link(0, 1) is LinkType.PIX  # go-gpuallocator fixture
     assert profile("dgx1-v100").pcie_link(0, 2) is LinkType.PHB
     assert profile("dgx-a100").pcie_link(0, 1) is LinkType.PXB
     assert profile("dgx-h100").pcie_link(0, 3) is LinkType.NODE
@@ -150,12 +150,14 @@ def test_inconsistent_matrices_are_user_errors(rows, match):
     assert isinstance(info.value, UserError)
 
 
-def test_every_profile_has_eight_or_four_gpus_and_a_source():
+def test_every_profile_has_eight_or_four_gpus_and_a_public_source():
     assert sorted(PROFILES) == sorted(
         ["dgx1-v100", "dgx-a100", "dgx-h100", "hgx-h200", "pcie-8gpu-2socket", "pcie-4x-l4"]
     )
     for t in PROFILES.values():
-        assert t.n_gpus in (4, 8) and "§5.3" in t.source
+        assert t.n_gpus in (4, 8)
+        # the source ends with the public origin of the matrix, in parentheses
+        assert t.source.endswith(")") and "(" in t.source and "research" not in t.source
         assert not t.nvlinks.flags.writeable and not t.pcie.flags.writeable
 
 

@@ -1,6 +1,6 @@
 """Reading a live machine through NVML, against a fake ``pynvml`` module built from a known topology.
 
-The fake answers the calls research §5.1 lists, the way the driver does: direct NVLinks report the peer
+The fake answers the NVML topology and NVLink calls, the way the driver does: direct NVLinks report the peer
 GPU's PCI bus id; on NVSwitch boards every link reports a switch, both by device type and by bus id.
 """
 
@@ -91,7 +91,7 @@ def test_nvml_read_reproduces_the_machine(system):
 
 
 def test_without_the_device_type_call_nvswitch_links_are_invisible_as_in_go_gpuallocator():
-    # The §5.4 blind spot: matching remote bus ids against GPUs finds only the switch, so no NVLink.
+    # go-gpuallocator's blind spot: matching remote bus ids against GPUs finds only the switch, so no NVLink.
     a100 = profile("dgx-a100")
     blind = read_nvml_topology(fake_pynvml(a100, with_device_type=False))
     assert not blind.nvlinks.any() and not blind.nvswitch

@@ -1,8 +1,8 @@
-"""The ``nvidia-smi topo -m`` parser on the real matrices of research §5.3, and on damaged input.
+"""The ``nvidia-smi topo -m`` parser on published real matrices, and on damaged input.
 
-Fixtures (tests/hardware/fixtures): the GPU × GPU blocks are research §5.3's published matrices
+Fixtures (tests/hardware/fixtures): the GPU × GPU blocks are published matrices (docs/references.md)
 (DGX-1 V100, DGX A100, DGX H100, 8 × PCIe variants a and b), written in nvidia-smi's tab layout with
-its legend. The NIC rows/columns follow §5.3's description (A100: two HCAs per GPU pair at PXB; H100:
+its legend. The NIC rows/columns follow the published descriptions (A100: two HCAs per GPU pair at PXB; H100:
 one NIC per GPU at PXB, same socket NODE, other SYS); NIC↔NIC cells are filled consistently with it.
 """
 

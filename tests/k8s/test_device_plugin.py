@@ -17,6 +17,7 @@ import grpc
 import pytest
 
 from gpuslice.errors import UserError
+from gpuslice.hardware.machine import GpuInfo, Machine
 from gpuslice.hardware.mig import mig_gpu, parse_layout
 from gpuslice.hardware.topology_profiles import profile
 from gpuslice.k8s.annotations import (
@@ -40,11 +41,10 @@ from gpuslice.k8s.device_plugin import (
     PendingPod,
     gpu_of_share,
 )
-from gpuslice.node.gpu_faults import FakeHealthSource
 from gpuslice.k8s.proto import deviceplugin_pb2 as pb
 from gpuslice.k8s.proto import deviceplugin_pb2_grpc as pb_grpc
 from gpuslice.node.enforcement import mig_device_uuid
-from gpuslice.hardware.machine import GpuInfo, Machine
+from gpuslice.node.gpu_faults import FakeHealthSource
 from gpuslice.shim import library_path
 from gpuslice.units import GiB, MiB
 
@@ -372,7 +372,10 @@ def test_allocate_turns_a_share_decision_into_cuda_limits_device_nodes_and_cdi(m
     assert not any(k.startswith("CUDA_MPS_") for k in env)
     # the GPU reaches the container without the NVIDIA runtime's environment variable too
     assert [d.host_path for d in container.devices] == [
-        "/dev/nvidia1", "/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"
+        "/dev/nvidia1",
+        "/dev/nvidiactl",
+        "/dev/nvidia-uvm",
+        "/dev/nvidia-uvm-tools",
     ]
     assert all(d.container_path == d.host_path and d.permissions == "rw" for d in container.devices)
     assert [c.name for c in container.cdi_devices] == [f"nvidia.com/gpu={uuid}"]
@@ -593,7 +596,7 @@ def test_recreated_kubelet_socket_alone_triggers_re_registration(make_plugin, ku
 
 
 def test_start_fails_clearly_when_no_kubelet_listens(socket_dir, api, tmp_path, monkeypatch):
-    from gpuslice.k8s import device_plugin as dp
+    from gpuslice.k8s.device_plugin import plugin as dp
 
     monkeypatch.setattr(dp, "_REGISTER_TIMEOUT_S", 0.2)
     monkeypatch.setattr(dp, "_REGISTER_ATTEMPTS", 2)

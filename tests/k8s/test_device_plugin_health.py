@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 import pytest
 
+from gpuslice.hardware.machine import GpuInfo, Machine
 from gpuslice.node.gpu_faults import (
     APPLICATION_XIDS,
     FakeHealthSource,
@@ -16,7 +17,6 @@ from gpuslice.node.gpu_faults import (
     NoHealthChecks,
     NvmlHealthSource,
 )
-from gpuslice.hardware.machine import GpuInfo, Machine
 from gpuslice.units import GiB
 
 NO_INSTANCE = 0xFFFFFFFF

@@ -21,7 +21,7 @@ SCRIPT = ROOT / "scripts" / "gen_deviceplugin_stubs.sh"
 STUBS = ("deviceplugin_pb2.py", "deviceplugin_pb2_grpc.py")
 
 # (message, field) -> number, from kubernetes staging/src/k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1/
-# api.proto (research k8s_nvidia_reference.md §2.3): a wrong number would still compile and silently
+# api.proto (its field numbers are the wire format): a wrong number would still compile and silently
 # talk nonsense to a real kubelet.
 FIELD_NUMBERS = {
     ("DevicePluginOptions", "pre_start_required"): 1,

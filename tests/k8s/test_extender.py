@@ -1,6 +1,6 @@
 """The scheduler extender over HTTP: the exact JSON kube-scheduler posts, and what comes back.
 
-Bodies follow extender/v1 (k8s_nvidia_reference.md §1.2): PascalCase keys, ``NodeNames`` because the
+Bodies follow k8s.io/kube-scheduler extender/v1: PascalCase keys, ``NodeNames`` because the
 extender is nodeCacheCapable, the pod as API JSON. The Kubernetes API is a fake that records calls.
 """
 

@@ -1,4 +1,4 @@
-"""Directions of gpu_ext's findings (research §4.1, §2.2), as issue 5's acceptance asks.
+"""Directions of the gpu_ext paper's findings (its evaluation and shipped prefetch policies).
 
 Stride + LFU on MoE decode does not reproduce with the default cost model: it is a strict xfail that says
 why, and the test after it pins the condition under which it does. benchmarks/out/memsim.md explains the
@@ -26,7 +26,7 @@ def test_priority_policy_cuts_the_high_priority_tenants_time(workload):
 
 def test_always_max_beats_the_driver_on_the_random_stream_at_1_2x():
     # per-stream progress (rand-stream carries its threads): a stream whose block arrived whole runs
-    # through its tile while the others wait, which is what always-max exploits (research §2.2)
+    # through its tile while the others wait, which is what always-max exploits (prefetch_always_max.bpf.c)
     trace = make_workload("rand-stream", scale=0.25)
     cfg = SimConfig(oversub=1.2)
     base = simulate(trace, make_ops("default", "tree"), cfg)
@@ -53,7 +53,7 @@ def test_lfu_beats_the_driver_on_moe_decode_at_1_8x():
     strict=True,
     reason="stride + LFU moves fewer bytes than the driver (314 vs 400 MiB in: the LFU half) but stride's "
     "2-page window without 64 KB growth needs 5024 fault batches instead of 400; at the assumed 20 us per "
-    "batch (cost.py; the research gives no service latency) that is 126.1 vs 42.1 ms at scale 0.5. It "
+    "batch (cost.py; no public source gives a service latency) that is 126.1 vs 42.1 ms at scale 0.5. It "
     "wins below ~1.8 us per batch (test below)",
 )
 def test_stride_with_lfu_beats_the_driver_on_moe_decode_at_1_8x():

@@ -1,4 +1,4 @@
-"""Each policy's decision rule on a tiny hand-made state (research §2)."""
+"""Each policy's decision rule on a tiny hand-made state (gpu_ext's programs; docs/references.md)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Acceptance sanity properties of issue 5: Belady is a bound; enough memory means compulsory faults only."""
+"""Memory simulator sanity: Belady is a bound; enough memory means compulsory faults only."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""job_env: the variables that confine a job (formats of research k8s_nvidia_reference.md §3.1),
+"""job_env: the variables that confine a job (formats of the CUDA and MPS docs),
 and MpsDaemon's clear error when the MPS control program is missing."""
 
 from __future__ import annotations

@@ -15,10 +15,10 @@ import pytest
 from node_helpers import PY, fake_pynvml, python_job, wait_for
 
 from gpuslice.errors import InvalidRequest
+from gpuslice.hardware.machine import GpuInfo, Machine
 from gpuslice.node import launcher
 from gpuslice.node.discovery import discover
 from gpuslice.node.enforcement import job_env
-from gpuslice.hardware.machine import GpuInfo, Machine
 from gpuslice.node.monitor import ActionKind, GradedResponse, ResponseConfig, job_processes, usage
 from gpuslice.units import GiB, MiB
 from gpuslice.workload.job import JobSpec

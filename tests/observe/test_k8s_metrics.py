@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from gpuslice.node.gpu_faults import HealthChange
 from gpuslice.hardware.machine import GpuInfo, Machine
+from gpuslice.node.gpu_faults import HealthChange
 from gpuslice.observe.k8s_metrics import DevicePluginMetrics, ExtenderMetrics
 from gpuslice.units import GiB
 
@@ -65,6 +65,7 @@ def test_device_plugin_health_per_device_and_gpu_follows_health_changes(tmp_path
     after = samples(metrics.exposition())
     down = {dict(k[1])["device"] for k, v in after.items() if k[0].endswith("device_healthy") and v == 0}
     assert down == {"GPU-sim-x-1::0", "GPU-sim-x-1::1"}
+
     def gpu(i: int) -> frozenset:
         return frozenset({("gpu", str(i)), ("uuid", f"GPU-sim-x-{i}"), ("model", "H100")})
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpuslice.observe.metrics import GpuState, PendingState, ServeMetrics, ServeSnapshot, SliceState
+from gpuslice.scheduler.reasons import PendingCode
 
 
 def samples(metrics: ServeMetrics) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -96,11 +97,11 @@ def test_event_counters_and_the_latency_histogram():
 
 def test_a_pending_job_counts_as_a_scheduling_failure_once_per_reason_code():
     m = ServeMetrics(snapshot)
-    memory = "needs 40 GiB on one GPU; largest free is 22 GiB on GPU 3"
-    m.pending_reasons([("1", "submitted; waiting for the next scheduling pass")])  # not tried yet
+    memory = PendingCode.INSUFFICIENT_MEMORY
+    m.pending_reasons([("1", PendingCode.NOT_TRIED)])  # not tried yet
     for _ in range(5):  # the same wait over many passes is one failure
-        m.pending_reasons([("1", memory), ("2", memory.replace("22", "21"))])
-    m.pending_reasons([("1", "tenant ml at its quota of 4 GPUs (4 in use, this job needs 1)")])
+        m.pending_reasons([("1", memory), ("2", memory)])
+    m.pending_reasons([("1", PendingCode.QUOTA)])
     m.pending_reasons([])  # both started or left
     m.pending_reasons([("1", memory)])  # back in the queue (requeued): counts again
     s = samples(m)

@@ -6,6 +6,8 @@ import re
 from pathlib import Path
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "metrics.md"
+
+
 def documented() -> dict[str, tuple[str, frozenset[str]]]:
     rows = {}
     for line in DOC.read_text().splitlines():

@@ -1,14 +1,16 @@
-"""Reason codes: the real scheduler's and daemon's sentences map to the code meant for them."""
+"""Reason codes: the real scheduler gives each situation the code meant for it (typed, never parsed
+from its sentence), and the daemon's failure sentences map to theirs."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from gpuslice.hardware.topology_profiles import profile
 from gpuslice.hardware.machine import GpuInfo, Machine
-from gpuslice.observe.reasons import NOT_TRIED, failure_code, fault_kind, pending_code
+from gpuslice.hardware.topology_profiles import profile
+from gpuslice.observe.reasons import failure_code, fault_kind
 from gpuslice.scheduler.node_scheduler import NodeScheduler, TenantQuota
+from gpuslice.scheduler.reasons import PendingCode
 from gpuslice.units import GiB
 from gpuslice.workload.job import JobSpec, Priority, TopologyNeed
 
@@ -26,10 +28,12 @@ def spec(**fields) -> JobSpec:
     return JobSpec(("run",), **fields)
 
 
-def reason_after(s: NodeScheduler, job: str, job_spec: JobSpec) -> str:
+def code_after(s: NodeScheduler, job: str, job_spec: JobSpec) -> str:
+    """The code of the job's reason after one step, as the metrics label it."""
     s.submit(job, job_spec, 1.0)
     s.step(1.0)
-    return s.pending_reason(job)
+    assert (job, s.pending_code(job)) in s.pending_codes()
+    return s.pending_code(job).value
 
 
 def busy(n: int = 2, **options) -> NodeScheduler:
@@ -42,30 +46,31 @@ def busy(n: int = 2, **options) -> NodeScheduler:
 
 
 def test_memory_shortage():
-    assert pending_code(reason_after(busy(), "j", spec(gpu_memory_bytes=30 * GiB))) == "insufficient_memory"
+    assert (code_after(busy(), "j", spec(gpu_memory_bytes=30 * GiB))) == "insufficient_memory"
 
 
 def test_compute_shortage():
-    reason = reason_after(busy(), "j", spec(gpu_memory_bytes=1 * GiB, compute_percent=60))
-    assert pending_code(reason) == "insufficient_compute"
+    assert (
+        code_after(busy(), "j", spec(gpu_memory_bytes=1 * GiB, compute_percent=60)) == "insufficient_compute"
+    )
 
 
 def test_too_few_whole_gpus():
-    assert pending_code(reason_after(busy(), "j", spec(gpus=1))) == "insufficient_gpus"
+    assert (code_after(busy(), "j", spec(gpus=1))) == "insufficient_gpus"
 
 
 def test_memory_share_behind_whole_gpu_jobs():
     s = NodeScheduler(machine(1))
     s.submit("whole", spec(gpus=1, preemptible=False), 0.0)
     s.step(0.0)
-    assert pending_code(reason_after(s, "j", spec(gpu_memory_bytes=1 * GiB))) == "insufficient_gpus"
+    assert (code_after(s, "j", spec(gpu_memory_bytes=1 * GiB))) == "insufficient_gpus"
 
 
 def test_no_mig_slot():
     s = NodeScheduler(machine(1, mig=True))
     s.submit("big", spec(mig_profile="7g.80gb", preemptible=False), 0.0)
     s.step(0.0)
-    assert pending_code(reason_after(s, "j", spec(mig_profile="1g.10gb"))) == "no_mig_slot"
+    assert (code_after(s, "j", spec(mig_profile="1g.10gb"))) == "no_mig_slot"
 
 
 def test_topology_need_unmet_by_the_free_gpus():
@@ -75,8 +80,7 @@ def test_topology_need_unmet_by_the_free_gpus():
     for g in range(8):
         if g not in (a, b):
             s.adopt(f"on{g}", spec(gpus=1, preemptible=False), (g,), 0.0)
-    reason = reason_after(s, "j", spec(gpus=2, topology=TopologyNeed.NVLINK))
-    assert pending_code(reason) == "topology", reason
+    assert code_after(s, "j", spec(gpus=2, topology=TopologyNeed.NVLINK)) == "topology", s.pending_reason("j")
     assert np.count_nonzero(topo.nvlinks) > 0
 
 
@@ -84,32 +88,32 @@ def test_tenant_quota():
     s = NodeScheduler(machine(2), tenants={"ml": TenantQuota("ml", max_gpus=1)})
     s.submit("first", spec(gpus=1, tenant="ml"), 0.0)
     s.step(0.0)
-    assert pending_code(reason_after(s, "j", spec(gpus=1, tenant="ml"))) == "quota"
+    assert (code_after(s, "j", spec(gpus=1, tenant="ml"))) == "quota"
 
 
 def test_waiting_behind_the_head_job():
     s = busy(backfill=False)
     s.submit("head", spec(gpus=2), 0.5)
-    assert pending_code(reason_after(s, "j", spec(gpu_memory_bytes=1 * GiB))) == "behind_queue_head"
+    assert (code_after(s, "j", spec(gpu_memory_bytes=1 * GiB))) == "behind_queue_head"
 
 
 def test_preempting():
     s = NodeScheduler(machine(1), grace_seconds=30)
     s.submit("low", spec(gpus=1, priority=Priority.LOW), 0.0)
     s.step(0.0)
-    assert pending_code(reason_after(s, "j", spec(gpus=1, priority=Priority.HIGH))) == "preempting"
+    assert (code_after(s, "j", spec(gpus=1, priority=Priority.HIGH))) == "preempting"
 
 
 def test_unhealthy_gpu_wins_over_the_shortage_it_causes():
     s = NodeScheduler(machine(1))
     s.set_gpu_health(0, False, "XID 79")
-    assert pending_code(reason_after(s, "j", spec(gpus=1))) == "unhealthy_gpu"
+    assert (code_after(s, "j", spec(gpus=1))) == "unhealthy_gpu"
 
 
 def test_a_job_not_yet_considered_is_not_a_failure():
     s = NodeScheduler(machine(1))
     s.submit("j", spec(gpus=1), 0.0)
-    assert pending_code(s.pending_reason("j")) == NOT_TRIED
+    assert s.pending_code("j") is PendingCode.NOT_TRIED
 
 
 @pytest.mark.parametrize(

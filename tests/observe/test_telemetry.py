@@ -9,9 +9,9 @@ from types import ModuleType, SimpleNamespace
 
 import pytest
 
-from gpuslice.node.gpu_faults import FakeHealthSource
-from gpuslice.node.discovery import gpu_telemetry
 from gpuslice.hardware.machine import GpuInfo, Machine
+from gpuslice.node.discovery import gpu_telemetry
+from gpuslice.node.gpu_faults import FakeHealthSource
 from gpuslice.node.telemetry import NvmlTelemetry, SimulatedTelemetry, SliceLoad
 from gpuslice.units import GiB
 

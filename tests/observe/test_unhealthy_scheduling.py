@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from gpuslice.errors import InvalidRequest
-from gpuslice.hardware.topology_profiles import profile
 from gpuslice.hardware.machine import GpuInfo, Machine
+from gpuslice.hardware.topology_profiles import profile
 from gpuslice.scheduler.node_scheduler import NodeScheduler, PreemptJob, StartJob
 from gpuslice.units import GiB
 from gpuslice.workload.job import JobSpec, Priority

@@ -84,8 +84,16 @@ def test_slots_let_a_gpu_take_several_tasks_filling_the_emptiest_first():
         ({"tasks": [BatchTask("a", bandwidth_gbps=float("nan"))]}, "must be finite"),
         ({"tasks": [BatchTask("a")], "slots_per_gpu": 0}, "at least 1 task"),
     ],
-    ids=["too many tasks", "allowed sets clash", "unknown peer", "empty allowed", "negative weight",
-         "short load", "nan rate", "zero slots"],
+    ids=[
+        "too many tasks",
+        "allowed sets clash",
+        "unknown peer",
+        "empty allowed",
+        "negative weight",
+        "short load",
+        "nan rate",
+        "zero slots",
+    ],
 )
 def test_impossible_batches_are_user_errors_that_say_why(kwargs, match):
     with pytest.raises(ImpossibleBatch, match=match) as info:

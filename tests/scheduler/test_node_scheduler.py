@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from gpuslice.errors import InvalidRequest
-from gpuslice.hardware.topology_profiles import profile
 from gpuslice.hardware.machine import GpuInfo, Machine
+from gpuslice.hardware.topology_profiles import profile
 from gpuslice.scheduler.node_scheduler import (
     MigAssignment,
     NodeScheduler,

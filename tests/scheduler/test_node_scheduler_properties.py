@@ -7,8 +7,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gpuslice.errors import InvalidRequest
-from gpuslice.hardware.topology_profiles import profile
 from gpuslice.hardware.machine import GpuInfo, Machine
+from gpuslice.hardware.topology_profiles import profile
 from gpuslice.scheduler.node_scheduler import NodeScheduler, PreemptJob, StartJob, TenantQuota
 from gpuslice.units import GiB
 from gpuslice.workload.job import JobSpec, Priority, TopologyNeed

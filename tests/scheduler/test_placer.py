@@ -382,3 +382,55 @@ def test_an_on_placed_that_raises_does_not_lose_the_placement(ledger: Ledger) ->
     result = placer.place(SHARE)
     assert isinstance(result, Placement)
     assert ledger.live_placements == (result,)
+
+
+# ---- pick_gpus: the GPUs inside one node, for serve and the extender ---------------------------------
+
+
+class AdvisesGpu3(PlacementOps):
+    name = "advises-gpu-3"
+
+    def pick_gpus(self, view: LedgerView, req: Request, node: int) -> tuple[int, ...]:
+        return (3,)
+
+
+def test_pick_gpus_takes_usable_advice_and_reserves_nothing(ledger: Ledger) -> None:
+    placer = placer_for(ledger, AdvisesGpu3)
+    assert placer.pick_gpus(SHARE, 0) == (3,)
+    assert ledger.live_placements == ()
+    assert placer.fallbacks == Counter()
+
+
+def test_pick_gpus_replaces_advice_naming_an_unusable_gpu_and_counts_it(ledger: Ledger) -> None:
+    placer = placer_for(ledger, AdvisesGpu3)
+    usable = np.ones(ledger.view.free_gpu_milli.shape[1], dtype=bool)
+    usable[3] = False
+    usable[0] = False
+    assert placer.pick_gpus(SHARE, 0, usable=usable) == (1,)
+    assert placer.fallbacks == Counter({("pick_gpus", "GPU not usable"): 1})
+
+
+def test_pick_gpus_default_best_fit_goes_by_free_memory_when_the_request_names_memory(ledger: Ledger) -> None:
+    placer = placer_for(ledger, PlacementOps)
+    ledger.reserve(0, (1,), Request(cpu_milli=0, num_gpu=1, gpu_milli=100, gpu_memory_bytes=10 * GiB))
+    ledger.reserve(0, (2,), Request(cpu_milli=0, num_gpu=1, gpu_milli=600))
+    by_memory = Request(cpu_milli=0, num_gpu=1, gpu_milli=100, gpu_memory_bytes=GiB)
+    by_compute = Request(cpu_milli=0, num_gpu=1, gpu_milli=100)
+    assert placer.pick_gpus(by_memory, 0) == (1,)  # least free memory
+    assert placer.pick_gpus(by_compute, 0) == (2,)  # least free milli-GPU
+
+
+def test_pick_gpus_for_several_whole_gpus_follows_the_wiring_and_the_need() -> None:
+    from gpuslice.hardware.topology_profiles import profile
+    from gpuslice.policies.gpuset.pick import pick_gpu_set
+    from gpuslice.workload.job import TopologyNeed
+
+    topo = profile("dgx1-v100")
+    ledger = Ledger([NodeSpec("dgx", 96_000, 512 * GiB, 8, "V100", 32 * GiB)])
+    placer = placer_for(ledger, PlacementOps)
+    ledger.reserve(0, (0, 2), TWO)
+    free = [1, 3, 4, 5, 6, 7]
+    four = Request(cpu_milli=0, num_gpu=4, gpu_milli=1000)
+    assert placer.pick_gpus(four, 0, topology=topo) == pick_gpu_set(topo, free, 4)
+    pcie = profile("pcie-8gpu-2socket")
+    assert placer.pick_gpus(TWO, 0, topology=pcie, need=TopologyNeed.NVLINK) is None

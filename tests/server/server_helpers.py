@@ -7,8 +7,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from gpuslice.node.launcher import ExitStatus, LaunchedJob
 from gpuslice.hardware.machine import GpuInfo, Machine
+from gpuslice.node.launcher import ExitStatus, LaunchedJob
 from gpuslice.server.store import TenantRecord
 from gpuslice.units import GiB
 from gpuslice.workload.job import JobSpec

@@ -56,7 +56,6 @@ def prometheus(tmp_path, external_tool) -> Iterator[Any]:
 
     def start(target: str) -> Prometheus:
 
-
         port = free_port()
         config = tmp_path / "prometheus.yml"
         config.write_text(

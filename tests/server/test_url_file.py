@@ -48,6 +48,7 @@ def test_the_printed_try_line_works_on_a_non_default_port_and_servers_keep_their
                      FAKE_LOAD, "--mem", "6GiB", "--seconds", "60")  # fmt: skip
     assert submitted.returncode == 0, submitted.stderr
     assert "submitted" in submitted.stdout
+
     def reported() -> bool:
         return any(j["used_memory_bytes"] for g in first.http.get("/v1/gpus").json() for j in g["jobs"])
 

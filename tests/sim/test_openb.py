@@ -266,7 +266,7 @@ def test_an_unknown_policy_is_refused(tiny: OpenbTrace) -> None:
 
 @pytest.mark.slow
 def test_fgd_on_the_default_trace_leaves_about_the_papers_unallocated_gpu() -> None:
-    # The paper's FGD: 4.63 % unallocated at 100 % arrival (research note §1.3); seed 42, one run.
+    # The paper's FGD leaves 4.77 ± 0.11 % unallocated at 100 % arrival; this replay gives 4.63 % (seed 42).
     result = replay(load_trace("default"), "fgd", seed=42)
     assert 4.0 <= result.unallocated_pct_at(100) <= 5.6
     assert result.fallbacks == {}

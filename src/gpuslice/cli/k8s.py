@@ -1,7 +1,7 @@
 """``gpuslice k8s …``: the three Kubernetes components, one command each.
 
 ```text
-gpuslice k8s extender       -> k8s/extender.py::create_app(ClusterState(KubernetesApi), watch events)
+gpuslice k8s extender       -> k8s/extender/app.py::create_app(ClusterState(KubernetesApi), watch events)
 gpuslice k8s webhook        -> k8s/webhook.py::run(cert, key)
 gpuslice k8s device-plugin  -> cli/k8s_device_plugin.py::device_plugin(...)
 ```
@@ -18,7 +18,7 @@ from rich.console import Console
 from gpuslice.cli import k8s_device_plugin
 from gpuslice.errors import UserError
 from gpuslice.k8s.annotations import SCHEDULER_NAME
-from gpuslice.policies import PLACEMENT
+from gpuslice.policies import DEFAULT_PLACEMENT, PLACEMENT
 
 __all__ = ["app", "extender", "probe", "webhook"]
 
@@ -51,7 +51,7 @@ def extender(
             f"{', '.join(sorted(PLACEMENT))}, or a policy file (.py; verified and guarded; a pod's "
             "annotation can name built-in policies only)"
         ),
-    ] = "bestfit",
+    ] = DEFAULT_PLACEMENT,
     decide: Annotated[
         bool,
         typer.Option(
@@ -79,15 +79,9 @@ def extender(
     from gpuslice.k8s.extender import SERVER_OPTIONS, ClusterState, KubernetesApi, create_app
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    target = None
-    if target_workload is not None:
-        from gpuslice.sim.trace import load_pods
-        from gpuslice.workload.target import TargetWorkload
+    from gpuslice.sim.trace import load_target_workload
 
-        try:
-            target = TargetWorkload.gpu_part(p.request for p in load_pods(target_workload))
-        except ValueError:  # parsed, but not one pod asks for a GPU
-            raise UserError(f"--target-workload {target_workload}: no pod in it asks for a GPU") from None
+    target = load_target_workload(target_workload) if target_workload is not None else None
     api = KubernetesApi(str(kubeconfig) if kubeconfig else None)  # after the cheap checks of the options
     state = ClusterState(api, default_policy=policy, narrow=decide, target=target)
     _out.print(f"gpuslice extender on {host}:{port}, default policy {policy}; watching nodes and pods")

@@ -1,4 +1,4 @@
-"""``gpuslice k8s device-plugin``: the kubelet device plugin of one node (k8s/device_plugin.py).
+"""``gpuslice k8s device-plugin``: the kubelet device plugin of one node (k8s/device_plugin/).
 
 Runs in the device-plugin DaemonSet: discover the GPUs (NVML, or ``--simulate``), then serve
 ``gpuslice.io/gpu`` shares and ``gpuslice.io/mig-<profile>`` instances to the kubelet until SIGTERM.

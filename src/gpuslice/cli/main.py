@@ -40,9 +40,7 @@ def _print_version(value: bool) -> None:
 def _root(
     _version: Annotated[
         bool,
-        typer.Option(
-            "--version", help="Print the version and exit.", is_eager=True, callback=_print_version
-        ),
+        typer.Option("--version", help="Print the version and exit.", is_eager=True, callback=_print_version),
     ] = False,
 ) -> None:
     """Share and schedule GPUs; replay placement policies on real cluster traces."""

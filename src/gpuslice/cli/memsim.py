@@ -39,9 +39,7 @@ def memsim(
     ] = None,
     trace: Annotated[
         Path | None,
-        typer.Option(
-            help="Replay a CSV trace (tenant,block,page,op,time).", exists=True, dir_okay=False
-        ),
+        typer.Option(help="Replay a CSV trace (tenant,block,page,op,time).", exists=True, dir_okay=False),
     ] = None,
     compare: Annotated[str | None, typer.Option(help="'all': every eviction policy incl. belady.")] = None,
     visibility: Annotated[

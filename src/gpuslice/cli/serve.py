@@ -9,6 +9,7 @@ import typer
 from rich.console import Console
 
 from gpuslice.node.enforcement import DEFAULT_SHARING
+from gpuslice.policies import DEFAULT_PLACEMENT, PLACEMENT
 from gpuslice.policies.queue import DEFAULT_QUEUE_POLICY, QUEUE
 from gpuslice.server.client import DEFAULT_PORT, default_state_dir
 from gpuslice.workload.job import DEFAULT_GRACE_SECONDS
@@ -48,6 +49,22 @@ def serve(
             "with `gpuslice policy load`)"
         ),
     ] = DEFAULT_QUEUE_POLICY,
+    placement: Annotated[
+        str,
+        typer.Option(
+            help=f"placement policy that chooses each job's GPUs: {', '.join(PLACEMENT)}, or a policy file "
+            "(.py; verified and guarded): the same policies as sim and the Kubernetes extender",
+        ),
+    ] = DEFAULT_PLACEMENT,
+    target_workload: Annotated[
+        Path | None,
+        typer.Option(
+            exists=True,
+            dir_okay=False,
+            help="CSV of representative jobs in openb's pod-list format (num_gpu, gpu_milli, …): the "
+            "workload fgd keeps room for; default: the shapes of the jobs the server knows",
+        ),
+    ] = None,
     public_reads: Annotated[
         bool,
         typer.Option(
@@ -68,6 +85,7 @@ def serve(
     # Imported here: FastAPI and uvicorn take ~1 s to import, which the client commands should not pay.
     from gpuslice.server.models import parse_duration
     from gpuslice.server.run import ServeOptions, run
+    from gpuslice.sim.trace import load_target_workload
 
     options = ServeOptions(
         state_dir=state_dir or default_state_dir(),
@@ -77,6 +95,8 @@ def serve(
         sharing=sharing,
         grace_seconds=parse_duration(grace, "grace"),
         queue_policy=queue_policy,
+        placement=placement,
+        target=load_target_workload(target_workload) if target_workload is not None else None,
         public_reads=public_reads,
         allow_hosts=tuple(allow_host or ()),
     )

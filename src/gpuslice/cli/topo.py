@@ -20,7 +20,10 @@ from gpuslice.hardware.topology import LinkType, Topology
 from gpuslice.hardware.topology_nvml import read_nvml_topology
 from gpuslice.hardware.topology_profiles import PROFILES, profile
 from gpuslice.hardware.topology_smi import read_topo_file
-from gpuslice.policies.gpuset import GPUSET, choose_gpu_set, make_gpuset_policy
+from gpuslice.policies.gpuset import GPUSET, make_gpuset_policy
+from gpuslice.policies.gpuset.base import check_gpu_set_request
+from gpuslice.policies.gpuset.pick import pick_gpu_set
+from gpuslice.workload.job import TopologyNeed
 
 __all__ = ["app", "parse_gpu_list", "pick", "show"]
 
@@ -31,8 +34,16 @@ app = typer.Typer(
 
 _SYSTEMS = ", ".join(PROFILES)
 _POLICIES = ", ".join(GPUSET)
-_STYLE = {LinkType.NVLINK: "green", LinkType.NVSWITCH: "green", LinkType.PIX: "cyan", LinkType.PXB: "cyan",
-          LinkType.PHB: "yellow", LinkType.NODE: "yellow", LinkType.SYS: "red", LinkType.SELF: "dim"}
+_STYLE = {
+    LinkType.NVLINK: "green",
+    LinkType.NVSWITCH: "green",
+    LinkType.PIX: "cyan",
+    LinkType.PXB: "cyan",
+    LinkType.PHB: "yellow",
+    LinkType.NODE: "yellow",
+    LinkType.SYS: "red",
+    LinkType.SELF: "dim",
+}
 
 
 def parse_gpu_list(text: str) -> list[int]:
@@ -109,23 +120,38 @@ def pick(
     gpus: Annotated[int, typer.Option(min=1, help="How many GPUs the job needs.")],
     busy: Annotated[str, typer.Option(help="GPUs already in use, e.g. 0,3.")] = "",
     policy: Annotated[str, typer.Option(help=f"GPU-set policy: {_POLICIES}.")] = "exact",
+    need: Annotated[
+        TopologyNeed,
+        typer.Option(
+            help="how the GPUs must be connected: any, nvlink (every pair), pcie-switch (every pair behind "
+            "one PCIe switch or NVLink); with a need the exact ranking chooses among the sets that meet it"
+        ),
+    ] = TopologyNeed.ANY,
 ) -> None:
-    """Choose the GPUs a job asking for --gpus would get on --simulate with --busy GPUs taken."""
+    """Choose the GPUs a job asking for --gpus would get on --simulate with --busy GPUs taken: the same
+    choice serve, the Kubernetes extender and the device plugin make."""
     topo = profile(system)
     taken = parse_gpu_list(busy)
     unknown = [g for g in taken if g >= topo.n_gpus]
     if unknown:
         raise UserError(f"--busy names GPU {unknown[0]}, but {system} has GPUs 0–{topo.n_gpus - 1}")
     free = [g for g in range(topo.n_gpus) if g not in taken]
-    choice = choose_gpu_set(make_gpuset_policy(policy), topo, free, gpus)
-    table = Table(title=f"{system}: {gpus} GPU(s), busy {taken or 'none'}, policy {policy}")
+    gpuset = make_gpuset_policy(policy)
+    check_gpu_set_request(topo, free, gpus)
+    chosen = pick_gpu_set(topo, free, gpus, need=need, policy=gpuset)
+    if chosen is None:
+        raise UserError(
+            f"no {gpus} of the free GPUs of {system} ({', '.join(map(str, free))}) meet --need {need.value}"
+        )
+    title = f"{system}: {gpus} GPU(s), busy {taken or 'none'}, policy {policy}"
+    table = Table(title=title + (f", need {need.value}" if need is not TopologyNeed.ANY else ""))
     for column in ("GPUs", "ring GB/s", "hop cost", "links inside the set"):
         table.add_column(column)
-    inner = sorted({topo.label(a, b) for a in choice.gpus for b in choice.gpus if a < b})
+    inner = sorted({topo.label(a, b) for a in chosen for b in chosen if a < b})
     table.add_row(
-        ", ".join(map(str, choice.gpus)),
-        _gbps(choice.ring_bandwidth_gbps),
-        f"{choice.hop_cost:g}",
+        ", ".join(map(str, chosen)),
+        _gbps(topo.ring_bandwidth(chosen)),
+        f"{topo.hop_cost(chosen):g}",
         ", ".join(inner) or "—",
     )
     Console().print(table)

@@ -1,5 +1,5 @@
-"""LLM memory estimator: how big a slice a model needs (issue 8; research single_node_and_estimators.md
-§2–3). Sits beside the scheduler; imports only units, errors and hardware.
+"""LLM memory estimator: how big a slice a model needs (sources: docs/references.md,
+"LLM memory estimator"). Sits beside the scheduler; imports only units, errors and hardware.
 
 ``model_shapes`` architectures and the bundle · ``hf_config`` config.json → shape · ``inference`` and
 ``training`` per-GPU components · ``peers`` accelerate's and DeepSpeed's estimators, for the reference

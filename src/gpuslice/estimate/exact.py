@@ -40,8 +40,10 @@ def exact_parameter_count(data: dict[str, Any]) -> int | None:
     from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelForSeq2SeqLM
 
     model_type = str(data.get("model_type", ""))
-    auto = AutoModel if model_type in _ENCODERS else (
-        AutoModelForSeq2SeqLM if model_type in _SEQ2SEQ else AutoModelForCausalLM
+    auto = (
+        AutoModel
+        if model_type in _ENCODERS
+        else (AutoModelForSeq2SeqLM if model_type in _SEQ2SEQ else AutoModelForCausalLM)
     )
     try:
         with tempfile.TemporaryDirectory() as folder:

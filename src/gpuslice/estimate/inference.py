@@ -1,10 +1,10 @@
 """Inference memory per GPU: weights, KV cache, activation peak, CUDA context; optional tensor parallelism.
 
 ```text
-weights      = params × bytes/param(dtype) / tp                           research §2.1
-kv_cache     = 2 × L × kv_heads/tp × head_dim × kv_bytes × context × batch  research §2.8 (MLA: latent, §2.8)
-activations  = batch × (context·h·5 + context²·heads/tp) × act_bytes      research §2.5 (gpu_poor)
-cuda_context = 650 MiB                                                    research §2.5 (gpu_poor)
+weights      = params × bytes/param(dtype) / tp                           dtype sizes; llama.cpp Q8_0/Q4_0
+kv_cache     = 2 × L × kv_heads/tp × head_dim × kv_bytes × context × batch  vLLM cache layout (MLA: latent)
+activations  = batch × (context·h·5 + context²·heads/tp) × act_bytes      gpu_poor src/App.js
+cuda_context = 650 MiB                                                    gpu_poor src/App.js
 ```
 
 Known shortcuts, each small against the total: every weight is quantised alike (real int4 checkpoints
@@ -33,7 +33,7 @@ __all__ = [
     "weight_dtype",
 ]
 
-# gpu_poor's fixed "cuda + other" overhead (research §2.5): CUDA context, cuBLAS workspaces, allocator slack.
+# gpu_poor's fixed "cuda + other" overhead (src/App.js): CUDA context, cuBLAS workspaces, allocator slack.
 CUDA_CONTEXT_BYTES = 650 * MiB
 
 
@@ -54,15 +54,11 @@ WEIGHT_DTYPES: dict[str, WeightDtype] = {
         WeightDtype("fp16", 2.0, "2 B/param"),
         # fp8 checkpoints carry one scale per tensor (or per channel): under 0.1 % of the weights.
         WeightDtype("fp8", 1.0, "1 B/param"),
-        WeightDtype(
-            "int8", 34 / 32, "34 B per 32 weights, 8-bit values + one fp16 scale (llama.cpp Q8_0)"
-        ),
-        WeightDtype(
-            "int4", 18 / 32, "18 B per 32 weights, 4-bit values + one fp16 scale (llama.cpp Q4_0)"
-        ),
+        WeightDtype("int8", 34 / 32, "34 B per 32 weights, 8-bit values + one fp16 scale (llama.cpp Q8_0)"),
+        WeightDtype("int4", 18 / 32, "18 B per 32 weights, 4-bit values + one fp16 scale (llama.cpp Q4_0)"),
     )
 }
-# KV cache element sizes (research §2.8: fp8 KV halves the bytes of a 16-bit cache).
+# KV cache element sizes (vLLM ``--kv-cache-dtype fp8`` halves the bytes of a 16-bit cache).
 KV_DTYPES: dict[str, int] = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
 
 
@@ -80,7 +76,7 @@ def check_tensor_parallel(shape: ModelShape, tp: int) -> None:
     """Tensor parallelism splits attention heads across GPUs: ``tp`` must divide them.
 
     Key/value heads (GQA) are split when ``tp`` divides them and replicated when ``tp`` is a multiple
-    of them (vLLM's rule; research §2.8 sizes the cache with "n_kv_heads (per TP rank)").
+    of them (vLLM's rule: its cache engine sizes the cache with the key/value heads per TP rank).
     """
     if tp < 1:
         raise InvalidEstimateOptions(f"--tp {tp}: the tensor-parallel degree must be 1 or more")

@@ -7,8 +7,9 @@ encoder-decoder) cover the families ``hf_config`` reads; tests/estimate keeps ea
 exact count transformers makes on the meta device, which ``estimate.exact`` uses instead where
 transformers and torch are installed.
 
-Bundled shapes are the six models of research §3 plus bert-base-cased (the accelerate reference of §2.9
-T1). Each carries its published size so that the 1 % agreement is a test, not a claim.
+Bundled shapes are six popular open models, read from their Hugging Face config.json, plus bert-base-cased
+(the worked example of accelerate's model-size estimator docs). Each carries its published size so that the
+1 % agreement is a test, not a claim.
 """
 
 from __future__ import annotations
@@ -170,8 +171,11 @@ class ModelShape:
         width = self.embed_dim or self.hidden
         project_out = self.hidden * width if width != self.hidden else 0
         head = 0 if self.tied_embeddings else self.vocab * width
-        return (self._norm() if self.final_norm else 0) + project_out + head + (
-            self.vocab if self.lm_head_bias else 0
+        return (
+            (self._norm() if self.final_norm else 0)
+            + project_out
+            + head
+            + (self.vocab if self.lm_head_bias else 0)
         )
 
     def _t5_parameter_count(self) -> int:
@@ -214,8 +218,9 @@ class ModelShape:
     def largest_layer_params(self) -> int:
         """The largest module that is gathered or placed whole: the embedding table or one layer.
 
-        accelerate reports this as "largest layer" (research §2.4, T1: bert's word embedding) and
-        DeepSpeed's ZeRO-3 estimator needs it as LL (research §2.3).
+        accelerate reports this as "largest layer" (accelerate ``estimate-memory``; for bert, its word
+        embedding) and DeepSpeed's ZeRO-3 estimator needs it as LL
+        (``estimate_zero3_model_states_mem_needs``).
         """
         layer = self.layer_params(self.is_moe)
         return max(self.vocab * (self.embed_dim or self.hidden), layer)
@@ -244,12 +249,12 @@ def _llama3(
     return ModelShape(
         name=name, layers=layers, hidden=hidden, heads=heads, kv_heads=8, intermediate=intermediate,
         vocab=128_256, max_context=8_192, published_params=published,
-        source="research §3; meta-llama/Meta-Llama-3 config.json; size from the Meta model card",
+        source="meta-llama/Meta-Llama-3 config.json; size from the Meta model card",
     )  # fmt: skip
 
 
-# research §3 (config.json fields) and §2.9 T1 (bert-base-cased). Published sizes: the model cards and
-# announcements the research cites; bert-base-cased's is accelerate's exact count (research §2.9 T1).
+# Shapes: each model's Hugging Face config.json. Published sizes: the model cards and announcements;
+# bert-base-cased's is the exact count of accelerate's model-size estimator docs (413.18 MiB in fp32).
 BUNDLED: dict[str, ModelShape] = {
     s.name: s
     for s in (
@@ -258,23 +263,23 @@ BUNDLED: dict[str, ModelShape] = {
         ModelShape(
             name="mistral-7b", layers=32, hidden=4_096, heads=32, kv_heads=8, intermediate=14_336,
             vocab=32_000, max_context=32_768, published_params=7.3e9, architecture="mistral",
-            source="research §3; mistralai/Mistral-7B-v0.1 config.json; 7.3B from Mistral's announcement",
+            source="mistralai/Mistral-7B-v0.1 config.json; 7.3B from Mistral's announcement",
         ),
         ModelShape(
             name="mixtral-8x7b", layers=32, hidden=4_096, heads=32, kv_heads=8, intermediate=14_336,
             vocab=32_000, max_context=32_768, experts=8, experts_per_token=2, architecture="mixtral",
             published_params=46.7e9, published_active_params=12.9e9,
-            source="research §3; mistralai/Mixtral-8x7B-v0.1 config.json; Mistral's announced totals",
+            source="mistralai/Mixtral-8x7B-v0.1 config.json; Mistral's announced totals",
         ),
         ModelShape(
             name="qwen2.5-72b", layers=80, hidden=8_192, heads=64, kv_heads=8, intermediate=29_568,
             vocab=152_064, max_context=131_072, qkv_bias=True, published_params=72.7e9, architecture="qwen2",
-            source="research §3; Qwen/Qwen2.5-72B config.json (QKV bias); 72.7B from the model card",
+            source="Qwen/Qwen2.5-72B config.json (QKV bias); 72.7B from the model card",
         ),
         ModelShape(
-            # Main model only: the multi-token-prediction module (11.5B, research §3) is not loaded
-            # for ordinary inference. Active: 37B in the README; README_WEIGHTS gives 36.6B without
-            # the input embedding, which is the figure tested.
+            # Main model only: the multi-token-prediction module (11.5B, DeepSeek-V3 README_WEIGHTS) is not
+            # loaded for ordinary inference. Active: 37B in the README; README_WEIGHTS gives 36.6B without the
+            # input embedding, which is the figure tested.
             name="deepseek-v3", layers=61, hidden=7_168, heads=128, kv_heads=128, intermediate=18_432,
             vocab=129_280, max_context=163_840, experts=256, experts_per_token=8, shared_experts=1,
             moe_intermediate=2_048, dense_layers=3, architecture="deepseek_v3",
@@ -282,7 +287,7 @@ BUNDLED: dict[str, ModelShape] = {
                          v_head_dim=128),
             published_params=671e9, published_active_params=36.6e9,
             published_active_includes_input_embedding=False,
-            source="research §3; vLLM DeepseekV3Config, DeepSeek-V3 README and README_WEIGHTS",
+            source="DeepSeek-V3 config.json, vLLM DeepseekV3Config, DeepSeek-V3 README and README_WEIGHTS",
         ),
         ModelShape(
             name="bert-base-cased", layers=12, hidden=768, heads=12, kv_heads=12, intermediate=3_072,
@@ -290,7 +295,7 @@ BUNDLED: dict[str, ModelShape] = {
             architecture="bert", norm_bias=True, qkv_bias=True, out_bias=True, gated_mlp=False,
             mlp_bias=True, position_rows=512, embedding_norm=True, final_norm=False,
             published_params=108_310_272,
-            source="research §2.9 T1: accelerate's count, 108,310,272 parameters + 8,192 B int64 buffers",
+            source="accelerate's model-size estimator docs: 108,310,272 parameters + 8,192 B int64 buffers",
         ),
     )
 }  # fmt: skip

@@ -3,7 +3,7 @@
 ``run_estimate`` is what ``gpuslice estimate`` calls; ``estimate_request_bytes`` is what ``gpuslice
 submit --estimate`` calls: the estimate's per-GPU total plus a stated safety margin (default 10 %,
 which covers what the formulas leave out: allocator fragmentation, logits, temporary buffers —
-accelerate's docs cite up to ~20 % over the weights for inference, research §2.4).
+accelerate's model-size estimator docs cite up to ~20 % over the weights for inference).
 """
 
 from __future__ import annotations

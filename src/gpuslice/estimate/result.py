@@ -14,7 +14,7 @@ class Component:
     key: str
     label: str
     bytes_per_gpu: int
-    note: str  # how it was computed, with the research section
+    note: str  # how it was computed, with the formula's source
 
 
 @dataclass(frozen=True, slots=True)

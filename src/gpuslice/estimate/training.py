@@ -1,24 +1,24 @@
 """Training memory per GPU: model states under ZeRO 0–3, activations under recomputation, CUDA context.
 
 ```text
-model states (ZeRO paper, research §2.2–2.3; Ψ params per tensor-parallel rank, N data-parallel GPUs)
+model states (ZeRO paper, Rajbhandari et al. SC 2020; Ψ params per tensor-parallel rank, N data-parallel GPUs)
   mixed precision (bf16/fp16): weights 2Ψ, gradients 2Ψ, optimizer KΨ with K = 12 (fp32 master, m, v)
   fp32:                        weights 4Ψ, gradients 4Ψ, optimizer 8Ψ (m, v)
   stage 1 divides the optimizer by N, stage 2 also the gradients, stage 3 also the weights
-zero3_gathered_layer = 4 × largest layer params (DeepSpeed's ZeRO-3 estimator, research §2.3)
-activations per layer (Korthikanti et al., research §2.7; s seq, b micro-batch, h hidden, a heads, t tp)
+zero3_gathered_layer = 4 × largest layer params (DeepSpeed's ZeRO-3 estimator, stage3.py)
+activations per layer (Korthikanti et al., MLSys 2023; s seq, b micro-batch, h hidden, a heads, t tp)
   none       s·b·h·(10 + 24/t + 5·a·s/(h·t))       (= s·b·h·(34 + 5·a·s/h) at t = 1)
   selective  34·s·b·h/t
   full       2·s·b·h/t
-cuda_context = 650 MiB (gpu_poor, research §2.5)
+cuda_context = 650 MiB (gpu_poor, RahulSChand/gpu_poor src/App.js)
 ```
 
-Our addition beyond §2.7: with recomputation, the backward pass rebuilds one layer at a time, so one
-layer's recomputed tensors are live on top of what was stored: a whole layer without recomputation
-(full), or one layer's attention scores 5·a·s²·b/t (selective). It is listed as its own component.
+Our addition beyond Korthikanti et al.: with recomputation, the backward pass rebuilds one layer at a time, so
+one layer's recomputed tensors are live on top of what was stored: a whole layer without recomputation (full),
+or one layer's attention scores 5·a·s²·b/t (selective). It is listed as its own component.
 
 Known shortcuts: the activation formula is derived for GPT blocks (4h GeLU MLP, full multi-head
-attention, materialised scores); SwiGLU, GQA, MoE and flash-attention models differ (research §2.7).
+attention, materialised scores); SwiGLU, GQA, MoE and flash-attention models differ (the paper's own caveat).
 fp32 training doubles the 16-bit activation figures. Logits and the optimizer's temporary buffers
 are not counted; the request margin covers them.
 """
@@ -43,7 +43,7 @@ __all__ = [
 ]
 
 RECOMPUTE = ("none", "selective", "full")
-# bytes per parameter: (weights, gradients, optimizer) — research §2.2
+# bytes per parameter: (weights, gradients, optimizer) (ZeRO paper; DeepSpeed memory.rst)
 TRAIN_DTYPES: dict[str, tuple[int, int, int]] = {
     "bf16": (2, 2, 12),  # mixed precision, K = 12: fp32 master 4 + momentum 4 + variance 4
     "fp16": (2, 2, 12),
@@ -67,8 +67,8 @@ class ModelStates:
 def model_states(params: int, zero: int = 0, dp: int = 1, dtype: str = "bf16") -> ModelStates:
     """Model states per GPU for ``params`` parameters under ZeRO ``zero`` over ``dp`` data-parallel GPUs.
 
-    ZeRO paper (research §2.3): baseline (2 + 2 + K)Ψ; stage 1 2Ψ + 2Ψ + KΨ/N; stage 2 2Ψ + (2 + K)Ψ/N;
-    stage 3 (2 + 2 + K)Ψ/N.
+    ZeRO paper (Rajbhandari et al., figure 1): baseline (2 + 2 + K)Ψ; stage 1 2Ψ + 2Ψ + KΨ/N; stage 2 2Ψ + (2
+    + K)Ψ/N; stage 3 (2 + 2 + K)Ψ/N.
     """
     if zero not in (0, 1, 2, 3):
         raise InvalidEstimateOptions(f"--zero {zero}: ZeRO stages are 0, 1, 2 and 3")
@@ -88,7 +88,7 @@ def model_states(params: int, zero: int = 0, dp: int = 1, dtype: str = "bf16") -
 def activation_bytes_per_layer(
     seq: int, micro_batch: int, hidden: int, heads: int, tp: int = 1, recompute: str = "none"
 ) -> float:
-    """Stored 16-bit activations of one transformer layer (Korthikanti et al., research §2.7)."""
+    """Stored 16-bit activations of one transformer layer (Korthikanti et al., MLSys 2023, table 2)."""
     sbh = seq * micro_batch * hidden
     if recompute == "none":
         return sbh * (10 + 24 / tp + 5 * heads * seq / (hidden * tp))
@@ -156,7 +156,7 @@ def _shape_components(
     seq = min(4_096, model.max_context) if seq_len is None else seq_len
     if not 1 <= seq <= model.max_context:
         raise InvalidEstimateOptions(f"--seq-len {seq}: {model.name} takes 1 to {model.max_context} tokens")
-    scale = 2 if dtype == "fp32" else 1  # §2.7 counts 16-bit activations
+    scale = 2 if dtype == "fp32" else 1  # Korthikanti et al. count 16-bit activations
     per_layer = activation_bytes_per_layer(seq, micro_batch, model.hidden, model.heads, tp, recompute)
     h, a, b = model.hidden, model.heads, micro_batch
     if recompute == "full":

@@ -90,11 +90,10 @@ class Machine:
         return tuple(sorted({g.model for g in self.gpus}))
 
     def node_spec(self) -> NodeSpec:
-        """This machine as one ledger node.
+        """This machine as one ledger node, each GPU with its own memory.
 
-        The ledger gives every GPU of a node one model and one memory size; a machine with mixed GPUs is
-        recorded with its first GPU's model and its largest memory, and the scheduler takes the
-        difference on smaller GPUs as held (see ``NodeScheduler``), and checks models per GPU itself.
+        The ledger gives every GPU of a node one model; a machine with mixed GPUs is recorded with its
+        first GPU's model, and the scheduler checks models per GPU itself.
         """
         return NodeSpec(
             name=self.name,
@@ -102,5 +101,5 @@ class Machine:
             memory_bytes=self.memory_bytes,
             gpu_count=self.gpu_count,
             gpu_model=self.gpus[0].model,
-            gpu_memory_bytes=max(g.memory_bytes for g in self.gpus),
+            gpu_memory_each=tuple(g.memory_bytes for g in self.gpus),
         )

@@ -47,8 +47,8 @@ __all__ = [
     "smallest_profiles",
 ]
 
-MEMORY_SLICES = 8  # research §4.1: 8 memory slices per MIG-capable GPU
-COMPUTE_SLICES = 7  # research §4.1: 7 SM (GPC) slices
+MEMORY_SLICES = 8  # NVIDIA MIG user guide, "Concepts": 8 memory slices
+COMPUTE_SLICES = 7  # and 7 SM (GPC) slices per MIG-capable GPU
 FULL_MASK = (1 << MEMORY_SLICES) - 1
 
 
@@ -84,7 +84,7 @@ class MigProfile:
 
     ``profile_id`` is the ID ``nvidia-smi mig -lgip`` prints and ``-cgi`` takes, equal to
     ``nvmlGpuInstanceProfileInfo_t.id``; ``nvml_constant`` is the ``NVML_GPU_INSTANCE_PROFILE_*`` selector
-    passed to ``nvmlDeviceGetGpuInstanceProfileInfo`` (research §4.2 — they differ).
+    passed to ``nvmlDeviceGetGpuInstanceProfileInfo`` (NVML's ``nvml.h``; the two numberings differ).
     """
 
     name: str  # "<SM slices>g.<memory GB>gb[+me]"
@@ -93,7 +93,7 @@ class MigProfile:
     memory_bytes: int  # as NVML reports it (memorySizeMB × MiB), not the name's nominal GB
     compute_slices: int  # of 7
     memory_slices: int  # of 8; equals the placement size
-    starts: tuple[int, ...]  # allowed placement starts, research §4.3
+    starts: tuple[int, ...]  # allowed placement starts, as ``nvidia-smi mig -lgipp`` prints
     max_count: int  # instances per GPU
     sm_count: int
 
@@ -129,14 +129,15 @@ class MigGpu:
         raise UnknownMigProfile(f"{name_or_id!r} is not a MIG profile of {self.key}; known: {known}")
 
 
-# Profile shapes shared by all four GPUs (research §4.2 IDs/constants, §4.3 starts and counts):
+# Profile shapes shared by these GPUs: IDs from ``nvidia-smi mig -lgip``, constants from ``nvml.h``, starts
+# and counts from ``-lgipp`` (NVIDIA MIG user guide, "Supported MIG Profiles"; docs/references.md):
 # (suffix-less SM slices, nvidia-smi ID, NVML constant, compute slices, memory slices, starts, max count)
 _SHAPES: dict[str, tuple[int, int, int, int, tuple[int, ...], int]] = {
     "1g": (19, 0x0, 1, 1, (0, 1, 2, 3, 4, 5, 6), 7),  # NVML_GPU_INSTANCE_PROFILE_1_SLICE
     "1g+me": (20, 0x7, 1, 1, (0, 1, 2, 3, 4, 5, 6), 1),  # 1_SLICE_REV1: media extensions, one per GPU
     "1g.2x": (15, 0x9, 1, 2, (0, 2, 4, 6), 4),  # 1_SLICE_REV2: 1 SM slice, twice the memory
     "2g": (14, 0x1, 2, 2, (0, 2, 4), 3),  # 2_SLICE
-    "3g": (9, 0x2, 3, 4, (0, 4), 2),  # 3_SLICE: 4 memory slices, 3 SM slices (research §4.8)
+    "3g": (9, 0x2, 3, 4, (0, 4), 2),  # 3_SLICE: 4 memory slices, 3 SM slices (MIG user guide)
     "4g": (5, 0x3, 4, 4, (0,), 1),  # 4_SLICE
     "7g": (0, 0x4, 7, 8, (0,), 1),  # 7_SLICE
 }
@@ -163,7 +164,7 @@ def _gpu(key: str, description: str, rows: Iterable[tuple[str, str, int, int]]) 
     return MigGpu(key=key, description=description, profiles=tuple(profiles))
 
 
-# research §4.4: A100-40GB; MiB from NVIDIA/go-nvml mock a100.go (memorySizeMB), 14 SMs per slice.
+# A100-40GB: MiB from NVIDIA/go-nvml mock a100.go (memorySizeMB), 14 SMs per slice.
 _A100_40 = _gpu(
     "a100-40gb",
     "NVIDIA A100 SXM4/PCIe 40GB",
@@ -238,7 +239,7 @@ _H100_NVL = _gpu(
         ("7g", "7g.94gb", 95360, 132),
     ],
 )
-# H200 141GB: `-lgip` of an H200 posted to NVIDIA/mig-parted issue 120 (16.00 / 32.25 / 69.50 /
+# H200 141GB: `-lgip` of an H200 posted to NVIDIA/mig-parted#120 (16.00 / 32.25 / 69.50 /
 # 139.75 GiB; SMs as on the H100 SXM5). IDs and placements are H100's (same GH100 slice layout).
 _H200 = _gpu(
     "h200-141gb",
@@ -281,9 +282,10 @@ def mig_gpu(name: str) -> MigGpu:
 def smallest_profiles(gpu: MigGpu, memory_bytes: int) -> tuple[MigProfile, ...]:
     """Profiles with at least ``memory_bytes``, best first: least memory, then fewest compute slices.
 
-    HAMi's rule (hami_and_peers.md §3.4: "the smallest profile whose memory ≥ the request; ties go to
-    fewer slices"), kept as an ordered list so a planner can fall back to the next size when the
-    smallest cannot be placed. ``+me`` profiles are left out: media engines are asked for by name.
+    HAMi's rule (Project-HAMi/HAMi ``pkg/device/nvidia/device.go``, dynamic MIG: "the smallest profile whose
+    memory ≥ the request; ties go to fewer slices"), kept as an ordered list so a planner can fall back to the
+    next size when the smallest cannot be placed. ``+me`` profiles are left out: media engines are asked for
+    by name.
     """
     if memory_bytes <= 0:
         raise MigRequestTooLarge(f"a MIG memory request must be positive, got {memory_bytes} bytes")
@@ -352,7 +354,7 @@ class MigLayout:
         return sum(1 for i in self.instances if i.profile == profile)
 
     def can_place(self, profile: MigProfile, start: int) -> bool:
-        """Is ``start`` allowed for ``profile`` (research §4.3), its slices free and its cap not reached?"""
+        """Is ``start`` allowed for ``profile`` (``-lgipp``), its slices free and its cap not reached?"""
         return (
             start in profile.starts
             and not self.mask & profile.mask_at(start)

@@ -5,7 +5,7 @@ What: ``read_layout(index)`` → the ``MigLayout`` of one GPU (each GI's profile
 built-in table (``hardware/mig.py``; H200 inferred) disagrees with it.
 Why: the planner starts from the node's real layout, and the H200 facts need checking on hardware.
 
-NVML calls (research §4.2): ``nvmlDeviceGetMigMode`` → [current, pending];
+NVML calls (NVML API reference, ``nvml.h``): ``nvmlDeviceGetMigMode`` → [current, pending];
 ``nvmlDeviceGetGpuInstanceProfileInfo(device, NVML_GPU_INSTANCE_PROFILE_*)`` → ``.id`` (the ``-lgip`` ID),
 ``.sliceCount``, ``.memorySizeMB`` …; ``nvmlDeviceGetGpuInstances(device, info.id, array, byref(count))``
 and ``nvmlGpuInstanceGetInfo(gi)`` → ``.id``, ``.profileId``, ``.placement.start/.size``;
@@ -35,7 +35,7 @@ __all__ = [
     "read_profiles",
 ]
 
-_MAX_INSTANCES = 8  # at most 7 GIs per GPU (research §4.3); 8 leaves room for a driver surprise
+_MAX_INSTANCES = 8  # at most 7 GIs per GPU (MIG user guide); 8 leaves room for a driver surprise
 
 
 class MigNotEnabled(Unavailable):

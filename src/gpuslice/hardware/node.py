@@ -19,6 +19,7 @@ class NodeSpec:
 
     ``gpu_memory_bytes`` is the memory of each GPU; left out, it comes from the GPU model catalogue
     (0 for a model the catalogue does not know, so requests for GPU memory never fit there).
+    ``gpu_memory_each`` gives each GPU its own memory instead (a machine with mixed GPUs).
     """
 
     name: str
@@ -27,8 +28,16 @@ class NodeSpec:
     gpu_count: int
     gpu_model: str
     gpu_memory_bytes: int | None = None
+    gpu_memory_each: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
+        if self.gpu_memory_each is not None:
+            if len(self.gpu_memory_each) != self.gpu_count or min(self.gpu_memory_each, default=0) < 0:
+                raise InvalidRequest(
+                    f"node {self.name!r}: gpu_memory_each needs one non-negative size per GPU "
+                    f"({self.gpu_count}), got {len(self.gpu_memory_each)}"
+                )
+            object.__setattr__(self, "gpu_memory_bytes", max(self.gpu_memory_each, default=0))
         if self.gpu_memory_bytes is None:
             known = GPU_MODELS.get(self.gpu_model)
             object.__setattr__(self, "gpu_memory_bytes", known.memory_bytes if known else 0)

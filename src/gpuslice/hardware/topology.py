@@ -1,20 +1,20 @@
 """How the GPUs of one machine are wired: link types, a per-pair link matrix, bandwidth and hop distance.
 
-A pair of GPUs has up to two connections, as in NVML (research k8s_nvidia_reference.md §5.1):
+A pair of GPUs has up to two connections, as in NVML (``nvml.h``; docs/references.md, "GPU topology"):
 a PCIe path (``PIX`` … ``SYS``, from ``nvmlDeviceGetTopologyCommonAncestor``) and a number of NVLinks
-(direct, or through NVSwitch, where the effective count is min(active links of A, of B), §5.1).
-``nvidia-smi topo -m`` shows only the best of the two (``NV#`` hides the PCIe path, §5.2); the
-``Topology`` keeps both, because go-gpuallocator's ``besteffort`` scores both (§5.4).
+(direct, or through NVSwitch, where the effective count is min(active links of A, of B)).
+``nvidia-smi topo -m`` shows only the best of the two (``NV#`` hides the PCIe path); the
+``Topology`` keeps both, because go-gpuallocator's ``besteffort`` scores both (``besteffort_policy.go``).
 
 Two configurable models turn links into numbers:
 
-- ``BandwidthModel``: GB/s per direction of a pair (§6): NVLink 2/3/4 carry 25 GB/s per link per
+- ``BandwidthModel``: GB/s per direction of a pair: NVLink 2/3/4 carry 25 GB/s per link per
   direction, so a pair's NVLink bandwidth is links × 25; a PCIe-only pair gets the PCIe generation's
   x16 rate times a discount that grows with the number of bridges crossed. The discounts are ours
-  (§6 gives only the ordering "PIX > PXB > PHB > NODE > SYS" and "PIX/PXB peers reach near link rate"):
+  (public sources give only the ordering PIX > PXB > PHB > NODE > SYS, and PIX/PXB peers near link rate):
   change them in one place, ``PCIE_DISCOUNT``.
 - ``CostModel``: hop distance of a pair: 0 same GPU, 1 direct NVLink, 2 through an NVSwitch, 3 PCIe only
-  (the issue's default; every value is a field).
+  (our defaults; every value is a field).
 
 A set of GPUs running a ring all-reduce is bounded by the slowest link of its best ring, so
 ``ring_bandwidth`` is the largest bottleneck over all rings through the set; it is what "the bus
@@ -48,11 +48,11 @@ __all__ = [
     "parse_link_label",
 ]
 
-# NVML_NVLINK_MAX_LINKS in current headers (§5.1): no GPU has more NVLinks than this. A GPU whose NV#
+# NVML_NVLINK_MAX_LINKS in current ``nvml.h``: no GPU has more NVLinks than this. A GPU whose NV#
 # counts add up to more must reach its peers through NVSwitches (DGX A100: NV12 × 7 peers = 84 links).
 NVLINK_MAX_LINKS = 18
 
-# x16 rate per direction in GB/s by PCIe generation (§6 table, "PCIe spec tables").
+# x16 rate per direction in GB/s by PCIe generation (PCI-SIG specifications: 8/16/32 GT/s a lane).
 PCIE_GBPS: dict[int, float] = {3: 15.75, 4: 31.5, 5: 63.0}
 
 
@@ -61,7 +61,7 @@ class TopologyError(UserError):
 
 
 class LinkType(enum.Enum):
-    """What joins two GPUs, best first; the values are the ``nvidia-smi topo -m`` codes (§5.2)."""
+    """What joins two GPUs, best first; the values are the ``nvidia-smi topo -m`` codes."""
 
     SELF = "X"
     NVLINK = "NV#"  # direct NVLinks, # of them bonded
@@ -81,8 +81,8 @@ class LinkType(enum.Enum):
 _PCIE_ORDER: tuple[LinkType, ...] = (LinkType.PIX, LinkType.PXB, LinkType.PHB, LinkType.NODE, LinkType.SYS)
 _PCIE_CODE: dict[LinkType, int] = {t: i + 1 for i, t in enumerate(_PCIE_ORDER)}
 
-# Fraction of the x16 rate a PCIe-only pair gets, by path (inferred; §6 gives only the ordering and
-# "PIX/PXB near link rate", "lower across the host bridge or the socket link").
+# Fraction of the x16 rate a PCIe-only pair gets, by path (ours; public sources give only the ordering
+# and "PIX/PXB near link rate", "lower across the host bridge or the socket link").
 PCIE_DISCOUNT: dict[LinkType, float] = {
     LinkType.PIX: 1.0,
     LinkType.PXB: 0.9,
@@ -96,7 +96,7 @@ def parse_link_label(label: str) -> tuple[int, LinkType | None]:
     """One ``nvidia-smi topo -m`` cell → (NVLink count, PCIe level or None); ValueError if unknown.
 
     ``X`` → (0, SELF); ``NV12`` → (12, None); ``PIX`` → (0, PIX). ``SOC`` is what older drivers printed
-    for a socket-level path, before SYS/NODE existed (§5.2); it is read as SYS.
+    for a socket-level path, before SYS/NODE existed; it is read as SYS.
     """
     text = label.strip().upper()
     if text == "X":
@@ -115,16 +115,16 @@ def parse_link_label(label: str) -> tuple[int, LinkType | None]:
 
 @dataclass(frozen=True, slots=True)
 class BandwidthModel:
-    """Per-pair bandwidth in GB/s per direction (§6). Every number can be overridden."""
+    """Per-pair bandwidth in GB/s per direction (docs/references.md, "GPU topology"); all overridable."""
 
-    nvlink_gbps_per_link: float = 25.0  # NVLink 2, 3 and 4 alike (§6); NVLink 5 would be 50
+    nvlink_gbps_per_link: float = 25.0  # NVLink 2, 3 and 4 alike (NVIDIA NVLink page); NVLink 5: 50
     pcie_gbps: float = PCIE_GBPS[4]
     pcie_discount: Mapping[LinkType, float] = field(default_factory=lambda: dict(PCIE_DISCOUNT))
 
 
 @dataclass(frozen=True, slots=True)
 class CostModel:
-    """Hop distance of a pair by how it is joined; lower is closer. Defaults from issue 3."""
+    """Hop distance of a pair by how it is joined; lower is closer. The defaults are ours."""
 
     same_gpu: float = 0.0
     nvlink: float = 1.0
@@ -221,7 +221,7 @@ class Topology:
         return self._label(self.nvlinks, self.pcie, i, j)
 
     def pair_bandwidth_gbps(self) -> np.ndarray:
-        """n × n GB/s per direction (§6); the diagonal is inf (a GPU talks to itself through its memory)."""
+        """n × n GB/s per direction; the diagonal is inf (a GPU talks to itself through its memory)."""
         m = self.bandwidth_model
         discount = np.array([0.0] + [m.pcie_discount[t] for t in _PCIE_ORDER])
         pcie_gbps = m.pcie_gbps * discount[self.pcie]
@@ -270,9 +270,7 @@ class Topology:
             groups.append(tuple(sorted(group)))
         return groups
 
-    def with_models(
-        self, bandwidth: BandwidthModel | None = None, cost: CostModel | None = None
-    ) -> Topology:
+    def with_models(self, bandwidth: BandwidthModel | None = None, cost: CostModel | None = None) -> Topology:
         """The same wiring under another bandwidth or cost model."""
         return replace(
             self, bandwidth_model=bandwidth or self.bandwidth_model, cost_model=cost or self.cost_model
@@ -331,9 +329,10 @@ def build_topology(
     """A topology from an ``nvidia-smi topo -m`` style GPU × GPU label matrix.
 
     ``pcie_labels`` gives the PCIe path under NVLinked pairs where it is known (DGX-1's PCIe tree,
-    §5.3). Where it is not, it is inferred from NUMA: same node → NODE, different or unknown → SYS
-    (nvidia-smi hides the PCIe path of an NV# pair). ``nvswitch`` None means: detect it, true when some
-    GPU's NV# counts sum past ``NVLINK_MAX_LINKS`` (only a switch can fan out that many).
+    go-gpuallocator's ``NewDGX1VoltaNode``). Where it is not, it is inferred from NUMA: same node → NODE,
+    different or unknown → SYS (nvidia-smi hides the PCIe path of an NV# pair). ``nvswitch`` None means:
+    detect it, true when some GPU's NV# counts sum past ``NVLINK_MAX_LINKS`` (only a switch can fan out that
+    many).
     """
     n = len(labels)
     nv = np.zeros((n, n), dtype=np.int64)

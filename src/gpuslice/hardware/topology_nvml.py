@@ -1,13 +1,12 @@
 """Read a live machine's GPU topology through NVML (nvidia-ml-py's ``pynvml``).
 
-Per pair, the PCIe path comes from ``nvmlDeviceGetTopologyCommonAncestor`` (research
-k8s_nvidia_reference.md §5.1 table). NVLinks come from walking each GPU's links 0…NVML_NVLINK_MAX_LINKS−1:
-an active link whose far end is a GPU counts for that GPU (matched by PCI bus id from
-``nvmlDeviceGetNvLinkRemotePciInfo_v2``); a link whose far end is an NVSwitch
-(``nvmlDeviceGetNvLinkRemoteDeviceType == SWITCH``) counts for the GPU's switch links, and two GPUs that
-both reach switches get min(switch links of A, of B) — what ``nvidia-smi topo -m`` shows as NV12/NV18.
-go-gpuallocator only does the bus-id match and so sees no NVLink at all on NVSwitch boards (§5.4,
-"TODO: Handle NVSwitch semantics"); that is the blind spot this module closes.
+Per pair, the PCIe path comes from ``nvmlDeviceGetTopologyCommonAncestor`` (NVML ``nvmlGpuTopologyLevel_t``).
+NVLinks come from walking each GPU's links 0…NVML_NVLINK_MAX_LINKS−1: an active link whose far end is a GPU
+counts for that GPU (matched by PCI bus id from ``nvmlDeviceGetNvLinkRemotePciInfo_v2``); a link whose far end
+is an NVSwitch (``nvmlDeviceGetNvLinkRemoteDeviceType == SWITCH``) counts for the GPU's switch links, and two
+GPUs that both reach switches get min(switch links of A, of B) — what ``nvidia-smi topo -m`` shows as
+NV12/NV18. go-gpuallocator only does the bus-id match and so sees no NVLink at all on NVSwitch boards
+(``internal/links/device.go``: "TODO: Handle NVSwitch semantics"); that is the blind spot this module closes.
 
 ``pynvml`` is imported only when a live read is asked for; tests pass a fake module instead.
 """
@@ -23,7 +22,7 @@ from gpuslice.hardware.topology import BandwidthModel, LinkType, Topology, Topol
 
 __all__ = ["NvmlUnavailable", "load_pynvml", "read_nvml_topology"]
 
-# nvmlGpuTopologyLevel_t values (§5.1) → the PCIe path code nvidia-smi prints. INTERNAL (same board,
+# nvmlGpuTopologyLevel_t values (nvml.h) → the PCIe path code nvidia-smi prints. INTERNAL (same board,
 # e.g. a dual-GPU K80) has no nvidia-smi code; it is at least as close as PIX, so it reads as PIX.
 _LEVELS: dict[int, LinkType] = {
     0: LinkType.PIX,  # NVML_TOPOLOGY_INTERNAL
@@ -33,9 +32,9 @@ _LEVELS: dict[int, LinkType] = {
     40: LinkType.NODE,  # NVML_TOPOLOGY_NODE (old alias NVML_TOPOLOGY_CPU)
     50: LinkType.SYS,  # NVML_TOPOLOGY_SYSTEM
 }
-_MAX_LINKS = 18  # NVML_NVLINK_MAX_LINKS (§5.1); older GPUs answer NOT_SUPPORTED past theirs
+_MAX_LINKS = 18  # NVML_NVLINK_MAX_LINKS (nvml.h); older GPUs answer NOT_SUPPORTED past theirs
 _FEATURE_ENABLED = 1  # NVML_FEATURE_ENABLED
-_DEVICE_TYPE_SWITCH = 2  # NVML_NVLINK_DEVICE_TYPE_SWITCH (§5.1)
+_DEVICE_TYPE_SWITCH = 2  # NVML_NVLINK_DEVICE_TYPE_SWITCH (nvml.h)
 
 
 def load_pynvml() -> ModuleType:
@@ -61,9 +60,9 @@ def _const(nvml: ModuleType, name: str, default: int) -> int:
     return int(getattr(nvml, name, default))
 
 
-def _nvlinks(nvml: ModuleType, handle: Any, bus_index: dict[tuple[int, int, int, int], int]) -> tuple[
-    dict[int, int], int
-]:
+def _nvlinks(
+    nvml: ModuleType, handle: Any, bus_index: dict[tuple[int, int, int, int], int]
+) -> tuple[dict[int, int], int]:
     """(links per peer GPU index, links to NVSwitches) for one GPU; absent link indices are skipped."""
     enabled = _const(nvml, "NVML_FEATURE_ENABLED", _FEATURE_ENABLED)
     switch_type = _const(nvml, "NVML_NVLINK_DEVICE_TYPE_SWITCH", _DEVICE_TYPE_SWITCH)
@@ -136,7 +135,7 @@ def read_nvml_topology(
                 pcie[i][j] = level.value
                 (peers_i, switch_i), (peers_j, switch_j) = links[i], links[j]
                 direct = min(peers_i.get(j, 0), peers_j.get(i, 0))  # both ends must see the link
-                through_switch = min(switch_i, switch_j)  # §5.1: effective count on switch systems
+                through_switch = min(switch_i, switch_j)  # effective count on switch systems
                 nv = direct or through_switch
                 labels[i][j] = f"NV{nv}" if nv else level.value
         nvswitch = any(switch for _, switch in links) and not any(peers for peers, _ in links)

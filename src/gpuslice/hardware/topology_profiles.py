@@ -1,8 +1,8 @@
 """Built-in machine profiles: real GPU link matrices, for tests, ``--simulate`` and the benchmark.
 
-Every matrix is the ``nvidia-smi topo -m`` GPU × GPU block published for that machine, as collected in
-research k8s_nvidia_reference.md §5.3; bandwidths follow §6. Facts the research marks as inferred, or
-that it does not give at all, say so where they are set, so they are easy to correct.
+Every matrix is the ``nvidia-smi topo -m`` GPU × GPU block published for that machine, in public sources
+(docs/references.md, "GPU topology"); bandwidths follow NVIDIA's NVLink figures and the PCIe specifications.
+Facts inferred rather than published say so where they are set, so they are easy to correct.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ def _overlay(*layers: list[list[str]]) -> list[list[str]]:
     return [[next(layer[i][j] for layer in layers if layer[i][j] != "-") for j in range(n)] for i in range(n)]
 
 
-# DGX-1 with V100: hybrid cube-mesh, 6 NVLink2 per GPU (§5.3, go-gpuallocator NewDGX1VoltaNode).
+# DGX-1 with V100: hybrid cube-mesh, 6 NVLink2 per GPU (go-gpuallocator ``NewDGX1VoltaNode``).
 _DGX1_V100 = _rows("""
 X   NV1 NV1 NV2 NV2 SYS SYS SYS
 NV1 X   NV2 NV1 SYS NV2 SYS SYS
@@ -57,21 +57,21 @@ _PAIRS_8 = [[0, 1], [2, 3], [4, 5], [6, 7]]
 _HALVES_8 = [[0, 1, 2, 3], [4, 5, 6, 7]]
 _DGX1_PCIE = _overlay(_by_group(_PAIRS_8, "PIX", "-"), _by_group(_HALVES_8, "PHB", "SYS"))
 
-# DGX A100 captured layout (§5.3): NPS4, 8 NUMA nodes; each GPU pair behind one PCIe switch tree (PXB),
-# everything else SYS. CPU lists follow EPYC numbering for 2 × 64 cores, SMT on (NUMA n: cores
-# 16n…16n+15 and 128+16n…); GPU0's "48-63,176-191" matches the published capture.
+# DGX A100 captured layout (published ``nvidia-smi topo -m``): NPS4, 8 NUMA nodes; each GPU pair behind one
+# PCIe switch tree (PXB), everything else SYS. CPU lists follow EPYC numbering for 2 × 64 cores, SMT on (NUMA
+# n: cores 16n…16n+15 and 128+16n…); GPU0's "48-63,176-191" matches the published capture.
 _A100_NUMA = (3, 3, 1, 1, 7, 7, 5, 5)
 _A100_CPUS = tuple(f"{16 * n}-{16 * n + 15},{128 + 16 * n}-{128 + 16 * n + 15}" for n in _A100_NUMA)
 
-# 8 × PCIe GPUs on two sockets behind PCIe switches, variant (b) of §5.3 (vllm issue #11122).
+# 8 × PCIe GPUs on two sockets behind PCIe switches, as published in vllm-project/vllm#11122.
 _PCIE_8GPU = _overlay(_by_group(_PAIRS_8, "PIX", "-"), _by_group(_HALVES_8, "PXB", "SYS"))
 
-# 4 × L4 (PCIe Gen4, no NVLink) on one socket. INFERRED: §5.3 has no L4 capture; we assume two GPUs per
+# 4 × L4 (PCIe Gen4, no NVLink) on one socket. INFERRED: no public L4 capture; we assume two GPUs per
 # PCIe switch ({0,1}, {2,3}) and the two switches on different root ports of one host bridge (PHB).
 # Correct this matrix if a real capture shows otherwise.
 _PCIE_4X_L4 = _overlay(_by_group([[0, 1], [2, 3]], "PIX", "PHB"))
 
-_SOCKETS_8 = (0, 0, 0, 0, 1, 1, 1, 1)  # GPU0–3 on NUMA 0, GPU4–7 on NUMA 1 (§5.3 DGX-1, H100/H200, PCIe)
+_SOCKETS_8 = (0, 0, 0, 0, 1, 1, 1, 1)  # GPU0–3 on NUMA 0, GPU4–7 on NUMA 1 (DGX-1, H100/H200, PCIe captures)
 
 PROFILES: dict[str, Topology] = {
     t.name: t
@@ -83,7 +83,7 @@ PROFILES: dict[str, Topology] = {
             numa=_SOCKETS_8,
             gpu_model="V100M16",
             bandwidth=BandwidthModel(pcie_gbps=PCIE_GBPS[3]),
-            source="DGX-1 V100 hybrid cube-mesh, 6 × NVLink2 per GPU (research §5.3)",
+            source="DGX-1 V100 hybrid cube-mesh, 6 × NVLink2 per GPU (go-gpuallocator NewDGX1VoltaNode)",
         ),
         build_topology(
             "dgx-a100",
@@ -93,7 +93,7 @@ PROFILES: dict[str, Topology] = {
             cpu_affinity=_A100_CPUS,
             gpu_model="A100-80GB",
             bandwidth=BandwidthModel(pcie_gbps=PCIE_GBPS[4]),
-            source="DGX A100: 6 NVSwitch gen 2, 12 × NVLink3 per GPU, NV12 all pairs (research §5.3)",
+            source="DGX A100: 6 NVSwitch gen 2, 12 × NVLink3 per GPU, NV12 all pairs (DGX A100 user guide)",
         ),
         build_topology(
             "dgx-h100",
@@ -101,22 +101,22 @@ PROFILES: dict[str, Topology] = {
             numa=_SOCKETS_8,  # PCIe path under NV18 not published: NODE same socket, SYS across (inferred)
             gpu_model="H100",
             bandwidth=BandwidthModel(pcie_gbps=PCIE_GBPS[5]),
-            source="DGX H100: 4 NVSwitch gen 3, 18 × NVLink4 per GPU, NV18 all pairs (research §5.3)",
+            source="DGX H100: 4 NVSwitch gen 3, 18 × NVLink4 per GPU, NV18 all pairs (published topo -m)",
         ),
         build_topology(
             "hgx-h200",
             _uniform(8, "NV18"),
-            numa=_SOCKETS_8,  # as dgx-h100: same NVLink4/NVSwitch board (§5.3)
+            numa=_SOCKETS_8,  # as dgx-h100: same NVLink4/NVSwitch board (MLCommons H200-SXM-141GBx8)
             gpu_model="H200",
             bandwidth=BandwidthModel(pcie_gbps=PCIE_GBPS[5]),
-            source="HGX H200 8-GPU: NVLink4 through NVSwitch, NV18 all pairs (research §5.3)",
+            source="HGX H200 8-GPU: NVLink4 through NVSwitch, NV18 all pairs (MLCommons H200 system json)",
         ),
         build_topology(
             "pcie-8gpu-2socket",
             _PCIE_8GPU,
             numa=_SOCKETS_8,
             bandwidth=BandwidthModel(pcie_gbps=PCIE_GBPS[4]),  # Gen4 assumed (inferred)
-            source="8 × PCIe GPU, 2 sockets, 2 GPUs per leaf switch, no NVLink (research §5.3 variant b)",
+            source="8 × PCIe GPU, 2 sockets, 2 GPUs per leaf switch, no NVLink (vllm-project/vllm#11122)",
         ),
         build_topology(
             "pcie-4x-l4",
@@ -124,7 +124,7 @@ PROFILES: dict[str, Topology] = {
             numa=(0, 0, 0, 0),
             gpu_model="L4",
             bandwidth=BandwidthModel(pcie_gbps=PCIE_GBPS[4]),
-            source="4 × L4 PCIe Gen4, one socket; switch layout INFERRED (no capture in research §5.3)",
+            source="4 × L4 PCIe Gen4, one socket; switch layout INFERRED (no public capture)",
         ),
     )
 }

@@ -3,7 +3,7 @@
 Accepted: the header line (``GPU0 GPU1 … [NIC0 … | mlx5_0 …] [CPU Affinity] [NUMA Affinity] [GPU NUMA ID]``),
 one row per GPU, optional NIC rows, then the legend, which is ignored. Cells are tab- or space-separated.
 Codes: ``X``, ``NV#``, ``PIX``, ``PXB``, ``PHB``, ``NODE``, ``SYS``, and ``SOC`` from older drivers
-(research k8s_nvidia_reference.md §5.2). NIC columns are checked, then dropped: gpuslice places GPUs.
+(the legend nvidia-smi prints under the matrix). NIC columns are checked, then dropped: gpuslice places GPUs.
 
 nvidia-smi prints only the best link of a pair, so the PCIe path under an ``NV#`` pair is inferred from
 NUMA affinity (``build_topology``), and NVSwitch is detected from the link counts. Anything malformed
@@ -26,7 +26,7 @@ from gpuslice.hardware.topology import (
 
 __all__ = ["TopologyParseError", "parse_topo_matrix", "read_topo_file"]
 
-# Trailing header columns nvidia-smi may print, in its order (§5.2 "Extra columns").
+# Trailing header columns nvidia-smi may print, in its order (after the GPU and NIC columns).
 _EXTRA_COLUMNS = ("CPU Affinity", "NUMA Affinity", "GPU NUMA ID")
 _GPU = re.compile(r"GPU(\d+)")
 

@@ -8,11 +8,13 @@ ExtenderFilterResult    {"NodeNames": [...], "FailedNodes": {name: reason}, "Fai
 HostPriorityList        [{"Host": "n1", "Score": 0..10}, ...]
 ```
 
-Keys are PascalCase; older kube-schedulers sent lowercase ones, still accepted (research §1.5).
+Keys are PascalCase: the extender/v1 structs (k8s.io/kube-scheduler/extender/v1, ``types.go``) carry no
+json tags, so Go writes the field names as they are. Kube-schedulers before v1.16 used lowercase tags
+(``pkg/scheduler/api/v1``), and Go reads keys case-insensitively, so lowercase keys are still accepted.
 
 Why a module of its own: at 5,000 nodes the JSON of the node names (about 100 kB each way, four times
 per pod) costs more than the placement itself, so the codec is chosen for speed: orjson (Rust) decodes
-and encodes several times faster than the standard library (benchmarks/RESULTS.md, issue 6), and the
+and encodes several times faster than the standard library (benchmarks/RESULTS.md), and the
 HostPriorityList of DNS names is spliced from precomputed score strings instead of thousands of dicts.
 """
 
@@ -42,7 +44,7 @@ __all__ = [
     "node_names",
 ]
 
-MAX_EXTENDER_PRIORITY = 10  # extender/v1 MaxExtenderPriority (research §1.1)
+MAX_EXTENDER_PRIORITY = 10  # MaxExtenderPriority in k8s.io/kube-scheduler/extender/v1
 RECENT_NAME_LISTS = 4  # node-name lists an ArgsReader remembers (kube-scheduler's list, the last survivors)
 _NODE_NAMES_KEY = b'"NodeNames":'
 
@@ -64,7 +66,7 @@ def encode(value: Any) -> bytes:
 
 
 def field(body: Mapping[str, Any], name: str) -> Any:
-    """A wire field by its PascalCase name, or the legacy lowercase spelling (research §1.5)."""
+    """A wire field by its PascalCase name, or its lowercase spelling (kube-schedulers before v1.16)."""
     if name in body:
         return body[name]
     lowered = name.lower()

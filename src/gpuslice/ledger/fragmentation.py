@@ -1,4 +1,4 @@
-"""FGD's fragmentation measure of a node, relative to a target workload (cluster-traces note §1.2).
+"""FGD's fragmentation measure of a node, relative to a target workload (Weng et al., USENIX ATC '23).
 
 For one task shape m and a node n with per-GPU free capacity R_g (milli-GPU):
 

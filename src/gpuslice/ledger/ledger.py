@@ -110,8 +110,16 @@ class Ledger:
         slots = np.arange(MAX_GPUS_PER_NODE)
         present = slots[None, :] < self._gpu_count[:, None]
         self._gpu_capacity = np.where(present, MILLI_PER_GPU, 0).astype(np.int64)
-        gpu_memory = np.array([node.gpu_memory_bytes for node in nodes], dtype=np.int64)
-        self._gpu_memory_capacity = np.where(present, gpu_memory[:, None], 0).astype(np.int64)
+        gpu_memory = np.array(
+            [
+                list(node.gpu_memory_each) + [0] * (MAX_GPUS_PER_NODE - node.gpu_count)
+                if node.gpu_memory_each is not None
+                else [node.gpu_memory_bytes] * MAX_GPUS_PER_NODE
+                for node in nodes
+            ],
+            dtype=np.int64,
+        )
+        self._gpu_memory_capacity = np.where(present, gpu_memory, 0).astype(np.int64)
         self._free_cpu = self._cpu_capacity.copy()
         self._free_memory = self._memory_capacity.copy()
         self._free_gpu = self._gpu_capacity.copy()

@@ -1,5 +1,6 @@
 """GPU memory oversubscription engine: gpu_ext's eviction and prefetch hooks in user space, judged
-against Belady (issue 5; research/gpu_ext.md). Sits beside the scheduler; imports only units and errors.
+against Belady (gpu_ext, Zheng et al., arXiv 2512.12615; docs/references.md). Sits beside the scheduler;
+imports only units and errors.
 
 ``uvm`` the UVM model · ``hooks`` the ops table and decision context · ``policies`` one policy per file ·
 ``workloads`` trace generators and CSV · ``cost`` estimated time · ``simulator`` the replay ·

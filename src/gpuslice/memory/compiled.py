@@ -3,12 +3,12 @@
 Why it exists: the general replay (``simulator._Run``) calls Python hooks and runs a few dozen numpy
 operations per fault batch. Where almost every trace step faults (rand-stream, pointer-chase:
 64 accesses and ~40 chunk faults per step; faiss-search: 85 accesses per batch) the 2 M accesses/s
-target of issue 5 leaves ~30 µs per step, less than numpy's per-call overhead allows, so the driver's
+target leaves ~30 µs per step, less than numpy's per-call overhead allows, so the driver's
 own behaviour is compiled with numba and the general path stays the readable specification.
 
 What it computes is exactly ``simulator._Run`` with an ops table that overrides no hook, driver
 visibility: steps in order; a step's distinct non-resident pages are its faults, sorted and serviced in
-batches of 256 (research §3); per VA block of a batch, in address order, the reference service of
+batches of 256 (the driver's batch); per VA block of a batch, in address order, the reference service of
 ``_Run._service_batch_reference`` — chunk fault → evict the head of ``used`` (the unused list stays
 empty without a policy) → thrashing check → native 51 % tree over 64 KB-grown faults (``uvm``) →
 migrate → move to the used tail. Float sums are done in the same order as the Python path, so the
@@ -108,7 +108,7 @@ def _prefetch_block(resident, big_count, base, faulted, a, b, thrashing, whole_b
     starting at ``base``) resident: ``uvm.native_prefetch_mask`` applied in place. Returns the number of
     pages that became resident."""
     new = 0
-    if thrashing:  # thrashing pages: the faulted pages only, no growth, no prefetch (research §3)
+    if thrashing:  # thrashing pages: the faulted pages only, no growth, no prefetch (uvm_perf_prefetch.c)
         for j in range(a, b):
             q = faulted[j]
             if not resident[q]:
@@ -160,7 +160,7 @@ PER_ACCESS, OVERHEAD, LINK, THR_THRESHOLD, THR_LAPSE, THR_EPOCH, PREFERRED, CAPA
 
 @njit(cache=True)
 def _service_faults(faulted, issued, prm, owner, st, scratch):
-    """Service one step's (or round's) sorted, distinct faulted pages in batches of 256 (research §3):
+    """Service one step's (or round's) sorted, distinct faulted pages in batches of 256 (the driver's):
     ``_Run._service_batch_reference`` then ``_Run._charge`` per batch. ``issued`` = accesses issued so far
     (the compute part of the clock); ``st`` = ``CompiledState.arrays()``."""
     resident, res_count, big_count, st_prev, st_next, on_list, evicted_at, events, epoch_start = st[:9]

@@ -1,6 +1,6 @@
 """The memory ops table (gpu_ext's ``gpu_mem_ops``) and the decision context that validates its advice.
 
-Lifecycle of one fault batch, as the simulator runs it (research §1.1 gives the driver's version):
+Lifecycle of one fault batch, as the simulator runs it (gpu_ext's ``uvm_bpf_struct_ops.c`` has the driver's):
 
 ```text
 hits between batches ──("full" visibility only)──► block_access(view, block, hits, ctx)  per block
@@ -14,18 +14,19 @@ batch of ≤ 256 faults, per VA block in address order:
 
 Every hook is optional; the base class is the driver. A policy only *requests*
 (``ctx.request_reorder(destination, position)``, ``ctx.set_prefetch_region(first, outer)``); the mechanism
-validates the request after the callback returns, like gpu_ext's v2 transaction ABI (research §1.1): the first
-request wins, an identical repeat is a no-op, a different second request cancels both (conflict), and
-out-of-range values are rejected. Every outcome is counted under a ``RESULT_*`` code, so bad advice costs
-quality, never correctness.
+validates the request after the callback returns, like gpu_ext's v2 transaction ABI
+(``nv-gpu-transition-validator.h``): the first request wins, an identical repeat is a no-op, a different
+second request cancels both (conflict), and out-of-range values are rejected. Every outcome is counted under a
+``RESULT_*`` code, so bad advice costs quality, never correctness.
 
 Visibility: with ``"driver"`` (default) ``block_access`` never fires, as on real workloads ("the latter is
-never called", research §1.1); with ``"full"`` it fires once per resident block touched between two fault
-batches, with the number of hits — our stand-in for the populate path gpu_ext's LFU was written for.
+never called", gpu_ext extension/README.md); with ``"full"`` it fires once per resident block touched between
+two fault batches, with the number of hits — our stand-in for the populate path gpu_ext's LFU was written for.
 
 Departure from v2 (ours): ``evict_prepare`` gets a context that may *move* up to 8 chunks (the v0/v1
-``block_move_head/tail`` kfuncs), because FIFO-chance needs it (research §2.1) and the offline Belady bound
-needs to name its victim. Moves are validated like requests (the chunk must be on a list, codes in range).
+``block_move_head/tail`` kfuncs), because FIFO-chance needs it (``eviction_fifo_chance.bpf.c``) and the
+offline Belady bound needs to name its victim. Moves are validated like requests (the chunk must be on a list,
+codes in range).
 """
 
 from __future__ import annotations
@@ -59,19 +60,19 @@ __all__ = [
     "PrefetchFault",
 ]
 
-# Return codes of block_access / page_prefetch (research §1.1).
+# Return codes of block_access / page_prefetch (gpu_ext uvm_bpf_struct_ops.h).
 DEFAULT = 0
 BYPASS = 1
 ENTER_LOOP = 2
-# request_reorder codes: destination USED=1 / UNUSED=2, position HEAD=1 / TAIL=2 (research §1.1, v2 rules).
+# request_reorder codes: destination USED=1 / UNUSED=2, position HEAD=1 / TAIL=2 (gpu_ext v2 ABI).
 USED = 1
 UNUSED = 2
 HEAD = 1
 TAIL = 2
 EVICT_MOVES_MAX = (
-    8  # FIFO-chance examines at most 8 head chunks (research §2.1); the evict ctx allows as many
+    8  # FIFO-chance examines at most 8 head chunks (eviction_fifo_chance.bpf.c); the evict ctx allows as many
 )
-# v2 result codes (research §1.1); REJECT_IDENTITY is used by evict moves naming a chunk on no list.
+# v2 result codes (gpu_ext v2 ABI); REJECT_IDENTITY is used by evict moves naming a chunk on no list.
 RESULT_CODES = (
     "APPLY",
     "NOOP_DEFAULT",
@@ -82,7 +83,8 @@ RESULT_CODES = (
     "REJECT_IDENTITY",
 )
 VISIBILITIES = ("driver", "full")
-# Tenant priority classes of gpu_ext's shared config ARRAY: key 0/1 high PID/param, 2/3 low, 4 others (§2).
+# Tenant priority classes of gpu_ext's shared config ARRAY: key 0/1 high PID/param, 2/3 low, 4 others
+# (eviction_common.h).
 PRIORITY_HIGH = "high"
 PRIORITY_LOW = "low"
 PRIORITY_OTHER = "other"
@@ -105,7 +107,7 @@ class DecisionContext:
         if self._request is None:
             self._request = request
         elif self._request != request:
-            self._conflict = True  # a different second request cancels both (research §1.1)
+            self._conflict = True  # a different second request cancels both (gpu_ext v2 rule)
 
     def request_reorder(self, destination: int, position: int) -> None:
         """Ask for the chunk to go to USED/UNUSED × HEAD/TAIL; applied after the callback if valid."""
@@ -128,7 +130,7 @@ class DecisionContext:
             if a not in (USED, UNUSED) or b not in (HEAD, TAIL):
                 return "REJECT_RANGE", None
         elif (a, b) != (0, 0) and not (max_first <= a < b <= max_outer):
-            return "REJECT_RANGE", None  # must satisfy first < outer inside max_prefetch_region (§1.1)
+            return "REJECT_RANGE", None  # must satisfy first < outer inside max_prefetch_region (gpu_ext v2)
         return "APPLY", (a, b)
 
 
@@ -156,9 +158,10 @@ class EvictContext:
 
 
 class PrefetchFault:
-    """What page_prefetch sees about one faulted page (bitmap tree and max region of research §1.1).
+    """What page_prefetch sees about one faulted page (gpu_ext's bitmap tree and max region).
 
-    ``block`` and ``tenant`` are given directly; gpu_ext recovers them with a kprobe (research §1.1).
+    ``block`` and ``tenant`` are given directly; gpu_ext recovers them with a kprobe
+    (on ``uvm_perf_prefetch_get_hint_va_block``).
     ``resident`` is the block's 512-long residency mask before this batch (read-only);
     ``occupied(first, outer)`` is the bitmap tree's counter for that node (resident or faulted pages,
     faulted ones grown to 64 KB).
@@ -172,7 +175,7 @@ class PrefetchFault:
         self.tenant = tenant
         self.resident = resident
         self._cs = cs
-        self.max_first = 0  # max_prefetch_region is always the current VA block (research §1.1)
+        self.max_first = 0  # max_prefetch_region is always the current VA block (gpu_ext)
         self.max_outer = 512
 
     def occupied(self, first: int, outer: int) -> int:
@@ -212,7 +215,7 @@ class MemoryView:
         self.moved_bytes = 0  # bytes moved over the link so far (in and out)
 
     def priority(self, tenant: int) -> str:
-        """PRIORITY_HIGH / PRIORITY_LOW / PRIORITY_OTHER for a tenant (research §2, shared config)."""
+        """PRIORITY_HIGH / PRIORITY_LOW / PRIORITY_OTHER for a tenant (gpu_ext ``eviction_common.h``)."""
         return self._priorities.get(int(tenant), PRIORITY_OTHER)
 
     def list_of(self, block: int) -> int:
@@ -278,7 +281,7 @@ class MemoryOps:
 
 
 class Composed(MemoryOps):
-    """One ops table from an eviction half and a prefetch half (gpu_ext needs one struct_ops, §1.1)."""
+    """One ops table from an eviction half and a prefetch half (gpu_ext attaches one struct_ops at a time)."""
 
     kind = "both"
 

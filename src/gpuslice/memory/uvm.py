@@ -1,6 +1,8 @@
 """The unified-memory (UVM) model gpu_ext's hooks sit on: pages, VA blocks, root chunks, lists, prefetch tree.
 
-Every number is from the gpu_ext research note (``research/gpu_ext.md``), section 3, unless marked as ours:
+Every number is the NVIDIA UVM driver's (open-gpu-kernel-modules ``kernel-open/nvidia-uvm``:
+``uvm_perf_prefetch.c``, ``uvm_gpu_replayable_faults.c``, ``uvm_perf_thrashing.c``; gpu_ext's driver notes
+describe the same lists), unless marked as ours; docs/references.md, "UVM driver":
 
 - a page is 4 KB and is the leaf of the prefetch bitmap tree; a VA block is 2 MB = 512 pages, and the tree
   over one block has log2(512) + 1 = 10 levels;
@@ -46,13 +48,13 @@ __all__ = [
     "tree_counts",
 ]
 
-PAGE_BYTES = 4 * KiB  # CPU page and prefetch-tree leaf (research §3)
-PAGES_PER_BLOCK = 512  # 2 MB VA block = 512 × 4 KB pages (research §3); prefetch never crosses it
-CHUNK_BYTES = 2 * MiB  # PMM root chunk, the unit of allocation and eviction (research §3)
-BIG_PAGE_PAGES = 16  # 64 KB GPU big page: a fault grows to it before the tree runs (research §3)
-TREE_LEVELS = 10  # log2(roundup_pow2(512)) + 1 for a full block (research §3)
-TREE_THRESHOLD_PCT = 51  # uvm_perf_prefetch_threshold default (research §3)
-FAULT_BATCH = 256  # uvm_perf_fault_batch_count: faults fetched per batch (research §3)
+PAGE_BYTES = 4 * KiB  # CPU page and prefetch-tree leaf (uvm_perf_prefetch.c)
+PAGES_PER_BLOCK = 512  # 2 MB VA block = 512 × 4 KB pages (PAGES_PER_UVM_VA_BLOCK); prefetch never crosses it
+CHUNK_BYTES = 2 * MiB  # PMM root chunk, the unit of allocation and eviction (UVM_CHUNK_SIZE_MAX)
+BIG_PAGE_PAGES = 16  # 64 KB GPU big page: a fault grows to it before the tree runs (uvm_perf_prefetch.c)
+TREE_LEVELS = 10  # log2(roundup_pow2(512)) + 1 for a full block (uvm_perf_prefetch.c)
+TREE_THRESHOLD_PCT = 51  # uvm_perf_prefetch_threshold default (uvm_perf_prefetch.c)
+FAULT_BATCH = 256  # uvm_perf_fault_batch_count: faults fetched per batch (uvm_gpu_replayable_faults.c)
 
 _BIG_OFFSETS = np.arange(BIG_PAGE_PAGES)[None, :]
 _BLOCK_BYTES = PAGES_PER_BLOCK * PAGE_BYTES
@@ -62,13 +64,13 @@ assert _BLOCK_BYTES == CHUNK_BYTES  # one VA block is backed by exactly one root
 class ChunkLists:
     """The PMM's two eviction lists of root chunks (one chunk per VA block, so chunks are named by block).
 
-    Head = evicted first, tail = evicted last (research §2.1). ``used`` holds chunks with resident pages,
-    ``unused`` chunks that are allocated but hold nothing; a policy may move a chunk to either list.
-    ``generation[block]`` changes when a chunk's list *state* changes, never on a move within a list
-    (research §1.1, list_generation), so a request made against an older state can be told apart.
+    Head = evicted first, tail = evicted last (``pick_root_chunk_to_evict``). ``used`` holds chunks with
+    resident pages, ``unused`` chunks that are allocated but hold nothing; a policy may move a chunk to either
+    list. ``generation[block]`` changes when a chunk's list *state* changes, never on a move within a list
+    (gpu_ext's v2 ``list_generation``), so a request made against an older state can be told apart.
     """
 
-    USED = 1  # gpu_ext v2 destination codes (research §1.1)
+    USED = 1  # gpu_ext v2 destination codes (nv-gpu-transition-validator.h)
     UNUSED = 2
 
     def __init__(self) -> None:
@@ -89,7 +91,7 @@ class ChunkLists:
         return self.UNUSED if block in self.unused else 0
 
     def activate(self, block: int) -> None:
-        """The driver's own move at activation: to the TAIL of ``used`` (research §1.1, block_activate)."""
+        """The driver's own move at activation: to the TAIL of ``used`` (``block_activate``)."""
         if block in self.unused:
             del self.unused[block]
             self.generation[block] = self.generation.get(block, 0) + 1
@@ -136,7 +138,7 @@ class ChunkLists:
 
 
 def grow_to_big_pages(pages: np.ndarray) -> np.ndarray:
-    """Page indices of every 64 KB big page holding a faulted page (research §3, grow_fault_granularity)."""
+    """Page indices of every 64 KB big page holding a faulted page (grow_fault_granularity)."""
     bigs = np.unique(np.asarray(pages) // BIG_PAGE_PAGES)
     return (bigs[:, None] * BIG_PAGE_PAGES + _BIG_OFFSETS).ravel()
 
@@ -150,7 +152,7 @@ def tree_counts(resident: np.ndarray, pages: np.ndarray, grow: bool = True) -> l
 
 
 def native_region(cs: list[int], page: int, threshold_pct: int = TREE_THRESHOLD_PCT) -> tuple[int, int]:
-    """The largest tree node holding ``page`` with ``counter * 100 > pages * threshold`` (research §3),
+    """The largest tree node holding ``page`` with ``counter * 100 > pages * threshold`` (the driver's),
     searched from the root down; the leaf always qualifies, since a faulted page counts as occupied."""
     for k in range(TREE_LEVELS - 1, -1, -1):
         first = (page >> k) << k
@@ -168,7 +170,7 @@ def native_prefetch_mask(
     thrashing: bool = False,
 ) -> np.ndarray:
     """Pages the native driver migrates for one VA block's faulted ``pages``: the faulted pages plus, for
-    each, the largest qualifying tree node (research §3, default prefetch). The union over faulted pages
+    each, the largest qualifying tree node (the driver's default prefetch). The union over faulted pages
     of their largest nodes is what the per-page loop of compute_prefetch_region produces.
 
     On a first touch (nothing resident) with ``whole_block_on_first_touch`` the whole block is returned;
@@ -200,7 +202,7 @@ def native_prefetch_mask(
 
 @dataclass(frozen=True)
 class ThrashingParams:
-    """uvm_perf_thrashing defaults of the current NVIDIA source (research §3)."""
+    """uvm_perf_thrashing defaults of the current NVIDIA source (uvm_perf_thrashing.c)."""
 
     threshold: int = 3  # events before a page counts as thrashing
     lapse_s: float = 500e-6  # a refault within this long after an eviction is an event
@@ -212,7 +214,7 @@ class Thrashing:
     ``threshold`` events in one epoch the block is thrashing until the epoch ends.
 
     Shortcut (ours): the driver's mitigations (throttle the CPU, pin the page after 10 events) are not
-    modelled; detection only removes the block's pages from native prefetch (research §3).
+    modelled; detection only removes the block's pages from native prefetch (as uvm_perf_prefetch.c does).
     """
 
     def __init__(self, blocks: int, params: ThrashingParams | None = None) -> None:

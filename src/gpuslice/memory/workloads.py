@@ -1,4 +1,5 @@
-"""Page-access traces: the synthetic generators of research §5 and a CSV format to import and export them.
+"""Page-access traces: synthetic generators after gpu_ext's workloads and
+microbenchmarks (docs/references.md, "gpu_ext"), and a CSV format to import and export them.
 
 A trace is five columns, one row per 4 KB page access, in issue order: ``tenant``, ``block`` (the 2 MB VA
 block), ``page`` (0–511 inside it), ``op`` (0 read, 1 write) and ``time``. ``time`` is a logical issue step:
@@ -10,11 +11,13 @@ simulator lets every stream run ahead on its own — a stream waits only for its
 stalls only on its own replayable fault — and ``time`` orders accesses only inside a stream and across
 kernels: a stream starts once every stream whose last access comes before its first access has finished
 (a kernel launch waits for the previous kernel). The uvmbench tier-0 generators, whose threads are
-described in research §5.3, emit it: one stream id per (kernel launch, thread).
+described in gpu_ext ``microbench/memory/kernels/synthetic.cuh``, emit it: one stream id per (kernel
+launch, thread).
 
-Generators follow the access shapes of research §5.2–5.3 at a scale a laptop sweeps in seconds (tens to a
+Generators follow the access shapes of gpu_ext's ``docs/profiling/WORKLOAD_ANALYSIS.md`` and
+uvmbench kernels at a scale a laptop sweeps in seconds (tens to a
 few hundred 2 MB blocks). Parallel GPU threads are modelled as ``streams`` that each own a contiguous
-tile and advance one page per step, as in uvmbench's tier-0 kernels (research §5.3). Every generator takes
+tile and advance one page per step, as in uvmbench's tier-0 kernels. Every generator takes
 ``seed`` (fixed default 0) and ``scale`` (multiplies the data size or the trace length).
 """
 
@@ -156,7 +159,7 @@ def _blocks(n: float) -> int:
 
 
 def seq_stream(seed: int = 0, scale: float = 1.0, streams: int = 64, iterations: int = 2) -> Trace:
-    """uvmbench seq_stream: 64 streams scan their tiles one page per step; input and output halves (§5.3)."""
+    """uvmbench seq_stream: 64 streams scan their tiles one page per step; input and output halves."""
     b, npages = _Builder(), _blocks(128 * scale) * _P
     for _ in range(iterations):
         b.add_kernel(_streams(0, npages, streams))
@@ -177,7 +180,7 @@ def rand_stream(seed: int = 0, scale: float = 1.0, streams: int = 64, iterations
 
 
 def pointer_chase(seed: int = 0, scale: float = 1.0, streams: int = 64, hops: int = 2048) -> Trace:
-    """uvmbench pointer_chase: dependent random hops local to each stream's tile (§5.3). ``scale`` shrinks
+    """uvmbench pointer_chase: dependent random hops local to each stream's tile. ``scale`` shrinks
     the hops with the tiles, so the hops per page stay the same at every scale."""
     rng = np.random.default_rng(seed)
     b, npages = _Builder(), _blocks(128 * scale) * _P
@@ -246,7 +249,8 @@ def _layer_sweep(b: _Builder, start: int, npages: int, streams: int) -> None:
 def llm_decode(
     seed: int = 0, scale: float = 1.0, layers: int = 24, layer_blocks: int = 5, tokens: int = 6
 ) -> Trace:
-    """Dense LLM decode: every token sweeps all layers' weights in order plus the layer's KV pages (§5.3)."""
+    """Dense LLM decode: every token sweeps all layers' weights in order plus the layer's KV pages
+    (uvmbench DESIGN.md)."""
     layers = max(2, round(layers * scale))
     lp = layer_blocks * _P
     kv0 = layers * lp
@@ -262,7 +266,7 @@ def llm_moe_decode(
     seed: int = 0, scale: float = 1.0, layers: int = 8, experts: int = 32, active: int = 4, tokens: int = 24
 ) -> Trace:
     """MoE decode: per token and layer, the attention block plus ``active`` experts drawn with a Zipf(1.2)
-    skew over a fixed per-layer popularity order (GPT-OSS-120B: 128 experts, 4 active, research §5.3)."""
+    skew over a fixed per-layer popularity order (GPT-OSS-120B: 128 experts, 4 active)."""
     rng = np.random.default_rng(seed)
     layers = max(2, round(layers * scale))
     per_layer = (1 + experts) * _P
@@ -283,8 +287,8 @@ def llm_moe_decode(
 def llm_prefill(
     seed: int = 0, scale: float = 1.0, layers: int = 24, layer_blocks: int = 5, passes: int = 5
 ) -> Trace:
-    """LLM prefill: 5 periodic sweeps over all layers (research §5.2), each layer also reading and writing
-    a 2-block activation buffer shared by all layers."""
+    """LLM prefill: 5 periodic sweeps over all layers (gpu_ext WORKLOAD_ANALYSIS.md), each layer also
+    reading and writing a 2-block activation buffer shared by all layers."""
     layers = max(2, round(layers * scale))
     lp = layer_blocks * _P
     act = layers * lp
@@ -299,8 +303,8 @@ def llm_prefill(
 def gnn(
     seed: int = 0, scale: float = 1.0, feature_blocks: int = 32, edges: int = 10, epochs: int = 2
 ) -> Trace:
-    """GCN chunked propagation on a random graph with 10 edges per node (research §4.1): per chunk, read
-    its adjacency, gather the neighbours' feature pages (random), write the output chunk."""
+    """GCN chunked propagation on a random graph with 10 edges per node (the gpu_ext paper's GNN workload):
+    per chunk, read its adjacency, gather the neighbours' feature pages (random), write the output chunk."""
     rng = np.random.default_rng(seed)
     nf = _blocks(feature_blocks * scale) * _P
     adj0, out0 = nf, nf + nf // 4
@@ -315,7 +319,7 @@ def gnn(
 
 def faiss_build(seed: int = 0, scale: float = 1.0, lists: int = 4, vectors_blocks: int = 64) -> Trace:
     """FAISS IVF build: read the vectors sequentially and append each page to one of 4 inverted lists, so
-    several parallel sequential streams over a widening range (research §5.2)."""
+    several parallel sequential streams over a widening range (gpu_ext WORKLOAD_ANALYSIS.md)."""
     rng = np.random.default_rng(seed)
     nv = _blocks(vectors_blocks * scale) * _P
     region = nv // lists + _P
@@ -336,8 +340,8 @@ def faiss_search(
     seed: int = 0, scale: float = 1.0, index_blocks: int = 128, queries: int = 1000, nprobe: int = 4
 ) -> Trace:
     """FAISS IVF search: each query scans ``nprobe`` inverted lists (64 pages each) chosen uniformly over the
-    whole index; uniform random over the VA space with heavy reuse (research §5.2). ``scale`` shrinks the
-    queries with the index, so the reuse per page stays the same at every scale."""
+    whole index; uniform random over the VA space with heavy reuse (gpu_ext WORKLOAD_ANALYSIS.md).
+    ``scale`` shrinks the queries with the index, so the reuse per page stays the same at every scale."""
     rng = np.random.default_rng(seed)
     npages = _blocks(index_blocks * scale) * _P
     queries = max(16, round(queries * npages / (index_blocks * _P)))
@@ -377,17 +381,17 @@ def mix(name: str, first: Trace, second: Trace) -> Trace:
 
 
 def mix_decode_gnn(seed: int = 0, scale: float = 1.0) -> Trace:
-    """Co-location of research §4.1: LLM decode (latency-critical, high) with GNN training (best effort)."""
+    """The gpu_ext paper's two-tenant co-location: LLM decode (latency-critical, high) with GNN training."""
     return mix("mix-decode-gnn", llm_decode(seed, scale * 0.5), gnn(seed + 1, scale))
 
 
 def mix_hotspot(seed: int = 0, scale: float = 1.0) -> Trace:
-    """Two identical HotSpot tenants, high vs low priority (research §4.1, memory-bound priority)."""
+    """Two identical HotSpot tenants, high vs low priority (gpu_ext paper's memory-bound priority test)."""
     return mix("mix-hotspot", hotspot(seed, scale * 0.6), hotspot(seed + 1, scale * 0.6))
 
 
 def mix_gemm(seed: int = 0, scale: float = 1.0) -> Trace:
-    """Two identical GEMM tenants, high vs low priority (research §4.1, memory-bound priority)."""
+    """Two identical GEMM tenants, high vs low priority (gpu_ext paper's memory-bound priority test)."""
     return mix("mix-gemm", gemm(seed, scale * 0.8), gemm(seed + 1, scale * 0.8))
 
 

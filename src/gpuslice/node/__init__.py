@@ -3,10 +3,10 @@
 Used by ``server`` and ``k8s``, never by ``scheduler`` (which reads only the plain ``Machine`` data).
 """
 
+from gpuslice.hardware.machine import GpuInfo, Machine
 from gpuslice.node.discovery import NoGpuDriver, discover, is_simulated
 from gpuslice.node.enforcement import MpsDaemon, MpsUnavailable, SharingMode, job_env
 from gpuslice.node.launcher import ExitStatus, LaunchedJob
-from gpuslice.hardware.machine import GpuInfo, Machine
 from gpuslice.node.mig_manager import MigCommandFailed, MigManager, MigPermissionDenied
 from gpuslice.node.monitor import Action, ActionKind, GradedResponse, ResponseConfig
 

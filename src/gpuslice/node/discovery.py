@@ -285,7 +285,7 @@ def find_mig_device_uuid(gpu: int, profile_name: str, start: int, *, nvml: Any |
 
     NVML: ``nvmlDeviceGetMigDeviceHandleByIndex`` walks the MIG devices; each one's GPU instance
     (``nvmlDeviceGetGpuInstanceId`` → ``nvmlDeviceGetGpuInstanceById`` → ``nvmlGpuInstanceGetInfo``)
-    gives its profile id and placement start (research k8s_nvidia_reference.md §4.2)."""
+    gives its profile id and placement start (NVML API reference, ``nvml.h``)."""
     with _session(nvml) as nvml:
         parent = nvml.nvmlDeviceGetHandleByIndex(gpu)
         wanted = detect_gpu(nvml, parent).profile(profile_name)
@@ -306,6 +306,7 @@ def find_mig_device_uuid(gpu: int, profile_name: str, start: int, *, nvml: Any |
 
 
 # ---- telemetry and faults ---------------------------------------------------------------------------
+
 
 @dataclass(frozen=True, slots=True)
 class NvmlReading:

@@ -5,16 +5,16 @@
 ```text
 always
   CUDA_VISIBLE_DEVICES      GPU UUIDs (GPU-…) of ``gpus``, or the MIG device's UUID (MIG-…); "" hides
-                            every GPU (research k8s_nvidia_reference.md §3.1)
-  CUDA_DEVICE_ORDER         PCI_BUS_ID: ordinals inside the job match nvidia-smi (single_node §1.1)
+                            every GPU (CUDA Programming Guide, "CUDA Environment Variables")
+  CUDA_DEVICE_ORDER         PCI_BUS_ID: ordinals inside the job match nvidia-smi (same guide)
   GPUSLICE_SHARING          the mode; GPUSLICE_GPUS / GPUSLICE_GPU_UUIDS: indices and UUIDs
   GPUSLICE_GPU_MEMORY_BYTES per-GPU memory of the slice (whole GPU's for whole GPUs, the instance's for MIG)
   GPUSLICE_COMPUTE_PERCENT  1..100 of each GPU's SMs (100 for whole GPUs and memory-only shares)
   GPUSLICE_MIG_PROFILE, GPUSLICE_TENANT, GPUSLICE_PRIORITY   from the spec
 mps, for shares
-  CUDA_MPS_PIPE_DIRECTORY, CUDA_MPS_LOG_DIRECTORY   the daemon's directories (mps_dirs; §3.1)
-  CUDA_MPS_ACTIVE_THREAD_PERCENTAGE   integer percent, when compute < 100 (§3.1)
-  CUDA_MPS_PINNED_DEVICE_MEM_LIMIT    "<GPU-uuid>=<MiB>M,…", when memory is given (§3.1: "0=1G,1=512MB")
+  CUDA_MPS_PIPE_DIRECTORY, CUDA_MPS_LOG_DIRECTORY   the daemon's directories (mps_dirs; NVIDIA MPS docs)
+  CUDA_MPS_ACTIVE_THREAD_PERCENTAGE   integer percent, when compute < 100 (MPS docs)
+  CUDA_MPS_PINNED_DEVICE_MEM_LIMIT    "<GPU-uuid>=<MiB>M,…", when memory is given (MPS docs: "0=1G,1=512MB")
 soft, for shares with memory
   PYTHONPATH, GPUSLICE_SOFT_CAP=1     the soft-cap sitecustomize dir (node/softcap.py); the launcher puts
                                       it in front of the job's own PYTHONPATH
@@ -24,7 +24,7 @@ shim, for shares (docs/shim.md)
   GPUSLICE_SHIM_GPU_REGION            <dir>/gpus.region, where priorities meet on each GPU
   LD_LIBRARY_PATH, FAKE_CUDA_*        simulated machines only: the fake driver, its devices, memory, UUIDs
 every mode, for shares with memory
-  TF_FORCE_GPU_ALLOW_GROWTH=true      TensorFlow grows instead of taking all memory (Ray #13680, §1.6)
+  TF_FORCE_GPU_ALLOW_GROWTH=true      TensorFlow grows instead of taking all memory (ray-project/ray#13680)
   XLA_PYTHON_CLIENT_MEM_FRACTION      JAX preallocates only the slice's fraction of the GPU
 ```
 
@@ -119,7 +119,7 @@ def shim_dir(state_dir: Path) -> Path:
 
 
 def mps_memory_limit(uuids: Sequence[str], limit_bytes: int) -> str:
-    """CUDA_MPS_PINNED_DEVICE_MEM_LIMIT for ``limit_bytes`` on each device (research §3.1).
+    """CUDA_MPS_PINNED_DEVICE_MEM_LIMIT for ``limit_bytes`` on each device (NVIDIA MPS documentation).
 
     Format: comma-separated ``<device>=<limit>`` with a unit suffix, e.g. ``0=1G,1=512MB``. We name
     devices by UUID (accepted, "same semantics as CUDA_VISIBLE_DEVICES"), which stays right whatever
@@ -225,7 +225,7 @@ class MpsDaemon:
     """The MPS control daemon (``nvidia-cuda-mps-control -d``) that the server starts and owns.
 
     Pipe and log directories come from ``mps_dirs(state_dir)``; jobs get the same ones from ``job_env``.
-    Per-client limits come from each job's environment (§3.1: they can only tighten the daemon's
+    Per-client limits come from each job's environment (MPS docs: they can only tighten the daemon's
     defaults, which we leave unset). Usable as a context manager."""
 
     def __init__(self, state_dir: Path, *, binary: str = MPS_CONTROL, timeout_seconds: float = 10.0) -> None:

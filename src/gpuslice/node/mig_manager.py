@@ -34,9 +34,9 @@ from pathlib import Path
 from typing import Any
 
 from gpuslice.errors import UserError
+from gpuslice.hardware.machine import Machine
 from gpuslice.hardware.mig import MigInstance, mig_gpu
 from gpuslice.node.discovery import MigInstanceMissing, find_mig_device_uuid
-from gpuslice.hardware.machine import Machine
 from gpuslice.scheduler.mig_planner import CreateInstance, DestroyInstance
 
 __all__ = [

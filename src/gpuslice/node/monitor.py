@@ -14,7 +14,7 @@ GradedResponse(config).decide(job_id, used, limit, now) ─► warn → suspend 
 
 The monitor reports and advises; the daemon applies the actions (``launcher.suspend``/``kill``) and
 records each one as an event. NVML reports host PIDs, so a server inside a container without the host
-PID namespace sees every GPU process as external (gpustat #117 in single_node research §1.4).
+PID namespace sees every GPU process as external (wookayin/gpustat#117; docs/references.md, "serve").
 """
 
 from __future__ import annotations
@@ -32,9 +32,9 @@ from typing import Any
 import psutil
 
 from gpuslice.errors import InvalidRequest
+from gpuslice.hardware.machine import Machine
 from gpuslice.node.discovery import gpu_processes, is_simulated
 from gpuslice.node.fake_load import REPORT_ENV
-from gpuslice.hardware.machine import Machine
 from gpuslice.shim import read_region, region_path
 from gpuslice.shim.region import RegionError
 from gpuslice.units import format_size

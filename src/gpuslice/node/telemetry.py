@@ -28,8 +28,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from gpuslice.node import discovery
 from gpuslice.hardware.machine import Machine
+from gpuslice.node import discovery
 
 __all__ = [
     "IDLE_POWER_FRACTION",
@@ -203,4 +203,3 @@ class NvmlTelemetry:
     def close(self) -> None:
         if self._faults is not None:
             self._faults.close()
-

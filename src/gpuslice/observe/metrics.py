@@ -13,7 +13,7 @@ Names follow Prometheus' conventions: the ``gpuslice_`` prefix, base units (byte
 tests/observe/test_metrics_doc.py keeps that table and this registry in step. Labels never hold
 numbers that grow without bound (job ids do: one series per running job, gone when it ends).
 Pod and namespace are empty under serve; the labels exist so dashboards work for both serve and
-Kubernetes (HAMi #112: pod labels lost under device sharing; research hami_and_peers.md §4.2, §5).
+Kubernetes (Project-HAMi/HAMi#112: pod labels lost under device sharing).
 """
 
 from __future__ import annotations
@@ -25,7 +25,8 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from gpuslice.observe.reasons import FAULT_KINDS, NOT_TRIED, failure_code, pending_code
+from gpuslice.observe.reasons import FAULT_KINDS, failure_code
+from gpuslice.scheduler.reasons import PendingCode
 
 __all__ = [
     "ENFORCEMENT_ACTIONS",
@@ -213,8 +214,7 @@ class ServeMetrics:
                                  [*GPU_LABELS, "metric"], registry=r)  # fmt: skip
         for decision in ("start", "preempt"):
             self.decisions.labels(decision)
-        self._pending_codes: dict[str, str] = {}  # job -> last counted reason code
-        self._code_of: dict[str, str] = {}  # reason sentence -> code (the same sentences recur every pass)
+        self._pending_codes: dict[str, PendingCode] = {}  # job -> last counted reason code
         r.register(_StateCollector(snapshot))
 
     # -- events the daemon reports -------------------------------------------------------------------
@@ -227,18 +227,13 @@ class ServeMetrics:
         self.decisions.labels("preempt").inc()
         self.preemptions.labels(tenant, priority).inc()
 
-    def pending_reasons(self, reasons: Sequence[tuple[str, str]]) -> None:
-        """The queue after a pass, [(job, reason)]: counts each job's reason code when it changes."""
+    def pending_reasons(self, codes: Sequence[tuple[str, PendingCode]]) -> None:
+        """The queue after a pass, [(job, reason code)]: counts each job's code when it changes."""
         seen = {}
-        if len(self._code_of) > 100_000:  # sentences carry sizes and ids; keep the memo bounded
-            self._code_of.clear()
-        for job, reason in reasons:
-            code = self._code_of.get(reason)
-            if code is None:
-                code = self._code_of[reason] = pending_code(reason)
+        for job, code in codes:
             seen[job] = code
-            if code != NOT_TRIED and self._pending_codes.get(job) != code:
-                self.scheduling_failures.labels(code).inc()
+            if code is not PendingCode.NOT_TRIED and self._pending_codes.get(job) is not code:
+                self.scheduling_failures.labels(code.value).inc()
         self._pending_codes = seen
 
     def job_failed(self, reason: str) -> None:

@@ -8,23 +8,7 @@ drives the real scheduler into each situation and checks its sentence gets the c
 
 from __future__ import annotations
 
-__all__ = ["FAULT_KINDS", "NOT_TRIED", "failure_code", "fault_kind", "pending_code"]
-
-NOT_TRIED = "not_tried"  # submitted since the last scheduling pass: not a failure yet
-
-# (code, any of these fragments) in order; the first code whose fragment is in the reason wins.
-_PENDING: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("unhealthy_gpu", ("is unhealthy",)),
-    (NOT_TRIED, ("waiting for the next scheduling pass",)),
-    ("quota", ("at its quota",)),
-    ("preempting", ("preempting lower-priority", "waiting for preempted")),
-    ("behind_queue_head", ("waiting behind",)),
-    ("no_mig_slot", ("needs MIG",)),
-    ("topology", ("hold no such set",)),
-    ("insufficient_memory", ("largest free is",)),
-    ("insufficient_compute", ("compute on one GPU",)),
-    ("insufficient_gpus", ("free", "held whole")),
-)
+__all__ = ["FAULT_KINDS", "failure_code", "fault_kind"]
 
 # Why a job ended FAILED (daemon.py's reasons).
 _FAILED: tuple[tuple[str, tuple[str, ...]], ...] = (
@@ -43,11 +27,6 @@ def _first(text: str, table: tuple[tuple[str, tuple[str, ...]], ...]) -> str:
         if any(f in text for f in fragments):
             return code
     return "other"
-
-
-def pending_code(reason: str) -> str:
-    """The code of a pending job's reason: insufficient_memory, quota, unhealthy_gpu, … or other."""
-    return _first(reason, _PENDING)
 
 
 def failure_code(reason: str) -> str:

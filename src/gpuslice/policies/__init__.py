@@ -15,6 +15,7 @@ from gpuslice.policies.packing import Packing
 from gpuslice.policies.random import RandomFit
 
 __all__ = [
+    "DEFAULT_PLACEMENT",
     "FGD_PAPER_POLICIES",
     "PLACEMENT",
     "PlacementOps",
@@ -24,10 +25,23 @@ __all__ = [
     "placement_policy",
 ]
 
+# What serve and the Kubernetes extender place with unless told otherwise: FGD needs a target workload
+# that a fresh server or cluster may not have yet; best fit needs nothing.
+DEFAULT_PLACEMENT = "bestfit"
+
 PLACEMENT: dict[str, type[PlacementOps]] = {
     p.name: p
     for p in (
-        RandomFit, DotProd, Clustering, Packing, BestFit, FGD, FGDExact, ScarcityFGD, HamiBinpack, HamiSpread
+        RandomFit,
+        DotProd,
+        Clustering,
+        Packing,
+        BestFit,
+        FGD,
+        FGDExact,
+        ScarcityFGD,
+        HamiBinpack,
+        HamiSpread,
     )
 }
 

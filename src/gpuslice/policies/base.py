@@ -7,7 +7,8 @@ feasible = ledger.fits(req) & policy.filter(view, req)        # a policy can nar
 scores   = policy.score(view, req, nodes)                      # only for feasible nodes whose row changed
 scores   = policy.normalize(view, req, scores)                 # over all feasible nodes at once
 node     = best score; ties by policy.tie_break                # FIRST: lowest index in ledger order
-gpus     = policy.pick_gpus(view, req, node)                   # advice; the ledger validates it
+gpus     = policy.pick_gpus(view, req, node)                   # advice, or None for the default; the
+                                                               # ledger validates it
 ledger.reserve(node, gpus, req) -> Placement                   # refused advice -> default gpus, counted
 policy.on_placed(view, placement)   ...   policy.on_released(view, placement)
 ```
@@ -20,7 +21,8 @@ the case for every policy here; ``normalize`` exists for scores that also depend
 Ties are part of a policy, not an accident of iteration: ``tie_break = TieBreak.FIRST`` gives the node
 that comes first in the ledger's order. The openb replay shuffles that order by seed, which reproduces
 the FGD artifact exactly (its kube-scheduler picks the lexicographically smallest name among the best,
-and names carry a seeded random prefix; cluster-traces research note §1.3).
+and names carry a seeded random prefix: the artifact's vendored generic_scheduler.go and simulator.go;
+see docs/references.md, "openb replay and the FGD baselines").
 """
 
 from __future__ import annotations
@@ -86,9 +88,10 @@ class PlacementOps:
         """Rescale the scores of all feasible nodes together. Default: unchanged."""
         return scores
 
-    def pick_gpus(self, view: LedgerView, req: Request, node: int) -> tuple[int, ...]:
-        """GPUs to use on the chosen node. Default: best-fit GPU for a share, lowest free ones for whole."""
-        return best_fit_gpus(view, req, node)
+    def pick_gpus(self, view: LedgerView, req: Request, node: int) -> tuple[int, ...] | None:
+        """GPUs to use on the chosen node, or None (the default) for the mechanism's own rule,
+        ``scheduler.placer.default_gpus``: best fit for a share, the best-connected set for whole GPUs."""
+        return None
 
     def on_placed(self, view: LedgerView, placement: Placement) -> None:
         """Called after a reservation succeeded. Default: nothing."""
@@ -103,13 +106,24 @@ def lowest_free_gpus(view: LedgerView, req: Request, node: int) -> tuple[int, ..
     return tuple(int(g) for g in fitting[: req.num_gpu])
 
 
-def best_fit_gpus(view: LedgerView, req: Request, node: int) -> tuple[int, ...]:
-    """The artifact's ``best`` GPU choice: for a share, the fitting GPU with the least free milli
-    (lowest index on ties); for whole GPUs, the lowest-indexed free ones."""
+def best_fit_gpus(
+    view: LedgerView, req: Request, node: int, usable: np.ndarray | None = None
+) -> tuple[int, ...]:
+    """The one best-fit rule, for every home: for a share, the fitting GPU with the least free memory when
+    the request names memory, else the least free milli-GPU (then least free milli, lowest index: the
+    FGD artifact's ``best`` choice when memory is not asked); for whole GPUs, the lowest-indexed free
+    ones. ``usable`` (bool per GPU slot) narrows the GPUs that may be chosen. () if nothing fits."""
     if req.num_gpu == 0:
         return ()
+    fitting = view.gpu_fits(req, node)
+    if usable is not None:
+        fitting = fitting & usable
+    candidates = np.flatnonzero(fitting)
+    if len(candidates) < req.num_gpu:
+        return ()
     if req.gpu_milli >= MILLI_PER_GPU:
-        return lowest_free_gpus(view, req, node)
-    free = view.free_gpu_milli[node]
-    masked = np.where(view.gpu_fits(req, node), free, np.iinfo(np.int64).max)
-    return (int(np.argmin(masked)),)
+        return tuple(int(g) for g in candidates[: req.num_gpu])
+    milli = view.free_gpu_milli[node][candidates]
+    first = view.free_gpu_memory_bytes[node][candidates] if req.gpu_memory_bytes else milli
+    # lexsort: last key first; candidates are ascending, so equal keys keep the lowest index
+    return (int(candidates[np.lexsort((candidates, milli, first))[0]]),)

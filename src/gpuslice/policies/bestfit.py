@@ -3,7 +3,7 @@
 Optimises: leftover 0.5 · (free CPU − req) / 128 cores + 0.5 · (free GPU − req) / 8 GPUs (lower is better).
 Score: int(100 · (1 − leftover)), then min-max normalised over the feasible nodes to 0..100 with integer
 division, as the artifact's ``NormalizeScore`` does — which merges near-equal nodes into ties.
-Source: FGD artifact baseline 05-BestFit (cluster-traces research note §1.4; ``getBestFitScore`` in
+Source: FGD artifact baseline 05-BestFit (hkust-adsl/kubernetes-scheduler-simulator; ``getBestFitScore`` in
 ``pkg/simulator/plugin/best_fit_score.go``).
 """
 

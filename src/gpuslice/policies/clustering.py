@@ -5,7 +5,7 @@ Optimises: homogeneity of nodes. Score buckets, best first: a node hosting only 
 hosting other kinds only (0..25); inside a bucket 25 · (8000 − free GPU milli) // 8000, i.e. fuller
 nodes first. Kinds: GPU share, 1 whole GPU, 2, 4, 8 … whole GPUs. CPU-only requests score 0 everywhere,
 so they go to the first feasible node in ledger order.
-Source: FGD artifact baseline 03-GpuClustering, gpusel=best (cluster-traces research note §1.4;
+Source: FGD artifact baseline 03-GpuClustering, gpusel=best (hkust-adsl/kubernetes-scheduler-simulator;
 ``pkg/simulator/plugin/gpu_clustering_score.go``).
 """
 

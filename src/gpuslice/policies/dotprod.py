@@ -4,8 +4,9 @@ Optimises: the dot product of free (CPU, total GPU) and requested (CPU, GPU), ea
 largest node spec (128 cores, 8 GPUs) and halved; a *larger* product gives a *lower* score, so the
 policy prefers nodes with less left over in the requested directions.
 Score: int(100 · (1 − (cpu_free/128k · cpu_req/128k + gpu_free/8k · gpu_req/8k) / 2)).
-Source: FGD artifact baseline 02-DotProd with dimext=merge, norm=max, gpusel=best (cluster-traces
-research note §1.4; ``calculateDotProductScore`` in ``pkg/simulator/plugin/dot_product_score.go``).
+Source: FGD artifact baseline 02-DotProd with dimext=merge, norm=max, gpusel=best
+(hkust-adsl/kubernetes-scheduler-simulator; ``calculateDotProductScore`` in
+``pkg/simulator/plugin/dot_product_score.go``).
 """
 
 from __future__ import annotations

@@ -3,12 +3,13 @@
 Optimises: Δ = F_n'(M) − F_n(M), the change in node n's fragmentation relative to the target workload M
 (``ledger.fragmentation``) if the request were placed there. For a GPU share every fitting GPU is tried
 and the one with the smallest Δ is used (first GPU on ties); whole GPUs take the lowest free ones.
-Score: int(100 · sigmoid(−Δ / 1000)) with Δ in milli-GPU, as the artifact computes it. The integer
-score is deliberate: near-equal Δs tie, ties go to the first node in ledger order, and that implicit
-packing is worth ~2 points of unallocated GPUs on openb (research note §1.3: 4.63 % vs 6.99 % with
-exact Δ). ``FGDExact`` scores −Δ without quantisation for comparison.
+Score: int(100 · sigmoid(−Δ / 1000)) with Δ in milli-GPU, as the artifact computes it. The integer score is
+deliberate: near-equal Δs tie, ties go to the first node in ledger order, and that implicit packing is worth
+~2 points of unallocated GPUs on openb (our replay, seed 42, default trace: 4.63 % vs 6.99 % with exact Δ; the
+artifact's ``selectHost`` picks the lowest node name among ties). ``FGDExact`` scores −Δ without quantisation
+for comparison.
 Source: Weng et al., ATC'23; ``calculateGpuShareFragExtendScore`` in the artifact's
-``pkg/simulator/plugin/fgd_score.go`` (cluster-traces research note §1.2–1.3).
+``pkg/simulator/plugin/fgd_score.go`` (hkust-adsl/kubernetes-scheduler-simulator).
 """
 
 from __future__ import annotations

@@ -6,7 +6,8 @@ GPUs, before the request (``pkg/scheduler/policy/node_policy.go``); ``binpack`` 
 / compute + (req + used memory) / memory); ``binpack`` tries the highest first, ``spread`` the lowest
 (``gpu_policy.go``). A GPU holds at most ``deviceSplitCount`` = 10 tasks (HAMi's default). In openb a
 milli-GPU share is both compute and memory, so those two terms are equal here.
-Source: hami_and_peers research note §3.1–3.2 and the device-config table (§3.6).
+Source: Project-HAMi/HAMi ``pkg/scheduler/policy/node_policy.go`` and ``gpu_policy.go``; the
+``deviceSplitCount`` default from its ``device-config.yaml`` (docs/references.md, "HAMi").
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from gpuslice.workload.request import MILLI_PER_GPU, Request
 
 __all__ = ["HamiBinpack", "HamiSpread"]
 
-DEVICE_SPLIT_COUNT = 10  # HAMi deviceSplitCount default: vGPU slots per physical GPU (note §3.6)
+DEVICE_SPLIT_COUNT = 10  # HAMi deviceSplitCount default: vGPU slots per physical GPU
 
 
 class _HamiUsage(PlacementOps):

@@ -5,7 +5,7 @@ Optimises: keeping whole nodes and GPUs free. Scores, best first:
 2. it must take fully free GPUs of a partly used node: 50 − (fully free GPUs it takes), at least 33;
 3. the node is entirely idle: max(33 − free GPUs, free GPUs).
 CPU-only requests score 0 everywhere (first feasible node in ledger order).
-Source: FGD artifact baseline 04-GpuPacking, gpusel=best (cluster-traces research note §1.4;
+Source: FGD artifact baseline 04-GpuPacking, gpusel=best (hkust-adsl/kubernetes-scheduler-simulator;
 ``getPackingScore`` in ``pkg/simulator/plugin/gpu_packing_score.go``, integer arithmetic kept).
 """
 

@@ -1,7 +1,7 @@
 """Random: a uniformly random feasible node and a random GPU that fits.
 
 Optimises: nothing; the floor every other policy must beat.
-Source: FGD artifact baseline 01-Random (cluster-traces research note §1.4): ``RandomScore`` gives one
+Source: FGD artifact baseline 01-Random (hkust-adsl/kubernetes-scheduler-simulator): ``RandomScore`` gives one
 random feasible node the top score, and ``gpusel=random`` picks a random fitting GPU for a share.
 """
 

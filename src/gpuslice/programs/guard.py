@@ -64,8 +64,8 @@ __all__ = [
     "guarded_factory",
 ]
 
-# Seconds of CPU per hook call, per family (benchmarks/policy_overhead.py, RESULTS.md "Issue 9"). FGD's
-# first score over a 6,000-node cluster (every node stale) is the largest call a built-in makes; queue
+# Seconds of CPU per hook call, per family (benchmarks/policy_overhead.py, RESULTS.md, policy-file overhead).
+# FGD's first score over a 6,000-node cluster (every node stale) is the largest call a built-in makes; queue
 # and memory hooks take microseconds. The margins also cover a full garbage collection inside a hook.
 DEFAULT_BUDGETS: dict[str, float] = {"placement": 2.0, "queue": 0.5, "eviction": 0.1, "prefetch": 0.1}
 # A hook is interrupted, or its late answer dropped, once it has burned this share of its budget in CPU
@@ -375,8 +375,10 @@ class GuardedPlacement(PlacementOps):
     def normalize(self, view: Any, req: Any, scores: np.ndarray) -> np.ndarray:
         return _guarded(self, "normalize", (view, req, scores), lambda a: _float_vector(a, len(scores)))
 
-    def pick_gpus(self, view: Any, req: Any, node: int) -> tuple[int, ...]:
+    def pick_gpus(self, view: Any, req: Any, node: int) -> tuple[int, ...] | None:
         def check(answer: Any) -> Any:
+            if answer is None:  # no advice: the mechanism's default GPUs
+                return None
             if not isinstance(answer, tuple | list) or not all(
                 isinstance(g, int | np.integer) and not isinstance(g, bool) for g in answer
             ):

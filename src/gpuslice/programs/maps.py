@@ -9,11 +9,11 @@ The loader gives each running instance fresh maps (or, on a hot swap, the previo
 the new version declares a map of the same name with the same ``MapSpec``), and a running server reads
 and writes them by name (``gpuslice policy map get|update|dump``, like ``bpftool map update``).
 
-Why bounded and typed: gpu_ext's maps have a fixed key/value layout and ``max_entries`` (research note
-§1.2: HASH maps of 4096–100 000 entries), so a policy's memory is known when it is loaded and an operator
-can read or change its state without knowing the code. Keys and values are ``int``, ``float``, ``str`` or
-``bool``; an ``int`` is accepted where a ``float`` is declared (it is stored as a float), a ``bool`` is
-never taken for an ``int``.
+Why bounded and typed: gpu_ext's maps have a fixed key/value layout and ``max_entries`` (its
+``extension/*.bpf.c``: HASH maps of 4096–100 000 entries), so a policy's memory is known when it is loaded and
+an operator can read or change its state without knowing the code. Keys and values are ``int``, ``float``,
+``str`` or ``bool``; an ``int`` is accepted where a ``float`` is declared (it is stored as a float), a
+``bool`` is never taken for an ``int``.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from gpuslice.errors import UserError
 __all__ = ["MAP_TYPES", "Map", "MapError", "MapFull", "MapSpec"]
 
 MAP_TYPES: dict[str, type] = {"int": int, "float": float, "str": str, "bool": bool}
-MAX_ENTRIES_LIMIT = 1 << 24  # 16 M entries: beyond any gpu_ext map (research §1.2), a typo guard
+MAX_ENTRIES_LIMIT = 1 << 24  # 16 M entries: beyond any gpu_ext map, a typo guard
 
 
 class MapError(UserError):

@@ -11,11 +11,11 @@ candidates = resolve_request(gpu, text)               # "3g.40gb" -> (3g.40gb,);
 4. otherwise                                           -> Rejection(code, text), layout unchanged
 ```
 
-Commands (MIG user guide, "Getting Started"; research §4.8 says to pin the placement because the
+Commands (MIG user guide, "Getting Started", which shows that without a placement the
 driver's own choice depends on creation order): ``-cgi ID:START`` creates a GPU instance of profile
 ``ID`` at memory slice ``START`` (a profile tuple with a placement specifier) and ``-C`` adds its
 default compute instance spanning the GI; ``-dci -ci CI -gi GI`` and ``-dgi -gi GI`` destroy them,
-compute instances first. ``-i G`` selects the physical GPU. IDs are the ``-lgip`` IDs (research §4.2).
+compute instances first. ``-i G`` selects the physical GPU. IDs are the ``-lgip`` IDs.
 
 Pure: the plan is data; nothing here runs a command.
 """

@@ -6,20 +6,16 @@ per GPU, MIG slot layouts), for the real machine and for what-if copies (backfil
 ```text
 demand_for(spec, machine)        -> Demand, or InvalidRequest when the job can never run here (at submit)
 fits(demand, capacity)           -> bool, cheap (what-ifs call it often)
-choose(demand, capacity)         -> Choice (GPUs, MIG slot) or None
-why_not(demand, capacity)        -> the reason: "needs 40 GiB on one GPU; largest free is 22 GiB on GPU 3"
+choose_mig(demand, capacity)     -> Choice (GPU, MIG slot) or None
+why_not(demand, capacity)        -> PendingReason: INSUFFICIENT_MEMORY, "needs 40 GiB on one GPU; largest
+                                    free is 22 GiB on GPU 3"
 ```
 
-GPU choice inside the machine:
-
-- whole GPUs: the ``exact`` GPU-set policy through ``choose_gpu_set`` (best ring bandwidth, fewest hops,
-  best leftovers); with a topology need, the same ranking (``Exact.cost`` then ``leftover_value``) over
-  only the sets that meet the need (``choose_gpu_set`` cannot take such a filter);
-- a share of one GPU: best fit, the fitting GPU with the least free memory (or compute, for a share
-  given as compute only), lowest index on ties: ``best_fit_gpus``' rule, applied here because that
-  helper cannot mask out GPUs in MIG mode or of an excluded model;
-- a MIG instance: the smallest candidate profile first, then the fullest MIG GPU, at the start the
-  ``ours`` MIG placement policy advises (validated with ``MigLayout.can_place``).
+GPU choice inside the machine is not made here: shares and whole GPUs are chosen by the shared placer
+(``Placer.pick_gpus``: the placement policy's advice, else best fit for a share and ``pick_gpu_set`` for
+whole GPUs), as in sim and the Kubernetes extender. Only a MIG instance is chosen here: the smallest
+candidate profile first, then the fullest MIG GPU, at the start the MIG placement policy advises
+(validated with ``MigLayout.can_place``).
 
 Pure and deterministic: every loop runs in GPU index order.
 """
@@ -32,12 +28,12 @@ from dataclasses import dataclass
 from itertools import combinations
 
 from gpuslice.errors import InvalidRequest, UserError
+from gpuslice.hardware.machine import Machine
 from gpuslice.hardware.mig import MigInstance, MigLayout, MigProfile, format_mask, mig_gpu, resolve_request
 from gpuslice.hardware.topology import Topology
-from gpuslice.hardware.machine import Machine
-from gpuslice.policies.gpuset import choose_gpu_set
-from gpuslice.policies.gpuset.exact import Exact
+from gpuslice.policies.gpuset.pick import meets_need
 from gpuslice.policies.mig_placement import KeepLargestPlaceable, MigPlacementOps
+from gpuslice.scheduler.reasons import PendingCode, PendingReason
 from gpuslice.units import format_size
 from gpuslice.workload.job import JobSpec, TopologyNeed
 from gpuslice.workload.request import MILLI_PER_GPU, Request
@@ -48,11 +44,10 @@ __all__ = [
     "Demand",
     "DemandKind",
     "Holding",
-    "choose",
+    "choose_mig",
     "demand_for",
     "fits",
     "gpus_equivalent",
-    "meets_need",
     "mig_request",
     "why_not",
 ]
@@ -163,21 +158,6 @@ def mig_request(profile: MigProfile, gpu_memory_bytes: int) -> Request:
     )
 
 
-def meets_need(topology: Topology | None, gpus: Sequence[int], need: TopologyNeed) -> bool:
-    """NVLINK: every pair joined by NVLink (direct or NVSwitch); PCIE_SWITCH: every pair PIX or NVLink."""
-    if need is TopologyNeed.ANY or len(gpus) < 2:
-        return True
-    if topology is None:
-        return False
-    for i, j in combinations(gpus, 2):
-        if topology.nvlinks[i, j] > 0:
-            continue
-        if need is TopologyNeed.PCIE_SWITCH and topology.pcie[i, j] == 1:  # code 1 = PIX
-            continue
-        return False
-    return True
-
-
 # ---- submit-time resolution -------------------------------------------------------------------------
 
 
@@ -272,8 +252,6 @@ def _need_text(need: TopologyNeed) -> str:
 
 # ---- fit, choice, reasons ---------------------------------------------------------------------------
 
-_EXACT = Exact()  # stateless apart from its leftover cache, which is keyed by (topology, free mask)
-
 
 def _whole_free(demand: Demand, cap: Capacity) -> list[int]:
     return [g for g in demand.eligible if cap.free_milli[g] >= MILLI_PER_GPU]
@@ -297,7 +275,8 @@ def _mig_candidates(demand: Demand, cap: Capacity) -> list[tuple[int, int, int, 
 
 
 def fits(demand: Demand, cap: Capacity, topology: Topology | None) -> bool:
-    """Could the job start on ``cap`` now? Same answer as ``choose(...) is not None``, cheaper."""
+    """Could the job start on ``cap`` now? (For shares and whole GPUs the placer then always finds GPUs:
+    its default choice takes any fitting GPU, and any set that meets the need.)"""
     if demand.kind is DemandKind.NONE:
         return True
     if demand.kind is DemandKind.SHARE:
@@ -312,47 +291,9 @@ def fits(demand: Demand, cap: Capacity, topology: Topology | None) -> bool:
     return any(meets_need(topology, c, demand.need) for c in combinations(free, demand.count))
 
 
-def choose(
-    demand: Demand,
-    cap: Capacity,
-    topology: Topology | None,
-    mig_policy: MigPlacementOps | None = None,
-) -> Choice | None:
-    """The GPUs (and MIG slot) the job gets on ``cap``, or None if it does not fit; see the module doc."""
-    if demand.kind is DemandKind.NONE:
-        return Choice((), Holding(()))
-    if demand.kind is DemandKind.SHARE:
-        fitting = [g for g in demand.eligible if _share_fits(demand, cap, g)]
-        if not fitting:
-            return None
-        by = cap.free_memory if demand.memory_bytes else cap.free_milli
-        g = min(fitting, key=lambda i: (by[i], cap.free_milli[i], i))
-        return Choice((g,), Holding((g,), demand.milli, demand.memory_bytes))
-    if demand.kind is DemandKind.MIG:
-        return _choose_mig(demand, cap, mig_policy or KeepLargestPlaceable())
-    gpus = _choose_whole(demand, cap, topology)
-    return None if gpus is None else Choice(gpus, Holding(gpus, MILLI_PER_GPU, 0))
-
-
-def _choose_whole(demand: Demand, cap: Capacity, topology: Topology | None) -> tuple[int, ...] | None:
-    free = _whole_free(demand, cap)
-    k = demand.count
-    if len(free) < k:
-        return None
-    if demand.need is TopologyNeed.ANY:
-        if topology is None:
-            return tuple(free[:k])
-        return choose_gpu_set(_EXACT, topology, free, k).gpus
-    assert topology is not None, "a topology need on a machine without topology passed submit"
-    valid = [c for c in combinations(free, k) if meets_need(topology, c, demand.need)]
-    if not valid:
-        return None
-
-    def rank(c: tuple[int, ...]) -> tuple[object, ...]:
-        rest = tuple(g for g in free if g not in c)
-        return (Exact.cost(topology, c), -_EXACT.leftover_value(topology, rest), c)
-
-    return min(valid, key=rank)
+def choose_mig(demand: Demand, cap: Capacity, policy: MigPlacementOps | None = None) -> Choice | None:
+    """The MIG GPU and slot the job gets on ``cap``, or None if none is free; see the module doc."""
+    return _choose_mig(demand, cap, policy or KeepLargestPlaceable())
 
 
 def _choose_mig(demand: Demand, cap: Capacity, policy: MigPlacementOps) -> Choice | None:
@@ -380,8 +321,8 @@ def _percent(milli: int) -> str:
     return f"{milli / 10:g} %"
 
 
-def why_not(demand: Demand, cap: Capacity, topology: Topology | None) -> str:
-    """A sentence saying why the job does not fit ``cap`` now (call only when it does not)."""
+def why_not(demand: Demand, cap: Capacity, topology: Topology | None) -> PendingReason:
+    """Why the job does not fit ``cap`` now, code and sentence (call only when it does not)."""
     if demand.kind is DemandKind.SHARE:
         return _share_reason(demand, cap)
     if demand.kind is DemandKind.MIG:
@@ -389,14 +330,18 @@ def why_not(demand: Demand, cap: Capacity, topology: Topology | None) -> str:
             f"GPU {g} slots {format_mask(cap.layouts[g].mask)}"  # type: ignore[union-attr]
             for g, _ in demand.mig_options
         )
-        return f"needs MIG {demand.mig_text}; no MIG GPU has a free slot for it ({slots})"
+        return PendingReason(
+            PendingCode.NO_MIG_SLOT,
+            f"needs MIG {demand.mig_text}; no MIG GPU has a free slot for it ({slots})",
+        )
     free = _whole_free(demand, cap)
     k = demand.count
     noun = "whole GPU" if k == 1 else "whole GPUs"
     if len(free) >= k:  # enough GPUs, none of the sets meets the topology need
-        return (
+        return PendingReason(
+            PendingCode.TOPOLOGY,
             f"needs {k} GPUs all {_need_text(demand.need)}; "
-            f"the free ones ({_gpu_list(free)}) hold no such set"
+            f"the free ones ({_gpu_list(free)}) hold no such set",
         )
     text = f"needs {k} {noun}; {len(free)} {'is' if len(free) == 1 else 'are'} free"
     if free:
@@ -405,10 +350,10 @@ def why_not(demand: Demand, cap: Capacity, topology: Topology | None) -> str:
     if outside:
         held = ", ".join(f"GPU {g} has {format_size(cap.external[g])}" for g in outside)
         text += f"; used outside gpuslice: {held}"
-    return text
+    return PendingReason(PendingCode.INSUFFICIENT_GPUS, text)
 
 
-def _share_reason(demand: Demand, cap: Capacity) -> str:
+def _share_reason(demand: Demand, cap: Capacity) -> PendingReason:
     eligible = demand.eligible
     best_mem = max(eligible, key=lambda g: (cap.free_memory[g], -g))
     best_milli = max(eligible, key=lambda g: (cap.free_milli[g], -g))
@@ -421,15 +366,20 @@ def _share_reason(demand: Demand, cap: Capacity) -> str:
         )
         if cap.external[best_mem]:
             text += f" ({format_size(cap.external[best_mem])} there is used outside gpuslice)"
-        return text
+        return PendingReason(PendingCode.INSUFFICIENT_MEMORY, text)
     if milli_short:
         if demand.milli == 1:  # a memory-only share: only a whole-GPU job can block it
-            return f"needs a share of one GPU; every GPU it may use ({_gpu_list(eligible)}) is held whole"
-        return (
+            return PendingReason(
+                PendingCode.INSUFFICIENT_GPUS,
+                f"needs a share of one GPU; every GPU it may use ({_gpu_list(eligible)}) is held whole",
+            )
+        return PendingReason(
+            PendingCode.INSUFFICIENT_COMPUTE,
             f"needs {_percent(demand.milli)} compute on one GPU; most free is "
-            f"{_percent(cap.free_milli[best_milli])} on GPU {best_milli}"
+            f"{_percent(cap.free_milli[best_milli])} on GPU {best_milli}",
         )
-    return (
+    return PendingReason(
+        PendingCode.INSUFFICIENT_COMPUTE,
         f"needs {format_size(demand.memory_bytes)} and {_percent(demand.milli)} compute on one GPU; "
-        "no GPU has both free"
+        "no GPU has both free",
     )

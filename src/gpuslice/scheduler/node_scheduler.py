@@ -13,7 +13,8 @@ for job in order:
         no  -> first such job is the head: preempt the cheapest lower-priority victims (preemption.py)
                and take an EASY reservation (backfill.py); later ones wait with their own reason
         yes -> would it delay the head's reservation?  -> waits "behind … (backfill would delay it)"
-               else ledger.reserve -> StartJob (the job is running from now on)
+               else GPUs: a MIG slot (node_fit), or the shared placer's choice under the placement
+               policy (node_gpu_choice.py, as in sim and the extender) -> ledger.reserve -> StartJob
 ```
 
 Unhealthy GPUs (``set_gpu_health``: an XID, an ECC error, or marked by hand) take no new job: every
@@ -37,91 +38,56 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from gpuslice.errors import InvalidRequest, UserError
-from gpuslice.hardware.mig import MigInstance, MigLayout, format_mask, mig_gpu
-from gpuslice.ledger.ledger import Ledger
-from gpuslice.ledger.placement import Placement, Refusal
 from gpuslice.hardware.machine import Machine
+from gpuslice.hardware.mig import MigInstance, MigLayout, format_mask, mig_gpu
+from gpuslice.ledger.ledger import Ledger, LedgerView
+from gpuslice.ledger.placement import Placement, Refusal
+from gpuslice.policies.base import PlacementOps, PolicyContext
+from gpuslice.policies.bestfit import BestFit
 from gpuslice.policies.mig_placement import KeepLargestPlaceable
 from gpuslice.policies.queue import QueuedJob, QueueView, effective_priority, order_pending
 from gpuslice.policies.queue import queue_policy as lookup_queue_policy
 from gpuslice.scheduler import backfill
+from gpuslice.scheduler.node_decisions import GpuUsage, MigAssignment, PreemptJob, StartJob
 from gpuslice.scheduler.node_fit import (
     Capacity,
     Choice,
     Demand,
     DemandKind,
     Holding,
-    choose,
+    choose_mig,
     demand_for,
     fits,
     gpus_equivalent,
     mig_request,
     why_not,
 )
+from gpuslice.scheduler.node_gpu_choice import NodeGpuChoice, demand_request
 from gpuslice.scheduler.preemption import Victim, choose_victims
+from gpuslice.scheduler.quota import (
+    TenantQuota,
+    check_fits_quota,
+    least_use,
+    memory_of,
+    memory_on,
+    quota_reason,
+)
+from gpuslice.scheduler.reasons import PendingCode, PendingReason
 from gpuslice.units import format_size
 from gpuslice.workload.job import JobSpec
-from gpuslice.workload.request import MILLI_PER_GPU, Request
+from gpuslice.workload.request import Request
+from gpuslice.workload.target import TargetWorkload
 
 __all__ = ["GpuUsage", "MigAssignment", "NodeScheduler", "PreemptJob", "StartJob", "TenantQuota"]
 
-SUBMITTED_REASON = "submitted; waiting for the next scheduling pass"
-
-
-@dataclass(frozen=True)
-class TenantQuota:
-    """A tenant's fair-share weight and limits; None means no limit. GPUs count shares as fractions."""
-
-    name: str
-    weight: float = 1.0
-    max_gpus: float | None = None
-    max_gpu_memory_bytes: int | None = None
-
-
-@dataclass(frozen=True)
-class MigAssignment:
-    """A MIG instance of ``profile`` at memory slot ``start`` on GPU ``gpu``."""
-
-    gpu: int
-    profile: str
-    start: int
-
-
-@dataclass(frozen=True)
-class StartJob:
-    job_id: str
-    gpus: tuple[int, ...]
-    mig: MigAssignment | None = None
-
-
-@dataclass(frozen=True)
-class PreemptJob:
-    job_id: str
-    for_job: str
-    grace_seconds: float
-
-
-@dataclass(frozen=True)
-class GpuUsage:
-    """One GPU as ``gpuslice gpus`` shows it. Memory "free" counts whole-GPU jobs as using all of it."""
-
-    index: int
-    model: str
-    memory_total_bytes: int
-    memory_free_bytes: int
-    compute_free_milli: int
-    job_ids: tuple[str, ...]
-    external_bytes: int = 0
-    mig_enabled: bool = False
-    mig_slots: str = ""  # '#' taken, '.' free, slot 0 first; "" when MIG is off
-    unhealthy_reason: str = ""  # why it takes no new jobs; "" when healthy
+SUBMITTED_REASON = PendingReason(PendingCode.NOT_TRIED, "submitted; waiting for the next scheduling pass")
 
 
 @dataclass
 class _Pending:
     queued: QueuedJob
     demand: Demand
-    reason: str = SUBMITTED_REASON
+    reason: PendingReason = SUBMITTED_REASON
 
 
 @dataclass
@@ -145,7 +111,9 @@ class _Pass:
     head: _Pending | None = None
     head_level: int = 0
     reservation: backfill.Shadow | None = None
-    failed: dict[Demand, str] = field(default_factory=dict)  # shapes that did not fit; cleared on start
+    failed: dict[Demand, PendingReason] = field(
+        default_factory=dict
+    )  # shapes that did not fit; cleared on start
 
 
 class NodeScheduler:
@@ -160,7 +128,13 @@ class NodeScheduler:
         grace_seconds: float = 30.0,
         aging_seconds: float = 600.0,
         backfill: bool = True,
+        placement: Callable[[LedgerView, PolicyContext], PlacementOps] = BestFit,
+        target: TargetWorkload | None = None,
     ) -> None:
+        """``placement`` builds the placement policy (a registered class, or a policy file's guarded
+        factory) that advises which GPUs a share or whole-GPU job gets, through the same ``Placer`` as
+        sim and the Kubernetes extender. ``target`` is the workload FGD-style policies measure
+        fragmentation against; without one, the shapes of the jobs this scheduler knows are used."""
         self.machine = machine
         self.tenants = dict(tenants)
         self.policy = lookup_queue_policy(queue_policy)()
@@ -169,9 +143,8 @@ class NodeScheduler:
         self.backfill = backfill
         self.fallbacks: Counter[str] = Counter()  # queue-policy answers replaced by the default
         self.ledger = Ledger([machine.node_spec()])
+        self.gpu_choice = NodeGpuChoice(self.ledger, machine.topology, placement, target)
         self._n = machine.gpu_count
-        top = max(g.memory_bytes for g in machine.gpus)
-        self._gap = [top - g.memory_bytes for g in machine.gpus]  # smaller GPUs in a mixed machine
         self._layouts: list[MigLayout | None] = [
             MigLayout(mig_gpu(g.mig_model)) if g.mig_enabled else None for g in machine.gpus
         ]
@@ -194,19 +167,7 @@ class NodeScheduler:
         """Queue a job; InvalidRequest (naming the field) if it can never run on this machine."""
         self._check_new(job_id)
         demand = demand_for(spec, self.machine)
-        quota = self.tenants.get(spec.tenant)
-        if quota is not None:
-            gpus, memory = self._least_use(demand)
-            if quota.max_gpus is not None and gpus > quota.max_gpus + 1e-9:
-                raise InvalidRequest(
-                    f"gpus: the job needs {gpus:g} GPUs but tenant {spec.tenant}'s quota is "
-                    f"{quota.max_gpus:g}"
-                )
-            if quota.max_gpu_memory_bytes is not None and memory > quota.max_gpu_memory_bytes:
-                raise InvalidRequest(
-                    f"gpu_memory_bytes: the job needs {format_size(memory)} of GPU memory but tenant "
-                    f"{spec.tenant}'s quota is {format_size(quota.max_gpu_memory_bytes)}"
-                )
+        check_fits_quota(self.tenants.get(spec.tenant), spec.tenant, self.machine, demand)
         self._pending[job_id] = _Pending(QueuedJob(job_id, spec, now, self._seq), demand)
         self._seq += 1
 
@@ -320,8 +281,8 @@ class NodeScheduler:
 
     def _consider(self, job: _Pending, now: float, p: _Pass) -> bool:
         spec = job.queued.spec
-        quota = self._quota_reason(spec.tenant, *self._least_use(job.demand))
-        if quota:
+        quota = self._quota_reason(spec.tenant, *least_use(self.machine, job.demand))
+        if quota is not None:
             job.reason = quota
             return False
         if p.head is not None and not self.backfill:
@@ -337,9 +298,9 @@ class NodeScheduler:
             job.reason = reason
             return False
         exact = self._quota_reason(
-            spec.tenant, gpus_equivalent(choice.holding), self._memory_of(choice.holding)
+            spec.tenant, gpus_equivalent(choice.holding), memory_of(self.machine, choice.holding)
         )
-        if exact:
+        if exact is not None:
             job.reason = exact
             return False
         if p.head is not None:
@@ -356,7 +317,7 @@ class NodeScheduler:
         self.policy.on_started(self._view(now), job.queued)
         return True
 
-    def _block_head(self, job: _Pending, now: float, p: _Pass, reason: str) -> str:
+    def _block_head(self, job: _Pending, now: float, p: _Pass, reason: PendingReason) -> PendingReason:
         """``job`` is the first that does not fit: plan preemption and take its backfill reservation."""
         p.head = job
         p.head_level = effective_priority(self.policy, self._view(now), job.queued, self.fallbacks)
@@ -364,8 +325,9 @@ class NodeScheduler:
         in_flight = sorted(r.job_id for r in self._running.values() if r.preempt_at is not None)
         mine = [r for r in in_flight if self._preempted_for.get(r) == head_id]
         if mine:
-            reason = (
-                f"waiting for preempted job(s) {', '.join(mine)} to stop (grace {self.grace_seconds:g} s)"
+            reason = PendingReason(
+                _preempting(reason),
+                f"waiting for preempted job(s) {', '.join(mine)} to stop (grace {self.grace_seconds:g} s)",
             )
         else:
             victims = self._victims(job, now, p.cap)
@@ -376,8 +338,9 @@ class NodeScheduler:
                     self._preempted_for[v.job_id] = head_id
                     p.decisions.append(PreemptJob(v.job_id, head_id, self.grace_seconds))
                 names = ", ".join(v.job_id for v in victims)
-                reason = (
-                    f"preempting lower-priority job(s) {names} (grace {self.grace_seconds:g} s); {reason}"
+                reason = PendingReason(
+                    _preempting(reason),
+                    f"preempting lower-priority job(s) {names} (grace {self.grace_seconds:g} s); {reason}",
                 )
         running = [(self._expected_end(r), r.holding) for r in self._by_start()]
         p.reservation = backfill.shadow(p.cap, running, self._fits_head(p))
@@ -398,18 +361,20 @@ class NodeScheduler:
         topology = self.machine.topology
         return choose_victims(candidates, cap, lambda c: fits(demand, c, topology), now)
 
-    def _behind(self, job: _Pending, now: float, p: _Pass, why: str) -> str:
+    def _behind(self, job: _Pending, now: float, p: _Pass, why: str) -> PendingReason:
         assert p.head is not None
         level = effective_priority(self.policy, self._view(now), job.queued, self.fallbacks)
         kind = "higher-priority" if p.head_level > level else "earlier"
-        return f"waiting behind {kind} job {p.head.queued.job_id} ({why})"
+        return PendingReason(
+            PendingCode.BEHIND_QUEUE_HEAD, f"waiting behind {kind} job {p.head.queued.job_id} ({why})"
+        )
 
     # ---- reads ---------------------------------------------------------------------------------------
 
     def pending_reason(self, job_id: str) -> str:
         """Why a pending job is not running, as of the last step. KeyError if it is not pending."""
         try:
-            return self._pending[job_id].reason
+            return self._pending[job_id].reason.text
         except KeyError:
             raise KeyError(f"job {job_id!r} is not pending") from None
 
@@ -418,7 +383,20 @@ class NodeScheduler:
         seen = [i for i in self._order if i in self._pending]
         known = set(seen)
         rest = sorted((j for i, j in self._pending.items() if i not in known), key=lambda j: j.queued.seq)
-        return [(i, self._pending[i].reason) for i in seen] + [(j.queued.job_id, j.reason) for j in rest]
+        return [(i, self._pending[i].reason.text) for i in seen] + [
+            (j.queued.job_id, j.reason.text) for j in rest
+        ]
+
+    def pending_codes(self) -> list[tuple[str, PendingCode]]:
+        """Each pending job's reason code, as of the last step (for the metrics' ``reason`` label)."""
+        return [(i, j.reason.code) for i, j in self._pending.items()]
+
+    def pending_code(self, job_id: str) -> PendingCode:
+        """The code of ``pending_reason(job_id)``. KeyError if it is not pending."""
+        try:
+            return self._pending[job_id].reason.code
+        except KeyError:
+            raise KeyError(f"job {job_id!r} is not pending") from None
 
     def running(self) -> dict[str, tuple[int, ...]]:
         """Running job ids (including those being preempted) and their GPUs, in start order."""
@@ -434,7 +412,9 @@ class NodeScheduler:
         for gpu in self.machine.gpus:
             g = gpu.index
             jobs = tuple(r.job_id for r in self._by_start() if g in r.holding.gpus)
-            used = sum(self._memory_on(r.holding, g) for r in self._running.values() if g in r.holding.gpus)
+            used = sum(
+                memory_on(self.machine, r.holding, g) for r in self._running.values() if g in r.holding.gpus
+            )
             layout = self._layouts[g]
             out.append(
                 GpuUsage(
@@ -477,7 +457,22 @@ class NodeScheduler:
         return [by_id[q.job_id] for q in ordered]
 
     def _choose(self, demand: Demand, cap: Capacity) -> Choice | None:
-        return choose(demand, cap, self.machine.topology, self._mig_policy)
+        """The GPUs the job gets now: MIG slots here, shares and whole GPUs from the shared placer. ``cap``
+        mirrors the ledger at this point (every start reserves at once), so both see the same capacity."""
+        if demand.kind is DemandKind.MIG:
+            return choose_mig(demand, cap, self._mig_policy)
+        if not fits(demand, cap, self.machine.topology):
+            return None
+        return self.gpu_choice.choose(demand, self._known_shapes())
+
+    def _known_shapes(self) -> list[Request]:
+        """The share and whole-GPU requests of the pending and running jobs (what FGD-style policies keep
+        room for, when no target workload is given)."""
+        kinds = (DemandKind.SHARE, DemandKind.WHOLE)
+        pending = [demand_request(j.demand) for j in self._pending.values() if j.demand.kind in kinds]
+        return pending + [
+            r.placement.request for r in self._running.values() if r.mig is None and r.holding.gpus
+        ]
 
     def _fits_head(self, p: _Pass) -> Callable[[Capacity], bool]:
         assert p.head is not None
@@ -499,7 +494,7 @@ class NodeScheduler:
             self._usable_cache[demand] = usable
         return usable
 
-    def _why_not(self, demand: Demand, usable: Demand, cap: Capacity) -> str:
+    def _why_not(self, demand: Demand, usable: Demand, cap: Capacity) -> PendingReason:
         """why_not, plus the unhealthy GPUs the job could otherwise have used."""
         lost = [g for g in demand.eligible if g in self._unhealthy]
         if not lost:
@@ -508,8 +503,9 @@ class NodeScheduler:
         sick += ": no new jobs go there"
         if len(usable.eligible) < max(1, usable.count):
             left = len(usable.eligible)
-            return f"needs {max(1, usable.count)} GPU(s) it may use; only {left} healthy; {sick}"
-        return f"{why_not(usable, cap, self.machine.topology)}; {sick}"
+            text = f"needs {max(1, usable.count)} GPU(s) it may use; only {left} healthy; {sick}"
+            return PendingReason(PendingCode.UNHEALTHY_GPU, text)
+        return why_not(usable, cap, self.machine.topology).then(sick).recoded(PendingCode.UNHEALTHY_GPU)
 
     def _expected_end(self, r: _Running) -> float:
         ends = [math.inf]
@@ -522,50 +518,13 @@ class NodeScheduler:
     def _capacity(self) -> Capacity:
         view = self.ledger.view
         milli = [int(x) for x in view.free_gpu_milli[0, : self._n]]
-        memory = [int(view.free_gpu_memory_bytes[0, g]) - self._gap[g] for g in range(self._n)]
+        memory = [int(view.free_gpu_memory_bytes[0, g]) for g in range(self._n)]
         total = [g.memory_bytes for g in self.machine.gpus]
         return Capacity(milli, memory, self._layouts, self._external, total)
 
-    def _memory_on(self, h: Holding, g: int) -> int:
-        if h.mig is not None:
-            return h.mig.profile.memory_bytes
-        if h.milli >= MILLI_PER_GPU:
-            return self.machine.gpus[g].memory_bytes
-        return h.memory_bytes
-
-    def _memory_of(self, h: Holding) -> int:
-        return sum(self._memory_on(h, g) for g in h.gpus)
-
-    def _least_use(self, demand: Demand) -> tuple[float, int]:
-        """The fewest GPUs and least GPU memory the job can hold, wherever it goes (for quotas)."""
-        if demand.kind is DemandKind.NONE:
-            return 0.0, 0
-        if demand.kind is DemandKind.MIG:
-            profiles = [p for _, ps in demand.mig_options for p in ps]
-            return min(p.compute_slices for p in profiles) / 7, min(p.memory_bytes for p in profiles)
-        if demand.kind is DemandKind.SHARE:
-            return demand.milli / MILLI_PER_GPU, demand.memory_bytes
-        smallest = sorted(self.machine.gpus[g].memory_bytes for g in demand.eligible)
-        return float(demand.count), sum(smallest[: demand.count])
-
-    def _quota_reason(self, tenant: str, gpus: float, memory: int) -> str:
-        quota = self.tenants.get(tenant)
-        if quota is None:
-            return ""
-        held = [r.holding for r in self._running.values() if r.spec.tenant == tenant]
-        used_gpus = sum(gpus_equivalent(h) for h in held)
-        if quota.max_gpus is not None and used_gpus + gpus > quota.max_gpus + 1e-9:
-            return (
-                f"tenant {tenant} at its quota of {quota.max_gpus:g} GPUs "
-                f"({used_gpus:g} in use, this job needs {gpus:g})"
-            )
-        used_memory = sum(self._memory_of(h) for h in held)
-        if quota.max_gpu_memory_bytes is not None and used_memory + memory > quota.max_gpu_memory_bytes:
-            return (
-                f"tenant {tenant} at its quota of {format_size(quota.max_gpu_memory_bytes)} GPU memory "
-                f"({format_size(used_memory)} in use, this job needs {format_size(memory)})"
-            )
-        return ""
+    def _quota_reason(self, tenant: str, gpus: float, memory: int) -> PendingReason | None:
+        held = (r.holding for r in self._running.values() if r.spec.tenant == tenant)
+        return quota_reason(self.tenants.get(tenant), tenant, self.machine, held, gpus, memory)
 
     def _assignment(self, choice: Choice) -> MigAssignment | None:
         mig = choice.holding.mig
@@ -620,3 +579,8 @@ class NodeScheduler:
         )
         if isinstance(result, Placement):
             self._external_placement[g] = result
+
+
+def _preempting(base: PendingReason) -> PendingCode:
+    """A head job that preempts is PREEMPTING, unless unhealthy GPUs are what it waits for."""
+    return base.code if base.code is PendingCode.UNHEALTHY_GPU else PendingCode.PREEMPTING

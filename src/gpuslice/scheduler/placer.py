@@ -2,7 +2,12 @@
 
 The policy advises, the placer decides (DESIGN.md). A hook that raises, returns the wrong shape, NaN,
 or GPUs the ledger refuses costs quality, never correctness: the placer falls back to the default
-(equal scores, best-fit GPUs) and counts the fallback in ``fallbacks[(hook, reason)]``.
+(equal scores, ``default_gpus``) and counts the fallback in ``fallbacks[(hook, reason)]``.
+
+Every home decides here: ``gpuslice sim`` calls ``place``; ``gpuslice serve`` (one node) and the
+Kubernetes extender (a node kube-scheduler is asking about) call ``pick_gpus`` for the GPUs inside a
+node, with the GPUs they may not use masked out (unhealthy, in MIG mode, a model the job excludes, a
+share count used up) and the node's wiring for multi-GPU sets.
 """
 
 from __future__ import annotations
@@ -12,12 +17,15 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from gpuslice.ledger.ledger import Ledger
+from gpuslice.hardware.topology import Topology
+from gpuslice.ledger.ledger import Ledger, LedgerView
 from gpuslice.ledger.placement import Placement, Refusal, RefusalCode
 from gpuslice.policies.base import PlacementOps, TieBreak, best_fit_gpus
+from gpuslice.policies.gpuset.pick import meets_need, pick_gpu_set
+from gpuslice.workload.job import TopologyNeed
 from gpuslice.workload.request import Request
 
-__all__ = ["Placer", "Unplaced"]
+__all__ = ["Placer", "Unplaced", "default_gpus"]
 
 
 @dataclass(frozen=True)
@@ -44,9 +52,18 @@ class _ScoreCache:
 class Placer:
     """Places requests on a ledger with one placement policy."""
 
-    def __init__(self, ledger: Ledger, policy: PlacementOps, rng: np.random.Generator | None = None) -> None:
+    def __init__(
+        self,
+        ledger: Ledger,
+        policy: PlacementOps,
+        rng: np.random.Generator | None = None,
+        topologies: list[Topology | None] | None = None,
+    ) -> None:
+        """``topologies`` (one per ledger node, None where unknown) lets the default GPU choice for several
+        whole GPUs follow the wiring; without it the lowest free GPUs are taken."""
         self.ledger = ledger
         self.policy = policy
+        self.topologies = topologies
         self.rng = rng if rng is not None else policy.context.rng
         self.fallbacks: Counter[tuple[str, str]] = Counter()
         self._cache: dict[Request, _ScoreCache] = {}
@@ -66,10 +83,15 @@ class Placer:
             return mask
         return mask & extra.astype(bool)
 
+    def node_scores(self, req: Request, candidates: np.ndarray) -> np.ndarray:
+        """The policy's scores of ``candidates`` (feasible node indices), normalized over them together,
+        with broken answers replaced and counted: what ``choose_node`` ranks by."""
+        return self._normalized(req, self._scores(req, candidates))
+
     def choose_node(self, req: Request, feasible: np.ndarray) -> int:
         """The best feasible node by the policy's scores and tie rule; ``feasible`` must have a node."""
         candidates = np.flatnonzero(feasible)
-        scores = self._normalized(req, self._scores(req, candidates))
+        scores = self.node_scores(req, candidates)
         best = np.flatnonzero(scores == scores.max())
         if len(best) == 1 or self.policy.tie_break is TieBreak.FIRST:
             return int(candidates[best[0]])
@@ -95,6 +117,33 @@ class Placer:
             return Unplaced(req, self.ledger.node_count, Counter({result.code: 1}))
         self._notify("on_placed", result)
         return result
+
+    def pick_gpus(
+        self,
+        req: Request,
+        node: int,
+        usable: np.ndarray | None = None,
+        topology: Topology | None = None,
+        need: TopologyNeed = TopologyNeed.ANY,
+    ) -> tuple[int, ...] | None:
+        """The GPUs of ``node`` for ``req``: the policy's advice when the ledger, ``usable`` (bool per GPU
+        slot) and ``need`` accept it, else ``default_gpus``; None when no choice exists. Reserves nothing."""
+        view = self.ledger.view
+        allowed = view.gpu_fits(req, node)
+        if usable is not None:
+            allowed = allowed & usable
+        advice = self._advice(req, node)
+        if advice is not None:
+            refusal = self.ledger.check(node, advice, req)
+            if refusal is not None:
+                self.fallbacks[("pick_gpus", refusal.code.value)] += 1
+            elif not all(allowed[g] for g in advice):
+                self.fallbacks[("pick_gpus", "GPU not usable")] += 1
+            elif not meets_need(topology, advice, need):
+                self.fallbacks[("pick_gpus", "topology need not met")] += 1
+            else:
+                return advice
+        return default_gpus(view, req, node, allowed, topology, need)
 
     def release(self, placement: Placement) -> None:
         self.ledger.release(placement)
@@ -155,20 +204,50 @@ class Placer:
             return self._usable(scores)
         return scores
 
-    def _reserve_with_advice(self, req: Request, node: int) -> Placement | Refusal:
+    def _advice(self, req: Request, node: int) -> tuple[int, ...] | None:
+        """The policy's pick_gpus answer as GPU indices; None when it gave none, or (counted) when it raised
+        or is not indices."""
         try:
-            advice = tuple(self.policy.pick_gpus(self.ledger.view, req, node))
+            answer = self.policy.pick_gpus(self.ledger.view, req, node)
+            if answer is None:
+                return None
+            advice = tuple(answer)
         except Exception:
             self.fallbacks[("pick_gpus", "exception")] += 1
-            advice = None
-        if advice is not None and not all(
-            isinstance(g, int | np.integer) and not isinstance(g, bool) for g in advice
-        ):
+            return None
+        if not all(isinstance(g, int | np.integer) and not isinstance(g, bool) for g in advice):
             self.fallbacks[("pick_gpus", "not GPU indices")] += 1
-            advice = None
+            return None
+        return tuple(int(g) for g in advice)
+
+    def _reserve_with_advice(self, req: Request, node: int) -> Placement | Refusal:
+        topology = self.topologies[node] if self.topologies is not None else None
+        advice = self._advice(req, node)
         if advice is not None:
             result = self.ledger.reserve(node, advice, req)
             if isinstance(result, Placement):
                 return result
             self.fallbacks[("pick_gpus", result.code.value)] += 1
-        return self.ledger.reserve(node, best_fit_gpus(self.ledger.view, req, node), req)
+        gpus = default_gpus(self.ledger.view, req, node, None, topology)
+        return self.ledger.reserve(node, gpus or (), req)
+
+
+def default_gpus(
+    view: LedgerView,
+    req: Request,
+    node: int,
+    usable: np.ndarray | None = None,
+    topology: Topology | None = None,
+    need: TopologyNeed = TopologyNeed.ANY,
+) -> tuple[int, ...] | None:
+    """The one fallback rule, for every home and every policy: best fit for a share of one GPU (and for
+    one whole GPU), the GPU-set choice (``pick_gpu_set``: topology, NVLink, ``need``) for several whole
+    GPUs. None when nothing usable fits."""
+    if req.num_gpu == 0:
+        return ()
+    if req.num_gpu == 1:  # a share, or one whole GPU: no set to choose, no need to meet
+        return best_fit_gpus(view, req, node, usable) or None
+    fitting = view.gpu_fits(req, node)
+    if usable is not None:
+        fitting = fitting & usable
+    return pick_gpu_set(topology, np.flatnonzero(fitting).tolist(), req.num_gpu, need=need)

@@ -168,7 +168,7 @@ class ServeClient:
             params["kind"] = kind
         return self._send("GET", "/v1/events", params=params)
 
-    # -- policies as programs (issue 9) -------------------------------------------------------------
+    # -- policies as programs ------------------------------------------------------------------------
 
     def policies(self) -> list[dict[str, Any]]:
         return self._send("GET", "/v1/policies")

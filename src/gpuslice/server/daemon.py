@@ -44,8 +44,10 @@ from gpuslice.node.launcher import ExitStatus, LaunchedJob
 from gpuslice.node.mig_manager import MigCommandFailed
 from gpuslice.node.telemetry import GpuReading, Telemetry
 from gpuslice.observe.metrics import ServeMetrics
+from gpuslice.policies import DEFAULT_PLACEMENT, placement_policy
 from gpuslice.policies.queue import DEFAULT_QUEUE_POLICY
 from gpuslice.programs.guard import GuardConfig
+from gpuslice.programs.loader import resolve
 from gpuslice.scheduler.node_scheduler import (
     MigAssignment,
     NodeScheduler,
@@ -60,6 +62,7 @@ from gpuslice.server.recovery import Recovery, RecoveryReport
 from gpuslice.server.store import JobRecord, Store, TenantRecord
 from gpuslice.server.views import DaemonViews, GpuSnapshot
 from gpuslice.workload.job import DEFAULT_GRACE_SECONDS, JobSpec, JobState, RestartPolicy
+from gpuslice.workload.target import TargetWorkload
 
 __all__ = [
     "DEFAULT_GRACE_SECONDS",
@@ -113,6 +116,8 @@ class Daemon(Recovery, GpuWatch, PolicyAdmin, DaemonViews):
         sharing: str = DEFAULT_SHARING.value,
         grace_seconds: float = DEFAULT_GRACE_SECONDS,
         queue_policy: str = DEFAULT_QUEUE_POLICY,
+        placement: str = DEFAULT_PLACEMENT,
+        target: TargetWorkload | None = None,
         guard: GuardConfig | None = None,
         tick_seconds: float = DEFAULT_TICK_SECONDS,
         monitor_seconds: float = 0.5,
@@ -148,6 +153,17 @@ class Daemon(Recovery, GpuWatch, PolicyAdmin, DaemonViews):
                 lambda message: self._policy_events.append(("queue", message)),
             )
         }
+        # The placement policy (a name, or a file verified and guarded here) advises which GPUs a job
+        # gets, through the same placer as sim and the Kubernetes extender.
+        self.placement = placement
+        self._placement_factory = resolve(
+            placement,
+            "placement",
+            placement_policy,
+            guard or GuardConfig(),
+            on_event=lambda message: self._policy_events.append(("placement", message)),
+        )
+        self.target = target
         self.health = restored_health(store, machine)
         self.scheduler = self._new_scheduler()
         self._usage: dict[str, dict[int, int]] = {}  # job -> GPU -> bytes, from the last monitor pass
@@ -161,7 +177,11 @@ class Daemon(Recovery, GpuWatch, PolicyAdmin, DaemonViews):
 
     def _new_scheduler(self) -> NodeScheduler:
         scheduler = NodeScheduler(
-            self.machine, tenants=_quotas(self.store.tenants()), grace_seconds=self.grace_seconds
+            self.machine,
+            tenants=_quotas(self.store.tenants()),
+            grace_seconds=self.grace_seconds,
+            placement=self._placement_factory,
+            target=self.target,
         )
         scheduler.policy = self.policy_slots["queue"].current
         for g, health in self.health.unhealthy().items():
@@ -272,7 +292,7 @@ class Daemon(Recovery, GpuWatch, PolicyAdmin, DaemonViews):
                     self._launch(action, now)
                 elif isinstance(action, PreemptJob):
                     self._preempt(action, now)
-            self.metrics.pending_reasons(self.scheduler.queue())
+            self.metrics.pending_reasons(self.scheduler.pending_codes())
             self._published = self._gpu_state()
             self._flush_policy_events(now)
 

@@ -25,11 +25,11 @@ import psutil
 
 from gpuslice import shim
 from gpuslice.errors import InvalidRequest
-from gpuslice.node.gpu_faults import NvmlHealthSource
+from gpuslice.hardware.machine import Machine
 from gpuslice.node import enforcement, launcher, monitor
 from gpuslice.node.discovery import discover, is_simulated
+from gpuslice.node.gpu_faults import NvmlHealthSource
 from gpuslice.node.launcher import ExitStatus, LaunchedJob
-from gpuslice.hardware.machine import Machine
 from gpuslice.node.mig_manager import MigManager
 from gpuslice.node.telemetry import NvmlTelemetry, SimulatedTelemetry, Telemetry
 from gpuslice.scheduler.node_scheduler import MigAssignment

@@ -331,7 +331,7 @@ def tenant_from_body(name: str, body: TenantIn) -> TenantRecord:
     return TenantRecord(name, body.weight, body.max_gpus, memory, dict(body.response))
 
 
-# -- policies as programs (issue 9) ------------------------------------------------------------------
+# -- policies as programs --------------------------------------------------------------------------
 
 MapScalar = bool | int | float | str  # a map key or value; bool first so JSON true stays a bool
 

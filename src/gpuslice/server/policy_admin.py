@@ -67,8 +67,8 @@ class PolicyAdmin:
         if loaded.family not in self.policy_slots:
             raise PolicyFamilyMismatch(
                 f"{loaded.path} is a {loaded.family} policy; this server runs {', '.join(self.policy_slots)} "
-                "policies (placement and memory policies load into sim openb, memsim and the Kubernetes "
-                "extender with --policy FILE)"
+                "policies from `policy load` (a placement policy file is given at start: serve --placement "
+                "FILE; memory policies load into memsim)"
             )
         slot = self.policy_slots[loaded.family]
         # The slot builds the new instance (maps, __init__) before it assigns: a failure changes nothing.

@@ -1,4 +1,4 @@
-"""The REST routes for policies as programs (issue 9), mounted under /v1 by ``create_app``.
+"""The REST routes for policies as programs, mounted under /v1 by ``create_app``.
 
 ```text
 POST   /v1/policies                           🔑  {"filename", "source"}: verify, swap in -> 201 PolicyOut;

@@ -31,6 +31,7 @@ import uvicorn
 
 from gpuslice.errors import InvalidRequest
 from gpuslice.node.enforcement import DEFAULT_SHARING
+from gpuslice.policies import DEFAULT_PLACEMENT
 from gpuslice.policies.queue import DEFAULT_QUEUE_POLICY
 from gpuslice.server.app import create_app
 from gpuslice.server.auth import TOKEN_FILE, load_or_create_token
@@ -41,6 +42,7 @@ from gpuslice.server.local_node import LocalNode
 from gpuslice.server.store import Store
 from gpuslice.server.url_file import write_url
 from gpuslice.workload.job import DEFAULT_GRACE_SECONDS, JobState
+from gpuslice.workload.target import TargetWorkload
 
 __all__ = ["ServeOptions", "own_names", "run", "secure_state_dir", "state_lock"]
 
@@ -59,6 +61,8 @@ class ServeOptions:
     grace_seconds: float = DEFAULT_GRACE_SECONDS
     tick_seconds: float = DEFAULT_TICK_SECONDS
     queue_policy: str = DEFAULT_QUEUE_POLICY
+    placement: str = DEFAULT_PLACEMENT  # a placement policy name or file
+    target: TargetWorkload | None = None  # what FGD-style placement keeps room for
     public_reads: bool = False  # reads without the token, as before (a machine with one trusted user)
     allow_hosts: tuple[str, ...] = ()  # Host names accepted besides the server's own ("*": any)
 
@@ -180,6 +184,8 @@ def _run(options: ServeOptions, state_dir: Path, on_ready: Callable[[str, Path, 
             sharing=options.sharing,
             grace_seconds=options.grace_seconds,
             queue_policy=options.queue_policy,
+            placement=options.placement,
+            target=options.target,
             tick_seconds=options.tick_seconds,
             simulated=options.simulate is not None,
             telemetry=telemetry,

@@ -1,6 +1,6 @@
 """The openb experiment of the FGD paper: static packing of an inflated trace, pod by pod.
 
-Per seed (cluster-traces research note §1.5 and §3, matching the artifact's ``core.go``):
+Per seed (the FGD paper's methodology, matching the artifact's ``core.go``; docs/references.md, "openb"):
 
 1. shuffle the trace's pods;
 2. tune up: append pods sampled with replacement until the GPU request would pass 1.3 × capacity;

@@ -14,10 +14,11 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
-from gpuslice.errors import GpusliceError, TraceFormatError, UnknownTrace
+from gpuslice.errors import GpusliceError, TraceFormatError, UnknownTrace, UserError
 from gpuslice.hardware.node import NodeSpec
 from gpuslice.units import MiB
 from gpuslice.workload.request import MILLI_PER_GPU, Request
+from gpuslice.workload.target import TargetWorkload
 
 __all__ = [
     "BUNDLED_TRACES",
@@ -28,6 +29,7 @@ __all__ = [
     "bundled_dir",
     "load_nodes",
     "load_pods",
+    "load_target_workload",
     "load_trace",
 ]
 
@@ -145,3 +147,12 @@ def load_trace(name: str = DEFAULT_TRACE, trace_dir: Path | None = None) -> Open
     if not node_path.is_file():
         raise UnknownTrace(f"{directory} has no node list {NODE_FILE}")
     return OpenbTrace(name=name, nodes=load_nodes(node_path), pods=load_pods(pod_path))
+
+
+def load_target_workload(path: Path, option: str = "--target-workload") -> TargetWorkload:
+    """The GPU part of a pod list in openb's format: the workload FGD-style policies keep room for (the
+    same file serve and the Kubernetes extender take). UserError when no pod in it asks for a GPU."""
+    try:
+        return TargetWorkload.gpu_part(p.request for p in load_pods(path))
+    except ValueError:  # parsed, but not one pod asks for a GPU
+        raise UserError(f"{option} {path}: no pod in it asks for a GPU") from None

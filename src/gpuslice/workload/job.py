@@ -59,7 +59,7 @@ class RestartPolicy(enum.Enum):
 
 
 class TopologyNeed(enum.Enum):
-    """How the GPUs of a multi-GPU job must be connected (k8s_nvidia_reference §5)."""
+    """How the GPUs of a multi-GPU job must be connected (see ``hardware/topology.py``)."""
 
     ANY = "any"
     NVLINK = "nvlink"  # every pair joined by NVLink (direct or through NVSwitch)

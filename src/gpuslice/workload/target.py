@@ -1,6 +1,6 @@
 """The target workload M of FGD: the task shapes expected to arrive, with their popularity.
 
-Built exactly as the FGD artifact builds its "typical pods" (cluster-traces research note §1.2;
+Built exactly as the FGD artifact builds its "typical pods" (Weng et al., USENIX ATC '23;
 ``GetTypicalPods`` in hkust-adsl/kubernetes-scheduler-simulator ``pkg/utils/frag.go``): group the trace's
 tasks by (CPU, #GPU, milli-GPU, GPU models) — memory is not part of the shape — sort shapes by count,
 keep the most popular until they cover at least 95 % of tasks (CPU-only shapes included), renormalise.

@@ -1,18 +1,18 @@
 """Memory policies, one per file, and their registries (names are the CLI's ``--evict``/``--prefetch``).
 
-| eviction      | rule                                                         | source (research) |
-|---------------|--------------------------------------------------------------|-------------------|
-| default       | driver LRU at activation                                     | §3                |
-| fifo          | order of activation, accesses never move                     | §2.1              |
-| lfu           | new chunk at head, access → freq+1 and tail                  | §2.1              |
-| mru           | gpu_ext's: new at tail, used → head (FIFO without hits)      | §2.1              |
-| mru-textbook  | textbook MRU: new or used → head                             | caching texts     |
-| freq-decay    | tail every N-th access, N per tenant                         | §2.1              |
-| fifo-chance   | second chances per tenant at evict-prepare                   | §2.1              |
-| pid-quota     | tenants over quota are not protected                         | §2.1              |
-| 2q            | probation at head until seen in two episodes                 | §2.1              |
-| priority      | freq-decay half of the per-tenant priority policy            | §2.2              |
-| belady        | offline MIN (the bound)                                      | issue 5           |
+| eviction     | rule                                              | source (docs/references.md)         |
+|--------------|---------------------------------------------------|-------------------------------------|
+| default      | driver LRU at activation                          | UVM driver, ``uvm_pmm_gpu.c``       |
+| fifo         | order of activation, accesses never move          | gpu_ext ``eviction_fifo.bpf.c``     |
+| lfu          | new chunk at head, access → freq+1 and tail       | gpu_ext ``eviction_lfu.bpf.c``      |
+| mru          | new at tail, used → head (FIFO without hits)      | gpu_ext ``eviction_mru.bpf.c``      |
+| mru-textbook | textbook MRU: new or used → head                  | Chou and DeWitt, VLDB 1985          |
+| freq-decay   | tail every N-th access, N per tenant              | gpu_ext ``eviction_freq_pid_decay`` |
+| fifo-chance  | second chances per tenant at evict-prepare        | gpu_ext ``eviction_fifo_chance``    |
+| pid-quota    | tenants over quota are not protected              | gpu_ext ``eviction_pid_quota``      |
+| 2q           | probation at head until seen in two episodes      | gpu_ext ``eviction_2q_approx``      |
+| priority     | freq-decay half of the per-tenant priority policy | gpu_ext ``prefetch_eviction_pid``   |
+| belady       | offline MIN (the bound)                           | Belady, IBM Systems Journal 1966    |
 
 Prefetch: none, tree (driver), always-max, adaptive-seq, tree-iter, stride, pid-tree, priority.
 """
@@ -44,7 +44,17 @@ __all__ = ["EVICTION", "PREFETCH", "UnknownMemoryPolicy", "make_ops"]
 EVICTION: dict[str, type[MemoryOps]] = {
     p.name: p
     for p in (
-        DriverDefault, Fifo, Lfu, Mru, MruTextbook, FreqDecay, FifoChance, PidQuota, TwoQ, Priority, Belady
+        DriverDefault,
+        Fifo,
+        Lfu,
+        Mru,
+        MruTextbook,
+        FreqDecay,
+        FifoChance,
+        PidQuota,
+        TwoQ,
+        Priority,
+        Belady,
     )
 }
 PREFETCH: dict[str, type[MemoryOps]] = {

@@ -1,4 +1,4 @@
-"""Adaptive sequential prefetch (gpu_ext ``prefetch_adaptive_sequential.bpf.c`` + loader, research §2.2).
+"""Adaptive sequential prefetch (gpu_ext ``prefetch_adaptive_sequential.bpf.c`` + loader).
 
 Prefetch ``pct`` % of the block forward from the faulting page, ``[page+1, page+1+n)`` clamped to the
 block, always BYPASS. The loader re-reads link throughput once a second and sets
@@ -14,9 +14,9 @@ from gpuslice.units import MiB
 
 __all__ = ["AdaptiveSequential"]
 
-PCT_MIN, PCT_MAX = 30, 100  # loader defaults (research §2.2)
-MAX_BW = 20_480 * MiB  # bytes/s (research §2.2)
-PERIOD_S = 1.0  # the loader updates once a second (research §2.2)
+PCT_MIN, PCT_MAX = 30, 100  # loader defaults
+MAX_BW = 20_480 * MiB  # bytes/s, the loader's max_bw
+PERIOD_S = 1.0  # the loader updates once a second
 
 
 class AdaptiveSequential(MemoryOps):

@@ -1,4 +1,4 @@
-"""Always-max prefetch (gpu_ext ``prefetch_always_max.bpf.c``, research §2.2).
+"""Always-max prefetch (gpu_ext ``prefetch_always_max.bpf.c``).
 
 Every fault requests the whole ``max_prefetch_region`` (the 2 MB block) with BYPASS. The authors call it
 "the most basic and most effective" policy: on rand_stream at 1.2× it cut 1805.7 ms to 1162.0 ms. Unlike

@@ -1,5 +1,6 @@
 """Belady's MIN: evict the chunk whose next use is farthest in the future — the offline optimum for
-chunk misses, and the bound every eviction policy is measured against (issue 5).
+chunk misses, and the bound every eviction policy is measured against (Belady, "A study of
+replacement algorithms for a virtual-storage computer", IBM Systems Journal, 1966).
 
 Offline: ``init`` reads the whole trace. Keys are next-use positions; a key computed at an earlier batch
 stays exact until the trace passes it (the block was used in between), so evict-prepare first refreshes

@@ -1,4 +1,4 @@
-"""Driver default eviction: LRU by activation over 2 MB chunks (research §3, default eviction).
+"""Driver default eviction: LRU by activation over 2 MB chunks (the UVM driver's, ``uvm_pmm_gpu.c``).
 
 Victims come from a free chunk, else the head of ``unused``, else the head of ``used``; a chunk moves to
 the used tail only when it is activated (allocated or migrated into), so under dense access it behaves

@@ -1,4 +1,4 @@
-"""FIFO eviction (gpu_ext ``eviction_fifo.bpf.c``, research §2.1).
+"""FIFO eviction (gpu_ext ``eviction_fifo.bpf.c``).
 
 Activation keeps the native tail move; the access hook returns BYPASS, so a chunk never moves on use and
 the list is in order of last activation. Suits sequential streaming (fewer list operations). With

@@ -1,4 +1,4 @@
-"""FIFO with per-tenant second chances (gpu_ext ``eviction_fifo_chance.bpf.c``, research §2.1).
+"""FIFO with per-tenant second chances (gpu_ext ``eviction_fifo_chance.bpf.c``).
 
 Activation gives a chunk chances from its owner's priority: high 3, low 0 (pure FIFO), others 1. An
 access resets them (BYPASS: no move). Evict-prepare looks at up to 8 head chunks: one with chances left
@@ -23,7 +23,7 @@ from gpuslice.memory.hooks import (
 
 __all__ = ["FifoChance"]
 
-CHANCES = {PRIORITY_HIGH: 3, PRIORITY_LOW: 0}  # research §2.1 defaults
+CHANCES = {PRIORITY_HIGH: 3, PRIORITY_LOW: 0}  # the BPF program's defaults
 CHANCES_OTHER = 1
 
 

@@ -1,4 +1,4 @@
-"""Frequency-decay eviction (gpu_ext ``eviction_freq_pid_decay.bpf.c``, research §2.1).
+"""Frequency-decay eviction (gpu_ext ``eviction_freq_pid_decay.bpf.c``).
 
 Each access event bumps the chunk's counter; the chunk moves to TAIL only when ``counter % N == 0``, with
 N from the owner's priority: high 1 (every access protects), low 10, others 5. Always BYPASS, so chunks
@@ -23,7 +23,7 @@ from gpuslice.memory.hooks import (
 
 __all__ = ["FreqDecay"]
 
-DECAY_N = {PRIORITY_HIGH: 1, PRIORITY_LOW: 10}  # research §2.1 defaults
+DECAY_N = {PRIORITY_HIGH: 1, PRIORITY_LOW: 10}  # the BPF program's defaults
 DECAY_N_OTHER = 5
 
 

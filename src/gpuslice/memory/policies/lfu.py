@@ -1,4 +1,4 @@
-"""Approximate LFU eviction (gpu_ext ``eviction_lfu.bpf.c``, research §2.1).
+"""Approximate LFU eviction (gpu_ext ``eviction_lfu.bpf.c``).
 
 Activation sets the chunk's frequency to 1 and requests HEAD, so a new chunk is the easiest to evict;
 every access event raises the frequency (capped at 255) and requests TAIL. Only head/tail moves exist,
@@ -14,7 +14,7 @@ from gpuslice.memory.hooks import BYPASS, HEAD, TAIL, USED, DecisionContext, Mem
 
 __all__ = ["Lfu"]
 
-FREQ_MAX = 255  # frequency cap of the BPF map values (research §2.1)
+FREQ_MAX = 255  # frequency cap of the BPF map values (eviction_lfu.bpf.c)
 
 
 class Lfu(MemoryOps):

@@ -1,4 +1,4 @@
-"""Per-tenant chunk quota (gpu_ext ``eviction_pid_quota.bpf.c``, research §2.1).
+"""Per-tenant chunk quota (gpu_ext ``eviction_pid_quota.bpf.c``).
 
 Counts active chunks per tenant (up at a chunk's first activation, down at evict-prepare when the head
 chunk is one it tracks). On access, quota = active chunks of the high and low tenants × quota% / 100

@@ -1,4 +1,4 @@
-"""Per-tenant tree threshold (gpu_ext ``prefetch_pid_tree.bpf.c``, research §2.2): the tree-iterator rule
+"""Per-tenant tree threshold (gpu_ext ``prefetch_pid_tree.bpf.c``): the tree-iterator rule
 with the threshold from the owning tenant's priority — high 20 % (prefetches eagerly), low 80 %,
 others 50 %. gpu_ext learns the owner with a kprobe; the fault carries it here."""
 
@@ -9,7 +9,7 @@ from gpuslice.memory.policies.tree_iter import TreeIter
 
 __all__ = ["PidTree"]
 
-THRESHOLDS = {PRIORITY_HIGH: 20, PRIORITY_LOW: 80}  # research §2.2 defaults
+THRESHOLDS = {PRIORITY_HIGH: 20, PRIORITY_LOW: 80}  # the BPF program's defaults
 THRESHOLD_OTHER = 50
 
 

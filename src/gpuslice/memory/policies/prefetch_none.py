@@ -1,4 +1,4 @@
-"""No prefetch (gpu_ext ``prefetch_none.bpf.c``, research §2.2): request the empty region with BYPASS,
+"""No prefetch (gpu_ext ``prefetch_none.bpf.c``): request the empty region with BYPASS,
 so only the faulted pages move — pure demand paging."""
 
 from __future__ import annotations

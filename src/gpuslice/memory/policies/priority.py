@@ -1,10 +1,11 @@
-"""Per-tenant priority, prefetch and eviction in one ops table (gpu_ext ``prefetch_eviction_pid.bpf.c``,
-research §2.2) — the policy behind gpu_ext's two-tenant co-location result (research §4.1).
+"""Per-tenant priority, prefetch and eviction in one ops table (gpu_ext ``prefetch_eviction_pid.bpf.c``)
+— the policy behind the gpu_ext paper's two-tenant co-location result.
 
 One priority value p per tenant drives both halves: prefetch is the tree rule with threshold p %, eviction
 is frequency decay with N = max(1, p / 10). Defaults: high p = 10 (threshold 10 %, N = 1), low p = 80
 (80 %, N = 8), others 50 (50 %, N = 5). With driver-faithful visibility only the prefetch half acts,
-matching gpu_ext's note that eviction adds < 1 % over prefetch alone (research §4.1).
+matching gpu_ext's note that eviction adds < 1 % over prefetch alone (gpu_ext
+``docs/eval/multi-tenant-memory/EVALUATION_REPORT.md``).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from gpuslice.memory.policies.tree_iter import TreeIter
 
 __all__ = ["Priority"]
 
-P = {PRIORITY_HIGH: 10, PRIORITY_LOW: 80}  # research §2.2 defaults
+P = {PRIORITY_HIGH: 10, PRIORITY_LOW: 80}  # the BPF program's defaults
 P_OTHER = 50
 
 

@@ -1,4 +1,4 @@
-"""Stride prefetch (gpu_ext ``prefetch_stride.bpf.c``, research §2.2).
+"""Stride prefetch (gpu_ext ``prefetch_stride.bpf.c``).
 
 Per VA block: last page, stride and a confidence. At each fault, delta = page − last: 0 does nothing;
 |delta| > 128 decays the confidence; delta equal to the stride raises it, otherwise it decays and the
@@ -17,7 +17,7 @@ from gpuslice.memory.hooks import BYPASS, DecisionContext, MemoryOps, MemoryView
 
 __all__ = ["Stride"]
 
-CONFIDENCE, PAGES, MAX_STRIDE = 2, 2, 128  # loader defaults -t -n -m (research §2.2)
+CONFIDENCE, PAGES, MAX_STRIDE = 2, 2, 128  # loader defaults -t -n -m
 
 
 class Stride(MemoryOps):

@@ -1,4 +1,5 @@
-"""Driver tree prefetcher: the native 51 % density tree (research §3, default prefetch; Ganguly et al.).
+"""Driver tree prefetcher: the native 51 % density tree (the UVM driver's
+``uvm_perf_prefetch.c``, after Ganguly et al., IPDPS 2020).
 
 Per faulted page, grown to its 64 KB big page, the largest bitmap-tree node with
 ``counter * 100 > pages * 51`` is migrated; the region never leaves the 2 MB block, and thrashing blocks

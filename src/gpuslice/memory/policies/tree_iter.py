@@ -1,4 +1,4 @@
-"""Tree-iterator threshold prefetch (gpu_ext ``prefetch_adaptive_tree_iter.bpf.c``, research §2.2).
+"""Tree-iterator threshold prefetch (gpu_ext ``prefetch_adaptive_tree_iter.bpf.c``).
 
 The first hook returns ENTER_LOOP with an empty region; at every tree level the iterator commits the
 node when ``counter * 100 > pages * threshold`` — the native rule with a variable threshold (BPF default
@@ -12,7 +12,7 @@ from gpuslice.memory.hooks import ENTER_LOOP, DecisionContext, MemoryOps, Memory
 
 __all__ = ["TreeIter"]
 
-THRESHOLD = 51  # BPF default (research §2.2)
+THRESHOLD = 51  # BPF default
 
 
 class TreeIter(MemoryOps):

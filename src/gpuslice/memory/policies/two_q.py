@@ -1,10 +1,10 @@
-"""Approximate 2Q / two-hit segmented LRU (gpu_ext ``eviction_2q_approx``, research §2.1).
+"""Approximate 2Q / two-hit segmented LRU (gpu_ext ``eviction_2q_approx``).
 
-A chunk seen in only one residency episode is on probation at the HEAD; once it has been seen in two
-distinct episodes (it came back after an eviction, or an access was observed after its activation) it is
-promoted to the TAIL. Only head/tail moves exist, so the two queues share one list and the ghost queue
-has no size (research §6): this is the approximation gpu_ext ships. Episodes end at evict-prepare, when
-the chunk is at the head.
+A chunk seen in only one residency episode is on probation at the HEAD; once it has been seen in two distinct
+episodes (it came back after an eviction, or an access was observed after its activation) it is promoted to
+the TAIL. Only head/tail moves exist, so the two queues share one list and the ghost queue has no size
+(gpu_ext ``extension/README.md`` says so): this is the approximation gpu_ext ships. Episodes end at
+evict-prepare, when the chunk is at the head.
 """
 
 from __future__ import annotations

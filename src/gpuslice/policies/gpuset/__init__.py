@@ -36,9 +36,7 @@ def gpuset_policy(name: str) -> type[GpuSetOps]:
     try:
         return GPUSET[name]
     except KeyError:
-        raise UnknownPolicy(
-            f"{name!r} is not a GPU-set policy; known: {', '.join(sorted(GPUSET))}"
-        ) from None
+        raise UnknownPolicy(f"{name!r} is not a GPU-set policy; known: {', '.join(sorted(GPUSET))}") from None
 
 
 def make_gpuset_policy(name: str, seed: int = 0) -> GpuSetOps:

@@ -24,7 +24,14 @@ import numpy as np
 from gpuslice.errors import UserError
 from gpuslice.hardware.topology import Topology
 
-__all__ = ["GpuSetChoice", "GpuSetOps", "GpuSetUnavailable", "GpuSetView", "choose_gpu_set"]
+__all__ = [
+    "GpuSetChoice",
+    "GpuSetOps",
+    "GpuSetUnavailable",
+    "GpuSetView",
+    "check_gpu_set_request",
+    "choose_gpu_set",
+]
 
 
 class GpuSetUnavailable(UserError):
@@ -64,8 +71,8 @@ class GpuSetChoice:
     fallback: str | None = None  # why the policy's advice was replaced, or None
 
 
-def choose_gpu_set(policy: GpuSetOps, topology: Topology, free: Sequence[int], k: int) -> GpuSetChoice:
-    """Ask ``policy`` for k of the ``free`` GPUs and validate its answer; GpuSetUnavailable if impossible."""
+def check_gpu_set_request(topology: Topology, free: Sequence[int], k: int) -> tuple[int, ...]:
+    """The free GPUs, ascending, when k of them can be asked for; GpuSetUnavailable saying why not."""
     free_sorted = tuple(sorted({int(g) for g in free}))
     bad = [g for g in free_sorted if not 0 <= g < topology.n_gpus]
     if bad:
@@ -79,6 +86,12 @@ def choose_gpu_set(policy: GpuSetOps, topology: Topology, free: Sequence[int], k
             f"asked for {k} GPUs on {topology.name} but {len(free_sorted)} are free "
             f"({', '.join(map(str, free_sorted)) or 'none'}); ask for 1–{len(free_sorted)} or free some GPUs"
         )
+    return free_sorted
+
+
+def choose_gpu_set(policy: GpuSetOps, topology: Topology, free: Sequence[int], k: int) -> GpuSetChoice:
+    """Ask ``policy`` for k of the ``free`` GPUs and validate its answer; GpuSetUnavailable if impossible."""
+    free_sorted = check_gpu_set_request(topology, free, k)
     fallback = None
     try:
         advice = tuple(int(g) for g in policy.pick(GpuSetView(topology, free_sorted), k))

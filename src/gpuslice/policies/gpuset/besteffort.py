@@ -4,7 +4,7 @@ Optimises: the best *partition* of all free GPUs into sets of size k (padded wit
 spread over two sets), by the sum of pair points over every set; then returns that partition's best set.
 The first partition found wins ties; a 1-GPU request gets the first free GPU.
 Pair points: ``link_points`` with the NVSwitch blind spot (no NVLink record on switch boards).
-Source: research k8s_nvidia_reference.md §5.4 (``besteffort_policy.go``), reimplemented from its steps.
+Source: NVIDIA/go-gpuallocator ``gpuallocator/besteffort_policy.go``, reimplemented from its steps.
 Weakness: scores are a sum of link points, not the slowest link, so a set with many NVLinks and one
 PCIe hop can beat a uniformly linked one; 1-GPU jobs ignore what they break.
 """
@@ -25,7 +25,7 @@ _PAD = -1  # a placeholder GPU (go-gpuallocator's nil device)
 
 
 def partitions(devices: tuple[int, ...], size: int, padding: int) -> Iterator[list[tuple[int, ...]]]:
-    """Every split of ``devices`` into sets of ``size``, in go-gpuallocator's order (§5.4 step 3).
+    """Every split of ``devices`` into sets of ``size``, in go-gpuallocator's order (its Allocate, step 3).
 
     Each set holds the lowest remaining device first, so no partition appears twice; a set with some
     but not all of the ``padding`` placeholders is skipped.

@@ -2,13 +2,13 @@
 
 Optimises, in this order (lexicographic):
 1. ring bandwidth of the set, higher is better: the slowest link of the best ring through it, what a
-   ring all-reduce is bounded by (``Topology.ring_bandwidth``; research k8s_nvidia_reference.md §6);
+   ring all-reduce is bounded by (``Topology.ring_bandwidth``; docs/references.md, "GPU topology");
 2. hop cost, lower is better: sum over pairs of the cost model's hops (1 NVLink, 2 NVSwitch, 3 PCIe);
 3. NUMA nodes spanned, fewer is better (CPU affinity: the job's host threads stay on one socket);
 4. what the GPUs left free can still offer the next request: the sum, over next-request sizes 2, 4 and 8
    that still fit, of the best ring bandwidth a set of that size could get from them;
 5. lowest GPU indices (deterministic).
-Exact search is cheap at machine scale: at most C(8,4) = 70 candidate sets (issue 3).
+Exact search is cheap at machine scale: at most C(8,4) = 70 candidate sets.
 Where it works well: NVLink meshes and PCIe trees, where some sets are much better than others. On
 NVSwitch boards every set is equal on 1–2, so NUMA affinity and the leftovers decide.
 Weakness: greedy over time; it protects the next request, not a whole future stream.

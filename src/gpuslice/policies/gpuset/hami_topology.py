@@ -3,8 +3,9 @@
 Optimises: for k ≥ 2, the highest sum of pair points over all C(n, k) sets of the free GPUs; for k = 1,
 the free GPU with the lowest sum of pair points to the other free GPUs (keeping good pairs free). When
 exactly k GPUs are free it takes them all. Ties go to the first set in ascending order.
-Pair points: ``link_points``, NVSwitch links counted (HAMi PR #2103).
-Source: hami_and_peers.md §3.3 (``Fit`` → ``computeBestCombination`` / ``computeWorstSignleCard``).
+Pair points: ``link_points``, NVSwitch links counted (Project-HAMi/HAMi#2103).
+Source: Project-HAMi/HAMi ``pkg/device/nvidia/calculate_score.go`` (``Fit`` → ``computeBestCombination``
+/ ``computeWorstSignleCard``).
 Weakness: a sum of points, so one PCIe hop inside an otherwise NVLinked set goes unnoticed; it keeps
 nothing back for the next multi-GPU request.
 """

@@ -1,10 +1,11 @@
 """Pair scores of go-gpuallocator and HAMi: points per link, summed over a pair's link records.
 
 PCIe record: SYS 10, NODE 20, PHB 30, PXB 40, PIX 50 (same board 60, which our model reads as PIX);
-NVLink record: 100 per link, 1 to 18 links. Sources: research k8s_nvidia_reference.md §5.4 (go-gpuallocator
-``calculateGPUPairScore``) and hami_and_peers.md §3.3 (HAMi ``calculate_score.go``), identical tables.
-The one difference is NVSwitch: go-gpuallocator counts only links whose far end is the peer GPU, so on
-switch boards its NVLink record is empty (§5.4); HAMi counts switch links since PR #2103 (§5.1).
+NVLink record: 100 per link, 1 to 18 links. Sources: NVIDIA/go-gpuallocator ``calculateGPUPairScore``
+(``gpuallocator/besteffort_policy.go``) and Project-HAMi/HAMi ``pkg/device/nvidia/calculate_score.go``,
+identical tables. The one difference is NVSwitch: go-gpuallocator counts only links whose far end is the
+peer GPU, so on switch boards its NVLink record is empty (``internal/links/device.go``); HAMi counts switch
+links since Project-HAMi/HAMi#2103.
 """
 
 from __future__ import annotations

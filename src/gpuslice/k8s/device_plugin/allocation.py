@@ -1,0 +1,281 @@
+"""GetPreferredAllocation and Allocate: which devices a pod gets, read from its scheduling decision."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from gpuslice.errors import UserError
+from gpuslice.hardware.machine import Machine
+from gpuslice.k8s.annotations import (
+    ANNOTATION_ALLOCATED,
+    ANNOTATION_BIND_PHASE,
+    BIND_PHASE_ALLOCATED,
+    BIND_PHASE_FAILED,
+    Decision,
+    MigSlot,
+)
+from gpuslice.k8s.device_plugin.devices import (
+    CDI_KIND,
+    PluginDevice,
+    Resource,
+    device_nodes,
+)
+from gpuslice.k8s.device_plugin.kube import PendingPod, PodSource
+from gpuslice.k8s.proto import deviceplugin_pb2 as pb
+from gpuslice.k8s.shim_mounts import container_setup
+from gpuslice.node.enforcement import SharingMode, job_env, softcap_dir
+from gpuslice.policies.gpuset import GpuSetOps
+from gpuslice.policies.gpuset.pick import pick_gpu_set
+from gpuslice.scheduler.node_scheduler import MigAssignment
+from gpuslice.units import MiB
+from gpuslice.workload.job import JobSpec
+
+__all__ = [
+    "Allocation",
+    "AllocationRefused",
+]
+
+log = logging.getLogger(__name__)
+
+
+class AllocationRefused(UserError):
+    """Allocate cannot be answered from a scheduling decision; the pod fails with this message."""
+
+
+class Allocation:
+    """The plugin's GetPreferredAllocation and Allocate answers (a part of ``DevicePlugin``, which sets
+    the attributes below in its constructor)."""
+
+    machine: Machine
+    node_name: str
+    pods: PodSource
+    policy: GpuSetOps
+    sharing: SharingMode
+    state_dir: Path
+    _mig: dict[int, tuple[MigSlot, ...]]
+    _by_id: dict[str, PluginDevice]
+    _health: dict[str, bool]
+    _gpu_healthy: dict[int, bool]
+    _allocate_lock: threading.Lock
+    _minors: tuple[int, ...]
+
+    def _oldest_waiting(self, fits: Callable[[Decision], bool]) -> PendingPod | None:
+        try:
+            pods = self.pods.allocating_pods(self.node_name)
+        except Exception as err:
+            log.error("could not list pods bound to %s: %s", self.node_name, err)
+            return None
+        waiting = [p for p in pods if p.decision.node == self.node_name and fits(p.decision)]
+        return min(waiting, key=lambda p: (p.decision.bind_time, p.namespace, p.name), default=None)
+
+    def _preferred(
+        self, resource: Resource, request: pb.PreferredAllocationRequest
+    ) -> pb.PreferredAllocationResponse:
+        answers = []
+        for req in request.container_requests:
+            available = [d for d in resource.devices if d.id in set(req.available_deviceIDs)]
+            must = [self._by_id[i] for i in req.must_include_deviceIDs if i in self._by_id]
+            size = int(req.allocation_size)
+            if resource.mig_profile:
+                chosen = self._prefer_mig(resource, available, must, size)
+            else:
+                chosen = self._prefer_shares(available, must, size)
+            answers.append(pb.ContainerPreferredAllocationResponse(deviceIDs=[d.id for d in chosen]))
+        return pb.PreferredAllocationResponse(container_responses=answers)
+
+    def _prefer_shares(
+        self, available: list[PluginDevice], must: list[PluginDevice], size: int
+    ) -> list[PluginDevice]:
+        """One share per GPU: the GPUs a waiting pod's decision names, else ``pick_gpu_set``'s choice."""
+        per_gpu: dict[int, list[PluginDevice]] = {}
+        for d in available:
+            per_gpu.setdefault(d.gpu, []).append(d)
+        must_gpus = {d.gpu for d in must}
+        pod = self._oldest_waiting(lambda dec: dec.mig is None and len(dec.gpu_indices) == size)
+        gpus: tuple[int, ...] | None = None
+        if pod is not None:
+            decided = self._decision_gpus(pod.decision)
+            if decided and set(decided) >= must_gpus and all(g in per_gpu for g in decided):
+                gpus = decided
+        if gpus is None and 0 < size <= len(per_gpu) and len(must_gpus) <= size:
+            # the GPU-set choice every home makes (the placer, topo pick): the GPU-set policy's advice,
+            # or with must-include GPUs the exact ranking over the sets that hold them
+            gpus = pick_gpu_set(
+                self.machine.topology, sorted(per_gpu), size, must=must_gpus, policy=self.policy
+            )
+        chosen = list(must)
+        if gpus is not None:
+            for g in gpus:
+                if g not in {d.gpu for d in chosen}:
+                    chosen.append(per_gpu[g][0])
+        # More shares than distinct GPUs (or must-includes that rule out a topology choice): fill up,
+        # spreading round-robin over the GPUs. Advice only; the extender refuses such a pod anyway.
+        by_rank = sorted(available, key=lambda d: (per_gpu[d.gpu].index(d), d.gpu))
+        chosen += [d for d in by_rank if d not in chosen]
+        return chosen[:size]
+
+    def _prefer_mig(
+        self, resource: Resource, available: list[PluginDevice], must: list[PluginDevice], size: int
+    ) -> list[PluginDevice]:
+        chosen = list(must)
+        pod = self._oldest_waiting(
+            lambda dec: dec.mig is not None and dec.mig.profile == resource.mig_profile
+        )
+        if pod is not None and pod.decision.mig is not None:
+            slot = self._mig_slot(pod.decision.mig.gpu_index, pod.decision.mig.start)
+            wanted = next((d for d in available if slot is not None and d.id == slot.uuid), None)
+            if wanted is not None and wanted not in chosen:
+                chosen.append(wanted)
+        chosen += [d for d in available if d not in chosen]
+        return chosen[:size]
+
+    # -- Allocate ------------------------------------------------------------------------------------
+
+    def _decision_gpus(self, decision: Decision) -> tuple[int, ...]:
+        """The decision's GPUs as machine indices; by UUID when given (robust to reordering)."""
+        if decision.gpu_uuids:
+            index = {g.uuid: g.index for g in self.machine.gpus}
+            return tuple(index[u] for u in decision.gpu_uuids if u in index)
+        return tuple(i for i in decision.gpu_indices if 0 <= i < self.machine.gpu_count)
+
+    def _mig_slot(self, gpu: int, start: int) -> MigSlot | None:
+        return next((s for s in self._mig.get(gpu, ()) if s.start == start), None)
+
+    def _allocate(self, resource: Resource, request: pb.AllocateRequest) -> pb.AllocateResponse:
+        with self._allocate_lock:
+            taken: set[tuple[str, str]] = set()
+            responses = []
+            for req in request.container_requests:
+                pod = self._pod_for(resource, list(req.devices_ids), taken)
+                taken.add((pod.namespace, pod.name))
+                try:
+                    response = self._container_response(resource, pod)
+                except AllocationRefused as err:
+                    self._mark(pod, {ANNOTATION_BIND_PHASE: BIND_PHASE_FAILED})
+                    raise AllocationRefused(f"pod {pod.namespace}/{pod.name}: {err}") from None
+                self._mark(pod, {ANNOTATION_BIND_PHASE: BIND_PHASE_ALLOCATED, ANNOTATION_ALLOCATED: "true"})
+                log.info("allocated %s for pod %s/%s", resource.name, pod.namespace, pod.name)
+                responses.append(response)
+            return pb.AllocateResponse(container_responses=responses)
+
+    def _pod_for(self, resource: Resource, device_ids: list[str], taken: set[tuple[str, str]]) -> PendingPod:
+        """The waiting pod these device IDs are for: its decision names exactly their GPUs (shares) or
+        their MIG instance. The API passes no pod, so among pods whose decisions match, the kubelet's
+        admission order decides (oldest creation time first, then bind time, then name)."""
+        devices = [self._by_id.get(i) for i in device_ids]
+        if not devices or any(d is None for d in devices):
+            unknown = next((i for i, d in zip(device_ids, devices, strict=True) if d is None), "")
+            raise AllocationRefused(f"the kubelet asked for unknown device {unknown!r} of {resource.name}")
+        if resource.mig_profile:
+            wanted = {d.mig.uuid for d in devices if d is not None and d.mig is not None}
+
+            def fits(dec: Decision) -> bool:
+                if dec.mig is None or dec.mig.profile != resource.mig_profile:
+                    return False
+                slot = self._mig_slot(dec.mig.gpu_index, dec.mig.start)
+                return slot is not None and {slot.uuid} == wanted
+        else:
+            gpus = {d.gpu for d in devices if d is not None}
+
+            def fits(dec: Decision) -> bool:
+                return (
+                    dec.mig is None
+                    and len(dec.gpu_indices or dec.gpu_uuids) == len(device_ids)
+                    and set(self._decision_gpus(dec)) == gpus
+                )
+
+        try:
+            pods = self.pods.allocating_pods(self.node_name)
+        except Exception as err:
+            raise AllocationRefused(f"cannot list the pods bound to node {self.node_name}: {err}") from None
+        waiting = [
+            p
+            for p in pods
+            if p.decision.node == self.node_name and fits(p.decision) and (p.namespace, p.name) not in taken
+        ]
+        if not waiting:
+            raise AllocationRefused(
+                f"no pod bound to node {self.node_name} is waiting for {resource.name} devices "
+                f"{', '.join(device_ids)}: the pod was not placed by the gpuslice scheduler (check its "
+                "schedulerName; the gpuslice webhook sets it), or its decision annotations were removed"
+            )
+        return min(waiting, key=lambda p: (p.created, p.decision.bind_time, p.namespace, p.name))
+
+    def _mark(self, pod: PendingPod, annotations: Mapping[str, str]) -> None:
+        try:
+            self.pods.annotate_pod(pod.namespace, pod.name, annotations)
+        except Exception as err:
+            # Unmarked, the same decision could be handed to the next container: refuse instead.
+            raise AllocationRefused(
+                f"could not record the allocation on pod {pod.namespace}/{pod.name}: {err}"
+            ) from None
+
+    def _container_response(self, resource: Resource, pod: PendingPod) -> pb.ContainerAllocateResponse:
+        decision = pod.decision
+        spec_args: dict[str, Any] = {"command": (f"pod {pod.namespace}/{pod.name}",), "tenant": pod.namespace}
+        mig = None
+        if decision.mig is not None:
+            choice = decision.mig
+            slot = self._mig_slot(choice.gpu_index, choice.start)
+            if slot is None or slot.profile != choice.profile:
+                raise AllocationRefused(
+                    f"its decision names MIG {choice.profile} at slice {choice.start} on GPU "
+                    f"{choice.gpu_index}, which this node does not have"
+                )
+            if not self._health[slot.uuid]:
+                raise AllocationRefused(f"MIG device {slot.uuid} is unhealthy")
+            gpus: tuple[int, ...] = (choice.gpu_index,)
+            mig = MigAssignment(choice.gpu_index, choice.profile, choice.start)
+            spec = JobSpec(**spec_args, gpus=1, mig_profile=choice.profile)
+        else:
+            gpus = self._decision_gpus(decision)
+            wanted = len(decision.gpu_uuids or decision.gpu_indices)
+            if len(gpus) != wanted or not gpus:
+                raise AllocationRefused(
+                    f"its decision names GPUs {','.join(decision.gpu_uuids) or decision.gpu_indices} "
+                    f"but node {self.node_name} has {', '.join(g.uuid for g in self.machine.gpus)}"
+                )
+            sick = [self.machine.gpus[g].uuid for g in gpus if not self._gpu_healthy[g]]
+            if sick:
+                raise AllocationRefused(f"GPU {sick[0]} is unhealthy")
+            cores = decision.cores_percent if 0 < decision.cores_percent < 100 else 0
+            spec = JobSpec(
+                **spec_args, gpus=len(gpus), gpu_memory_bytes=decision.memory_mib * MiB, compute_percent=cores
+            )
+        env = job_env(self.sharing, spec, gpus, self.machine, self.state_dir, mig=mig)
+        # NVIDIA's container runtime reads NVIDIA_VISIBLE_DEVICES to mount the devices; the device nodes
+        # and CDI names below do the same without it (a runtime with CDI, containerd 1.7+ / CRI-O 1.23+).
+        env["NVIDIA_VISIBLE_DEVICES"] = env["CUDA_VISIBLE_DEVICES"]
+        cdi_names = (
+            [mig_slot_uuid]
+            if (mig_slot_uuid := self._mig_uuid(decision))
+            else [self.machine.gpus[g].uuid for g in gpus]
+        )
+        shim_mounts = container_setup(self.state_dir, pod.namespace, pod.name, env)  # --sharing shim
+        return pb.ContainerAllocateResponse(
+            envs=env,
+            mounts=self._mounts(env) + shim_mounts,
+            devices=[
+                pb.DeviceSpec(container_path=path, host_path=path, permissions="rw")
+                for path in device_nodes(self._minors, gpus)
+            ],
+            cdi_devices=[pb.CDIDevice(name=f"{CDI_KIND}={name}") for name in cdi_names],
+        )
+
+    def _mig_uuid(self, decision: Decision) -> str:
+        if decision.mig is None:
+            return ""
+        slot = self._mig_slot(decision.mig.gpu_index, decision.mig.start)
+        return slot.uuid if slot is not None else ""
+
+    def _mounts(self, env: Mapping[str, str]) -> list[pb.Mount]:
+        """Host directories the slice's environment points at, mounted at the same path."""
+        mounts = []
+        if "PYTHONPATH" in env:
+            cap = softcap_dir(self.state_dir)
+            mounts.append(pb.Mount(container_path=str(cap), host_path=str(cap), read_only=True))
+        return mounts

@@ -1,0 +1,104 @@
+"""What ``gpuslice k8s device-plugin`` runs: the plugin wired to the API server, NVML health, metrics."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+from collections.abc import Callable, Mapping
+
+from prometheus_client import start_http_server
+
+from gpuslice.hardware.machine import Machine
+from gpuslice.hardware.mig import MigLayout
+from gpuslice.k8s.annotations import (
+    DEFAULT_SPLIT_COUNT,
+)
+from gpuslice.k8s.device_plugin.devices import default_mig_layouts, mig_health_keys, nvml_mig_layouts
+from gpuslice.k8s.device_plugin.kube import KubeApi, NodePublisher, PodSource
+from gpuslice.k8s.device_plugin.plugin import DEVICE_PLUGIN_PATH, DevicePlugin
+from gpuslice.node.enforcement import SharingMode
+from gpuslice.node.gpu_faults import (
+    FakeHealthSource,
+    HealthSource,
+    NoHealthChecks,
+    NvmlHealthSource,
+)
+from gpuslice.observe.k8s_metrics import DevicePluginMetrics
+
+__all__ = [
+    "serve",
+]
+
+
+def serve(
+    machine: Machine,
+    node_name: str,
+    *,
+    simulated: bool,
+    pods: PodSource | None = None,
+    node: NodePublisher | None = None,
+    kubeconfig: str | None = None,
+    split_count: int = DEFAULT_SPLIT_COUNT,
+    socket_dir: str | os.PathLike[str] = DEVICE_PLUGIN_PATH,
+    sharing: SharingMode | str = SharingMode.SOFT,
+    state_dir: str | os.PathLike[str] = "/var/lib/gpuslice",
+    mig_layouts: Mapping[int, MigLayout] | None = None,
+    health_checks: bool = True,
+    stop: threading.Event | None = None,
+    on_ready: Callable[[DevicePlugin], None] | None = None,
+    metrics_port: int | None = None,
+    metrics_host: str = "0.0.0.0",
+) -> None:
+    """Run the device plugin for ``machine`` until ``stop`` is set (default: until SIGTERM or SIGINT).
+
+    A simulated machine (``discover(simulate=…)``) gets its MIG layouts from ``default_mig_layouts``,
+    no NVML health checks; a real one reads its MIG layouts and XID events through NVML. Without
+    ``pods``, ``KubeApi(kubeconfig)`` serves as
+    both the pod source and the node publisher. With ``metrics_port``, Prometheus metrics (device and
+    GPU health, observe/k8s_metrics.py) are served at ``http://metrics_host:metrics_port/metrics``."""
+    if mig_layouts is None:
+        mig_layouts = default_mig_layouts(machine) if simulated else nvml_mig_layouts(machine)
+    owned: KubeApi | None = None
+    if pods is None:
+        pods = node = owned = KubeApi(kubeconfig)
+    health: HealthSource
+    if simulated:
+        health = FakeHealthSource()  # nothing breaks on a simulated node
+    elif health_checks:
+        health = NvmlHealthSource(machine, mig_devices=mig_health_keys(machine, mig_layouts))
+    else:
+        health = NoHealthChecks()
+    plugin = DevicePlugin(
+        machine,
+        node_name,
+        pods=pods,
+        node=node,
+        health=health,
+        split_count=split_count,
+        socket_dir=socket_dir,
+        mig_layouts=mig_layouts,
+        sharing=sharing,
+        state_dir=state_dir,
+    )
+    done = stop if stop is not None else threading.Event()
+    if stop is None:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: done.set())
+    metrics_server = None
+    try:
+        plugin.start()
+        if metrics_port is not None:
+            registry = DevicePluginMetrics(plugin.device_health, plugin.gpu_health).registry
+            metrics_server, _thread = start_http_server(metrics_port, metrics_host, registry=registry)
+        if on_ready is not None:
+            on_ready(plugin)
+        while not done.wait(1.0):
+            pass
+    finally:
+        if metrics_server is not None:
+            metrics_server.shutdown()
+            metrics_server.server_close()
+        plugin.stop()
+        if owned is not None:
+            owned.close()

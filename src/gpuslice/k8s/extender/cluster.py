@@ -1,0 +1,448 @@
+"""What the extender knows about the cluster: the nodes' inventories and the pods bound on them, kept
+from the watch, and the ledger built over them (rebuilt when an inventory changes)."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import Counter, OrderedDict
+from collections.abc import Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from gpuslice.errors import InvalidRequest, UnknownPolicy
+from gpuslice.hardware.node import MAX_GPUS_PER_NODE, NodeSpec
+from gpuslice.hardware.topology import Topology, TopologyError, build_topology
+from gpuslice.k8s.annotations import (
+    ANNOTATION_NODE_INVENTORY,
+    ANNOTATION_PLACEMENT_POLICY,
+    BIND_PHASE_FAILED,
+    Decision,
+    NodeInventory,
+    PodGpuRequest,
+    pod_gpu_request,
+)
+from gpuslice.k8s.extender.kube import RELISTED, KubeApi, WatchEvent
+from gpuslice.ledger.ledger import Ledger
+from gpuslice.ledger.placement import Placement, Refusal
+from gpuslice.policies import PolicyContext, placement_policy
+from gpuslice.programs.loader import resolve
+from gpuslice.scheduler.placer import Placer
+from gpuslice.units import MiB
+from gpuslice.workload.request import MILLI_PER_GPU, Request
+from gpuslice.workload.target import TargetWorkload
+
+__all__ = [
+    "DEFAULT_POLICY",
+    "BoundPod",
+    "ClusterCache",
+    "LedgerBuild",
+    "Nomination",
+    "VerdictCache",
+    "open_slots",
+    "pod_ask",
+    "pod_meta",
+    "pod_priority",
+]
+
+log = logging.getLogger(__name__)
+
+DEFAULT_POLICY = "bestfit"  # why not fgd: see the package docstring
+EVENT_REPEAT_S = 60.0  # one Event per pod and message a minute: kube-scheduler retries far more often
+SEEN_PODS_MAX = 10_000  # pods remembered from /filter so /bind needs no API read
+
+
+@dataclass
+class BoundPod:
+    """A pod the ledger holds: where it went and what it asked for."""
+
+    node: str
+    ask: PodGpuRequest
+    decision: Decision
+    placement: Placement | None = None  # None while its node has no inventory, or for MIG pods
+    mig_key: tuple[str, int, int] | None = None  # (node, gpu, start)
+    namespace: str = ""
+    name: str = ""
+    priority: int = 0  # spec.priority, set by the API server's Priority admission from priorityClassName
+
+
+@dataclass(frozen=True, slots=True)
+class Nomination:
+    """A node where a pod preempted others: held for it until it binds, goes away, or ``deadline``."""
+
+    uid: str
+    priority: int
+    victims: frozenset[str]
+    deadline: float  # time.monotonic()
+
+
+@dataclass
+class VerdictCache:
+    """For one request shape: every node's verdict code and the ledger row version it was computed at.
+
+    A node's verdict reads only its own ledger row (and its inventory, fixed for a build), and every
+    change of a row bumps ``Ledger.version``: a bind, a release on a watch event, a reservation taken
+    back. So a code is current exactly while its version matches; a new build starts a new cache.
+    """
+
+    codes: np.ndarray  # (N,) int8, CODE_NO_INVENTORY.._NO_MIG (0 = fits)
+    version: np.ndarray  # (N,) int64, -1 = not computed yet
+
+
+@dataclass
+class LedgerBuild:
+    """One build of the ledger: rebuilt when the set of nodes or an inventory changes."""
+
+    ledger: Ledger
+    index: dict[str, int]
+    inventories: list[NodeInventory]
+    split: np.ndarray  # (N,) shares per GPU
+    healthy: np.ndarray  # (N, G) bool: present, healthy, not in MIG mode
+    topologies: list[Topology | None]
+    targets: TargetWorkload | None
+    placers: dict[str, Placer] = field(default_factory=dict)
+    blockers: list[Placement] = field(default_factory=list)
+    verdicts: dict[Request, VerdictCache] = field(default_factory=dict)  # least recently used first
+
+
+def open_slots(built: LedgerBuild, nodes: int | np.ndarray, tasks: np.ndarray) -> np.ndarray:
+    """Bool per GPU of ``nodes`` (one node: (G,); an array of nodes: (N, G)): a GPU a share may land on,
+    given ``tasks`` shares on each GPU. The one Kubernetes-only rule beside the ledger's: the GPU is
+    advertised, healthy and not in MIG mode, and holds fewer shares than the node's splitCount (the
+    kubelet has only that many share devices per GPU)."""
+    return built.healthy[nodes] & (tasks < np.asarray(built.split[nodes])[..., None])
+
+
+def pod_meta(pod: Mapping[str, Any]) -> tuple[str, str, str]:
+    meta = pod.get("metadata") or {}
+    return str(meta.get("namespace", "default")), str(meta.get("name", "")), str(meta.get("uid", ""))
+
+
+def _gpu_count(inv: NodeInventory) -> int:
+    return min(len(inv.gpus), MAX_GPUS_PER_NODE)
+
+
+def _topology(name: str, inv: NodeInventory) -> Topology | None:
+    n = _gpu_count(inv)
+    if n < 2 or len(inv.topology) < n:
+        return None
+    try:
+        return build_topology(name, [row[:n] for row in inv.topology[:n]], gpu_model=inv.model)
+    except (TopologyError, ValueError):
+        log.warning("node %s: unreadable topology in its inventory; GPUs chosen without it", name)
+        return None
+
+
+def pod_ask(pod: Mapping[str, Any]) -> PodGpuRequest:
+    """The pod's gpuslice request, its placement policy name checked against the registry."""
+    ask = pod_gpu_request(pod)
+    if ask.policy:
+        try:
+            placement_policy(ask.policy)
+        except UnknownPolicy as err:
+            raise InvalidRequest(f"annotation {ANNOTATION_PLACEMENT_POLICY}: {err}") from None
+    return ask
+
+
+def pod_priority(pod: Mapping[str, Any]) -> int:
+    """spec.priority (the API server's Priority admission resolves priorityClassName into it); 0 if unset."""
+    value = (pod.get("spec") or {}).get("priority")
+    return int(value) if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+class ClusterCache:
+    """The ledger over every node with an inventory annotation, and the pods bound on them, kept from the
+    watch. ``ClusterState`` builds on it: ``Verdicts`` (does a pod fit a node), then ``Preemption``, then
+    the filter, prioritize and bind verbs.
+
+    Thread-safe: ``_lock`` guards every ledger change and the bookkeeping dicts (held for microseconds);
+    ``_node_locks`` serialise binds on one node from choosing GPUs to reserving them.
+    """
+
+    def __init__(
+        self,
+        api: KubeApi,
+        default_policy: str = DEFAULT_POLICY,
+        *,
+        narrow: bool = False,
+        target: TargetWorkload | None = None,
+    ) -> None:
+        # A registry name, or (operator's choice only, never a pod's annotation) a verified, guarded
+        # policy file; UnknownPolicy lists the known names, PolicyRejected the file's violations.
+        self._default_factory = resolve(default_policy, "placement", placement_policy, on_event=log.warning)
+        self.api = api
+        self.default_policy = default_policy
+        self._lock = threading.RLock()
+        self._node_locks: dict[str, threading.Lock] = {}
+        self._inventory_text: dict[str, str] = {}
+        self._pods: dict[str, BoundPod] = {}
+        self._mig_used: dict[tuple[str, int, int], str] = {}
+        self._built: LedgerBuild | None = None
+        self._seen: OrderedDict[str, Mapping[str, Any]] = OrderedDict()
+        self._events = ThreadPoolExecutor(max_workers=1, thread_name_prefix="events")
+        self._last_event: dict[str, tuple[str, float]] = {}
+        # node-name lists as asked, with their ledger indices; the survivors of each pod's last filter
+        self._name_cache: list[tuple[LedgerBuild, list[str], np.ndarray]] = []
+        self._passed: OrderedDict[str, tuple[LedgerBuild, list[str], np.ndarray]] = OrderedDict()
+        self.conflicts = 0  # bound pods the ledger could not hold (over-committed from outside)
+        # Filter answers with the one node the placement policy chooses (see ``filter``); False leaves
+        # the choice among all fitting nodes to kube-scheduler's scoring plus this extender's scores.
+        self.narrow = narrow
+        self._nominations: dict[str, Nomination] = {}  # node name -> the pod that preempted there
+        self._assumed: dict[str, float] = {}  # uid -> when filter held its GPUs (bind not seen yet)
+        self.preemptions = 0  # pods this extender evicted to make room for higher-priority ones
+        # FGD's expected workload, given by the operator (``--target-workload``, its GPU part: CPU is
+        # kube-scheduler's business here); else the shapes of the pods bound when the ledger was built.
+        self.target = target
+
+    # ---- watch --------------------------------------------------------------------------------------
+
+    def apply(self, event: WatchEvent) -> None:
+        """Take one watch event into the state."""
+        if event.type == RELISTED:
+            self._forget_unlisted(event)
+        elif event.kind == "Node":
+            self._apply_node(event)
+        elif event.kind == "Pod":
+            self._apply_pod(event)
+
+    def follow(self, events: Iterable[WatchEvent]) -> None:
+        """Apply events until the source ends (the real source never does); errors are logged, not fatal."""
+        for event in events:
+            try:
+                self.apply(event)
+            except Exception:
+                log.exception("could not apply %s %s", event.type, event.kind)
+
+    def _apply_node(self, event: WatchEvent) -> None:
+        meta = event.object.get("metadata") or {}
+        name = str(meta.get("name", ""))
+        text = (meta.get("annotations") or {}).get(ANNOTATION_NODE_INVENTORY)
+        if text is not None and event.type != "DELETED":
+            try:
+                NodeInventory.from_json(text)
+            except InvalidRequest as err:
+                log.warning("node %s: %s; the node is left out", name, err)
+                text = None
+        with self._lock:
+            old = self._inventory_text.get(name)
+            if event.type == "DELETED" or text is None:
+                if old is not None:
+                    del self._inventory_text[name]
+                    self._built = None
+            elif text != old:  # status heartbeats leave the annotation alone: no rebuild for them
+                self._inventory_text[name] = text
+                self._built = None
+
+    def _apply_pod(self, event: WatchEvent) -> None:
+        pod = event.object
+        _, _, uid = pod_meta(pod)
+        phase = (pod.get("status") or {}).get("phase")
+        with self._lock:
+            if event.type == "DELETED" or phase in ("Succeeded", "Failed"):
+                self._forget(uid)
+                self._drop_nomination(uid)
+                return
+            if uid in self._pods:
+                return
+            annotations = (pod.get("metadata") or {}).get("annotations") or {}
+            try:
+                decision = Decision.from_annotations(annotations)
+                if decision is None or decision.phase == BIND_PHASE_FAILED:
+                    return
+                ask = pod_ask(pod)
+            except InvalidRequest as err:
+                log.warning("pod %s: %s; not counted in the ledger", uid, err)
+                return
+            namespace, name, _ = pod_meta(pod)
+            bound = BoundPod(
+                decision.node, ask, decision, namespace=namespace, name=name, priority=pod_priority(pod)
+            )
+            self._pods[uid] = bound
+            if self._built is not None:
+                self._hold(self._built, uid, bound)
+
+    def _forget_unlisted(self, event: WatchEvent) -> None:
+        """After a full list: drop the nodes or pods it no longer has (deleted while no watch ran)."""
+        items = event.object.get("items") or []
+        with self._lock:
+            if event.kind == "Node":
+                listed = {str((o.get("metadata") or {}).get("name", "")) for o in items}
+                for name in [n for n in self._inventory_text if n not in listed]:
+                    del self._inventory_text[name]
+                    self._built = None
+            elif event.kind == "Pod":
+                listed = {pod_meta(o)[2] for o in items}
+                for uid in [u for u in self._pods if u not in listed]:
+                    self._forget(uid)
+
+    def _forget(self, uid: str) -> None:
+        self._assumed.pop(uid, None)
+        bound = self._pods.pop(uid, None)
+        self._seen.pop(uid, None)
+        self._last_event.pop(uid, None)
+        if bound is None:
+            return
+        if bound.placement is not None and self._built is not None:
+            self._built.ledger.release(bound.placement)
+        if bound.mig_key is not None:
+            self._mig_used.pop(bound.mig_key, None)
+
+    # ---- ledger build -------------------------------------------------------------------------------
+
+    def _ledgered(self) -> LedgerBuild:
+        """The current ledger, rebuilt (under the lock) if nodes or inventories changed."""
+        built = self._built
+        if built is not None:
+            return built
+        with self._lock:
+            if self._built is None:
+                self._built = self._build()
+            return self._built
+
+    def _build(self) -> LedgerBuild:
+        names = sorted(self._inventory_text)
+        inventories = [NodeInventory.from_json(self._inventory_text[n]) for n in names]
+        specs = [
+            NodeSpec(
+                name=name,
+                cpu_milli=0,  # CPU and memory are kube-scheduler's NodeResourcesFit's job
+                memory_bytes=0,
+                gpu_count=_gpu_count(inv),
+                gpu_model=inv.model,
+                gpu_memory_bytes=min((g.memory_mib for g in inv.gpus), default=0) * MiB,
+            )
+            for name, inv in zip(names, inventories, strict=True)
+        ] or [NodeSpec("(no gpuslice nodes)", 0, 0, 0, "")]
+        ledger = Ledger(specs)
+        healthy = np.zeros((ledger.node_count, MAX_GPUS_PER_NODE), dtype=bool)
+        blockers = []
+        for i, inv in enumerate(inventories):
+            for gpu in inv.gpus:
+                if gpu.index >= specs[i].gpu_count:
+                    continue  # past the ledger's MAX_GPUS_PER_NODE, or a hole in the numbering
+                if gpu.healthy and not gpu.mig:
+                    healthy[i, gpu.index] = True
+                    continue
+                # A MIG-mode or unhealthy GPU is held whole, so no share and no score counts it as free.
+                whole = Request(
+                    0, num_gpu=1, gpu_milli=MILLI_PER_GPU, gpu_memory_bytes=specs[i].gpu_memory_bytes
+                )
+                held = ledger.reserve(i, (gpu.index,), whole)
+                if isinstance(held, Placement):
+                    blockers.append(held)
+        shapes = [b.ask.to_request() for b in self._pods.values() if b.ask.gpus]
+        built = LedgerBuild(
+            ledger=ledger,
+            index={n: i for i, n in enumerate(names)},
+            inventories=inventories,
+            split=np.array([inv.split_count for inv in inventories] or [1], dtype=np.int64),
+            healthy=healthy,
+            topologies=[_topology(n, inv) for n, inv in zip(names, inventories, strict=True)],
+            targets=TargetWorkload.from_requests(shapes) if shapes else None,
+            blockers=blockers,
+        )
+        self._mig_used.clear()
+        for uid, bound in self._pods.items():
+            bound.placement, bound.mig_key = None, None
+            self._hold(built, uid, bound)
+        log.info("ledger built: %d nodes, %d pods", len(names), len(self._pods))
+        return built
+
+    def _hold(self, built: LedgerBuild, uid: str, bound: BoundPod) -> None:
+        """Put an already bound pod into the ledger (or the MIG table) from its decision."""
+        node = built.index.get(bound.node)
+        if node is None:
+            return  # its node has no inventory (yet): held when the node appears
+        if bound.decision.mig is not None:
+            key = (bound.node, bound.decision.mig.gpu_index, bound.decision.mig.start)
+            if self._mig_used.setdefault(key, uid) != uid:
+                self.conflicts += 1
+            else:
+                bound.mig_key = key
+            return
+        result = built.ledger.reserve(node, bound.decision.gpu_indices, bound.ask.to_request())
+        if isinstance(result, Refusal):
+            self.conflicts += 1
+            log.warning(
+                "pod %s on %s does not fit the ledger (%s); counted as a conflict", uid, bound.node, result
+            )
+        else:
+            bound.placement = result
+
+    def _drop_nomination(self, uid: str) -> None:
+        for node in [n for n, h in self._nominations.items() if h.uid == uid]:
+            del self._nominations[node]
+
+    def _mig_free(self, built: LedgerBuild, node: int, profile: str) -> int:
+        name = built.ledger.node_names[node]
+        return sum(
+            1
+            for gpu in built.inventories[node].gpus
+            for slot in gpu.mig
+            if slot.profile == profile and gpu.healthy and (name, gpu.index, slot.start) not in self._mig_used
+        )
+
+    def _placer(self, built: LedgerBuild, ask: PodGpuRequest) -> Placer:
+        name = ask.policy or self.default_policy
+        placer = built.placers.get(name)
+        if placer is None:
+            with self._lock:
+                placer = built.placers.get(name)
+                if placer is None:
+                    factory = self._default_factory if name == self.default_policy else placement_policy(name)
+                    target = self.target or built.targets or TargetWorkload.from_requests([ask.to_request()])
+                    context = PolicyContext(rng=np.random.default_rng(0), target=target)
+                    placer = built.placers[name] = Placer(
+                        built.ledger, factory(built.ledger.view, context), topologies=built.topologies
+                    )
+        return placer
+
+    def _node_lock(self, node: str) -> threading.Lock:
+        with self._lock:
+            return self._node_locks.setdefault(node, threading.Lock())
+
+    # ---- events -------------------------------------------------------------------------------------
+
+    def _remember(self, pod: Mapping[str, Any]) -> None:
+        _, _, uid = pod_meta(pod)
+        if uid:
+            self._seen[uid] = pod
+            self._seen.move_to_end(uid)
+            while len(self._seen) > SEEN_PODS_MAX:
+                self._seen.popitem(last=False)
+
+    def _explain(self, pod: Mapping[str, Any], total: int, reasons: Counter[str]) -> None:
+        """Post 'gpuslice: 0/N nodes fit: …' as a Warning Event, at most once a minute per message."""
+        namespace, name, uid = pod_meta(pod)
+        detail = "; ".join(f"{count} {reason}" for reason, count in reasons.most_common())
+        message = f"gpuslice: 0/{total} nodes fit: {detail}"
+        now = time.monotonic()
+        last = self._last_event.get(uid)
+        if last is not None and last[0] == message and now - last[1] < EVENT_REPEAT_S:
+            return
+        self._last_event[uid] = (message, now)
+        self._post_event(namespace, name, uid, "FailedScheduling", message)
+
+    def _post_event(self, namespace: str, name: str, uid: str, reason: str, message: str) -> None:
+        """A Warning Event on a pod, sent off the request path."""
+
+        def post() -> None:
+            try:
+                self.api.create_event(namespace, name, uid, reason, message)
+            except Exception:
+                log.warning("could not post an Event on %s/%s", namespace, name, exc_info=True)
+
+        self._events.submit(post)
+
+    def flush_events(self) -> None:
+        """Wait until every queued Event has been sent (tests; shutdown)."""
+        self._events.submit(lambda: None).result()
+
+    @property
+    def ledger(self) -> Ledger:
+        return self._ledgered().ledger

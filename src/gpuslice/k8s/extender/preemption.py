@@ -1,0 +1,207 @@
+"""Preemption: which lower-priority gpuslice pods to evict so a pod fits, and holding the room it made."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from gpuslice.errors import InvalidRequest
+from gpuslice.k8s.annotations import PodGpuRequest
+from gpuslice.k8s.extender.cluster import (
+    BoundPod,
+    LedgerBuild,
+    Nomination,
+    open_slots,
+    pod_ask,
+    pod_meta,
+    pod_priority,
+)
+from gpuslice.k8s.extender.verdicts import CODE_MODEL, CODE_NO_INVENTORY, CODE_RESERVED, Verdicts, fit_codes
+
+__all__ = ["NOMINATION_S", "Preemption"]
+
+log = logging.getLogger(__name__)
+
+# How long a node stays held for a pod that preempted there if it never binds (its victims' grace
+# period, 30 s by default, plus kube-scheduler's retry back-off, with room to spare).
+NOMINATION_S = 300.0
+
+
+class Preemption(Verdicts):
+    """Preemption: the preempt verb's what-if, and evictions the extender starts itself."""
+
+    def preempt(self, pod: Mapping[str, Any], victims: Mapping[str, list[str]]) -> dict[str, list[str]]:
+        """Of kube-scheduler's preemption candidates (node -> UIDs of the pods it would evict), the nodes
+        where evicting exactly those pods frees a GPU the pod fits on; the victims are kept as proposed.
+
+        kube-scheduler picks victims with its own plugins, which see only ``gpuslice.io/gpu`` counts; this
+        what-if over the ledger drops the candidates whose evictions would free the wrong GPUs.
+        """
+        try:
+            ask = pod_ask(pod)
+        except InvalidRequest:
+            return {}
+        if not ask.wants_gpu:
+            return dict(victims)
+        built = self._ledgered()
+        with self._lock:
+            return {
+                name: uids
+                for name, uids in victims.items()
+                if (node := built.index.get(name)) is not None and self._fits_without(built, node, ask, uids)
+            }
+
+    def _fits_without(self, built: LedgerBuild, node: int, ask: PodGpuRequest, uids: list[str]) -> bool:
+        """Would ``ask`` fit on ``node`` with the pods ``uids`` gone? Reads only (a copy of one row)."""
+        gone = [
+            b
+            for u in uids
+            if (b := self._pods.get(u)) is not None and b.node == built.ledger.node_names[node]
+        ]
+        if ask.mig_profile:
+            freed = {b.mig_key for b in gone if b.mig_key is not None}
+            name = built.ledger.node_names[node]
+            return any(
+                slot.profile == ask.mig_profile
+                and gpu.healthy
+                and ((key := (name, gpu.index, slot.start)) not in self._mig_used or key in freed)
+                for gpu in built.inventories[node].gpus
+                for slot in gpu.mig
+            )
+        view = built.ledger.view
+        free = view.free_gpu_milli[node].copy()
+        memory = view.free_gpu_memory_bytes[node].copy()
+        tasks = view.gpu_tasks[node].copy()
+        for b in gone:
+            if b.placement is not None:
+                for g in b.placement.gpus:
+                    free[g] += b.placement.request.gpu_milli
+                    memory[g] += b.placement.request.gpu_memory_bytes
+                    tasks[g] -= 1
+        req = ask.to_request()
+        model_ok = built.ledger.model_allowed(req)[node : node + 1]
+        slots = open_slots(built, node, tasks)
+        return int(fit_codes(req, model_ok, slots[None], free[None], memory[None])[0]) == 0
+
+    def _reserved_for_others(
+        self, pod: Mapping[str, Any], node_names: list[str], codes: np.ndarray
+    ) -> np.ndarray:
+        """Codes with ``CODE_RESERVED`` on the nodes where a pod of at least this pod's priority preempted
+        others and has not bound yet: the room it made is its own (kube-scheduler's nominated node)."""
+        if not self._nominations:
+            return codes
+        uid, priority, now = pod_meta(pod)[2], pod_priority(pod), time.monotonic()
+        with self._lock:
+            for node, held in list(self._nominations.items()):
+                if held.deadline < now:
+                    del self._nominations[node]
+            held_nodes = {n for n, h in self._nominations.items() if h.uid != uid and h.priority >= priority}
+        if not held_nodes:
+            return codes
+        mask = np.fromiter((n in held_nodes for n in node_names), dtype=bool, count=len(node_names))
+        return np.where(mask & (codes == 0), CODE_RESERVED, codes)
+
+    def _catch_up_on_victims(self, uid: str) -> None:
+        """For a pod that preempted others: forget the victims the API server no longer has.
+
+        kube-scheduler retries the pod as soon as its informer sees a victim deleted, which can be
+        before this extender's own watch delivers the same event; refused then, the pod would wait for
+        kube-scheduler's next periodic retry (minutes). One read per remaining victim, only while such
+        a pod waits."""
+        held = next((h for h in self._nominations.values() if h.uid == uid), None)
+        if held is None:
+            return
+        for victim in held.victims:
+            bound = self._pods.get(victim)
+            if bound is None:
+                continue
+            try:
+                gone = self.api.pod_gone(bound.namespace, bound.name, victim)
+            except Exception:
+                log.warning("could not check victim %s/%s", bound.namespace, bound.name, exc_info=True)
+                continue
+            if gone:
+                with self._lock:
+                    self._forget(victim)
+
+    def _preempt(
+        self,
+        pod: Mapping[str, Any],
+        built: LedgerBuild,
+        ask: PodGpuRequest,
+        node_names: list[str],
+        idx: np.ndarray,
+        codes: np.ndarray,
+    ) -> str:
+        """Make room for a pod no node can take by evicting lower-priority gpuslice pods; '' if none.
+
+        kube-scheduler's default preemption simulates evictions with its in-tree filters only: when just
+        this extender refuses a node, the simulation finds no victim and never calls the extender's
+        preempt verb (Kubernetes up to at least v1.37). So the extender does what that plugin would: on
+        the nodes kube-scheduler offered, the fewest lowest-priority victims whose removal makes the pod
+        fit (kube-scheduler's rules: only lower priority; prefer the node whose most important victim is
+        least important, then fewer victims), deleted with their own grace period; the node is then held
+        for the pod until it binds (``_reserved_for_others``). Returns the reason the pod waits.
+        """
+        namespace, name, uid = pod_meta(pod)
+        priority = pod_priority(pod)
+        with self._lock:
+            waiting = next((n for n, h in self._nominations.items() if h.uid == uid), None)
+            if waiting is not None:
+                left = sum(1 for v in self._nominations[waiting].victims if v in self._pods)
+                return f"preempted lower-priority pods on {waiting}; waiting for {left} of them to end"
+            by_node: dict[str, list[tuple[str, BoundPod]]] = {}
+            for other, bound in self._pods.items():
+                if bound.priority < priority:
+                    by_node.setdefault(bound.node, []).append((other, bound))
+            best: tuple[tuple[int, int], str, list[tuple[str, BoundPod]]] | None = None
+            for k, node_name in enumerate(node_names):
+                row, lower = int(idx[k]), by_node.get(node_name)
+                if row < 0 or not lower or codes[k] in (CODE_NO_INVENTORY, CODE_MODEL, CODE_RESERVED):
+                    continue
+                victims = self._victims(built, row, ask, lower)
+                if victims:
+                    key = (max(b.priority for _, b in victims), len(victims))
+                    if best is None or key < best[0]:
+                        best = (key, node_name, victims)
+            if best is None:
+                return ""
+            _, node_name, victims = best
+            self._nominations[node_name] = Nomination(
+                uid, priority, frozenset(u for u, _ in victims), time.monotonic() + NOMINATION_S
+            )
+            self.preemptions += len(victims)
+        for victim_uid, bound in victims:
+            try:
+                self.api.delete_pod(bound.namespace, bound.name, victim_uid)
+            except Exception:
+                log.warning(
+                    "could not delete preemption victim %s/%s", bound.namespace, bound.name, exc_info=True
+                )
+            self._post_event(
+                bound.namespace,
+                bound.name,
+                victim_uid,
+                "Preempted",
+                f"gpuslice: preempted by {namespace}/{name} (priority {priority}) on {node_name}",
+            )
+        log.info("pod %s/%s preempted %d pod(s) on %s", namespace, name, len(victims), node_name)
+        return f"preempted {len(victims)} lower-priority pod(s) on {node_name}; waiting for them to end"
+
+    def _victims(
+        self, built: LedgerBuild, row: int, ask: PodGpuRequest, lower: list[tuple[str, BoundPod]]
+    ) -> list[tuple[str, BoundPod]]:
+        """The fewest pods of ``lower`` whose removal lets ``ask`` fit on ledger ``row`` ([] if none do):
+        all of them must suffice, then each is spared, most important first, while the pod still fits."""
+        if not self._fits_without(built, row, ask, [u for u, _ in lower]):
+            return []
+        victims = sorted(lower, key=lambda v: (-v[1].priority, -v[1].decision.bind_time))
+        for spared in list(victims):
+            rest = [v for v in victims if v is not spared]
+            if self._fits_without(built, row, ask, [u for u, _ in rest]):
+                victims = rest
+        return victims

@@ -1,0 +1,393 @@
+"""The extender's decisions: filter, prioritize and bind, through the placement policy's Placer."""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from gpuslice.errors import InvalidRequest
+from gpuslice.k8s import extender_wire as wire
+from gpuslice.k8s.annotations import (
+    ANNOTATION_BIND_PHASE,
+    BIND_PHASE_FAILED,
+    Decision,
+    MigChoice,
+    PodGpuRequest,
+)
+from gpuslice.k8s.extender.cluster import BoundPod, LedgerBuild, open_slots, pod_ask, pod_meta, pod_priority
+from gpuslice.k8s.extender.preemption import Preemption
+from gpuslice.k8s.extender.verdicts import (
+    CODE_EXCLUDED,
+    CODE_MODEL,
+    CODE_NO_INVENTORY,
+    CODE_RESERVED,
+    REASON_INVALID,
+    REASON_NO_INVENTORY,
+    REASON_NO_MIG_INSTANCE,
+    REASON_RESERVED,
+)
+from gpuslice.ledger.placement import Refusal, RefusalCode
+from gpuslice.workload.request import Request
+
+__all__ = ["MAX_EXTENDER_PRIORITY", "ClusterState", "FilterResult"]
+
+log = logging.getLogger(__name__)
+
+MAX_EXTENDER_PRIORITY = wire.MAX_EXTENDER_PRIORITY
+
+NAME_LISTS_MAX = 4  # node-name lists remembered with their ledger indices (kube-scheduler repeats them)
+
+# A filter's hold on the chosen node's GPUs (``_assume``) without a bind for this long is given back:
+# kube-scheduler binds within milliseconds of filtering, or retries the pod with a new filter.
+ASSUMED_S = 30.0
+
+
+@dataclass(frozen=True, slots=True)
+class FilterResult:
+    """``passed`` node names; ``failed`` (preemption may help) and ``unresolvable`` map name -> reason."""
+
+    passed: list[str]
+    failed: dict[str, str]
+    unresolvable: dict[str, str]
+
+
+class ClusterState(Preemption):
+    """The extender's verbs over the cluster: filter, prioritize, bind (and preempt, from ``Preemption``).
+
+    Thread-safe: ``_lock`` guards every ledger change and the bookkeeping dicts (held for microseconds);
+    ``_node_locks`` serialise binds on one node from choosing GPUs to reserving them.
+    """
+
+    # ---- filter -------------------------------------------------------------------------------------
+
+    def filter(self, pod: Mapping[str, Any], node_names: list[str]) -> FilterResult:
+        """Which of ``node_names`` can take the pod, with a reason for each one that cannot.
+
+        With ``narrow`` (``gpuslice k8s extender``'s default, ``--decide``) exactly one node passes
+        when any fits: the one the placement policy chooses among them, through the same ``Placer`` as
+        ``gpuslice sim`` (its scores and tie rule). kube-scheduler then has nothing left to weigh, so
+        its own scoring (which spreads pods, the opposite of packing) cannot undo the policy's choice;
+        the other fitting nodes are reported failed with the node chosen instead.
+
+        Reasons preemption cannot cure (no inventory, GPU model, invalid request) go to ``unresolvable``
+        (``FailedAndUnresolvableNodes``), so kube-scheduler does not evict pods for nothing. If no node
+        passes, this extender preempts lower-priority gpuslice pods itself where that makes room
+        (``_preempt``: kube-scheduler's own preemption never reaches an extender that alone refuses a
+        node), and a Warning Event on the pod says why it waits.
+        """
+        self._remember(pod)
+        try:
+            ask = pod_ask(pod)
+        except InvalidRequest as err:
+            reason = f"{REASON_INVALID}: {err}"
+            self._explain(pod, len(node_names), Counter({reason: len(node_names)}))
+            return FilterResult([], {}, dict.fromkeys(node_names, reason))
+        if not ask.wants_gpu:
+            return FilterResult(list(node_names), {}, {})
+        uid = pod_meta(pod)[2]
+        if uid in self._assumed:  # filtered again without a bind: its own hold must not count against it
+            with self._lock:
+                self._forget(uid)
+            self._remember(pod)
+        self._catch_up_on_victims(uid)
+        built = self._ledgered()
+        idx = self._indices(built, node_names)
+        codes, texts = self._verdicts(built, ask, idx)
+        codes = self._reserved_for_others(pod, node_names, codes)
+        texts = [*texts, *[""] * (CODE_RESERVED - len(texts)), REASON_RESERVED]
+        ok = codes == 0
+        chosen = -1
+        if self.narrow and ok.any():
+            chosen = self._choose(built, ask, idx, ok)
+            if chosen < 0:  # the policy's own filter took every fitting node away
+                codes = np.where(ok, CODE_EXCLUDED, codes)
+                ok[:] = False
+        texts = [*texts, *[""] * (CODE_EXCLUDED - len(texts)), RefusalCode.EXCLUDED_BY_POLICY.value]
+        names = np.fromiter(node_names, dtype=object, count=len(node_names))
+        reason = np.array(texts, dtype=object)
+        unresolvable = (codes == CODE_NO_INVENTORY) | (codes == CODE_MODEL)
+        failed = ~ok & ~unresolvable
+        failed_map = dict(zip(names[failed].tolist(), reason[codes[failed]].tolist(), strict=True))
+        passed = names[ok].tolist()
+        if chosen >= 0:
+            others = ok.copy()
+            others[chosen] = False
+            policy = ask.policy or self.default_policy
+            why = f"gpuslice ({policy}) chose {names[chosen]}"
+            failed_map.update(dict.fromkeys(names[others].tolist(), why))
+            passed = [names[chosen]]
+            ok = np.zeros_like(ok)
+            ok[chosen] = True
+        result = FilterResult(
+            passed,
+            failed_map,
+            dict(zip(names[unresolvable].tolist(), reason[codes[unresolvable]].tolist(), strict=True)),
+        )
+        self._keep_passed(pod, built, result.passed, idx[ok])
+        if chosen >= 0:
+            self._assume(pod, ask, node_names[chosen])
+        if not ok.any() and node_names:
+            counts = np.bincount(codes, minlength=len(texts))
+            why = Counter({texts[c]: int(n) for c, n in enumerate(counts) if n})
+            preempting = self._preempt(pod, built, ask, node_names, idx, codes)
+            if preempting:
+                why = Counter({preempting: len(node_names)})
+            self._explain(pod, len(node_names), why)
+        return result
+
+    def _choose(self, built: LedgerBuild, ask: PodGpuRequest, idx: np.ndarray, ok: np.ndarray) -> int:
+        """Position in ``idx`` of the node the policy chooses among the ``ok`` ones; -1 if its filter
+        refuses them all. MIG: the node with the fewest free instances of the profile (packing)."""
+        rows = idx[ok]
+        positions = np.flatnonzero(ok)
+        if ask.mig_profile:
+            free = [self._mig_free(built, int(i), ask.mig_profile) for i in rows]
+            return int(positions[int(np.argmin(free))])
+        placer = self._placer(built, ask)
+        req = ask.to_request()
+        mask = np.zeros(built.ledger.node_count, dtype=bool)
+        mask[rows] = True
+        mask &= placer.feasible(req)
+        if not mask.any():
+            return -1
+        node = placer.choose_node(req, mask)
+        return int(positions[np.flatnonzero(rows == node)[0]])
+
+    def _assume(self, pod: Mapping[str, Any], ask: PodGpuRequest, node: str) -> None:
+        """Hold the chosen node's GPUs for the pod from filter on, as kube-scheduler assumes a pod on its
+        node before binding it asynchronously: the next pod's filter, which runs before this pod's
+        bind arrives, must see this one placed (else consecutive pods are placed against the same
+        state, and a policy's packing falls apart). Bind turns the hold into the decision; a hold whose
+        bind never comes is given back after ``ASSUMED_S``."""
+        uid = pod_meta(pod)[2]
+        if not uid:
+            return
+        now = time.monotonic()
+        with self._lock:
+            for other in [u for u, t in self._assumed.items() if now - t > ASSUMED_S]:
+                del self._assumed[other]
+                self._forget(other)
+        with self._node_lock(node):
+            decision, _problem = self._reserve(uid, node, ask, pod)
+        if decision is not None:
+            with self._lock:
+                self._assumed[uid] = now
+
+    def _indices(self, built: LedgerBuild, node_names: list[str]) -> np.ndarray:
+        """Ledger index per name (-1: no inventory). kube-scheduler sends the same list pod after pod,
+        so the last few lists are kept and compared (a C-level list compare) instead of looked up again."""
+        for cached_built, names, idx in self._name_cache:
+            if cached_built is built and len(names) == len(node_names) and names == node_names:
+                return idx
+        count = len(node_names)
+        idx = np.fromiter(map(built.index.get, node_names, itertools.repeat(-1, count)), np.int64, count)
+        self._name_cache = [(built, list(node_names), idx), *self._name_cache[: NAME_LISTS_MAX - 1]]
+        return idx
+
+    def _keep_passed(
+        self, pod: Mapping[str, Any], built: LedgerBuild, passed: list[str], idx: np.ndarray
+    ) -> None:
+        """The pod's /prioritize comes next with the nodes that passed: keep their indices for it."""
+        _, _, uid = pod_meta(pod)
+        with self._lock:
+            self._passed[uid] = (built, passed, idx)
+            self._passed.move_to_end(uid)
+            while len(self._passed) > NAME_LISTS_MAX:
+                self._passed.popitem(last=False)
+
+    def _prioritize_indices(
+        self, pod: Mapping[str, Any], built: LedgerBuild, node_names: list[str]
+    ) -> np.ndarray:
+        """``_indices`` for /prioritize: usually exactly the nodes this pod's filter just passed."""
+        kept = self._passed.get(pod_meta(pod)[2])
+        if kept is not None and kept[0] is built and (kept[1] is node_names or kept[1] == node_names):
+            return kept[2]
+        return self._indices(built, node_names)
+
+    # ---- prioritize ---------------------------------------------------------------------------------
+
+    def prioritize(self, pod: Mapping[str, Any], node_names: list[str]) -> list[tuple[str, int]]:
+        """(name, score 0..10) per node: the placement policy's score, min-max rescaled over the nodes."""
+        return list(zip(node_names, self.scores(pod, node_names).tolist(), strict=True))
+
+    def scores(self, pod: Mapping[str, Any], node_names: list[str]) -> np.ndarray:
+        """``prioritize`` as an int array in the order of ``node_names``."""
+        try:
+            ask = pod_ask(pod)
+        except InvalidRequest:
+            return np.zeros(len(node_names), dtype=np.int64)
+        if not ask.wants_gpu or not node_names:
+            return np.zeros(len(node_names), dtype=np.int64)
+        built = self._ledgered()
+        idx = self._prioritize_indices(pod, built, node_names)
+        known = idx >= 0
+        if ask.mig_profile:  # pack: the node with the fewest free instances of the profile first
+            free = np.array(
+                [
+                    self._mig_free(built, int(i), ask.mig_profile) if k else 0
+                    for i, k in zip(idx, known, strict=True)
+                ]
+            )
+            raw = np.where(free > 0, -free.astype(np.float64), -np.inf)
+        else:
+            placer = self._placer(built, ask)
+            req = ask.to_request()
+            raw = np.full(len(idx), -np.inf)
+            fits = known & (self._shape_codes(built, req, np.where(known, idx, 0)) == 0)  # filter's verdicts
+            if fits.any():
+                candidates = idx[fits]
+                # The placer's cached, fallback-guarded scoring (policy advises, the placer validates).
+                raw[fits] = placer.node_scores(req, candidates)
+        return _rescale(raw)
+
+    # ---- bind ---------------------------------------------------------------------------------------
+
+    def bind(self, namespace: str, name: str, uid: str, node: str) -> str:
+        """Choose GPUs on ``node``, write the decision, create the Binding; '' or the error text."""
+        pod = self._seen.get(uid)
+        try:
+            if pod is None:
+                pod = self.api.get_pod(namespace, name)
+            ask = pod_ask(pod)
+        except InvalidRequest as err:
+            return f"{REASON_INVALID}: {err}"
+        except Exception as err:
+            return f"cannot read pod {namespace}/{name}: {err}"
+        decision: Decision | None = None
+        if ask.wants_gpu:
+            held = self._nominations.get(node)
+            if held is not None and held.uid != uid and held.priority >= pod_priority(pod):
+                return f"pod {namespace}/{name} on {node}: {REASON_RESERVED}"
+            with self._lock:  # held since filter on this node: that hold is the decision (no re-pick,
+                # whose release-then-reserve would let another pod's filter take the GPUs in between)
+                assumed = self._pods.get(uid) if self._assumed.pop(uid, None) is not None else None
+                if assumed is not None and assumed.node == node:
+                    decision = assumed.decision
+            if decision is None:
+                with self._node_lock(node):
+                    decision, problem = self._reserve(uid, node, ask, pod)
+                if decision is None:
+                    return f"pod {namespace}/{name} on {node}: {problem}"
+            with self._lock:
+                self._drop_nomination(uid)
+        try:
+            if decision is not None:
+                self.api.patch_pod_annotations(namespace, name, decision.to_annotations())
+            self.api.create_binding(namespace, name, uid, node)
+        except Exception as err:
+            with self._lock:
+                self._forget(uid)
+            if decision is not None:
+                try:
+                    self.api.patch_pod_annotations(
+                        namespace, name, {ANNOTATION_BIND_PHASE: BIND_PHASE_FAILED}
+                    )
+                except Exception:
+                    log.warning("could not mark %s/%s bind-phase failed", namespace, name, exc_info=True)
+            return f"binding {namespace}/{name} to {node} failed: {err}"
+        return ""
+
+    def _reserve(
+        self, uid: str, node_name: str, ask: PodGpuRequest, pod: Mapping[str, Any]
+    ) -> tuple[Decision | None, str]:
+        """Under the node's lock: pick GPUs and hold them in the ledger (or a MIG instance)."""
+        with self._lock:
+            if uid in self._pods:  # a retried bind: give back what the earlier attempt held
+                self._forget(uid)
+        built = self._ledgered()
+        node = built.index.get(node_name)
+        if node is None:
+            return None, REASON_NO_INVENTORY
+        inv = built.inventories[node]
+        uuids = {g.index: g.uuid for g in inv.gpus}
+        now = int(time.time())
+        namespace, name, _ = pod_meta(pod)
+        who = {"namespace": namespace, "name": name, "priority": pod_priority(pod)}
+        if ask.mig_profile:
+            with self._lock:
+                for gpu in inv.gpus:
+                    for slot in gpu.mig:
+                        key = (node_name, gpu.index, slot.start)
+                        if slot.profile != ask.mig_profile or not gpu.healthy or key in self._mig_used:
+                            continue
+                        mig = MigChoice(gpu.index, slot.profile, slot.start, slot.uuid)
+                        decision = Decision(
+                            node_name, ask.container, (gpu.index,), (gpu.uuid,), 0, 100, mig, bind_time=now
+                        )
+                        self._mig_used[key] = uid
+                        self._pods[uid] = BoundPod(node_name, ask, decision, mig_key=key, **who)
+                        return decision, ""
+            return None, f"{REASON_NO_MIG_INSTANCE} {ask.mig_profile} (taken since filter)"
+        req = ask.to_request()
+        gpus = self._choose_gpus(built, node, ask, req)
+        if gpus is None:
+            codes, texts = self._verdicts(built, ask, np.array([node]))
+            return None, f"no longer fits: {texts[int(codes[0])] or 'no GPU set fits'}"
+        with self._lock:
+            if self._built is not built:  # rebuilt meanwhile: the indices may have moved; let it retry
+                return None, "the cluster's GPU inventory changed during bind; retry"
+            result = built.ledger.reserve(node, gpus, req)
+            if isinstance(result, Refusal):
+                return None, str(result)
+            cores = ask.cores_percent or (0 if ask.memory_mib else 100)
+            decision = Decision(
+                node_name,
+                ask.container,
+                gpus,
+                tuple(uuids.get(g, "") for g in gpus),
+                ask.memory_mib,
+                cores,
+                bind_time=now,
+            )
+            self._pods[uid] = BoundPod(node_name, ask, decision, placement=result, **who)
+            return decision, ""
+
+    def _choose_gpus(
+        self, built: LedgerBuild, node: int, ask: PodGpuRequest, req: Request
+    ) -> tuple[int, ...] | None:
+        """The GPUs of ``node`` for the pod, chosen by the placer as in every home (``Placer.pick_gpus``:
+        the policy's advice if the ledger accepts it, else best fit for a share and ``pick_gpu_set`` over
+        the node's wiring for several GPUs), among the GPUs ``open_slots`` leaves; None if none fit."""
+        usable = open_slots(built, node, built.ledger.view.gpu_tasks[node])
+        return self._placer(built, ask).pick_gpus(req, node, usable, built.topologies[node])
+
+    # ---- checks -------------------------------------------------------------------------------------
+
+    def check_invariants(self) -> None:
+        """The ledger's own invariants plus: no GPU holds more shares than its splitCount, and every
+        cached verdict that its version says is current equals one computed afresh."""
+        built = self._ledgered()
+        with self._lock:
+            built.ledger.check_invariants()
+            tasks = built.ledger.view.gpu_tasks
+            over = built.healthy & (tasks > built.split[:, None])
+            if over.any():
+                raise AssertionError(f"GPUs over their share limit: {np.argwhere(over).tolist()}")
+            for req, cache in built.verdicts.items():
+                current = np.flatnonzero(cache.version == built.ledger.view.version)
+                stale = current[cache.codes[current] != self._row_codes(built, req, current)]
+                if len(stale):
+                    raise AssertionError(f"outdated verdicts cached for {req}: nodes {stale.tolist()}")
+            if len(set(self._mig_used)) != len(self._mig_used):
+                raise AssertionError("a MIG instance is held twice")
+
+
+def _rescale(raw: np.ndarray) -> np.ndarray:
+    """Scores to 0..MAX_EXTENDER_PRIORITY integers: best 10, worst feasible 0, infeasible 0."""
+    out = np.zeros(len(raw), dtype=np.int64)
+    ok = np.isfinite(raw)
+    if not ok.any():
+        return out
+    low, high = raw[ok].min(), raw[ok].max()
+    if high == low:
+        out[ok] = MAX_EXTENDER_PRIORITY
+        return out
+    out[ok] = np.rint((raw[ok] - low) / (high - low) * MAX_EXTENDER_PRIORITY).astype(np.int64)
+    return out

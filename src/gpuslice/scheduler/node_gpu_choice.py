@@ -1,0 +1,75 @@
+"""How serve's node scheduler asks the shared placer for a job's GPUs, as sim and the extender do.
+
+The machine is a one-node ledger; the placement policy (a registered class or a policy file's guarded
+factory) advises through ``Placer.pick_gpus``, with the GPUs the job may not use masked out (other
+models, MIG mode, unhealthy) and the machine's wiring for multi-GPU sets and topology needs.
+
+FGD-style policies measure fragmentation against a target workload: the one given (``--target-workload``),
+else the distinct shapes of the jobs the scheduler knows, so the policy is rebuilt only when that set of
+shapes changes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+import numpy as np
+
+from gpuslice.hardware.topology import Topology
+from gpuslice.ledger.ledger import Ledger, LedgerView
+from gpuslice.policies.base import PlacementOps, PolicyContext
+from gpuslice.scheduler.node_fit import Choice, Demand, DemandKind, Holding
+from gpuslice.scheduler.placer import Placer
+from gpuslice.workload.request import MILLI_PER_GPU, Request
+from gpuslice.workload.target import TargetWorkload
+
+__all__ = ["NodeGpuChoice", "demand_request"]
+
+
+def demand_request(demand: Demand) -> Request:
+    """The ledger request of a share or whole-GPU demand."""
+    if demand.kind is DemandKind.SHARE:
+        return Request(cpu_milli=0, num_gpu=1, gpu_milli=demand.milli, gpu_memory_bytes=demand.memory_bytes)
+    return Request(cpu_milli=0, num_gpu=demand.count, gpu_milli=MILLI_PER_GPU)
+
+
+class NodeGpuChoice:
+    def __init__(
+        self,
+        ledger: Ledger,
+        topology: Topology | None,
+        placement: Callable[[LedgerView, PolicyContext], PlacementOps],
+        target: TargetWorkload | None,
+    ) -> None:
+        self.ledger = ledger
+        self.topology = topology
+        self.placement = placement
+        self.target = target
+        self._placer: Placer | None = None
+        self._shapes: frozenset[Request] = frozenset()
+
+    def choose(self, demand: Demand, known: Iterable[Request]) -> Choice | None:
+        """The GPUs for a demand the ledger has room for (NONE, SHARE or WHOLE); None only if no usable
+        set exists. ``known``: the requests of the jobs the scheduler knows, for the default target."""
+        if demand.kind is DemandKind.NONE:
+            return Choice((), Holding(()))
+        req = demand_request(demand)
+        usable = np.zeros(self.ledger.view.free_gpu_milli.shape[1], dtype=bool)
+        usable[list(demand.eligible)] = True
+        gpus = self.placer(known).pick_gpus(req, 0, usable, self.topology, demand.need)
+        if gpus is None:
+            return None
+        return Choice(gpus, Holding(gpus, req.gpu_milli, req.gpu_memory_bytes))
+
+    def placer(self, known: Iterable[Request] = ()) -> Placer:
+        """The placer with the policy built for the current target workload."""
+        shapes = frozenset() if self.target is not None else frozenset(known)
+        if self._placer is None or shapes != self._shapes:
+            target = self.target
+            if target is None and shapes:
+                target = TargetWorkload.from_requests(sorted(shapes, key=str))
+            context = PolicyContext(rng=np.random.default_rng(0), target=target)
+            policy = self.placement(self.ledger.view, context)
+            self._placer = Placer(self.ledger, policy, topologies=[self.topology])
+            self._shapes = shapes
+        return self._placer
