@@ -1,29 +1,67 @@
-"""Every error a user can cause, in one tree; mapped to exit and HTTP codes in one place.
+"""Every error gpuslice raises on purpose, in one tree; mapped to exit and HTTP codes here.
 
 ```text
 GpusliceError
-├─ UserError          CLI exit 2 · HTTP 4xx   the input is wrong; the message says how to fix it
-│  ├─ InvalidSize          a size string such as "8GB?" cannot be parsed
-│  ├─ InvalidRequest       a request asks for something impossible (0 GPUs at 500 milli, 9 GPUs per node …)
-│  ├─ UnknownPolicy        a policy name is not in the registry
-│  ├─ UnknownGpuModel      a GPU model name is not in the catalogue
-│  ├─ UnknownTrace         a trace name has no CSV file
-│  └─ TraceFormatError     a trace CSV has a malformed row (names the file and the row)
-└─ InternalError      CLI exit 1 · HTTP 500   a bug: the message says so
-   └─ LedgerError          a release of a placement the ledger does not hold (never a refused reserve)
+├─ UserError           CLI exit 2 · HTTP 400   the input is wrong; the message says how to fix it
+│  ├─ InvalidSize           a size string such as "8GB?" cannot be parsed
+│  ├─ InvalidRequest        a request asks for something impossible (0 GPUs at 500 milli, 9 GPUs per node …)
+│  ├─ UnknownName           a name that is not in its catalogue; the message lists the known ones
+│  │  ├─ UnknownPolicy           a policy name (memory.policies: UnknownMemoryPolicy)
+│  │  ├─ UnknownGpuModel         a GPU model name
+│  │  ├─ UnknownTrace            a trace name with no CSV file
+│  │  └─ elsewhere: UnknownMigGpu, UnknownMigProfile (hardware.mig), UnknownSystem
+│  │     (hardware.topology_profiles), UnknownModel (estimate.errors), UnknownWorkload (memory.workloads)
+│  ├─ TraceFormatError      a trace CSV has a malformed row (names the file and the row)
+│  ├─ NotFound         HTTP 404   no such job, GPU, policy or map: JobNotFound, GpuNotFound, PolicyNotFound
+│  │                              (server.errors), NoSuchMap, NoPolicyLoaded (programs.slot)
+│  ├─ Conflict         HTTP 409   the state does not allow the action: JobConflict (server.errors)
+│  ├─ NotAuthenticated HTTP 401   no bearer token, or the wrong one
+│  ├─ Forbidden        HTTP 403   the caller may not do this: ForbiddenUser (server.errors)
+│  ├─ TooManyRequests  HTTP 429   a cap is reached; retry later: TooManyFollowers (server.errors)
+│  ├─ Unavailable           something this machine lacks or that does not answer
+│  │  ├─ NvmlUnavailable     nvidia-ml-py is not installed, or NVML finds no NVIDIA driver
+│  │  └─ elsewhere: NoGpuDriver (node.discovery), MpsUnavailable (node.enforcement), MigNotEnabled
+│  │     (hardware.mig_nvml), ShimUnavailable (shim), ServerUnavailable (server.errors)
+│  └─ elsewhere, one module's own failures: PolicyRejected (HTTP 422), PolicyFamilyMismatch,
+│     PolicyInitError (programs.loader), MapError, MapFull (programs.maps), FieldError (server.models,
+│     HTTP 400 or 422), ServerError (server.client), TopologyError and its kin (hardware.topology*),
+│     InvalidMigLayout, MigRequestTooLarge (hardware.mig), MigInstanceMissing (node.discovery),
+│     MigCommandFailed, MigPermissionDenied (node.mig_manager), RegistrationFailed, AllocationRefused
+│     (k8s.device_plugin.plugin, .allocation), GpuSetUnavailable (policies.gpuset), MalformedModelConfig,
+│     InvalidEstimateOptions (estimate.errors), CostProfileError (memory.cost), ImpossibleBatch
+│     (scheduler.batch_assign)
+└─ InternalError       CLI exit 1 · HTTP 500   a bug: the message says so
+   └─ LedgerError           a release of a placement the ledger does not hold (never a refused reserve)
 ```
+
+A family's HTTP status is its ``http_status``; ``server.errors.http_status`` reads it. Exceptions that
+never reach a user stay outside the tree: a hook's timeout (``programs.guard.HookTimeout``, a
+BaseException so that policy code cannot catch it), the shim's ``RegionError`` (a file that is not a
+job region; the monitor skips it), fake_load's simulated ``OutOfMemory`` (caught where it is raised),
+and ``shim.build.BuildError``, which setup.py loads by path at install time, before this package can
+be imported.
 """
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 __all__ = [
+    "Conflict",
+    "Forbidden",
     "GpusliceError",
     "InternalError",
     "InvalidRequest",
     "InvalidSize",
     "LedgerError",
+    "NotAuthenticated",
+    "NotFound",
+    "NvmlUnavailable",
+    "TooManyRequests",
     "TraceFormatError",
+    "Unavailable",
     "UnknownGpuModel",
+    "UnknownName",
     "UnknownPolicy",
     "UnknownTrace",
     "UserError",
@@ -38,6 +76,8 @@ class GpusliceError(Exception):
 class UserError(GpusliceError):
     """The input is wrong; the message names it and says how to fix it."""
 
+    http_status: ClassVar[int] = 400
+
 
 class InvalidSize(UserError):
     """A size string cannot be parsed."""
@@ -47,15 +87,19 @@ class InvalidRequest(UserError):
     """A request's fields contradict each other or exceed what any GPU can give."""
 
 
-class UnknownPolicy(UserError):
+class UnknownName(UserError):
+    """A name is not in its catalogue (policies, GPU models, traces, MIG profiles …)."""
+
+
+class UnknownPolicy(UnknownName):
     """A policy name is not in its family's registry."""
 
 
-class UnknownGpuModel(UserError):
+class UnknownGpuModel(UnknownName):
     """A GPU model name is not in the catalogue."""
 
 
-class UnknownTrace(UserError):
+class UnknownTrace(UnknownName):
     """A trace name has no pod-list CSV where it was looked for."""
 
 
@@ -63,8 +107,50 @@ class TraceFormatError(UserError):
     """A trace CSV row is malformed; the message names the file and the row."""
 
 
+class NotFound(UserError):
+    """No object (job, GPU, policy, map entry) has the id or name that was asked for."""
+
+    http_status: ClassVar[int] = 404
+
+
+class Conflict(UserError):
+    """The object's state does not allow the action (e.g. cancelling a finished job)."""
+
+    http_status: ClassVar[int] = 409
+
+
+class NotAuthenticated(UserError):
+    """A call that needs the bearer token came without it, or with a wrong one."""
+
+    http_status: ClassVar[int] = 401
+
+
+class Forbidden(UserError):
+    """The caller is known but may not do this."""
+
+    http_status: ClassVar[int] = 403
+
+
+class TooManyRequests(UserError):
+    """A cap on concurrent use is reached; the same call may succeed later."""
+
+    http_status: ClassVar[int] = 429
+
+
+class Unavailable(UserError):
+    """Something gpuslice needs is missing on this machine or does not answer (a driver, NVML, MPS,
+    the shim, the server); the message says how to provide it."""
+
+
+class NvmlUnavailable(Unavailable):
+    """NVML cannot be used here: nvidia-ml-py is not installed, or there is no NVIDIA driver (MIG
+    state, topology and telemetry all read it)."""
+
+
 class InternalError(GpusliceError):
     """A broken invariant: a bug in gpuslice, never the user's fault."""
+
+    http_status: ClassVar[int] = 500
 
 
 class LedgerError(InternalError):

@@ -22,6 +22,7 @@ from gpuslice.errors import UserError
 from gpuslice.estimate import EstimateOptions, estimate_request_bytes
 from gpuslice.server.client import ServeClient
 from gpuslice.units import format_size
+from gpuslice.workload.job import DEFAULT_TENANT
 
 __all__ = ["cancel", "gpus", "logs", "ps", "queue", "show", "submit"]
 
@@ -90,7 +91,7 @@ def submit(
     exclusive: Annotated[bool, typer.Option(help="no other job shares its GPUs")] = False,
     topology: Annotated[str, typer.Option(help="any, nvlink or pcie-switch (2+ GPUs)")] = "any",
     priority: Annotated[str, typer.Option(help="realtime, high, normal, low or idle")] = "normal",
-    tenant: Annotated[str, typer.Option(help="tenant (team) the job counts against")] = "default",
+    tenant: Annotated[str, typer.Option(help="tenant (team) the job counts against")] = DEFAULT_TENANT,
     preemptible: Annotated[bool, typer.Option(help="may be stopped for a higher priority job")] = True,
     max_runtime: Annotated[str | None, typer.Option(help="stop after this long: 90s, 30m, 1h, 2d")] = None,
     restart: Annotated[str, typer.Option(help="never, on-failure or always")] = "never",

@@ -17,6 +17,7 @@ from rich.console import Console
 
 from gpuslice.errors import UserError
 from gpuslice.k8s.annotations import DEFAULT_SPLIT_COUNT
+from gpuslice.node.enforcement import DEFAULT_SHARING
 
 __all__ = ["device_plugin"]
 
@@ -50,7 +51,7 @@ def device_plugin(
             help="how shares are held to their slice: soft (PyTorch cap + graded monitor) or shim (the "
             "preloaded library fences memory and compute); MPS is not offered in pods (docs/kubernetes.md)"
         ),
-    ] = "soft",
+    ] = DEFAULT_SHARING.value,
     state_dir: Annotated[
         Path, typer.Option(help="host directory of the soft-cap file and the shim, mounted into pods")
     ] = Path("/var/lib/gpuslice"),

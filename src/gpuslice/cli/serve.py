@@ -8,8 +8,11 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
+from gpuslice.node.enforcement import DEFAULT_SHARING
 from gpuslice.policies import DEFAULT_PLACEMENT, PLACEMENT
+from gpuslice.policies.queue import DEFAULT_QUEUE_POLICY, QUEUE
 from gpuslice.server.client import DEFAULT_PORT, default_state_dir
+from gpuslice.workload.job import DEFAULT_GRACE_SECONDS
 
 __all__ = ["serve"]
 
@@ -35,15 +38,17 @@ def serve(
             "MPS daemon enforces memory and compute), mig, or shim (a preloaded library fences memory and "
             "compute in any CUDA process)"
         ),
-    ] = "soft",
-    grace: Annotated[str, typer.Option(help="SIGTERM-to-SIGKILL grace when stopping a job: 30s, 2m")] = "30s",
+    ] = DEFAULT_SHARING.value,
+    grace: Annotated[
+        str, typer.Option(help="SIGTERM-to-SIGKILL grace when stopping a job: 30s, 2m")
+    ] = f"{DEFAULT_GRACE_SECONDS:g}s",
     queue_policy: Annotated[
         str,
         typer.Option(
-            help="queue policy: priority-fair, fifo, or a policy file (.py; verified, guarded, swappable "
+            help=f"queue policy: {', '.join(QUEUE)}, or a policy file (.py; verified, guarded, swappable "
             "with `gpuslice policy load`)"
         ),
-    ] = "priority-fair",
+    ] = DEFAULT_QUEUE_POLICY,
     placement: Annotated[
         str,
         typer.Option(

@@ -18,6 +18,7 @@ from gpuslice.sim.openb import DEFAULT_TUNE, ReplayResult
 from gpuslice.sim.published import FGD_PAPER_POLICIES, published_results
 from gpuslice.sim.report import PolicySummary, summarize, write_results
 from gpuslice.sim.sweep import run_sweep
+from gpuslice.sim.trace import DEFAULT_TRACE
 
 __all__ = ["app", "openb", "parse_seeds"]
 
@@ -48,7 +49,8 @@ def parse_seeds(text: str) -> list[int]:
 @app.command(epilog=_POLICIES_EPILOG)
 def openb(
     trace: Annotated[
-        list[str] | None, typer.Option(help="openb trace, repeatable. Default: default.", show_default=False)
+        list[str] | None,
+        typer.Option(help=f"openb trace, repeatable. Default: {DEFAULT_TRACE}.", show_default=False),
     ] = None,
     trace_dir: Annotated[
         Path | None,
@@ -74,7 +76,7 @@ def openb(
     tune: Annotated[float, typer.Option(min=1.0, help="Workload, × cluster GPU capacity.")] = DEFAULT_TUNE,
 ) -> None:
     """The FGD paper's openb experiment: unallocated GPU % as the inflated trace arrives, per policy."""
-    traces, policies = trace or ["default"], policy or list(FGD_PAPER_POLICIES)
+    traces, policies = trace or [DEFAULT_TRACE], policy or list(FGD_PAPER_POLICIES)
     seed_list = parse_seeds(seeds)  # policy and trace names: run_sweep checks them all before any run
     if out.exists() and not out.is_dir():
         raise UserError(f"--out {out} is a file: give a folder for the results")

@@ -11,12 +11,12 @@ UserError
 
 from __future__ import annotations
 
-from gpuslice.errors import UserError
+from gpuslice.errors import UnknownName, UserError
 
 __all__ = ["InvalidEstimateOptions", "MalformedModelConfig", "UnknownModel"]
 
 
-class UnknownModel(UserError):
+class UnknownModel(UnknownName):
     """A model name is not bundled and is not a path to a config.json; the message lists the known names."""
 
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
-from gpuslice.errors import InvalidSize, UserError
+from gpuslice.errors import InvalidSize, UnknownName, UserError
 from gpuslice.units import MiB, format_size, parse_size
 
 __all__ = [
@@ -52,11 +52,11 @@ COMPUTE_SLICES = 7  # and 7 SM (GPC) slices per MIG-capable GPU
 FULL_MASK = (1 << MEMORY_SLICES) - 1
 
 
-class UnknownMigGpu(UserError):
+class UnknownMigGpu(UnknownName):
     """A GPU name has no MIG profile table."""
 
 
-class UnknownMigProfile(UserError):
+class UnknownMigProfile(UnknownName):
     """A profile name or ID is not in the GPU's MIG table."""
 
 

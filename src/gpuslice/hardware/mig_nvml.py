@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
-from gpuslice.errors import UserError
+from gpuslice.errors import NvmlUnavailable, Unavailable, UserError
 from gpuslice.hardware.mig import MIG_GPUS, MigGpu, MigInstance, MigLayout
 from gpuslice.units import GiB, MiB
 
@@ -38,11 +38,7 @@ __all__ = [
 _MAX_INSTANCES = 8  # at most 7 GIs per GPU (MIG user guide); 8 leaves room for a driver surprise
 
 
-class NvmlUnavailable(UserError):
-    """nvidia-ml-py is not installed, or NVML finds no NVIDIA driver."""
-
-
-class MigNotEnabled(UserError):
+class MigNotEnabled(Unavailable):
     """The GPU is not in MIG mode (or its MIG mode change is pending a reset)."""
 
 

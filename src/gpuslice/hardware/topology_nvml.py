@@ -17,6 +17,7 @@ import importlib
 from types import ModuleType
 from typing import Any
 
+from gpuslice.errors import NvmlUnavailable
 from gpuslice.hardware.topology import BandwidthModel, LinkType, Topology, TopologyError, build_topology
 
 __all__ = ["NvmlUnavailable", "load_pynvml", "read_nvml_topology"]
@@ -34,10 +35,6 @@ _LEVELS: dict[int, LinkType] = {
 _MAX_LINKS = 18  # NVML_NVLINK_MAX_LINKS (nvml.h); older GPUs answer NOT_SUPPORTED past theirs
 _FEATURE_ENABLED = 1  # NVML_FEATURE_ENABLED
 _DEVICE_TYPE_SWITCH = 2  # NVML_NVLINK_DEVICE_TYPE_SWITCH (nvml.h)
-
-
-class NvmlUnavailable(TopologyError):
-    """NVML cannot be used here: nvidia-ml-py is not installed, or there is no NVIDIA driver."""
 
 
 def load_pynvml() -> ModuleType:

@@ -7,12 +7,13 @@ Facts inferred rather than published say so where they are set, so they are easy
 
 from __future__ import annotations
 
+from gpuslice.errors import UnknownName
 from gpuslice.hardware.topology import PCIE_GBPS, BandwidthModel, Topology, TopologyError, build_topology
 
 __all__ = ["PROFILES", "UnknownSystem", "profile", "profile_names"]
 
 
-class UnknownSystem(TopologyError):
+class UnknownSystem(TopologyError, UnknownName):
     """A ``--system`` name is not a built-in profile."""
 
 

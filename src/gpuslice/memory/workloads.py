@@ -30,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-from gpuslice.errors import TraceFormatError, UserError
+from gpuslice.errors import TraceFormatError, UnknownName
 from gpuslice.memory.uvm import PAGES_PER_BLOCK
 
 __all__ = ["WORKLOADS", "Trace", "UnknownWorkload", "make_workload", "read_trace_csv", "write_trace_csv"]
@@ -38,7 +38,7 @@ __all__ = ["WORKLOADS", "Trace", "UnknownWorkload", "make_workload", "read_trace
 _P = PAGES_PER_BLOCK
 
 
-class UnknownWorkload(UserError):
+class UnknownWorkload(UnknownName):
     """A memsim workload name is not in the registry."""
 
 

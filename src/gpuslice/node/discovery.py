@@ -32,7 +32,7 @@ from typing import Any
 
 import psutil
 
-from gpuslice.errors import UserError
+from gpuslice.errors import Unavailable, UserError
 from gpuslice.hardware.gpu_models import GPU_MODELS
 from gpuslice.hardware.machine import GpuInfo, Machine
 from gpuslice.hardware.mig import MigGpu, UnknownMigGpu, mig_gpu
@@ -81,7 +81,7 @@ _NAME_PATTERNS: tuple[tuple[str, str], ...] = (
 _HINT = "use --simulate dgx-h100 to try gpuslice without GPUs (other profiles: " + ", ".join(PROFILES) + ")"
 
 
-class NoGpuDriver(UserError):
+class NoGpuDriver(Unavailable):
     """No NVML here (nvidia-ml-py missing, no NVIDIA driver, or no GPUs) and no --simulate given."""
 
 

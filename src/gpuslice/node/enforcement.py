@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuslice import shim
-from gpuslice.errors import InternalError, InvalidRequest, UserError
+from gpuslice.errors import InternalError, InvalidRequest, Unavailable
 from gpuslice.hardware.machine import Machine
 from gpuslice.hardware.mig import mig_gpu
 from gpuslice.node import softcap
@@ -52,6 +52,7 @@ from gpuslice.units import MiB
 from gpuslice.workload.job import JobSpec
 
 __all__ = [
+    "DEFAULT_SHARING",
     "MPS_CONTROL",
     "MpsDaemon",
     "MpsUnavailable",
@@ -80,7 +81,11 @@ class SharingMode(enum.StrEnum):
     SHIM = "shim"  # the native shim preloaded into every process: memory fence, compute share, priorities
 
 
-class MpsUnavailable(UserError):
+# `serve --sharing` and the device plugin's --sharing when none is named: needs nothing on the machine.
+DEFAULT_SHARING = SharingMode.SOFT
+
+
+class MpsUnavailable(Unavailable):
     """The MPS control program is missing or will not start."""
 
 

@@ -49,7 +49,9 @@ SUPERVISOR_DEFERRED_SIGNALS = frozenset({signal.SIGTERM, signal.SIGINT})
 STOP_FILE = "stop.json"  # written by launcher.terminate: {"grace_seconds": float, "requested_at": float}
 STDOUT_LOG = "stdout.log"
 STDERR_LOG = "stderr.log"
-DEFAULT_GRACE_SECONDS = 30.0  # victims get SIGTERM, 30 s, then SIGKILL
+# workload.job.DEFAULT_GRACE_SECONDS, copied: this file imports only the standard library (see above);
+# tests/test_defaults.py checks that the two agree.
+DEFAULT_GRACE_SECONDS = 30.0
 LEFTOVER_GRACE_SECONDS = 2.0
 _POLL_SECONDS = 0.05
 # Shell conventions for a command that cannot be started (bash: 126 not executable, 127 not found).

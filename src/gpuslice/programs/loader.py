@@ -54,6 +54,8 @@ __all__ = [
 class PolicyRejected(UserError):
     """The verifier rejected a policy file; ``violations`` says where and why."""
 
+    http_status = 422  # the file arrived and was read, but its content is refused (RFC 9110, 15.5.21)
+
     def __init__(self, filename: str, violations: list[Violation]) -> None:
         self.filename = filename
         self.violations = violations

@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from gpuslice.errors import UserError
+from gpuslice.errors import NotFound
 from gpuslice.programs.guard import GuardConfig, guard
 from gpuslice.programs.loader import LoadedPolicy, PolicyFamilyMismatch
 from gpuslice.programs.maps import Map
@@ -33,11 +33,11 @@ from gpuslice.programs.verify import FAMILIES
 __all__ = ["NoPolicyLoaded", "NoSuchMap", "PolicySlot"]
 
 
-class NoPolicyLoaded(UserError):
+class NoPolicyLoaded(NotFound):
     """A map or unload request for a family whose slot holds only the built-in default."""
 
 
-class NoSuchMap(UserError):
+class NoSuchMap(NotFound):
     """A map name the loaded policy does not declare."""
 
 

@@ -1,26 +1,29 @@
-"""The server's user errors, under ``gpuslice.errors.UserError``, each with the HTTP status it maps to.
+"""The server's own user errors, each under its family in ``gpuslice.errors``, and their HTTP status.
 
 ```text
-UserError (gpuslice.errors)
-├─ InvalidRequest (gpuslice.errors)   400  the request contradicts itself or this machine
-├─ JobNotFound                        404  no job with that id
-├─ GpuNotFound                        404  no GPU with that index
-├─ JobConflict                        409  the job's state does not allow the action (cancel a finished job)
-├─ NotAuthenticated                   401  no bearer token, or the wrong one
-├─ ForbiddenUser                      403  a request claims another user; the server never switches users
-├─ TooManyFollowers                   429  the cap on clients following logs is reached
-├─ PolicyNotFound                     404  no such policy family or map key on this server
-├─ NoSuchMap, NoPolicyLoaded (programs.slot)  404  no such map; only the built-in runs (nothing to unload)
-├─ PolicyRejected (programs.loader)   422  the verifier rejected a policy file; the detail lists why
-└─ ServerUnavailable                  (client) the server does not answer at its URL; says how to start it
+JobNotFound, GpuNotFound, PolicyNotFound   NotFound          404  no job, GPU, policy family or map key
+JobConflict                                Conflict          409  the job's state does not allow the action
+NotAuthenticated (gpuslice.errors)                           401  no bearer token, or the wrong one
+ForbiddenUser                              Forbidden         403  a request claims another user
+TooManyFollowers                           TooManyRequests   429  the cap on clients following logs is reached
+ServerUnavailable                          Unavailable       (client) the server does not answer at its URL
 ```
-They live here rather than in ``gpuslice/errors.py`` only because the server was built alongside the
-core; they belong in that tree and can move there unchanged.
+
+Every other user error keeps its family's status (``gpuslice.errors``): InvalidRequest 400, NoSuchMap
+and NoPolicyLoaded (programs.slot) 404, PolicyRejected (programs.loader) 422.
 """
 
 from __future__ import annotations
 
-from gpuslice.errors import InvalidRequest, UserError
+from gpuslice.errors import (
+    Conflict,
+    Forbidden,
+    NotAuthenticated,
+    NotFound,
+    TooManyRequests,
+    Unavailable,
+    UserError,
+)
 
 __all__ = [
     "ForbiddenUser",
@@ -35,60 +38,35 @@ __all__ = [
 ]
 
 
-class JobNotFound(UserError):
+class JobNotFound(NotFound):
     """No job has the id that was asked for."""
 
 
-class GpuNotFound(UserError):
+class GpuNotFound(NotFound):
     """No GPU has the index that was asked for."""
 
 
-class JobConflict(UserError):
+class JobConflict(Conflict):
     """The job is in a state where the action makes no sense (e.g. cancelling a finished job)."""
 
 
-class NotAuthenticated(UserError):
-    """A state-changing call came without the bearer token, or with a wrong one."""
-
-
-class ForbiddenUser(UserError):
+class ForbiddenUser(Forbidden):
     """A request claims a user other than the one running the server."""
 
 
-class TooManyFollowers(UserError):
+class TooManyFollowers(TooManyRequests):
     """So many clients follow logs already that one more is refused; the client may retry later."""
 
 
-class PolicyNotFound(UserError):
+class PolicyNotFound(NotFound):
     """A policy family the server does not run, or a map or map key the loaded policy does not have."""
 
 
-class ServerUnavailable(UserError):
+class ServerUnavailable(Unavailable):
     """The client cannot reach ``gpuslice serve`` at its URL."""
 
 
 def http_status(error: UserError) -> int:
-    """The HTTP status for a user error: the one place where the tree meets HTTP."""
-    # Imported here: the client imports this module, and should not pay for the verifier's imports.
-    from gpuslice.programs.loader import PolicyRejected
-    from gpuslice.programs.slot import NoPolicyLoaded, NoSuchMap
-
-    own = getattr(error, "http_status", None)  # an error that says its own (FieldError for a limit: 422)
-    if isinstance(own, int):
-        return own
-    for cls, status in (
-        (JobNotFound, 404),
-        (GpuNotFound, 404),
-        (JobConflict, 409),
-        (NotAuthenticated, 401),
-        (ForbiddenUser, 403),
-        (TooManyFollowers, 429),
-        (PolicyNotFound, 404),
-        (NoSuchMap, 404),
-        (NoPolicyLoaded, 404),
-        (PolicyRejected, 422),
-        (InvalidRequest, 400),
-    ):
-        if isinstance(error, cls):
-            return status
-    return 400
+    """The HTTP status of a user error: its own ``http_status`` (a FieldError's 400 or 422), else its
+    family's (``gpuslice.errors``)."""
+    return int(error.http_status)

@@ -32,7 +32,7 @@ from gpuslice.hardware.node import MAX_GPUS_PER_NODE
 from gpuslice.server.codec import spec_to_json
 from gpuslice.server.store import JobRecord, TenantRecord
 from gpuslice.units import parse_size
-from gpuslice.workload.job import JobSpec, Priority, RestartPolicy, TopologyNeed
+from gpuslice.workload.job import DEFAULT_TENANT, JobSpec, Priority, RestartPolicy, TopologyNeed
 
 __all__ = [
     "ErrorBody",
@@ -171,7 +171,7 @@ class SubmitRequest(BaseModel):
     exclusive: bool = False
     topology: Literal["any", "nvlink", "pcie-switch"] = "any"
     priority: PriorityName = "normal"
-    tenant: str = Field("default", pattern=_NAME)
+    tenant: str = Field(DEFAULT_TENANT, pattern=_NAME)
     preemptible: bool = True
     max_runtime: Annotated[str, Field(max_length=64)] | float | None = Field(
         None, description='"90s", "30m", "1h", "2d" or seconds (a finite number)'

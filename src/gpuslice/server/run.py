@@ -30,15 +30,18 @@ import psutil
 import uvicorn
 
 from gpuslice.errors import InvalidRequest
+from gpuslice.node.enforcement import DEFAULT_SHARING
 from gpuslice.policies import DEFAULT_PLACEMENT
+from gpuslice.policies.queue import DEFAULT_QUEUE_POLICY
 from gpuslice.server.app import create_app
 from gpuslice.server.auth import TOKEN_FILE, load_or_create_token
-from gpuslice.server.daemon import DEFAULT_GRACE_SECONDS, Daemon
+from gpuslice.server.client import DEFAULT_PORT
+from gpuslice.server.daemon import DEFAULT_TICK_SECONDS, Daemon
 from gpuslice.server.guard import new_sign_in_token
 from gpuslice.server.local_node import LocalNode
 from gpuslice.server.store import Store
 from gpuslice.server.url_file import write_url
-from gpuslice.workload.job import JobState
+from gpuslice.workload.job import DEFAULT_GRACE_SECONDS, JobState
 from gpuslice.workload.target import TargetWorkload
 
 __all__ = ["ServeOptions", "own_names", "run", "secure_state_dir", "state_lock"]
@@ -52,12 +55,12 @@ LOCK_FILE = "server.lock"
 class ServeOptions:
     state_dir: Path
     host: str = "127.0.0.1"
-    port: int = 8787
+    port: int = DEFAULT_PORT
     simulate: str | None = None
-    sharing: str = "soft"
+    sharing: str = DEFAULT_SHARING.value
     grace_seconds: float = DEFAULT_GRACE_SECONDS
-    tick_seconds: float = 0.2
-    queue_policy: str = "priority-fair"
+    tick_seconds: float = DEFAULT_TICK_SECONDS
+    queue_policy: str = DEFAULT_QUEUE_POLICY
     placement: str = DEFAULT_PLACEMENT  # a placement policy name or file
     target: TargetWorkload | None = None  # what FGD-style placement keeps room for
     public_reads: bool = False  # reads without the token, as before (a machine with one trusted user)

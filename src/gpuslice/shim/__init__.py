@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gpuslice.errors import UserError
+from gpuslice.errors import Unavailable
 from gpuslice.shim.region import DeviceUsage, JobRegion, read_region
 
 __all__ = [
@@ -31,7 +31,7 @@ SHIM_LIBRARY = "libgpuslice-shim.so"
 GPU_REGION = "gpus.region"  # per node: when each priority last launched on each GPU
 
 
-class ShimUnavailable(UserError):
+class ShimUnavailable(Unavailable):
     """The shim library was not built with this installation."""
 
 

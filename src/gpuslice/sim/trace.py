@@ -22,6 +22,7 @@ from gpuslice.workload.target import TargetWorkload
 
 __all__ = [
     "BUNDLED_TRACES",
+    "DEFAULT_TRACE",
     "NODE_FILE",
     "OpenbTrace",
     "TracePod",
@@ -33,7 +34,9 @@ __all__ = [
 ]
 
 NODE_FILE = "openb_node_list_gpu_node.csv"
-BUNDLED_TRACES = ("default",)
+# The openb trace `sim openb` replays when none is named: the one bundled with the package.
+DEFAULT_TRACE = "default"
+BUNDLED_TRACES = (DEFAULT_TRACE,)
 _NODE_COLUMNS = ("sn", "cpu_milli", "memory_mib", "gpu", "model")
 _POD_COLUMNS = ("name", "cpu_milli", "memory_mib", "num_gpu", "gpu_milli")
 
@@ -130,7 +133,7 @@ def load_pods(path: Path) -> tuple[TracePod, ...]:
     return tuple(pods)
 
 
-def load_trace(name: str = "default", trace_dir: Path | None = None) -> OpenbTrace:
+def load_trace(name: str = DEFAULT_TRACE, trace_dir: Path | None = None) -> OpenbTrace:
     """Trace ``name`` (``openb_pod_list_NAME.csv``) with the GPU node list, from ``trace_dir`` or the
     bundled copy. UnknownTrace names what exists when the file is missing."""
     directory = Path(trace_dir) if trace_dir is not None else bundled_dir()

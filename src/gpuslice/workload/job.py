@@ -20,6 +20,8 @@ from gpuslice.hardware.node import MAX_GPUS_PER_NODE
 from gpuslice.workload.request import MILLI_PER_GPU, Request
 
 __all__ = [
+    "DEFAULT_GRACE_SECONDS",
+    "DEFAULT_TENANT",
     "TERMINAL_STATES",
     "TRANSITIONS",
     "JobEvent",
@@ -84,6 +86,12 @@ TRANSITIONS: dict[JobState, frozenset[JobState]] = {
     JobState.CANCELLED: frozenset(),
 }
 TERMINAL_STATES = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED})
+# A job asked to stop (cancel, max runtime, preemption) gets SIGTERM, then SIGKILL this many seconds
+# later: the default of `serve --grace`, the node scheduler and the job supervisor. Kubernetes gives a
+# pod the same 30 s by default (PodSpec terminationGracePeriodSeconds).
+DEFAULT_GRACE_SECONDS = 30.0
+# The tenant (team) a job counts against when it names none; listed by the server even when unused.
+DEFAULT_TENANT = "default"
 
 
 def check_transition(old: JobState, new: JobState) -> None:
@@ -111,7 +119,7 @@ class JobSpec:
     exclusive: bool = False
     topology: TopologyNeed = TopologyNeed.ANY
     priority: Priority = Priority.NORMAL
-    tenant: str = "default"
+    tenant: str = DEFAULT_TENANT
     preemptible: bool = True
     max_runtime_seconds: float | None = None
     restart: RestartPolicy = RestartPolicy.NEVER

@@ -8,6 +8,7 @@ from gpuslice.policies.queue.priority_fair import PriorityFair
 from gpuslice.registry import Registry
 
 __all__ = [
+    "DEFAULT_QUEUE_POLICY",
     "QUEUE",
     "Fifo",
     "PriorityFair",
@@ -20,6 +21,8 @@ __all__ = [
 ]
 
 QUEUE: Registry[QueueOps] = Registry("queue", (Fifo, PriorityFair))
+# The queue policy of `gpuslice serve` and the node scheduler when none is named.
+DEFAULT_QUEUE_POLICY = PriorityFair.name
 
 
 def queue_policy(name: str) -> type[QueueOps]:

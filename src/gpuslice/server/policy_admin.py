@@ -1,0 +1,176 @@
+"""Policies as programs in the serve daemon: what runs per family, swaps, unloads and map access.
+
+A policy file is loaded like a sched_ext scheduler or a BPF program: verified, run under a guard, and
+swapped in while serving; its maps are read and written from outside as ``bpftool map`` does (a part of
+``Daemon``, mixed in). The scheduler's policy is only assigned under the daemon's lock, which a
+scheduling pass holds from start to end, and map writes take it too: a swap, an unload or a map write
+lands between two passes, never inside one (no pass orders half its jobs with one policy and half with
+the next).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from gpuslice.policies.queue import DEFAULT_QUEUE_POLICY, queue_policy
+from gpuslice.programs.guard import GuardConfig
+from gpuslice.programs.loader import LoadedPolicy, PolicyFamilyMismatch, is_policy_path, load_file
+from gpuslice.programs.maps import MAP_TYPES, Map
+from gpuslice.programs.slot import PolicySlot
+from gpuslice.scheduler.node_scheduler import NodeScheduler
+from gpuslice.server.errors import PolicyNotFound
+from gpuslice.server.store import Store
+
+__all__ = ["PolicyAdmin", "queue_slot"]
+
+
+def queue_slot(name_or_file: str, guard: GuardConfig, on_event: Callable[[str], None]) -> PolicySlot:
+    """The queue family's slot: a built-in by name, or a policy file loaded as if by `policy load` (the
+    built-in default stays behind it, for unload and for the guard to fall back to)."""
+    from_file = is_policy_path(name_or_file)
+    slot = PolicySlot(
+        "queue",
+        queue_policy(DEFAULT_QUEUE_POLICY if from_file else name_or_file),
+        guard,
+        on_event=on_event,
+    )
+    if from_file:
+        slot.swap(load_file(name_or_file))
+    return slot
+
+
+class PolicyAdmin:
+    """The policy side of ``Daemon``: ``GET/POST/DELETE /v1/policies`` and the map calls."""
+
+    # What this part reads and writes of the daemon (set in ``Daemon.__init__``). Guard events (fault,
+    # detached, …) come from inside a scheduling pass; they wait in ``_policy_events`` until the lock
+    # holder writes them to the store.
+    store: Store
+    scheduler: NodeScheduler
+    policy_slots: dict[str, PolicySlot]
+    clock: Callable[[], float]
+    _lock: threading.RLock
+    _wake: threading.Event
+    _policy_events: deque[tuple[str, str]]
+
+    def policies(self) -> list[dict[str, Any]]:
+        """Each family's slot as the API shows it (``PolicyOut``): what runs, its faults, its maps."""
+        with self._lock:
+            self._flush_policy_events(self.clock())
+            return [_policy_out(slot.info()) for slot in self.policy_slots.values()]
+
+    def load_policy(self, loaded: LoadedPolicy) -> dict[str, Any]:
+        """Swap a verified policy in for its family; maps of the same name and spec keep their entries."""
+        if loaded.family not in self.policy_slots:
+            raise PolicyFamilyMismatch(
+                f"{loaded.path} is a {loaded.family} policy; this server runs {', '.join(self.policy_slots)} "
+                "policies from `policy load` (a placement policy file is given at start: serve --placement "
+                "FILE; memory policies load into memsim)"
+            )
+        slot = self.policy_slots[loaded.family]
+        # The slot builds the new instance (maps, __init__) before it assigns: a failure changes nothing.
+        # The scheduler takes the new one under the daemon's lock, so the pass in progress ends with the
+        # policy it started with.
+        slot.swap(loaded)
+        with self._lock:
+            self.scheduler.policy = slot.current
+            self._flush_policy_events(self.clock())
+            self._wake.set()
+            return _policy_out(slot.info())
+
+    def unload_policy(self, family: str) -> dict[str, Any]:
+        """Back to the family's built-in policy; NoPolicyLoaded when it runs already."""
+        slot = self._slot(family)
+        slot.unload()
+        with self._lock:
+            self.scheduler.policy = slot.current
+            self._flush_policy_events(self.clock())
+            self._wake.set()
+            return _policy_out(slot.info())
+
+    def policy_map(self, family: str, name: str) -> dict[str, Any]:
+        """Every entry of one map of the loaded policy, sorted by key (``MapOut``)."""
+        slot = self._slot(family)
+        with self._lock:
+            entries = slot.map_dump(name)  # NoPolicyLoaded / NoSuchMap first
+            spec = _spec_out(slot.info()["maps"][name])
+            return {"family": family, "name": name, **spec, "entries": entries}
+
+    def policy_map_get(self, family: str, name: str, key: str) -> dict[str, Any]:
+        """One entry (``MapEntryOut``); ``key`` is text, parsed as the map's key type."""
+        slot = self._slot(family)
+        with self._lock:
+            value = slot.map_get(name, key)
+            if value is None:  # map values are never None: the key is absent
+                raise PolicyNotFound(f"map {name} has no key {key!r}; `policy map dump {name}` lists them")
+            return {"family": family, "map": name, "key": _typed_key(slot, name, key), "value": value}
+
+    def policy_map_update(self, family: str, name: str, key: str, value: Any) -> dict[str, Any]:
+        """Write one entry; the policy reads it from the next pass on (``bpftool map update``). ``value``
+        is text to parse as the map's value type, or a JSON number/bool of that type."""
+        slot = self._slot(family)
+        with self._lock:
+            previous = slot.map_get(name, key)
+            # MapError, and nothing written, for a key or value of another type than the map's
+            slot.map_update(name, key, value)
+            self._wake.set()
+            return {"family": family, "map": name, "key": _typed_key(slot, name, key),
+                    "value": slot.map_get(name, key), "previous": previous}  # fmt: skip
+
+    def policy_map_delete(self, family: str, name: str, key: str) -> dict[str, Any]:
+        """Remove one entry (``bpftool map delete``); PolicyNotFound when the key is not there."""
+        slot = self._slot(family)
+        with self._lock:
+            previous = slot.map_get(name, key)
+            if previous is None or not slot.map_delete(name, key):
+                raise PolicyNotFound(f"map {name} has no key {key!r}; `policy map dump {name}` lists them")
+            self._wake.set()
+            return {"family": family, "map": name, "key": _typed_key(slot, name, key), "value": previous}
+
+    def _slot(self, family: str) -> PolicySlot:
+        slot = self.policy_slots.get(family)
+        if slot is None:
+            served = ", ".join(sorted(self.policy_slots))
+            raise PolicyNotFound(f"this server runs no {family} policy; its policy families: {served}")
+        return slot
+
+    def _flush_policy_events(self, now: float) -> None:
+        while self._policy_events:
+            family, message = self._policy_events.popleft()
+            self.store.event(None, "policy", message, now, {"family": family})
+
+
+def _spec_out(spec: Mapping[str, Any]) -> dict[str, Any]:
+    """A map's layout from the slot's ``info()`` (key, value, max_entries) in the API's names."""
+    return {"key_type": spec["key"], "value_type": spec["value"], "max_entries": spec["max_entries"]}
+
+
+def _typed_key(slot: PolicySlot, name: str, key: str) -> Any:
+    """``key`` as the map stores it (the text "3" is the int 3 in an int-keyed map)."""
+    spec = slot.info()["maps"][name]
+    return Map(MAP_TYPES[spec["key"]], MAP_TYPES[spec["value"]], 1).parse_key(key)
+
+
+def _policy_out(info: Mapping[str, Any]) -> dict[str, Any]:
+    """A slot's ``info()`` in the API's shape (``PolicyOut``); the built-in has no file, faults or maps."""
+    faults = []
+    for hook_reason, n in sorted(info.get("faults", {}).items()):
+        hook, _, reason = hook_reason.partition(":")
+        faults.append({"hook": hook, "reason": reason, "count": n})
+    return {
+        "family": info["family"],
+        "name": info["name"],
+        "builtin": info["builtin"],
+        "source": info.get("path"),
+        "sha256": info.get("sha256"),
+        "loaded_at": info.get("loaded_at"),
+        "detached": info["detached"],
+        "faults": faults,
+        "maps": [
+            {"name": name, **_spec_out(spec), "entries": spec["entries"]}
+            for name, spec in sorted(info.get("maps", {}).items())
+        ],
+    }

@@ -1,0 +1,189 @@
+"""What the API and the metrics read of the serve daemon: GPU rows, the metrics snapshot, tenants.
+
+A part of ``Daemon`` (mixed in). ``gpus`` and ``tenants`` answer API calls; ``snapshot`` answers every
+``GET /metrics`` scrape from the GPU state published at the end of the last tick, without the lock.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import gpuslice
+from gpuslice.hardware.machine import Machine
+from gpuslice.node.telemetry import GpuReading
+from gpuslice.observe.health import GpuHealth, HealthBook
+from gpuslice.observe.metrics import GpuState, PendingState, ServeSnapshot, SliceState
+from gpuslice.scheduler.node_scheduler import GpuUsage, MigAssignment, NodeScheduler
+from gpuslice.server.store import JobRecord, Store, TenantRecord
+from gpuslice.workload.job import DEFAULT_TENANT, JobSpec, JobState, Priority
+
+__all__ = ["DaemonViews", "GpuSnapshot"]
+
+
+class GpuSnapshot(NamedTuple):
+    """What the GPU rows are made of, copied under the daemon's lock so they can be read without it."""
+
+    usage: list[GpuUsage]
+    running: dict[str, tuple[JobSpec, MigAssignment | None]]
+    measured: dict[str, dict[int, int]]
+    external: dict[int, int]
+    readings: dict[int, GpuReading]
+    health: list[GpuHealth]
+
+
+class DaemonViews:
+    """The read side of ``Daemon``: rows for ``GET /v1/gpus`` and ``/v1/tenants``, and the metrics."""
+
+    # What this part reads of the daemon (set in ``Daemon.__init__``).
+    machine: Machine
+    store: Store
+    scheduler: NodeScheduler
+    node: Any
+    health: HealthBook
+    sharing: str
+    simulated: bool
+    clock: Callable[[], float]
+    _lock: threading.RLock
+    _usage: dict[str, dict[int, int]]
+    _external: dict[int, int]
+    _readings: dict[int, GpuReading]
+    _published: GpuSnapshot | None
+
+    def gpus(self) -> list[dict[str, Any]]:
+        with self._lock:
+            state = self._gpu_state()
+        return self._gpu_rows(state)
+
+    def _gpu_state(self) -> GpuSnapshot:
+        """What the GPU rows are made of, copied (call with the lock held). The scheduler holds every
+        running job's spec: no store read, and no JSON decode, per call."""
+        return GpuSnapshot(
+            self.scheduler.gpu_usage(),
+            self.scheduler.running_specs(),
+            {job: dict(per_gpu) for job, per_gpu in self._usage.items()},
+            dict(self._external),
+            dict(self._readings),
+            [self.health[g] for g in range(self.machine.gpu_count)],
+        )
+
+    def _gpu_rows(self, state: GpuSnapshot) -> list[dict[str, Any]]:
+        usage, running, measured, external, readings, healths = state
+        rows = []
+        for gpu in usage:
+            jobs = []
+            for job_id in gpu.job_ids:
+                spec, mig = running[job_id]
+                share = spec.is_share
+                jobs.append(
+                    {
+                        "id": job_id,
+                        "memory_bytes": spec.gpu_memory_bytes if share else gpu.memory_total_bytes,
+                        "compute_percent": spec.compute_percent if share else 100,
+                        "mig": mig.profile if mig is not None and spec.mig_profile else "",
+                        "used_memory_bytes": measured.get(job_id, {}).get(gpu.index),
+                        "tenant": spec.tenant,
+                    }
+                )
+            health = healths[gpu.index]
+            reading = readings.get(gpu.index)
+            rows.append(
+                {
+                    "index": gpu.index,
+                    "uuid": self.machine.gpus[gpu.index].uuid,
+                    "model": gpu.model,
+                    "memory_total_bytes": gpu.memory_total_bytes,
+                    "memory_free_bytes": gpu.memory_free_bytes,
+                    "compute_free_percent": gpu.compute_free_milli / 10,
+                    "external_memory_bytes": max(gpu.external_bytes, external.get(gpu.index, 0)),
+                    "jobs": jobs,
+                    "healthy": health.healthy,
+                    "unhealthy_reason": health.reason or None,
+                    "utilization_percent": reading.utilization_percent if reading else None,
+                    "temperature_celsius": reading.temperature_celsius if reading else None,
+                    "power_watts": reading.power_watts if reading else None,
+                    "memory_used_bytes": reading.memory_used_bytes if reading else None,
+                }
+            )
+        return rows
+
+    def snapshot(self) -> ServeSnapshot:
+        """The state the metrics show (``GET /metrics`` calls this at every scrape). GPUs and slices are
+        as of the end of the last tick, published without the lock: a scrape never waits for a
+        scheduling pass (hundreds of pending jobs make one take tens of ms). The queue is read now."""
+        published = self._published  # None before the first tick
+        rows = self.gpus() if published is None else self._gpu_rows(published)
+        now = self.clock()
+        gpus = [
+            GpuState(
+                index=r["index"], uuid=r["uuid"], model=r["model"],
+                memory_total_bytes=r["memory_total_bytes"],
+                memory_allocated_bytes=sum(j["memory_bytes"] for j in r["jobs"]),
+                healthy=r["healthy"], utilization_percent=r["utilization_percent"],
+                memory_used_bytes=r["memory_used_bytes"], temperature_celsius=r["temperature_celsius"],
+                power_watts=r["power_watts"],
+            )
+            for r in rows
+        ]  # fmt: skip
+        slices = [
+            SliceState(
+                job=j["id"], tenant=j["tenant"], gpu=r["index"], memory_allocated_bytes=j["memory_bytes"],
+                compute_allocated_ratio=j["compute_percent"] / 100, memory_used_bytes=j["used_memory_bytes"],
+            )
+            for r in rows
+            for j in r["jobs"]
+        ]  # fmt: skip
+        pending = [
+            PendingState(tenant, Priority(priority).name.lower(), jobs, max(0.0, now - since))
+            for tenant, priority, jobs, since in self.store.pending_groups()
+        ]
+        info = {
+            "version": gpuslice.__version__,
+            "machine": self.machine.name,
+            "sharing": self.sharing,
+            "simulated": "true" if self.simulated else "false",
+        }
+        counts = {state.value: n for state, n in self.store.counts().items()}
+        return ServeSnapshot(gpus, slices, pending, counts, info)
+
+    def tenants(self) -> list[dict[str, Any]]:
+        stored = self.store.tenants()
+        active = self.store.jobs([JobState.PENDING, JobState.RUNNING])
+        names = sorted(set(stored) | {j.spec.tenant for j in active} | {DEFAULT_TENANT})
+        rows = []
+        for name in names:
+            t = stored.get(name, TenantRecord(name))
+            running = [j for j in active if j.spec.tenant == name and j.state is JobState.RUNNING]
+            rows.append(
+                {
+                    "name": name,
+                    "weight": t.weight,
+                    "max_gpus": t.max_gpus,
+                    "max_gpu_memory_bytes": t.max_gpu_memory_bytes,
+                    "response": {**self.node.response_defaults(), **t.response},
+                    "running_jobs": len(running),
+                    "pending_jobs": sum(
+                        1 for j in active if j.spec.tenant == name and j.state is JobState.PENDING
+                    ),
+                    "gpus_in_use": round(sum(_gpus_held(j) for j in running), 3),
+                    "gpu_memory_in_use_bytes": sum(self._memory_held(j) for j in running),
+                }
+            )
+        return rows
+
+    def _memory_limit(self, job: JobRecord) -> int:
+        """GPU memory a job may hold on each of its GPUs: its slice, or the whole GPU."""
+        if job.spec.is_share:
+            return job.spec.gpu_memory_bytes
+        if job.mig is not None:
+            return int(job.mig.get("memory_bytes", 0))
+        return min((self.machine.gpus[g].memory_bytes for g in job.gpus), default=0)
+
+    def _memory_held(self, job: JobRecord) -> int:
+        return self._memory_limit(job) * max(1, len(job.gpus))
+
+
+def _gpus_held(job: JobRecord) -> float:
+    request = job.spec.request()
+    return request.num_gpu * request.gpu_milli / 1000
