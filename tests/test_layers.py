@@ -32,6 +32,8 @@ PACKAGE = "gpuslice"
 
 RANK: dict[str, int] = {
     "errors": 0,
+    "registry": 0,  # name -> class for every policy family
+    "advice": 0,  # the one advice check and fallback rule
     "units": 0,
     "hardware": 0,
     "workload": 0,

@@ -16,7 +16,7 @@ import typer
 from rich.console import Console
 
 from gpuslice.errors import UserError
-from gpuslice.k8s.annotations import DEFAULT_SPLIT_COUNT
+from gpuslice.k8s.annotations import DEFAULT_SPLIT_COUNT, DEFAULT_STATE_DIR
 from gpuslice.node.enforcement import DEFAULT_SHARING
 
 __all__ = ["device_plugin"]
@@ -54,7 +54,7 @@ def device_plugin(
     ] = DEFAULT_SHARING.value,
     state_dir: Annotated[
         Path, typer.Option(help="host directory of the soft-cap file and the shim, mounted into pods")
-    ] = Path("/var/lib/gpuslice"),
+    ] = Path(DEFAULT_STATE_DIR),
     mig_layout: Annotated[
         list[str] | None,
         typer.Option(help="MIG instances of a simulated GPU: GPU=PROFILE@START/GI,… (repeatable)"),

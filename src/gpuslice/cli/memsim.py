@@ -16,6 +16,7 @@ from gpuslice.errors import UserError
 from gpuslice.memory import EVICTION, PREFETCH, SimConfig, make_workload, simulate
 from gpuslice.memory.cost import CostModel, load_cost_profile
 from gpuslice.memory.hooks import PRIORITY_HIGH, PRIORITY_LOW, VISIBILITIES
+from gpuslice.memory.policies import DEFAULT_EVICTION, DEFAULT_PREFETCH
 from gpuslice.memory.workloads import WORKLOADS, read_trace_csv
 from gpuslice.programs.loader import memory_ops
 
@@ -30,10 +31,10 @@ def memsim(
     oversub: Annotated[float, typer.Option(min=1.0, help="Working set / GPU capacity, e.g. 1.5.")] = 1.5,
     evict: Annotated[
         str, typer.Option(help=f"Eviction policy: {', '.join(EVICTION)}, or a policy file (.py).")
-    ] = "default",
+    ] = DEFAULT_EVICTION,
     prefetch: Annotated[
         str, typer.Option(help=f"Prefetch policy: {', '.join(PREFETCH)}, or a policy file (.py).")
-    ] = "tree",
+    ] = DEFAULT_PREFETCH,
     tenants: Annotated[
         str | None, typer.Option(help="Tenant priorities, high or low, e.g. 0=high,1=low.")
     ] = None,
@@ -63,9 +64,9 @@ def memsim(
         raise UserError(f"invalid --visibility {visibility!r}: use {' or '.join(VISIBILITIES)}")
     priorities = _parse_tenants(tenants) if tenants else None
     evicts = list(EVICTION) if compare else [evict]
-    pairs = [(e, prefetch) for e in dict.fromkeys([*evicts, "default", "belady"])]
-    if (evict, prefetch) != ("default", "tree"):
-        pairs.append(("default", "tree"))
+    pairs = [(e, prefetch) for e in dict.fromkeys([*evicts, DEFAULT_EVICTION, "belady"])]
+    if (evict, prefetch) != (DEFAULT_EVICTION, DEFAULT_PREFETCH):
+        pairs.append((DEFAULT_EVICTION, DEFAULT_PREFETCH))
     for e, p in pairs:
         memory_ops(e, p)  # validate every name, verify every policy file, before any work
     cost = load_cost_profile(cost_profile) if cost_profile else CostModel()
@@ -85,7 +86,7 @@ def memsim(
     if as_json:
         print(json.dumps([r.as_dict() for r in shown], indent=1))
         return
-    bound, base = results[("belady", prefetch)], results[("default", "tree")]
+    bound, base = results[("belady", prefetch)], results[(DEFAULT_EVICTION, DEFAULT_PREFETCH)]
     costs = f"costs: {cost.name or cost.link}"
     table = Table(
         title=f"{data.name} at {oversub}× oversubscription ({len(data):,} accesses)",

@@ -59,6 +59,7 @@ __all__ = [
     "BIND_PHASE_FAILED",
     "DECISION_ANNOTATIONS",
     "DEFAULT_SPLIT_COUNT",
+    "DEFAULT_STATE_DIR",
     "DOMAIN",
     "INVENTORY_VERSION",
     "LABEL_GPU_NODE",
@@ -129,6 +130,8 @@ INVENTORY_VERSION = 1
 SCHEDULER_NAME = "gpuslice-scheduler"  # the kube-scheduler profile that calls the extender
 # HAMi's default deviceSplitCount is 10 (hami_and_peers.md): ten pods may share one GPU.
 DEFAULT_SPLIT_COUNT = 10
+# Host directory of the soft-cap file and the shim library, mounted into every pod that gets a share.
+DEFAULT_STATE_DIR = "/var/lib/gpuslice"
 
 
 def mig_resource(profile: str) -> str:

@@ -236,21 +236,26 @@ def _file_factory(
 
 
 def memory_ops(
-    evict: str = "default",
-    prefetch: str = "tree",
+    evict: str | None = None,
+    prefetch: str | None = None,
     guard_config: Any = None,
     on_event: Callable[[str], None] | None = None,
 ) -> Any:
     """``memory.make_ops`` where either half may also be a policy file (``memsim --evict FILE``): names go to
     the memory registries (UnknownMemoryPolicy lists them), files are loaded for their family and guarded
-    with the driver as the default."""
+    with the driver as the default (also for a half not named)."""
     from gpuslice.memory.hooks import Composed
-    from gpuslice.memory.policies import make_ops
+    from gpuslice.memory.policies import DEFAULT_EVICTION, DEFAULT_PREFETCH, make_ops
+
+    evict = evict or DEFAULT_EVICTION
+    prefetch = prefetch or DEFAULT_PREFETCH
 
     evict_file = prefetch_file = None
     if is_policy_path(evict):
         evict_file = _file_factory(evict, "eviction", guard_config, on_event)()
     if is_policy_path(prefetch):
         prefetch_file = _file_factory(prefetch, "prefetch", guard_config, on_event)()
-    named = make_ops("default" if evict_file else evict, "tree" if prefetch_file else prefetch)
+    named = make_ops(
+        DEFAULT_EVICTION if evict_file else evict, DEFAULT_PREFETCH if prefetch_file else prefetch
+    )
     return Composed(evict_file or named.evict, prefetch_file or named.prefetch)

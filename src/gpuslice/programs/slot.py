@@ -1,7 +1,7 @@
 """One family's active policy in a running system, swapped atomically between decisions.
 
 ```text
-slot = PolicySlot("queue", default_factory=queue_policy("priority-fair"), on_event=store.event)
+slot = PolicySlot("queue", default_factory=queue_policy(DEFAULT_QUEUE_POLICY), on_event=store.event)
 with slot.lock:                       # or slot.decide("order_key", view, job)
     ops = slot.current                # the default, or the loaded policy behind its guard
     ... one decision ...

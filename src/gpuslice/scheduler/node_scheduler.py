@@ -45,7 +45,13 @@ from gpuslice.ledger.placement import Placement, Refusal
 from gpuslice.policies.base import PlacementOps, PolicyContext
 from gpuslice.policies.bestfit import BestFit
 from gpuslice.policies.mig_placement import KeepLargestPlaceable
-from gpuslice.policies.queue import QueuedJob, QueueView, effective_priority, order_pending
+from gpuslice.policies.queue import (
+    DEFAULT_QUEUE_POLICY,
+    QueuedJob,
+    QueueView,
+    effective_priority,
+    order_pending,
+)
 from gpuslice.policies.queue import queue_policy as lookup_queue_policy
 from gpuslice.scheduler import backfill
 from gpuslice.scheduler.node_decisions import GpuUsage, MigAssignment, PreemptJob, StartJob
@@ -74,7 +80,7 @@ from gpuslice.scheduler.quota import (
 )
 from gpuslice.scheduler.reasons import PendingCode, PendingReason
 from gpuslice.units import format_size
-from gpuslice.workload.job import JobSpec
+from gpuslice.workload.job import DEFAULT_GRACE_SECONDS, JobSpec
 from gpuslice.workload.request import Request
 from gpuslice.workload.target import TargetWorkload
 
@@ -124,8 +130,8 @@ class NodeScheduler:
         machine: Machine,
         *,
         tenants: Mapping[str, TenantQuota] = {},  # read only; the contract's signature
-        queue_policy: str = "priority-fair",
-        grace_seconds: float = 30.0,
+        queue_policy: str = DEFAULT_QUEUE_POLICY,
+        grace_seconds: float = DEFAULT_GRACE_SECONDS,
         aging_seconds: float = 600.0,
         backfill: bool = True,
         placement: Callable[[LedgerView, PolicyContext], PlacementOps] = BestFit,

@@ -19,6 +19,7 @@ from gpuslice.hardware.mig import MigLayout
 from gpuslice.k8s.annotations import (
     ANNOTATION_NODE_INVENTORY,
     DEFAULT_SPLIT_COUNT,
+    DEFAULT_STATE_DIR,
     RESOURCE_GPU,
     MigSlot,
     NodeInventory,
@@ -133,7 +134,7 @@ class DevicePlugin(Allocation):
         socket_dir: str | os.PathLike[str] = DEVICE_PLUGIN_PATH,
         mig_layouts: Mapping[int, MigLayout] | None = None,
         sharing: SharingMode | str = SharingMode.SOFT,
-        state_dir: str | os.PathLike[str] = "/var/lib/gpuslice",
+        state_dir: str | os.PathLike[str] = DEFAULT_STATE_DIR,
         gpuset_policy: str = "exact",
         watch_interval_s: float = 1.0,
         health_poll_s: float = 1.0,

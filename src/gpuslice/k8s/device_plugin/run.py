@@ -13,6 +13,7 @@ from gpuslice.hardware.machine import Machine
 from gpuslice.hardware.mig import MigLayout
 from gpuslice.k8s.annotations import (
     DEFAULT_SPLIT_COUNT,
+    DEFAULT_STATE_DIR,
 )
 from gpuslice.k8s.device_plugin.devices import default_mig_layouts, mig_health_keys, nvml_mig_layouts
 from gpuslice.k8s.device_plugin.kube import KubeApi, NodePublisher, PodSource
@@ -42,7 +43,7 @@ def serve(
     split_count: int = DEFAULT_SPLIT_COUNT,
     socket_dir: str | os.PathLike[str] = DEVICE_PLUGIN_PATH,
     sharing: SharingMode | str = SharingMode.SOFT,
-    state_dir: str | os.PathLike[str] = "/var/lib/gpuslice",
+    state_dir: str | os.PathLike[str] = DEFAULT_STATE_DIR,
     mig_layouts: Mapping[int, MigLayout] | None = None,
     health_checks: bool = True,
     stop: threading.Event | None = None,

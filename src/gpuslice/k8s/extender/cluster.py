@@ -29,7 +29,7 @@ from gpuslice.k8s.annotations import (
 from gpuslice.k8s.extender.kube import RELISTED, KubeApi, WatchEvent
 from gpuslice.ledger.ledger import Ledger
 from gpuslice.ledger.placement import Placement, Refusal
-from gpuslice.policies import PolicyContext, placement_policy
+from gpuslice.policies import DEFAULT_PLACEMENT, PolicyContext, placement_policy
 from gpuslice.programs.loader import resolve
 from gpuslice.scheduler.placer import Placer
 from gpuslice.units import MiB
@@ -51,7 +51,7 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-DEFAULT_POLICY = "bestfit"  # why not fgd: see the package docstring
+DEFAULT_POLICY = DEFAULT_PLACEMENT  # why not fgd: see the package docstring
 EVENT_REPEAT_S = 60.0  # one Event per pod and message a minute: kube-scheduler retries far more often
 SEEN_PODS_MAX = 10_000  # pods remembered from /filter so /bind needs no API read
 

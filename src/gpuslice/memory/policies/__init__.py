@@ -41,7 +41,7 @@ from gpuslice.memory.policies.tree_iter import TreeIter
 from gpuslice.memory.policies.two_q import TwoQ
 from gpuslice.registry import Registry
 
-__all__ = ["EVICTION", "PREFETCH", "UnknownMemoryPolicy", "make_ops"]
+__all__ = ["DEFAULT_EVICTION", "DEFAULT_PREFETCH", "EVICTION", "PREFETCH", "UnknownMemoryPolicy", "make_ops"]
 
 
 class UnknownMemoryPolicy(UnknownPolicy):
@@ -61,7 +61,12 @@ PREFETCH: Registry[MemoryOps] = Registry(
 )
 
 
-def make_ops(evict: str = "default", prefetch: str = "tree") -> Composed:
+# What memsim and a memory policy file's guard fall back to: the NVIDIA driver's own behaviour.
+DEFAULT_EVICTION = DriverDefault.name
+DEFAULT_PREFETCH = DriverTree.name
+
+
+def make_ops(evict: str = DEFAULT_EVICTION, prefetch: str = DEFAULT_PREFETCH) -> Composed:
     """A fresh ops table from an eviction and a prefetch policy name; unknown names list the known ones."""
     evict_cls, prefetch_cls = EVICTION.lookup(evict), PREFETCH.lookup(prefetch)
     return Composed(evict_cls(), prefetch_cls())
