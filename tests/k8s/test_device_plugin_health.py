@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 import pytest
 
+from gpuslice.hardware.faults import FaultKind
 from gpuslice.hardware.machine import GpuInfo, Machine
 from gpuslice.node.gpu_faults import (
     APPLICATION_XIDS,
@@ -93,7 +94,7 @@ def test_critical_xid_marks_its_gpu_unhealthy():
     nvml = fake_nvml()
     nvml.events.append(Event("GPU-1", 8, 79))  # XID 79: GPU has fallen off the bus
     source = NvmlHealthSource(machine(), nvml=nvml)
-    assert source.wait(0.01) == [HealthChange("GPU-1", False, "XID 79")]
+    assert source.wait(0.01) == [HealthChange("GPU-1", False, "XID 79", FaultKind.XID)]
 
 
 @pytest.mark.parametrize("xid", sorted(APPLICATION_XIDS))
@@ -115,7 +116,7 @@ def test_xid_inside_a_mig_instance_marks_only_that_mig_device():
     nvml = fake_nvml()
     nvml.events.append(Event("GPU-0", 8, 94, gpuInstanceId=2, computeInstanceId=0))
     source = NvmlHealthSource(machine(), nvml=nvml, mig_devices={("GPU-0", 2, 0): "MIG-abc"})
-    assert source.wait(0.01) == [HealthChange("MIG-abc", False, "XID 94")]
+    assert source.wait(0.01) == [HealthChange("MIG-abc", False, "XID 94", FaultKind.XID)]
 
 
 def test_a_failing_event_wait_marks_every_gpu_unhealthy():
@@ -136,7 +137,10 @@ def test_fake_source_returns_pushed_changes_in_order_in_one_batch():
     source = FakeHealthSource()
     source.set_health("GPU-0", False, "XID 48")
     source.set_health("GPU-0", True, "reset")
-    assert source.wait(1.0) == [HealthChange("GPU-0", False, "XID 48"), HealthChange("GPU-0", True, "reset")]
+    assert source.wait(1.0) == [
+        HealthChange("GPU-0", False, "XID 48", FaultKind.XID),
+        HealthChange("GPU-0", True, "reset"),
+    ]
     started = time.monotonic()
     assert source.wait(0.05) == [] and time.monotonic() - started >= 0.04
 

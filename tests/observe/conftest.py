@@ -7,6 +7,7 @@ from prometheus_client import CollectorRegistry
 
 from gpuslice.observe.k8s_metrics import DeviceHealthRow, DevicePluginMetrics, ExtenderMetrics
 from gpuslice.observe.metrics import GpuState, PendingState, ServeMetrics, ServeSnapshot, SliceState
+from gpuslice.observe.reasons import FailureCode
 from gpuslice.scheduler.reasons import PendingCode
 
 INTERNAL_LABELS = {"le"}  # histogram buckets
@@ -29,7 +30,7 @@ def exported() -> dict[str, tuple[str, frozenset[str]]]:
     serve.started("normal", 1.0)
     serve.preempted("ml", "low")
     serve.pending_reasons([("1", PendingCode.INSUFFICIENT_MEMORY)])
-    serve.job_failed("failed with exit code 1")
+    serve.job_failed(FailureCode.EXIT_CODE)
     serve.enforced("warn", "ml")
     serve.fault(0, "GPU-a", "H100", "xid")
     serve.anomaly(0, "GPU-a", "H100", "temperature")

@@ -5,6 +5,7 @@ from __future__ import annotations
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpuslice.observe.metrics import GpuState, PendingState, ServeMetrics, ServeSnapshot, SliceState
+from gpuslice.observe.reasons import FailureCode
 from gpuslice.scheduler.reasons import PendingCode
 
 
@@ -79,7 +80,7 @@ def test_event_counters_and_the_latency_histogram():
     m.started("high", 0.3)
     m.started("high", 42.0)
     m.preempted("cv", "low")
-    m.job_failed("failed with exit code 3")
+    m.job_failed(FailureCode.EXIT_CODE)
     m.enforced("suspend", "ml")
     m.fault(1, "GPU-b", "H100", "manual")
     s = samples(m)

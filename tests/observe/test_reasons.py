@@ -1,14 +1,12 @@
-"""Reason codes: the real scheduler gives each situation the code meant for it (typed, never parsed
-from its sentence), and the daemon's failure sentences map to theirs."""
+"""Reason codes: the real scheduler gives each situation the code meant for it, typed where the
+decision is made and never parsed from its sentence."""
 
 from __future__ import annotations
 
 import numpy as np
-import pytest
 
 from gpuslice.hardware.machine import GpuInfo, Machine
 from gpuslice.hardware.topology_profiles import profile
-from gpuslice.observe.reasons import failure_code, fault_kind
 from gpuslice.scheduler.node_scheduler import NodeScheduler, TenantQuota
 from gpuslice.scheduler.reasons import PendingCode
 from gpuslice.units import GiB
@@ -114,26 +112,3 @@ def test_a_job_not_yet_considered_is_not_a_failure():
     s = NodeScheduler(machine(1))
     s.submit("j", spec(gpus=1), 0.0)
     assert s.pending_code("j") is PendingCode.NOT_TRIED
-
-
-@pytest.mark.parametrize(
-    ("reason", "code"),
-    [
-        ("failed with exit code 3", "exit_code"),
-        ("lost: its supervisor died without an exit record", "lost"),
-        ("lost while the server was down", "lost"),
-        ("could not launch: [Errno 2] No such file", "launch"),
-        ("stopped at its max runtime of 5 s (exit code 143)", "max_runtime"),
-        ("killed for exceeding its GPU memory slice (exit code -9)", "memory_enforcement"),
-        ("something new", "other"),
-    ],
-)
-def test_failure_codes(reason, code):
-    assert failure_code(reason) == code
-
-
-def test_fault_kinds():
-    assert fault_kind("XID 79", manual=False) == "xid"
-    assert fault_kind("uncorrected (double-bit) ECC error", manual=False) == "ecc"
-    assert fault_kind("NVML event wait failed: Unknown", manual=False) == "nvml"
-    assert fault_kind("XID 79", manual=True) == "manual"

@@ -9,6 +9,7 @@ from types import ModuleType, SimpleNamespace
 
 import pytest
 
+from gpuslice.hardware.faults import FaultKind, GpuFault
 from gpuslice.hardware.machine import GpuInfo, Machine
 from gpuslice.node.discovery import gpu_telemetry
 from gpuslice.node.gpu_faults import FakeHealthSource
@@ -98,8 +99,8 @@ def test_nvml_telemetry_reports_faults_from_the_source_and_from_rising_ecc_count
     source.set_health("GPU-9", False, "XID 79")  # not a GPU of this machine: ignored
     samples[0]["ecc"] = 5
     second = telemetry.read([], {})
-    assert second[0].faults == ("uncorrected ECC errors rose from 2 to 5",)
-    assert second[1].faults == ("XID 79",)
+    assert second[0].faults == (GpuFault(FaultKind.ECC, "uncorrected ECC errors rose from 2 to 5"),)
+    assert second[1].faults == (GpuFault(FaultKind.XID, "XID 79"),)  # typed where it is seen
     assert [r.faults for r in telemetry.read([], {})] == [(), ()]
 
 

@@ -9,6 +9,7 @@ from collections.abc import Mapping, Sequence
 
 import pytest
 
+from gpuslice.hardware.faults import FaultKind, GpuFault
 from gpuslice.node.telemetry import GpuReading, SimulatedTelemetry, SliceLoad
 from gpuslice.server.app import create_app
 from gpuslice.server.errors import GpuNotFound
@@ -38,7 +39,7 @@ class ScriptedTelemetry:
 
     def __init__(self, n: int) -> None:
         self.values = {g: (10.0, 1 * GiB, 40.0) for g in range(n)}
-        self.faults: dict[int, tuple[str, ...]] = {}
+        self.faults: dict[int, tuple[GpuFault, ...]] = {}
         self.loads: list[SliceLoad] = []
 
     def read(self, loads: Sequence[SliceLoad], memory_used: Mapping[int, int]) -> list[GpuReading]:
@@ -113,7 +114,7 @@ def test_the_same_mark_twice_records_one_event(daemon):
 def test_a_fault_in_the_telemetry_marks_the_gpu_unhealthy_as_kind_xid(make_daemon, node):
     telemetry = ScriptedTelemetry(8)
     daemon = make_daemon(telemetry=telemetry)
-    telemetry.faults = {6: ("XID 79",)}
+    telemetry.faults = {6: (GpuFault(FaultKind.XID, "XID 79"),)}
     daemon.tick()
     assert not daemon.health[6].healthy and daemon.health[6].kind == "xid"
     assert daemon.scheduler.unhealthy_gpus() == {6: "XID 79"}

@@ -96,3 +96,21 @@ def test_the_queue_figures_come_from_one_grouped_store_read(daemon):
     assert groups == [("cv", int(Priority.HIGH), 1, 103.0), ("ml", int(Priority.NORMAL), 2, 105.0)]
     counts = store.counts()
     assert counts[JobState.PENDING] == 3 and counts[JobState.SUCCEEDED] == 0 and len(counts) == len(JobState)
+
+
+def test_each_way_a_job_fails_is_counted_under_the_code_the_daemon_gave_it(daemon, node, clock):
+    launch = daemon.submit(JobSpec(command=("nope",), gpus=1))
+    node.fail_launch.add(launch.id)
+    limited = daemon.submit(JobSpec(command=("train",), gpus=1, max_runtime_seconds=5))
+    crashed = daemon.submit(JobSpec(command=("train",), gpus=1))
+    daemon.tick()
+    node.exit(crashed.id, 1)
+    clock.now += 10  # past the 5 s limit: the daemon stops the limited job
+    daemon.tick()
+    node.exit(limited.id, 0, signal=15)
+    daemon.tick()
+    failed = {j.id: j.reason for j in daemon.store.jobs() if j.state is JobState.FAILED}
+    assert set(failed) == {launch.id, limited.id, crashed.id}, failed
+    s = scrape(daemon)
+    for code in ("launch", "max_runtime", "exit_code"):
+        assert s[("gpuslice_job_failures_total", frozenset({("reason", code)}))] == 1, code

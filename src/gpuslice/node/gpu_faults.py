@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from gpuslice.errors import UserError
+from gpuslice.hardware.faults import FaultKind
 from gpuslice.hardware.machine import Machine
 
 __all__ = [
@@ -58,6 +59,7 @@ class HealthChange:
     uuid: str
     healthy: bool
     reason: str = ""
+    kind: FaultKind = FaultKind.NVML  # what an unhealthy change is; unused when healthy
 
 
 class HealthSource(Protocol):
@@ -84,13 +86,15 @@ class NoHealthChecks:
 
 
 class FakeHealthSource:
-    """Changes pushed by hand (tests, ``--simulate``): ``set_health("GPU-…", False, "XID 79")``."""
+    """Changes pushed by hand (tests, ``--simulate``): ``set_health("GPU-…", False, "XID 79")``; a
+    reason that starts with "XID" is an XID fault, any other an NVML one."""
 
     def __init__(self) -> None:
         self._changes: queue.Queue[HealthChange] = queue.Queue()
 
     def set_health(self, uuid: str, healthy: bool, reason: str = "") -> None:
-        self._changes.put(HealthChange(uuid, healthy, reason))
+        kind = FaultKind.XID if reason.startswith("XID") else FaultKind.NVML
+        self._changes.put(HealthChange(uuid, healthy, reason, kind))
 
     def wait(self, timeout_s: float) -> list[HealthChange]:
         try:
@@ -178,13 +182,16 @@ class NvmlHealthSource:
         try:
             gpu_uuid = _text(nvml.nvmlDeviceGetUUID(event.device))
         except nvml.NVMLError as err:
-            return [HealthChange(u, False, f"XID {xid} on an unknown GPU ({err})") for u in self._gpu_uuids]
+            return [
+                HealthChange(u, False, f"XID {xid} on an unknown GPU ({err})", FaultKind.XID)
+                for u in self._gpu_uuids
+            ]
         gi, ci = int(event.gpuInstanceId), int(event.computeInstanceId)
         uuid = gpu_uuid
         if gi != _NO_INSTANCE and ci != _NO_INSTANCE:
             uuid = self._mig_devices.get((gpu_uuid, gi, ci), gpu_uuid)
         log.warning("XID %d on %s: marking it unhealthy", xid, uuid)
-        return [HealthChange(uuid, False, f"XID {xid}")]
+        return [HealthChange(uuid, False, f"XID {xid}", FaultKind.XID)]
 
     def close(self) -> None:
         nvml = self._nvml

@@ -28,6 +28,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from gpuslice.hardware.faults import FaultKind, GpuFault
 from gpuslice.hardware.machine import Machine
 from gpuslice.node import discovery
 
@@ -85,7 +86,7 @@ class GpuReading:
     memory_used_bytes: int | None
     temperature_celsius: float | None
     power_watts: float | None
-    faults: tuple[str, ...] = ()
+    faults: tuple[GpuFault, ...] = ()
 
 
 class Telemetry(Protocol):
@@ -164,8 +165,8 @@ class NvmlTelemetry:
         self._index = {g.uuid: g.index for g in machine.gpus}
         self._ecc: dict[int, int] = {}
 
-    def _new_faults(self) -> dict[int, list[str]]:
-        faults: dict[int, list[str]] = {}
+    def _new_faults(self) -> dict[int, list[GpuFault]]:
+        faults: dict[int, list[GpuFault]] = {}
         for _ in range(_MAX_FAULTS_PER_READ if self._faults is not None else 0):
             assert self._faults is not None
             changes = self._faults.wait(0)
@@ -173,8 +174,9 @@ class NvmlTelemetry:
                 break
             for change in changes:
                 gpu = self._index.get(change.uuid)
-                if gpu is not None and not change.healthy and change.reason not in faults.get(gpu, []):
-                    faults.setdefault(gpu, []).append(change.reason)
+                fault = GpuFault(change.kind, change.reason)
+                if gpu is not None and not change.healthy and fault not in faults.get(gpu, []):
+                    faults.setdefault(gpu, []).append(fault)
         return faults
 
     def read(self, loads: Sequence[SliceLoad], memory_used: Mapping[int, int]) -> list[GpuReading]:
@@ -185,7 +187,9 @@ class NvmlTelemetry:
                 before = self._ecc.get(r.index)
                 if before is not None and r.ecc_uncorrected > before:
                     faults.setdefault(r.index, []).append(
-                        f"uncorrected ECC errors rose from {before} to {r.ecc_uncorrected}"
+                        GpuFault(
+                            FaultKind.ECC, f"uncorrected ECC errors rose from {before} to {r.ecc_uncorrected}"
+                        )
                     )
                 self._ecc[r.index] = r.ecc_uncorrected
             readings.append(

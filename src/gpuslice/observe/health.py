@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gpuslice.observe.reasons import fault_kind
+from gpuslice.hardware.faults import FaultKind
 
 __all__ = ["GpuHealth", "HealthBook", "HealthChange"]
 
@@ -58,9 +58,12 @@ class HealthBook:
     def unhealthy(self) -> dict[int, GpuHealth]:
         return {g: h for g, h in enumerate(self._state) if not h.healthy}
 
-    def mark(self, gpu: int, healthy: bool, reason: str, now: float, *, manual: bool) -> HealthChange | None:
-        """Record a GPU's health; the change, or None when nothing changed. IndexError for a GPU that
-        does not exist (callers check first, to say so in their own words)."""
+    def mark(
+        self, gpu: int, healthy: bool, reason: str, now: float, *, kind: FaultKind = FaultKind.MANUAL
+    ) -> HealthChange | None:
+        """Record a GPU's health; the change, or None when nothing changed. ``kind``: what the fault is
+        (a mark by hand is MANUAL, even when its text names an XID, so injected faults never pass for
+        real ones). IndexError for a GPU that does not exist (callers check first)."""
         before = self._state[gpu]
         if healthy:
             if before.healthy:
@@ -71,6 +74,6 @@ class HealthBook:
             if not before.healthy and before.reason == reason:
                 return None
             since = now if before.healthy else before.since
-            after = GpuHealth(False, reason, fault_kind(reason, manual), since)
+            after = GpuHealth(False, reason, kind.value, since)
         self._state[gpu] = after
         return HealthChange(gpu, before, after)

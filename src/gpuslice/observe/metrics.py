@@ -25,7 +25,8 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from gpuslice.observe.reasons import FAULT_KINDS, failure_code
+from gpuslice.hardware.faults import FaultKind
+from gpuslice.observe.reasons import FailureCode
 from gpuslice.scheduler.reasons import PendingCode
 
 __all__ = [
@@ -236,14 +237,14 @@ class ServeMetrics:
                 self.scheduling_failures.labels(code.value).inc()
         self._pending_codes = seen
 
-    def job_failed(self, reason: str) -> None:
-        self.job_failures.labels(failure_code(reason)).inc()
+    def job_failed(self, code: FailureCode) -> None:
+        self.job_failures.labels(code.value).inc()
 
     def enforced(self, action: str, tenant: str) -> None:
         self.enforcement.labels(action, tenant).inc()
 
     def fault(self, gpu: int, uuid: str, model: str, kind: str) -> None:
-        assert kind in FAULT_KINDS, kind
+        FaultKind(kind)  # ValueError for a kind that is not one of the fixed ones
         self.faults.labels(str(gpu), uuid, model, kind).inc()
 
     def anomaly(self, gpu: int, uuid: str, model: str, metric: str) -> None:

@@ -1,46 +1,22 @@
-"""Fixed codes for free-text reasons, so metrics get a small, stable ``reason`` label.
+"""Why a job ended FAILED, as a fixed code for the metrics' ``reason`` label.
 
-The scheduler and the daemon explain themselves in sentences ("needs 40 GiB on one GPU; largest free is
-22 GiB on GPU 3"); a label must not carry numbers or job ids (each distinct value is a new time series).
-The tables map the sentences' fixed parts to codes, first match wins; tests/observe/test_reasons.py
-drives the real scheduler into each situation and checks its sentence gets the code meant for it.
+The daemon picks the code where it ends the job (it knows whether the launch failed or the job broke
+its memory slice) and writes the sentence for people beside it; a label must not carry numbers or job
+ids, and rewording a sentence must not change a metric, so nothing is parsed back from the text. The
+codes of a pending job are ``scheduler.reasons.PendingCode``; the kinds of a GPU fault are
+``hardware.faults.FaultKind``.
 """
 
 from __future__ import annotations
 
-__all__ = ["FAULT_KINDS", "failure_code", "fault_kind"]
+import enum
 
-# Why a job ended FAILED (daemon.py's reasons).
-_FAILED: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("lost", ("lost",)),
-    ("launch", ("could not launch",)),
-    ("max_runtime", ("max runtime",)),
-    ("memory_enforcement", ("exceeding its GPU memory slice",)),
-    ("exit_code", ("failed with",)),
-)
-
-FAULT_KINDS = ("xid", "ecc", "nvml", "manual")
+__all__ = ["FailureCode"]
 
 
-def _first(text: str, table: tuple[tuple[str, tuple[str, ...]], ...]) -> str:
-    for code, fragments in table:
-        if any(f in text for f in fragments):
-            return code
-    return "other"
-
-
-def failure_code(reason: str) -> str:
-    """The code of a FAILED job's reason: exit_code, lost, launch, max_runtime, memory_enforcement."""
-    return _first(reason, _FAILED)
-
-
-def fault_kind(reason: str, manual: bool) -> str:
-    """xid | ecc | nvml | manual: what marked a GPU unhealthy (manual marks keep their own kind, even
-    when their text names an XID, so injected faults never pass for real ones)."""
-    if manual:
-        return "manual"
-    if reason.startswith("XID"):
-        return "xid"
-    if "ECC" in reason:
-        return "ecc"
-    return "nvml"
+class FailureCode(enum.Enum):
+    EXIT_CODE = "exit_code"  # the job exited non-zero or was killed by a signal of its own
+    LOST = "lost"  # its process or supervisor vanished (a crash, a server that was down)
+    LAUNCH = "launch"  # it could not be started
+    MAX_RUNTIME = "max_runtime"  # stopped at its max runtime
+    MEMORY_ENFORCEMENT = "memory_enforcement"  # killed for exceeding its GPU memory slice

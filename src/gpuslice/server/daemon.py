@@ -44,6 +44,7 @@ from gpuslice.node.launcher import ExitStatus, LaunchedJob
 from gpuslice.node.mig_manager import MigCommandFailed
 from gpuslice.node.telemetry import GpuReading, Telemetry
 from gpuslice.observe.metrics import ServeMetrics
+from gpuslice.observe.reasons import FailureCode
 from gpuslice.policies import DEFAULT_PLACEMENT, placement_policy
 from gpuslice.policies.queue import DEFAULT_QUEUE_POLICY
 from gpuslice.programs.guard import GuardConfig
@@ -322,7 +323,8 @@ class Daemon(Recovery, GpuWatch, PolicyAdmin, DaemonViews):
             _log.exception("launch of job %s failed", job.id)
             if isinstance(err, MigCommandFailed):  # the command and what it printed, for the operator
                 self.store.event(job.id, "mig", str(err), now, err.details)
-            self._end(job, JobState.FAILED, f"could not launch: {err}", now, None, requeue=False)
+            self._end(job, JobState.FAILED, f"could not launch: {err}", now, None, requeue=False,
+                      failure=FailureCode.LAUNCH)  # fmt: skip
             return
         self.store.update(job.id, pid=launched.pid, pgid=launched.pgid, proc_start_time=launched.start_time)
 
@@ -368,7 +370,8 @@ class Daemon(Recovery, GpuWatch, PolicyAdmin, DaemonViews):
         if job.pid is None:
             job = self._find_process(job)
             if job.pid is None:  # launched by nobody: only possible after a crash mid-launch
-                self._end(job, JobState.FAILED, "lost: its process never started", now, None, requeue=True)
+                self._end(job, JobState.FAILED, "lost: its process never started", now, None, requeue=True,
+                          failure=FailureCode.LOST)  # fmt: skip
             return
         if not self.node.is_alive(job.pid, job.proc_start_time or 0.0):
             # The supervisor writes exit.json before it exits; read once more in case it just did.
@@ -378,7 +381,7 @@ class Daemon(Recovery, GpuWatch, PolicyAdmin, DaemonViews):
             else:
                 self._kill_lost(job)
                 self._end(job, JobState.FAILED, "lost: its supervisor died without an exit record", now, None,
-                          requeue=True)  # fmt: skip
+                          requeue=True, failure=FailureCode.LOST)  # fmt: skip
             return
         if job.stop and job.stop_deadline is not None and now > job.stop_deadline + _KILL_SLACK_SECONDS:
             self.node.kill(job.pgid or job.pid)
@@ -393,14 +396,17 @@ class Daemon(Recovery, GpuWatch, PolicyAdmin, DaemonViews):
         elif job.stop == "limit":
             limit = job.spec.max_runtime_seconds or 0.0
             why = f"stopped at its max runtime of {limit:g} s ({code})"
-            self._end(job, JobState.FAILED, why, now, fields, requeue=False)
+            self._end(job, JobState.FAILED, why, now, fields, requeue=False, failure=FailureCode.MAX_RUNTIME)
         elif job.stop == "enforce":
             why = f"killed for exceeding its GPU memory slice ({code})"
-            self._end(job, JobState.FAILED, why, now, fields, requeue=False)
+            self._end(
+                job, JobState.FAILED, why, now, fields, requeue=False, failure=FailureCode.MEMORY_ENFORCEMENT
+            )
         elif status.succeeded:
             self._end(job, JobState.SUCCEEDED, "exited 0", now, fields, requeue=True)
         else:
-            self._end(job, JobState.FAILED, f"failed with {code}", now, fields, requeue=True)
+            self._end(job, JobState.FAILED, f"failed with {code}", now, fields, requeue=True,
+                      failure=FailureCode.EXIT_CODE)  # fmt: skip
 
     def _end(
         self,
@@ -411,14 +417,17 @@ class Daemon(Recovery, GpuWatch, PolicyAdmin, DaemonViews):
         fields: dict[str, Any] | None,
         *,
         requeue: bool,
+        failure: FailureCode | None = None,
     ) -> bool:
-        """Move a running job to ``state``, release its GPUs, and requeue it if its policy says so.
+        """Move a running job to ``state``, release its GPUs, and requeue it if its policy says so;
+        ``failure`` (required for FAILED) is the code the metrics count.
 
         One transaction: the end state, and the PENDING that follows it when requeued. Returns whether
         the job was requeued."""
         again = _requeue_reason(job, state) if requeue else None
         if state is JobState.FAILED:
-            self.metrics.job_failed(reason)
+            assert failure is not None, "a FAILED job needs its failure code"
+            self.metrics.job_failed(failure)
         with self.store.transaction():
             self.store.transition(job.id, state, reason, now, finished_at=now, stop="", stop_deadline=None,
                                   suspended=False, **(fields or {}))  # fmt: skip

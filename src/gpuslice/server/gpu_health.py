@@ -17,6 +17,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from gpuslice.hardware.faults import FaultKind
 from gpuslice.hardware.machine import Machine
 from gpuslice.hardware.mig import mig_gpu
 from gpuslice.node.telemetry import GpuReading, SliceLoad, Telemetry
@@ -104,7 +105,7 @@ class GpuWatch:
             raise GpuNotFound(f"no GPU {gpu}; this machine has GPU 0–{self.machine.gpu_count - 1}")
         with self._lock:
             now = self.clock()
-            self._apply_health(self.health.mark(gpu, healthy, reason, now, manual=True), now)
+            self._apply_health(self.health.mark(gpu, healthy, reason, now, kind=FaultKind.MANUAL), now)
             self._published = self._gpu_state()  # the metrics show it at once, not after the next tick
 
     def _read_telemetry(self, running: list[JobRecord], now: float) -> None:
@@ -122,7 +123,7 @@ class GpuWatch:
         self._readings = {r.index: r for r in readings}
         for r in readings:
             for fault in r.faults:
-                self._apply_health(self.health.mark(r.index, False, fault, now, manual=False), now)
+                self._apply_health(self.health.mark(r.index, False, fault.reason, now, kind=fault.kind), now)
         self._detect_anomalies(running, readings, now)
 
     def _busy_share(self, job: JobRecord, gpu: int) -> float:

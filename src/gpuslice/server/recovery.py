@@ -20,6 +20,7 @@ from typing import Any
 
 from gpuslice.errors import InvalidRequest
 from gpuslice.node.launcher import ExitStatus
+from gpuslice.observe.reasons import FailureCode
 from gpuslice.scheduler.node_scheduler import MigAssignment, NodeScheduler
 from gpuslice.server.store import JobRecord, Store
 from gpuslice.workload.job import JobState
@@ -75,7 +76,8 @@ class Recovery:
                     continue
                 report.lost.append(job.id)
                 self._kill_lost(job)
-                if self._end(job, JobState.FAILED, "lost while the server was down", now, None, requeue=True):
+                lost = "lost while the server was down"
+                if self._end(job, JobState.FAILED, lost, now, None, requeue=True, failure=FailureCode.LOST):
                     report.requeued.append(job.id)
             for job in self.store.jobs([JobState.PENDING]):
                 if job.id in report.requeued:  # _end queued it already
