@@ -16,6 +16,7 @@ import typer
 from rich.console import Console
 
 from gpuslice.cli import k8s_device_plugin
+from gpuslice.cli.options import target_workload_option
 from gpuslice.errors import UserError
 from gpuslice.k8s.annotations import SCHEDULER_NAME
 from gpuslice.policies import DEFAULT_PLACEMENT, PLACEMENT
@@ -61,15 +62,7 @@ def extender(
             "this extender's scores (weight in the scheduler configuration) to its own",
         ),
     ] = True,
-    target_workload: Annotated[
-        Path | None,
-        typer.Option(
-            exists=True,
-            dir_okay=False,
-            help="CSV of representative pods in openb's pod-list format (num_gpu, gpu_milli, …): the "
-            "workload FGD keeps room for; default: the pods bound when the extender last rebuilt",
-        ),
-    ] = None,
+    target_workload: target_workload_option("the pods bound when the extender last rebuilt") = None,
 ) -> None:
     """Serve the kube-scheduler extender (filter, prioritize, preempt, bind) over the cluster's GPUs."""
     import logging

@@ -8,6 +8,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
+from gpuslice.cli.options import target_workload_option
 from gpuslice.node.enforcement import DEFAULT_SHARING
 from gpuslice.policies import DEFAULT_PLACEMENT, PLACEMENT
 from gpuslice.policies.queue import DEFAULT_QUEUE_POLICY, QUEUE
@@ -56,15 +57,7 @@ def serve(
             "(.py; verified and guarded): the same policies as sim and the Kubernetes extender",
         ),
     ] = DEFAULT_PLACEMENT,
-    target_workload: Annotated[
-        Path | None,
-        typer.Option(
-            exists=True,
-            dir_okay=False,
-            help="CSV of representative jobs in openb's pod-list format (num_gpu, gpu_milli, …): the "
-            "workload fgd keeps room for; default: the shapes of the jobs the server knows",
-        ),
-    ] = None,
+    target_workload: target_workload_option("the shapes of the jobs the server knows") = None,
     public_reads: Annotated[
         bool,
         typer.Option(

@@ -1,0 +1,24 @@
+"""Options more than one command takes, written once (typer reads them from ``Annotated`` hints)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+__all__ = ["target_workload_option"]
+
+
+def target_workload_option(default: str) -> Any:
+    """``--target-workload PATH``: the workload FGD-style placement keeps room for, as serve and the
+    Kubernetes extender take it; ``default`` says what is used without it."""
+    return Annotated[
+        Path | None,
+        typer.Option(
+            exists=True,
+            dir_okay=False,
+            help="CSV of representative pods in openb's pod-list format (num_gpu, gpu_milli, …): the "
+            f"workload fgd keeps room for; default: {default}",
+        ),
+    ]
