@@ -221,15 +221,9 @@ class Placer:
         return tuple(int(g) for g in advice)
 
     def _reserve_with_advice(self, req: Request, node: int) -> Placement | Refusal:
+        """Reserve on ``node`` the GPUs ``pick_gpus`` chooses (sim has no usable mask and no need)."""
         topology = self.topologies[node] if self.topologies is not None else None
-        advice = self._advice(req, node)
-        if advice is not None:
-            result = self.ledger.reserve(node, advice, req)
-            if isinstance(result, Placement):
-                return result
-            self.fallbacks[("pick_gpus", result.code.value)] += 1
-        gpus = default_gpus(self.ledger.view, req, node, None, topology)
-        return self.ledger.reserve(node, gpus or (), req)
+        return self.ledger.reserve(node, self.pick_gpus(req, node, topology=topology) or (), req)
 
 
 def default_gpus(
