@@ -634,7 +634,11 @@ def test_a_malformed_inventory_leaves_the_node_out(api):
 
 
 def test_watch_follows_a_source_on_startup(api):
-    events = [node_event("n", inventory(gpus=1))]
+    events = [
+        node_event("n", inventory(gpus=1)),
+        WatchEvent("Node", RELISTED, {"items": [{"metadata": {"name": "n"}}]}),
+        WatchEvent("Pod", RELISTED, {"items": []}),
+    ]
     state = ClusterState(api)
     with TestClient(create_app(state, events)) as http:
         for _ in range(100):
@@ -643,6 +647,41 @@ def test_watch_follows_a_source_on_startup(api):
                 break
             time.sleep(0.01)
     assert reply["NodeNames"] == ["n"]
+
+
+def test_a_restarted_extender_decides_nothing_until_it_has_listed_every_pod(api):
+    """The watch has listed the node but not yet the pods: one of them already holds the only GPU. Until
+    the pod list is in, filter and bind answer an error (kube-scheduler retries), preempt offers nothing
+    and /healthz is 503; afterwards the filter sees the GPU taken."""
+    pods_listed = threading.Event()
+    holder = _bound_pod("holder", "n", "0", {"gpuslice.io/gpu": "1"})
+
+    def source():
+        yield node_event("n", inventory(gpus=1))
+        yield WatchEvent("Node", RELISTED, {"items": [{"metadata": {"name": "n"}}]})
+        pods_listed.wait(10)
+        yield WatchEvent("Pod", "ADDED", holder)
+        yield WatchEvent("Pod", RELISTED, {"items": [holder]})
+
+    state = ClusterState(api)
+    asking = pod_json("p", {"gpuslice.io/gpu": "1"})
+    with TestClient(create_app(state, source())) as http:
+        health = http.get("/healthz")
+        assert health.status_code == 503 and health.json()["ok"] is False
+        assert "starting" in http.post("/filter", json=args(asking, ["n"])).json()["Error"]
+        bind = {"PodName": "p", "PodNamespace": "default", "PodUID": "uid-p", "Node": "n"}
+        assert "starting" in http.post("/bind", json=bind).json()["Error"]
+        assert http.post("/preempt", json={"Pod": asking, "NodeNameToMetaVictims": {}}).json() == {
+            "NodeNameToMetaVictims": {}
+        }
+        assert api.bindings == []
+        pods_listed.set()
+        for _ in range(200):
+            if http.get("/healthz").status_code == 200:
+                break
+            time.sleep(0.01)
+        reply = http.post("/filter", json=args(asking, ["n"])).json()
+    assert reply["NodeNames"] == [] and "n" in reply["FailedNodes"]
 
 
 def test_healthz_answers(cluster):

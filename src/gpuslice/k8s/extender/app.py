@@ -30,13 +30,21 @@ log = logging.getLogger(__name__)
 SERVER_OPTIONS: dict[str, Any] = {"http": "httptools", "loop": "uvloop", "access_log": False}
 
 _JSON = "application/json"
+NOT_SYNCED = "gpuslice extender is starting: waiting for its first full list of nodes and pods"
 
 
 def create_app(state: ClusterState, events: Iterable[WatchEvent] | None = None) -> Any:
     """The extender's ASGI app: POST /filter, /prioritize, /preempt, /bind (extender/v1), GET /healthz.
 
     ``events``: a watch source followed on a daemon thread from startup (``KubernetesApi.events()``).
+    With one, no verb decides until the state has taken in the first full lists of nodes and pods
+    (``ClusterState.synced``): /filter and /bind answer an error kube-scheduler retries after its
+    backoff, /preempt offers nothing, and /healthz answers 503 (not ready).
     """
+    gated = events is not None
+
+    def starting() -> bool:
+        return gated and not state.synced
 
     @asynccontextmanager
     async def lifespan(app: fastapi.FastAPI) -> Any:
@@ -51,6 +59,8 @@ def create_app(state: ClusterState, events: Iterable[WatchEvent] | None = None) 
     reader = wire.ArgsReader()
 
     async def filter_(request: HttpRequest) -> Response:
+        if starting():
+            return Response(wire.filter_error(NOT_SYNCED), media_type=_JSON)
         try:
             body, names = reader.read(await request.body())
             result = state.filter(wire.field(body, "Pod") or {}, names)
@@ -80,6 +90,8 @@ def create_app(state: ClusterState, events: Iterable[WatchEvent] | None = None) 
 
     @app.post("/preempt")
     async def preempt(request: fastapi.Request) -> JSONResponse:
+        if starting():
+            return JSONResponse({"NodeNameToMetaVictims": {}})
         try:
             body = wire.decode(await request.body())
             meta = wire.field(body, "NodeNameToMetaVictims")
@@ -113,6 +125,8 @@ def create_app(state: ClusterState, events: Iterable[WatchEvent] | None = None) 
 
     @app.post("/bind")
     def bind(body: dict[str, Any]) -> JSONResponse:
+        if starting():
+            return JSONResponse({"Error": NOT_SYNCED})
         error = state.bind(
             str(wire.field(body, "PodNamespace") or "default"),
             str(wire.field(body, "PodName") or ""),
@@ -122,8 +136,12 @@ def create_app(state: ClusterState, events: Iterable[WatchEvent] | None = None) 
         return JSONResponse({"Error": error})
 
     @app.get("/healthz")
-    async def healthz() -> dict[str, Any]:
-        return {"ok": True, "conflicts": state.conflicts}
+    async def healthz() -> JSONResponse:
+        if starting():
+            return JSONResponse(
+                {"ok": False, "reason": NOT_SYNCED, "conflicts": state.conflicts}, status_code=503
+            )
+        return JSONResponse({"ok": True, "conflicts": state.conflicts})
 
     instrument_extender(app)  # GET /metrics; latency and result of every verb (observe/k8s_metrics.py)
     return app

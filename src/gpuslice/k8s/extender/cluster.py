@@ -189,6 +189,9 @@ class ClusterCache:
         self._name_cache: list[tuple[LedgerBuild, list[str], np.ndarray]] = []
         self._passed: OrderedDict[str, tuple[LedgerBuild, list[str], np.ndarray]] = OrderedDict()
         self.conflicts = 0  # bound pods the ledger could not hold (over-committed from outside)
+        # Kinds (Node, Pod) whose first full list has been applied. Until both have, the ledger does not
+        # hold every bound pod, and a decision made from it could over-commit a GPU (see ``synced``).
+        self.listed: set[str] = set()
         # Filter answers with the one node the placement policy chooses (see ``filter``); False leaves
         # the choice among all fitting nodes to kube-scheduler's scoring plus this extender's scores.
         self.narrow = narrow
@@ -205,10 +208,18 @@ class ClusterCache:
         """Take one watch event into the state."""
         if event.type == RELISTED:
             self._forget_unlisted(event)
+            self.listed.add(event.kind)
         elif event.kind == "Node":
             self._apply_node(event)
         elif event.kind == "Pod":
             self._apply_pod(event)
+
+    @property
+    def synced(self) -> bool:
+        """Every node and every pod of the first full lists has been taken in: only then may the
+        extender decide (a restarted extender answering before would not see the pods bound by the one
+        before it, and place new ones on their GPUs)."""
+        return {"Node", "Pod"} <= self.listed
 
     def follow(self, events: Iterable[WatchEvent]) -> None:
         """Apply events until the source ends (the real source never does); errors are logged, not fatal."""
