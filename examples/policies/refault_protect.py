@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from gpuslice.programs.api import HEAD, TAIL, USED, DecisionContext, Map, MemoryOps, MemoryView
 
-MAX_BLOCKS = 65536  # one entry per VA block seen; gpu_ext's HASH maps hold 4096–100 000 (research §1.2)
+MAX_BLOCKS = 65536  # one entry per VA block seen; gpu_ext's HASH maps hold 4096–100 000
 
 
 class RefaultProtect(MemoryOps):

@@ -1,4 +1,4 @@
-"""Acceptance (issue 4): ``kill -9`` the server while jobs run and finish; after a restart every job has
+"""Acceptance: ``kill -9`` the server while jobs run and finish; after a restart every job has
 the right state and exit code, and none is lost or run twice."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Acceptance (issue 7): headless Chromium loads the dashboard of a real ``gpuslice serve --simulate
+"""Acceptance: headless Chromium loads the dashboard of a real ``gpuslice serve --simulate
 dgx-h100`` with jobs in every state, checks what a person would see, and takes a screenshot
 (docs/dashboard.png only with GPUSLICE_UPDATE_SCREENSHOT=1).
 

@@ -1,4 +1,4 @@
-"""Acceptance (issue 4): a real ``gpuslice serve --simulate dgx-h100`` process with real child jobs.
+"""Acceptance: a real ``gpuslice serve --simulate dgx-h100`` process with real child jobs.
 
 Each test starts its own server (``--grace 2s``) and drives it through the HTTP API only.
 """

@@ -1,4 +1,4 @@
-"""Acceptance (issue 7): a fault injected on a simulated GPU mid-run, against a real
+"""Acceptance: a fault injected on a simulated GPU mid-run, against a real
 ``gpuslice serve --simulate dgx-h100`` process with real child jobs.
 
 No new job lands on the GPU; the job running there is reported (an event of its own, and listed in the

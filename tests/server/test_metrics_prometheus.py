@@ -1,4 +1,4 @@
-"""Acceptance (issue 7): a real Prometheus (Debian's ``prometheus``) scrapes a running
+"""Acceptance: a real Prometheus (Debian's ``prometheus``) scrapes a running
 ``gpuslice serve --simulate dgx-h100`` every second, and the metrics come back through Prometheus' HTTP
 API (/api/v1/query) with their labels: job_id, tenant, gpu (and Prometheus' own job and instance).
 

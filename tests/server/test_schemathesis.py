@@ -1,4 +1,4 @@
-"""Acceptance (issue 4): property-based calls generated from the served OpenAPI schema never get a 5xx.
+"""Acceptance: property-based calls generated from the served OpenAPI schema never get a 5xx.
 
 The app runs in-process over a daemon with the fake node; calls carry the bearer token so that
 submits, cancels and tenant changes reach the daemon rather than stopping at 401.
