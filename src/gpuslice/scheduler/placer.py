@@ -230,18 +230,16 @@ def default_gpus(
     view: LedgerView,
     req: Request,
     node: int,
-    usable: np.ndarray | None = None,
+    allowed: np.ndarray,
     topology: Topology | None = None,
     need: TopologyNeed = TopologyNeed.ANY,
 ) -> tuple[int, ...] | None:
     """The one fallback rule, for every home and every policy: best fit for a share of one GPU (and for
     one whole GPU), the GPU-set choice (``pick_gpu_set``: topology, NVLink, ``need``) for several whole
-    GPUs. None when nothing usable fits."""
+    GPUs. ``allowed`` (bool per GPU slot): the GPUs with room for ``req`` that it may use. None when
+    none of them will do."""
     if req.num_gpu == 0:
         return ()
     if req.num_gpu == 1:  # a share, or one whole GPU: no set to choose, no need to meet
-        return best_fit_gpus(view, req, node, usable) or None
-    fitting = view.gpu_fits(req, node)
-    if usable is not None:
-        fitting = fitting & usable
-    return pick_gpu_set(topology, np.flatnonzero(fitting).tolist(), req.num_gpu, need=need)
+        return best_fit_gpus(view, req, node, allowed) or None
+    return pick_gpu_set(topology, np.flatnonzero(allowed).tolist(), req.num_gpu, need=need)
