@@ -11,7 +11,7 @@ shapes changes.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 
 import numpy as np
 
@@ -48,7 +48,7 @@ class NodeGpuChoice:
         self._placer: Placer | None = None
         self._shapes: frozenset[Request] = frozenset()
 
-    def choose(self, demand: Demand, known: Iterable[Request]) -> Choice | None:
+    def choose(self, demand: Demand, known: frozenset[Request]) -> Choice | None:
         """The GPUs for a demand the ledger has room for (NONE, SHARE or WHOLE); None only if no usable
         set exists. ``known``: the requests of the jobs the scheduler knows, for the default target."""
         if demand.kind is DemandKind.NONE:
@@ -61,10 +61,11 @@ class NodeGpuChoice:
             return None
         return Choice(gpus, Holding(gpus, req.gpu_milli, req.gpu_memory_bytes))
 
-    def placer(self, known: Iterable[Request] = ()) -> Placer:
+    def placer(self, known: frozenset[Request] = frozenset()) -> Placer:
         """The placer with the policy built for the current target workload."""
-        shapes = frozenset() if self.target is not None else frozenset(known)
-        if self._placer is None or shapes != self._shapes:
+        shapes = frozenset() if self.target is not None else known
+        # the same set object again (one scheduling pass) needs no element-by-element comparison
+        if self._placer is None or (shapes is not self._shapes and shapes != self._shapes):
             target = self.target
             if target is None and shapes:
                 target = TargetWorkload.from_requests(sorted(shapes, key=str))

@@ -120,6 +120,9 @@ class _Pass:
     failed: dict[Demand, PendingReason] = field(
         default_factory=dict
     )  # shapes that did not fit; cleared on start
+    # The requests of the known jobs, taken once per pass when the placement needs them: a start moves a
+    # job from pending to running under the same request, so the set does not change within a pass.
+    shapes: frozenset[Request] | None = None
 
 
 class NodeScheduler:
@@ -295,7 +298,7 @@ class NodeScheduler:
             job.reason = self._behind(job, now, p, "backfill is off")
             return False
         usable = self._usable(job.demand)
-        choice = None if usable in p.failed else self._choose(usable, p.cap)
+        choice = None if usable in p.failed else self._choose(usable, p)
         if choice is None:
             reason = p.failed.get(usable) or self._why_not(job.demand, usable, p.cap)
             p.failed[usable] = reason
@@ -462,14 +465,17 @@ class NodeScheduler:
         ordered = order_pending(self.policy, self._view(now), [j.queued for j in jobs], self.fallbacks)
         return [by_id[q.job_id] for q in ordered]
 
-    def _choose(self, demand: Demand, cap: Capacity) -> Choice | None:
-        """The GPUs the job gets now: MIG slots here, shares and whole GPUs from the shared placer. ``cap``
-        mirrors the ledger at this point (every start reserves at once), so both see the same capacity."""
+    def _choose(self, demand: Demand, p: _Pass) -> Choice | None:
+        """The GPUs the job gets now: MIG slots here, shares and whole GPUs from the shared placer. The
+        pass's capacity mirrors the ledger at this point (every start reserves at once), so both see the
+        same free capacity."""
         if demand.kind is DemandKind.MIG:
-            return choose_mig(demand, cap, self._mig_policy, self.fallbacks)
-        if not fits(demand, cap, self.machine.topology):
+            return choose_mig(demand, p.cap, self._mig_policy, self.fallbacks)
+        if not fits(demand, p.cap, self.machine.topology):
             return None
-        return self.gpu_choice.choose(demand, self._known_shapes())
+        if p.shapes is None:
+            p.shapes = frozenset(self._known_shapes()) if self.gpu_choice.target is None else frozenset()
+        return self.gpu_choice.choose(demand, p.shapes)
 
     def _known_shapes(self) -> list[Request]:
         """The share and whole-GPU requests of the pending and running jobs (what FGD-style policies keep
