@@ -86,15 +86,15 @@ class NoHealthChecks:
 
 
 class FakeHealthSource:
-    """Changes pushed by hand (tests, ``--simulate``): ``set_health("GPU-…", False, "XID 79")``; a
-    reason that starts with "XID" is an XID fault, any other an NVML one."""
+    """Changes pushed by hand (tests, ``--simulate``): ``set_health("GPU-…", False, "XID 79")``; an
+    unhealthy change is an XID fault unless ``kind`` says otherwise."""
 
     def __init__(self) -> None:
         self._changes: queue.Queue[HealthChange] = queue.Queue()
 
-    def set_health(self, uuid: str, healthy: bool, reason: str = "") -> None:
-        kind = FaultKind.XID if reason.startswith("XID") else FaultKind.NVML
-        self._changes.put(HealthChange(uuid, healthy, reason, kind))
+    def set_health(self, uuid: str, healthy: bool, reason: str = "", kind: FaultKind = FaultKind.XID) -> None:
+        change = HealthChange(uuid, healthy, reason) if healthy else HealthChange(uuid, False, reason, kind)
+        self._changes.put(change)
 
     def wait(self, timeout_s: float) -> list[HealthChange]:
         try:
