@@ -54,27 +54,6 @@ if TYPE_CHECKING:
         PrefetchFault,
     )
 
-_MEMORY_NAMES = frozenset(
-    {
-        "BYPASS",
-        "DEFAULT",
-        "ENTER_LOOP",
-        "EVICT_MOVES_MAX",
-        "HEAD",
-        "PRIORITY_HIGH",
-        "PRIORITY_LOW",
-        "PRIORITY_OTHER",
-        "TAIL",
-        "UNUSED",
-        "USED",
-        "DecisionContext",
-        "EvictContext",
-        "MemoryOps",
-        "MemoryView",
-        "PrefetchFault",
-    }
-)
-
 __all__ = [
     "BYPASS",
     "DEFAULT",
@@ -113,6 +92,10 @@ __all__ = [
     "best_fit_gpus",
     "lowest_free_gpus",
 ]
+
+# What __all__ names but this module has not imported: the memory names, resolved on first use by
+# __getattr__ below (imported above only for type checkers).
+_MEMORY_NAMES = frozenset(name for name in __all__ if name not in globals())
 
 
 def __getattr__(name: str) -> Any:
