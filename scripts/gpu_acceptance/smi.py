@@ -186,31 +186,16 @@ def compare_telemetry(readings: list[Any], smi: list[SmiGpu]) -> list[dict[str, 
             checks.append(check(f"gpu{r.index} listed by nvidia-smi", False))
             continue
         power_slack = POWER_SLACK_FRACTION * max(ref.power_w or 0.0, r.power_watts or 0.0, 1.0)
+        # (what, NVML's reading, nvidia-smi's, how far apart they may be)
+        pairs = [
+            ("memory used", r.memory_used_bytes, ref.memory_used_bytes, MEMORY_USED_SLACK_BYTES),
+            ("temperature", r.temperature_celsius, ref.temperature_c, TEMPERATURE_SLACK_C),
+            ("power", r.power_watts, ref.power_w, power_slack),
+            ("utilization", r.utilization_percent, ref.utilization_percent, UTILIZATION_SLACK_POINTS),
+        ]
         checks += [
-            check(
-                f"gpu{r.index} memory used",
-                _close(r.memory_used_bytes, ref.memory_used_bytes, MEMORY_USED_SLACK_BYTES),
-                nvml=r.memory_used_bytes,
-                smi=ref.memory_used_bytes,
-            ),
-            check(
-                f"gpu{r.index} temperature",
-                _close(r.temperature_celsius, ref.temperature_c, TEMPERATURE_SLACK_C),
-                nvml=r.temperature_celsius,
-                smi=ref.temperature_c,
-            ),
-            check(
-                f"gpu{r.index} power",
-                _close(r.power_watts, ref.power_w, power_slack),
-                nvml=r.power_watts,
-                smi=ref.power_w,
-            ),
-            check(
-                f"gpu{r.index} utilization",
-                _close(r.utilization_percent, ref.utilization_percent, UTILIZATION_SLACK_POINTS),
-                nvml=r.utilization_percent,
-                smi=ref.utilization_percent,
-            ),
+            check(f"gpu{r.index} {what}", _close(nvml, smi, slack), nvml=nvml, smi=smi)
+            for what, nvml, smi, slack in pairs
         ]
     return checks
 
