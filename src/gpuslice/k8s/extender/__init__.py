@@ -62,7 +62,6 @@ are tracked beside the ledger, one pod per existing instance.
 from __future__ import annotations
 
 from gpuslice.k8s.extender.app import SERVER_OPTIONS, create_app
-from gpuslice.k8s.extender.cluster import DEFAULT_POLICY
 from gpuslice.k8s.extender.kube import RELISTED, KubeApi, KubernetesApi, WatchEvent
 from gpuslice.k8s.extender.state import MAX_EXTENDER_PRIORITY, ClusterState, FilterResult
 from gpuslice.k8s.extender.verdicts import (
@@ -73,7 +72,6 @@ from gpuslice.k8s.extender.verdicts import (
 )
 
 __all__ = [
-    "DEFAULT_POLICY",
     "MAX_EXTENDER_PRIORITY",
     "REASON_NO_INVENTORY",
     "REASON_NO_MIG_INSTANCE",

@@ -37,7 +37,6 @@ from gpuslice.workload.request import MILLI_PER_GPU, Request
 from gpuslice.workload.target import TargetWorkload
 
 __all__ = [
-    "DEFAULT_POLICY",
     "BoundPod",
     "ClusterCache",
     "LedgerBuild",
@@ -51,7 +50,6 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-DEFAULT_POLICY = DEFAULT_PLACEMENT  # why not fgd: see the package docstring
 EVENT_REPEAT_S = 60.0  # one Event per pod and message a minute: kube-scheduler retries far more often
 SEEN_PODS_MAX = 10_000  # pods remembered from /filter so /bind needs no API read
 
@@ -166,7 +164,7 @@ class ClusterCache:
     def __init__(
         self,
         api: KubeApi,
-        default_policy: str = DEFAULT_POLICY,
+        default_policy: str = DEFAULT_PLACEMENT,  # why not fgd: see the package docstring
         *,
         narrow: bool = False,
         target: TargetWorkload | None = None,
