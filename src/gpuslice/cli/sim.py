@@ -84,7 +84,9 @@ def openb(
             show_default=False,
         ),
     ] = None,
-    seeds: Annotated[str, typer.Option(help="Seeds: 42-51, 42,43,50 or 42.")] = "42-51",
+    seeds: Annotated[
+        str, typer.Option(help=f"Seeds: 42-51, 42,43,50 or 42; at most {MAX_SEEDS:,}, each 0..2^32-1.")
+    ] = "42-51",
     jobs: Annotated[int, typer.Option(min=1, max=MAX_JOBS, help=f"Worker processes, 1..{MAX_JOBS}.")] = 1,
     out: Annotated[
         Path,
@@ -102,8 +104,9 @@ def openb(
     allow_fallbacks: Annotated[
         bool,
         typer.Option(
+            "--allow-fallbacks",
             help="Keep the results of a policy that fell back to the default on some decisions (its row "
-            "is marked); without it such a run is an error and nothing is written."
+            "is marked); without it such a run is an error and nothing is written.",
         ),
     ] = False,
 ) -> None:
