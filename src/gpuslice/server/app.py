@@ -26,8 +26,8 @@ too, as a bearer or as the dashboard's cookie, unless the server runs with ``--p
 Host check, token before body, body cap, sign-in). Env values are never returned: names, masked values.
 Every error is ``ErrorBody`` JSON: 400/404/405/409 for user errors (``detail`` says how to fix it;
 ``field`` names the field), 401 without the token, 403 when a request claims another user, 413 for a
-body over the cap, 422 when the body does not match the schema, 429 when too many follow one log, 500
-only for bugs.
+body over the cap, 422 when the body does not match the schema, 429 when too many follow one log, 503
+(with Retry-After) when the state file's disk is full and nothing was changed, 500 only for bugs.
 
 ``POST /v1/jobs`` takes an ``Idempotency-Key`` header (1–200 printable ASCII characters): a retry with
 the same key and body answers 200 with the job the first try made, never a second job; the same key
@@ -211,6 +211,8 @@ def create_app(
         field = err.field if isinstance(err, FieldError) else None
         body = ErrorBody(detail=str(err), field=field, type=type(err).__name__)
         headers = {"WWW-Authenticate": "Bearer"} if http_status(err) == 401 else None
+        if http_status(err) == 503:  # the server lacks room (a full disk): the same request works later
+            headers = {"Retry-After": "5"}
         return JSONResponse(body.model_dump(), status_code=http_status(err), headers=headers)
 
     @app.exception_handler(RequestValidationError)

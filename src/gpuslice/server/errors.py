@@ -7,6 +7,8 @@ NotAuthenticated (gpuslice.errors)                           401  no bearer toke
 ForbiddenUser                              Forbidden         403  a request claims another user
 TooManyFollowers                           TooManyRequests   429  the cap on clients following logs is reached
 ServerUnavailable                          Unavailable       (client) the server does not answer at its URL
+StoreFull                                  Unavailable       503  the state file's disk is full: nothing changed
+StoreDamaged                               Unavailable       (serve) the state file is not a database
 ```
 
 Every other user error keeps its family's status (``gpuslice.errors``): InvalidRequest 400, NoSuchMap
@@ -33,6 +35,8 @@ __all__ = [
     "NotAuthenticated",
     "PolicyNotFound",
     "ServerUnavailable",
+    "StoreDamaged",
+    "StoreFull",
     "TooManyFollowers",
     "http_status",
 ]
@@ -64,6 +68,17 @@ class PolicyNotFound(NotFound):
 
 class ServerUnavailable(Unavailable):
     """The client cannot reach ``gpuslice serve`` at its URL."""
+
+
+class StoreFull(Unavailable):
+    """The disk holding the state file is full: the change was not made; retrying later works (503,
+    with Retry-After: the server itself lacks room, the request was fine)."""
+
+    http_status = 503
+
+
+class StoreDamaged(Unavailable):
+    """The state file cannot be read as the server's database; the message says what to do with it."""
 
 
 def http_status(error: UserError) -> int:

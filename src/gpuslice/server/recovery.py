@@ -5,6 +5,7 @@ recover (once, before the first tick):
     RUNNING with a live supervisor (same pid + start time) or an exit file -> scheduler.adopt; the next
         tick reads the exit file as usual
     RUNNING that no longer fits the machine (fewer GPUs, MIG off)           -> stopped, CANCELLED at exit
+    RUNNING whose supervisor never started (stored, then the server died) -> PENDING, no attempt counted
     RUNNING with neither                 -> FAILED "lost while the server was down", requeued per policy
     PENDING                              -> scheduler.submit again, in submission order
 ```
@@ -18,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpuslice.errors import InvalidRequest
+from gpuslice.errors import InternalError, InvalidRequest
 from gpuslice.node.launcher import ExitStatus
 from gpuslice.observe.reasons import FailureCode
 from gpuslice.scheduler.node_scheduler import MigAssignment, NodeScheduler
@@ -54,6 +55,7 @@ class Recovery:
     _kill_lost: Callable[[JobRecord], None]
     _stop_job: Callable[[JobRecord, str, float, str, float], None]
     _end: Callable[..., bool]
+    _unstart: Callable[[JobRecord, str, float], None]
 
     def recover(self) -> RecoveryReport:
         """Rebuild the scheduler's picture from the store and the job directories (see module doc)."""
@@ -64,7 +66,11 @@ class Recovery:
             for job in self.store.jobs([JobState.RUNNING]):
                 job = self._find_process(job)
                 alive = job.pid is not None and self.node.is_alive(job.pid, job.proc_start_time or 0.0)
-                if alive or self._exit_record(job) is not None:
+                if not alive and job.pid is None and not self.node.was_started(job.id, self.state_dir):
+                    self._unstart(job, "requeued: the server stopped before its process started", now)
+                    report.requeued.append(job.id)
+                    continue
+                if alive or self._has_record(job):
                     try:
                         self.scheduler.adopt(job.id, job.spec, job.gpus, job.started_at or now, _mig(job.mig))
                     except InvalidRequest as err:  # the machine changed under it (fewer GPUs, MIG off)
@@ -88,6 +94,14 @@ class Recovery:
                     self.store.transition(job.id, JobState.CANCELLED, f"can no longer run here: {err}", now)
                     report.refused.append(job.id)
         return report
+
+    def _has_record(self, job: JobRecord) -> bool:
+        """An exit record of this attempt, or one that cannot be read (the first tick ends the job
+        with why): either way the job is adopted, not lost here."""
+        try:
+            return self._exit_record(job) is not None
+        except InternalError:
+            return True
 
     def _find_process(self, job: JobRecord) -> JobRecord:
         """A RUNNING job stored without a pid (the server died mid-launch): look for its supervisor."""

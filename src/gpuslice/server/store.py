@@ -22,22 +22,23 @@ The last two tables came after version 1 and are created when missing, so an old
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import sqlite3
 import threading
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from gpuslice.errors import InternalError, InvalidRequest
 from gpuslice.server.codec import spec_from_json, spec_to_json
-from gpuslice.server.errors import JobConflict, JobNotFound
+from gpuslice.server.errors import JobConflict, JobNotFound, StoreFull
 from gpuslice.workload.job import JobEvent, JobSpec, JobState, check_transition
 
-__all__ = ["SCHEMA_VERSION", "JobRecord", "Store", "TenantRecord"]
+__all__ = ["SCHEMA_VERSION", "JobRecord", "Store", "StoreFull", "TenantRecord"]
 
 SCHEMA_VERSION = 1
 
@@ -111,6 +112,14 @@ _MUTABLE = frozenset(
 _JSON_FIELDS = frozenset({"gpus", "mig"})
 
 
+def _translated(err: sqlite3.OperationalError, path: Path) -> Exception:
+    """SQLite's "disk is full" as StoreFull (the change was not made, retrying later works)."""
+    if getattr(err, "sqlite_errorcode", None) == sqlite3.SQLITE_FULL or "full" in str(err).lower():
+        return StoreFull(f"the disk holding {path} is full ({os.strerror(errno.ENOSPC)}): nothing was "
+                         "changed; free some space and retry")  # fmt: skip
+    return err
+
+
 @dataclass(frozen=True, slots=True)
 class JobRecord:
     """One job as stored: its spec plus everything the daemon has learned about it."""
@@ -159,6 +168,7 @@ class Store:
         os.chmod(self.path, 0o600)
         self._lock = threading.RLock()
         self._depth = 0
+        self._undo: list[Callable[[], None]] = []  # what to take back elsewhere if this one rolls back
         # isolation_level=None: we issue BEGIN/COMMIT ourselves, so a transaction is exactly what we say.
         self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None, timeout=30)
         self._db.row_factory = sqlite3.Row
@@ -192,7 +202,9 @@ class Store:
 
     @contextmanager
     def transaction(self) -> Iterator[None]:
-        """One atomic change; nested uses join the outermost. An exception rolls everything back."""
+        """One atomic change; nested uses join the outermost. An exception rolls everything back, and so
+        does a COMMIT that fails (a full disk): then the ``on_rollback`` actions run, newest first, and
+        the error is raised (StoreFull for a full disk)."""
         with self._lock:
             if self._depth:
                 self._depth += 1
@@ -201,17 +213,35 @@ class Store:
                 finally:
                     self._depth -= 1
                 return
-            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                self._db.execute("BEGIN IMMEDIATE")
+            except sqlite3.OperationalError as err:
+                raise _translated(err, self.path) from err
             self._depth = 1
             try:
                 yield
-            except BaseException:
-                self._db.execute("ROLLBACK")
-                raise
-            else:
                 self._db.execute("COMMIT")
+            except BaseException as err:
+                # SQLite keeps a transaction whose COMMIT failed open: end it, or every later BEGIN fails
+                with suppress(sqlite3.Error):
+                    self._db.execute("ROLLBACK")
+                undo, self._undo = self._undo, []
+                for action in reversed(undo):
+                    action()
+                if isinstance(err, sqlite3.OperationalError):
+                    raise _translated(err, self.path) from err
+                raise
             finally:
                 self._depth = 0
+                self._undo = []
+
+    def on_rollback(self, action: Callable[[], None]) -> None:
+        """Run ``action`` if the transaction under way does not commit: what was changed outside the
+        store along with it (the scheduler's queue) is taken back, so the two change together or not."""
+        with self._lock:
+            if not self._depth:
+                raise InternalError("on_rollback outside a transaction")
+            self._undo.append(action)
 
     # -- jobs ---------------------------------------------------------------------------------------
 
