@@ -1,0 +1,160 @@
+"""The daemon under a machine's faults, in this process (a fake node): a full disk at a submit, a job
+whose files lie or are damaged, a launch short of file descriptors, a crash before a launch.
+
+Each test breaks one thing the way a machine does and checks that the store and the scheduler agree
+afterwards and that no other job is held up.
+"""
+
+from __future__ import annotations
+
+import errno
+import sqlite3
+
+import pytest
+
+from gpuslice.errors import InternalError
+from gpuslice.node.launcher import ExitStatus
+from gpuslice.server.errors import StoreFull
+from gpuslice.workload.job import JobSpec, JobState, RestartPolicy
+
+
+def whole_machine(**kw) -> JobSpec:
+    return JobSpec(command=("train",), user="u", gpus=8, **kw)
+
+
+def _disk_full(*_a, **_k):
+    raise sqlite3.OperationalError("database or disk is full")
+
+
+def test_a_submit_whose_commit_fails_leaves_no_phantom_in_the_scheduler(daemon, monkeypatch):
+    """The idempotency key is the last write of a submit: when the disk fills there, the job must leave
+    the scheduler's queue with the store's rollback, or it holds the GPUs and its id is refused forever."""
+    monkeypatch.setattr(daemon.store, "remember_key", _disk_full)
+    with pytest.raises(StoreFull, match="disk .* is full"):
+        daemon.submit_once(whole_machine(), ("key-1", "digest"))
+    assert daemon.store.jobs() == [] and daemon.scheduler.queue() == []
+    monkeypatch.undo()
+    job, created = daemon.submit_once(whole_machine(), ("key-1", "digest"))  # the same id is free again
+    assert created and job.id == "1"
+    daemon.tick()
+    assert daemon.store.get(job.id).state is JobState.RUNNING  # no phantom holds the 8 GPUs
+
+
+def test_a_full_disk_when_storing_running_leaves_the_job_queued_in_both(daemon, node, monkeypatch):
+    job = daemon.submit(whole_machine())
+    real = daemon.store.transition
+    monkeypatch.setattr(daemon.store, "transition", _disk_full)
+    daemon.tick()  # the RUNNING cannot be stored: the scheduler must not keep the job placed
+    assert node.launched == {} and daemon.store.get(job.id).state is JobState.PENDING
+    monkeypatch.setattr(daemon.store, "transition", real)
+    daemon.tick()
+    assert daemon.store.get(job.id).state is JobState.RUNNING and job.id in node.launched
+
+
+def test_a_store_that_cannot_commit_is_usable_again_once_there_is_room(tmp_path):
+    """SQLite keeps a transaction whose COMMIT failed open; the store must end it, or every later
+    BEGIN fails. A page limit is SQLite's own disk-full (SQLITE_FULL), raised at the write."""
+    from gpuslice.server.store import Store
+
+    store = Store(tmp_path / "s.db")
+    pages = store._db.execute("PRAGMA page_count").fetchone()[0]
+    store._db.execute(f"PRAGMA max_page_count = {pages}")
+    with pytest.raises(StoreFull):
+        for _ in range(200):
+            store.add_job(JobSpec(command=("x" * 2000,), user="u"), 1.0)
+    kept = len(store.jobs())
+    store._db.execute("PRAGMA max_page_count = 1000000")
+    job = store.add_job(JobSpec(command=("after",), user="u"), 2.0)
+    assert len(store.jobs()) == kept + 1 and job.spec.command == ("after",)
+    store.close()
+
+
+def test_a_job_cannot_end_its_record_while_its_supervisor_runs(daemon, node):
+    """A record that says "ended" (a job wrote it, with a later start) is not believed while the
+    supervisor lives: the job keeps its GPUs, nothing else starts on them."""
+    liar = daemon.submit(whole_machine())
+    daemon.tick()
+    node.exits[liar.id] = ExitStatus(0, None, 1e12, started_at=1e12)  # the supervisor is still alive
+    nxt = daemon.submit(whole_machine())
+    daemon.tick()
+    assert daemon.store.get(liar.id).state is JobState.RUNNING
+    assert daemon.store.get(nxt.id).state is JobState.PENDING
+    node.exit(liar.id, code=7)  # now it really ends
+    daemon.tick()
+    assert (daemon.store.get(liar.id).state, daemon.store.get(liar.id).exit_code) == (JobState.FAILED, 7)
+
+
+def test_a_record_of_another_attempt_is_ignored_by_its_number(daemon, node):
+    job = daemon.submit(whole_machine(restart=RestartPolicy.ON_FAILURE, max_restarts=2))
+    daemon.tick()
+    node.exits[job.id] = ExitStatus(0, None, 5.0, started_at=5.0, attempt=0)  # attempt 0 never ran
+    node.alive.clear()
+    daemon.tick()
+    after = daemon.store.get(job.id)  # not "exited 0": lost, requeued by its policy, started again
+    assert after.state is JobState.RUNNING and after.attempts == 2 and after.exit_code is None
+    assert "lost: its supervisor died without an exit record" in _reasons(daemon, job.id)
+
+
+def _reasons(daemon, job_id: str) -> str:
+    return " | ".join(e.reason for _, e in daemon.store.events(job_id))
+
+
+def test_a_malformed_exit_record_ends_that_job_and_not_the_pass(daemon, node, monkeypatch):
+    bad = daemon.submit(JobSpec(command=("train",), user="u"))
+    good = daemon.submit(JobSpec(command=("train",), user="u"))
+    daemon.tick()
+    real = node.poll
+
+    def poll(job_id, state_dir):
+        if job_id == bad.id:
+            raise InternalError("exit.json is not a valid exit record (Expecting value)")
+        return real(job_id, state_dir)
+
+    monkeypatch.setattr(node, "poll", poll)
+    node.alive.discard(node.launched[bad.id].pid)
+    node.exit(good.id, code=0)
+    waiting = daemon.submit(whole_machine())
+    daemon.tick()
+    assert daemon.store.get(good.id).state is JobState.SUCCEEDED
+    broken = daemon.store.get(bad.id)
+    assert broken.state is JobState.FAILED and "not a valid exit record" in broken.reason
+    daemon.tick()  # both GPUs are free again: the pass went on to start the next job
+    assert daemon.store.get(waiting.id).state is JobState.RUNNING
+
+
+def test_a_launch_out_of_file_descriptors_waits_instead_of_failing(daemon, node):
+    job = daemon.submit(JobSpec(command=("train",), user="u"))
+    node.launch_errors[job.id] = OSError(errno.EMFILE, "Too many open files")
+    daemon.tick()
+    queued = daemon.store.get(job.id)
+    assert queued.state is JobState.PENDING and queued.attempts == 0 and queued.gpus == ()
+    assert "could not start yet (Too many open files)" in queued.reason
+    daemon.tick()
+    assert daemon.store.get(job.id).state is JobState.RUNNING and daemon.store.get(job.id).attempts == 1
+
+
+def test_a_job_stored_running_but_never_launched_runs_after_a_restart(make_daemon, node):
+    """kill -9 between storing RUNNING and launching: a `restart: never` job that never ran must not
+    end FAILED; it goes back to the queue, no attempt counted."""
+    first = make_daemon()
+    job = first.submit(JobSpec(command=("train",), user="u", restart=RestartPolicy.NEVER))
+    first.tick()
+    first.store.update(job.id, pid=None, pgid=None, proc_start_time=None)  # as if never launched
+    node.started.discard(job.id)
+    node.alive.clear()
+    second = make_daemon()  # the restart
+    report = second.recover()
+    back = second.store.get(job.id)
+    assert back.state is JobState.PENDING and back.attempts == 0 and job.id not in report.lost
+    second.tick()
+    assert second.store.get(job.id).state is JobState.RUNNING
+
+
+def test_a_supervisor_that_started_and_vanished_is_still_lost(daemon, node):
+    job = daemon.submit(JobSpec(command=("train",), user="u", restart=RestartPolicy.NEVER))
+    daemon.tick()
+    daemon.store.update(job.id, pid=None, pgid=None, proc_start_time=None)
+    node.alive.clear()  # it started (its reservation is there) and died without a record
+    daemon.tick()
+    after = daemon.store.get(job.id)
+    assert after.state is JobState.FAILED and "lost" in after.reason
