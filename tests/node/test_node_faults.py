@@ -52,7 +52,8 @@ def test_a_wall_clock_step_does_not_make_a_running_job_look_dead(tmp_path, clean
     job = launcher.launch("clock", python_job("import time; time.sleep(60)"), {}, tmp_path)
     cleanup.append(job.pgid)
     check = (f"import psutil; from gpuslice.node import launcher; "
-             f"print(launcher.is_alive({job.pid}, {job.start_time!r}), psutil.Process({job.pid}).create_time())")  # fmt: skip
+             f"print(launcher.is_alive({job.pid}, {job.start_time!r}), "
+             f"psutil.Process({job.pid}).create_time())")  # fmt: skip
     stat = tmp_path / "stat"
     result = _in_namespace(
         f"awk '/^btime/{{$2=$2+({shift})}}1' /proc/stat > {stat} && mount --bind {stat} /proc/stat && "

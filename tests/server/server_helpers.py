@@ -35,10 +35,18 @@ class FakeNode:
         self.fail_launch: set[str] = set()
         self.launch_errors: dict[str, Exception] = {}  # raised once by the next launch of that job
         self.started: set[str] = set()  # jobs whose supervisor started (was_started)
+        self.records: dict[str, dict[str, Any]] = {}  # job -> its last launch record (launch_records)
         self._pid = 1000
 
     def launch(
-        self, job_id: str, spec: JobSpec, env: Mapping[str, str], state_dir: Path, *, attempt: int = 0
+        self,
+        job_id: str,
+        spec: JobSpec,
+        env: Mapping[str, str],
+        state_dir: Path,
+        *,
+        attempt: int = 0,
+        about: Mapping[str, Any] | None = None,
     ) -> LaunchedJob:
         if job_id in self.launch_errors:
             raise self.launch_errors.pop(job_id)
@@ -46,6 +54,7 @@ class FakeNode:
             raise OSError(f"cannot start {spec.command[0]}")
         self.exits.pop(job_id, None)
         self.started.add(job_id)
+        self.records[job_id] = {"attempt": attempt, **(about or {})}
         self._pid += 1
         job = LaunchedJob(self._pid, self._pid, float(self._pid))
         self.launched[job_id] = job
@@ -60,6 +69,9 @@ class FakeNode:
 
     def poll(self, job_id: str, state_dir: Path) -> ExitStatus | None:
         return self.exits.get(job_id)
+
+    def launch_records(self, state_dir: Path) -> dict[str, dict[str, Any]]:
+        return dict(self.records)
 
     def was_started(self, job_id: str, state_dir: Path) -> bool:
         return job_id in self.started

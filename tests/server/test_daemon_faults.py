@@ -30,7 +30,7 @@ def test_a_submit_whose_commit_fails_leaves_no_phantom_in_the_scheduler(daemon, 
     """The idempotency key is the last write of a submit: when the disk fills there, the job must leave
     the scheduler's queue with the store's rollback, or it holds the GPUs and its id is refused forever."""
     monkeypatch.setattr(daemon.store, "remember_key", _disk_full)
-    with pytest.raises(StoreFull, match="disk .* is full"):
+    with pytest.raises(StoreFull, match=r"disk .* is full"):
         daemon.submit_once(whole_machine(), ("key-1", "digest"))
     assert daemon.store.jobs() == [] and daemon.scheduler.queue() == []
     monkeypatch.undo()

@@ -51,24 +51,27 @@ from gpuslice.node.supervisor import (
 from gpuslice.workload.job import JobSpec
 
 __all__ = [
+    "LAUNCH_FILE",
     "REPORT_FILE",
     "ExitStatus",
     "LaunchedJob",
     "is_alive",
     "job_dir",
-    "process_start",
-    "record_dir",
-    "was_started",
     "kill",
     "launch",
+    "launch_records",
     "log_paths",
     "poll",
+    "process_start",
+    "record_dir",
     "resume",
     "suspend",
     "terminate",
+    "was_started",
 ]
 
 REPORT_FILE = "gpu_report.json"  # where gpuslice-fake-load reports its simulated GPU memory
+LAUNCH_FILE = "job.json"  # the caller's account of the launch (``about``): rebuilds a lost store
 SUPERVISOR_LOG = "supervisor.log"  # the supervisor's own errors (a crash in it, never the job's output)
 _SUPERVISOR_PATH = Path(_supervisor.__file__).resolve()
 _JOB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
@@ -133,6 +136,21 @@ def was_started(job_id: str, state_dir: Path) -> bool:
     return (directory / RESERVE_FILE).exists() or (directory / EXIT_FILE).exists()
 
 
+def launch_records(state_dir: Path) -> dict[str, dict[str, object]]:
+    """job id -> the ``about`` of its last launch (with "attempt"), for every job launched under
+    ``state_dir``; unreadable ones are left out."""
+    found: dict[str, dict[str, object]] = {}
+    root = Path(state_dir) / "records"
+    if not root.is_dir():
+        return found
+    for directory in root.iterdir():
+        with contextlib.suppress(OSError, ValueError):
+            data = json.loads((directory / LAUNCH_FILE).read_text(encoding="utf-8"))
+            if isinstance(data, dict) and isinstance(data.get("attempt"), int):
+                found[directory.name] = data
+    return found
+
+
 def process_start(pid: int) -> float | None:
     """When process ``pid`` started, in seconds since boot (/proc/<pid>/stat field 22 over the clock
     tick), or None if it does not exist. Independent of the wall clock: it never moves for a process."""
@@ -173,7 +191,13 @@ def _job_environment(job_id: str, spec: JobSpec, env: Mapping[str, str], directo
 
 
 def launch(
-    job_id: str, spec: JobSpec, env: Mapping[str, str], state_dir: Path, *, attempt: int = 0
+    job_id: str,
+    spec: JobSpec,
+    env: Mapping[str, str],
+    state_dir: Path,
+    *,
+    attempt: int = 0,
+    about: Mapping[str, object] | None = None,
 ) -> LaunchedJob:
     """Start ``spec.command`` under a supervisor in a new session; returns at once.
 
@@ -181,7 +205,8 @@ def launch(
     a PYTHONPATH there is put in front of the job's own), plus GPUSLICE_JOB_ID, GPUSLICE_JOB_DIR and
     GPUSLICE_REPORT_FILE. A leftover exit, stop or reserve record from an earlier run of the same job id
     is removed first, and the supervisor writes ``attempt`` into its exit record, so ``poll`` only ever
-    reports this run.
+    reports this run. ``about`` (JSON-able) is written to the record folder first, as job.json, for
+    ``launch_records``.
     """
     directory = job_dir(state_dir, job_id)
     records = record_dir(state_dir, job_id)
@@ -191,6 +216,8 @@ def launch(
     (directory / REPORT_FILE).unlink(missing_ok=True)
     for stale in (EXIT_FILE, STOP_FILE, RESERVE_FILE):
         (records / stale).unlink(missing_ok=True)
+    if about is not None:
+        write_json_atomic(records / LAUNCH_FILE, {"attempt": attempt, **about})
     command = [sys.executable, "-I", str(_SUPERVISOR_PATH), "--job-dir", str(directory),
                "--record-dir", str(records), "--attempt", str(attempt)]  # fmt: skip
     if spec.cwd:

@@ -53,7 +53,7 @@ __all__ = [
 ]
 
 EXIT_FILE = "exit.json"
-RESERVE_FILE = ".exit.reserve"  # the exit record's disk space, taken at start (a full disk later is no matter)
+RESERVE_FILE = ".exit.reserve"  # the exit record's disk space, taken at start: a full disk later is no matter
 _RESERVE_BYTES = 4096
 _RETRY_SECONDS = 1.0
 # Stop requests the supervisor handles itself; blocked from its start until its handlers are in place.
@@ -291,7 +291,11 @@ def main(argv: list[str] | None = None) -> int:
     if not command:
         parser.error("no command given: use -- CMD …")
     record = Supervisor(
-        args.job_dir, command, cwd=args.cwd, grace_seconds=args.grace, record_dir=args.record_dir,
+        args.job_dir,
+        command,
+        cwd=args.cwd,
+        grace_seconds=args.grace,
+        record_dir=args.record_dir,
         attempt=args.attempt,
     ).run()
     return int(record["exit_code"])  # type: ignore[call-overload]

@@ -41,6 +41,7 @@ import hashlib
 import json
 import logging
 import re
+import threading
 import time
 from collections.abc import AsyncIterator, Iterable
 from http import HTTPStatus
@@ -194,6 +195,7 @@ def create_app(
         redoc_url=None,  # on the server's origin; the schema itself is at /openapi.json
     )
     started = time.time()
+    app.state.stopping = threading.Event()  # set by the server at its first stop signal: followers end
     app.state.sign_in_token = sign_in_token or new_sign_in_token()
     app.add_middleware(
         Guard, token=token, sign_in_token=app.state.sign_in_token, hosts=hosts, public_reads=public_reads
@@ -332,7 +334,7 @@ def create_app(
         names = ("stdout", "stderr") if stream == "both" else (stream,)
         paths = [daemon.log_path(job_id, name) for name in names]
         if not follow:
-            return StreamingResponse(_tail(daemon, job_id, paths, False), media_type="text/plain")
+            return StreamingResponse(_tail(daemon, job_id, paths, None), media_type="text/plain")
         if followers >= MAX_LOG_FOLLOWERS:
             raise TooManyFollowers(f"{followers} clients follow logs already; try again later")
         followers += 1
@@ -340,7 +342,7 @@ def create_app(
         async def counted() -> AsyncIterator[bytes]:
             nonlocal followers
             try:
-                async for chunk in _tail(daemon, job_id, paths, True):
+                async for chunk in _tail(daemon, job_id, paths, app.state.stopping):
                     yield chunk
             finally:
                 followers -= 1
@@ -422,8 +424,11 @@ def _field_path(loc: Iterable[Any]) -> list[Any]:
     return [parts[0], *[p for p in parts[1:] if isinstance(p, int)]]
 
 
-async def _tail(daemon: Daemon, job_id: str, paths: list[Any], follow: bool) -> AsyncIterator[bytes]:
-    """The files' bytes; with ``follow``, keep reading until the job is finished and nothing is new.
+async def _tail(
+    daemon: Daemon, job_id: str, paths: list[Any], follow: threading.Event | None
+) -> AsyncIterator[bytes]:
+    """The files' bytes; with ``follow`` (the server's stopping event), keep reading until the job is
+    finished and nothing is new, or the server stops (the client follows again after its restart).
 
     Both streams are read in turns, a chunk at a time, so a follower sees stderr lines as they come;
     without ``follow`` stdout comes whole, then stderr.
@@ -439,11 +444,11 @@ async def _tail(daemon: Daemon, job_id: str, paths: list[Any], follow: bool) -> 
                         offsets[i] += len(chunk)
                         got = True
                         yield chunk
-                        if follow:
+                        if follow is not None:
                             break
             except FileNotFoundError:
                 continue
-        if not follow:
+        if follow is None or follow.is_set():
             return
         if not got:
             if daemon.store.get(job_id).state in TERMINAL_STATES and _drained(paths, offsets):

@@ -64,6 +64,7 @@ from gpuslice.scheduler.node_scheduler import (
     StartJob,
     TenantQuota,
 )
+from gpuslice.server.codec import spec_to_json
 from gpuslice.server.errors import JobConflict
 from gpuslice.server.gpu_health import GpuWatch, anomaly_detector, anomaly_text, restored_health
 from gpuslice.server.policy_admin import PolicyAdmin, queue_slot
@@ -99,8 +100,16 @@ class NodeOps(Protocol):
     """What the daemon asks of the node (``gpuslice.node``); tests pass a fake with the same methods."""
 
     def launch(
-        self, job_id: str, spec: JobSpec, env: Mapping[str, str], state_dir: Path, *, attempt: int
+        self,
+        job_id: str,
+        spec: JobSpec,
+        env: Mapping[str, str],
+        state_dir: Path,
+        *,
+        attempt: int,
+        about: Mapping[str, Any] | None = None,
     ) -> LaunchedJob: ...
+    def launch_records(self, state_dir: Path) -> dict[str, dict[str, Any]]: ...
     def poll(self, job_id: str, state_dir: Path) -> ExitStatus | None: ...
     def was_started(self, job_id: str, state_dir: Path) -> bool: ...
     def is_alive(self, pid: int, start_time: float) -> bool: ...
@@ -349,7 +358,10 @@ class Daemon(Recovery, GpuWatch, PolicyAdmin, DaemonViews):
             raise
         try:
             env = self.node.job_env(job.spec, action.gpus, action.mig)
-            launched = self.node.launch(job.id, job.spec, env, self.state_dir, attempt=job.attempts)
+            about = {"spec": spec_to_json(job.spec), "submitted_at": job.submitted_at, "started_at": now,
+                     "gpus": list(action.gpus), "mig": mig}  # fmt: skip
+            launched = self.node.launch(job.id, job.spec, env, self.state_dir, attempt=job.attempts,
+                                        about=about)  # fmt: skip
         except Exception as err:  # the job cannot start (bad cwd, no MPS, …): it fails, the loop goes on
             if isinstance(err, OSError) and err.errno in _TRANSIENT_ERRNOS:  # short of a resource: later
                 _log.warning("job %s could not start yet (%s); it waits for its next turn", job.id, err)

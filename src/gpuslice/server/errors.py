@@ -3,11 +3,12 @@
 ```text
 JobNotFound, GpuNotFound, PolicyNotFound   NotFound          404  no job, GPU, policy family or map key
 JobConflict                                Conflict          409  the job's state does not allow the action
+JobDamaged                                 Conflict          409  the job's stored row cannot be read
 NotAuthenticated (gpuslice.errors)                           401  no bearer token, or the wrong one
 ForbiddenUser                              Forbidden         403  a request claims another user
 TooManyFollowers                           TooManyRequests   429  the cap on clients following logs is reached
 ServerUnavailable                          Unavailable       (client) the server does not answer at its URL
-StoreFull                                  Unavailable       503  the state file's disk is full: nothing changed
+StoreFull                                  Unavailable       503  the disk is full; nothing changed
 StoreDamaged                               Unavailable       (serve) the state file is not a database
 ```
 
@@ -31,6 +32,7 @@ __all__ = [
     "ForbiddenUser",
     "GpuNotFound",
     "JobConflict",
+    "JobDamaged",
     "JobNotFound",
     "NotAuthenticated",
     "PolicyNotFound",
@@ -52,6 +54,10 @@ class GpuNotFound(NotFound):
 
 class JobConflict(Conflict):
     """The job is in a state where the action makes no sense (e.g. cancelling a finished job)."""
+
+
+class JobDamaged(Conflict):
+    """The job's stored record cannot be read (a row changed by hand or damaged); the message says so."""
 
 
 class ForbiddenUser(Forbidden):

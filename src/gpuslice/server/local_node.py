@@ -103,12 +103,22 @@ class LocalNode:
     # -- processes ------------------------------------------------------------------------------------
 
     def launch(
-        self, job_id: str, spec: JobSpec, env: Mapping[str, str], state_dir: Path, *, attempt: int
+        self,
+        job_id: str,
+        spec: JobSpec,
+        env: Mapping[str, str],
+        state_dir: Path,
+        *,
+        attempt: int,
+        about: Mapping[str, Any] | None = None,
     ) -> LaunchedJob:
         visible = env.get("CUDA_VISIBLE_DEVICES", "")
         if self._mig is not None and visible.startswith("MIG-"):
             self._mig.claim(job_id, visible)  # before the process: a failed launch still releases it
-        return launcher.launch(job_id, spec, env, state_dir, attempt=attempt)
+        return launcher.launch(job_id, spec, env, state_dir, attempt=attempt, about=about)
+
+    def launch_records(self, state_dir: Path) -> dict[str, dict[str, Any]]:
+        return launcher.launch_records(state_dir)
 
     def poll(self, job_id: str, state_dir: Path) -> ExitStatus | None:
         return launcher.poll(job_id, state_dir)
@@ -128,7 +138,8 @@ class LocalNode:
                 started = launcher.process_start(p.info["pid"])
                 with contextlib.suppress(OSError):
                     if started is not None:
-                        return LaunchedJob(pid=p.info["pid"], pgid=os.getpgid(p.info["pid"]), start_time=started)
+                        pgid = os.getpgid(p.info["pid"])
+                        return LaunchedJob(pid=p.info["pid"], pgid=pgid, start_time=started)
         return None
 
     def terminate(self, pgid: int, grace_seconds: float) -> bool:

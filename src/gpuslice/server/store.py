@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import errno
 import json
+import logging
 import os
 import sqlite3
 import threading
@@ -33,14 +34,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpuslice.errors import InternalError, InvalidRequest
+from gpuslice.errors import InternalError, InvalidRequest, UserError
 from gpuslice.server.codec import spec_from_json, spec_to_json
-from gpuslice.server.errors import JobConflict, JobNotFound, StoreFull
+from gpuslice.server.errors import JobConflict, JobDamaged, JobNotFound, StoreDamaged, StoreFull
 from gpuslice.workload.job import JobEvent, JobSpec, JobState, check_transition
 
 __all__ = ["SCHEMA_VERSION", "JobRecord", "Store", "StoreFull", "TenantRecord"]
 
 SCHEMA_VERSION = 1
+_log = logging.getLogger("gpuslice.server")
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL);
@@ -169,9 +171,23 @@ class Store:
         self._lock = threading.RLock()
         self._depth = 0
         self._undo: list[Callable[[], None]] = []  # what to take back elsewhere if this one rolls back
+        self._damaged: set[int] = set()  # rows already reported as unreadable
         # isolation_level=None: we issue BEGIN/COMMIT ourselves, so a transaction is exactly what we say.
         self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None, timeout=30)
         self._db.row_factory = sqlite3.Row
+        try:
+            self._open()
+        except sqlite3.DatabaseError as err:
+            self._db.close()
+            if isinstance(err, sqlite3.OperationalError) and "full" in str(err).lower():
+                raise _translated(err, self.path) from None
+            raise StoreDamaged(
+                f"state file {self.path} is damaged ({err}); stop the server, move it aside "
+                f"(mv {self.path} {self.path}.damaged) and start again: running jobs are re-adopted from "
+                "their records, their logs are kept, the history of ended jobs stays in the moved file"
+            ) from None
+
+    def _open(self) -> None:
         mode = self._db.execute("PRAGMA journal_mode=WAL").fetchone()[0]
         if mode.lower() != "wal":
             raise InternalError(f"{self.path}: SQLite refused WAL mode (got {mode!r})")
@@ -330,7 +346,48 @@ class Store:
             args.append(limit)
         with self._lock:
             rows = self._db.execute(sql, args).fetchall()
-        return [_record(r) for r in rows]
+        found = []
+        for row in rows:
+            try:
+                found.append(_record(row))
+            except JobDamaged as err:  # left out of every listing and pass; GET of its id says why
+                if row["seq"] not in self._damaged:
+                    self._damaged.add(row["seq"])
+                    _log.warning("%s", err)
+        return found
+
+    def highest_id(self) -> int:
+        """The highest job number ever given (deleted rows included): the next one is above it."""
+        with self._lock:
+            row = self._db.execute("SELECT seq FROM sqlite_sequence WHERE name = 'jobs'").fetchone()
+        return int(row[0]) if row else 0
+
+    def skip_ids_to(self, highest: int) -> None:
+        """Give new jobs numbers above ``highest`` (job folders of a lost store must not be reused)."""
+        with self.transaction():
+            if self.highest_id() >= highest:
+                return
+            if self._db.execute("SELECT 1 FROM sqlite_sequence WHERE name = 'jobs'").fetchone():
+                self._db.execute("UPDATE sqlite_sequence SET seq = ? WHERE name = 'jobs'", (highest,))
+            else:
+                self._db.execute("INSERT INTO sqlite_sequence (name, seq) VALUES ('jobs', ?)", (highest,))
+
+    def restore_job(self, job_id: str, spec: JobSpec, submitted_at: float, reason: str, now: float,
+                    **fields: Any) -> JobRecord:  # fmt: skip
+        """Put a job the store lost back under its own id (from its launch record), with ``fields``
+        (state, gpus, attempts …); an existing row of that id is replaced. Recorded as an event."""
+        state = JobState(fields.pop("state", JobState.RUNNING.value))
+        with self.transaction():
+            self._db.execute("DELETE FROM jobs WHERE id = ?", (job_id,))
+            self._db.execute(
+                "INSERT INTO jobs (seq, id, spec, state, reason, user, tenant, priority, submitted_at) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (int(job_id) if job_id.isdigit() else None, job_id, json.dumps(spec_to_json(spec)),
+                 state.value, reason, spec.user, spec.tenant, int(spec.priority), submitted_at),
+            )  # fmt: skip
+            self._set(job_id, fields)
+            self._event(job_id, now, "recovery", None, state, reason, {})
+        return self.get(job_id)
 
     def count(self, state: JobState) -> int:
         with self._lock:
@@ -489,6 +546,17 @@ def _column(name: str, value: Any) -> Any:
 
 
 def _record(row: sqlite3.Row) -> JobRecord:
+    """The row as a JobRecord; JobDamaged when it cannot be read (changed by hand, or damaged)."""
+    try:
+        return _decode(row)
+    except (ValueError, TypeError, KeyError, AttributeError, UserError) as err:
+        raise JobDamaged(
+            f"job {row['id']}: its stored record cannot be read ({err}); it is left out of listings "
+            "and scheduling. Its folder and logs are kept; remove the row or restore the state file"
+        ) from None
+
+
+def _decode(row: sqlite3.Row) -> JobRecord:
     return JobRecord(
         id=row["id"],
         seq=row["seq"],
