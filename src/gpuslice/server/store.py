@@ -139,7 +139,7 @@ class JobRecord:
     mig: dict[str, Any] | None = None  # {"gpu": int, "profile": str, "start": int}
     pid: int | None = None  # the supervisor's PID (leader of the job's process group)
     pgid: int | None = None
-    proc_start_time: float | None = None  # psutil create_time of pid: PID reuse cannot fool recovery
+    proc_start_time: float | None = None  # launcher.process_start of pid (since boot): no PID reuse fools it
     exit_code: int | None = None
     exit_signal: int | None = None
     attempts: int = 0  # launches so far
