@@ -158,3 +158,19 @@ def test_a_supervisor_that_started_and_vanished_is_still_lost(daemon, node):
     daemon.tick()
     after = daemon.store.get(job.id)
     assert after.state is JobState.FAILED and "lost" in after.reason
+
+
+def test_mig_instances_are_reported_as_instances_not_whole_gpus(make_daemon):
+    from gpuslice.hardware.machine import GpuInfo, Machine
+    from gpuslice.units import GiB
+
+    machine = Machine("a100-mig", (GpuInfo(0, "GPU-0", "A100-80GB", 80 * GiB, True, "a100-80gb"),))
+    daemon = make_daemon(machine=machine)
+    jobs = [daemon.submit(JobSpec(command=("train",), user="u", mig_profile="1g.10gb")) for _ in range(4)]
+    daemon.tick()
+    assert all(daemon.store.get(j.id).state is JobState.RUNNING for j in jobs)
+    [gpu] = daemon.gpus()
+    assert [j["mig"] for j in gpu["jobs"]] == ["1g.10gb"] * 4
+    assert all(j["memory_bytes"] < 12 * GiB and j["compute_percent"] == 14 for j in gpu["jobs"])
+    allocated = daemon.snapshot().gpus[0].memory_allocated_bytes
+    assert allocated <= 80 * GiB and allocated == sum(j["memory_bytes"] for j in gpu["jobs"])
