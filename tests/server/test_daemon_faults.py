@@ -8,6 +8,7 @@ afterwards and that no other job is held up.
 from __future__ import annotations
 
 import errno
+import os
 import sqlite3
 
 import pytest
@@ -174,3 +175,40 @@ def test_mig_instances_are_reported_as_instances_not_whole_gpus(make_daemon):
     assert all(j["memory_bytes"] < 12 * GiB and j["compute_percent"] == 14 for j in gpu["jobs"])
     allocated = daemon.snapshot().gpus[0].memory_allocated_bytes
     assert allocated <= 80 * GiB and allocated == sum(j["memory_bytes"] for j in gpu["jobs"])
+
+
+def test_a_request_with_two_host_headers_is_refused_whichever_comes_last():
+    import asyncio
+    import json
+
+    from gpuslice.server.guard import Guard
+
+    sent: list[dict] = []
+
+    async def app(scope, receive, send):  # pragma: no cover - must not be reached
+        raise AssertionError("the request passed the guard")
+
+    async def receive():
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def send(message):
+        sent.append(message)
+
+    guard = Guard(app, token="t", sign_in_token="once", hosts={"127.0.0.1", "localhost"})
+    hosts = [(b"host", b"evil.example"), (b"host", b"127.0.0.1")]
+    scope = {"type": "http", "method": "GET", "path": "/v1/health", "query_string": b"",
+             "server": ("127.0.0.1", 8787), "headers": hosts}  # fmt: skip
+    asyncio.run(guard(scope, receive, send))
+    assert sent[0]["status"] == 400 and json.loads(sent[1]["body"])["type"] == "HostNotAllowed"
+
+
+def test_the_softcap_and_shim_folders_are_private(tmp_path):
+    from gpuslice.node import enforcement
+
+    previous = os.umask(0o022)
+    try:
+        folders = [enforcement.softcap_dir(tmp_path), enforcement.shim_dir(tmp_path)]
+    finally:
+        os.umask(previous)
+    assert [oct(f.stat().st_mode & 0o777) for f in folders] == ["0o700", "0o700"]
+    assert oct((folders[0] / "sitecustomize.py").stat().st_mode & 0o777) == "0o600"
