@@ -212,3 +212,41 @@ def test_the_softcap_and_shim_folders_are_private(tmp_path):
         os.umask(previous)
     assert [oct(f.stat().st_mode & 0o777) for f in folders] == ["0o700", "0o700"]
     assert oct((folders[0] / "sitecustomize.py").stat().st_mode & 0o777) == "0o600"
+
+
+def test_after_a_500_the_connection_still_serves_the_next_request(daemon, monkeypatch):
+    """A bug answers 500 as JSON and leaves the keep-alive connection open (a client pool, a proxy)."""
+    import json
+    import socket
+    import threading
+    import time
+
+    import uvicorn
+    from server_helpers import free_port
+
+    from gpuslice.server.app import create_app
+
+    port = free_port()
+    config = uvicorn.Config(create_app(daemon, "t"), port=port, http="h11", log_level="critical")
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 30
+        while not server.started and time.monotonic() < deadline:
+            time.sleep(0.05)
+        real = daemon.store.count
+        monkeypatch.setattr(daemon.store, "count", lambda state: 1 / 0)  # a bug behind /v1/health
+        with socket.create_connection(("127.0.0.1", port), timeout=30) as conn:
+            ask = b"GET /v1/health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+            conn.sendall(ask)
+            first = conn.recv(65536)
+            assert first.startswith(b"HTTP/1.1 500") and b'"type":"ZeroDivisionError"' in first
+            monkeypatch.setattr(daemon.store, "count", real)
+            conn.sendall(ask)
+            second = conn.recv(65536)
+            assert second.startswith(b"HTTP/1.1 200"), second
+            assert json.loads(second.split(b"\r\n\r\n", 1)[1])["status"] == "ok"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)

@@ -197,6 +197,7 @@ def create_app(
     started = time.time()
     app.state.stopping = threading.Event()  # set by the server at its first stop signal: followers end
     app.state.sign_in_token = sign_in_token or new_sign_in_token()
+    app.add_middleware(_BugsAnswered)
     app.add_middleware(
         Guard, token=token, sign_in_token=app.state.sign_in_token, hosts=hosts, public_reads=public_reads
     )
@@ -252,12 +253,6 @@ def create_app(
         kind = "".join(w.capitalize() for w in HTTPStatus(err.status_code).phrase.split())
         body = ErrorBody(detail=detail, type=kind)
         return JSONResponse(body.model_dump(), status_code=err.status_code, headers=headers)
-
-    @app.exception_handler(Exception)
-    async def bug(_: Request, err: Exception) -> JSONResponse:
-        _log.exception("internal error")
-        body = ErrorBody(detail=f"internal error (a bug in gpuslice): {err}", type=type(err).__name__)
-        return JSONResponse(body.model_dump(), status_code=500)
 
     @app.get("/v1/health", response_model=Health)
     def health() -> Health:
@@ -410,6 +405,35 @@ def create_app(
     dashboard.mount(app)
     app.include_router(policy_router(daemon, authorized))
     return app
+
+
+class _BugsAnswered:
+    """A bug answers 500 (ErrorBody JSON) and the connection stays open for the client's next request:
+    Starlette's own last-resort handler raises again after answering, and uvicorn then drops the
+    connection. A bug after the response started (a stream) can only end that response."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def watched(message: Any) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, watched)
+        except Exception as err:
+            if started:
+                raise
+            _log.exception("internal error")
+            body = ErrorBody(detail=f"internal error (a bug in gpuslice): {err}", type=type(err).__name__)
+            await JSONResponse(body.model_dump(), status_code=500)(scope, receive, send)
 
 
 def _field_path(loc: Iterable[Any]) -> list[Any]:
