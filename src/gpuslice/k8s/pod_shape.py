@@ -2,8 +2,9 @@
 before anything reads it: a Pod's fields gpuslice uses, and the AdmissionReview around one.
 
 ```text
-strict_json(raw)     JSON text -> value; InvalidRequest for NaN/Infinity, a lone surrogate, nesting
-                     deeper than MAX_DEPTH, anything not JSON (Go's encoding/json refuses all of them too)
+strict_json(raw)     JSON text -> value; InvalidRequest for NaN/Infinity (not JSON, RFC 8259), a lone
+                     surrogate (not Unicode: no answer could carry it back), nesting deeper than
+                     MAX_DEPTH, anything else not JSON
 check_pod(pod, at)   metadata{name, namespace, uid: str; annotations, labels: {str: str}}
                      spec{schedulerName, nodeName: str; containers, initContainers: [{name: str,
                      resources{requests, limits: {str: str | finite number}}}]}
@@ -49,7 +50,7 @@ def _depth(value: Any) -> int:
 
 
 def strict_json(raw: bytes) -> Any:
-    """``raw`` as JSON, refusing what Go's decoder refuses (see the module doc)."""
+    """``raw`` as JSON, refusing what cannot be answered faithfully (see the module doc)."""
     try:
         text = raw.decode("utf-8")
         value = json.loads(text, parse_constant=_reject_constant)
