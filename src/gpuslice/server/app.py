@@ -269,7 +269,13 @@ def create_app(
             jobs=counts,
         )
 
-    @app.post("/v1/jobs", status_code=201, response_model=JobOut, responses=_ERRORS, dependencies=[Auth])
+    answers: dict[int | str, dict[str, Any]] = {
+        **_ERRORS,
+        200: {"model": JobOut, "description": "a retry with the same Idempotency-Key and body: its job"},
+        503: {"model": ErrorBody, "description": "the disk is full: nothing was stored; retry later"},
+    }
+
+    @app.post("/v1/jobs", status_code=201, response_model=JobOut, responses=answers, dependencies=[Auth])
     def submit(
         body: SubmitRequest,
         response: Response,
