@@ -12,21 +12,18 @@ import os
 import signal
 import sqlite3
 import subprocess
+import sys
 import time
+from pathlib import Path
 
 import httpx
 
-from conftest import BIN, ServerProcess
+BIN = Path(sys.executable).parent
+
 
 
 def sh(script: str) -> list[str]:
     return ["sh", "-c", script]
-
-
-def _restart(first: ServerProcess, serve) -> ServerProcess:
-    first.kill9()
-    first.http.close()
-    return serve(state_dir=first.state_dir)
 
 
 def test_a_garbage_state_file_is_refused_with_one_line_and_the_way_out(tmp_path):
