@@ -40,16 +40,6 @@ def job_pid(state_dir, job_id) -> int:
     return int(out.read_text().split()[1])
 
 
-@pytest.fixture
-def cleanup():
-    """Kill whatever group a test launched, even when it fails half-way."""
-    groups: list[int] = []
-    yield groups
-    for pgid in groups:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(pgid, signal.SIGKILL)
-
-
 def test_launch_runs_the_command_and_poll_reads_its_exit(tmp_path, cleanup):
     before = time.time()
     job = launcher.launch("j1", python_job("import sys; print('out'); sys.exit(4)"), {}, tmp_path, attempt=3)

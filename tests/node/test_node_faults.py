@@ -8,7 +8,6 @@ boot-time reader sees after an NTP step or a VM resume), the full disk a small t
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
@@ -30,15 +29,6 @@ def _can_unshare() -> bool:
 
 
 needs_namespace = pytest.mark.skipif(not _can_unshare(), reason="needs root and unshare --mount")
-
-
-@pytest.fixture
-def cleanup():
-    groups: list[int] = []
-    yield groups
-    for pgid in groups:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(pgid, signal.SIGKILL)
 
 
 def _in_namespace(script: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
