@@ -125,11 +125,11 @@ def test_sigterm_ends_the_server_within_its_grace_while_logs_are_followed(serve)
         stream = c.stream("GET", f"/v1/jobs/{job['id']}/logs", params={"follow": "true"})
         stream.__enter__()
         clients.append((c, stream))
-    started = time.monotonic()
     assert server.proc is not None
     server.proc.send_signal(signal.SIGTERM)
     assert server.proc.wait(timeout=30) == 0, server.log
-    assert time.monotonic() - started < 15  # the documented grace (5 s) plus the clean-up
+    # the followers ended at the signal: the grace did not have to run out on them
+    assert "timeout graceful shutdown exceeded" not in server.log
     for c, stream in clients:
         stream.__exit__(None, None, None)
         c.close()
@@ -153,10 +153,10 @@ def test_a_second_sigterm_cuts_the_grace_short(serve):
     server.proc.send_signal(signal.SIGTERM)
     time.sleep(1)
     assert server.proc.poll() is None  # the grace holds it
-    started = time.monotonic()
     server.proc.send_signal(signal.SIGTERM)
     assert server.proc.wait(timeout=30) == 0, server.log
-    assert time.monotonic() - started < 3  # well inside the 5 s grace the first one started
+    # it ended the wait for the held request, rather than the grace running out (uvicorn says so then)
+    assert "timeout graceful shutdown exceeded" not in server.log
     slow.close()
 
 
