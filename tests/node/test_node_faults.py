@@ -124,3 +124,13 @@ def test_a_job_writing_exit_json_in_its_folder_does_not_end_its_record(tmp_path,
     launcher.kill(job.pgid)
     status = wait_for(lambda: launcher.poll("liar", tmp_path), timeout=30)
     assert (status.signal, status.attempt) == (signal.SIGKILL, 1)
+
+
+def test_seconds_since_a_process_start_reads_the_boot_clock():
+    start = launcher.process_start(os.getpid())
+    assert start is not None
+    ran = launcher.seconds_since(start)
+    assert ran is not None and 0 <= ran < 24 * 3600 * 365
+    import psutil
+
+    assert launcher.seconds_since(psutil.Process().create_time()) is None  # an epoch value: not ours

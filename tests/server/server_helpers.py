@@ -36,6 +36,7 @@ class FakeNode:
         self.launch_errors: dict[str, Exception] = {}  # raised once by the next launch of that job
         self.started: set[str] = set()  # jobs whose supervisor started (was_started)
         self.records: dict[str, dict[str, Any]] = {}  # job -> its last launch record (launch_records)
+        self.ran: dict[float, float] = {}  # start_time -> seconds its process has run (running_seconds)
         self._pid = 1000
 
     def launch(
@@ -72,6 +73,9 @@ class FakeNode:
 
     def launch_records(self, state_dir: Path) -> dict[str, dict[str, Any]]:
         return dict(self.records)
+
+    def running_seconds(self, start_time: float) -> float | None:
+        return self.ran.get(start_time)  # None: the daemon measures by its clock
 
     def was_started(self, job_id: str, state_dir: Path) -> bool:
         return job_id in self.started

@@ -250,3 +250,16 @@ def test_after_a_500_the_connection_still_serves_the_next_request(daemon, monkey
     finally:
         server.should_exit = True
         thread.join(timeout=30)
+
+
+def test_a_wall_clock_step_forward_does_not_end_a_job_at_its_max_runtime(daemon, node, clock):
+    job = daemon.submit(JobSpec(command=("train",), user="u", max_runtime_seconds=600))
+    daemon.tick()
+    start = node.launched[job.id].start_time
+    node.ran[start] = 30.0  # its process has run 30 s by the boot clock
+    clock.now += 3600  # the wall clock steps an hour ahead
+    daemon.tick()
+    assert daemon.store.get(job.id).stop == "" and node.signals == []
+    node.ran[start] = 601.0  # now it really ran past its limit
+    daemon.tick()
+    assert daemon.store.get(job.id).stop == "limit"

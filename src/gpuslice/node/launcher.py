@@ -65,6 +65,7 @@ __all__ = [
     "process_start",
     "record_dir",
     "resume",
+    "seconds_since",
     "suspend",
     "terminate",
     "was_started",
@@ -167,6 +168,13 @@ def process_start(pid: int) -> float | None:
     # comm (field 2) is in parentheses and may hold spaces or ')': the fields after the last ')' count
     fields = stat[stat.rindex(b")") + 2 :].split()
     return int(fields[19]) / _CLOCK_TICKS  # field 22 is the 20th after comm and state
+
+
+def seconds_since(start_time: float) -> float | None:
+    """How long ago a ``process_start`` value was, on the boot clock (no wall clock); None for an older
+    record's create_time."""
+    now = time.clock_gettime(time.CLOCK_BOOTTIME)
+    return None if start_time > now + 1 else max(0.0, now - start_time)
 
 
 def log_paths(state_dir: Path, job_id: str) -> tuple[Path, Path]:
@@ -291,7 +299,7 @@ def is_alive(pid: int, start_time: float) -> bool:
         started = process_start(pid)
         if started is None:
             return False
-        if start_time > time.clock_gettime(time.CLOCK_BOOTTIME) + 1:  # an older record: a create_time
+        if seconds_since(start_time) is None:  # an older record: a create_time
             return abs(p.create_time() - start_time) <= _LEGACY_TOLERANCE_SECONDS
         return abs(started - start_time) < 0.5 / _CLOCK_TICKS
     except (psutil.NoSuchProcess, psutil.ZombieProcess):

@@ -123,6 +123,9 @@ class LocalNode:
     def poll(self, job_id: str, state_dir: Path) -> ExitStatus | None:
         return launcher.poll(job_id, state_dir)
 
+    def running_seconds(self, start_time: float) -> float | None:
+        return launcher.seconds_since(start_time)
+
     def was_started(self, job_id: str, state_dir: Path) -> bool:
         return launcher.was_started(job_id, state_dir)
 
