@@ -27,6 +27,7 @@ import contextlib
 import ctypes
 import os
 import signal
+import socket
 import subprocess
 import time
 import uuid
@@ -67,6 +68,23 @@ def cgroup_v1_hierarchies() -> dict[str, Path]:
     return found
 
 
+def _claim_device_plugin_dir() -> None:
+    """Refuse when another kubelet serves the fixed registration socket; forget a dead one's checkpoint
+    (its pods do not exist on this node's fresh runtime)."""
+    DEVICE_PLUGIN_DIR.mkdir(parents=True, exist_ok=True)
+    with socket.socket(socket.AF_UNIX) as probe:
+        try:
+            probe.connect(str(DEVICE_PLUGIN_DIR / "kubelet.sock"))
+        except OSError:
+            pass
+        else:
+            raise RuntimeError(
+                f"another kubelet serves {DEVICE_PLUGIN_DIR}/kubelet.sock: one e2e node per machine"
+            )
+    for stale in DEVICE_PLUGIN_DIR.iterdir():
+        stale.unlink()
+
+
 def _own_memory_cgroup() -> str:
     for line in Path("/proc/self/cgroup").read_text().splitlines():
         _id, controllers, path = line.split(":", 2)
@@ -83,6 +101,7 @@ class Node:
     name: str
     images: dict[str, Path]
     runtime: str = "runc"  # or "crun"
+    taints: tuple[str, ...] = ()  # NoSchedule taint keys the kubelet registers the node with
     root: Path = Path()
     containerd: Process | None = None
     kubelet: Process | None = None
@@ -111,6 +130,7 @@ class Node:
     # ---- lifecycle ------------------------------------------------------------------------------------
 
     def start(self) -> None:
+        _claim_device_plugin_dir()
         try:
             self.root.mkdir(parents=True)
             self._start_containerd()
@@ -207,7 +227,9 @@ state = "{self.root}/containerd/state"
 
     def _make_cgroups(self) -> None:
         """The kubelet's cgroupRoot below this process's memory cgroup, in every v1 hierarchy."""
-        self.cgroup_root = f"{_own_memory_cgroup().rstrip('/')}/gpuslice-e2e-{self.name}-{uuid.uuid4().hex[:6]}"
+        self.cgroup_root = (
+            f"{_own_memory_cgroup().rstrip('/')}/gpuslice-e2e-{self.name}-{uuid.uuid4().hex[:6]}"
+        )
         for controllers, mount in cgroup_v1_hierarchies().items():
             path = mount
             for part in self.cgroup_root.strip("/").split("/"):
@@ -275,8 +297,11 @@ state = "{self.root}/containerd/state"
             "readOnlyPort": 0,
             "healthzBindAddress": "127.0.0.1",
             "healthzPort": self.healthz_port,
-            "authentication": {"anonymous": {"enabled": False}, "webhook": {"enabled": False}},
+            # loopback only: the API server reads logs without a client certificate
+            "authentication": {"anonymous": {"enabled": True}, "webhook": {"enabled": False}},
             "authorization": {"mode": "AlwaysAllow"},
+            "registerWithTaints": [{"key": t, "value": "true", "effect": "NoSchedule"} for t in self.taints],
+            "podLogsDir": str(self.root / "pod-logs"),
             "failSwapOn": False,
             "maxPods": 250,
             "serializeImagePulls": False,

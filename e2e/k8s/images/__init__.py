@@ -158,8 +158,9 @@ def build_images(work: Path) -> dict[str, Path]:
     pause = _compile(cc, work / "pause", "-static", "-O2", str(HERE / "pause.c"))
     fake = work / "fake"
     build_fake_driver(REPO / "native" / "shim", fake)
+    source = REPO / "tests" / "shim" / "c" / "driver_client.c"
     client = _compile(
-        cc, work / "driver_client", "-std=gnu11", "-O1", str(REPO / "tests" / "shim" / "c" / "driver_client.c"),
+        cc, work / "driver_client", "-std=gnu11", "-O1", str(source),
         f"-L{fake}", "-l:libcuda.so.1", "-l:libnvidia-ml.so.1", "-ldl", "-lpthread",
     )  # fmt: skip
     files: dict[str, bytes | Path] = {"/bin/busybox": BUSYBOX, "/usr/local/bin/driver_client": client}

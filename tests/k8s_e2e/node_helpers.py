@@ -1,0 +1,213 @@
+"""Fixtures and helpers of the node tests: a real kubelet + containerd node (``e2e/k8s/node.py``) on the
+control plane, the real ``gpuslice k8s device-plugin`` process on it, and pods that run there.
+
+The node is tainted (``NODE_TAINT``): only the node tests' pods, which tolerate it, land on it, so the
+scheduling tests' made-up nodes and this real one do not mix.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+from controlplane import ControlPlane, Process
+from e2e_helpers import GPUSLICE, Stack, wait_for
+from images import TOOLS_IMAGE, build_images
+
+from gpuslice.k8s.annotations import SCHEDULER_NAME, Decision
+from node import DEVICE_PLUGIN_DIR, Node
+
+__all__ = [
+    "NODE_NAME",
+    "NODE_TAINT",
+    "DevicePluginProcess",
+    "device_plugin",
+    "node",
+    "node_pod",
+    "pod_log",
+    "wait_phase",
+]
+
+NODE_NAME = "e2e-node"
+NODE_TAINT = "e2e.gpuslice.io/real-node"
+SIMULATE = "pcie-4x-l4"  # four L4s (fake NVML): the node's GPUs
+SPLIT_COUNT = 10
+RUNTIME_ENV = "GPUSLICE_E2E_RUNTIME"  # runc (default) or crun
+
+
+def _node_ready(core: Any) -> Any:
+    from kubernetes import client
+
+    try:
+        obj = core.read_node(NODE_NAME)
+    except client.exceptions.ApiException as err:
+        if err.status == 404:
+            return None
+        raise
+    ready = next((c for c in obj.status.conditions or [] if c.type == "Ready"), None)
+    return obj if ready is not None and ready.status == "True" else None
+
+
+@pytest.fixture(scope="session")
+def node(stack: Stack, core: Any) -> Iterator[Node]:
+    plane = stack.plane
+    if not (plane.bin / "kubelet").is_file():
+        pytest.fail(f"no kubelet in {plane.bin}: run scripts/k8s-e2e (it builds it)")
+    images = build_images(plane.root / "images")
+    real = Node(plane, NODE_NAME, images, runtime=os.environ.get(RUNTIME_ENV, "runc"), taints=(NODE_TAINT,))
+    try:
+        real.start()
+        wait_for(lambda: _node_ready(core), 180, f"node {NODE_NAME} to be registered and Ready")
+        lift_not_ready_taint(core)
+        yield real
+    finally:
+        real.stop()
+
+
+def lift_not_ready_taint(core: Any) -> None:
+    """The API server taints every new node not-ready; the node lifecycle controller (not run here)
+    lifts it once the kubelet reports Ready. Do what it does: keep only the node's own taints."""
+    obj = core.read_node(NODE_NAME)
+    kept = [t.to_dict() for t in obj.spec.taints or [] if not t.key.startswith("node.kubernetes.io/")]
+    core.patch_node(NODE_NAME, {"spec": {"taints": kept}})
+
+
+@dataclass
+class DevicePluginProcess:
+    """``gpuslice k8s device-plugin`` on the node, as its DaemonSet runs it (fake NVML GPUs)."""
+
+    plane: ControlPlane
+    state_dir: Path
+    proc: Process | None = None
+    args: tuple[str, ...] = ()
+    starts: int = field(default=0)
+
+    def start(self) -> Process:
+        self.starts += 1
+        self.proc = self.plane.spawn(
+            f"device-plugin-{self.starts}",
+            [
+                GPUSLICE, "k8s", "device-plugin",
+                "--simulate", SIMULATE,
+                "--node-name", NODE_NAME,
+                "--kubeconfig", str(self.plane.kubeconfig),
+                "--socket-dir", str(DEVICE_PLUGIN_DIR),
+                "--split-count", str(SPLIT_COUNT),
+                "--sharing", "shim",
+                "--state-dir", str(self.state_dir),
+                *self.args,
+            ],
+        )  # fmt: skip
+        wait_for(self.ready, 120, "the device plugin to register with the kubelet")
+        return self.proc
+
+    def ready(self) -> bool:
+        if self.proc is None:
+            return False
+        if self.proc.popen.poll() is not None:
+            raise AssertionError(
+                f"the device plugin exited {self.proc.popen.returncode}:\n{self.proc.tail()}"
+            )
+        return "gpuslice device plugin on node" in self.proc.tail(200)
+
+    def stop(self, *, kill: bool = False) -> None:
+        if self.proc is not None:
+            if kill:
+                self.proc.kill()
+            self.plane.forget(self.proc)
+            self.proc = None
+
+
+@pytest.fixture(scope="session")
+def device_plugin(node: Node, core: Any) -> Iterator[DevicePluginProcess]:
+    state = Path(tempfile.mkdtemp(prefix="gpuslice-e2e-state-"))  # the plugin's hostPath state dir
+    plugin = DevicePluginProcess(node.plane, state)
+    try:
+        plugin.start()
+        wait_for(
+            lambda: (
+                (core.read_node(NODE_NAME).status.allocatable or {}).get("gpuslice.io/gpu") not in (None, "0")
+            ),
+            120,
+            "the kubelet to report gpuslice.io/gpu on the node",
+        )
+        yield plugin
+    finally:
+        plugin.stop()
+
+
+# ---- pods ---------------------------------------------------------------------------------------------
+
+
+def node_pod(
+    name: str,
+    script: str,
+    *,
+    resources: Mapping[str, str | int] | None = None,
+    annotations: Mapping[str, str] | None = None,
+    grace_s: int = 2,
+) -> dict[str, Any]:
+    """A pod of the tools image that runs ``script`` under sh on the real node, once, host network."""
+    container: dict[str, Any] = {
+        "name": "main",
+        "image": TOOLS_IMAGE,
+        "imagePullPolicy": "Never",  # imported into containerd; no registry
+        "command": ["/bin/sh", "-c", script],
+        "resources": {"requests": {"cpu": "10m"}},
+    }
+    if resources:
+        container["resources"]["limits"] = {k: str(v) for k, v in resources.items()}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "annotations": dict(annotations or {})},
+        "spec": {
+            "containers": [container],
+            "schedulerName": SCHEDULER_NAME,  # the e2e kube-scheduler runs only the gpuslice profile
+            "restartPolicy": "Never",
+            "hostNetwork": True,  # no CNI plugin on the node
+            "terminationGracePeriodSeconds": grace_s,
+            "nodeSelector": {"kubernetes.io/hostname": NODE_NAME},
+            "tolerations": [{"key": NODE_TAINT, "operator": "Exists", "effect": "NoSchedule"}],
+        },
+    }
+
+
+def wait_phase(core: Any, namespace: str, name: str, phases: tuple[str, ...], timeout_s: float = 180) -> Any:
+    """Until the pod reaches one of ``phases``; fails early (with its status) on an unexpected end."""
+
+    def check() -> Any:
+        pod = core.read_namespaced_pod(name, namespace)
+        phase = pod.status.phase
+        if phase in phases:
+            return pod
+        if phase in ("Succeeded", "Failed"):
+            raise AssertionError(f"pod {namespace}/{name} ended {phase}: {pod.status}")
+        return None
+
+    return wait_for(check, timeout_s, f"pod {namespace}/{name} to be {' or '.join(phases)}")
+
+
+def pod_log(core: Any, namespace: str, name: str) -> str:
+    """The container's output as the kubelet serves it (API server -> kubelet -> containerd log file)."""
+    return str(core.read_namespaced_pod_log(name, namespace, container="main"))
+
+
+def decision_of(pod: Any) -> Decision:
+    decision = Decision.from_annotations(pod.metadata.annotations or {})
+    assert decision is not None, f"pod {pod.metadata.name} has no gpuslice decision"
+    return decision
+
+
+def parse_env(text: str) -> dict[str, str]:
+    return dict(line.split("=", 1) for line in text.splitlines() if "=" in line)
+
+
+def elapsed(start: float) -> float:
+    return time.monotonic() - start
