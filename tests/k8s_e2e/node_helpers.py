@@ -29,8 +29,11 @@ __all__ = [
     "DevicePluginProcess",
     "device_plugin",
     "node",
+    "node_namespace",
     "node_pod",
     "pod_log",
+    "pod_resources",
+    "running_pod",
     "wait_phase",
 ]
 
@@ -211,3 +214,70 @@ def parse_env(text: str) -> dict[str, str]:
 
 def elapsed(start: float) -> float:
     return time.monotonic() - start
+
+
+# ---- the kubelet's PodResources API ----------------------------------------------------------------------
+
+
+def pod_resources(node: Node, work: Path) -> dict[tuple[str, str], dict[str, list[str]]]:
+    """``List`` on the kubelet's PodResources socket: {(namespace, pod): {resource: device IDs}} for the
+    pods that hold devices (the stubs are compiled from proto/podresources.proto into ``work``)."""
+    import grpc
+
+    module = _podresources_stubs(work)
+    with grpc.insecure_channel(f"unix://{node.pod_resources_socket}") as channel:
+        listed = module.PodResourcesListerStub(channel).List(module.pb.ListPodResourcesRequest(), timeout=30)
+    found: dict[tuple[str, str], dict[str, list[str]]] = {}
+    for pod in listed.pod_resources:
+        devices: dict[str, list[str]] = {}
+        for container in pod.containers:
+            for group in container.devices:
+                devices.setdefault(group.resource_name, []).extend(group.device_ids)
+        if devices:
+            found[(pod.namespace, pod.name)] = devices
+    return found
+
+
+@dataclass
+class _Stubs:
+    pb: Any
+    PodResourcesListerStub: Any
+
+
+def _podresources_stubs(work: Path) -> _Stubs:
+    import importlib
+    import sys
+
+    from grpc_tools import protoc
+
+    out = work / "podresources-stubs"
+    if not (out / "podresources_pb2_grpc.py").exists():
+        out.mkdir(parents=True, exist_ok=True)
+        proto = Path(__file__).parent / "proto"
+        code = protoc.main(
+            ["protoc", f"-I{proto}", f"--python_out={out}", f"--grpc_python_out={out}", "podresources.proto"]
+        )
+        assert code == 0, "protoc failed on podresources.proto"
+    if str(out) not in sys.path:
+        sys.path.insert(0, str(out))
+    return _Stubs(
+        importlib.import_module("podresources_pb2"),
+        importlib.import_module("podresources_pb2_grpc").PodResourcesListerStub,
+    )
+
+
+@pytest.fixture
+def node_namespace(namespace: str, core: Any) -> Iterator[str]:
+    """A fresh namespace whose pods are deleted after the test and gone before the next one starts
+    (the kubelet stops their containers and removes them), so every test finds the node's GPUs free."""
+    yield namespace
+    core.delete_collection_namespaced_pod(namespace)  # graceful: the kubelet stops them, then removes them
+    wait_for(
+        lambda: not core.list_namespaced_pod(namespace).items, 120, f"the pods of {namespace} to be gone"
+    )
+
+
+def running_pod(core: Any, namespace: str, name: str, resources: Mapping[str, str | int]) -> Any:
+    """A pod that holds ``resources`` and sleeps, once Running."""
+    core.create_namespaced_pod(namespace, node_pod(name, "sleep 3600", resources=resources))
+    return wait_phase(core, namespace, name, ("Running",))

@@ -16,12 +16,14 @@ pytestmark = pytest.mark.k8s_e2e
 
 
 def test_a_pod_runs_in_containerd_through_the_kubelet_and_its_output_is_read(
-    node: Node, core: Any, namespace: str
+    node: Node, core: Any, node_namespace: str
 ) -> None:
-    core.create_namespaced_pod(namespace, node_pod("hello", "echo hello from $(cat /proc/1/comm)"))
-    pod = wait_phase(core, namespace, "hello", ("Succeeded",))
+    core.create_namespaced_pod(node_namespace, node_pod("hello", "echo hello from $(cat /proc/1/comm)"))
+    pod = wait_phase(core, node_namespace, "hello", ("Succeeded",))
     assert pod.spec.node_name == NODE_NAME  # bound by kube-scheduler through the extender
-    assert pod_log(core, namespace, "hello").strip() == "hello from sh"  # PID 1 of the container is the shell
+    assert (
+        pod_log(core, node_namespace, "hello").strip() == "hello from sh"
+    )  # PID 1 of the container is the shell
     info = core.read_node(NODE_NAME).status.node_info
     assert info.kubelet_version == "v1.37.2"
     assert info.container_runtime_version.startswith("containerd://")
