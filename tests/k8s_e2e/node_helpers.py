@@ -26,7 +26,10 @@ from node import DEVICE_PLUGIN_DIR, Node
 __all__ = [
     "NODE_NAME",
     "NODE_TAINT",
+    "SIMULATE",
+    "SPLIT_COUNT",
     "DevicePluginProcess",
+    "allocatable",
     "device_plugin",
     "node",
     "node_namespace",
@@ -34,6 +37,8 @@ __all__ = [
     "pod_log",
     "pod_resources",
     "running_pod",
+    "start_device_plugin",
+    "start_node",
     "wait_phase",
 ]
 
@@ -57,17 +62,26 @@ def _node_ready(core: Any) -> Any:
     return obj if ready is not None and ready.status == "True" else None
 
 
-@pytest.fixture(scope="session")
-def node(stack: Stack, core: Any) -> Iterator[Node]:
-    plane = stack.plane
+def start_node(plane: ControlPlane, core: Any) -> Node:
+    """The real node, Ready and schedulable (stopped again if it does not get there)."""
     if not (plane.bin / "kubelet").is_file():
-        pytest.fail(f"no kubelet in {plane.bin}: run scripts/k8s-e2e (it builds it)")
+        raise AssertionError(f"no kubelet in {plane.bin}: run scripts/k8s-e2e (it builds it)")
     images = build_images(plane.root / "images")
     real = Node(plane, NODE_NAME, images, runtime=os.environ.get(RUNTIME_ENV, "runc"), taints=(NODE_TAINT,))
+    real.start()
     try:
-        real.start()
         wait_for(lambda: _node_ready(core), 180, f"node {NODE_NAME} to be registered and Ready")
         lift_not_ready_taint(core)
+    except BaseException:
+        real.stop()
+        raise
+    return real
+
+
+@pytest.fixture(scope="session")
+def node(stack: Stack, core: Any) -> Iterator[Node]:
+    real = start_node(stack.plane, core)
+    try:
         yield real
     finally:
         real.stop()
@@ -88,7 +102,7 @@ class DevicePluginProcess:
     plane: ControlPlane
     state_dir: Path
     proc: Process | None = None
-    args: tuple[str, ...] = ()
+    simulate: str = SIMULATE
     starts: int = field(default=0)
 
     def start(self) -> Process:
@@ -97,14 +111,13 @@ class DevicePluginProcess:
             f"device-plugin-{self.starts}",
             [
                 GPUSLICE, "k8s", "device-plugin",
-                "--simulate", SIMULATE,
+                "--simulate", self.simulate,
                 "--node-name", NODE_NAME,
                 "--kubeconfig", str(self.plane.kubeconfig),
                 "--socket-dir", str(DEVICE_PLUGIN_DIR),
                 "--split-count", str(SPLIT_COUNT),
                 "--sharing", "shim",
                 "--state-dir", str(self.state_dir),
-                *self.args,
             ],
         )  # fmt: skip
         wait_for(self.ready, 120, "the device plugin to register with the kubelet")
@@ -127,19 +140,32 @@ class DevicePluginProcess:
             self.proc = None
 
 
+def start_device_plugin(plane: ControlPlane, core: Any) -> DevicePluginProcess:
+    """The device plugin on the node, once the kubelet reports its shares."""
+    state = Path(tempfile.mkdtemp(prefix="gpuslice-e2e-state-"))  # the plugin's hostPath state dir
+    plugin = DevicePluginProcess(plane, state)
+    plugin.start()
+    try:
+        wait_for(
+            lambda: allocatable(core, "gpuslice.io/gpu") == str(4 * SPLIT_COUNT),
+            120,
+            "the shares on the node",
+        )
+    except BaseException:
+        plugin.stop()
+        raise
+    return plugin
+
+
+def allocatable(core: Any, resource: str) -> str | None:
+    """The node's allocatable ``resource`` as the kubelet reports it."""
+    return (core.read_node(NODE_NAME).status.allocatable or {}).get(resource)
+
+
 @pytest.fixture(scope="session")
 def device_plugin(node: Node, core: Any) -> Iterator[DevicePluginProcess]:
-    state = Path(tempfile.mkdtemp(prefix="gpuslice-e2e-state-"))  # the plugin's hostPath state dir
-    plugin = DevicePluginProcess(node.plane, state)
+    plugin = start_device_plugin(node.plane, core)
     try:
-        plugin.start()
-        wait_for(
-            lambda: (
-                (core.read_node(NODE_NAME).status.allocatable or {}).get("gpuslice.io/gpu") not in (None, "0")
-            ),
-            120,
-            "the kubelet to report gpuslice.io/gpu on the node",
-        )
         yield plugin
     finally:
         plugin.stop()

@@ -14,6 +14,7 @@ from node_helpers import (
     NODE_NAME,
     SPLIT_COUNT,
     DevicePluginProcess,
+    allocatable,
     decision_of,
     node_pod,
     pod_resources,
@@ -61,10 +62,6 @@ def _registrations(plugin: DevicePluginProcess) -> int:
     return plugin.proc.tail(10_000).count(f"registered {GPU}")
 
 
-def _allocatable(core: Any) -> str | None:
-    return (core.read_node(NODE_NAME).status.allocatable or {}).get(GPU)
-
-
 def test_pod_resources_list_agrees_with_the_extenders_decisions(
     device_plugin: DevicePluginProcess, node: Node, core: Any, node_namespace: str, tmp_path: Path
 ) -> None:
@@ -87,7 +84,7 @@ def test_a_kubelet_restart_keeps_running_pods_their_devices_and_the_plugin_regis
     node.start_kubelet()
     wait_for(lambda: _registrations(device_plugin) > registered, 120, "the plugin to register again")
     wait_for(
-        lambda: _allocatable(core) == str(4 * SPLIT_COUNT), 120, "the kubelet to report the shares again"
+        lambda: allocatable(core, GPU) == str(4 * SPLIT_COUNT), 120, "the kubelet to report the shares again"
     )
 
     after = core.read_namespaced_pod("long", node_namespace)
@@ -107,7 +104,7 @@ def test_a_device_plugin_kill_9_and_restart_keeps_running_pods_and_serves_new_on
     device_plugin.stop(kill=True)
     device_plugin.start()
     wait_for(
-        lambda: _allocatable(core) == str(4 * SPLIT_COUNT), 120, "the kubelet to report the shares again"
+        lambda: allocatable(core, GPU) == str(4 * SPLIT_COUNT), 120, "the kubelet to report the shares again"
     )
     assert core.read_namespaced_pod("long", node_namespace).status.container_statuses[0].restart_count == 0
     assert assert_kubelet_agrees(core, node, node_namespace, tmp_path) == held
