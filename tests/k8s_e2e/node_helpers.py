@@ -8,7 +8,6 @@ scheduling tests' made-up nodes and this real one do not mix.
 from __future__ import annotations
 
 import os
-import tempfile
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -103,6 +102,7 @@ class DevicePluginProcess:
     state_dir: Path
     proc: Process | None = None
     simulate: str = SIMULATE
+    split_count: int = SPLIT_COUNT
     starts: int = field(default=0)
 
     def start(self) -> Process:
@@ -115,7 +115,7 @@ class DevicePluginProcess:
                 "--node-name", NODE_NAME,
                 "--kubeconfig", str(self.plane.kubeconfig),
                 "--socket-dir", str(DEVICE_PLUGIN_DIR),
-                "--split-count", str(SPLIT_COUNT),
+                "--split-count", str(self.split_count),
                 "--sharing", "shim",
                 "--state-dir", str(self.state_dir),
             ],
@@ -142,7 +142,7 @@ class DevicePluginProcess:
 
 def start_device_plugin(plane: ControlPlane, core: Any) -> DevicePluginProcess:
     """The device plugin on the node, once the kubelet reports its shares."""
-    state = Path(tempfile.mkdtemp(prefix="gpuslice-e2e-state-"))  # the plugin's hostPath state dir
+    state = plane.root / "device-plugin-state"  # the plugin's hostPath state dir, gone with the plane
     plugin = DevicePluginProcess(plane, state)
     plugin.start()
     try:
