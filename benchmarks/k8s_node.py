@@ -38,6 +38,7 @@ from e2e_helpers import scheduler_config, start_extender, wait_for  # noqa: E402
 from node_helpers import (  # noqa: E402
     allocatable,
     node_pod,
+    pod_log,
     start_device_plugin,
     start_node,
     wait_phase,
@@ -124,7 +125,7 @@ def kubelet_restart(core: Any, node: Any, plugin: Any, namespace: str) -> dict[s
     }
 
 
-def shares(core: Any, namespace: str, runs: int) -> list[dict[str, float]]:
+def shares(core: Any, node: Any, namespace: str, runs: int) -> list[dict[str, float]]:
     measured = []
     for run in range(runs):
         names = {}
@@ -138,7 +139,7 @@ def shares(core: Any, namespace: str, runs: int) -> list[dict[str, float]]:
         row = {}
         for cores, name in names.items():
             wait_phase(core, namespace, name, ("Succeeded",), 300)
-            log = str(core.read_namespaced_pod_log(name, namespace, container="main"))
+            log = pod_log(node, core, namespace, name)
             values = dict(line.split(" ", 1) for line in log.splitlines() if " " in line)
             row[f"share_{cores}"] = round(float(values["share"]), 4)
         print(f"  shares run {run + 1}: {row}", file=sys.stderr)
@@ -177,7 +178,7 @@ def main() -> None:
         core.delete_collection_namespaced_pod("bench-start", grace_period_seconds=0)
         wait_for(lambda: not core.list_namespaced_pod("bench-start").items, 600, "the pods to go")
         print("30 / 70 shares ...", file=sys.stderr)
-        results["shares_30_70"] = shares(core, _namespace(core, "bench-share"), args.share_runs)
+        results["shares_30_70"] = shares(core, node, _namespace(core, "bench-share"), args.share_runs)
         results["load_after"] = os.getloadavg()[0]
     finally:
         if plugin is not None:

@@ -54,13 +54,16 @@ KUBELET_SYSCTLS = {
 _MNT_DETACH = 2
 
 
-def cgroup_v1_hierarchies() -> dict[str, Path]:
+def cgroup_v1_hierarchies(*, unified: bool = False) -> dict[str, Path]:
     """Each mounted cgroup v1 hierarchy (by its controller option, e.g. ``memory``, ``name=systemd``)
-    and its mount point, from /proc/self/mountinfo."""
+    and its mount point, from /proc/self/mountinfo; with ``unified``, a hybrid host's cgroup2 mount too
+    (as ``""``: runc makes its cgroups there as well)."""
     found: dict[str, Path] = {}
     for line in Path("/proc/self/mountinfo").read_text().splitlines():
         left, _, right = line.partition(" - ")
         fstype, _source, options = right.split(" ")[:3]
+        if fstype == "cgroup2" and unified:
+            found[""] = Path(left.split(" ")[4])
         if fstype != "cgroup":
             continue
         controllers = [o for o in options.split(",") if o not in ("rw", "ro")]
@@ -154,6 +157,20 @@ class Node:
         self._unmount_below(self.root)
         self._remove_cgroups()
 
+    def container_log(self, namespace: str, pod: str, uid: str, container: str) -> str:
+        """What the container wrote, from the CRI log files the runtime keeps for the kubelet
+        (``<podLogsDir>/<namespace>_<pod>_<uid>/<container>/<restart>.log``, lines ``TIME STREAM TAG
+        TEXT``; tag ``P`` marks a line the runtime split). The API server's log proxy cannot be used:
+        it dials the node's address, which the kubelet will not let be loopback, and the kubelet here
+        listens on loopback only."""
+        folder = self.root / "pod-logs" / f"{namespace}_{pod}_{uid}" / container
+        text = []
+        for log in sorted(folder.glob("*.log"), key=lambda p: int(p.stem) if p.stem.isdigit() else -1):
+            for line in log.read_text(errors="replace").splitlines():
+                _time, _stream, tag, message = [*line.split(" ", 3), "", "", ""][:4]
+                text.append(message if tag == "P" else message + "\n")
+        return "".join(text)
+
     def ctr(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
         done = subprocess.run(
             ["ctr", "--address", str(self.containerd_socket), "--namespace", "k8s.io", *args],
@@ -189,6 +206,8 @@ state = "{self.root}/containerd/state"
   sandbox_image = "{pause}"
   stream_server_address = "127.0.0.1"
   stream_server_port = "0"
+  # no CAP_SYS_RESOURCE here (a sandboxed machine): never set an OOM score below containerd's own
+  restrict_oom_score_adj = true
   [{cri}.containerd]
     snapshotter = "overlayfs"
     default_runtime_name = "runc"
@@ -245,10 +264,10 @@ state = "{self.root}/containerd/state"
     def _node_cgroups(self) -> list[Path]:
         """Every cgroup of the node (the kubelet's and the containers'), deepest first."""
         found: list[Path] = []
-        for mount in cgroup_v1_hierarchies().values():
+        for mount in cgroup_v1_hierarchies(unified=True).values():
             top = mount / self.cgroup_root.strip("/")
             if self.cgroup_root and top.is_dir():
-                found.extend(p for p, _d, _f in os.walk(top))
+                found.extend(Path(p) for p, _d, _f in os.walk(top))
         return sorted(found, key=lambda p: len(p.parts), reverse=True)
 
     def _kill_cgroup_processes(self) -> None:
@@ -334,7 +353,6 @@ state = "{self.root}/containerd/state"
             "--kubeconfig", str(self.plane.kubeconfig),
             "--root-dir", str(self.kubelet_dir),
             "--hostname-override", self.name,
-            "--node-ip", "127.0.0.1",
             "--v", "2",
         ]  # fmt: skip
         script = " && ".join([*masks, 'exec "$@"'])

@@ -223,9 +223,10 @@ def wait_phase(core: Any, namespace: str, name: str, phases: tuple[str, ...], ti
     return wait_for(check, timeout_s, f"pod {namespace}/{name} to be {' or '.join(phases)}")
 
 
-def pod_log(core: Any, namespace: str, name: str) -> str:
-    """The container's output as the kubelet serves it (API server -> kubelet -> containerd log file)."""
-    return str(core.read_namespaced_pod_log(name, namespace, container="main"))
+def pod_log(node: Node, core: Any, namespace: str, name: str) -> str:
+    """The output of the pod's container ``main``, as the runtime logged it for the kubelet."""
+    pod = core.read_namespaced_pod(name, namespace)
+    return node.container_log(namespace, name, pod.metadata.uid, "main")
 
 
 def decision_of(pod: Any) -> Decision:

@@ -17,6 +17,7 @@ from gpuslice.k8s.annotations import (
     NodeInventory,
 )
 from gpuslice.units import MiB
+from node import Node
 
 pytestmark = pytest.mark.k8s_e2e
 
@@ -40,7 +41,7 @@ def _uuids(core: Any, node: str, gpus: tuple[int, ...]) -> list[str]:
 
 
 def test_a_share_pod_sees_exactly_the_env_mounts_and_devices_of_its_decision(
-    device_plugin: DevicePluginProcess, core: Any, node_namespace: str
+    device_plugin: DevicePluginProcess, node: Node, core: Any, node_namespace: str
 ) -> None:
     resources = {"gpuslice.io/gpumem": 6000, "gpuslice.io/gpucores": 30}
     core.create_namespaced_pod(node_namespace, node_pod("share", INSPECT, resources=resources))
@@ -54,7 +55,7 @@ def test_a_share_pod_sees_exactly_the_env_mounts_and_devices_of_its_decision(
     assert "preferred allocation for gpuslice.io/gpu" in plugin_log  # the kubelet asked
     assert f"allocated gpuslice.io/gpu for pod {node_namespace}/share" in plugin_log
 
-    env_text, _, rest = pod_log(core, node_namespace, "share").partition("--- devices\n")
+    env_text, _, rest = pod_log(node, core, node_namespace, "share").partition("--- devices\n")
     devices_text, _, mounts_text = rest.partition("--- mounts\n")
     env, mounts = parse_env(env_text), _mounts(mounts_text)
     gpus = tuple(decision.gpu_indices)

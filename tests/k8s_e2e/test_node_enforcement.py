@@ -11,6 +11,7 @@ import pytest
 from node_helpers import DevicePluginProcess, decision_of, node_pod, pod_log, wait_phase
 
 from gpuslice.units import MiB
+from node import Node
 
 pytestmark = pytest.mark.k8s_e2e
 
@@ -24,14 +25,14 @@ def _values(text: str) -> dict[str, str]:
 
 
 def test_inside_the_container_the_shim_refuses_past_the_slice_and_allows_within(
-    device_plugin: DevicePluginProcess, core: Any, node_namespace: str
+    device_plugin: DevicePluginProcess, node: Node, core: Any, node_namespace: str
 ) -> None:
     """A 64 MiB slice: 1 MiB allocations are refused with CUDA_ERROR_OUT_OF_MEMORY at 64 MiB, and a
     second pass after freeing gets the same 64 MiB again (the budget is released)."""
     script = "driver_client fill 1048576"
     core.create_namespaced_pod(node_namespace, node_pod("fill", script, resources={"gpuslice.io/gpumem": 64}))
     wait_phase(core, node_namespace, "fill", ("Succeeded",))
-    out = _values(pod_log(core, node_namespace, "fill"))
+    out = _values(pod_log(node, core, node_namespace, "fill"))
     assert int(out["refused_with"]) == OOM
     assert int(out["held"]) == 64 * MiB
     assert int(out["held_again"]) == 64 * MiB
@@ -39,7 +40,7 @@ def test_inside_the_container_the_shim_refuses_past_the_slice_and_allows_within(
 
 
 def test_two_pods_at_30_and_70_percent_of_one_gpu_get_their_shares_measured_inside(
-    device_plugin: DevicePluginProcess, core: Any, node_namespace: str
+    device_plugin: DevicePluginProcess, node: Node, core: Any, node_namespace: str
 ) -> None:
     script = f"driver_client launch kernel {KERNELS} 1000"
     for name, cores in (("thirty", 30), ("seventy", 70)):
@@ -50,6 +51,6 @@ def test_two_pods_at_30_and_70_percent_of_one_gpu_get_their_shares_measured_insi
     }
     gpus = {name: decision_of(pod).gpu_indices for name, pod in pods.items()}
     assert gpus["thirty"] == gpus["seventy"]  # bestfit packs them onto one GPU: 30 + 70 = 100 %
-    measured = {name: float(_values(pod_log(core, node_namespace, name))["share"]) for name in pods}
+    measured = {name: float(_values(pod_log(node, core, node_namespace, name))["share"]) for name in pods}
     assert abs(measured["thirty"] - 0.30) <= SHARE_TOLERANCE, measured
     assert abs(measured["seventy"] - 0.70) <= SHARE_TOLERANCE, measured

@@ -22,7 +22,7 @@ def test_a_pod_runs_in_containerd_through_the_kubelet_and_its_output_is_read(
     pod = wait_phase(core, node_namespace, "hello", ("Succeeded",))
     assert pod.spec.node_name == NODE_NAME  # bound by kube-scheduler through the extender
     assert (
-        pod_log(core, node_namespace, "hello").strip() == "hello from sh"
+        pod_log(node, core, node_namespace, "hello").strip() == "hello from sh"
     )  # PID 1 of the container is the shell
     info = core.read_node(NODE_NAME).status.node_info
     assert info.kubelet_version == "v1.37.2"

@@ -17,6 +17,7 @@ from node_helpers import (
     decision_of,
     node_pod,
     parse_env,
+    pod_log,
     pod_resources,
     wait_phase,
 )
@@ -56,7 +57,7 @@ def test_a_mig_pod_runs_with_exactly_its_instance(
     decision = decision_of(pod)
     assert decision.mig is not None and decision.mig.profile == "3g.40gb"
     instance = mig_device_uuid(discover(MIG_MACHINE), decision.mig.gpu_index, "3g.40gb", decision.mig.start)
-    log = str(core.read_namespaced_pod_log("mig", node_namespace, container="main"))
+    log = pod_log(node, core, node_namespace, "mig")
     env_text, _, devices_text = log.partition("--- devices\n")
     env = parse_env(env_text)
     assert env["CUDA_VISIBLE_DEVICES"] == instance
