@@ -171,6 +171,11 @@ class Node:
                 text.append(message if tag == "P" else message + "\n")
         return "".join(text)
 
+    def running_containers(self) -> set[str]:
+        """The IDs of the containers whose task runs in containerd now (``ctr tasks ls``)."""
+        rows = [line.split() for line in self.ctr("tasks", "ls").stdout.splitlines()[1:]]
+        return {row[0] for row in rows if len(row) >= 3 and row[2] == "RUNNING"}
+
     def ctr(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
         done = subprocess.run(
             ["ctr", "--address", str(self.containerd_socket), "--namespace", "k8s.io", *args],
