@@ -87,6 +87,14 @@ def test_a_kubelet_restart_keeps_running_pods_their_devices_and_the_plugin_regis
         lambda: allocatable(core, GPU) == str(4 * SPLIT_COUNT), 120, "the kubelet to report the shares again"
     )
 
+    # the kubelet has synced the pod again once PodResources lists it; its container must still be the
+    # one started before the restart, running in containerd all along (the API status may lag)
+    wait_for(
+        lambda: (node_namespace, "long") in pod_resources(node, tmp_path),
+        120,
+        "the kubelet to list the pod again",
+    )
+    assert container.removeprefix("containerd://") in node.running_containers()
     after = core.read_namespaced_pod("long", node_namespace)
     assert after.status.phase == "Running"
     assert after.status.container_statuses[0].container_id == container  # the same container, never restarted
@@ -99,14 +107,14 @@ def test_a_kubelet_restart_keeps_running_pods_their_devices_and_the_plugin_regis
 def test_a_device_plugin_kill_9_and_restart_keeps_running_pods_and_serves_new_ones(
     device_plugin: DevicePluginProcess, node: Node, core: Any, node_namespace: str, tmp_path: Path
 ) -> None:
-    running_pod(core, node_namespace, "long", SHARE)
+    container = running_pod(core, node_namespace, "long", SHARE).status.container_statuses[0].container_id
     held = assert_kubelet_agrees(core, node, node_namespace, tmp_path)
     device_plugin.stop(kill=True)
     device_plugin.start()
     wait_for(
         lambda: allocatable(core, GPU) == str(4 * SPLIT_COUNT), 120, "the kubelet to report the shares again"
     )
-    assert core.read_namespaced_pod("long", node_namespace).status.container_statuses[0].restart_count == 0
+    assert container.removeprefix("containerd://") in node.running_containers()
     assert assert_kubelet_agrees(core, node, node_namespace, tmp_path) == held
     running_pod(core, node_namespace, "after", SHARE)
     assert len(assert_kubelet_agrees(core, node, node_namespace, tmp_path)) == 2
