@@ -135,6 +135,8 @@ def shares(core: Any, node: Any, namespace: str, runs: int) -> list[dict[str, fl
             core.create_namespaced_pod(
                 namespace, node_pod(name, "driver_client launch kernel 1500 1000", resources=resources)
             )
+            # one at a time: Allocate tells two waiting pods on the same GPUs apart only by their order
+            wait_phase(core, namespace, name, ("Running", "Succeeded"))
             names[cores] = name
         row = {}
         for cores, name in names.items():

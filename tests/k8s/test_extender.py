@@ -32,7 +32,6 @@ from gpuslice.k8s.annotations import (
     ANNOTATION_NODE,
     ANNOTATION_NODE_INVENTORY,
     ANNOTATION_PLACEMENT_POLICY,
-    BIND_PHASE_ALLOCATED,
     BIND_PHASE_ALLOCATING,
     BIND_PHASE_FAILED,
     Decision,
@@ -158,15 +157,6 @@ def pod_json(
 def args(pod: Mapping[str, Any], names: Sequence[str]) -> dict[str, Any]:
     """ExtenderArgs as a nodeCacheCapable extender receives them: Nodes null, NodeNames set."""
     return {"Pod": pod, "Nodes": None, "NodeNames": list(names)}
-
-
-def allocated_event(api: FakeApi, pod: Mapping[str, Any], node: str) -> WatchEvent:
-    """The watch event after the kubelet admitted a bound pod and the device plugin marked it allocated
-    (a different slice on the same GPUs waits for this, see ``extender/allocating.py``)."""
-    marked = {**api.annotations_of(pod["metadata"]["name"]), ANNOTATION_BIND_PHASE: BIND_PHASE_ALLOCATED}
-    metadata = {**pod["metadata"], "annotations": marked}
-    spec = {**pod["spec"], "nodeName": node}
-    return WatchEvent("Pod", "MODIFIED", {**pod, "metadata": metadata, "spec": spec})
 
 
 def binding(pod: Mapping[str, Any], node: str) -> dict[str, str]:

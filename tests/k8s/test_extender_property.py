@@ -11,7 +11,7 @@ from typing import Any
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_extender import FakeApi, allocated_event, binding, inventory, make_state, pod_json
+from test_extender import FakeApi, binding, inventory, make_state, pod_json
 
 from gpuslice.k8s.annotations import Decision, MigSlot
 from gpuslice.k8s.extender import WatchEvent
@@ -109,8 +109,5 @@ def test_no_sequence_of_pods_overcommits_a_gpu(steps: list[tuple[Any, ...]]):
         decision = Decision.from_annotations(api.annotations_of(name))
         assert decision is not None and decision.node == node
         live[name] = (dict(resources), decision)
-        # the kubelet admits it and the device plugin marks it allocated before the next pod comes
-        # (otherwise a different slice on the same GPUs would rightly wait for it)
-        state.apply(allocated_event(api, pod, node))
         assert _overcommitted(live) == []
     state.check_invariants()

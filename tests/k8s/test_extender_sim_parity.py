@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_extender import FakeApi, allocated_event, node_event
+from test_extender import FakeApi, node_event
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 from gpuslice.k8s.annotations import InventoryGpu, NodeInventory
@@ -59,7 +59,6 @@ def test_extender_places_an_openb_sequence_exactly_as_the_shared_placer(policy):
             continue
         api.pods[("b", pod.name)] = manifest(pod.name, pod.request)
         assert state.bind("b", pod.name, f"u-{pod.name}", chosen[0]) == ""
-        state.apply(allocated_event(api, manifest(pod.name, pod.request), chosen[0]))  # the kubelet admits it
         gpus = state._pods[f"u-{pod.name}"].decision.gpu_indices
         in_tree.reserve(next(i for i, n in enumerate(nodes) if n.name == chosen[0]), gpus, pod.request)
         extender[pod.name] = chosen[0]

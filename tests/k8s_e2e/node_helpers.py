@@ -77,13 +77,17 @@ def start_node(plane: ControlPlane, core: Any) -> Node:
     return real
 
 
+def _stopped_at_the_end(thing: Any) -> Iterator[Any]:
+    """A fixture's body: yield ``thing``, stop it however the tests ended."""
+    try:
+        yield thing
+    finally:
+        thing.stop()
+
+
 @pytest.fixture(scope="session")
 def node(stack: Stack, core: Any) -> Iterator[Node]:
-    real = start_node(stack.plane, core)
-    try:
-        yield real
-    finally:
-        real.stop()
+    yield from _stopped_at_the_end(start_node(stack.plane, core))
 
 
 def lift_not_ready_taint(core: Any) -> None:
@@ -164,11 +168,7 @@ def allocatable(core: Any, resource: str) -> str | None:
 
 @pytest.fixture(scope="session")
 def device_plugin(node: Node, core: Any) -> Iterator[DevicePluginProcess]:
-    plugin = start_device_plugin(node.plane, core)
-    try:
-        yield plugin
-    finally:
-        plugin.stop()
+    yield from _stopped_at_the_end(start_device_plugin(node.plane, core))
 
 
 # ---- pods ---------------------------------------------------------------------------------------------

@@ -26,7 +26,6 @@ from gpuslice.k8s.annotations import (
     PodGpuRequest,
     pod_gpu_request,
 )
-from gpuslice.k8s.extender.allocating import AllocatingPods
 from gpuslice.k8s.extender.kube import RELISTED, KubeApi, WatchEvent
 from gpuslice.ledger.ledger import Ledger
 from gpuslice.ledger.placement import Placement, Refusal
@@ -182,7 +181,6 @@ class ClusterCache:
         self._mig_used: dict[tuple[str, int, int], str] = {}
         self._built: LedgerBuild | None = None
         self._seen: OrderedDict[str, Mapping[str, Any]] = OrderedDict()
-        self._allocating = AllocatingPods()  # bound share pods the device plugin has not allocated yet
         self._events = ThreadPoolExecutor(max_workers=1, thread_name_prefix="events")
         self._last_event: dict[str, tuple[str, float]] = {}
         # node-name lists as asked, with their ledger indices; the survivors of each pod's last filter
@@ -258,22 +256,18 @@ class ClusterCache:
                 self._forget(uid)
                 self._drop_nomination(uid)
                 return
-            namespace, name, _ = pod_meta(pod)
+            if uid in self._pods:
+                return
             annotations = (pod.get("metadata") or {}).get("annotations") or {}
             try:
                 decision = Decision.from_annotations(annotations)
-            except InvalidRequest:
-                decision = None
-            self._allocating.observe(uid, namespace, name, decision)
-            if uid in self._pods:
-                return
-            try:
                 if decision is None or decision.phase == BIND_PHASE_FAILED:
                     return
                 ask = pod_ask(pod)
             except InvalidRequest as err:
                 log.warning("pod %s: %s; not counted in the ledger", uid, err)
                 return
+            namespace, name, _ = pod_meta(pod)
             bound = BoundPod(
                 decision.node, ask, decision, namespace=namespace, name=name, priority=pod_priority(pod)
             )
@@ -297,7 +291,6 @@ class ClusterCache:
 
     def _forget(self, uid: str) -> None:
         self._assumed.pop(uid, None)
-        self._allocating.forget(uid)
         bound = self._pods.pop(uid, None)
         self._seen.pop(uid, None)
         self._last_event.pop(uid, None)

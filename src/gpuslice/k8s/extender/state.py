@@ -21,7 +21,6 @@ from gpuslice.k8s.annotations import (
     MigChoice,
     PodGpuRequest,
 )
-from gpuslice.k8s.extender.allocating import REASON_ALLOCATION_ORDER
 from gpuslice.k8s.extender.cluster import BoundPod, LedgerBuild, open_slots, pod_ask, pod_meta, pod_priority
 from gpuslice.k8s.extender.preemption import Preemption
 from gpuslice.k8s.extender.verdicts import (
@@ -278,14 +277,6 @@ class ClusterState(Preemption):
                     return f"pod {namespace}/{name} on {node}: {problem}"
             with self._lock:
                 self._drop_nomination(uid)
-            waiting_for = self._allocating.claim(uid, namespace, name, decision)
-            if waiting_for:
-                with self._lock:
-                    self._forget(uid)
-                return (
-                    f"pod {namespace}/{name} on {node}: {REASON_ALLOCATION_ORDER} (pod {waiting_for} on the "
-                    "same GPUs, with another slice, is not allocated yet)"
-                )
         try:
             if decision is not None:
                 self.api.patch_pod_annotations(namespace, name, decision.to_annotations())
