@@ -144,17 +144,16 @@ class DevicePluginProcess:
             self.proc = None
 
 
-def start_device_plugin(plane: ControlPlane, core: Any) -> DevicePluginProcess:
+def start_device_plugin(
+    plane: ControlPlane, core: Any, split_count: int = SPLIT_COUNT
+) -> DevicePluginProcess:
     """The device plugin on the node, once the kubelet reports its shares."""
     state = plane.root / "device-plugin-state"  # the plugin's hostPath state dir, gone with the plane
-    plugin = DevicePluginProcess(plane, state)
+    plugin = DevicePluginProcess(plane, state, split_count=split_count)
     plugin.start()
+    shares = str(4 * split_count)
     try:
-        wait_for(
-            lambda: allocatable(core, "gpuslice.io/gpu") == str(4 * SPLIT_COUNT),
-            120,
-            "the shares on the node",
-        )
+        wait_for(lambda: allocatable(core, "gpuslice.io/gpu") == shares, 120, "the shares on the node")
     except BaseException:
         plugin.stop()
         raise
