@@ -45,7 +45,7 @@ NODE_NAME = "e2e-node"
 NODE_TAINT = "e2e.gpuslice.io/real-node"
 SIMULATE = "pcie-4x-l4"  # four L4s (fake NVML): the node's GPUs
 SPLIT_COUNT = 10
-RUNTIME_ENV = "GPUSLICE_E2E_RUNTIME"  # runc (default) or crun
+RUNTIME_ENV = "GPUSLICE_E2E_RUNTIME"  # runc (default) or crun (refuses a cgroup v1/v2 hybrid host)
 
 
 def _node_ready(core: Any) -> Any:
