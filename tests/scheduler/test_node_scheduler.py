@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpuslice.errors import InvalidRequest
+from gpuslice.errors import InvalidRequest, UnknownPolicy
 from gpuslice.hardware.machine import GpuInfo, Machine
 from gpuslice.hardware.topology_profiles import profile
 from gpuslice.scheduler.node_scheduler import (
@@ -412,7 +412,7 @@ def test_submit_rejects_a_job_larger_than_its_tenants_quota_and_a_duplicate_id()
 
 
 def test_unknown_queue_policy_lists_the_known_ones():
-    with pytest.raises(Exception, match="known: fifo, priority-fair"):
+    with pytest.raises(UnknownPolicy, match="known: fifo, priority-fair"):
         NodeScheduler(machine(), queue_policy="lottery")
 
 
