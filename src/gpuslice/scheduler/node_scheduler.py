@@ -37,7 +37,7 @@ from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from gpuslice.errors import InvalidRequest, UserError
+from gpuslice.errors import InternalError, InvalidRequest, UserError
 from gpuslice.hardware.machine import Machine
 from gpuslice.hardware.mig import MigInstance, MigLayout, format_mask, mig_gpu
 from gpuslice.ledger.ledger import Ledger, LedgerView
@@ -79,7 +79,6 @@ from gpuslice.scheduler.quota import (
     quota_reason,
 )
 from gpuslice.scheduler.reasons import PendingCode, PendingReason
-from gpuslice.units import format_size
 from gpuslice.workload.job import DEFAULT_GRACE_SECONDS, JobSpec
 from gpuslice.workload.request import Request
 from gpuslice.workload.target import TargetWorkload
@@ -240,13 +239,9 @@ class NodeScheduler:
                     f"got {list(gpus)}"
                 )
             holding = Holding(gpus, demand.milli, demand.memory_bytes)
-            free = self._capacity().free_memory
-            short = [g for g in gpus if free[g] < holding.memory_bytes]
-            if short:
-                raise InvalidRequest(
-                    f"gpus: job {job_id} needs {format_size(holding.memory_bytes)} on GPU {short[0]}, "
-                    f"which has {format_size(max(0, free[short[0]]))} free"
-                )
+            refused = self.ledger.check(0, gpus, self._ledger_request(spec, holding))
+            if refused is not None:  # the ledger's own fit rule; what is recorded already wins
+                raise InvalidRequest(f"gpus: cannot adopt job {job_id} on GPU {list(gpus)}: {refused}")
         self._reserve(job_id, spec, holding, started_at, mig, adopting=True)
 
     def set_external_usage(self, gpu: int, memory_bytes: int) -> None:
@@ -559,13 +554,14 @@ class NodeScheduler:
         *,
         adopting: bool,
     ) -> None:
-        """Record a running job through ``Ledger.reserve``; the ledger's refusal means a bug (in step)
-        or a conflicting adoption, and leaves everything unchanged."""
+        """Record a running job through ``Ledger.reserve``. ``adopt`` and ``step`` have checked the fit
+        already, so a refusal here is a bug in gpuslice (InternalError, everything left unchanged)."""
         gpus = holding.gpus
         result = self.ledger.reserve(0, gpus, self._ledger_request(spec, holding))
         if isinstance(result, Refusal):
             what = "adopt" if adopting else "start"
-            raise InvalidRequest(f"gpus: cannot {what} job {job_id} on GPU {list(gpus)}: {result}")
+            raise InternalError(f"bug: the ledger refused to {what} job {job_id} on GPU {list(gpus)} "
+                                f"after its fit was checked: {result}")  # fmt: skip
         if holding.mig is not None:
             layout = self._layouts[gpus[0]]
             assert layout is not None
