@@ -21,6 +21,7 @@ from test_extender import (
 
 from gpuslice.k8s.annotations import ANNOTATION_GPU_MODELS, ANNOTATION_PLACEMENT_POLICY, pod_gpu_request
 from gpuslice.k8s.extender import REASON_RESERVED, ClusterState, WatchEvent
+from gpuslice.k8s.extender import preemption as extender_preemption
 from gpuslice.policies import PolicyContext, placement_policy
 from gpuslice.scheduler.placer import Placer
 
@@ -256,6 +257,15 @@ def test_preemption_respects_the_pods_model_pin(pin, deleted):
     high = with_priority(pod_json("high", BIG, {ANNOTATION_GPU_MODELS: pin}), 100)
     state.filter(high, ["n"])
     assert api.deleted == deleted
+
+
+def test_the_extender_preempts_through_the_one_search(monkeypatch):
+    """With the one search of every home answering "no plan", the extender evicts nothing."""
+    calls = []
+    monkeypatch.setattr(extender_preemption, "find_preemption", lambda *a, **k: calls.append(a[0]))
+    api = FakeApi()
+    full_node(api).filter(with_priority(pod_json("high", BIG), 100), ["n"])
+    assert api.deleted == [] and [(c.job_id, c.priority) for c in calls] == [("uid-high", 100)]
 
 
 def test_bind_of_the_preemptor_works_through_the_http_app():

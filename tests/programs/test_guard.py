@@ -20,7 +20,7 @@ from gpuslice.memory.hooks import DEFAULT, HEAD, USED, Composed, DecisionContext
 from gpuslice.memory.policies import PREFETCH
 from gpuslice.policies import PlacementOps, PolicyContext, placement_policy
 from gpuslice.policies.queue import Fifo, PriorityFair
-from gpuslice.policies.queue.base import QueuedJob, QueueOps, QueueView, order_pending
+from gpuslice.policies.queue.base import JobRef, QueuedJob, QueueOps, QueueView, order_pending
 from gpuslice.programs.guard import GuardConfig, HookGuard, HookTimeout, guard
 from gpuslice.programs.loader import load_source, resolve
 from gpuslice.scheduler.placer import Placer, Unplaced
@@ -212,6 +212,21 @@ def test_queue_hooks_out_of_range_or_meddling_fall_back_to_the_default_order() -
         ("order_key", "exception"): 1,
         ("order_key", "invalid"): 2,
     }
+
+
+class _Protector(QueueOps):
+    name = "protector"
+
+    def may_preempt(self, view: QueueView, preemptor: Any, victim: Any) -> Any:
+        return {"a": False, "b": "no"}.get(victim.job_id) if victim.job_id != "c" else 1 / 0
+
+
+def test_a_guarded_may_preempt_answer_is_used_and_a_wrong_one_falls_back_to_the_default() -> None:
+    ops = guard("queue", _Protector(), QueueOps(), GuardConfig(max_faults=100))
+    view, head = QueueView(now=0.0), JobRef("head", 300)
+    answers = [ops.may_preempt(view, head, JobRef(victim, 100)) for victim in "abc"]
+    assert answers == [False, True, True]
+    assert ops.guard.faults == {("may_preempt", "invalid"): 1, ("may_preempt", "exception"): 1}
 
 
 def test_a_guarded_builtin_queue_policy_orders_as_the_bare_one() -> None:

@@ -326,7 +326,7 @@ def _inherited(policy: Any, base: type, hooks: tuple[str, ...]) -> set[str]:
 
 
 _PLACEMENT_HOOKS = ("filter", "score", "normalize", "pick_gpus", "on_placed", "on_released")
-_QUEUE_HOOKS = ("priority", "order_key", "on_started", "on_finished")
+_QUEUE_HOOKS = ("priority", "order_key", "may_preempt", "on_started", "on_finished")
 
 
 # -- placement --------------------------------------------------------------------------------------
@@ -447,6 +447,10 @@ class GuardedQueue(QueueOps):
 
     def order_key(self, view: QueueView, job: Any) -> tuple[Any, ...]:
         return _guarded(self, "order_key", (self._read_only(view), job), _checked_key)
+
+    def may_preempt(self, view: QueueView, preemptor: Any, victim: Any) -> bool:
+        check = lambda answer: answer if type(answer) is bool else _MISSING  # noqa: E731
+        return _guarded(self, "may_preempt", (self._read_only(view), preemptor, victim), check)
 
     def on_started(self, view: QueueView, job: Any) -> None:
         _guarded(self, "on_started", (self._read_only(view), job), None)

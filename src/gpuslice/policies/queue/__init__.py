@@ -2,7 +2,15 @@
 
 from __future__ import annotations
 
-from gpuslice.policies.queue.base import QueuedJob, QueueOps, QueueView, effective_priority, order_pending
+from gpuslice.policies.queue.base import (
+    JobRef,
+    QueuedJob,
+    QueueOps,
+    QueueView,
+    effective_priority,
+    may_preempt,
+    order_pending,
+)
 from gpuslice.policies.queue.fifo import Fifo
 from gpuslice.policies.queue.priority_fair import PriorityFair
 from gpuslice.registry import Registry
@@ -11,11 +19,13 @@ __all__ = [
     "DEFAULT_QUEUE_POLICY",
     "QUEUE",
     "Fifo",
+    "JobRef",
     "PriorityFair",
     "QueueOps",
     "QueueView",
     "QueuedJob",
     "effective_priority",
+    "may_preempt",
     "order_pending",
     "queue_policy",
 ]
