@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from gpuslice.errors import InternalError
 from gpuslice.hardware.node import NodeSpec
 from gpuslice.ledger.ledger import Ledger
 from gpuslice.memory import SimConfig, make_workload, simulate
@@ -21,7 +22,7 @@ from gpuslice.memory.policies import PREFETCH
 from gpuslice.policies import PlacementOps, PolicyContext, placement_policy
 from gpuslice.policies.queue import Fifo, PriorityFair
 from gpuslice.policies.queue.base import JobRef, QueuedJob, QueueOps, QueueView, order_pending
-from gpuslice.programs.guard import GuardConfig, HookGuard, HookTimeout, guard
+from gpuslice.programs.guard import GuardConfig, HookGuard, HookTimeout, family_default, guard
 from gpuslice.programs.loader import load_source, resolve
 from gpuslice.scheduler.placer import Placer, Unplaced
 from gpuslice.sim.openb import replay
@@ -272,3 +273,20 @@ def test_guarded_memory_defines_only_the_hooks_its_policy_overrides() -> None:
 
 def test_registry_name_gives_the_bare_builtin() -> None:
     assert resolve("fgd", "placement", placement_policy) is placement_policy("fgd")
+
+
+# -- dispatch ---------------------------------------------------------------------------------------
+def test_the_guard_table_covers_exactly_the_families_the_verifier_knows() -> None:
+    from gpuslice.programs.guard import FAMILY_GUARDS
+    from gpuslice.programs.verify import FAMILIES
+
+    assert tuple(FAMILY_GUARDS) == FAMILIES
+    assert family_default("placement") is PlacementOps and family_default("queue") is QueueOps
+    assert family_default("eviction") is MemoryOps and family_default("prefetch") is MemoryOps
+
+
+def test_guarding_a_family_without_an_entry_is_an_internal_error_not_a_user_error() -> None:
+    with pytest.raises(InternalError, match="no guard for policy family 'lottery'; known: placement"):
+        guard("lottery", Fifo(), Fifo())
+    with pytest.raises(InternalError):
+        family_default("lottery")

@@ -47,12 +47,14 @@ from typing import Any
 
 import numpy as np
 
+from gpuslice.errors import InternalError
 from gpuslice.policies.base import PlacementOps
 from gpuslice.policies.queue.base import QueueOps, QueueView
 from gpuslice.workload.job import Priority
 
 __all__ = [
     "DEFAULT_BUDGETS",
+    "FAMILY_GUARDS",
     "GuardConfig",
     "GuardedPlacement",
     "GuardedQueue",
@@ -460,21 +462,48 @@ class GuardedQueue(QueueOps):
 
 
 # -- building -----------------------------------------------------------------------------------------
-# The built-in default of each family: what decides when the policy faults or is detached.
+def _memory_base() -> type:
+    from gpuslice.memory.hooks import MemoryOps  # loads the memory engine: only for memory policies
+
+    return MemoryOps
+
+
+def _memory_wrapper(policy: Any, default: Any, hook_guard: HookGuard) -> Any:
+    from gpuslice.programs.guard_memory import guarded_memory  # loads the memory engine
+
+    return guarded_memory(policy, default, hook_guard)
+
+
+@dataclass(frozen=True, slots=True)
+class _Family:
+    """How one family is guarded: its base ops class (the default that decides on faults or after a
+    detach) and the wrapper that guards each of its hooks."""
+
+    base: Callable[[], type]
+    wrap: Callable[[Any, Any, HookGuard], Any]
+
+
+# The one dispatch table of the guard: family name -> how it is guarded. The memory entries import the
+# memory engine only when a memory policy is guarded.
+FAMILY_GUARDS: dict[str, _Family] = {
+    "placement": _Family(lambda: PlacementOps, GuardedPlacement),
+    "queue": _Family(lambda: QueueOps, GuardedQueue),
+    "eviction": _Family(_memory_base, _memory_wrapper),
+    "prefetch": _Family(_memory_base, _memory_wrapper),
+}
+
+
+def _family(family: str) -> _Family:
+    try:
+        return FAMILY_GUARDS[family]
+    except KeyError:  # callers pass a family the verifier or the loader named: a bug, not user input
+        known = ", ".join(FAMILY_GUARDS)
+        raise InternalError(f"bug: no guard for policy family {family!r}; known: {known}") from None
+
+
 def family_default(family: str) -> Callable[..., Any]:
-    """The base ops class of ``family`` (its defaults decide when a policy faults or is detached).
-
-    The memory base is imported only when a memory policy is guarded, so guarding a placement or a queue
-    policy never loads the memory engine."""
-    if family == "placement":
-        return PlacementOps
-    if family == "queue":
-        return QueueOps
-    if family in ("eviction", "prefetch"):
-        from gpuslice.memory.hooks import MemoryOps
-
-        return MemoryOps
-    raise ValueError(f"unknown policy family {family!r}")
+    """The base ops class of ``family`` (its defaults decide when a policy faults or is detached)."""
+    return _family(family).base()
 
 
 def guard(
@@ -486,16 +515,8 @@ def guard(
     on_detach: Callable[[], None] | None = None,
 ) -> Any:
     """Wrap an ops instance of ``family``: every hook call guarded, ``default`` deciding on faults."""
-    hook_guard = HookGuard(family, policy.name, config, on_event, on_detach)
-    if family == "placement":
-        return GuardedPlacement(policy, default, hook_guard)
-    if family == "queue":
-        return GuardedQueue(policy, default, hook_guard)
-    if family in ("eviction", "prefetch"):
-        from gpuslice.programs.guard_memory import guarded_memory  # loads the memory engine
-
-        return guarded_memory(policy, default, hook_guard)
-    raise ValueError(f"unknown policy family {family!r}")
+    entry = _family(family)
+    return entry.wrap(policy, default, HookGuard(family, policy.name, config, on_event, on_detach))
 
 
 def guarded_factory(
