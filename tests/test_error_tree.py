@@ -17,7 +17,7 @@ from gpuslice.server.errors import http_status
 
 # Exceptions that never reach a user, each for the reason errors.py gives.
 OUTSIDE_THE_TREE = {
-    "gpuslice.programs.guard.HookTimeout",
+    "gpuslice.programs.hook_runner.HookTimeout",
     "gpuslice.shim.region.RegionError",
     "gpuslice.shim.build.BuildError",
     "gpuslice.node.fake_load.OutOfMemory",

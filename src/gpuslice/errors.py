@@ -59,7 +59,7 @@ in the module named, under the parent drawn; every error class of the package is
 a module lives here.
 
 A family's HTTP status is its ``http_status``; ``server.errors.http_status`` reads it. Exceptions that
-never reach a user stay outside the tree: a hook's timeout (``programs.guard.HookTimeout``, a
+never reach a user stay outside the tree: a hook's timeout (``programs.hook_runner.HookTimeout``, a
 BaseException so that policy code cannot catch it), the shim's ``RegionError`` (a file that is not a
 job region; the monitor skips it), fake_load's simulated ``OutOfMemory`` (caught where it is raised),
 and ``shim.build.BuildError``, which setup.py loads by path at install time, before this package can

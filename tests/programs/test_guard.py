@@ -290,3 +290,36 @@ def test_guarding_a_family_without_an_entry_is_an_internal_error_not_a_user_erro
         guard("lottery", Fifo(), Fifo())
     with pytest.raises(InternalError):
         family_default("lottery")
+
+
+# -- abandoning a call stuck in C -------------------------------------------------------------------
+def test_a_hook_stuck_in_one_long_numpy_call_is_abandoned_and_the_default_decides_meanwhile() -> None:
+    """numpy releases the GIL in its sort; the watchdog cannot interrupt C code, but the caller stops
+    waiting once the hook has burned two budgets of CPU (40 ms of a sort that needs hundreds), so the
+    hook is certainly still sorting when the caller goes on, however busy the machine; the next call
+    runs on another worker, and the abandoned one goes idle once its call ends."""
+    big = np.random.default_rng(0).random(10_000_000)
+    ended = threading.Event()
+
+    def stuck() -> tuple[int]:
+        try:
+            np.sort(big)
+        finally:  # runs even when the watchdog's interruption lands right after the C call
+            ended.set()
+        return (1,)
+
+    g = HookGuard("queue", "stuck", GuardConfig(budget_seconds=0.02))
+    assert g.call("order_key", stuck, ()) == (_missing(), "timeout")
+    assert not ended.is_set()  # the caller went on while the hook was still inside np.sort
+    assert g.call("order_key", lambda: (2,), ()) == (_missing(), "busy")  # no second call piles up
+    assert ended.wait(120)
+    deadline = time.monotonic() + 60
+    while not g._idle and time.monotonic() < deadline:  # the abandoned worker goes idle on its own
+        time.sleep(0.01)
+    assert g.call("order_key", lambda: (2,), ()) == ((2,), None)
+
+
+def _missing() -> Any:
+    from gpuslice.programs.guard import _MISSING
+
+    return _MISSING
