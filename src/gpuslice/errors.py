@@ -19,7 +19,7 @@ GpusliceError
 │  │  ├─ JobNotFound, GpuNotFound, PolicyNotFound (server.errors)
 │  │  └─ NoSuchMap, NoPolicyLoaded (programs.slot)
 │  ├─ Conflict                   HTTP 409   the state does not allow the action
-│  │  └─ JobConflict (server.errors)
+│  │  └─ JobConflict, JobDamaged (server.errors)
 │  ├─ NotAuthenticated           HTTP 401   no bearer token, or the wrong one
 │  ├─ Forbidden                  HTTP 403   the caller may not do this
 │  │  └─ ForbiddenUser (server.errors)
@@ -31,7 +31,7 @@ GpusliceError
 │  │  ├─ MpsUnavailable (node.enforcement)
 │  │  ├─ MigNotEnabled (hardware.mig_nvml)
 │  │  ├─ ShimUnavailable (shim)
-│  │  └─ ServerUnavailable (server.errors)
+│  │  └─ ServerUnavailable, StoreFull, StoreDamaged (server.errors)   StoreFull: HTTP 503
 │  ├─ PolicyRejected (programs.loader)   HTTP 422
 │  ├─ PolicyFamilyMismatch, PolicyInitError (programs.loader)
 │  ├─ BuiltinNotExportable (programs.export)
