@@ -2,41 +2,65 @@
 
 ```text
 GpusliceError
-├─ UserError           CLI exit 2 · HTTP 400   the input is wrong; the message says how to fix it
-│  ├─ InvalidSize           a size string such as "8GB?" cannot be parsed
-│  ├─ InvalidRequest        a request asks for something impossible (0 GPUs at 500 milli, 9 GPUs per node …)
-│  ├─ UnknownName           a name that is not in its catalogue; the message lists the known ones
-│  │  ├─ UnknownPolicy           a policy name (memory.policies: UnknownMemoryPolicy)
-│  │  ├─ UnknownGpuModel         a GPU model name
-│  │  ├─ UnknownTrace            a trace name with no CSV file
-│  │  └─ elsewhere: UnknownMigGpu, UnknownMigProfile (hardware.mig), UnknownSystem
-│  │     (hardware.topology_profiles), UnknownModel (estimate.errors), UnknownWorkload (memory.workloads)
-│  ├─ TraceFormatError      a trace CSV has a malformed row (names the file and the row)
-│  ├─ NotFound         HTTP 404   no such job, GPU, policy or map: JobNotFound, GpuNotFound, PolicyNotFound
-│  │                              (server.errors), NoSuchMap, NoPolicyLoaded (programs.slot)
-│  ├─ Conflict         HTTP 409   the state does not allow the action: JobConflict (server.errors)
-│  ├─ NotAuthenticated HTTP 401   no bearer token, or the wrong one
-│  ├─ Forbidden        HTTP 403   the caller may not do this: ForbiddenUser (server.errors)
-│  ├─ TooManyRequests  HTTP 429   a cap is reached; retry later: TooManyFollowers (server.errors)
-│  ├─ Unavailable           something this machine lacks or that does not answer
-│  │  ├─ NvmlUnavailable     nvidia-ml-py is not installed, or NVML finds no NVIDIA driver
-│  │  └─ elsewhere: NoGpuDriver (node.discovery), MpsUnavailable (node.enforcement), MigNotEnabled
-│  │     (hardware.mig_nvml), ShimUnavailable (shim), ServerUnavailable (server.errors)
-│  └─ elsewhere, one module's own failures: InvalidInput (inputs: a number out of range, a file that
-│     is not text, a folder that cannot be written), PolicyRejected (HTTP 422), PolicyFamilyMismatch,
-│     PolicyInitError (programs.loader), MapError, MapFull (programs.maps), FieldError (server.models,
-│     HTTP 400 or 422), ServerError (server.client), TopologyError and its kin (hardware.topology*),
-│     InvalidMigLayout, MigRequestTooLarge (hardware.mig), MigInstanceMissing (node.discovery),
-│     MigCommandFailed, MigPermissionDenied (node.mig_manager), RegistrationFailed, AllocationRefused
-│     (k8s.device_plugin.plugin, .allocation), GpuSetUnavailable (policies.gpuset), MalformedModelConfig,
-│     InvalidEstimateOptions (estimate.errors), CostProfileError (memory.cost), ImpossibleBatch
-│     (scheduler.batch_assign)
-└─ InternalError       CLI exit 1 · HTTP 500   a bug: the message says so
-   └─ LedgerError           a release of a placement the ledger does not hold (never a refused reserve)
+├─ UserError                CLI exit 2 · HTTP 400   the input is wrong; the message says how to fix it
+│  ├─ InvalidSize                a size string such as "8GB?" cannot be parsed
+│  ├─ InvalidRequest             a request asks for something impossible (0 GPUs at 500 milli, 9 GPUs …)
+│  ├─ UnknownName                a name that is not in its catalogue; the message lists the known ones
+│  │  ├─ UnknownPolicy                a policy name
+│  │  │  └─ UnknownMemoryPolicy (memory.policies)
+│  │  ├─ UnknownGpuModel              a GPU model name
+│  │  ├─ UnknownTrace                 a trace name with no CSV file
+│  │  ├─ UnknownMigGpu, UnknownMigProfile (hardware.mig)
+│  │  ├─ UnknownSystem (hardware.topology_profiles)
+│  │  ├─ UnknownModel (estimate.errors)
+│  │  └─ UnknownWorkload (memory.workloads)
+│  ├─ TraceFormatError           a trace CSV has a malformed row (names the file and the row)
+│  ├─ InvalidInput (inputs)        a number out of range, a file that is not text, an unwritable folder
+│  ├─ NotFound                   HTTP 404   no such job, GPU, policy or map
+│  │  ├─ JobNotFound, GpuNotFound, PolicyNotFound (server.errors)
+│  │  └─ NoSuchMap, NoPolicyLoaded (programs.slot)
+│  ├─ Conflict                   HTTP 409   the state does not allow the action
+│  │  └─ JobConflict, JobDamaged (server.errors)
+│  ├─ NotAuthenticated           HTTP 401   no bearer token, or the wrong one
+│  ├─ Forbidden                  HTTP 403   the caller may not do this
+│  │  └─ ForbiddenUser (server.errors)
+│  ├─ TooManyRequests            HTTP 429   a cap is reached; retry later
+│  │  └─ TooManyFollowers (server.errors)
+│  ├─ Unavailable                something this machine lacks or that does not answer
+│  │  ├─ NvmlUnavailable              nvidia-ml-py is not installed, or NVML finds no NVIDIA driver
+│  │  ├─ NoGpuDriver (node.discovery)
+│  │  ├─ MpsUnavailable (node.enforcement)
+│  │  ├─ MigNotEnabled (hardware.mig_nvml)
+│  │  ├─ ShimUnavailable (shim)
+│  │  └─ ServerUnavailable, StoreFull, StoreDamaged (server.errors)   StoreFull: HTTP 503
+│  ├─ PolicyRejected (programs.loader)   HTTP 422
+│  ├─ PolicyFamilyMismatch, PolicyInitError (programs.loader)
+│  ├─ BuiltinNotExportable (programs.export)
+│  ├─ MapError (programs.maps)
+│  │  └─ MapFull (programs.maps)
+│  ├─ FieldError (server.models)   HTTP 400 or 422
+│  ├─ ServerError (server.client)
+│  ├─ TopologyError (hardware.topology)
+│  │  └─ TopologyParseError (hardware.topology_smi)
+│  ├─ InvalidMigLayout, MigRequestTooLarge (hardware.mig)
+│  ├─ MigInstanceMissing (node.discovery)
+│  ├─ MigCommandFailed (node.mig_manager)
+│  │  └─ MigPermissionDenied (node.mig_manager)
+│  ├─ RegistrationFailed (k8s.device_plugin.plugin)
+│  ├─ AllocationRefused (k8s.device_plugin.allocation)
+│  ├─ GpuSetUnavailable (policies.gpuset.base)
+│  ├─ MalformedModelConfig, InvalidEstimateOptions (estimate.errors)
+│  └─ CostProfileError (memory.cost)
+└─ InternalError            CLI exit 1 · HTTP 500   a bug: the message says so; the server logs it
+   └─ LedgerError                a release of a placement the ledger does not hold, or a broken invariant
 ```
 
+The tree is exact: ``tests/test_error_tree.py`` reads it and checks both ways (every class drawn exists
+in the module named, under the parent drawn; every error class of the package is drawn). A name without
+a module lives here.
+
 A family's HTTP status is its ``http_status``; ``server.errors.http_status`` reads it. Exceptions that
-never reach a user stay outside the tree: a hook's timeout (``programs.guard.HookTimeout``, a
+never reach a user stay outside the tree: a hook's timeout (``programs.hook_runner.HookTimeout``, a
 BaseException so that policy code cannot catch it), the shim's ``RegionError`` (a file that is not a
 job region; the monitor skips it), fake_load's simulated ``OutOfMemory`` (caught where it is raised),
 and ``shim.build.BuildError``, which setup.py loads by path at install time, before this package can

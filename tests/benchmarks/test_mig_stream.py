@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-from gpuslice.hardware.mig import mig_gpu
+from gpuslice.hardware.mig import InvalidMigLayout, mig_gpu
 from gpuslice.policies.mig_placement import MigPlacementOps, mig_placement_policy
 from mig_stream import Arrive, Depart, optimum, replay
 
@@ -66,7 +66,7 @@ def test_a_policy_that_returns_an_invalid_start_is_caught_by_the_mechanism():
         def choose(self, layout, profile):
             return 1  # not an allowed start for a 3g
 
-    with pytest.raises(Exception, match="cannot start at slot 1"):
+    with pytest.raises(InvalidMigLayout, match="cannot start at slot 1"):
         replay(A100, arrivals("3g.40gb"), Bogus())
 
 

@@ -9,6 +9,7 @@ from typing import ClassVar
 
 import pytest
 
+from gpuslice.errors import UserError
 from gpuslice.hardware.mig import format_mask, mig_gpu
 from gpuslice.hardware.mig_nvml import (
     MigNotEnabled,
@@ -127,7 +128,7 @@ def test_the_gpu_model_is_detected_from_name_and_memory(name, total, key):
 
 
 def test_an_unsupported_gpu_is_a_user_error():
-    with pytest.raises(Exception, match="no built-in MIG table"):
+    with pytest.raises(UserError, match="no built-in MIG table"):
         read_layout(0, FakeNvml([], name="NVIDIA A30", total=24 * GiB))  # no table yet
 
 

@@ -753,6 +753,7 @@ def test_preempt_keeps_only_candidates_whose_victims_free_a_fitting_gpu(api):
     for p in held.values():
         state.apply(WatchEvent("Pod", "ADDED", p))
     pending = pod_json("urgent", {"gpuslice.io/gpu": "1"}, {ANNOTATION_EXCLUDE_GPU_MODELS: "T4"})
+    pending["spec"]["priority"] = 100  # kube-scheduler proposes only pods of lower priority as victims
     body = {
         "Pod": pending,
         "NodeNameToVictims": None,
@@ -775,5 +776,6 @@ def test_preempt_of_a_share_needs_the_victim_on_a_gpu_with_room(api):
         decision = Decision("n", "train", (int(gpu),), (), 0, 60)
         state.apply(WatchEvent("Pod", "ADDED", pod_json(name, share, decision.to_annotations(), node="n")))
     pending = pod_json("p", {"gpuslice.io/gpu": "1", "gpuslice.io/gpucores": "70"})
+    pending["spec"]["priority"] = 100
     assert state.preempt(pending, {"n": ["uid-x"]}) == {"n": ["uid-x"]}
     assert state.preempt(pending, {"n": ["uid-someone-else"]}) == {}

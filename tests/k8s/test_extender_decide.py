@@ -21,6 +21,7 @@ from test_extender import (
 
 from gpuslice.k8s.annotations import ANNOTATION_GPU_MODELS, ANNOTATION_PLACEMENT_POLICY, pod_gpu_request
 from gpuslice.k8s.extender import REASON_RESERVED, ClusterState, WatchEvent
+from gpuslice.k8s.extender import preemption as extender_preemption
 from gpuslice.policies import PolicyContext, placement_policy
 from gpuslice.scheduler.placer import Placer
 
@@ -190,11 +191,15 @@ def test_a_pod_only_the_extender_refuses_preempts_the_least_important_victim():
     assert len(api.deleted) == 1
 
 
-def test_no_preemption_for_a_pod_of_equal_or_lower_priority():
+@pytest.mark.parametrize(
+    ("priority", "deleted"), [(10, []), (5, []), (11, [("team-a", "low", "uid-low")])],
+    ids=["equal", "lower", "one-higher"],
+)  # fmt: skip
+def test_only_a_pod_of_higher_priority_than_the_victim_preempts_it(priority, deleted):
     api = FakeApi()
     state = full_node(api)
-    state.filter(with_priority(pod_json("peer", BIG), 10), ["n"])
-    assert api.deleted == []
+    state.filter(with_priority(pod_json("peer", BIG), priority), ["n"])
+    assert api.deleted == deleted
 
 
 def test_the_room_a_preemption_made_is_held_for_the_preemptor():
@@ -226,23 +231,41 @@ def test_a_victim_deleted_before_the_watch_says_so_does_not_hold_up_the_preempto
     assert state.filter(high, ["n"]).passed == ["n"]
 
 
-def test_a_victim_that_would_not_make_room_is_never_evicted():
-    """Evicting the small pod would not free 60 GB: no preemption at all."""
+@pytest.mark.parametrize(
+    ("want_mb", "deleted"), [("30000", []), ("20000", [("team-a", "small", "uid-small")])],
+    ids=["evicting-would-not-make-room", "evicting-makes-just-enough-room"],
+)  # fmt: skip
+def test_a_victim_is_evicted_only_when_that_makes_room(want_mb, deleted):
+    """An 80 GB GPU holds 60 GB (priority 1000) and 10 GB (priority 1): evicting the small pod frees 20 GB,
+    enough for 20 GB and not for 30 GB; the big one outranks the preemptor."""
     api = FakeApi()
     state = narrow_state(api, {"n": inventory(gpus=1)})
     small = {"gpuslice.io/gpu": "1", "gpuslice.io/gpumem": "10000"}
     state.apply(WatchEvent("Pod", "ADDED", with_priority(_bound_pod("big", "n", "0", BIG), 1000)))
     state.apply(WatchEvent("Pod", "ADDED", with_priority(_bound_pod("small", "n", "0", small), 1)))
-    state.filter(with_priority(pod_json("want", {**BIG, "gpuslice.io/gpumem": "30000"}), 100), ["n"])
-    assert api.deleted == []
+    state.filter(with_priority(pod_json("want", {**BIG, "gpuslice.io/gpumem": want_mb}), 100), ["n"])
+    assert api.deleted == deleted
 
 
-def test_preemption_respects_the_pods_model_pin():
+@pytest.mark.parametrize(
+    ("pin", "deleted"), [("H100", []), ("A100-80GB", [("team-a", "low", "uid-low")])],
+    ids=["pinned-to-a-model-the-node-lacks", "pinned-to-the-nodes-model"],
+)  # fmt: skip
+def test_preemption_respects_the_pods_model_pin(pin, deleted):
     api = FakeApi()
     state = full_node(api)
-    high = with_priority(pod_json("high", BIG, {ANNOTATION_GPU_MODELS: "H100"}), 100)
+    high = with_priority(pod_json("high", BIG, {ANNOTATION_GPU_MODELS: pin}), 100)
     state.filter(high, ["n"])
-    assert api.deleted == []
+    assert api.deleted == deleted
+
+
+def test_the_extender_preempts_through_the_one_search(monkeypatch):
+    """With the one search of every home answering "no plan", the extender evicts nothing."""
+    calls = []
+    monkeypatch.setattr(extender_preemption, "find_preemption", lambda *a, **k: calls.append(a[0]))
+    api = FakeApi()
+    full_node(api).filter(with_priority(pod_json("high", BIG), 100), ["n"])
+    assert api.deleted == [] and [(c.job_id, c.priority) for c in calls] == [("uid-high", 100)]
 
 
 def test_bind_of_the_preemptor_works_through_the_http_app():

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from gpuslice.errors import InternalError
 from gpuslice.hardware.node import NodeSpec
 from gpuslice.ledger.ledger import Ledger
 from gpuslice.memory import SimConfig, make_workload, simulate
@@ -20,8 +21,8 @@ from gpuslice.memory.hooks import DEFAULT, HEAD, USED, Composed, DecisionContext
 from gpuslice.memory.policies import PREFETCH
 from gpuslice.policies import PlacementOps, PolicyContext, placement_policy
 from gpuslice.policies.queue import Fifo, PriorityFair
-from gpuslice.policies.queue.base import QueuedJob, QueueOps, QueueView, order_pending
-from gpuslice.programs.guard import GuardConfig, HookGuard, HookTimeout, guard
+from gpuslice.policies.queue.base import JobRef, QueuedJob, QueueOps, QueueView, order_pending
+from gpuslice.programs.guard import GuardConfig, HookGuard, HookTimeout, family_default, guard
 from gpuslice.programs.loader import load_source, resolve
 from gpuslice.scheduler.placer import Placer, Unplaced
 from gpuslice.sim.openb import replay
@@ -214,6 +215,21 @@ def test_queue_hooks_out_of_range_or_meddling_fall_back_to_the_default_order() -
     }
 
 
+class _Protector(QueueOps):
+    name = "protector"
+
+    def may_preempt(self, view: QueueView, preemptor: Any, victim: Any) -> Any:
+        return {"a": False, "b": "no"}.get(victim.job_id) if victim.job_id != "c" else 1 / 0
+
+
+def test_a_guarded_may_preempt_answer_is_used_and_a_wrong_one_falls_back_to_the_default() -> None:
+    ops = guard("queue", _Protector(), QueueOps(), GuardConfig(max_faults=100))
+    view, head = QueueView(now=0.0), JobRef("head", 300)
+    answers = [ops.may_preempt(view, head, JobRef(victim, 100)) for victim in "abc"]
+    assert answers == [False, True, True]
+    assert ops.guard.faults == {("may_preempt", "invalid"): 1, ("may_preempt", "exception"): 1}
+
+
 def test_a_guarded_builtin_queue_policy_orders_as_the_bare_one() -> None:
     view = QueueView(now=5000.0, tenant_gpus={"a": 2.0})
     jobs = [_job(i, Priority.LOW if i % 2 else Priority.NORMAL) for i in range(6)]
@@ -257,3 +273,53 @@ def test_guarded_memory_defines_only_the_hooks_its_policy_overrides() -> None:
 
 def test_registry_name_gives_the_bare_builtin() -> None:
     assert resolve("fgd", "placement", placement_policy) is placement_policy("fgd")
+
+
+# -- dispatch ---------------------------------------------------------------------------------------
+def test_the_guard_table_covers_exactly_the_families_the_verifier_knows() -> None:
+    from gpuslice.programs.guard import FAMILY_GUARDS
+    from gpuslice.programs.verify import FAMILIES
+
+    assert tuple(FAMILY_GUARDS) == FAMILIES
+    assert family_default("placement") is PlacementOps and family_default("queue") is QueueOps
+    assert family_default("eviction") is MemoryOps and family_default("prefetch") is MemoryOps
+
+
+def test_guarding_a_family_without_an_entry_is_an_internal_error_not_a_user_error() -> None:
+    with pytest.raises(InternalError, match="no guard for policy family 'lottery'; known: placement"):
+        guard("lottery", Fifo(), Fifo())
+    with pytest.raises(InternalError):
+        family_default("lottery")
+
+
+# -- abandoning a call stuck in C -------------------------------------------------------------------
+def test_a_hook_stuck_in_one_long_numpy_call_is_abandoned_and_the_default_decides_meanwhile() -> None:
+    """numpy releases the GIL in its sort; the watchdog cannot interrupt C code, but the caller stops
+    waiting once the hook has burned two budgets of CPU (40 ms of a sort that needs hundreds), so the
+    hook is certainly still sorting when the caller goes on, however busy the machine; the next call
+    runs on another worker, and the abandoned one goes idle once its call ends."""
+    big = np.random.default_rng(0).random(10_000_000)
+    ended = threading.Event()
+
+    def stuck() -> tuple[int]:
+        try:
+            np.sort(big)
+        finally:  # runs even when the watchdog's interruption lands right after the C call
+            ended.set()
+        return (1,)
+
+    g = HookGuard("queue", "stuck", GuardConfig(budget_seconds=0.02))
+    assert g.call("order_key", stuck, ()) == (_missing(), "timeout")
+    assert not ended.is_set()  # the caller went on while the hook was still inside np.sort
+    assert g.call("order_key", lambda: (2,), ()) == (_missing(), "busy")  # no second call piles up
+    assert ended.wait(120)
+    deadline = time.monotonic() + 60
+    while not g._idle and time.monotonic() < deadline:  # the abandoned worker goes idle on its own
+        time.sleep(0.01)
+    assert g.call("order_key", lambda: (2,), ()) == ((2,), None)
+
+
+def _missing() -> Any:
+    from gpuslice.programs.guard import _MISSING
+
+    return _MISSING

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from gpuslice.errors import InternalError, UserError
 from gpuslice.policies.queue import QUEUE
 from gpuslice.policies.queue.base import QueuedJob, QueueView, order_pending
 from gpuslice.programs.guard import GuardConfig
@@ -152,3 +153,9 @@ def test_decisions_under_the_lock_never_see_half_a_swap() -> None:
     for w in workers:
         w.join()
     assert errors == [] and s.info()["faults"] == {}
+
+
+def test_a_slot_for_a_family_that_does_not_exist_is_an_internal_error_never_a_user_error():
+    with pytest.raises(InternalError, match="unknown policy family 'lottery'; known: placement") as raised:
+        PolicySlot("lottery", default_factory=QUEUE["fifo"])
+    assert not isinstance(raised.value, UserError)

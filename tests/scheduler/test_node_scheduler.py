@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from gpuslice.errors import InvalidRequest
+from gpuslice.errors import InternalError, InvalidRequest, UnknownPolicy, UserError
 from gpuslice.hardware.machine import GpuInfo, Machine
 from gpuslice.hardware.topology_profiles import profile
+from gpuslice.ledger.placement import Refusal, RefusalCode
 from gpuslice.scheduler.node_scheduler import (
     MigAssignment,
     NodeScheduler,
@@ -412,7 +413,7 @@ def test_submit_rejects_a_job_larger_than_its_tenants_quota_and_a_duplicate_id()
 
 
 def test_unknown_queue_policy_lists_the_known_ones():
-    with pytest.raises(Exception, match="known: fifo, priority-fair"):
+    with pytest.raises(UnknownPolicy, match="known: fifo, priority-fair"):
         NodeScheduler(machine(), queue_policy="lottery")
 
 
@@ -447,6 +448,26 @@ def test_adopt_re_adds_a_running_job_and_refuses_a_conflict():
     usage = s.gpu_usage()
     assert usage[0].job_ids == ("a",) and usage[1].job_ids == ("m",) and usage[1].mig_slots == "....####"
     s.ledger.check_invariants()
+
+
+def test_adopting_a_whole_gpu_job_onto_a_gpu_already_held_is_refused_by_the_ledgers_fit_rule():
+    s = NodeScheduler(machine(2, topology=None))
+    s.adopt("a", spec(gpus=1), (0,), started_at=5.0)
+    with pytest.raises(InvalidRequest, match=r"cannot adopt job b on GPU \[0\]: "):
+        s.adopt("b", spec(gpus=1), (0,), started_at=6.0)
+
+
+def test_a_start_the_ledger_refuses_after_the_fit_check_is_an_internal_error_and_changes_nothing(monkeypatch):
+    """The node scheduler only starts what it checked; a refusal then is its own bug, an HTTP 500 in
+    serve, never a 400 blamed on the user's request."""
+    s = NodeScheduler(machine(2, topology=None))
+    s.submit("j", spec(gpus=1), 0)
+    refuse = lambda node, gpus, req: Refusal(RefusalCode.INSUFFICIENT_GPU, node, gpus[0])  # noqa: E731
+    monkeypatch.setattr(s.ledger, "reserve", refuse)
+    with pytest.raises(InternalError, match="bug: the ledger refused to start job j") as raised:
+        s.step(1)
+    assert not isinstance(raised.value, UserError)
+    assert [i for i, _ in s.queue()] == ["j"] and s.gpu_usage()[0].job_ids == ()
 
 
 def test_same_calls_give_the_same_decisions():

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import os
 import sys
+from enum import Enum
 
 import acceptance_helpers
 import pytest
 
 from gpu_acceptance import serve_check
 from gpu_acceptance.runner import Context, Stage, run_stages
+from gpuslice.node import enforcement
 from gpuslice.node.enforcement import SharingMode
 
 
@@ -69,12 +71,29 @@ def test_slice_memory_used_is_summed_per_job_from_the_metrics():
     assert serve_check._metric_used(text) == {"j1": 3072, "j2": 5}
 
 
-@pytest.mark.skipif("shim" in {m.value for m in SharingMode}, reason="this gpuslice has a shim mode")
-def test_without_a_shim_mode_the_shim_stage_is_not_available(tmp_path):
+def _without_shim_mode(monkeypatch):
+    modes = {m.name: m.value for m in SharingMode if m.value != "shim"}
+    monkeypatch.setattr(enforcement, "SharingMode", Enum("SharingMode", modes))
+
+
+def _without_shim_library(monkeypatch):
+    def no_build(repo, module):
+        raise FileNotFoundError("no C compiler")
+
+    monkeypatch.setattr(serve_check, "shim_library", no_build)
+
+
+@pytest.mark.parametrize(
+    ("take_away", "reason"),
+    [(_without_shim_mode, "no --sharing shim (modes: "), (_without_shim_library, "no C compiler")],
+    ids=["serve-has-no-shim-mode", "the-shim-library-cannot-be-built"],
+)  # fmt: skip
+def test_without_the_shim_its_stage_is_not_available(take_away, reason, tmp_path, monkeypatch):
+    take_away(monkeypatch)
     ctx = Context(repo=tmp_path, out_dir=tmp_path, python=sys.executable, env=dict(os.environ))
     records = run_stages(ctx, [Stage("serve_shim", serve_check.serve_stage("shim"), 10)], 30, lambda _: None)
     assert records["serve_shim"]["status"] == "not available"
-    assert "no --sharing shim" in records["serve_shim"]["reason"]
+    assert reason in records["serve_shim"]["reason"]
 
 
 # Stands in for the PyTorch job on a machine without a GPU: the same output lines, figures made up.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 
 import pytest
@@ -11,9 +12,6 @@ from gpuslice.hardware.node import NodeSpec
 from gpuslice.sim.trace import BUNDLED_TRACES, NODE_FILE, bundled_dir, load_nodes, load_pods, load_trace
 from gpuslice.units import MiB
 from gpuslice.workload.request import Request
-
-SHARED_OPENB = Path(__file__).resolve().parents[2] / ".." / "shared" / "data" / "openb"
-needs_shared_openb = pytest.mark.skipif(not SHARED_OPENB.is_dir(), reason=f"no openb data at {SHARED_OPENB}")
 
 NODES_CSV = """sn,cpu_milli,memory_mib,gpu,model
 node-a,32000,65536,4,V100M16
@@ -143,23 +141,22 @@ def test_a_directory_without_the_node_list_is_an_unknown_trace(tmp_path: Path) -
         load_trace("lone", tmp_path)
 
 
-@needs_shared_openb
-def test_the_shared_multigpu_trace_loads_in_the_five_column_format() -> None:
-    trace = load_trace("multigpu50", SHARED_OPENB)
-    assert len(trace.nodes) == 1213
-    assert any(p.request.num_gpu > 1 for p in trace.pods)
+def test_a_multigpu_trace_loads_in_the_five_column_format(tmp_path: Path) -> None:
+    """The artifact's ``multigpu*`` files stop after gpu_milli (no gpu_spec, no times)."""
+    pods = "name,cpu_milli,memory_mib,num_gpu,gpu_milli\np0,12000,16384,1,460\np1,64000,262144,8,1000\n"
+    trace = load_trace("multigpu50", write_trace(tmp_path, "multigpu50", pods))
+    assert [(p.request.num_gpu, p.request.gpu_milli, p.request.gpu_models) for p in trace.pods] == [
+        (1, 460, ()), (8, 1000, ()),
+    ]  # fmt: skip
 
 
-@needs_shared_openb
-def test_the_shared_gpuspec_trace_pins_pods_to_gpu_models() -> None:
-    trace = load_trace("gpuspec10", SHARED_OPENB)
-    pinned = [p.request.gpu_models for p in trace.pods if p.request.gpu_models]
-    assert ("V100M16", "V100M32") in pinned  # "V100M16|V100M32|V100M32" deduplicated
-
-
-@needs_shared_openb
-def test_the_bundled_default_trace_equals_the_shared_copy() -> None:
-    assert load_trace("default", SHARED_OPENB) == load_trace("default")
+def test_a_gpuspec_trace_pins_pods_to_their_gpu_models_once_each(tmp_path: Path) -> None:
+    pods = POD_HEADER + (
+        "p0,6000,12288,1,460,V100M16|V100M32|V100M32,LS,Running,0,10,0\n"
+        "p1,6000,12288,1,460,,LS,Running,0,10,0\n"
+    )
+    trace = load_trace("gpuspec10", write_trace(tmp_path, "gpuspec10", pods))
+    assert [p.request.gpu_models for p in trace.pods] == [("V100M16", "V100M32"), ()]
 
 
 def test_the_trace_names_help_lists_are_the_published_ones():
@@ -167,3 +164,13 @@ def test_the_trace_names_help_lists_are_the_published_ones():
     from gpuslice.sim.trace import OPENB_TRACES
 
     assert set(OPENB_TRACES) == {trace for trace, _ in published_results()}
+
+
+# sha256 of openb_pod_list_default.csv in the FGD artifact (hkust-adsl/kubernetes-scheduler-simulator,
+# data/openb_pod_list_default.csv): the bundled copy is that file byte for byte.
+ARTIFACT_DEFAULT_SHA256 = "1ee7ed79c27a3b0861cda8ddba86a004c6aba904caafa329a76ae93ca63834a8"
+
+
+def test_the_bundled_default_trace_is_the_artifacts_file_byte_for_byte() -> None:
+    data = (bundled_dir() / "openb_pod_list_default.csv").read_bytes()
+    assert hashlib.sha256(data).hexdigest() == ARTIFACT_DEFAULT_SHA256

@@ -3,7 +3,10 @@
 ```text
 guarded.hook(args)                        # same signature as the ops family's hook (memory: guard_memory.py)
     detached?  -> default.hook(args)
-    arm watchdog (deadline = now + budget) -> answer = policy.hook(args) -> disarm
+    on a worker thread (placement, queue): arm watchdog (deadline = now + budget)
+        -> answer = policy.hook(args) -> disarm;   the caller waits, and gives up once the worker has
+        burned ABANDON_CPU_SHARE budgets (a call stuck in C, past the watchdog's reach): "timeout";
+        the worker finishes on its own, and until it has every call gets the default at once ("busy")
     exception | interrupted (timeout) | returned after the budget (overrun) | wrong type or shape
         -> faults[(hook, reason)] += 1, on_event(...), answer = default.hook(args)
     max_faults within window_seconds -> detached: on_detach(), every later call goes to the default
@@ -18,9 +21,14 @@ main one) and costs the hot path two clock reads and two dict operations (``sys.
 every line); about 3 µs per guarded call in all. ``HookTimeout`` derives from ``BaseException`` and
 the verifier forbids ``except BaseException`` and bare ``except``, so the policy cannot swallow it.
 Limits: the exception lands at the next bytecode boundary, so a single long C call (a huge numpy
-allocation, ``10 ** 10 ** 8``) is not cut short — the guard counts the overrun when it returns; the
-interruption comes up to a quarter budget (plus the interpreter's 5 ms switch interval) late; CPython
-only.
+sort, ``10 ** 10 ** 8``) is not cut short. So that such a call cannot hold up a daemon (serve decides
+under its lock), placement and queue hooks run on worker threads of the guard (``hook_runner.Worker``;
+about 50 µs per call against a few µs in the caller's thread, on this project's loaded 2-core VM): the
+caller stops waiting as above and the default decides; this works where the C code releases the GIL,
+as numpy's array loops, sorts and linear algebra do (a C call that keeps the GIL blocks every thread,
+which only a separate process could avoid). Memory hooks, called per page fault by the simulator, and
+replays (``abandon=False``) run in the caller's thread. The interruption comes up to a quarter
+budget (plus the interpreter's 5 ms switch interval) late; CPython only.
 
 Budgets are seconds per call, per family (``DEFAULT_BUDGETS``, sized by ``benchmarks/policy_overhead.py``),
 and what counts is the CPU a hook burns. A call is judged only once it is past its budget in wall time
@@ -34,25 +42,32 @@ a runaway hook costs one decision, not the system.
 
 from __future__ import annotations
 
-import ctypes
 import threading
 import time
-import weakref
 from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from itertools import count
 from types import MappingProxyType
 from typing import Any
 
 import numpy as np
 
+from gpuslice.errors import InternalError
 from gpuslice.policies.base import PlacementOps
 from gpuslice.policies.queue.base import QueueOps, QueueView
+from gpuslice.programs.hook_runner import (
+    ABANDON_CPU_SHARE,
+    WATCHDOG,
+    HookTimeout,
+    Job,
+    Worker,
+    run_job,
+)
 from gpuslice.workload.job import Priority
 
 __all__ = [
     "DEFAULT_BUDGETS",
+    "FAMILY_GUARDS",
     "GuardConfig",
     "GuardedPlacement",
     "GuardedQueue",
@@ -67,22 +82,6 @@ __all__ = [
 # FGD's first score over a 6,000-node cluster (every node stale) is the largest call a built-in makes; queue
 # and memory hooks take microseconds. The margins also cover a full garbage collection inside a hook.
 DEFAULT_BUDGETS: dict[str, float] = {"placement": 2.0, "queue": 0.5, "eviction": 0.1, "prefetch": 0.1}
-# A hook is interrupted, or its late answer dropped, once it has burned this share of its budget in CPU
-# after the watchdog first saw it (at most a quarter budget after its start): wall time alone would fault
-# hooks that merely waited for a CPU on a busy machine.
-CPU_SHARE = 0.75
-# The watchdog wakes every budget / 4 of the strictest live guard, within these bounds: an interruption
-# lands at most a quarter budget late, and a placement-only process wakes 4 times a second, not 200
-# (each wake-up takes the GIL from the deciding thread). Below 5 ms (the interpreter's switch interval)
-# polling gains nothing.
-WATCHDOG_POLL_MIN_SECONDS = 0.005
-WATCHDOG_POLL_MAX_SECONDS = 0.25
-
-
-class HookTimeout(BaseException):
-    """Raised inside a hook that ran past its budget (by the watchdog thread)."""
-
-
 @dataclass
 class GuardConfig:
     """How strict the guard is. ``budget_seconds`` None means the family's ``DEFAULT_BUDGETS`` entry."""
@@ -91,107 +90,19 @@ class GuardConfig:
     max_faults: int = 5
     window_seconds: float = 60.0
     interrupt: bool = True  # False: overruns are only detected when the hook returns
+    # With the watchdog: run each call on a worker thread the caller can abandon, so that a daemon keeps
+    # deciding while a hook is stuck in one long C call. None: yes for placement and queue policies (serve
+    # and the extender decide under a lock), no for memory policies (a simulator calls them per fault,
+    # microseconds each, and nobody waits on them). A replay may say False (no daemon waits there).
+    abandon: bool | None = None
 
     def budget_for(self, family: str) -> float:
         return DEFAULT_BUDGETS[family] if self.budget_seconds is None else self.budget_seconds
 
-
-class _Armed:
-    """One hook call the watchdog watches. ``cpu_seen`` is the thread's CPU clock when the watchdog first
-    saw the call (None until then); the CPU a hook burned after that is what counts against it."""
-
-    __slots__ = ("budget", "cpu_seen", "deadline", "thread_id")
-
-    def __init__(self, thread_id: int, deadline: float, budget: float) -> None:
-        self.thread_id, self.deadline, self.budget = thread_id, deadline, budget
-        self.cpu_seen: float | None = None
-
-    def burned(self, cpu_now: float) -> bool:
-        """Whether the hook used ``CPU_SHARE`` of its budget since it was first seen (a lower bound of
-        what it used: the first sighting comes within a quarter budget of its start)."""
-        return self.cpu_seen is not None and cpu_now - self.cpu_seen >= CPU_SHARE * self.budget
+    def abandon_for(self, family: str) -> bool:
+        return self.interrupt and (family in ("placement", "queue") if self.abandon is None else self.abandon)
 
 
-class _Watchdog:
-    """One daemon thread for the process: interrupts armed hook calls past their budget."""
-
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.armed: dict[int, _Armed] = {}  # token -> call
-        self.injected: set[int] = set()
-        self.guards: weakref.WeakSet[HookGuard] = weakref.WeakSet()
-        self._clocks: dict[int, int] = {}  # thread id -> its CPU clock id
-        self._thread: threading.Thread | None = None
-        # Two prototypes of one C function: raise an exception class, or clear with NULL (a py_object
-        # None would be Py_None, which the interpreter would then try to raise).
-        api = ctypes.pythonapi
-        self._raise = ctypes.PYFUNCTYPE(ctypes.c_int, ctypes.c_ulong, ctypes.py_object)(
-            ("PyThreadState_SetAsyncExc", api)
-        )
-        self._clear = ctypes.PYFUNCTYPE(ctypes.c_int, ctypes.c_ulong, ctypes.c_void_p)(
-            ("PyThreadState_SetAsyncExc", api)
-        )
-
-    def watch(self, hook_guard: HookGuard) -> None:
-        """Start polling (if not yet) at a pace that suits ``hook_guard``'s budget."""
-        with self.lock:
-            self.guards.add(hook_guard)
-        if self._thread is None or not self._thread.is_alive():
-            self._thread = threading.Thread(target=self._run, name="gpuslice-policy-watchdog", daemon=True)
-            self._thread.start()
-
-    def _cpu(self, thread_id: int) -> float | None:
-        """Another thread's CPU clock (seconds), None if the thread is gone."""
-        try:
-            clock = self._clocks.get(thread_id)
-            if clock is None:
-                clock = self._clocks[thread_id] = time.pthread_getcpuclockid(thread_id)
-            return time.clock_gettime(clock)
-        except OSError:
-            self._clocks.pop(thread_id, None)
-            return None
-
-    def _run(self) -> None:
-        while True:  # a daemon thread for the life of the process; idles while nothing is armed
-            with self.lock:
-                budgets = [g.budget for g in self.guards]
-            poll = min(budgets, default=4 * WATCHDOG_POLL_MAX_SECONDS) / 4
-            time.sleep(min(max(poll, WATCHDOG_POLL_MIN_SECONDS), WATCHDOG_POLL_MAX_SECONDS))
-            if not self.armed:
-                continue
-            now = time.perf_counter()
-            with self.lock:
-                for token, call in list(self.armed.items()):
-                    cpu = self._cpu(call.thread_id)
-                    if cpu is None:
-                        continue
-                    if call.cpu_seen is None:
-                        call.cpu_seen = cpu
-                    # dict.pop is atomic: either this thread or the hook's own disarm takes the entry
-                    elif now > call.deadline and call.burned(cpu) and self.armed.pop(token, None) is not None:
-                        self.injected.add(token)
-                        self._raise(call.thread_id, HookTimeout)
-
-    def disarm(self, token: int, thread_id: int) -> None:
-        """Stop watching ``token``. If the hook's thread takes the entry first (the common case, no lock),
-        no interruption can follow; if the watchdog took it, wait for it to finish sending (its lock) and
-        cancel the interruption if it has not been delivered yet."""
-        if self.armed.pop(token, None) is not None:
-            return
-        with self.lock:
-            if token in self.injected:
-                self.injected.discard(token)
-                self._clear(thread_id, None)  # NULL clears a pending async exception
-
-    def forget(self, token: int) -> None:
-        """After a delivered interruption: nothing is pending for ``token`` any more."""
-        with self.lock:
-            self.armed.pop(token, None)
-            self.injected.discard(token)
-
-
-_WATCHDOG = _Watchdog()
-_TOKENS = count()
 _MISSING = object()
 
 
@@ -218,36 +129,66 @@ class HookGuard:
         self.calls = 0
         self.slowest: dict[str, float] = {}  # hook -> longest call that returned, wall seconds
         self._recent: deque[float] = deque()
+        self._idle: list[Worker] = []  # worker threads waiting for a call (abandon mode)
+        self._abandon = self.config.abandon_for(family)
+        self._stuck: list[Job] = []  # abandoned calls still running (at most one: see ``call``)
         if self.config.interrupt:
-            _WATCHDOG.watch(self)
+            WATCHDOG.watch(self)
 
     def call(self, hook: str, fn: Callable[..., Any], args: tuple[Any, ...]) -> tuple[Any, str | None]:
-        """Run ``fn(*args)`` timed; (answer, None) or (_MISSING, fault reason)."""
+        """Run ``fn(*args)`` timed; (answer, None) or (_MISSING, fault reason).
+
+        With the watchdog, the call runs on one of this guard's worker threads and the caller waits for
+        it: a hook stuck in one long C call (numpy releases the GIL there, so the caller can wake) is
+        abandoned once it burned ``ABANDON_CPU_SHARE`` budgets of CPU, and the default decides at once;
+        the worker finishes the call on its own and its answer is dropped."""
         self.calls += 1
         started = time.perf_counter()
         if not self.config.interrupt:
             return self._call_measured(hook, fn, args, started)
-        token = next(_TOKENS)
-        call = _Armed(threading.get_ident(), started + self.budget, self.budget)
+        if not self._abandon:
+            return self._call_inline(hook, fn, args, started)
+        if self._stuck:  # an abandoned call still runs: the default decides without starting another
+            self._stuck = [j for j in self._stuck if not j.done.is_set()]
+            if self._stuck:
+                return _MISSING, "busy"
         try:
-            _WATCHDOG.armed[token] = call
-            try:
-                answer = fn(*args)
-            finally:
-                _WATCHDOG.disarm(token, call.thread_id)
-        except HookTimeout:
-            _WATCHDOG.forget(token)
-            return _MISSING, "timeout"
-        except Exception as err:  # the policy's bug: counted, the default decides (STYLE.md habit 5)
-            return _MISSING, f"exception {type(err).__name__}"
+            worker = self._idle.pop()
+        except IndexError:
+            worker = Worker(self._idle)
+        job = Job(fn, args, started + self.budget, self.budget)
+        worker.run(job)
+        if not job.done.wait(self.budget):
+            while not job.done.wait(self.budget / 4):
+                cpu = worker.cpu()
+                burned = cpu is not None and 0 <= job.cpu_started <= cpu - ABANDON_CPU_SHARE * self.budget
+                if burned and job.abandon():
+                    self._stuck.append(job)
+                    return _MISSING, "timeout"  # the worker drops the answer and goes idle when it ends
+                if job.done.is_set():
+                    break
+        worker.release()
+        return self._judged(hook, job, started)
+
+    def _call_inline(
+        self, hook: str, fn: Callable[..., Any], args: tuple[Any, ...], started: float
+    ) -> tuple[Any, str | None]:
+        """With the watchdog, in the caller's own thread (``abandon`` off): interrupted, never abandoned."""
+        job = Job(fn, args, started + self.budget, self.budget)
+        run_job(job, threading.get_ident(), clocks=False)
+        return self._judged(hook, job, started)
+
+    def _judged(self, hook: str, job: Job, started: float) -> tuple[Any, str | None]:
+        if job.reason is not None:
+            return _MISSING, job.reason
         elapsed = time.perf_counter() - started
         if elapsed > self.slowest.get(hook, 0.0):
             self.slowest[hook] = elapsed
-        # Past the wall budget, only CPU the hook burned makes it an overrun (not a busy machine's wait);
-        # the thread's clock is read only on this rare path (a syscall, microseconds).
-        if elapsed > self.budget and call.burned(time.thread_time()):
+        # Past the wall budget, only CPU the hook burned makes it an overrun (not a busy machine's wait).
+        cpu = job.cpu_finished if job.cpu_finished >= 0 else None  # None: this thread ran it, read now
+        if elapsed > self.budget and job.armed.burned(time.thread_time() if cpu is None else cpu):
             return _MISSING, "overrun"
-        return answer, None
+        return job.answer, None
 
     def _call_measured(
         self, hook: str, fn: Callable[..., Any], args: tuple[Any, ...], started: float
@@ -326,7 +267,7 @@ def _inherited(policy: Any, base: type, hooks: tuple[str, ...]) -> set[str]:
 
 
 _PLACEMENT_HOOKS = ("filter", "score", "normalize", "pick_gpus", "on_placed", "on_released")
-_QUEUE_HOOKS = ("priority", "order_key", "on_started", "on_finished")
+_QUEUE_HOOKS = ("priority", "order_key", "may_preempt", "on_started", "on_finished")
 
 
 # -- placement --------------------------------------------------------------------------------------
@@ -448,6 +389,10 @@ class GuardedQueue(QueueOps):
     def order_key(self, view: QueueView, job: Any) -> tuple[Any, ...]:
         return _guarded(self, "order_key", (self._read_only(view), job), _checked_key)
 
+    def may_preempt(self, view: QueueView, preemptor: Any, victim: Any) -> bool:
+        check = lambda answer: answer if type(answer) is bool else _MISSING  # noqa: E731
+        return _guarded(self, "may_preempt", (self._read_only(view), preemptor, victim), check)
+
     def on_started(self, view: QueueView, job: Any) -> None:
         _guarded(self, "on_started", (self._read_only(view), job), None)
 
@@ -456,21 +401,48 @@ class GuardedQueue(QueueOps):
 
 
 # -- building -----------------------------------------------------------------------------------------
-# The built-in default of each family: what decides when the policy faults or is detached.
+def _memory_base() -> type:
+    from gpuslice.memory.hooks import MemoryOps  # loads the memory engine: only for memory policies
+
+    return MemoryOps
+
+
+def _memory_wrapper(policy: Any, default: Any, hook_guard: HookGuard) -> Any:
+    from gpuslice.programs.guard_memory import guarded_memory  # loads the memory engine
+
+    return guarded_memory(policy, default, hook_guard)
+
+
+@dataclass(frozen=True, slots=True)
+class _Family:
+    """How one family is guarded: its base ops class (the default that decides on faults or after a
+    detach) and the wrapper that guards each of its hooks."""
+
+    base: Callable[[], type]
+    wrap: Callable[[Any, Any, HookGuard], Any]
+
+
+# The one dispatch table of the guard: family name -> how it is guarded. The memory entries import the
+# memory engine only when a memory policy is guarded.
+FAMILY_GUARDS: dict[str, _Family] = {
+    "placement": _Family(lambda: PlacementOps, GuardedPlacement),
+    "queue": _Family(lambda: QueueOps, GuardedQueue),
+    "eviction": _Family(_memory_base, _memory_wrapper),
+    "prefetch": _Family(_memory_base, _memory_wrapper),
+}
+
+
+def _family(family: str) -> _Family:
+    try:
+        return FAMILY_GUARDS[family]
+    except KeyError:  # callers pass a family the verifier or the loader named: a bug, not user input
+        known = ", ".join(FAMILY_GUARDS)
+        raise InternalError(f"bug: no guard for policy family {family!r}; known: {known}") from None
+
+
 def family_default(family: str) -> Callable[..., Any]:
-    """The base ops class of ``family`` (its defaults decide when a policy faults or is detached).
-
-    The memory base is imported only when a memory policy is guarded, so guarding a placement or a queue
-    policy never loads the memory engine."""
-    if family == "placement":
-        return PlacementOps
-    if family == "queue":
-        return QueueOps
-    if family in ("eviction", "prefetch"):
-        from gpuslice.memory.hooks import MemoryOps
-
-        return MemoryOps
-    raise ValueError(f"unknown policy family {family!r}")
+    """The base ops class of ``family`` (its defaults decide when a policy faults or is detached)."""
+    return _family(family).base()
 
 
 def guard(
@@ -482,16 +454,8 @@ def guard(
     on_detach: Callable[[], None] | None = None,
 ) -> Any:
     """Wrap an ops instance of ``family``: every hook call guarded, ``default`` deciding on faults."""
-    hook_guard = HookGuard(family, policy.name, config, on_event, on_detach)
-    if family == "placement":
-        return GuardedPlacement(policy, default, hook_guard)
-    if family == "queue":
-        return GuardedQueue(policy, default, hook_guard)
-    if family in ("eviction", "prefetch"):
-        from gpuslice.programs.guard_memory import guarded_memory  # loads the memory engine
-
-        return guarded_memory(policy, default, hook_guard)
-    raise ValueError(f"unknown policy family {family!r}")
+    entry = _family(family)
+    return entry.wrap(policy, default, HookGuard(family, policy.name, config, on_event, on_detach))
 
 
 def guarded_factory(

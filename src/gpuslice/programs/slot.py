@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from gpuslice.errors import NotFound
+from gpuslice.errors import InternalError, NotFound
 from gpuslice.programs.guard import GuardConfig, guard
 from gpuslice.programs.loader import LoadedPolicy, PolicyFamilyMismatch
 from gpuslice.programs.maps import Map
@@ -56,7 +56,8 @@ class PolicySlot:
         args: tuple[Any, ...] = (),
     ) -> None:
         if family not in FAMILIES:
-            raise ValueError(f"unknown policy family {family!r}; known: {', '.join(FAMILIES)}")
+            # the family comes from the code that builds the slot, never from a user: a bug
+            raise InternalError(f"bug: unknown policy family {family!r}; known: {', '.join(FAMILIES)}")
         self.family = family
         self.lock = threading.RLock()  # re-entrant: a detach happens inside a decision made under it
         self._args = args

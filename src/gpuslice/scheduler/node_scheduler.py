@@ -10,8 +10,8 @@ for job in order:
     tenant at quota?                  -> waits: "tenant ml at its quota of 4 GPUs"
     a head job is blocked, no backfill -> waits behind it
     fits now? (gang: all its GPUs or none)
-        no  -> first such job is the head: preempt the cheapest lower-priority victims (preemption.py)
-               and take an EASY reservation (backfill.py); later ones wait with their own reason
+        no  -> first such job is the head: preempt what the one search finds (preemption.py, asking
+               the queue policy's may_preempt) and take an EASY reservation (backfill.py); later ones wait
         yes -> would it delay the head's reservation?  -> waits "behind … (backfill would delay it)"
                else GPUs: a MIG slot (node_fit), or the shared placer's choice under the placement
                policy (node_gpu_choice.py, as in sim and the extender) -> ledger.reserve -> StartJob
@@ -22,11 +22,10 @@ fit question is asked of the job's demand without them (``_usable``), and a job 
 them says so ("…; GPU 3 is unhealthy (XID 79): no new jobs go there"). Jobs running there keep running;
 reporting them is the daemon's part.
 
-Known limits, by design: only the head job preempts (one preemption plan at a time, like EASY's one
-reservation; a second blocked job plans its own once the head started). Memory held outside gpuslice
-(``set_external_usage``) is a pseudo-placement of 1 milli plus the memory, so a GPU someone else uses is
-no longer whole; it is clamped to what is free and re-taken as jobs finish. On MIG GPUs it is only
-shown, since MIG slots, not free bytes, decide there.
+Known limits, by design: only the head job preempts (one plan at a time, like EASY's one reservation).
+Memory held outside gpuslice (``set_external_usage``) is a pseudo-placement of 1 milli plus the memory,
+so a GPU someone else uses is no longer whole; it is clamped to what is free and re-taken as jobs
+finish. On MIG GPUs it is only shown, since MIG slots, not free bytes, decide there.
 """
 
 from __future__ import annotations
@@ -37,7 +36,7 @@ from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from gpuslice.errors import InvalidRequest, UserError
+from gpuslice.errors import InternalError, InvalidRequest, UserError
 from gpuslice.hardware.machine import Machine
 from gpuslice.hardware.mig import MigInstance, MigLayout, format_mask, mig_gpu
 from gpuslice.ledger.ledger import Ledger, LedgerView
@@ -47,6 +46,7 @@ from gpuslice.policies.bestfit import BestFit
 from gpuslice.policies.mig_placement import KeepLargestPlaceable
 from gpuslice.policies.queue import (
     DEFAULT_QUEUE_POLICY,
+    JobRef,
     QueuedJob,
     QueueView,
     effective_priority,
@@ -69,7 +69,7 @@ from gpuslice.scheduler.node_fit import (
     why_not,
 )
 from gpuslice.scheduler.node_gpu_choice import NodeGpuChoice, demand_request
-from gpuslice.scheduler.preemption import Victim, choose_victims
+from gpuslice.scheduler.preemption import Victim, find_preemption
 from gpuslice.scheduler.quota import (
     TenantQuota,
     check_fits_quota,
@@ -79,7 +79,6 @@ from gpuslice.scheduler.quota import (
     quota_reason,
 )
 from gpuslice.scheduler.reasons import PendingCode, PendingReason
-from gpuslice.units import format_size
 from gpuslice.workload.job import DEFAULT_GRACE_SECONDS, JobSpec
 from gpuslice.workload.request import Request
 from gpuslice.workload.target import TargetWorkload
@@ -240,13 +239,9 @@ class NodeScheduler:
                     f"got {list(gpus)}"
                 )
             holding = Holding(gpus, demand.milli, demand.memory_bytes)
-            free = self._capacity().free_memory
-            short = [g for g in gpus if free[g] < holding.memory_bytes]
-            if short:
-                raise InvalidRequest(
-                    f"gpus: job {job_id} needs {format_size(holding.memory_bytes)} on GPU {short[0]}, "
-                    f"which has {format_size(max(0, free[short[0]]))} free"
-                )
+            refused = self.ledger.check(0, gpus, self._ledger_request(spec, holding))
+            if refused is not None:  # the ledger's own fit rule; what is recorded already wins
+                raise InvalidRequest(f"gpus: cannot adopt job {job_id} on GPU {list(gpus)}: {refused}")
         self._reserve(job_id, spec, holding, started_at, mig, adopting=True)
 
     def set_external_usage(self, gpu: int, memory_bytes: int) -> None:
@@ -356,19 +351,25 @@ class NodeScheduler:
         return reason
 
     def _victims(self, job: _Pending, now: float, cap: Capacity) -> tuple[Victim, ...] | None:
-        level = int(job.queued.spec.priority)
-        demand = self._usable(job.demand)
-        eligible = set(demand.eligible)
-        candidates = [
-            Victim(r.job_id, r.holding, int(r.spec.priority), r.started_at)
+        """``find_preemption`` over the running jobs on GPUs the head may use, not preempted already."""
+        spec, demand = job.queued.spec, self._usable(job.demand)
+        running = [
+            Victim(r.job_id, int(r.spec.priority), r.started_at, gpus_equivalent(r.holding),
+                   tenant=r.spec.tenant, preemptible=r.spec.preemptible, holding=r.holding)
             for r in self._by_start()
-            if r.spec.preemptible
-            and int(r.spec.priority) < level
-            and r.preempt_at is None
-            and eligible & set(r.holding.gpus)
-        ]
-        topology = self.machine.topology
-        return choose_victims(candidates, cap, lambda c: fits(demand, c, topology), now)
+            if r.preempt_at is None and set(demand.eligible) & set(r.holding.gpus)
+        ]  # fmt: skip
+
+        def fits_without(_node: object, victims: tuple[Victim, ...]) -> bool:
+            trial = cap.copy()
+            for v in victims:
+                trial.give(v.holding)
+            return fits(demand, trial, self.machine.topology)
+
+        head, view = JobRef(job.queued.job_id, int(spec.priority), spec.tenant), self._view(now)
+        plan = find_preemption(head, running, fits_without, now, policy=self.policy, view=view,
+                               fallbacks=self.fallbacks)  # fmt: skip
+        return None if plan is None else plan.victims
 
     def _behind(self, job: _Pending, now: float, p: _Pass, why: str) -> PendingReason:
         assert p.head is not None
@@ -559,13 +560,14 @@ class NodeScheduler:
         *,
         adopting: bool,
     ) -> None:
-        """Record a running job through ``Ledger.reserve``; the ledger's refusal means a bug (in step)
-        or a conflicting adoption, and leaves everything unchanged."""
+        """Record a running job through ``Ledger.reserve``. ``adopt`` and ``step`` have checked the fit
+        already, so a refusal here is a bug in gpuslice (InternalError, everything left unchanged)."""
         gpus = holding.gpus
         result = self.ledger.reserve(0, gpus, self._ledger_request(spec, holding))
         if isinstance(result, Refusal):
             what = "adopt" if adopting else "start"
-            raise InvalidRequest(f"gpus: cannot {what} job {job_id} on GPU {list(gpus)}: {result}")
+            raise InternalError(f"bug: the ledger refused to {what} job {job_id} on GPU {list(gpus)} "
+                                f"after its fit was checked: {result}")  # fmt: skip
         if holding.mig is not None:
             layout = self._layouts[gpus[0]]
             assert layout is not None

@@ -183,7 +183,7 @@ def replay(
     target = TargetWorkload.from_requests(p.request for p in trace.pods)
     context = PolicyContext(rng=np.random.default_rng(policy_seed), target=target)
     # a built-in name or a policy file (guarded; its faults join the placer's fallbacks)
-    factory = resolve(policy, "placement", placement_policy, guard_config)
+    factory = resolve(policy, "placement", placement_policy, guard_config or GuardConfig(abandon=False))
     placer = Placer(ledger, factory(ledger.view, context))
     view = ledger.view
 

@@ -21,6 +21,9 @@ from gpuslice.k8s.extender.cluster import (
     pod_priority,
 )
 from gpuslice.k8s.extender.verdicts import CODE_MODEL, CODE_NO_INVENTORY, CODE_RESERVED, Verdicts, fit_codes
+from gpuslice.policies.queue import JobRef
+from gpuslice.scheduler.preemption import Victim, find_preemption
+from gpuslice.workload.request import MILLI_PER_GPU
 
 __all__ = ["NOMINATION_S", "Preemption"]
 
@@ -36,7 +39,7 @@ class Preemption(Verdicts):
 
     def preempt(self, pod: Mapping[str, Any], victims: Mapping[str, list[str]]) -> dict[str, list[str]]:
         """Of kube-scheduler's preemption candidates (node -> UIDs of the pods it would evict), the nodes
-        where evicting exactly those pods frees a GPU the pod fits on; the victims are kept as proposed.
+        where the one preemption search finds room among those pods; the victims are kept as proposed.
 
         kube-scheduler picks victims with its own plugins, which see only ``gpuslice.io/gpu`` counts; this
         what-if over the ledger drops the candidates whose evictions would free the wrong GPUs.
@@ -48,12 +51,31 @@ class Preemption(Verdicts):
         if not ask.wants_gpu:
             return dict(victims)
         built = self._ledgered()
+        preemptor = JobRef(pod_meta(pod)[2], pod_priority(pod), pod_meta(pod)[0])
         with self._lock:
             return {
                 name: uids
                 for name, uids in victims.items()
-                if (node := built.index.get(name)) is not None and self._fits_without(built, node, ask, uids)
+                if (node := built.index.get(name)) is not None
+                and self._search_keeps(built, node, ask, preemptor, uids)
             }
+
+    def _search_keeps(
+        self, built: LedgerBuild, node: int, ask: PodGpuRequest, preemptor: JobRef, uids: list[str]
+    ) -> bool:
+        """Does the one preemption search find room on ``node`` among exactly the proposed victims? Pods
+        that are not gpuslice's (kube-scheduler may propose them for CPU or memory) free no GPU but stay
+        evicted, so the what-if always counts them as gone."""
+        proposed = [_victim(u, b) for u in uids if (b := self._pods.get(u)) is not None]
+        others = [u for u in uids if u not in self._pods]
+        if not proposed:
+            return self._fits_without(built, node, ask, others)
+        plan = find_preemption(
+            preemptor, proposed,
+            lambda _n, gone: self._fits_without(built, node, ask, [v.job_id for v in gone] + others),
+            time.time(),
+        )  # fmt: skip
+        return plan is not None
 
     def _fits_without(self, built: LedgerBuild, node: int, ask: PodGpuRequest, uids: list[str]) -> bool:
         """Would ``ask`` fit on ``node`` with the pods ``uids`` gone? Reads only (a copy of one row)."""
@@ -142,10 +164,10 @@ class Preemption(Verdicts):
         kube-scheduler's default preemption simulates evictions with its in-tree filters only: when just
         this extender refuses a node, the simulation finds no victim and never calls the extender's
         preempt verb (Kubernetes up to at least v1.37). So the extender does what that plugin would: on
-        the nodes kube-scheduler offered, the fewest lowest-priority victims whose removal makes the pod
-        fit (kube-scheduler's rules: only lower priority; prefer the node whose most important victim is
-        least important, then fewer victims), deleted with their own grace period; the node is then held
-        for the pod until it binds (``_reserved_for_others``). Returns the reason the pod waits.
+        the nodes kube-scheduler offered, the cheapest set of lower-priority victims whose removal makes
+        the pod fit, found by the one preemption search of every home (``find_preemption``), deleted
+        with their own grace period; the node is then held for the pod until it binds
+        (``_reserved_for_others``). Returns the reason the pod waits.
         """
         namespace, name, uid = pod_meta(pod)
         priority = pod_priority(pod)
@@ -154,23 +176,22 @@ class Preemption(Verdicts):
             if waiting is not None:
                 left = sum(1 for v in self._nominations[waiting].victims if v in self._pods)
                 return f"preempted lower-priority pods on {waiting}; waiting for {left} of them to end"
-            by_node: dict[str, list[tuple[str, BoundPod]]] = {}
-            for other, bound in self._pods.items():
-                if bound.priority < priority:
-                    by_node.setdefault(bound.node, []).append((other, bound))
-            best: tuple[tuple[int, int], str, list[tuple[str, BoundPod]]] | None = None
-            for k, node_name in enumerate(node_names):
-                row, lower = int(idx[k]), by_node.get(node_name)
-                if row < 0 or not lower or codes[k] in (CODE_NO_INVENTORY, CODE_MODEL, CODE_RESERVED):
-                    continue
-                victims = self._victims(built, row, ask, lower)
-                if victims:
-                    key = (max(b.priority for _, b in victims), len(victims))
-                    if best is None or key < best[0]:
-                        best = (key, node_name, victims)
-            if best is None:
+            rows = {
+                node_name: int(idx[k])
+                for k, node_name in enumerate(node_names)
+                if int(idx[k]) >= 0 and codes[k] not in (CODE_NO_INVENTORY, CODE_MODEL, CODE_RESERVED)
+            }
+            running = [_victim(u, b) for u, b in self._pods.items() if b.node in rows]
+            plan = find_preemption(
+                JobRef(uid, priority, namespace),
+                running,
+                lambda node, gone: self._fits_without(built, rows[node], ask, [v.job_id for v in gone]),
+                time.time(),  # the clock of the pods' bind times
+            )
+            if plan is None:
                 return ""
-            _, node_name, victims = best
+            node_name = str(plan.node)
+            victims = [(v.job_id, v.holding) for v in plan.victims]
             self._nominations[node_name] = Nomination(
                 uid, priority, frozenset(u for u, _ in victims), time.monotonic() + NOMINATION_S
             )
@@ -192,16 +213,13 @@ class Preemption(Verdicts):
         log.info("pod %s/%s preempted %d pod(s) on %s", namespace, name, len(victims), node_name)
         return f"preempted {len(victims)} lower-priority pod(s) on {node_name}; waiting for them to end"
 
-    def _victims(
-        self, built: LedgerBuild, row: int, ask: PodGpuRequest, lower: list[tuple[str, BoundPod]]
-    ) -> list[tuple[str, BoundPod]]:
-        """The fewest pods of ``lower`` whose removal lets ``ask`` fit on ledger ``row`` ([] if none do):
-        all of them must suffice, then each is spared, most important first, while the pod still fits."""
-        if not self._fits_without(built, row, ask, [u for u, _ in lower]):
-            return []
-        victims = sorted(lower, key=lambda v: (-v[1].priority, -v[1].decision.bind_time))
-        for spared in list(victims):
-            rest = [v for v in victims if v is not spared]
-            if self._fits_without(built, row, ask, [u for u, _ in rest]):
-                victims = rest
-        return victims
+
+def _victim(uid: str, bound: BoundPod) -> Victim:
+    """A bound gpuslice pod as the preemption search sees it; what it frees in GPUs: its GPUs × its share,
+    or a MIG instance's compute slices / 7 (read from the profile name, "3g.40gb" → 3/7)."""
+    if bound.placement is not None:
+        gpus = len(bound.placement.gpus) * bound.placement.request.gpu_milli / MILLI_PER_GPU
+    else:
+        gpus = int((bound.ask.mig_profile or "7g").split("g", 1)[0]) / 7
+    return Victim(uid, bound.priority, float(bound.decision.bind_time), gpus, node=bound.node,
+                  tenant=bound.namespace, holding=bound)  # fmt: skip

@@ -2,23 +2,15 @@
 
 from __future__ import annotations
 
-from gpuslice.policies.queue.base import QueuedJob, QueueOps, QueueView, effective_priority, order_pending
+from gpuslice.policies.queue import base
+from gpuslice.policies.queue.base import *  # noqa: F403  # re-exports base.__all__
+from gpuslice.policies.queue.base import QueueOps
 from gpuslice.policies.queue.fifo import Fifo
 from gpuslice.policies.queue.priority_fair import PriorityFair
 from gpuslice.registry import Registry
 
-__all__ = [
-    "DEFAULT_QUEUE_POLICY",
-    "QUEUE",
-    "Fifo",
-    "PriorityFair",
-    "QueueOps",
-    "QueueView",
-    "QueuedJob",
-    "effective_priority",
-    "order_pending",
-    "queue_policy",
-]
+# The ops table and its mechanism functions are re-exported as base.py declares them.
+__all__ = ["DEFAULT_QUEUE_POLICY", "QUEUE", "Fifo", "PriorityFair", "queue_policy", *base.__all__]
 
 QUEUE: Registry[QueueOps] = Registry("queue", (Fifo, PriorityFair))
 # The queue policy of `gpuslice serve` and the node scheduler when none is named.

@@ -10,14 +10,16 @@ step(now):
                                                      # the key usually starts with -policy.priority(...)
     for job in order:                                # re-sorted after every start (usage changed)
         quota?  fits now?  backfill would delay the head?  preempt lower-priority jobs?   (mechanism)
+            each running job the mechanism would let go: policy.may_preempt(view, head, victim)
         start -> policy.on_started(view, job)
 finished(job)                    -> policy.on_finished(view, job)
 ```
 
-A policy only advises an order (DESIGN.md "policy advises, mechanism decides"): quotas, gang starts,
-backfill and preemption are the mechanism's, and a hook that raises or answers out of range is replaced
-by the default answer and counted in ``fallbacks`` (STYLE.md habit 5). Priorities are ``Priority``
-levels; a policy may raise a waiting job's level (aging) but never above HIGH, and never lower it.
+A policy only advises an order and who may be preempted (DESIGN.md "policy advises, mechanism
+decides"): quotas, gang starts, backfill and the preemption search (``scheduler/preemption.py``) are the
+mechanism's, and a hook that raises or answers out of range is replaced by the default answer and
+counted in ``fallbacks`` (STYLE.md habit 5). Priorities are ``Priority`` levels; a policy may raise a
+waiting job's level (aging) but never above HIGH, and never lower it.
 """
 
 from __future__ import annotations
@@ -30,7 +32,15 @@ from typing import Any, ClassVar
 from gpuslice.advice import ask
 from gpuslice.workload.job import JobSpec, Priority
 
-__all__ = ["QueueOps", "QueueView", "QueuedJob", "effective_priority", "order_pending"]
+__all__ = [
+    "JobRef",
+    "QueueOps",
+    "QueueView",
+    "QueuedJob",
+    "effective_priority",
+    "may_preempt",
+    "order_pending",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +51,18 @@ class QueuedJob:
     spec: JobSpec
     submitted_at: float
     seq: int
+
+
+@dataclass(frozen=True, slots=True)
+class JobRef:
+    """A job (serve) or pod (Kubernetes) in a preemption question, as a queue policy sees it: its id,
+    its own priority (aging never counts here), its tenant or namespace, and when it started (seconds;
+    0 for a job that waits)."""
+
+    job_id: str
+    priority: int
+    tenant: str = ""
+    started_at: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +102,12 @@ class QueueOps:
         is total. Keys of one step must compare with each other. Default: higher ``priority`` first."""
         return (-self.priority(view, job),)
 
+    def may_preempt(self, view: QueueView, preemptor: JobRef, victim: JobRef) -> bool:
+        """May ``preemptor`` evict the running ``victim``? Asked only for victims the mechanism allows
+        already (preemptible, strictly lower own priority), so a policy can protect a job, never expose
+        one. Default: True."""
+        return True
+
     def on_started(self, view: QueueView, job: QueuedJob) -> None:
         """Called after the mechanism started ``job``. Default: nothing (usage is in the next view)."""
 
@@ -101,6 +129,23 @@ def effective_priority(
     if not advice.followed and fallbacks is not None:
         fallbacks["priority"] += 1
     return int(advice.value)
+
+
+def may_preempt(
+    policy: QueueOps,
+    view: QueueView,
+    preemptor: JobRef,
+    victim: JobRef,
+    fallbacks: Counter[str] | None = None,
+) -> bool:
+    """``policy.may_preempt`` validated: anything but a bool, or an exception, gives the default (True)
+    and ``fallbacks["may_preempt"]`` goes up by one."""
+    advice = ask(
+        lambda: policy.may_preempt(view, preemptor, victim), lambda v: isinstance(v, bool), lambda: True
+    )
+    if not advice.followed and fallbacks is not None:
+        fallbacks["may_preempt"] += 1
+    return bool(advice.value)
 
 
 def order_pending(
