@@ -1,9 +1,9 @@
 """The end-to-end fixtures (``e2e_helpers``): a real control plane and gpuslice's processes on it; and
-(``node_helpers``) a real kubelet + containerd node with the device plugin on it."""
+(``kubelet_node_helpers``) a real kubelet + containerd node with the device plugin on it."""
 
 import pytest
 from e2e_helpers import api_client, core, namespace, plane, stack
-from node_helpers import device_plugin, node, node_namespace
+from kubelet_node_helpers import device_plugin, node, node_namespace
 
 __all__ = ["api_client", "core", "device_plugin", "namespace", "node", "node_namespace", "plane", "stack"]
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from node_helpers import DevicePluginProcess, decision_of, node_pod, parse_env, pod_log, wait_phase
+from kubelet_node_helpers import DevicePluginProcess, decision_of, node_pod, parse_env, pod_log, wait_phase
 
 from gpuslice.k8s.annotations import (
     ANNOTATION_ALLOCATED,

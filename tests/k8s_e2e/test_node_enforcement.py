@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from node_helpers import DevicePluginProcess, decision_of, node_pod, pod_log, wait_phase
+from kubelet_node_helpers import DevicePluginProcess, decision_of, node_pod, pod_log, wait_phase
 
 from gpuslice.units import MiB
 from node import Node

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from node_helpers import NODE_NAME, SPLIT_COUNT, DevicePluginProcess, node_pod, pod_log, wait_phase
+from kubelet_node_helpers import NODE_NAME, SPLIT_COUNT, DevicePluginProcess, node_pod, pod_log, wait_phase
 
 from gpuslice.k8s.annotations import ANNOTATION_NODE_INVENTORY, NodeInventory
 from node import Node

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 from e2e_helpers import wait_for
-from node_helpers import (
+from kubelet_node_helpers import (
     SIMULATE,
     DevicePluginProcess,
     allocatable,
