@@ -15,7 +15,8 @@ devices. Claim-wide edits (environment, mounts, control devices) sit at the spec
 once whichever of its devices a container gets; each device adds its own /dev/nvidia<minor>.
 
 A shared GPU's slice is the allocation's consumed capacity (``memory``, ``cores``): the smallest over
-the claim's GPUs when there are several. A MIG device is prepared only if its instance exists (MIG
+the claim's GPUs when there are several; the request policy's default (all of it, step-aligned) is the
+whole GPU. A MIG device is prepared only if its instance exists (MIG
 instances are created by the operator or ``gpuslice mig``, not by this driver).
 """
 
@@ -258,7 +259,7 @@ class Preparer:
                         f"{where}: request {r.get('request')} is for a whole GPU but consumes {mib} MiB and "
                         f"{pct} cores of {device}; use the gpu.gpuslice.io class for a share"
                     )
-                memory.append(mib)
+                memory.append(0 if mib >= full else mib)  # 0: all of it (the default is step-aligned)
                 cores.append(pct)
             if not self.healthy(gpu):
                 raise PrepareRefused(f"{where}: GPU {self.machine.gpus[gpu].uuid} ({device}) is unhealthy")
@@ -275,7 +276,7 @@ class Preparer:
             namespace=ref.namespace,
             pod=f"claim-{ref.name}",
             gpus=gpus,
-            memory_bytes=min(memory, default=0) * MiB,
+            memory_bytes=min((m for m in memory if m), default=0) * MiB,
             compute_percent=min(cores, default=100),
             mig=migs[0] if migs else None,
         )
