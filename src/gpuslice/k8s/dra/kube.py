@@ -1,4 +1,5 @@
-"""The DRA driver's API server calls: read ResourceClaims, publish this node's ResourceSlices.
+"""The DRA components' API server calls: the driver reads ResourceClaims and publishes its node's
+ResourceSlices; the allocator lists pools, claims and gated pods, writes allocations, lifts gates.
 
 Through the official client's generic object API (resource.k8s.io/v1 paths), so it works with any
 client version that can reach a v1.34+ API server.
@@ -15,6 +16,8 @@ from gpuslice.k8s.kube_client import api_client, kubernetes_client_module
 
 __all__ = ["GROUP", "VERSION", "DraApi"]
 
+FINALIZER = "resource.kubernetes.io/delete-protection"  # kube-scheduler's own: deletion waits for release
+
 log = logging.getLogger(__name__)
 
 GROUP = "resource.k8s.io"
@@ -26,10 +29,69 @@ class DraApi:
 
     def __init__(self, kubeconfig: str | None = None, *, client: Any | None = None) -> None:
         self._client = client if client is not None else api_client(kubeconfig)
-        self._objects = kubernetes_client_module().CustomObjectsApi(self._client)
+        module = kubernetes_client_module()
+        self._objects = module.CustomObjectsApi(self._client)
+        self._core = module.CoreV1Api(self._client)
+        self._kubeconfig = kubeconfig
+        self._events: Any | None = None
 
     def close(self) -> None:
         self._client.close()
+
+    # -- the allocator -------------------------------------------------------------------------------
+
+    def list_slices(self) -> list[dict[str, Any]]:
+        found = self._objects.list_cluster_custom_object(
+            GROUP, VERSION, "resourceslices", field_selector=f"spec.driver={DRIVER}"
+        )
+        return list(found.get("items") or [])
+
+    def list_claims(self) -> list[dict[str, Any]]:
+        return list(
+            self._objects.list_cluster_custom_object(GROUP, VERSION, "resourceclaims").get("items") or []
+        )
+
+    def gated_pods(self, gate: str) -> list[dict[str, Any]]:
+        pods = self._client.sanitize_for_serialization(self._core.list_pod_for_all_namespaces().items)
+        return [p for p in pods if any(g.get("name") == gate for g in p["spec"].get("schedulingGates") or [])]
+
+    def write_allocation(self, claim: Mapping[str, Any], allocation: Mapping[str, Any]) -> None:
+        """Protect the claim as kube-scheduler does, then store the allocation at the claim's resource
+        version: a claim changed meanwhile (kube-scheduler allocated it) refuses with 409."""
+        meta = claim["metadata"]
+        finalizers = list(meta.get("finalizers") or [])
+        if FINALIZER not in finalizers:
+            patch = {
+                "metadata": {
+                    "finalizers": [*finalizers, FINALIZER],
+                    "resourceVersion": meta["resourceVersion"],
+                }
+            }
+            claim = self._objects.patch_namespaced_custom_object(
+                GROUP, VERSION, meta["namespace"], "resourceclaims", meta["name"], patch
+            )
+        body = {**claim, "status": {**(claim.get("status") or {}), "allocation": dict(allocation)}}
+        self._objects.replace_namespaced_custom_object_status(
+            GROUP, VERSION, meta["namespace"], "resourceclaims", meta["name"], body
+        )
+
+    def ungate(self, pod: Mapping[str, Any], gate: str) -> None:
+        meta = pod["metadata"]
+        gates = pod["spec"].get("schedulingGates") or []
+        keep = [g for g in gates if g.get("name") != gate]
+        ops = [
+            {"op": "test", "path": "/spec/schedulingGates", "value": gates},
+            {"op": "replace", "path": "/spec/schedulingGates", "value": keep},
+        ]
+        self._core.patch_namespaced_pod(meta["name"], meta["namespace"], ops)
+
+    def pod_event(self, pod: Mapping[str, Any], reason: str, message: str) -> None:
+        from gpuslice.k8s.extender.kube import KubernetesApi
+
+        if self._events is None:
+            self._events = KubernetesApi(self._kubeconfig)
+        meta = pod["metadata"]
+        self._events.create_event(meta["namespace"], meta["name"], meta.get("uid", ""), reason, message)
 
     def get_claim(self, namespace: str, name: str) -> Mapping[str, Any]:
         return self._objects.get_namespaced_custom_object(GROUP, VERSION, namespace, "resourceclaims", name)
