@@ -289,8 +289,6 @@ def pod_unschedulable_message(core: Any, namespace: str, name: str) -> str:
 def test_a_tired_users_claims_get_clear_reasons_and_nothing_crashes(
     nodes: dict[str, DraNode], api_client: Any, core: Any, namespace: str
 ) -> None:
-    from kubernetes.client.exceptions import ApiException
-
     create_claim_and_pod(api_client, core, namespace, "unknown", claim("unknown", "gpu.gpuslice.example"))
     create_claim_and_pod(
         api_client, core, namespace, "huge", claim("huge", CLASS_SHARED, capacity={"memory": "4Ti"})
@@ -301,14 +299,20 @@ def test_a_tired_users_claims_get_clear_reasons_and_nothing_crashes(
     assert "gpu.gpuslice.example" in unknown
     huge = wait_for(lambda: pod_unschedulable_message(core, namespace, "huge"), 120, "a reason on pod huge")
     assert "cannot allocate all claims" in huge or "insufficient" in huge.lower(), huge
-    with pytest.raises(ApiException) as negative:
-        objects(api_client).create_namespaced_custom_object(
-            GROUP,
-            VERSION,
-            namespace,
-            "resourceclaims",
-            claim("neg", CLASS_SHARED, capacity={"memory": "-1Gi"}),
-        )
-    assert negative.value.status == 422 and "memory" in negative.value.body
+    # The API server stores a negative request and kube-scheduler rounds it up to the request policy's
+    # minimum and allocates it; the driver refuses to prepare it, and the kubelet shows why on the pod.
+    create_claim_and_pod(
+        api_client,
+        core,
+        namespace,
+        "neg",
+        claim("neg", CLASS_SHARED, capacity={"memory": "-1Gi"}),
+        node="dra-h100",
+    )
+    wait_bound(core, namespace, ["neg"])
+    negative = read_claim(api_client, namespace, "neg")
+    answer = nodes["dra-h100"].prepare(namespace, "neg", negative["metadata"]["uid"])
+    assert "asks for -1Gi memory; capacity requests must be positive" in answer.error, answer.error
+    assert not answer.devices
     for node in nodes.values():
         assert node.driver.popen.poll() is None, node.driver.tail()

@@ -232,6 +232,7 @@ class Preparer:
         ]
         if not results:
             raise PrepareRefused(f"{where} has no device of driver {DRIVER}")
+        self._check_requests(where, claim)
         exclusive = self._exclusive_requests(allocation)
         gpus: list[int] = []
         memory: list[int] = []
@@ -293,6 +294,24 @@ class Preparer:
             node = f"/dev/nvidia{self.minors[gpu]}"
             spec_devices.append({"name": name, "containerEdits": {"deviceNodes": [{"path": node}]}})
         return prepared, self._spec(spec_devices, setup)
+
+    @staticmethod
+    def _check_requests(where: str, claim: Mapping[str, Any]) -> None:
+        """Refuse what the API server stores but no one meant: kube-scheduler rounds a negative capacity
+        request up to the policy's minimum and allocates it, so the pod would run with a slice its owner
+        never asked for. The kubelet shows this refusal on the pod."""
+        for request in ((claim.get("spec") or {}).get("devices") or {}).get("requests") or []:
+            for sub in [request.get("exactly") or {}, *(request.get("firstAvailable") or [])]:
+                for key, value in ((sub.get("capacity") or {}).get("requests") or {}).items():
+                    try:
+                        amount = _quantity(value)
+                    except (ValueError, ArithmeticError):
+                        amount = Decimal(-1)
+                    if amount <= 0:
+                        raise PrepareRefused(
+                            f"{where}: request {request.get('name')} asks for {value} {key}; capacity "
+                            "requests must be positive (e.g. memory: 10Gi, cores: 30)"
+                        )
 
     def _shared_gpu(self, where: str, device: str) -> int:
         for g in self.machine.gpus:
