@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -276,7 +277,13 @@ def _allocation(ask: ClaimAsk, node: str, gpus: Sequence[_Gpu], mib: int, cores:
     spec = next(c["spec"] for c in device_classes() if c["metadata"]["name"] == name)
     config = [{"source": "FromClass", "requests": [ask.request], **entry} for entry in spec.get("config", [])]
     term = {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}
-    return {"devices": {"results": results, "config": config}, "nodeSelector": {"nodeSelectorTerms": [term]}}
+    return {
+        "devices": {"results": results, "config": config},
+        "nodeSelector": {"nodeSelectorTerms": [term]},
+        # kube-scheduler fills in a missing timestamp when it reserves the claim, and the API server
+        # refuses that as a change of the allocation: set it here.
+        "allocationTimestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
 
 
 class DraAllocator:
