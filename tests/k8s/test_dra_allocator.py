@@ -27,17 +27,23 @@ class FakeApi:
     claims: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
     pods: list[dict[str, Any]] = field(default_factory=list)
     events: list[tuple[str, str]] = field(default_factory=list)
+    deleted: list[str] = field(default_factory=list)
 
     def add_node(self, name: str, simulate: str) -> None:
         machine = discover(simulate)
         self.slices += node_slices(machine, name, generation=1, identities=gpu_identities(machine))
 
-    def add(self, name: str, spec: dict[str, Any], node: str = "", gated: bool = True) -> None:
+    def add(
+        self, name: str, spec: dict[str, Any], node: str = "", gated: bool = True, priority: int = 0
+    ) -> None:
         self.claims[("t", name)] = {
             "metadata": {"namespace": "t", "name": name, "uid": f"c-{name}"},
             "spec": spec,
         }
-        pod_spec: dict[str, Any] = {"resourceClaims": [{"name": "gpu", "resourceClaimName": name}]}
+        pod_spec: dict[str, Any] = {
+            "resourceClaims": [{"name": "gpu", "resourceClaimName": name}],
+            "priority": priority,
+        }
         if gated:
             pod_spec["schedulingGates"] = [{"name": GATE}]
         if node:
@@ -56,17 +62,19 @@ class FakeApi:
     def list_claims(self) -> list[dict[str, Any]]:
         return copy.deepcopy(list(self.claims.values()))
 
-    def gated_pods(self, gate: str) -> list[dict[str, Any]]:
-        return [
-            copy.deepcopy(p)
-            for p in self.pods
-            if any(g["name"] == gate for g in p["spec"].get("schedulingGates", []))
-        ]
+    def list_pods(self) -> list[dict[str, Any]]:
+        return copy.deepcopy(self.pods)
+
+    def delete_pod(self, namespace: str, name: str, uid: str) -> None:
+        self.deleted.append(name)
+        self.pods = [p for p in self.pods if p["metadata"]["uid"] != uid]
 
     def write_allocation(self, claim: Mapping[str, Any], allocation: Mapping[str, Any]) -> None:
         stored = self.claims[(claim["metadata"]["namespace"], claim["metadata"]["name"])]
         assert not stored.get("status", {}).get("allocation"), "allocated twice"
-        stored["status"] = {"allocation": copy.deepcopy(dict(allocation))}
+        pod = next(p for p in self.pods if p["metadata"]["name"] == claim["metadata"]["name"])
+        reserved = [{"resource": "pods", "name": pod["metadata"]["name"], "uid": pod["metadata"]["uid"]}]
+        stored["status"] = {"allocation": copy.deepcopy(dict(allocation)), "reservedFor": reserved}
 
     def ungate(self, pod: Mapping[str, Any], gate: str) -> None:
         for p in self.pods:
@@ -238,3 +246,36 @@ def test_no_over_commit_over_a_stream_with_deletions() -> None:
                 used[(r["pool"], r["device"], key)] += q(value)
     assert used and allocator.decided > 100
     assert all(v <= capacity[k] for k, v in used.items()), [k for k, v in used.items() if v > capacity[k]]
+
+
+def test_a_higher_priority_claim_preempts_the_cheapest_lower_priority_holders() -> None:
+    api = FakeApi()
+    api.add_node("a", "pcie-4x-l4")  # 4 GPUs
+    for k in range(4):
+        api.add(f"low{k}", spec(CLASS_WHOLE), priority=10 * (k + 1))  # priorities 10, 20, 30, 40
+    allocator = DraAllocator(api)
+    allocator.run_once()
+    assert all(api.results(f"low{k}") for k in range(4))
+    api.add("vip", spec(CLASS_WHOLE, count=2), priority=35)
+    allocator.run_once()
+    # the two least important holders go (10 and 20), never the one above the pod's priority (40)
+    assert sorted(api.deleted) == ["low0", "low1"] and allocator.preemptions == 2
+    assert api.gated("vip") and "preempted 2 lower-priority pod(s) on a" in dict(api.events)["vip"]
+    allocator.run_once()  # their claims are still allocated: the pod waits, nothing more is evicted
+    assert sorted(api.deleted) == ["low0", "low1"]
+    for gone in ("low0", "low1"):  # the resource claim controller frees the victims' claims
+        del api.claims[("t", gone)]
+    allocator.run_once()
+    assert not api.gated("vip") and len(api.results("vip")) == 2
+
+
+def test_no_preemption_for_equal_or_lower_priority() -> None:
+    api = FakeApi()
+    api.add_node("a", "pcie-4x-l4")
+    for k in range(4):
+        api.add(f"w{k}", spec(CLASS_WHOLE), priority=50)
+    allocator = DraAllocator(api)
+    allocator.run_once()
+    api.add("same", spec(CLASS_WHOLE), priority=50)
+    allocator.run_once()
+    assert api.deleted == [] and api.gated("same")

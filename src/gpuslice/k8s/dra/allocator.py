@@ -37,6 +37,7 @@ import numpy as np
 from gpuslice.errors import UserError
 from gpuslice.hardware.node import MAX_GPUS_PER_NODE, NodeSpec
 from gpuslice.k8s.dra.classes import CLASS_SHARED, CLASS_WHOLE
+from gpuslice.k8s.dra.preempt import Holder, PreemptionPlan, plan_preemption
 from gpuslice.k8s.dra.slices import (
     CAPACITY_CORES,
     CAPACITY_MEMORY,
@@ -65,7 +66,8 @@ class AllocatorApi(Protocol):
 
     def list_slices(self) -> list[dict[str, Any]]: ...
     def list_claims(self) -> list[dict[str, Any]]: ...
-    def gated_pods(self, gate: str) -> list[dict[str, Any]]: ...
+    def list_pods(self) -> list[dict[str, Any]]: ...
+    def delete_pod(self, namespace: str, name: str, uid: str) -> None: ...
     def write_allocation(self, claim: Mapping[str, Any], allocation: Mapping[str, Any]) -> None: ...
     def ungate(self, pod: Mapping[str, Any], gate: str) -> None: ...
     def pod_event(self, pod: Mapping[str, Any], reason: str, message: str) -> None: ...
@@ -137,7 +139,13 @@ class _Gpu:
 class Inventory:
     """The pools' shared GPUs as a ledger, with every allocated claim's consumption reserved."""
 
-    def __init__(self, slices: Sequence[Mapping[str, Any]], claims: Sequence[Mapping[str, Any]], policy: str):
+    def __init__(
+        self,
+        slices: Sequence[Mapping[str, Any]],
+        claims: Sequence[Mapping[str, Any]],
+        policy: str,
+        priorities: Mapping[str, int] | None = None,
+    ):
         newest: dict[str, int] = {}
         for s in slices:
             spec = s["spec"]
@@ -160,6 +168,7 @@ class Inventory:
         self.gpus = [sorted(gpus[n], key=lambda g: g.device) for n in self.nodes]
         self.ledger: Ledger | None = None
         self.placer: Placer | None = None
+        self.holders: list[Holder] = []  # every allocated claim on these nodes, for preemption
         if not self.nodes:
             return
         specs = [
@@ -170,8 +179,12 @@ class Inventory:
         view = self.ledger.view
         self.placer = Placer(self.ledger, make_policy(policy, view, PolicyContext(np.random.default_rng(0))))
         index = {(n, g.device): (i, k) for i, n in enumerate(self.nodes) for k, g in enumerate(self.gpus[i])}
+        priorities = priorities or {}
         for c in claims:
             allocation = (c.get("status") or {}).get("allocation") or {}
+            taken: list[int] = []
+            milli = memory = 0
+            node = -1
             for r in (allocation.get("devices") or {}).get("results") or []:
                 where = index.get((r.get("pool"), r.get("device")))
                 if r.get("driver") != DRIVER or where is None:
@@ -186,27 +199,66 @@ class Inventory:
                 )
                 if isinstance(self.ledger.reserve(node, (gpu,), req), Refusal):  # allocated beyond capacity
                     log.error("claims allocated on %s %s exceed its capacity", r.get("pool"), r.get("device"))
+                taken.append(gpu)
+                milli, memory = req.gpu_milli, req.gpu_memory_bytes
+            if taken:
+                pods = tuple(
+                    (str(c["metadata"]["namespace"]), str(ref.get("name")), str(ref.get("uid")))
+                    for ref in (c.get("status") or {}).get("reservedFor") or []
+                    if ref.get("resource") == "pods"
+                )
+                top = max((priorities.get(uid, 0) for _, _, uid in pods), default=0)
+                uid = str(c["metadata"].get("uid", ""))
+                self.holders.append(Holder(uid, node, tuple(taken), milli, memory, pods, top))
+
+    def free(self, node: int) -> tuple[list[int], list[int], list[int]]:
+        """Free milli, free memory and total memory of each GPU of ``node``."""
+        assert self.ledger is not None
+        view, n = self.ledger.view, len(self.gpus[node])
+        return (
+            [int(x) for x in view.free_gpu_milli[node][:n]],
+            [int(x) for x in view.free_gpu_memory_bytes[node][:n]],
+            [int(x) for x in view.gpu_memory_capacity_bytes[node][:n]],
+        )
+
+    def request(self, ask: ClaimAsk) -> Request | str:
+        """The ledger request of ``ask``, or why it is not a valid one."""
+        if not self.gpus:
+            return f"no node publishes {DRIVER} GPUs"
+        if ask.count < 1 or not 0 < ask.cores <= 100 or ask.memory_mib < 0:
+            return f"request {ask.request}: count, memory and cores must be positive (cores at most 100)"
+        whole = ask.exclusive or ask.count > 1
+        biggest = max(g.memory_mib for gs in self.gpus for g in gs)
+        mib = 0 if whole or not ask.memory_mib else _aligned_mib(ask.memory_mib)
+        try:
+            return Request(
+                0,
+                num_gpu=ask.count,
+                gpu_milli=MILLI_PER_GPU if whole else ask.cores * 10,
+                gpu_memory_bytes=0 if whole else (mib or biggest) * MiB,
+            )
+        except UserError as err:
+            return str(err)
+
+    def preemption(self, ask: ClaimAsk, priority: int, node_name: str | None) -> PreemptionPlan | None:
+        """Claims of lower-priority pods whose release makes room for ``ask`` (see ``preempt``)."""
+        req = self.request(ask)
+        if isinstance(req, str) or self.ledger is None:
+            return None
+        nodes = [i for i, n in enumerate(self.nodes) if node_name is None or n == node_name]
+        return plan_preemption(req, priority, self.holders, self.free, nodes)
 
     def place(self, ask: ClaimAsk, node_name: str | None) -> tuple[str, list[_Gpu], int, int] | str:
         """Decide and reserve ``ask``: (node, GPUs, memory MiB each, cores %), or why nothing fits. Memory 0
         means each GPU's whole memory (a whole GPU, or a share that names no memory)."""
         if self.placer is None or self.ledger is None:
             return f"no node publishes {DRIVER} GPUs"
-        if ask.count < 1 or not 0 < ask.cores <= 100 or ask.memory_mib < 0:
-            return f"request {ask.request}: count, memory and cores must be positive (cores at most 100)"
-        whole = ask.exclusive or ask.count > 1
+        req = self.request(ask)
+        if isinstance(req, str):
+            return req
+        whole = req.gpu_milli == MILLI_PER_GPU and not req.gpu_memory_bytes
         cores = 100 if whole else ask.cores
-        biggest = max(g.memory_mib for gs in self.gpus for g in gs)
         mib = 0 if whole or not ask.memory_mib else _aligned_mib(ask.memory_mib)
-        try:
-            req = Request(
-                0,
-                num_gpu=ask.count,
-                gpu_milli=MILLI_PER_GPU if whole else cores * 10,
-                gpu_memory_bytes=0 if whole else (mib or biggest) * MiB,
-            )
-        except UserError as err:
-            return str(err)
         feasible = self.placer.feasible(req)
         if node_name is not None:
             feasible &= np.array([n == node_name for n in self.nodes])
@@ -294,6 +346,8 @@ class DraAllocator:
         self.policy = policy
         self.decided = 0
         self._told: dict[str, str] = {}  # pod UID -> the last reason posted, so each is posted once
+        self._preempting: dict[str, set[str]] = {}  # pod UID -> claims it evicted, while they are held
+        self.preemptions = 0
 
     def _tell(self, pod: Mapping[str, Any], message: str) -> None:
         uid = str(pod["metadata"].get("uid", ""))
@@ -303,15 +357,20 @@ class DraAllocator:
 
     def run_once(self) -> int:
         """Allocate and ungate what can be; the number of pods ungated."""
+        every = self.api.list_pods()
+        priorities = {str(p["metadata"].get("uid")): int(p["spec"].get("priority") or 0) for p in every}
+        gated = [
+            p for p in every if any(g.get("name") == GATE for g in p["spec"].get("schedulingGates") or [])
+        ]
         pods = sorted(
-            self.api.gated_pods(GATE),
+            gated,
             key=lambda p: (p["metadata"].get("creationTimestamp", ""), p["metadata"]["name"]),
         )
         if not pods:
             return 0
         claims = self.api.list_claims()
         by_key = {(c["metadata"]["namespace"], c["metadata"]["name"]): c for c in claims}
-        inventory = Inventory(self.api.list_slices(), claims, self.policy)
+        inventory = Inventory(self.api.list_slices(), claims, self.policy, priorities)
         ungated = 0
         for pod in pods:
             try:
@@ -340,7 +399,9 @@ class DraAllocator:
             selector = (pod["spec"].get("nodeSelector") or {}).get("kubernetes.io/hostname")
             decision = inventory.place(ask, selector)
             if isinstance(decision, str):
-                self._tell(pod, f"claim {claim['metadata']['name']}: {decision}")
+                self._tell(
+                    pod, f"claim {claim['metadata']['name']}: {decision}{self._preempt(pod, ask, inventory)}"
+                )
                 return 0
             node, gpus, mib, cores = decision
             allocation = _allocation(ask, node, gpus, mib, cores)
@@ -352,6 +413,32 @@ class DraAllocator:
             )
         self.api.ungate(pod, GATE)
         return 1
+
+    def _preempt(self, pod: Mapping[str, Any], ask: ClaimAsk, inventory: Inventory) -> str:
+        """Evict the cheapest set of lower-priority claim holders that makes room; what was done, or ''."""
+        uid = str(pod["metadata"].get("uid", ""))
+        priority = int(pod["spec"].get("priority") or 0)
+        waiting = self._preempting.get(uid)
+        if waiting is not None and waiting & {h.claim_uid for h in inventory.holders}:
+            return "; waiting for the pods it preempted to end"
+        selector = (pod["spec"].get("nodeSelector") or {}).get("kubernetes.io/hostname")
+        plan = inventory.preemption(ask, priority, selector)
+        if plan is None:
+            return ""
+        self._preempting[uid] = {h.claim_uid for h in plan.victims}
+        gone = [p for h in plan.victims for p in h.pods]
+        node = inventory.nodes[plan.node]
+        for namespace, name, victim_uid in gone:
+            self.api.delete_pod(namespace, name, victim_uid)
+            self.api.pod_event(
+                {"metadata": {"namespace": namespace, "name": name, "uid": victim_uid}},
+                "Preempted",
+                f"gpuslice: preempted on {node} by {pod['metadata']['namespace']}/{pod['metadata']['name']} "
+                f"(priority {priority})",
+            )
+        self.preemptions += len(gone)
+        log.info("pod %s preempted %d pod(s) on %s", pod["metadata"]["name"], len(gone), node)
+        return f"; preempted {len(gone)} lower-priority pod(s) on {node}, waiting for them to end"
 
     def run(self, stop: threading.Event, interval_s: float = 0.5) -> None:
         """Passes until ``stop`` is set; a failed pass is logged and retried."""

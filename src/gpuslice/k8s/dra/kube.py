@@ -51,9 +51,17 @@ class DraApi:
             self._objects.list_cluster_custom_object(GROUP, VERSION, "resourceclaims").get("items") or []
         )
 
-    def gated_pods(self, gate: str) -> list[dict[str, Any]]:
-        pods = self._client.sanitize_for_serialization(self._core.list_pod_for_all_namespaces().items)
-        return [p for p in pods if any(g.get("name") == gate for g in p["spec"].get("schedulingGates") or [])]
+    def list_pods(self) -> list[dict[str, Any]]:
+        return list(self._client.sanitize_for_serialization(self._core.list_pod_for_all_namespaces().items))
+
+    def delete_pod(self, namespace: str, name: str, uid: str) -> None:
+        """Delete the pod with its own grace period, only if it is still the one meant (same UID)."""
+        body = kubernetes_client_module().V1DeleteOptions(preconditions={"uid": uid})
+        try:
+            self._core.delete_namespaced_pod(name, namespace, body=body)
+        except kubernetes_client_module().exceptions.ApiException as err:
+            if err.status not in (404, 409):
+                raise
 
     def write_allocation(self, claim: Mapping[str, Any], allocation: Mapping[str, Any]) -> None:
         """Protect the claim as kube-scheduler does, then store the allocation at the claim's resource
