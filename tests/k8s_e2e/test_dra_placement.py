@@ -19,7 +19,7 @@ from gpuslice.k8s.dra.kube import GROUP, VERSION
 pytestmark = pytest.mark.k8s_e2e
 __all__ = ["dra_scheduler"]
 
-NODES = {"place-a": "dgx-h100", "place-b": "dgx-h100"}
+NODES = {"place-a": "dgx-h100", "place-b": "dgx-h100", "place-c": "pcie-4x-l4"}
 
 
 @pytest.fixture(scope="module")
@@ -111,4 +111,87 @@ def test_a_gated_claim_nothing_fits_keeps_its_gate_and_says_why(
     message = wait_for(reason, 120, "the allocator's reason on pod big")
     assert "0/" in message and "nodes fit" in message and "GPU memory" in message
     assert core.read_namespaced_pod("big", namespace).spec.scheduling_gates
+    assert allocator.popen.poll() is None, allocator.tail()
+
+
+def free_claims_of_deleted_pods(api_client: Any, core: Any, namespace: str) -> None:
+    """The resource claim controller's part (no controller-manager here): a claim whose pods are gone
+    loses its reservation and allocation ("" = every namespace)."""
+    from kubernetes.client.exceptions import ApiException
+
+    api = objects(api_client)
+    listed = (
+        api.list_namespaced_custom_object(GROUP, VERSION, namespace, "resourceclaims")
+        if namespace
+        else api.list_cluster_custom_object(GROUP, VERSION, "resourceclaims")
+    )
+    for c in listed["items"]:
+        where = c["metadata"]["namespace"]
+        for ref in (c.get("status") or {}).get("reservedFor") or []:
+            try:
+                core.read_namespaced_pod(ref["name"], where)
+            except ApiException as err:
+                if err.status != 404:
+                    raise
+                api.patch_namespaced_custom_object_status(
+                    GROUP, VERSION, where, "resourceclaims", c["metadata"]["name"],
+                    {"status": {"reservedFor": None, "allocation": None}},
+                )  # fmt: skip
+
+
+def test_a_high_priority_claim_preempts_lower_priority_dra_pods(
+    allocator: Process, api_client: Any, core: Any, namespace: str
+) -> None:
+    from kubernetes import client
+
+    scheduling = client.SchedulingV1Api(api_client)
+    for name, value in (("dra-low", 10), ("dra-high", 1000)):
+        try:
+            scheduling.create_priority_class(
+                client.V1PriorityClass(metadata=client.V1ObjectMeta(name=name), value=value)
+            )
+        except client.exceptions.ApiException as err:
+            if err.status != 409:
+                raise
+    low = [f"low{k}" for k in range(4)]
+    for name in low:
+        make(
+            api_client,
+            core,
+            namespace,
+            name,
+            claim(name, CLASS_WHOLE),
+            node="place-c",
+            priority_class="dra-low",
+        )
+
+    def low_bound() -> bool:
+        # a low pod may itself preempt a share of an earlier test (priority 0) on this node: free its claim
+        free_claims_of_deleted_pods(api_client, core, "")
+        return all(core.read_namespaced_pod(n, namespace).spec.node_name for n in low)
+
+    wait_for(low_bound, 180, "the low pods", interval_s=1.0)
+    make(
+        api_client,
+        core,
+        namespace,
+        "high",
+        claim("high", CLASS_WHOLE, count=2),
+        node="place-c",
+        priority_class="dra-high",
+    )
+
+    def gone() -> list[str]:
+        alive = {p.metadata.name for p in core.list_namespaced_pod(namespace).items}
+        return sorted(set(low) - alive)
+
+    wait_for(lambda: len(gone()) >= 2, 120, "the allocator to preempt low-priority pods")
+    free_claims_of_deleted_pods(api_client, core, namespace)
+    wait_for(lambda: core.read_namespaced_pod("high", namespace).spec.node_name, 180, "the high pod to bind")
+    assert len(gone()) == 2  # the fewest that make room for two whole GPUs, and no more afterwards
+    free_claims_of_deleted_pods(api_client, core, namespace)
+    node = wait_for(
+        lambda: core.read_namespaced_pod("high", namespace).spec.node_name, 180, "the high pod to bind"
+    )
+    assert node == "place-c" and len(allocation(api_client, namespace, "high")["devices"]["results"]) == 2
     assert allocator.popen.poll() is None, allocator.tail()
