@@ -255,6 +255,10 @@ def test_refusals_are_per_claim_errors_and_write_nothing(node: Harness) -> None:
     node.claims.add(
         "partial", "u-partial", [result("gpu-1", consumedCapacity={"memory": "8Gi"})], [EXCLUSIVE]
     )
+    node.claims.add("negative", "u-neg", [result("gpu-2", consumedCapacity={"memory": "256Mi"})])
+    node.claims.objects[("team", "negative")]["spec"] = {
+        "devices": {"requests": [{"name": "gpu", "exactly": {"capacity": {"requests": {"memory": "-1Gi"}}}}]}
+    }
     node.healthy[6] = False
     node.claims.add("sick", "u-sick", [result("gpu-6")])
     answer = node.prepare(
@@ -265,6 +269,7 @@ def test_refusals_are_per_claim_errors_and_write_nothing(node: Harness) -> None:
         ("nosuch", "u-nosuch"),
         ("partial", "u-partial"),
         ("sick", "u-sick"),
+        ("negative", "u-neg"),
     ).claims
     assert answer["ok"].error == "" and answer["ok"].devices
     expected = {
@@ -274,6 +279,7 @@ def test_refusals_are_per_claim_errors_and_write_nothing(node: Harness) -> None:
         "u-nosuch": "gpu-42 is not a device of node node-a",
         "u-partial": "is for a whole GPU but consumes 8192 MiB",
         "u-sick": "is unhealthy",
+        "u-neg": "asks for -1Gi memory; capacity requests must be positive",
     }
     for uid, text in expected.items():
         assert text in answer[uid].error, (uid, answer[uid].error)
