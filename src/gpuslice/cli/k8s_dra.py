@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from rich.console import Console
 
+from gpuslice.cli.options import KubeconfigOption, NodeNameOption, SimulateOption
 from gpuslice.errors import UserError
 from gpuslice.k8s.annotations import DEFAULT_STATE_DIR
 from gpuslice.node.enforcement import DEFAULT_SHARING
@@ -32,20 +33,9 @@ _out = Console(highlight=False, soft_wrap=True)
 
 
 def dra_driver(
-    simulate: Annotated[
-        str | None,
-        typer.Option(help="simulate a machine (dgx-h100, dgx-a100:mig, …) instead of reading NVML"),
-    ] = None,
-    node_name: Annotated[
-        str | None,
-        typer.Option(
-            help="this node's Kubernetes name [env NODE_NAME, from the downward API; else hostname]"
-        ),
-    ] = None,
-    kubeconfig: Annotated[
-        Path | None,
-        typer.Option(help="kubeconfig file; default: the pod's service account, then ~/.kube/config"),
-    ] = None,
+    simulate: SimulateOption = None,
+    node_name: NodeNameOption = None,
+    kubeconfig: KubeconfigOption = None,
     plugins_dir: Annotated[
         Path,
         typer.Option(help="the kubelet's plugins directory; the DRA socket goes in <dir>/gpu.gpuslice.io/"),

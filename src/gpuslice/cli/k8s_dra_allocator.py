@@ -9,12 +9,12 @@ from __future__ import annotations
 import logging
 import signal
 import threading
-from pathlib import Path
 from typing import Annotated
 
 import typer
 from rich.console import Console
 
+from gpuslice.cli.options import KubeconfigOption
 from gpuslice.policies import DEFAULT_PLACEMENT, PLACEMENT
 
 __all__ = ["dra_allocator"]
@@ -23,10 +23,7 @@ _out = Console(highlight=False, soft_wrap=True)
 
 
 def dra_allocator(
-    kubeconfig: Annotated[
-        Path | None,
-        typer.Option(help="kubeconfig file; default: the pod's service account, then ~/.kube/config"),
-    ] = None,
+    kubeconfig: KubeconfigOption = None,
     policy: Annotated[
         str, typer.Option(help=f"placement policy deciding node and GPUs: {', '.join(sorted(PLACEMENT))}")
     ] = DEFAULT_PLACEMENT,

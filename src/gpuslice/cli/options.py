@@ -7,7 +7,21 @@ from typing import Annotated, Any
 
 import typer
 
-__all__ = ["target_workload_option"]
+__all__ = ["KubeconfigOption", "NodeNameOption", "SimulateOption", "target_workload_option"]
+
+# The node components' and the cluster components' common options (device plugin, DRA driver, allocator).
+SimulateOption = Annotated[
+    str | None,
+    typer.Option(help="simulate a machine (dgx-h100, dgx-a100:mig, …) instead of reading NVML"),
+]
+NodeNameOption = Annotated[
+    str | None,
+    typer.Option(help="this node's Kubernetes name [env NODE_NAME, from the downward API; else hostname]"),
+]
+KubeconfigOption = Annotated[
+    Path | None,
+    typer.Option(help="kubeconfig file; default: the pod's service account, then ~/.kube/config"),
+]
 
 
 def target_workload_option(default: str) -> Any:
