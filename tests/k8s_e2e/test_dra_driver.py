@@ -277,6 +277,8 @@ def test_no_over_commit_after_a_stream_with_deletions_and_a_driver_kill(
         if (c.get("status") or {}).get("allocation") and results(c)[0]["pool"] == node.name:
             assert node.prepare(namespace, name, c["metadata"]["uid"]).error == ""
             break
+    for name in live:  # the GPUs go back for the tests after this one
+        release(api_client, core, namespace, name, name)
 
 
 def pod_unschedulable_message(core: Any, namespace: str, name: str) -> str:
