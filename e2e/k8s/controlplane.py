@@ -33,11 +33,15 @@ from typing import Any
 
 import yaml
 
-__all__ = ["BIN_ENV", "ControlPlane", "Process", "binaries_dir", "free_port", "wait_http"]
+__all__ = ["BIN_ENV", "FEATURE_GATES", "ControlPlane", "Process", "binaries_dir", "free_port", "wait_http"]
 
 BIN_ENV = "GPUSLICE_K8S_BIN"  # where scripts/k8s-e2e put kube-apiserver, kube-scheduler, kubectl, etcd, helm
 ADMIN_TOKEN = "gpuslice-e2e-admin-token"  # a static token of system:masters, for the tests only
 BINARIES = ("etcd", "kube-apiserver", "kube-scheduler", "kubectl", "helm")
+# What gpuslice's DRA driver publishes needs (resource.k8s.io/v1 is served by default since v1.34):
+# consumable capacity and partitionable devices are beta and on by default from v1.36; named here so
+# that a version that turns them off fails loudly instead of dropping the fields it does not know.
+FEATURE_GATES = "DRAConsumableCapacity=true,DRAPartitionableDevices=true"
 
 
 def binaries_dir() -> Path | None:
@@ -227,6 +231,7 @@ class ControlPlane:
                 "--disable-admission-plugins",
                 "ServiceAccount",
                 "--allow-privileged=true",
+                f"--feature-gates={FEATURE_GATES}",
             ],
         )
         wait_http(f"https://127.0.0.1:{self.apiserver_port}/readyz", 120, insecure=True, proc=apiserver)
@@ -287,6 +292,7 @@ class ControlPlane:
                 str(self.kubeconfig),
                 "--authorization-always-allow-paths",
                 "/healthz,/readyz,/livez,/metrics",
+                f"--feature-gates={FEATURE_GATES}",
                 "--v",
                 "2",
             ],

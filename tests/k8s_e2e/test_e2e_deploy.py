@@ -147,7 +147,17 @@ def test_kustomize_base_and_helm_chart_apply_to_the_real_api_server(
         base = plane.kubectl("kustomize", str(KUSTOMIZE)).stdout
         plane.kubectl("apply", "-f", "-", stdin=base)
         plane.kubectl("get", "validatingadmissionpolicy", "gpuslice-device-plugin-own-node")
-        plane.helm("install", "gs", str(CHART), "--namespace", "gpuslice-helm", "--create-namespace")
+        # The base above already created the DeviceClasses (cluster-wide names): one owner each.
+        plane.helm(
+            "install",
+            "gs",
+            str(CHART),
+            "--namespace",
+            "gpuslice-helm",
+            "--create-namespace",
+            "--set",
+            "dra.deviceClasses=false",
+        )
         status = plane.helm("status", "gs", "--namespace", "gpuslice-helm", "-o", "json").stdout
         assert json.loads(status)["info"]["status"] == "deployed"
         config = admission.read_mutating_webhook_configuration("gs")

@@ -15,7 +15,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from gpuslice.cli import k8s_device_plugin
+from gpuslice.cli import k8s_device_plugin, k8s_dra, k8s_dra_allocator
 from gpuslice.cli.options import target_workload_option
 from gpuslice.errors import UserError
 from gpuslice.k8s.annotations import SCHEDULER_NAME
@@ -140,3 +140,5 @@ def _check_tls_pair(cert: Path, key: Path) -> None:
 
 # The command lives in its own module (one command per module); grpc is imported only when it runs.
 app.command("device-plugin")(k8s_device_plugin.device_plugin)
+app.command("dra-driver")(k8s_dra.dra_driver)
+app.command("dra-allocator")(k8s_dra_allocator.dra_allocator)

@@ -15,6 +15,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
+from gpuslice.cli.options import KubeconfigOption, NodeNameOption, SimulateOption
 from gpuslice.errors import UserError
 from gpuslice.k8s.annotations import DEFAULT_SPLIT_COUNT, DEFAULT_STATE_DIR
 from gpuslice.node.enforcement import DEFAULT_SHARING
@@ -25,26 +26,15 @@ _out = Console(highlight=False, soft_wrap=True)
 
 
 def device_plugin(
-    simulate: Annotated[
-        str | None,
-        typer.Option(help="simulate a machine (dgx-h100, dgx-a100:mig, …) instead of reading NVML"),
-    ] = None,
+    simulate: SimulateOption = None,
     split_count: Annotated[
         int, typer.Option(min=1, help="shares of gpuslice.io/gpu per GPU: at most this many pods per GPU")
     ] = DEFAULT_SPLIT_COUNT,
     socket_dir: Annotated[
         Path, typer.Option(help="the kubelet's device-plugins directory (holds kubelet.sock)")
     ] = Path("/var/lib/kubelet/device-plugins"),
-    node_name: Annotated[
-        str | None,
-        typer.Option(
-            help="this node's Kubernetes name [env NODE_NAME, from the downward API; else hostname]"
-        ),
-    ] = None,
-    kubeconfig: Annotated[
-        Path | None,
-        typer.Option(help="kubeconfig file; default: the pod's service account, then ~/.kube/config"),
-    ] = None,
+    node_name: NodeNameOption = None,
+    kubeconfig: KubeconfigOption = None,
     sharing: Annotated[
         str,
         typer.Option(

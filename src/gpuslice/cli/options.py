@@ -10,7 +10,28 @@ import typer
 
 from gpuslice.inputs import finite_float, writable_folder
 
-__all__ = ["finite_between", "target_workload_option", "writable"]
+__all__ = [
+    "KubeconfigOption",
+    "NodeNameOption",
+    "SimulateOption",
+    "finite_between",
+    "target_workload_option",
+    "writable",
+]
+
+# The node components' and the cluster components' common options (device plugin, DRA driver, allocator).
+SimulateOption = Annotated[
+    str | None,
+    typer.Option(help="simulate a machine (dgx-h100, dgx-a100:mig, …) instead of reading NVML"),
+]
+NodeNameOption = Annotated[
+    str | None,
+    typer.Option(help="this node's Kubernetes name [env NODE_NAME, from the downward API; else hostname]"),
+]
+KubeconfigOption = Annotated[
+    Path | None,
+    typer.Option(help="kubeconfig file; default: the pod's service account, then ~/.kube/config"),
+]
 
 
 def finite_between(low: float, high: float) -> Callable[..., float | None]:

@@ -21,12 +21,22 @@ from __future__ import annotations
 import os
 import re
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 
 from gpuslice import shim
-from gpuslice.k8s.proto import deviceplugin_pb2 as pb
 
-__all__ = ["container_setup"]
+__all__ = ["HostMount", "container_setup"]
+
+
+@dataclass(frozen=True, slots=True)
+class HostMount:
+    """A host path bind-mounted into the container at ``container_path``."""
+
+    container_path: str
+    host_path: str
+    read_only: bool
+
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
 
@@ -42,7 +52,7 @@ def _copy_if_changed(source: Path, target: Path) -> None:
     os.replace(tmp, target)
 
 
-def container_setup(state_dir: Path, namespace: str, pod: str, env: dict[str, str]) -> list[pb.Mount]:
+def container_setup(state_dir: Path, namespace: str, pod: str, env: dict[str, str]) -> list[HostMount]:
     """Rewrite the shim variables in ``env`` (in place) for a container of ``namespace/pod``; the mounts
     it needs. ``env`` without GPUSLICE_SHIM_DIR (not a shim share) is left alone: no mounts."""
     if "GPUSLICE_SHIM_DIR" not in env:
@@ -63,7 +73,7 @@ def container_setup(state_dir: Path, namespace: str, pod: str, env: dict[str, st
     env["GPUSLICE_SHIM_REGION"] = str(pod_dir / "job.region")
     env["GPUSLICE_SHIM_GPU_REGION"] = str(gpu_region)
     return [
-        pb.Mount(container_path=str(lib), host_path=str(lib), read_only=True),
-        pb.Mount(container_path=str(pod_dir), host_path=str(pod_dir), read_only=False),
-        pb.Mount(container_path=str(gpu_region), host_path=str(gpu_region), read_only=False),
+        HostMount(str(lib), str(lib), read_only=True),
+        HostMount(str(pod_dir), str(pod_dir), read_only=False),
+        HostMount(str(gpu_region), str(gpu_region), read_only=False),
     ]

@@ -6,7 +6,6 @@ import logging
 import threading
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
 
 from gpuslice.errors import UserError
 from gpuslice.hardware.machine import Machine
@@ -18,22 +17,20 @@ from gpuslice.k8s.annotations import (
     Decision,
     MigSlot,
 )
+from gpuslice.k8s.container_slice import container_slice
 from gpuslice.k8s.device_plugin.devices import (
     CDI_KIND,
     PluginDevice,
     Resource,
-    device_nodes,
     stand_in_device_node,
 )
 from gpuslice.k8s.device_plugin.kube import PendingPod, PodSource
 from gpuslice.k8s.proto import deviceplugin_pb2 as pb
-from gpuslice.k8s.shim_mounts import container_setup
-from gpuslice.node.enforcement import SharingMode, job_env, softcap_dir
+from gpuslice.node.enforcement import SharingMode
 from gpuslice.policies.gpuset import GpuSetOps
 from gpuslice.policies.gpuset.pick import pick_gpu_set
 from gpuslice.scheduler.node_scheduler import MigAssignment
 from gpuslice.units import MiB
-from gpuslice.workload.job import JobSpec
 
 __all__ = [
     "Allocation",
@@ -218,7 +215,6 @@ class Allocation:
 
     def _container_response(self, resource: Resource, pod: PendingPod) -> pb.ContainerAllocateResponse:
         decision = pod.decision
-        spec_args: dict[str, Any] = {"command": (f"pod {pod.namespace}/{pod.name}",), "tenant": pod.namespace}
         mig = None
         if decision.mig is not None:
             choice = decision.mig
@@ -232,7 +228,6 @@ class Allocation:
                 raise AllocationRefused(f"MIG device {slot.uuid} is unhealthy")
             gpus: tuple[int, ...] = (choice.gpu_index,)
             mig = MigAssignment(choice.gpu_index, choice.profile, choice.start)
-            spec = JobSpec(**spec_args, gpus=1, mig_profile=choice.profile)
         else:
             gpus = self._decision_gpus(decision)
             wanted = len(decision.gpu_uuids or decision.gpu_indices)
@@ -244,28 +239,29 @@ class Allocation:
             sick = [self.machine.gpus[g].uuid for g in gpus if not self._gpu_healthy[g]]
             if sick:
                 raise AllocationRefused(f"GPU {sick[0]} is unhealthy")
-            cores = decision.cores_percent if 0 < decision.cores_percent < 100 else 0
-            spec = JobSpec(
-                **spec_args, gpus=len(gpus), gpu_memory_bytes=decision.memory_mib * MiB, compute_percent=cores
-            )
-        env = job_env(self.sharing, spec, gpus, self.machine, self.state_dir, mig=mig)
-        # NVIDIA's container runtime reads NVIDIA_VISIBLE_DEVICES to mount the devices; the device nodes
-        # and CDI names below do the same without it (a runtime with CDI, containerd 1.7+ / CRI-O 1.23+).
-        env["NVIDIA_VISIBLE_DEVICES"] = env["CUDA_VISIBLE_DEVICES"]
-        cdi_names = (
-            [mig_slot_uuid]
-            if (mig_slot_uuid := self._mig_uuid(decision))
-            else [self.machine.gpus[g].uuid for g in gpus]
+        setup = container_slice(
+            self.machine,
+            sharing=self.sharing,
+            state_dir=self.state_dir,
+            minors=self._minors,
+            namespace=pod.namespace,
+            pod=pod.name,
+            gpus=gpus,
+            memory_bytes=decision.memory_mib * MiB,
+            compute_percent=decision.cores_percent,
+            mig=mig,
         )
-        shim_mounts = container_setup(self.state_dir, pod.namespace, pod.name, env)  # --sharing shim
         return pb.ContainerAllocateResponse(
-            envs=env,
-            mounts=self._mounts(env) + shim_mounts,
+            envs=setup.env,
+            mounts=[
+                pb.Mount(container_path=m.container_path, host_path=m.host_path, read_only=m.read_only)
+                for m in setup.mounts
+            ],
             devices=[
                 pb.DeviceSpec(container_path=path, host_path=self._device_host_path(path), permissions="rw")
-                for path in device_nodes(self._minors, gpus)
+                for path in setup.device_nodes
             ],
-            cdi_devices=[pb.CDIDevice(name=f"{CDI_KIND}={name}") for name in cdi_names],
+            cdi_devices=[pb.CDIDevice(name=f"{CDI_KIND}={name}") for name in setup.uuids],
         )
 
     def _device_host_path(self, path: str) -> str:
@@ -277,17 +273,3 @@ class Allocation:
             raise AllocationRefused(
                 f"cannot make the stand-in for {path} of this simulated node: {err}"
             ) from None
-
-    def _mig_uuid(self, decision: Decision) -> str:
-        if decision.mig is None:
-            return ""
-        slot = self._mig_slot(decision.mig.gpu_index, decision.mig.start)
-        return slot.uuid if slot is not None else ""
-
-    def _mounts(self, env: Mapping[str, str]) -> list[pb.Mount]:
-        """Host directories the slice's environment points at, mounted at the same path."""
-        mounts = []
-        if "PYTHONPATH" in env:
-            cap = softcap_dir(self.state_dir)
-            mounts.append(pb.Mount(container_path=str(cap), host_path=str(cap), read_only=True))
-        return mounts

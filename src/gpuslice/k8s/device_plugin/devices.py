@@ -18,6 +18,7 @@ from gpuslice.k8s.annotations import (
     MigSlot,
     NodeInventory,
 )
+from gpuslice.k8s.container_slice import CONTROL_DEVICES, device_nodes
 from gpuslice.node.enforcement import mig_device_uuid
 from gpuslice.units import MiB
 
@@ -60,9 +61,6 @@ LABEL_PRODUCT = "gpuslice.io/gpu.product"
 LABEL_MEMORY = "gpuslice.io/gpu.memory"  # MiB of the first GPU, as GFD
 LABEL_COUNT = "gpuslice.io/gpu.count"
 LABEL_MIG_CAPABLE = "gpuslice.io/mig.capable"
-# Device nodes every CUDA container needs besides its GPUs' /dev/nvidia<minor> (NVIDIA's plugin and
-# container toolkit pass the same set).
-CONTROL_DEVICES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools")
 CDI_KIND = "nvidia.com/gpu"  # the CDI kind nvidia-ctk generates; devices named by GPU or MIG UUID
 
 
@@ -148,12 +146,6 @@ def node_labels(machine: Machine) -> dict[str, str]:
         LABEL_COUNT: str(len(machine.gpus)),
         LABEL_MIG_CAPABLE: "true" if any(g.mig_model for g in machine.gpus) else "false",
     }
-
-
-def device_nodes(minors: Sequence[int], gpus: Sequence[int]) -> list[str]:
-    """The device nodes a container with ``gpus`` needs: each GPU's /dev/nvidia<minor> (``minors`` by
-    GPU index, from ``gpu_minors``) and the control devices."""
-    return [*(f"/dev/nvidia{minors[g]}" for g in gpus), *CONTROL_DEVICES]
 
 
 def stand_in_device_node(folder: Path, path: str) -> str:

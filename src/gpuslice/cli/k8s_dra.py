@@ -1,0 +1,129 @@
+"""``gpuslice k8s dra-driver``: the DRA driver of one node (k8s/dra/).
+
+Runs in the DRA DaemonSet: discover the GPUs (NVML, or ``--simulate``), publish the node's
+ResourceSlices, serve the kubelet's DRA plugin API until SIGTERM. ``--print-slices`` and
+``--print-classes`` write the objects as YAML instead, for review or ``kubectl apply -f -``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import threading
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+from rich.console import Console
+
+from gpuslice.cli.options import KubeconfigOption, NodeNameOption, SimulateOption
+from gpuslice.errors import UserError
+from gpuslice.k8s.annotations import DEFAULT_STATE_DIR
+from gpuslice.node.enforcement import DEFAULT_SHARING
+
+if TYPE_CHECKING:
+    from gpuslice.hardware.machine import Machine
+    from gpuslice.node.gpu_faults import HealthSource
+
+__all__ = ["dra_driver"]
+
+_out = Console(highlight=False, soft_wrap=True)
+
+
+def dra_driver(
+    simulate: SimulateOption = None,
+    node_name: NodeNameOption = None,
+    kubeconfig: KubeconfigOption = None,
+    plugins_dir: Annotated[
+        Path,
+        typer.Option(help="the kubelet's plugins directory; the DRA socket goes in <dir>/gpu.gpuslice.io/"),
+    ] = Path("/var/lib/kubelet/plugins"),
+    registry_dir: Annotated[
+        Path, typer.Option(help="the kubelet's plugins_registry directory (the registration socket)")
+    ] = Path("/var/lib/kubelet/plugins_registry"),
+    cdi_dir: Annotated[
+        Path,
+        typer.Option(help="where the container runtime reads CDI specs (containerd, CRI-O: /var/run/cdi)"),
+    ] = Path("/var/run/cdi"),
+    sharing: Annotated[
+        str,
+        typer.Option(
+            help="how shares are held to their slice: soft (PyTorch cap) or shim (preloaded library)"
+        ),
+    ] = DEFAULT_SHARING.value,
+    state_dir: Annotated[
+        Path, typer.Option(help="host directory of the soft-cap file, the shim and the driver's checkpoint")
+    ] = Path(DEFAULT_STATE_DIR),
+    print_slices: Annotated[
+        bool, typer.Option("--print-slices", help="print this node's ResourceSlices as YAML and exit")
+    ] = False,
+    print_classes: Annotated[
+        bool, typer.Option("--print-classes", help="print gpuslice's DeviceClasses as YAML and exit")
+    ] = False,
+) -> None:
+    """Publish this node's GPUs as DRA ResourceSlices; prepare their claims for the kubelet until SIGTERM."""
+    import yaml
+
+    from gpuslice.k8s.dra.classes import device_classes
+    from gpuslice.node.enforcement import SharingMode
+
+    if print_classes:
+        typer.echo(yaml.safe_dump_all(device_classes(), sort_keys=False), nl=False)
+        return
+    try:
+        mode = SharingMode(sharing)
+    except ValueError:
+        raise UserError(f"--sharing {sharing!r}: use soft or shim") from None
+    if mode not in (SharingMode.SOFT, SharingMode.SHIM):
+        raise UserError(f"--sharing {sharing!r}: pods get soft or shim sharing, not {mode.value}")
+    from gpuslice.k8s.dra.identity import gpu_identities
+    from gpuslice.k8s.dra.slices import node_slices
+    from gpuslice.node.discovery import discover
+
+    machine = discover(simulate)
+    name = node_name or os.environ.get("NODE_NAME") or socket.gethostname()
+    if print_slices:
+        slices = node_slices(machine, name, generation=1, identities=gpu_identities(machine))
+        typer.echo(yaml.safe_dump_all(slices, sort_keys=False), nl=False)
+        return
+    try:
+        from gpuslice.k8s.dra.driver import DraDriver
+        from gpuslice.k8s.dra.kube import DraApi
+    except ImportError as err:  # grpc or the kubernetes client missing
+        raise UserError(f"the DRA driver needs the k8s extra ({err}): pip install 'gpuslice[k8s]'") from None
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    api = DraApi(str(kubeconfig) if kubeconfig else None)
+    driver = DraDriver(
+        machine,
+        name,
+        api,
+        cdi_dir=cdi_dir,
+        state_dir=state_dir,
+        sharing=mode,
+        plugins_dir=plugins_dir,
+        registry_dir=registry_dir,
+        health=_health(machine, simulated=bool(simulate)),
+    )
+    done = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: done.set())
+    try:
+        driver.start()
+        _out.print(
+            f"gpuslice DRA driver on node {name}: {machine.gpu_count} GPUs in pool {name} (generation "
+            f"{driver.generation}); kubelet socket {driver.plugin.endpoint}"
+        )
+        while not done.wait(1.0):
+            pass
+    finally:
+        driver.stop()
+        api.close()
+
+
+def _health(machine: Machine, *, simulated: bool) -> HealthSource:
+    """XID events from NVML on a real node; nothing ever breaks on a simulated one."""
+    from gpuslice.node.gpu_faults import FakeHealthSource, NvmlHealthSource
+
+    return FakeHealthSource() if simulated else NvmlHealthSource(machine)

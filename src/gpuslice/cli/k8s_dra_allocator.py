@@ -1,0 +1,49 @@
+"""``gpuslice k8s dra-allocator``: gpuslice's placement for DRA claims (k8s/dra/allocator.py).
+
+Pods with the scheduling gate ``gpuslice.io/dra-allocate`` get their claims allocated by the placement
+policy (node and GPUs), then lose the gate; kube-scheduler binds them where the allocation says.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from gpuslice.cli.options import KubeconfigOption
+from gpuslice.policies import DEFAULT_PLACEMENT, PLACEMENT
+
+__all__ = ["dra_allocator"]
+
+_out = Console(highlight=False, soft_wrap=True)
+
+
+def dra_allocator(
+    kubeconfig: KubeconfigOption = None,
+    policy: Annotated[
+        str, typer.Option(help=f"placement policy deciding node and GPUs: {', '.join(sorted(PLACEMENT))}")
+    ] = DEFAULT_PLACEMENT,
+    interval: Annotated[
+        float, typer.Option(min=0.05, help="seconds between passes when no gated pod waits")
+    ] = 0.5,
+) -> None:
+    """Allocate the claims of gated pods with gpuslice's placement policy, then ungate them, until SIGTERM."""
+    from gpuslice.k8s.dra.allocator import GATE, DraAllocator
+    from gpuslice.k8s.dra.kube import DraApi
+    from gpuslice.policies import placement_policy
+
+    placement_policy(policy)  # an unknown name: one error line listing the known ones
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    api = DraApi(str(kubeconfig) if kubeconfig else None)
+    done = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: done.set())
+    _out.print(f"gpuslice DRA allocator, policy {policy}: allocating claims of pods gated by {GATE}")
+    try:
+        DraAllocator(api, policy).run(done, interval)
+    finally:
+        api.close()

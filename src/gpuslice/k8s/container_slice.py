@@ -1,0 +1,81 @@
+"""What a container holding a GPU slice gets on a node: environment, mounts, device nodes, CDI names.
+
+One answer for both node components: the device plugin's Allocate turns it into a
+``ContainerAllocateResponse``, the DRA driver into the container edits of a CDI spec. The slice is
+given as the scheduler gives it (GPUs, memory, compute percent, or a MIG assignment), so a share is
+held to the same limits whichever API asked for it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from gpuslice.hardware.machine import Machine
+from gpuslice.k8s.shim_mounts import HostMount, container_setup
+from gpuslice.node.enforcement import SharingMode, job_env, mig_device_uuid, softcap_dir
+from gpuslice.scheduler.node_scheduler import MigAssignment
+from gpuslice.workload.job import JobSpec
+
+__all__ = ["CONTROL_DEVICES", "ContainerSlice", "HostMount", "container_slice", "device_nodes"]
+
+# Device nodes every CUDA container needs besides its GPUs' /dev/nvidia<minor> (NVIDIA's plugin and
+# container toolkit pass the same set).
+CONTROL_DEVICES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools")
+
+
+def device_nodes(minors: Sequence[int], gpus: Sequence[int]) -> list[str]:
+    """The device nodes a container with ``gpus`` needs: each GPU's /dev/nvidia<minor> (``minors`` by
+    GPU index, from ``gpu_minors``) and the control devices."""
+    return [*(f"/dev/nvidia{minors[g]}" for g in gpus), *CONTROL_DEVICES]
+
+
+@dataclass(frozen=True, slots=True)
+class ContainerSlice:
+    """The container side of one slice. ``uuids`` are the GPU (or MIG instance) UUIDs, the names NVIDIA's
+    CDI specs give the devices; ``gpus`` the machine indices behind them."""
+
+    env: dict[str, str]
+    mounts: tuple[HostMount, ...]
+    device_nodes: tuple[str, ...]
+    uuids: tuple[str, ...]
+    gpus: tuple[int, ...]
+
+
+def container_slice(
+    machine: Machine,
+    *,
+    sharing: SharingMode | str,
+    state_dir: Path,
+    minors: Sequence[int],
+    namespace: str,
+    pod: str,
+    gpus: Sequence[int],
+    memory_bytes: int = 0,
+    compute_percent: int = 0,
+    mig: MigAssignment | None = None,
+) -> ContainerSlice:
+    """The slice of ``namespace/pod``: ``gpus`` (machine indices) with ``memory_bytes`` each (0: all) and
+    ``compute_percent`` of their SMs (0 or 100: no cap), or the MIG instance ``mig``. ``minors`` maps a
+    GPU index to its /dev/nvidia<minor>. Writes the soft-cap file and, under shim sharing, the pod's
+    shim folder (see ``shim_mounts``)."""
+    spec_args = {"command": (f"pod {namespace}/{pod}",), "tenant": namespace}
+    if mig is not None:
+        spec = JobSpec(**spec_args, gpus=1, mig_profile=mig.profile)
+        gpus = (mig.gpu,)
+        uuids: tuple[str, ...] = (mig_device_uuid(machine, mig.gpu, mig.profile, mig.start),)
+    else:
+        cores = compute_percent if 0 < compute_percent < 100 else 0
+        spec = JobSpec(**spec_args, gpus=len(gpus), gpu_memory_bytes=memory_bytes, compute_percent=cores)
+        uuids = tuple(machine.gpus[g].uuid for g in gpus)
+    env = job_env(sharing, spec, gpus, machine, state_dir, mig=mig)
+    # NVIDIA's container runtime reads NVIDIA_VISIBLE_DEVICES to mount the devices; the device nodes
+    # and CDI names do the same without it (a runtime with CDI, containerd 1.7+ / CRI-O 1.23+).
+    env["NVIDIA_VISIBLE_DEVICES"] = env["CUDA_VISIBLE_DEVICES"]
+    mounts = []
+    if "PYTHONPATH" in env:  # the soft cap: host directory the slice's environment points at
+        cap = str(softcap_dir(state_dir))
+        mounts.append(HostMount(cap, cap, read_only=True))
+    mounts += container_setup(state_dir, namespace, pod, env)  # --sharing shim
+    return ContainerSlice(env, tuple(mounts), tuple(device_nodes(minors, gpus)), uuids, tuple(gpus))

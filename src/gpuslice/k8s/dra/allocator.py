@@ -1,0 +1,452 @@
+"""gpuslice decides node and GPUs for DRA claims; kube-scheduler then binds the pod where they are.
+
+kube-scheduler v1.37's DRA plugin allocates an unallocated claim itself (first fit inside a node),
+but takes a claim that is already allocated as it is: its Filter passes only the nodes the
+allocation's nodeSelector names, Reserve adds the pod to ``reservedFor``, and the pod binds there. So
+a pod that should be placed by gpuslice carries the scheduling gate ``GATE`` (kube-scheduler leaves
+gated pods alone), and one pass of this allocator does, per gated pod, oldest first:
+
+```text
+claims of the pod        -> every one for gpuslice's shared or whole-GPU class, one request, no selector
+ledger over the pools    -> one node per pool, one GPU per shared device; every allocated claim's
+                            consumed memory and cores reserved (kube-scheduler's allocations too)
+Request(num_gpu, milli, memory) -> the placer: feasible & the pod's nodeSelector, the policy's node
+                            choice, its GPU choice (inside one value group under a matchAttribute)
+write status.allocation  -> results with shareID and consumedCapacity, the class config, nodeSelector
+remove the gate          -> kube-scheduler binds the pod to that node
+```
+
+A pod whose claims gpuslice does not decide (MIG profiles, selectors, other drivers) is ungated
+unallocated: kube-scheduler's own allocator decides those. A pod nothing fits keeps its gate and gets
+an Event with the placer's reason ("0/3 nodes fit: 3 insufficient GPU memory").
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import Any, Protocol
+
+import numpy as np
+
+from gpuslice.errors import UserError
+from gpuslice.hardware.node import MAX_GPUS_PER_NODE, NodeSpec
+from gpuslice.k8s.dra.classes import CLASS_SHARED, CLASS_WHOLE
+from gpuslice.k8s.dra.preempt import Holder, PreemptionPlan, plan_preemption
+from gpuslice.k8s.dra.slices import (
+    CAPACITY_CORES,
+    CAPACITY_MEMORY,
+    DRIVER,
+    MEMORY_MIN_MIB,
+    MEMORY_STEP_MIB,
+    TYPE_GPU,
+)
+from gpuslice.ledger.ledger import Ledger
+from gpuslice.ledger.placement import Refusal
+from gpuslice.policies import DEFAULT_PLACEMENT, PolicyContext, make_policy
+from gpuslice.scheduler.placer import Placer, Unplaced
+from gpuslice.units import MiB
+from gpuslice.workload.request import MILLI_PER_GPU, Request
+
+__all__ = ["GATE", "AllocatorApi", "ClaimAsk", "DraAllocator", "Inventory", "claim_ask"]
+
+log = logging.getLogger(__name__)
+
+GATE = "gpuslice.io/dra-allocate"
+_HUGE = 1 << 60  # DRA pods ask the ledger for GPUs only
+
+
+class AllocatorApi(Protocol):
+    """The API calls one pass needs (``DraApi`` in production)."""
+
+    def list_slices(self) -> list[dict[str, Any]]: ...
+    def list_claims(self) -> list[dict[str, Any]]: ...
+    def list_pods(self) -> list[dict[str, Any]]: ...
+    def delete_pod(self, namespace: str, name: str, uid: str) -> None: ...
+    def write_allocation(self, claim: Mapping[str, Any], allocation: Mapping[str, Any]) -> None: ...
+    def ungate(self, pod: Mapping[str, Any], gate: str) -> None: ...
+    def pod_event(self, pod: Mapping[str, Any], reason: str, message: str) -> None: ...
+
+
+def _quantity(value: Any) -> Decimal:
+    from kubernetes.utils import parse_quantity
+
+    return Decimal(parse_quantity(str(value)))
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimAsk:
+    """What one claim asks gpuslice for: ``count`` GPUs, each ``memory_mib`` (0: all) and ``cores`` %."""
+
+    request: str
+    count: int
+    memory_mib: int
+    cores: int
+    exclusive: bool
+    match_attribute: str = ""
+
+
+def claim_ask(claim: Mapping[str, Any]) -> ClaimAsk | None:
+    """The claim as a gpuslice request, or None when gpuslice does not decide it (see module doc)."""
+    devices = (claim.get("spec") or {}).get("devices") or {}
+    requests = devices.get("requests") or []
+    if len(requests) != 1 or devices.get("config"):
+        return None
+    exactly = requests[0].get("exactly")
+    if (
+        not exactly
+        or exactly.get("deviceClassName") not in (CLASS_SHARED, CLASS_WHOLE)
+        or exactly.get("selectors")
+    ):
+        return None
+    if exactly.get("allocationMode", "ExactCount") != "ExactCount" or exactly.get("adminAccess"):
+        return None
+    asked = (exactly.get("capacity") or {}).get("requests") or {}
+    if set(asked) - {CAPACITY_MEMORY, CAPACITY_CORES}:
+        return None
+    memory = int(_quantity(asked[CAPACITY_MEMORY]) / MiB) if CAPACITY_MEMORY in asked else 0
+    cores = int(_quantity(asked[CAPACITY_CORES])) if CAPACITY_CORES in asked else 100
+    attribute = ""
+    for constraint in devices.get("constraints") or []:
+        if constraint.get("distinctAttribute") or attribute:
+            return None
+        attribute = str(constraint.get("matchAttribute") or "")
+    exclusive = exactly["deviceClassName"] == CLASS_WHOLE
+    return ClaimAsk(
+        str(requests[0]["name"]), int(exactly.get("count", 1)), memory, cores, exclusive, attribute
+    )
+
+
+def _aligned_mib(mib: int) -> int:
+    """Memory as the request policy rounds it: up to 256 MiB steps from 256 MiB."""
+    if mib <= MEMORY_MIN_MIB:
+        return MEMORY_MIN_MIB
+    return MEMORY_MIN_MIB + -(-(mib - MEMORY_MIN_MIB) // MEMORY_STEP_MIB) * MEMORY_STEP_MIB
+
+
+@dataclass
+class _Gpu:
+    device: str
+    memory_mib: int
+    attributes: dict[str, Any]
+
+
+class Inventory:
+    """The pools' shared GPUs as a ledger, with every allocated claim's consumption reserved."""
+
+    def __init__(
+        self,
+        slices: Sequence[Mapping[str, Any]],
+        claims: Sequence[Mapping[str, Any]],
+        policy: str,
+        priorities: Mapping[str, int] | None = None,
+    ):
+        newest: dict[str, int] = {}
+        for s in slices:
+            spec = s["spec"]
+            if spec.get("driver") == DRIVER:
+                pool = spec["pool"]
+                newest[pool["name"]] = max(newest.get(pool["name"], 0), int(pool["generation"]))
+        gpus: dict[str, list[_Gpu]] = {name: [] for name in sorted(newest)}
+        for s in slices:
+            spec = s["spec"]
+            if spec.get("driver") != DRIVER or int(spec["pool"]["generation"]) != newest.get(
+                spec["pool"]["name"]
+            ):
+                continue
+            for d in spec.get("devices") or []:
+                attrs = d.get("attributes") or {}
+                if (attrs.get("type") or {}).get("string") == TYPE_GPU and d.get("allowMultipleAllocations"):
+                    mib = int(_quantity(d["capacity"][CAPACITY_MEMORY]["value"]) / MiB)
+                    gpus[spec["pool"]["name"]].append(_Gpu(d["name"], mib, attrs))
+        self.nodes = [n for n, g in gpus.items() if g and len(g) <= MAX_GPUS_PER_NODE]
+        self.gpus = [sorted(gpus[n], key=lambda g: g.device) for n in self.nodes]
+        self.ledger: Ledger | None = None
+        self.placer: Placer | None = None
+        self.holders: list[Holder] = []  # every allocated claim on these nodes, for preemption
+        if not self.nodes:
+            return
+        specs = [
+            NodeSpec(n, _HUGE, _HUGE, len(g), "gpu", gpu_memory_each=tuple(x.memory_mib * MiB for x in g))
+            for n, g in zip(self.nodes, self.gpus, strict=True)
+        ]
+        self.ledger = Ledger(specs)
+        view = self.ledger.view
+        self.placer = Placer(self.ledger, make_policy(policy, view, PolicyContext(np.random.default_rng(0))))
+        index = {(n, g.device): (i, k) for i, n in enumerate(self.nodes) for k, g in enumerate(self.gpus[i])}
+        priorities = priorities or {}
+        for c in claims:
+            allocation = (c.get("status") or {}).get("allocation") or {}
+            taken: list[int] = []
+            milli = memory = 0
+            node = -1
+            for r in (allocation.get("devices") or {}).get("results") or []:
+                where = index.get((r.get("pool"), r.get("device")))
+                if r.get("driver") != DRIVER or where is None:
+                    continue
+                used = r.get("consumedCapacity") or {}
+                node, gpu = where
+                full = self.gpus[node][gpu].memory_mib
+                mib = int(_quantity(used[CAPACITY_MEMORY]) / MiB) if CAPACITY_MEMORY in used else full
+                cores = int(_quantity(used[CAPACITY_CORES])) if CAPACITY_CORES in used else 100
+                req = Request(
+                    0, num_gpu=1, gpu_milli=max(1, min(cores, 100)) * 10, gpu_memory_bytes=mib * MiB
+                )
+                if isinstance(self.ledger.reserve(node, (gpu,), req), Refusal):  # allocated beyond capacity
+                    log.error("claims allocated on %s %s exceed its capacity", r.get("pool"), r.get("device"))
+                taken.append(gpu)
+                milli, memory = req.gpu_milli, req.gpu_memory_bytes
+            if taken:
+                pods = tuple(
+                    (str(c["metadata"]["namespace"]), str(ref.get("name")), str(ref.get("uid")))
+                    for ref in (c.get("status") or {}).get("reservedFor") or []
+                    if ref.get("resource") == "pods"
+                )
+                top = max((priorities.get(uid, 0) for _, _, uid in pods), default=0)
+                uid = str(c["metadata"].get("uid", ""))
+                self.holders.append(Holder(uid, node, tuple(taken), milli, memory, pods, top))
+
+    def free(self, node: int) -> tuple[list[int], list[int], list[int]]:
+        """Free milli, free memory and total memory of each GPU of ``node``."""
+        assert self.ledger is not None
+        view, n = self.ledger.view, len(self.gpus[node])
+        return (
+            [int(x) for x in view.free_gpu_milli[node][:n]],
+            [int(x) for x in view.free_gpu_memory_bytes[node][:n]],
+            [int(x) for x in view.gpu_memory_capacity_bytes[node][:n]],
+        )
+
+    def request(self, ask: ClaimAsk) -> Request | str:
+        """The ledger request of ``ask``, or why it is not a valid one."""
+        if not self.gpus:
+            return f"no node publishes {DRIVER} GPUs"
+        if ask.count < 1 or not 0 < ask.cores <= 100 or ask.memory_mib < 0:
+            return f"request {ask.request}: count, memory and cores must be positive (cores at most 100)"
+        whole = ask.exclusive or ask.count > 1
+        biggest = max(g.memory_mib for gs in self.gpus for g in gs)
+        mib = 0 if whole or not ask.memory_mib else _aligned_mib(ask.memory_mib)
+        try:
+            return Request(
+                0,
+                num_gpu=ask.count,
+                gpu_milli=MILLI_PER_GPU if whole else ask.cores * 10,
+                gpu_memory_bytes=0 if whole else (mib or biggest) * MiB,
+            )
+        except UserError as err:
+            return str(err)
+
+    def preemption(self, ask: ClaimAsk, priority: int, node_name: str | None) -> PreemptionPlan | None:
+        """Claims of lower-priority pods whose release makes room for ``ask`` (see ``preempt``)."""
+        req = self.request(ask)
+        if isinstance(req, str) or self.ledger is None:
+            return None
+        nodes = [i for i, n in enumerate(self.nodes) if node_name is None or n == node_name]
+        return plan_preemption(req, priority, self.holders, self.free, nodes)
+
+    def place(self, ask: ClaimAsk, node_name: str | None) -> tuple[str, list[_Gpu], int, int] | str:
+        """Decide and reserve ``ask``: (node, GPUs, memory MiB each, cores %), or why nothing fits. Memory 0
+        means each GPU's whole memory (a whole GPU, or a share that names no memory)."""
+        if self.placer is None or self.ledger is None:
+            return f"no node publishes {DRIVER} GPUs"
+        req = self.request(ask)
+        if isinstance(req, str):
+            return req
+        whole = req.gpu_milli == MILLI_PER_GPU and not req.gpu_memory_bytes
+        cores = 100 if whole else ask.cores
+        mib = 0 if whole or not ask.memory_mib else _aligned_mib(ask.memory_mib)
+        feasible = self.placer.feasible(req)
+        if node_name is not None:
+            feasible &= np.array([n == node_name for n in self.nodes])
+        choices = {}
+        for node in np.flatnonzero(feasible):
+            gpus = self._pick(req, int(node), ask.match_attribute)
+            if gpus is None:
+                feasible[node] = False
+            else:
+                choices[int(node)] = gpus
+        if not feasible.any():
+            why = self.ledger.why_not(req)
+            if why:
+                return str(Unplaced(req, self.ledger.node_count, why))
+            return f"0/{self.ledger.node_count} nodes fit: the pod's node selector or the claim's constraint"
+        node = self.placer.choose_node(req, feasible)
+        placed = self.ledger.reserve(node, choices[node], req)
+        if isinstance(placed, Refusal):  # the mask said it fits: only a broken ledger gets here
+            return f"node {self.nodes[node]}: {placed.code.value}"
+        return self.nodes[node], [self.gpus[node][g] for g in choices[node]], mib, cores
+
+    def _pick(self, req: Request, node: int, attribute: str) -> tuple[int, ...] | None:
+        assert self.placer is not None
+        if not attribute:
+            return self.placer.pick_gpus(req, node)
+        domain, _, name = attribute.rpartition("/")
+        key = name if domain == DRIVER else attribute
+        groups: dict[str, list[int]] = {}
+        for k, g in enumerate(self.gpus[node]):
+            value = g.attributes.get(key)
+            if value is not None:
+                groups.setdefault(str(sorted(value.items())), []).append(k)
+        fits = self.ledger.view.gpu_fits(req, node) if self.ledger else None
+        # the tightest group that still fits the request, as best fit does with nodes
+        ranked = sorted(
+            groups.values(), key=lambda ks: sum(bool(fits[k]) for k in ks) if fits is not None else 0
+        )
+        for ks in ranked:
+            usable = np.zeros(MAX_GPUS_PER_NODE, dtype=bool)
+            usable[ks] = True
+            gpus = self.placer.pick_gpus(req, node, usable)
+            if gpus is not None:
+                return gpus
+        return None
+
+
+def _allocation(ask: ClaimAsk, node: str, gpus: Sequence[_Gpu], mib: int, cores: int) -> dict[str, Any]:
+    """The claim's ``status.allocation``: one result per GPU, consumed capacity as the request policy
+    counts it (memory 0: the policy's default, all of the GPU on a step), the class's configuration."""
+    from gpuslice.k8s.dra.classes import device_classes
+    from gpuslice.k8s.dra.slices import memory_default_mib
+
+    results = [
+        {
+            "request": ask.request,
+            "driver": DRIVER,
+            "pool": node,
+            "device": g.device,
+            "shareID": str(uuid.uuid4()),
+            "consumedCapacity": {
+                CAPACITY_MEMORY: f"{mib or memory_default_mib(g.memory_mib * MiB)}Mi",
+                CAPACITY_CORES: str(cores),
+            },
+        }
+        for g in gpus
+    ]
+    name = CLASS_WHOLE if ask.exclusive else CLASS_SHARED
+    spec = next(c["spec"] for c in device_classes() if c["metadata"]["name"] == name)
+    config = [{"source": "FromClass", "requests": [ask.request], **entry} for entry in spec.get("config", [])]
+    term = {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}
+    return {
+        "devices": {"results": results, "config": config},
+        "nodeSelector": {"nodeSelectorTerms": [term]},
+        # kube-scheduler fills in a missing timestamp when it reserves the claim, and the API server
+        # refuses that as a change of the allocation: set it here.
+        "allocationTimestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+
+
+class DraAllocator:
+    """One ``run_once`` = one pass over the gated pods (see the module docstring)."""
+
+    def __init__(self, api: AllocatorApi, policy: str = DEFAULT_PLACEMENT) -> None:
+        self.api = api
+        self.policy = policy
+        self.decided = 0
+        self._told: dict[str, str] = {}  # pod UID -> the last reason posted, so each is posted once
+        self._preempting: dict[str, set[str]] = {}  # pod UID -> claims it evicted, while they are held
+        self.preemptions = 0
+
+    def _tell(self, pod: Mapping[str, Any], message: str) -> None:
+        uid = str(pod["metadata"].get("uid", ""))
+        if self._told.get(uid) != message:
+            self._told[uid] = message
+            self.api.pod_event(pod, "GpusliceUnplaced", message)
+
+    def run_once(self) -> int:
+        """Allocate and ungate what can be; the number of pods ungated."""
+        every = self.api.list_pods()
+        priorities = {str(p["metadata"].get("uid")): int(p["spec"].get("priority") or 0) for p in every}
+        gated = [
+            p for p in every if any(g.get("name") == GATE for g in p["spec"].get("schedulingGates") or [])
+        ]
+        pods = sorted(
+            gated,
+            key=lambda p: (p["metadata"].get("creationTimestamp", ""), p["metadata"]["name"]),
+        )
+        if not pods:
+            return 0
+        claims = self.api.list_claims()
+        by_key = {(c["metadata"]["namespace"], c["metadata"]["name"]): c for c in claims}
+        inventory = Inventory(self.api.list_slices(), claims, self.policy, priorities)
+        ungated = 0
+        for pod in pods:
+            try:
+                ungated += self._one(pod, by_key, inventory)
+            except Exception as err:  # an API refusal (409: changed meanwhile) or outage: next pass retries
+                log.warning("pod %s/%s: %s", pod["metadata"]["namespace"], pod["metadata"]["name"], err)
+        return ungated
+
+    def _one(
+        self, pod: Mapping[str, Any], by_key: Mapping[tuple[str, str], dict[str, Any]], inventory: Inventory
+    ) -> int:
+        namespace = pod["metadata"]["namespace"]
+        names = [r.get("resourceClaimName") for r in pod["spec"].get("resourceClaims") or []]
+        wanted = [by_key.get((namespace, str(n))) for n in names]
+        if any(c is None for c in wanted):
+            return 0  # a claim not created yet (or from a template): wait for it
+        pending = [c for c in wanted if c is not None and not (c.get("status") or {}).get("allocation")]
+        ours = [(c, a) for c in pending if (a := claim_ask(c)) is not None]
+        if len(ours) > 1:
+            self.api.pod_event(
+                pod, "GpusliceUnplaced", "gpuslice decides one claim per pod; split the claims"
+            )
+            return 0
+        if ours:
+            claim, ask = ours[0]
+            selector = (pod["spec"].get("nodeSelector") or {}).get("kubernetes.io/hostname")
+            decision = inventory.place(ask, selector)
+            if isinstance(decision, str):
+                self._tell(
+                    pod, f"claim {claim['metadata']['name']}: {decision}{self._preempt(pod, ask, inventory)}"
+                )
+                return 0
+            node, gpus, mib, cores = decision
+            allocation = _allocation(ask, node, gpus, mib, cores)
+            self.api.write_allocation(claim, allocation)
+            claim.setdefault("status", {})["allocation"] = allocation
+            self.decided += 1
+            log.info(
+                "claim %s/%s -> %s %s", namespace, claim["metadata"]["name"], node, [g.device for g in gpus]
+            )
+        self.api.ungate(pod, GATE)
+        return 1
+
+    def _preempt(self, pod: Mapping[str, Any], ask: ClaimAsk, inventory: Inventory) -> str:
+        """Evict the cheapest set of lower-priority claim holders that makes room; what was done, or ''."""
+        uid = str(pod["metadata"].get("uid", ""))
+        priority = int(pod["spec"].get("priority") or 0)
+        waiting = self._preempting.get(uid)
+        if waiting is not None and waiting & {h.claim_uid for h in inventory.holders}:
+            return "; waiting for the pods it preempted to end"
+        selector = (pod["spec"].get("nodeSelector") or {}).get("kubernetes.io/hostname")
+        plan = inventory.preemption(ask, priority, selector)
+        if plan is None:
+            return ""
+        self._preempting[uid] = {h.claim_uid for h in plan.victims}
+        gone = [p for h in plan.victims for p in h.pods]
+        node = inventory.nodes[plan.node]
+        for namespace, name, victim_uid in gone:
+            self.api.delete_pod(namespace, name, victim_uid)
+            self.api.pod_event(
+                {"metadata": {"namespace": namespace, "name": name, "uid": victim_uid}},
+                "Preempted",
+                f"gpuslice: preempted on {node} by {pod['metadata']['namespace']}/{pod['metadata']['name']} "
+                f"(priority {priority})",
+            )
+        self.preemptions += len(gone)
+        log.info("pod %s preempted %d pod(s) on %s", pod["metadata"]["name"], len(gone), node)
+        return f"; preempted {len(gone)} lower-priority pod(s) on {node}, waiting for them to end"
+
+    def run(self, stop: threading.Event, interval_s: float = 0.5) -> None:
+        """Passes until ``stop`` is set; a failed pass is logged and retried."""
+        while not stop.is_set():
+            try:
+                busy = self.run_once()
+            except Exception:
+                log.exception("DRA allocation pass failed; retrying")
+                busy = 0
+            if not busy:
+                stop.wait(interval_s)

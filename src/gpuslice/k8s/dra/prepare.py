@@ -1,0 +1,356 @@
+"""NodePrepareResources / NodeUnprepareResources of one node: a claim's allocation -> a CDI spec.
+
+```text
+prepare(claim ns/name/uid)
+  checkpoint has uid            -> the devices prepared before (idempotent; no API read)
+  read the ResourceClaim        -> uid must match; status.allocation must name our devices in our pool
+  our results -> one slice      -> container_slice(...): the env, mounts and device nodes Allocate gives
+  write <cdi_dir>/gpuslice.io-claim_<uid>.json (0600, atomic), then the checkpoint (0600, atomic)
+unprepare(uid)                  -> remove the spec and the checkpoint entry; unknown uid: done already
+```
+
+The kubelet API passes no pod and no share: the CDI device name carries the claim UID, the device
+and, for a share, its shareID (``<uid>-<device>[-<shareID>]``), so two shares of one GPU are two CDI
+devices. Claim-wide edits (environment, mounts, control devices) sit at the spec's top level, applied
+once whichever of its devices a container gets; each device adds its own /dev/nvidia<minor>.
+
+A shared GPU's slice is the allocation's consumed capacity (``memory``, ``cores``): the smallest over
+the claim's GPUs when there are several; the request policy's default (all of it, step-aligned) is the
+whole GPU. A MIG device is prepared only if its instance exists (MIG
+instances are created by the operator or ``gpuslice mig``, not by this driver).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass
+from decimal import Decimal
+from pathlib import Path
+from typing import Any, Protocol
+
+from gpuslice.errors import UserError
+from gpuslice.hardware.machine import Machine
+from gpuslice.k8s.container_slice import CONTROL_DEVICES, ContainerSlice, container_slice
+from gpuslice.k8s.dra.classes import CONFIG_API_VERSION, CONFIG_KIND
+from gpuslice.k8s.dra.slices import (
+    CAPACITY_CORES,
+    CAPACITY_MEMORY,
+    DRIVER,
+    gpu_device_name,
+    memory_default_mib,
+    parse_mig_device_name,
+)
+from gpuslice.node.enforcement import SharingMode
+from gpuslice.scheduler.node_scheduler import MigAssignment
+from gpuslice.units import MiB
+
+__all__ = [
+    "CDI_KIND",
+    "CDI_VERSION",
+    "ClaimRef",
+    "ClaimSource",
+    "PrepareRefused",
+    "PreparedDevice",
+    "Preparer",
+    "cdi_spec_path",
+]
+
+log = logging.getLogger(__name__)
+
+CDI_VERSION = "0.6.0"
+CDI_KIND = "gpuslice.io/claim"  # vendor/class of the CDI devices this driver writes
+
+
+class PrepareRefused(UserError):
+    """A claim cannot be prepared on this node; the kubelet reports the message on the pod."""
+
+
+class ClaimSource(Protocol):
+    """Reads ResourceClaims (the API server in production, a dict in tests)."""
+
+    def get_claim(self, namespace: str, name: str) -> Mapping[str, Any]:
+        """The ResourceClaim object as the API returns it (JSON); raise if it cannot be read."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimRef:
+    """A claim as the kubelet names it."""
+
+    namespace: str
+    uid: str
+    name: str
+
+
+@dataclass(frozen=True, slots=True)
+class PreparedDevice:
+    """One device of a prepared claim, as NodePrepareResources returns it."""
+
+    request: str
+    pool: str
+    device: str
+    cdi_id: str
+    share_id: str = ""
+
+
+def cdi_spec_path(cdi_dir: Path, uid: str) -> Path:
+    return cdi_dir / f"gpuslice.io-claim_{uid}.json"
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as out:
+        out.write(text)
+        out.flush()
+        os.fsync(out.fileno())
+    os.replace(tmp, path)
+
+
+def _quantity(value: Any) -> Decimal:
+    from kubernetes.utils import parse_quantity
+
+    return Decimal(parse_quantity(str(value)))
+
+
+class Preparer:
+    """Prepares and unprepares this node's claims; thread-safe (the gRPC server runs several workers).
+
+    ``healthy(gpu)`` says whether a GPU may be handed out now; ``minors`` maps GPU index to
+    /dev/nvidia<minor>. The checkpoint (``<state_dir>/dra-checkpoint.json``) survives restarts."""
+
+    def __init__(
+        self,
+        machine: Machine,
+        node_name: str,
+        claims: ClaimSource,
+        *,
+        cdi_dir: Path,
+        state_dir: Path,
+        sharing: SharingMode | str = SharingMode.SOFT,
+        minors: Sequence[int] | None = None,
+        healthy: Callable[[int], bool] = lambda gpu: True,
+    ) -> None:
+        self.machine = machine
+        self.node_name = node_name
+        self.claims = claims
+        self.cdi_dir = Path(cdi_dir)
+        self.state_dir = Path(state_dir)
+        self.sharing = sharing
+        self.minors = tuple(minors) if minors is not None else tuple(g.index for g in machine.gpus)
+        self.healthy = healthy
+        self.checkpoint_path = self.state_dir / "dra-checkpoint.json"
+        self._lock = threading.Lock()
+        self._prepared: dict[str, dict[str, Any]] = self._load()
+
+    # -- checkpoint ----------------------------------------------------------------------------------
+
+    def _load(self) -> dict[str, dict[str, Any]]:
+        try:
+            data = json.loads(self.checkpoint_path.read_text())
+        except FileNotFoundError:
+            return {}
+        except (OSError, ValueError) as err:
+            # A torn or foreign file: start empty rather than refuse every claim; the specs it named
+            # stay on disk until their claims are unprepared by UID below.
+            log.error("DRA checkpoint %s unreadable (%s); starting with none", self.checkpoint_path, err)
+            return {}
+        claims = data.get("claims") if isinstance(data, dict) else None
+        return dict(claims) if isinstance(claims, dict) else {}
+
+    def _save(self) -> None:
+        _atomic_write(self.checkpoint_path, json.dumps({"version": 1, "claims": self._prepared}, indent=1))
+
+    def prepared(self) -> dict[str, list[PreparedDevice]]:
+        """Claim UID -> its prepared devices (from the checkpoint)."""
+        with self._lock:
+            return {uid: [PreparedDevice(**d) for d in e["devices"]] for uid, e in self._prepared.items()}
+
+    # -- prepare / unprepare -------------------------------------------------------------------------
+
+    def prepare(self, ref: ClaimRef) -> list[PreparedDevice]:
+        """The claim's devices, its CDI spec written; PrepareRefused says why not (nothing is written)."""
+        with self._lock:
+            done = self._prepared.get(ref.uid)
+            if done is not None:
+                return [PreparedDevice(**d) for d in done["devices"]]
+            try:
+                claim = self.claims.get_claim(ref.namespace, ref.name)
+            except Exception as err:
+                raise PrepareRefused(f"cannot read ResourceClaim {ref.namespace}/{ref.name}: {err}") from None
+            uid = (claim.get("metadata") or {}).get("uid")
+            if uid != ref.uid:
+                raise PrepareRefused(
+                    f"ResourceClaim {ref.namespace}/{ref.name} has UID {uid}, not {ref.uid}: it was deleted "
+                    "and created again; the pod must be recreated"
+                )
+            devices, spec = self._plan(ref, claim)
+            path = cdi_spec_path(self.cdi_dir, ref.uid)
+            _atomic_write(path, json.dumps(spec, indent=1))
+            self._prepared[ref.uid] = {
+                "namespace": ref.namespace,
+                "name": ref.name,
+                "cdi_spec": str(path),
+                "devices": [asdict(d) for d in devices],
+            }
+            try:
+                self._save()
+            except OSError:
+                del self._prepared[ref.uid]
+                path.unlink(missing_ok=True)
+                raise
+            log.info(
+                "prepared claim %s/%s: %s", ref.namespace, ref.name, ", ".join(d.cdi_id for d in devices)
+            )
+            return devices
+
+    def unprepare(self, uid: str) -> None:
+        """Undo ``prepare``: its CDI spec and checkpoint entry go. A UID never prepared is a success."""
+        with self._lock:
+            entry = self._prepared.get(uid)
+            Path(entry["cdi_spec"] if entry else cdi_spec_path(self.cdi_dir, uid)).unlink(missing_ok=True)
+            if entry is None:
+                return
+            del self._prepared[uid]
+            self._save()
+            log.info("unprepared claim %s/%s", entry["namespace"], entry["name"])
+
+    # -- the allocation ------------------------------------------------------------------------------
+
+    def _plan(self, ref: ClaimRef, claim: Mapping[str, Any]) -> tuple[list[PreparedDevice], dict[str, Any]]:
+        where = f"ResourceClaim {ref.namespace}/{ref.name}"
+        allocation = (claim.get("status") or {}).get("allocation")
+        if not allocation:
+            raise PrepareRefused(f"{where} is not allocated")
+        results = [
+            r for r in (allocation.get("devices") or {}).get("results") or [] if r.get("driver") == DRIVER
+        ]
+        if not results:
+            raise PrepareRefused(f"{where} has no device of driver {DRIVER}")
+        self._check_requests(where, claim)
+        exclusive = self._exclusive_requests(allocation)
+        gpus: list[int] = []
+        memory: list[int] = []
+        cores: list[int] = []
+        migs: list[MigAssignment] = []
+        for r in results:
+            device = str(r.get("device", ""))
+            if r.get("pool") != self.node_name:
+                raise PrepareRefused(
+                    f"{where}: device {device} is in pool {r.get('pool')}, not {self.node_name}"
+                )
+            mig = parse_mig_device_name(self.machine, device)
+            if mig is not None:
+                migs.append(MigAssignment(mig.gpu, mig.profile.name, mig.start))
+                gpu = mig.gpu
+            else:
+                gpu = self._shared_gpu(where, device)
+                consumed = r.get("consumedCapacity") or {}
+                info = self.machine.gpus[gpu]
+                full = memory_default_mib(info.memory_bytes)
+                mib = int(_quantity(consumed[CAPACITY_MEMORY]) / MiB) if CAPACITY_MEMORY in consumed else full
+                pct = int(_quantity(consumed[CAPACITY_CORES])) if CAPACITY_CORES in consumed else 100
+                if r.get("request") in exclusive and (mib < full or pct < 100):
+                    raise PrepareRefused(
+                        f"{where}: request {r.get('request')} is for a whole GPU but consumes {mib} MiB and "
+                        f"{pct} cores of {device}; use the gpu.gpuslice.io class for a share"
+                    )
+                memory.append(0 if mib >= full else mib)  # 0: all of it (the default is step-aligned)
+                cores.append(pct)
+            if not self.healthy(gpu):
+                raise PrepareRefused(f"{where}: GPU {self.machine.gpus[gpu].uuid} ({device}) is unhealthy")
+            gpus.append(gpu)
+        if migs and (len(migs) > 1 or memory):
+            raise PrepareRefused(
+                f"{where}: a claim gets one MIG instance or GPUs, not {len(results)} devices mixed"
+            )
+        setup = container_slice(
+            self.machine,
+            sharing=self.sharing,
+            state_dir=self.state_dir,
+            minors=self.minors,
+            namespace=ref.namespace,
+            pod=f"claim-{ref.name}",
+            gpus=gpus,
+            memory_bytes=min((m for m in memory if m), default=0) * MiB,
+            compute_percent=min(cores, default=100),
+            mig=migs[0] if migs else None,
+        )
+        prepared = []
+        spec_devices = []
+        for r, gpu in zip(results, gpus, strict=True):
+            share = str(r.get("shareID") or "")
+            name = f"{ref.uid}-{r['device']}" + (f"-{share}" if share else "")
+            prepared.append(
+                PreparedDevice(
+                    str(r["request"]), self.node_name, str(r["device"]), f"{CDI_KIND}={name}", share
+                )
+            )
+            node = f"/dev/nvidia{self.minors[gpu]}"
+            spec_devices.append({"name": name, "containerEdits": {"deviceNodes": [{"path": node}]}})
+        return prepared, self._spec(spec_devices, setup)
+
+    @staticmethod
+    def _check_requests(where: str, claim: Mapping[str, Any]) -> None:
+        """Refuse what the API server stores but no one meant: kube-scheduler rounds a negative capacity
+        request up to the policy's minimum and allocates it, so the pod would run with a slice its owner
+        never asked for. The kubelet shows this refusal on the pod."""
+        for request in ((claim.get("spec") or {}).get("devices") or {}).get("requests") or []:
+            for sub in [request.get("exactly") or {}, *(request.get("firstAvailable") or [])]:
+                for key, value in ((sub.get("capacity") or {}).get("requests") or {}).items():
+                    try:
+                        amount = _quantity(value)
+                    except (ValueError, ArithmeticError):
+                        amount = Decimal(-1)
+                    if amount <= 0:
+                        raise PrepareRefused(
+                            f"{where}: request {request.get('name')} asks for {value} {key}; capacity "
+                            "requests must be positive (e.g. memory: 10Gi, cores: 30)"
+                        )
+
+    def _shared_gpu(self, where: str, device: str) -> int:
+        for g in self.machine.gpus:
+            if gpu_device_name(g.index) == device and not g.mig_enabled:
+                return g.index
+        raise PrepareRefused(f"{where}: device {device} is not a device of node {self.node_name}")
+
+    @staticmethod
+    def _exclusive_requests(allocation: Mapping[str, Any]) -> set[str]:
+        """Requests whose class configuration says ``exclusive`` (the whole-GPU class)."""
+        found: set[str] = set()
+        every = {str(r.get("request")) for r in (allocation.get("devices") or {}).get("results") or []}
+        for entry in (allocation.get("devices") or {}).get("config") or []:
+            opaque = entry.get("opaque") or {}
+            params = opaque.get("parameters") or {}
+            if (
+                opaque.get("driver") == DRIVER
+                and params.get("apiVersion") == CONFIG_API_VERSION
+                and params.get("kind") == CONFIG_KIND
+                and params.get("exclusive") is True
+            ):
+                found |= set(entry.get("requests") or every)
+        return found
+
+    @staticmethod
+    def _spec(devices: list[dict[str, Any]], setup: ContainerSlice) -> dict[str, Any]:
+        nodes = [{"path": p} for p in CONTROL_DEVICES if p in setup.device_nodes]
+        mounts = [
+            {
+                "hostPath": m.host_path,
+                "containerPath": m.container_path,
+                "options": ["ro" if m.read_only else "rw", "bind"],
+            }
+            for m in setup.mounts
+        ]
+        edits: dict[str, Any] = {
+            "env": [f"{k}={v}" for k, v in sorted(setup.env.items())],
+            "deviceNodes": nodes,
+        }
+        if mounts:
+            edits["mounts"] = mounts
+        return {"cdiVersion": CDI_VERSION, "kind": CDI_KIND, "devices": devices, "containerEdits": edits}
