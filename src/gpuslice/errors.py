@@ -48,6 +48,7 @@ GpusliceError
 │  │  └─ MigPermissionDenied (node.mig_manager)
 │  ├─ RegistrationFailed (k8s.device_plugin.plugin)
 │  ├─ AllocationRefused (k8s.device_plugin.allocation)
+│  ├─ PrepareRefused (k8s.dra.prepare)
 │  ├─ GpuSetUnavailable (policies.gpuset.base)
 │  ├─ MalformedModelConfig, InvalidEstimateOptions (estimate.errors)
 │  └─ CostProfileError (memory.cost)

@@ -3,15 +3,16 @@
 When gpuslice's allocator finds no room for a gated pod's claim, it asks, per node, which claims held
 by lower-priority pods would have to go: the claims there become ``Victim``s (their GPUs, cores as
 milli-GPU, memory; the priority of their highest pod), the node's free GPUs a ``Capacity``, and the
-same fit rule and victim search the node scheduler uses (``scheduler.node_fit.fits``,
-``scheduler.preemption``) answer. The node whose cheapest victim set is cheapest wins; its victims'
+same fit rule and the one preemption search every home uses (``scheduler.node_fit.fits``,
+``scheduler.preemption.find_preemption``) answer: only holders whose pods all have a lower priority are
+victims, and the node whose cheapest victim set is cheapest wins; its victims'
 pods are deleted (their claims are freed by the resource claim controller when the pods are gone) and
 the pod waits for the room.
 
 ```text
-holders on node (priority < pod's) -> Victim(job_id=claim uid, Holding(gpus, milli, memory), priority)
-free GPUs of node                  -> Capacity(free milli, free memory)
-victims_for(...)                   -> scheduler.preemption.choose_victims  (the one search)
+holders on every node -> Victim(job_id=claim uid, priority, node, holding=Holding(gpus, milli, memory))
+free GPUs of a node   -> Capacity(free milli, free memory), given the victims' holdings in the what-if
+find_preemption(...)  -> the node and the cheapest set of victims there
 ```
 """
 
@@ -20,11 +21,12 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from gpuslice.scheduler.node_fit import Capacity, Demand, DemandKind, Holding, fits
-from gpuslice.scheduler.preemption import Victim, choose_victims, victim_set_cost
+from gpuslice.policies.queue.base import JobRef
+from gpuslice.scheduler.node_fit import Capacity, Demand, DemandKind, Holding, fits, gpus_equivalent
+from gpuslice.scheduler.preemption import Victim, find_preemption
 from gpuslice.workload.request import MILLI_PER_GPU, Request
 
-__all__ = ["Holder", "PreemptionPlan", "plan_preemption", "victims_for"]
+__all__ = ["Holder", "PreemptionPlan", "plan_preemption"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,13 +48,6 @@ class PreemptionPlan:
     victims: tuple[Holder, ...]
 
 
-def victims_for(
-    candidates: Sequence[Victim], capacity: Capacity, fits_on: Callable[[Capacity], bool], now: float
-) -> tuple[Victim, ...] | None:
-    """The preemption search every home uses; the one place to re-point when that search moves."""
-    return choose_victims(candidates, capacity, fits_on, now)
-
-
 def _demand(req: Request, gpu_count: int) -> Demand:
     eligible = tuple(range(gpu_count))
     if req.num_gpu == 1 and req.gpu_milli < MILLI_PER_GPU:
@@ -71,23 +66,22 @@ def plan_preemption(
 
     ``free(node)`` gives that node's (free milli, free memory, total memory) per GPU. Only holders whose
     pods all have a lower priority may be victims."""
-    best: tuple[tuple[object, ...], PreemptionPlan] | None = None
-    for node in nodes:
-        lower = [h for h in holders if h.node == node and h.priority < priority]
-        if not lower:
-            continue
-        free_milli, free_memory, total = free(node)
-        capacity = Capacity(free_milli, free_memory, [None] * len(total), [0] * len(total), total)
-        demand = _demand(req, len(total))
-        by_uid = {h.claim_uid: h for h in lower}
-        candidates = [
-            Victim(h.claim_uid, Holding(h.gpus, h.milli, h.memory_bytes), h.priority, 0.0) for h in lower
-        ]
-        chosen = victims_for(candidates, capacity, lambda cap, d=demand: fits(d, cap, None), now=0.0)
-        if chosen is None:
-            continue
-        cost = victim_set_cost(chosen, 0.0)
-        plan = PreemptionPlan(node, tuple(by_uid[v.job_id] for v in chosen))
-        if best is None or cost < best[0]:
-            best = (cost, plan)
-    return best[1] if best is not None else None
+    wanted = set(nodes)
+    by_uid = {h.claim_uid: h for h in holders if h.node in wanted}
+    running = [
+        Victim(h.claim_uid, h.priority, 0.0, gpus_equivalent(hold), node=h.node, holding=hold)
+        for h in by_uid.values()
+        for hold in (Holding(h.gpus, h.milli, h.memory_bytes),)
+    ]  # fmt: skip
+
+    def fits_without(node: object, victims: tuple[Victim, ...]) -> bool:
+        free_milli, free_memory, total = free(int(node))
+        trial = Capacity(free_milli, free_memory, [None] * len(total), [0] * len(total), total)
+        for v in victims:
+            trial.give(v.holding)
+        return fits(_demand(req, len(total)), trial, None)
+
+    plan = find_preemption(JobRef("", priority), running, fits_without, now=0.0)
+    if plan is None:
+        return None
+    return PreemptionPlan(int(plan.node), tuple(by_uid[v.job_id] for v in plan.victims))
