@@ -46,6 +46,7 @@ def test_preemption_what_if_agrees_with_the_filter_once_the_victims_are_gone(ask
     for victims in [*random.Random(0).sample(subsets, 12), (), tuple(names)]:
         state = bound_state()
         pod = pod_json("new", ask)
+        pod["spec"]["priority"] = 100  # kube-scheduler proposes only pods of lower priority as victims
         what_if = state.preempt(pod, {"n": [f"uid-{v}" for v in victims]}) == {
             "n": [f"uid-{v}" for v in victims]
         }
