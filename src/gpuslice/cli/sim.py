@@ -12,6 +12,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from gpuslice.cli.replay import REPLAY_EPILOG, replay
 from gpuslice.errors import UserError
 from gpuslice.policies import PLACEMENT
 from gpuslice.sim.openb import DEFAULT_TUNE, ReplayResult
@@ -44,6 +45,9 @@ def parse_seeds(text: str) -> list[int]:
     if match[1]:
         return list(range(int(match[1]), int(match[2]) + 1))
     return [int(s) for s in match[0].split(",")]
+
+
+app.command("replay", epilog=REPLAY_EPILOG)(replay)
 
 
 @app.command(epilog=_POLICIES_EPILOG)
