@@ -37,6 +37,7 @@ import httpx
 import psutil
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from gpuslice.node import launcher
 from gpuslice.server.store import Store
 from gpuslice.workload.job import JobState
 
@@ -50,10 +51,9 @@ def kill_jobs(state_dir: Path) -> None:
     store = Store(state_dir / "gpuslice.db")
     try:
         for job in store.jobs([JobState.RUNNING]):
-            if job.pgid and job.proc_start_time and psutil.pid_exists(job.pgid):
-                with contextlib.suppress(psutil.Error, OSError):
-                    if abs(psutil.Process(job.pgid).create_time() - job.proc_start_time) < 0.05:
-                        os.killpg(job.pgid, signal.SIGKILL)
+            if job.pgid and job.proc_start_time and launcher.is_alive(job.pgid, job.proc_start_time):
+                with contextlib.suppress(OSError):
+                    os.killpg(job.pgid, signal.SIGKILL)
     finally:
         store.close()
 

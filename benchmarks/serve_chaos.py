@@ -22,7 +22,11 @@ Setup: a real ``gpuslice serve --simulate dgx-h100 --grace 1s`` process on a fre
 3. ``--followers`` clients follow the log of a silent running job; /v1/health is timed while they are
    attached (p50, max of 20 calls) and after they hung up.
 
-Usage: ``.venv/bin/python benchmarks/serve_chaos.py [--jobs 30] [--server-kills 5] [--seed 1]
+4. With ``--faults`` (root: mount namespaces), the machine's faults of ``serve_faults.py``: wall-clock
+   steps both ways, a full disk, descriptor exhaustion, a lying job, SIGTERM with followers, damaged
+   stores, and the webhook's and the extender's malformed corpus.
+
+Usage: ``.venv/bin/python benchmarks/serve_chaos.py [--jobs 30] [--server-kills 5] [--seed 1] [--faults]
 [--markdown FILE]`` (FILE defaults to benchmarks/out/serve_chaos.md). Exit status 1 if any check fails.
 """
 
@@ -51,6 +55,8 @@ import httpx
 import psutil
 from rich.console import Console
 from rich.table import Table
+
+from serve_faults import fault_failures, fault_rows, run_faults
 
 BIN = Path(sys.executable).parent
 GPU_BYTES = 80 * 2**30  # dgx-h100: 8 × H100 80 GB
@@ -469,6 +475,7 @@ def main() -> None:
     parser.add_argument("--followers", type=int, default=100)
     parser.add_argument("--time-limit", type=float, default=300, help="seconds for the chaos loop")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--faults", action="store_true", help="also the machine's faults (serve_faults.py)")
     parser.add_argument("--markdown", type=Path, default=Path(__file__).parent / "out" / "serve_chaos.md")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="gpuslice-chaos-") as tmp:
@@ -479,8 +486,10 @@ def main() -> None:
         h = hostile(root)
         out.print(f"{args.followers} log followers …")
         f = followers(args, root)
+        faults = run_faults(root / "faults") if args.faults else {}
     failures = sum(len(c[k]) for k in ("lost", "doubled", "overcommits", "wrong", "mismatched"))
     failures += h["fives"] + (h["health"] != 200) + (h["listing"] != 200) + (max(f["attached"]) >= 1.0)
+    failures += fault_failures(faults)
     load = os.getloadavg()
     fours = sum(1 for _, s, _ in h["rows"] if 400 <= s < 500)
     actions = ", ".join(f"{v} {k}" for k, v in sorted(c["actions"].items()) if not k.startswith("cancel-"))
@@ -506,6 +515,7 @@ def main() -> None:
         f"max {max(f['attached']) * 1000:.1f} ms ({f['threads']} server threads) |",
         f"| health after they hung up | p50 {statistics.median(f['after']) * 1000:.1f} ms, "
         f"max {max(f['after']) * 1000:.1f} ms |",
+        *fault_rows(faults),
         "",
         "| hostile request | status | type |",
         "|---|---|---|",

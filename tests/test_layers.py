@@ -8,7 +8,7 @@ rank 3  scheduler                 and, beside it, memory and estimate (which use
         gpuslice                  the package root, which re-exports up to the scheduler
 rank 2  policies
 rank 1  ledger
-rank 0  hardware, workload, units, errors, data
+rank 0  hardware, workload, units, inputs, errors, data
 ```
 
 Every ``import`` and ``from … import`` counts wherever it is written: at module level, inside a
@@ -35,6 +35,7 @@ RANK: dict[str, int] = {
     "registry": 0,  # name -> class for every policy family
     "advice": 0,  # the one advice check and fallback rule
     "units": 0,
+    "inputs": 0,  # bounded numbers, text files and output folders at the edge
     "hardware": 0,
     "workload": 0,
     "data": 0,

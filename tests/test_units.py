@@ -17,7 +17,7 @@ HINT = "use a number and a unit, e.g. 8GiB, 8000MiB, 8G"
         pytest.param("8000MiB", 8000 * MiB, id="mebibytes"),
         pytest.param("8G", 8 * GiB, id="single letter means binary"),
         pytest.param("1.5GiB", 3 * GiB // 2, id="fraction of a unit"),
-        pytest.param("4096", 4096, id="bare number is bytes"),
+        pytest.param("4096B", 4096, id="bytes need their unit too"),
         pytest.param("8GB", 8 * 1000**3, id="two letters without i are decimal"),
         pytest.param("512KiB", 512 * KiB, id="kibibytes"),
         pytest.param("2TiB", 2 * TiB, id="tebibytes"),
@@ -49,12 +49,37 @@ def test_parse_size_names_an_unknown_unit_and_still_hints() -> None:
 
 def test_parse_size_rejects_a_fraction_of_a_byte() -> None:
     with pytest.raises(InvalidSize, match="not a whole number of bytes"):
-        parse_size("1.5")
+        parse_size("1.5B")
 
 
-def test_parse_size_rejects_negative_ints_and_bools() -> None:
-    with pytest.raises(InvalidSize, match="negative"):
+@pytest.mark.parametrize("text", ["20", "4096", "1.5"])
+def test_a_bare_number_is_refused_because_it_could_be_bytes_or_gib(text: str) -> None:
+    with pytest.raises(InvalidSize, match=rf"no unit; write {text}GiB \(or {text}B for bytes\)"):
+        parse_size(text)
+
+
+@pytest.mark.parametrize("text", ["0", "0GiB", "0.0MiB", "0B"])
+def test_zero_is_refused_in_any_unit(text: str) -> None:
+    with pytest.raises(InvalidSize):
+        parse_size(text)
+
+
+@pytest.mark.parametrize("text", ["٢٠GiB", "２０GiB", "२०G"])
+def test_digits_other_than_ascii_are_refused(text: str) -> None:
+    with pytest.raises(InvalidSize, match="use a number and a unit"):
+        parse_size(text)
+
+
+def test_a_huge_size_is_exact_not_a_rounded_float() -> None:
+    assert parse_size("9007199254740993B") == 2**53 + 1
+    assert parse_size("1000000TiB") == 10**6 * TiB
+
+
+def test_parse_size_rejects_non_positive_ints_and_bools() -> None:
+    with pytest.raises(InvalidSize, match="at least one byte"):
         parse_size(-1)
+    with pytest.raises(InvalidSize, match="at least one byte"):
+        parse_size(0)
     with pytest.raises(InvalidSize, match="use a number and a unit"):
         parse_size(True)
 
@@ -81,7 +106,7 @@ def test_format_size_uses_the_largest_binary_unit_at_or_above_one(size: int, tex
 
 
 @pytest.mark.parametrize(
-    "size", [0, 1, 512, KiB, 4 * KiB, MiB, 256 * MiB, GiB, 3 * GiB // 2, 8 * GiB, 80 * GiB, TiB, 2 * TiB]
+    "size", [1, 512, KiB, 4 * KiB, MiB, 256 * MiB, GiB, 3 * GiB // 2, 8 * GiB, 80 * GiB, TiB, 2 * TiB]
 )
 def test_format_size_round_trips_through_parse_size(size: int) -> None:
     assert parse_size(format_size(size)) == size

@@ -22,7 +22,8 @@ GpusliceError
 │  │  ├─ NvmlUnavailable     nvidia-ml-py is not installed, or NVML finds no NVIDIA driver
 │  │  └─ elsewhere: NoGpuDriver (node.discovery), MpsUnavailable (node.enforcement), MigNotEnabled
 │  │     (hardware.mig_nvml), ShimUnavailable (shim), ServerUnavailable (server.errors)
-│  └─ elsewhere, one module's own failures: PolicyRejected (HTTP 422), PolicyFamilyMismatch,
+│  └─ elsewhere, one module's own failures: InvalidInput (inputs: a number out of range, a file that
+│     is not text, a folder that cannot be written), PolicyRejected (HTTP 422), PolicyFamilyMismatch,
 │     PolicyInitError (programs.loader), MapError, MapFull (programs.maps), FieldError (server.models,
 │     HTTP 400 or 422), ServerError (server.client), TopologyError and its kin (hardware.topology*),
 │     InvalidMigLayout, MigRequestTooLarge (hardware.mig), MigInstanceMissing (node.discovery),

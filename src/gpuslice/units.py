@@ -1,14 +1,22 @@
 """Sizes: parsed at the edge into integer bytes, formatted back for people.
 
-Inside gpuslice every size is an ``int`` number of bytes. Users write "8GiB", "8000MiB", "8G" or a bare
-number of bytes. Decimal suffixes (kB, MB, GB, TB) are powers of 1000 and binary ones (KiB … TiB) powers
-of 1024; a bare single letter (K, M, G, T) follows Kubernetes and nvidia-smi usage and means the binary
-unit, which is what people mean when they say "an 8G slice".
+Inside gpuslice every size is an ``int`` number of bytes. The one rule for sizes people write:
+
+- a number and a unit: "8GiB", "8000MiB", "1.5GiB", "8G", "100B";
+- binary units (KiB, MiB, GiB, TiB) are powers of 1024 and decimal ones (kB, MB, GB, TB) powers of 1000,
+  so "20GB" is 20,000,000,000 bytes (18.6 GiB);
+- a single letter (K, M, G, T) means the binary unit, as nvidia-smi, PyTorch and most people mean it
+  when they say "an 8G slice" (Kubernetes quantities differ: there G is 10^9 and Gi is 2^30);
+- a bare number is refused: "20" could be bytes or GiB, and a 20-byte slice is never what was meant
+  (write "20B" for bytes); so is zero, and so are digits other than ASCII 0-9.
+
+Commands echo the bytes they understood, so a decimal unit never passes unnoticed.
 """
 
 from __future__ import annotations
 
 import re
+from fractions import Fraction
 
 from gpuslice.errors import InvalidSize
 
@@ -20,7 +28,6 @@ GiB = 1024**3
 TiB = 1024**4
 
 _UNITS: dict[str, int] = {
-    "": 1,
     "b": 1,
     "k": KiB,
     "kib": KiB,
@@ -35,28 +42,36 @@ _UNITS: dict[str, int] = {
     "tib": TiB,
     "tb": 1000**4,
 }
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
+# ASCII digits only: Python's \d also matches "٢٠", which int() would read as 20.
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$", re.ASCII)
 _HINT = "use a number and a unit, e.g. 8GiB, 8000MiB, 8G"
 
 
 def parse_size(text: str | int) -> int:
-    """Bytes in ``text`` ("8GiB", "8000MiB", "8G", "1.5GiB", "4096"); raises InvalidSize otherwise."""
+    """Bytes in ``text`` ("8GiB", "8000MiB", "8G", "1.5GiB", "4096B"), at least one; raises InvalidSize
+    otherwise. An ``int`` is already bytes (an API body may send one) and only has to be positive."""
     if isinstance(text, bool):
         raise InvalidSize(f"invalid size {text!r}: {_HINT}")
     if isinstance(text, int):
-        if text < 0:
-            raise InvalidSize(f"invalid size {text}: sizes cannot be negative")
+        if text <= 0:
+            raise InvalidSize(f"invalid size {text}: a size must be at least one byte")
         return text
     match = _SIZE.match(str(text))
     if match is None:
         raise InvalidSize(f"invalid size {text!r}: {_HINT}")
     number, unit = match.groups()
+    if not unit:
+        raise InvalidSize(
+            f"invalid size {text!r}: a bare number has no unit; write {number}GiB (or {number}B for bytes)"
+        )
     factor = _UNITS.get(unit.lower())
     if factor is None:
         raise InvalidSize(f"invalid size {text!r}: unknown unit {unit!r}; {_HINT}")
-    value = float(number) * factor
-    if value != int(value):
+    value = Fraction(number) * factor  # exact: a float would round "9007199254740993B"
+    if value.denominator != 1:
         raise InvalidSize(f"invalid size {text!r}: not a whole number of bytes")
+    if value == 0:
+        raise InvalidSize(f"invalid size {text!r}: a size must be at least one byte")
     return int(value)
 
 

@@ -119,13 +119,13 @@ def test_submit_with_estimate_sends_the_estimated_memory_to_the_server(monkeypat
         def submit(self, body, idempotency_key=None, retries=0):
             assert idempotency_key  # the CLI makes every submit safe to retry
             sent.update(body)
-            return {"id": "j-1", "state": "PENDING", **body}
+            return {"id": "j-1", "state": "PENDING", "spec": {"gpu_memory_bytes": 1}, **body}
 
     monkeypatch.setattr(jobs, "_client", lambda url, state_dir: FakeClient())
     monkeypatch.setattr(jobs, "slice_text", lambda job: "slice")
     result = CliRunner().invoke(app, ["submit", "--estimate", "llama-3-8b", "--", "python", "serve.py"])
     assert result.exit_code == 0, result.output
     expected, _ = estimate_request_bytes("llama-3-8b", EstimateOptions())
-    assert sent["memory"] == str(expected)
+    assert sent["memory"] == f"{expected}B"  # bytes with their unit: a bare number is refused
     assert sent["gpus"] == 1
     assert "memory from estimate" in result.output

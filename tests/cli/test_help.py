@@ -41,6 +41,8 @@ def test_help_reads_cleanly_at_80_columns(path, capsys, monkeypatch):
         assert not re.search(r"<(bool|str|int|float|list\[)", line), f"Python type: {line!r}"
         assert "[/" not in line and "[bold" not in line, f"markup: {line!r}"
         assert not re.search(r"\w \.(\s|$)|\w ,", line), f"stray space: {line!r}"
+        assert not re.search(r"\w-$", line), f"word broken at a hyphen: {line!r}"
+        assert "..." not in re.sub(r"(\[ARGS\]|COMMAND\}?)\.\.\.", "", line), f"cut: {line!r}"
 
 
 @pytest.mark.parametrize("group", [[], ["mig"], ["sim"], ["topo"], ["k8s"], ["policy"]], ids=" ".join)
@@ -50,3 +52,34 @@ def test_a_command_group_called_bare_prints_its_help(group, capsys):
     out, err = capsys.readouterr()
     assert out.startswith(f"Usage: gpuslice{''.join(' ' + g for g in group)} [OPTIONS] COMMAND")
     assert "error" not in err
+
+
+def test_the_top_level_list_shows_every_summary_whole_at_80_columns(capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "80")
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    listing = " ".join(capsys.readouterr().out.split("Commands:")[1].split())
+    command = build_command()
+    for name, sub in command.commands.items():
+        summary = " ".join(sub.help.split("\n\n")[0].split())
+        assert f"{name} {summary}" in listing, name
+
+
+@pytest.mark.parametrize("path", [[], ["sim", "openb"], ["submit"], ["mig", "plan"]], ids=" ".join)
+def test_dash_h_is_help_everywhere(path, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main([*path, "-h"])
+    assert exit_info.value.code == 0
+    assert capsys.readouterr().out.startswith("Usage: gpuslice")
+
+
+def test_option_help_names_one_default_and_no_impossible_range(capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "80")
+    with pytest.raises(SystemExit):
+        main(["mig", "plan", "--help"])
+    policy_help = capsys.readouterr().out.split("--policy")[1].split("--from-layout")[0]
+    assert policy_help.count("default") == 1 and "[default: keep-largest]" in policy_help
+    with pytest.raises(SystemExit):
+        main(["submit", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "1..100; default: no compute limit" in text and "[default: 0]" not in text

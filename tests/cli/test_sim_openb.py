@@ -109,3 +109,32 @@ def test_one_run_prints_a_table_and_writes_results_and_a_plot(monkeypatch, capsy
     assert png.stat().st_size > 10_000
     for path in (out_dir / "results.json", out_dir / "results.csv", png):
         assert str(path) in out
+
+
+BROKEN_POLICY = """
+from gpuslice.programs.api import PlacementOps
+
+
+class Broken(PlacementOps):
+    name = "broken"
+    summary = "raises on every score"
+
+    def score(self, view, req, nodes):
+        raise RuntimeError("boom")
+"""
+
+
+def test_a_policy_that_fell_back_is_an_error_unless_allowed_and_then_marked(monkeypatch, capsys, tmp_path):
+    policy = tmp_path / "broken.py"
+    policy.write_text(BROKEN_POLICY)
+    out_dir = tmp_path / "out"
+    args = ["sim", "openb", "--policy", str(policy), "--seeds", "42", "--out", str(out_dir)]
+    code, out, err = run_cli(args, monkeypatch, capsys)
+    assert code == 2 and err.startswith("error: policies fell back to the default placement")
+    assert "--allow-fallbacks" in err and not out_dir.exists()
+
+    code, out, err = run_cli([*args, "--allow-fallbacks"], monkeypatch, capsys)
+    assert code == 0 and "broken.py*" in out
+    [record] = json.loads((out_dir / "results.json").read_text())
+    assert record["fell_back_pods"] == record["pods"] > 0  # detached after 5 faults: all default's
+    assert f"{record['pods']:,} of {record['pods']:,} decisions" in err and err.startswith("warning: ")

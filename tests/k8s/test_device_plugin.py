@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import queue
+import stat
 import time
 from collections.abc import Callable, Iterator, Mapping
 from concurrent import futures
@@ -371,13 +372,18 @@ def test_allocate_turns_a_share_decision_into_cuda_limits_device_nodes_and_cdi(m
     assert env["GPUSLICE_TENANT"] == "ml"
     assert not any(k.startswith("CUDA_MPS_") for k in env)
     # the GPU reaches the container without the NVIDIA runtime's environment variable too
-    assert [d.host_path for d in container.devices] == [
+    assert [d.container_path for d in container.devices] == [
         "/dev/nvidia1",
         "/dev/nvidiactl",
         "/dev/nvidia-uvm",
         "/dev/nvidia-uvm-tools",
     ]
-    assert all(d.container_path == d.host_path and d.permissions == "rw" for d in container.devices)
+    assert all(d.permissions == "rw" for d in container.devices)
+    # a simulated node has no /dev/nvidia*: each host path is a stand-in the runtime can pass in
+    for device in container.devices:
+        host = Path(device.host_path)
+        assert host.name == Path(device.container_path).name and host.parent.name == "dev"
+        assert stat.S_ISCHR(host.stat().st_mode)
     assert [c.name for c in container.cdi_devices] == [f"nvidia.com/gpu={uuid}"]
     assert api.pod_annotations[("ml", "notebook")][ANNOTATION_BIND_PHASE] == BIND_PHASE_ALLOCATED
     assert api.pod_annotations[("ml", "notebook")][ANNOTATION_ALLOCATED] == "true"

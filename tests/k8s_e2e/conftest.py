@@ -1,9 +1,11 @@
-"""The end-to-end fixtures (``e2e_helpers``): a real control plane and gpuslice's processes on it."""
+"""The end-to-end fixtures (``e2e_helpers``): a real control plane and gpuslice's processes on it; and
+(``node_helpers``) a real kubelet + containerd node with the device plugin on it."""
 
 import pytest
 from e2e_helpers import api_client, core, namespace, plane, stack
+from node_helpers import device_plugin, node, node_namespace
 
-__all__ = ["api_client", "core", "namespace", "plane", "stack"]
+__all__ = ["api_client", "core", "device_plugin", "namespace", "node", "node_namespace", "plane", "stack"]
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -320,7 +320,7 @@ def test_device_plugin_allocates_each_bound_pod_its_own_decision_by_device_ids(
         uuid = plugin.machine.gpus[gpu].uuid
         assert container.envs["NVIDIA_VISIBLE_DEVICES"] in (uuid, str(gpu))
         assert [c.name for c in container.cdi_devices] == [f"nvidia.com/gpu={uuid}"]
-        assert f"/dev/nvidia{gpu}" in [d.host_path for d in container.devices]
+        assert f"/dev/nvidia{gpu}" in [d.container_path for d in container.devices]  # stand-ins on the host
         marked = core.read_namespaced_pod(name, namespace).metadata.annotations
         assert marked[ANNOTATION_BIND_PHASE] == BIND_PHASE_ALLOCATED
 

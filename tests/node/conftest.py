@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
 from types import ModuleType
 
 import pytest
@@ -19,3 +22,13 @@ def two_gpu_nvml() -> ModuleType:
             {"name": "NVIDIA H100 80GB HBM3", "total": 81559 * MiB, "uuid": "GPU-bbbb", "mig": 0},
         ]
     )
+
+
+@pytest.fixture
+def cleanup():
+    """Kill whatever group a test launched, even when it fails half-way."""
+    groups: list[int] = []
+    yield groups
+    for pgid in groups:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pgid, signal.SIGKILL)

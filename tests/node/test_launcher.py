@@ -40,23 +40,13 @@ def job_pid(state_dir, job_id) -> int:
     return int(out.read_text().split()[1])
 
 
-@pytest.fixture
-def cleanup():
-    """Kill whatever group a test launched, even when it fails half-way."""
-    groups: list[int] = []
-    yield groups
-    for pgid in groups:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(pgid, signal.SIGKILL)
-
-
 def test_launch_runs_the_command_and_poll_reads_its_exit(tmp_path, cleanup):
     before = time.time()
-    job = launcher.launch("j1", python_job("import sys; print('out'); sys.exit(4)"), {}, tmp_path)
+    job = launcher.launch("j1", python_job("import sys; print('out'); sys.exit(4)"), {}, tmp_path, attempt=3)
     cleanup.append(job.pgid)
     assert isinstance(job, LaunchedJob) and job.pid == job.pgid
     status = wait_for(lambda: launcher.poll("j1", tmp_path))
-    assert status == ExitStatus(4, None, status.finished_at, started_at=status.started_at)
+    assert status == ExitStatus(4, None, status.finished_at, started_at=status.started_at, attempt=3)
     # the supervisor's start time tells this run's record from an earlier run's
     assert status.started_at is not None and before <= status.started_at <= status.finished_at
     assert not status.succeeded
@@ -232,7 +222,7 @@ def test_a_job_id_that_is_not_a_file_name_is_refused(tmp_path):
 
 
 def test_a_damaged_exit_record_is_an_internal_error_naming_the_file(tmp_path):
-    directory = launcher.job_dir(tmp_path, "bad")
+    directory = launcher.record_dir(tmp_path, "bad")
     directory.mkdir(parents=True)
     (directory / "exit.json").write_text("{not json")
     with pytest.raises(InternalError, match=r"exit\.json"):

@@ -18,10 +18,10 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import psutil
 import pytest
 from server_helpers import FakeNode, free_port, h100_machine
 
+from gpuslice.node import launcher
 from gpuslice.server.daemon import Daemon
 from gpuslice.server.store import Store
 
@@ -154,10 +154,9 @@ def _kill_jobs(state_dir: Path) -> None:
     store = Store(db)
     try:
         for job in store.jobs():
-            if job.pgid and job.proc_start_time and psutil.pid_exists(job.pgid):
-                with contextlib.suppress(psutil.Error):
-                    if abs(psutil.Process(job.pgid).create_time() - job.proc_start_time) < 0.05:
-                        os.killpg(job.pgid, signal.SIGKILL)
+            if job.pgid and job.proc_start_time and launcher.is_alive(job.pgid, job.proc_start_time):
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(job.pgid, signal.SIGKILL)
     finally:
         store.close()
 

@@ -33,12 +33,29 @@ class FakeNode:
         self.external: dict[int, int] = {}
         self.decisions: dict[str, tuple[str, str]] = {}
         self.fail_launch: set[str] = set()
+        self.launch_errors: dict[str, Exception] = {}  # raised once by the next launch of that job
+        self.started: set[str] = set()  # jobs whose supervisor started (was_started)
+        self.records: dict[str, dict[str, Any]] = {}  # job -> its last launch record (launch_records)
+        self.ran: dict[float, float] = {}  # start_time -> seconds its process has run (running_seconds)
         self._pid = 1000
 
-    def launch(self, job_id: str, spec: JobSpec, env: Mapping[str, str], state_dir: Path) -> LaunchedJob:
+    def launch(
+        self,
+        job_id: str,
+        spec: JobSpec,
+        env: Mapping[str, str],
+        state_dir: Path,
+        *,
+        attempt: int = 0,
+        about: Mapping[str, Any] | None = None,
+    ) -> LaunchedJob:
+        if job_id in self.launch_errors:
+            raise self.launch_errors.pop(job_id)
         if job_id in self.fail_launch:
             raise OSError(f"cannot start {spec.command[0]}")
         self.exits.pop(job_id, None)
+        self.started.add(job_id)
+        self.records[job_id] = {"attempt": attempt, **(about or {})}
         self._pid += 1
         job = LaunchedJob(self._pid, self._pid, float(self._pid))
         self.launched[job_id] = job
@@ -53,6 +70,15 @@ class FakeNode:
 
     def poll(self, job_id: str, state_dir: Path) -> ExitStatus | None:
         return self.exits.get(job_id)
+
+    def launch_records(self, state_dir: Path) -> dict[str, dict[str, Any]]:
+        return dict(self.records)
+
+    def running_seconds(self, start_time: float) -> float | None:
+        return self.ran.get(start_time)  # None: the daemon measures by its clock
+
+    def was_started(self, job_id: str, state_dir: Path) -> bool:
+        return job_id in self.started
 
     def is_alive(self, pid: int, start_time: float) -> bool:
         return pid in self.alive

@@ -44,11 +44,25 @@ def cli(daemon, monkeypatch):
 def test_submit_sends_the_slice_and_prints_the_job(cli, daemon):
     code, out = cli("submit", "--mem", "20GiB", "--cores", "50", "--priority", "high", "--tenant", "vision",
                     "--max-runtime", "1h", "--", "python", "train.py", "--lr", "3")  # fmt: skip
-    assert code == 0 and out.strip() == "job 1 submitted: PENDING (20 GiB · 50%)"
+    assert code == 0
+    assert out.strip() == "job 1 submitted: PENDING (20 GiB · 50%; --mem 20GiB read as 21,474,836,480 bytes)"
     spec = daemon.store.get("1").spec
     assert spec.command == ("python", "train.py", "--lr", "3")
     assert (spec.gpu_memory_bytes, spec.compute_percent, spec.tenant) == (20 * 2**30, 50, "vision")
     assert spec.max_runtime_seconds == 3600
+
+
+def test_a_decimal_unit_is_echoed_in_bytes_so_it_cannot_pass_for_a_binary_one(cli, daemon):
+    code, out = cli("submit", "--mem", "20GB", "--", "x")
+    assert code == 0 and "(18.6 GiB; --mem 20GB read as 20,000,000,000 bytes)" in out
+    assert daemon.store.get("1").spec.gpu_memory_bytes == 20 * 10**9
+
+
+@pytest.mark.parametrize("mem", ["20", "0", "0GiB", "٢٠GiB"])
+def test_a_bare_zero_or_non_ascii_size_is_refused_before_any_job_exists(cli, daemon, mem):
+    code, out = cli("submit", "--mem", mem, "--", "x")
+    assert code == 2 and "--mem: invalid size" in out
+    assert daemon.store.jobs() == []
 
 
 def test_bad_submit_is_one_error_line_naming_the_field_and_exit_2(cli, daemon):

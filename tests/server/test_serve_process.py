@@ -66,9 +66,9 @@ def test_every_file_in_the_state_dir_is_private(serve, tmp_path):
         p.name: mode(p) for p in (state, state / "jobs", job_dir, state / "jobs" / "old")
     } == dict.fromkeys((state.name, "jobs", job["id"], "old"), 0o700)
     files = ["notes", "token", "server.lock", "gpuslice.db", "gpuslice.db-wal", "gpuslice.db-shm"]
-    files += [
-        f"jobs/{job['id']}/{name}" for name in ("exit.json", "supervisor.log", "stdout.log", "stderr.log")
-    ]
+    files += [f"jobs/{job['id']}/{name}" for name in ("supervisor.log", "stdout.log", "stderr.log")]
+    files += [f"records/{job['id']}/{name}" for name in ("exit.json", "job.json")]
+    assert mode(state / "records" / job["id"]) == 0o700
     assert {name: oct(mode(state / name)) for name in files} == {name: "0o600" for name in files}
 
 

@@ -28,3 +28,11 @@ def test_the_figure_has_a_zoomed_panel_and_tells_every_policy_apart():
     styles = {(lines[p].get_marker(), lines[p].get_linestyle()) for p in policies}
     assert len(styles) == len(policies)
     assert lines["ideal"].get_zorder() < min(lines[p].get_zorder() for p in policies)
+
+
+def test_a_run_tuned_to_130_percent_that_ends_a_pod_short_is_titled_85_to_130():
+    arrived = np.arange(1, 130) * 10 + 9  # the last pod lands at 129.9 %: the next would pass 130 %
+    run = ReplayResult("default", "fgd", 42, 1000, arrived, np.minimum(arrived, 950), np.zeros(129), 0, 0.1)
+    whole, zoom = unallocated_figure([run]).axes
+    assert zoom.get_title() == "85–130 % arrival, zoomed"
+    assert whole.get_xlim() == (0.0, 130.0)

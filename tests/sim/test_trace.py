@@ -160,3 +160,10 @@ def test_the_shared_gpuspec_trace_pins_pods_to_gpu_models() -> None:
 @needs_shared_openb
 def test_the_bundled_default_trace_equals_the_shared_copy() -> None:
     assert load_trace("default", SHARED_OPENB) == load_trace("default")
+
+
+def test_the_trace_names_help_lists_are_the_published_ones():
+    from gpuslice.sim.published import published_results
+    from gpuslice.sim.trace import OPENB_TRACES
+
+    assert set(OPENB_TRACES) == {trace for trace, _ in published_results()}

@@ -30,18 +30,33 @@ Train = Annotated[bool, typer.Option("--train/--infer", help="Training (Adam) in
 Dtype = Annotated[
     str, typer.Option(help=f"Weights: {', '.join(WEIGHT_DTYPES)} (training: bf16, fp16, fp32).")
 ]
+_MAX_TOKENS = 2**24  # 16.8M tokens: beyond any model's context
+_MAX_COUNT = 2**16  # sequences, GPUs: beyond any one job
 TensorParallel = Annotated[
-    int, typer.Option("--tp", min=1, help="Tensor-parallel GPUs; must divide the heads.")
+    int, typer.Option("--tp", min=1, max=1024, help="Tensor-parallel GPUs, 1..1024; must divide the heads.")
 ]
-Context = Annotated[int | None, typer.Option(min=1, help="Inference: tokens per sequence (default 4096).")]
-Batch = Annotated[int | None, typer.Option(min=1, help="Inference: sequences cached at once (default 1).")]
+Context = Annotated[
+    int | None, typer.Option(min=1, max=_MAX_TOKENS, help="Inference: tokens per sequence (default 4096).")
+]
+Batch = Annotated[
+    int | None,
+    typer.Option(
+        min=1, max=_MAX_COUNT, help=f"Inference: sequences cached at once, 1..{_MAX_COUNT} (default 1)."
+    ),
+]
 KvDtype = Annotated[str | None, typer.Option(help="Inference: KV cache fp32, bf16, fp16 or fp8.")]
 FlashAttention = Annotated[bool, typer.Option(help="Inference: fused attention, no context² score matrix.")]
-Gpus = Annotated[int | None, typer.Option(min=1, help="Training: GPUs in all (data parallel = gpus / tp).")]
+Gpus = Annotated[
+    int | None, typer.Option(min=1, max=_MAX_COUNT, help="Training: GPUs in all (data parallel = gpus / tp).")
+]
 Zero = Annotated[int | None, typer.Option(min=0, max=3, help="Training: ZeRO stage 0-3 (default 0).")]
 Recompute = Annotated[str | None, typer.Option(help=f"Training: recomputation {'|'.join(RECOMPUTE)}.")]
-MicroBatch = Annotated[int | None, typer.Option(min=1, help="Training: sequences per micro-batch.")]
-SeqLen = Annotated[int | None, typer.Option(min=1, help="Training: tokens per sequence (default 4096).")]
+MicroBatch = Annotated[
+    int | None, typer.Option(min=1, max=_MAX_COUNT, help="Training: sequences per micro-batch.")
+]
+SeqLen = Annotated[
+    int | None, typer.Option(min=1, max=_MAX_TOKENS, help="Training: tokens per sequence (default 4096).")
+]
 
 _MODELS = ", ".join(BUNDLED)
 

@@ -81,10 +81,19 @@ def submit(
     gpus: Annotated[
         int, typer.Option(min=1, help="GPUs (whole, unless --mem/--cores make it a share of 1)")
     ] = 1,
-    mem: Annotated[str | None, typer.Option(help="GPU memory per GPU, e.g. 20GiB")] = None,
+    mem: Annotated[
+        str | None,
+        typer.Option(
+            help="GPU memory per GPU with a unit: 20GiB or 20G (2^30 bytes each), 20GB (10^9), 20B (bytes); "
+            "a bare number is refused; default: the whole GPU"
+        ),
+    ] = None,
     cores: Annotated[
-        int, typer.Option(min=0, max=100, help="compute share in percent of a GPU's SMs, 1..100")
-    ] = 0,
+        int | None,
+        typer.Option(
+            min=1, max=100, help="compute share in percent of a GPU's SMs, 1..100; default: no compute limit"
+        ),
+    ] = None,
     mig: Annotated[str, typer.Option(help="a MIG profile, e.g. 3g.40gb")] = "",
     gpu_model: Annotated[list[str] | None, typer.Option(help="allowed GPU model (repeatable)")] = None,
     exclude_model: Annotated[list[str] | None, typer.Option(help="excluded GPU model (repeatable)")] = None,
@@ -126,11 +135,11 @@ def submit(
             zero=zero, recompute=recompute, micro_batch=micro_batch, seq_len=seq_len,
         )  # fmt: skip
         mem_bytes, why = estimate_request_bytes(estimate_model, options, params=params, margin=margin)
-        mem = str(mem_bytes)
+        mem = f"{mem_bytes}B"
         gpus = gpus if train else tp  # an inference estimate is per GPU over its tensor-parallel GPUs
         _out.print(f"memory from estimate: {why}")
     body: dict[str, Any] = {
-        "command": command, "gpus": gpus, "memory": mem, "compute_percent": cores, "mig": mig,
+        "command": command, "gpus": gpus, "memory": mem, "compute_percent": cores or 0, "mig": mig,
         "gpu_models": gpu_model or [], "excluded_gpu_models": exclude_model or [], "exclusive": exclusive,
         "topology": topology, "priority": priority, "tenant": tenant, "preemptible": preemptible,
         "max_runtime": max_runtime, "restart": restart, "cwd": str(Path.cwd()),
@@ -140,7 +149,9 @@ def submit(
         # A key of its own: if the server crashes after taking the job but before answering, the
         # retry returns that job instead of making a second one.
         job = client.submit(body, idempotency_key=str(uuid.uuid4()), retries=5)
-    _out.print(f"job {job['id']} submitted: {job['state']} ({slice_text(job)})")
+    understood = job["spec"]["gpu_memory_bytes"]
+    read_as = f"; --mem {mem} read as {understood:,} bytes" if mem is not None and understood else ""
+    _out.print(f"job {job['id']} submitted: {job['state']} ({slice_text(job)}{read_as})", markup=False)
 
 
 # The submit body's fields as the command line spells them, for error messages.

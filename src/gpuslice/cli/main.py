@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import inspect
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Annotated, Any, get_args, get_origin
 
 import typer
 from rich.console import Console
+from typer._click import _textwrap  # the formatter's wrapper class: see _WholeWords
 
 from gpuslice.cli import estimate, jobs, k8s, memsim, mig, policy, predict, serve, sim, top, topo
 from gpuslice.errors import GpusliceError, exit_code
@@ -19,6 +21,7 @@ app = typer.Typer(
     help="Share and schedule GPUs; replay placement policies on real cluster traces.",
     no_args_is_help=True,
     pretty_exceptions_show_locals=False,
+    context_settings={"help_option_names": ["-h", "--help"]},  # every subcommand inherits it
 )
 
 
@@ -95,11 +98,30 @@ def _name_value_types(command: Any) -> None:
         _name_value_types(sub)
 
 
+def _full_summaries(command: Any) -> None:
+    """A command list shows each summary whole (wrapped), not cut at 45 characters with '...'."""
+    for sub in getattr(command, "commands", {}).values():
+        if not sub.short_help and sub.help:
+            sub.short_help = " ".join(inspect.cleandoc(sub.help).split("\n\n")[0].split())
+        _full_summaries(sub)
+
+
+class _WholeWords(_textwrap.TextWrapper):
+    """click's wrapper, but a hyphenated name (fgd-scarcity, --target-workload) is never split."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("break_on_hyphens", False)
+        super().__init__(*args, **kwargs)
+
+
 def build_command() -> Any:
-    """The click command tree of ``app``, with plain value names in --help (what ``main`` runs)."""
+    """The click command tree of ``app``, with plain value names and whole summaries in --help (what
+    ``main`` runs); help is wrapped at whole words only."""
     _plain_help(app)
+    _textwrap.TextWrapper = _WholeWords  # click's help formatter looks it up here on every call
     command = typer.main.get_command(app)
     _name_value_types(command)
+    _full_summaries(command)
     return command
 
 

@@ -12,7 +12,9 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 from rich.table import Table
 
+from gpuslice.cli.options import finite_between
 from gpuslice.errors import UserError
+from gpuslice.inputs import writable_folder
 from gpuslice.memory import EVICTION, PREFETCH, SimConfig, make_workload, simulate
 from gpuslice.memory.cost import CostModel, load_cost_profile
 from gpuslice.memory.hooks import PRIORITY_HIGH, PRIORITY_LOW, VISIBILITIES
@@ -20,7 +22,10 @@ from gpuslice.memory.policies import DEFAULT_EVICTION, DEFAULT_PREFETCH
 from gpuslice.memory.workloads import WORKLOADS, read_trace_csv
 from gpuslice.programs.loader import memory_ops
 
-__all__ = ["app", "memsim"]
+__all__ = ["MAX_OVERSUB", "MAX_SCALE", "app", "memsim"]
+
+MAX_OVERSUB = 100.0  # a working set 100× the GPU: every access faults long before this
+MAX_SCALE = 16.0  # time and memory grow linearly with it: 16 is ~1 GB and ~12 s (benchmarks/RESULTS.md)
 
 app = typer.Typer(help="Simulate GPU memory oversubscription under gpu_ext-style policies.")
 
@@ -28,7 +33,13 @@ app = typer.Typer(help="Simulate GPU memory oversubscription under gpu_ext-style
 @app.command()
 def memsim(
     workload: Annotated[str, typer.Option(help=f"Workload: {', '.join(WORKLOADS)}.")] = "llm-moe-decode",
-    oversub: Annotated[float, typer.Option(min=1.0, help="Working set / GPU capacity, e.g. 1.5.")] = 1.5,
+    oversub: Annotated[
+        float,
+        typer.Option(
+            help=f"Working set / GPU capacity, 1..{MAX_OVERSUB:g}, e.g. 1.5.",
+            callback=finite_between(1.0, MAX_OVERSUB),
+        ),
+    ] = 1.5,
     evict: Annotated[
         str, typer.Option(help=f"Eviction policy: {', '.join(EVICTION)}, or a policy file (.py).")
     ] = DEFAULT_EVICTION,
@@ -46,7 +57,12 @@ def memsim(
     visibility: Annotated[
         str, typer.Option(help="When the access hook runs: driver (never, as the driver) or full.")
     ] = "driver",
-    scale: Annotated[float, typer.Option(min=0.01, help="Workload size factor.")] = 1.0,
+    scale: Annotated[
+        float,
+        typer.Option(
+            help=f"Workload size factor, 0.01..{MAX_SCALE:g}.", callback=finite_between(0.01, MAX_SCALE)
+        ),
+    ] = 1.0,
     plot: Annotated[bool, typer.Option(help="Write memsim.png to --out.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print results as a JSON list.")] = False,
     cost_profile: Annotated[
@@ -55,13 +71,18 @@ def memsim(
             help="Cost profile JSON (link bytes/s, fault-batch s, per-access s); docs/cost-profile.md."
         ),
     ] = None,
-    out: Annotated[Path, typer.Option(help="Folder for the PNG.")] = Path("results"),
+    out: Annotated[
+        Path, typer.Option(help="Folder for the PNG (with --plot; checked before the run).")
+    ] = Path("results"),
 ) -> None:
-    """Faults, bytes and estimated time of one policy pair, or of every eviction policy with --compare all."""
+    """Simulate GPU memory oversubscription: faults, bytes moved and estimated time per eviction × prefetch
+    policy pair (every eviction policy with --compare all)."""
     if compare not in (None, "all"):
         raise UserError(f"invalid --compare {compare!r}: the only value is 'all'")
     if visibility not in VISIBILITIES:
         raise UserError(f"invalid --visibility {visibility!r}: use {' or '.join(VISIBILITIES)}")
+    if plot:
+        writable_folder(out, "--out")
     priorities = _parse_tenants(tenants) if tenants else None
     evicts = list(EVICTION) if compare else [evict]
     pairs = [(e, prefetch) for e in dict.fromkeys([*evicts, DEFAULT_EVICTION, "belady"])]

@@ -13,6 +13,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from gpuslice.cli.options import writable
 from gpuslice.errors import UserError
 from gpuslice.policies import DEFAULT_PLACEMENT
 from gpuslice.sim.queue_setups import SETUPS, estimates_for, queue_setup
@@ -70,7 +71,9 @@ def replay(
     ] = None,
     repeat: Annotated[int, typer.Option(min=1, help="Play the trace this many times back to back.")] = 1,
     seed: Annotated[int, typer.Option(help="Seed of the placement policy's randomness.")] = 42,
-    out: Annotated[Path, typer.Option(help="Folder for results.csv, results.json, plots.")] = Path("results"),
+    out: Annotated[
+        Path, typer.Option(help="Folder for results.csv, results.json, plots.", callback=writable)
+    ] = Path("results"),
     plot: Annotated[bool, typer.Option(help="Also write a PNG per trace and load.")] = False,
 ) -> None:
     """Replay pods at their trace times: they wait in serve's queue, run for their recorded duration on the

@@ -9,6 +9,8 @@ import typer
 from rich.console import Console
 
 from gpuslice.cli.options import target_workload_option
+from gpuslice.errors import UserError
+from gpuslice.inputs import writable_folder
 from gpuslice.node.enforcement import DEFAULT_SHARING
 from gpuslice.policies import DEFAULT_PLACEMENT, PLACEMENT
 from gpuslice.policies.queue import DEFAULT_QUEUE_POLICY, QUEUE
@@ -24,7 +26,7 @@ def serve(
     host: Annotated[
         str, typer.Option(help="address to bind; 127.0.0.1 keeps it on this machine")
     ] = "127.0.0.1",
-    port: Annotated[int, typer.Option(help="TCP port")] = DEFAULT_PORT,
+    port: Annotated[int, typer.Option(min=1, max=65535, help="TCP port, 1..65535")] = DEFAULT_PORT,
     state_dir: Annotated[
         Path | None,
         typer.Option(help="jobs database, token, logs [env GPUSLICE_STATE_DIR; ~/.local/share/gpuslice]"),
@@ -80,8 +82,11 @@ def serve(
     from gpuslice.server.run import ServeOptions, run
     from gpuslice.sim.trace import load_target_workload
 
+    state_dir = writable_folder(state_dir or default_state_dir(), "--state-dir")  # before anything is made
+    if sharing == "mig":
+        _check_mig(simulate)
     options = ServeOptions(
-        state_dir=state_dir or default_state_dir(),
+        state_dir=state_dir,
         host=host,
         port=port,
         simulate=simulate,
@@ -100,7 +105,33 @@ def serve(
         )
         _out.print(f"token: {token_path}  (clients read it from there or from GPUSLICE_TOKEN)")
         _out.print(f"dashboard: {sign_in_url}  (works once; it leaves a cookie in your browser)")
-        _out.print(f"look:  {url}/metrics (Prometheus)  gpuslice top --url {url}")
-        _out.print(f"try:   gpuslice submit --state-dir {options.state_dir} --mem 8GiB -- nvidia-smi")
+        _out.print(
+            f"clients: pass --state-dir {options.state_dir} or export GPUSLICE_STATE_DIR={options.state_dir}"
+        )
+        _out.print(f"look:  {url}/metrics (Prometheus)  gpuslice top --state-dir {options.state_dir}")
+        # nvidia-smi only where there is a driver: a simulated machine has none, so the example there
+        # is a command that runs anywhere and shows the slice it was given.
+        example = (
+            "nvidia-smi"
+            if simulate is None
+            else "python3 -c \"import os; print(os.environ['GPUSLICE_GPU_MEMORY_BYTES'])\""
+        )
+        _out.print(f"try:   gpuslice submit --state-dir {options.state_dir} --mem 8GiB -- {example}")
 
     run(options, on_ready=ready)
+
+
+def _check_mig(simulate: str | None) -> None:
+    """``--sharing mig`` needs a GPU in MIG mode; refuse before the state dir is touched otherwise."""
+    from gpuslice.node.discovery import discover
+
+    machine = discover(simulate)
+    if not any(gpu.mig_enabled for gpu in machine.gpus):
+        how = (
+            "simulate a MIG machine with ':mig', e.g. --simulate dgx-a100:mig"
+            if simulate
+            else "turn MIG mode on first (sudo nvidia-smi -i 0 -mig 1)"
+        )
+        raise UserError(
+            f"--sharing mig: no GPU on this machine has MIG mode on; {how}, or use another --sharing"
+        )

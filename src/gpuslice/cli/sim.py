@@ -12,6 +12,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from gpuslice.cli.options import finite_between, writable
 from gpuslice.cli.replay import REPLAY_EPILOG, replay
 from gpuslice.errors import UserError
 from gpuslice.policies import PLACEMENT
@@ -19,9 +20,14 @@ from gpuslice.sim.openb import DEFAULT_TUNE, ReplayResult
 from gpuslice.sim.published import FGD_PAPER_POLICIES, published_results
 from gpuslice.sim.report import PolicySummary, summarize, write_results
 from gpuslice.sim.sweep import run_sweep
-from gpuslice.sim.trace import DEFAULT_TRACE
+from gpuslice.sim.trace import DEFAULT_TRACE, OPENB_TRACES
 
-__all__ = ["app", "openb", "parse_seeds"]
+__all__ = ["MAX_JOBS", "MAX_SEED", "MAX_SEEDS", "MAX_TUNE", "app", "openb", "parse_seeds"]
+
+MAX_SEED = 2**32 - 1  # numpy's legacy seeds and the artifact's are 32-bit
+MAX_SEEDS = 10_000  # runs per (trace, policy): a typo such as 0-99999999 is refused, not started
+MAX_JOBS = 256  # worker processes; more than any machine this runs on
+MAX_TUNE = 10.0  # ten times the cluster's GPU capacity: the paper uses 1.3; pods grow linearly with it
 
 app = typer.Typer(
     help="Replay placement policies on cluster traces (virtual clock, no GPU needed).", no_args_is_help=True
@@ -32,19 +38,24 @@ app = typer.Typer(
 _POLICIES_EPILOG = "Placement policies:\n\n" + "\n\n".join(
     f"{name}: {cls.summary}" for name, cls in PLACEMENT.items()
 )
-_SEEDS = re.compile(r"(\d+)-(\d+)|\d+(,\d+)*")
+_SEEDS = re.compile(r"(\d{1,20})-(\d{1,20})|\d{1,20}(,\d{1,20})*", re.ASCII)
 
 
 def parse_seeds(text: str) -> list[int]:
-    """'42-51' (inclusive range), '42,43,50' or '42' → seeds; UserError names the input otherwise."""
+    """'42-51' (inclusive range), '42,43,50' or '42' → seeds, each 0..MAX_SEED and at most MAX_SEEDS of
+    them; UserError names the input otherwise."""
     match = _SEEDS.fullmatch(text.replace(" ", ""))
     if match is None or (match[1] and int(match[1]) > int(match[2])):
         raise UserError(
             f"invalid --seeds {text!r}: use one seed, a range or a list, e.g. 42, 42-51, 42,43,50"
         )
-    if match[1]:
-        return list(range(int(match[1]), int(match[2]) + 1))
-    return [int(s) for s in match[0].split(",")]
+    low, high = (int(match[1]), int(match[2])) if match[1] else (0, 0)
+    seeds = [int(s) for s in match[0].split(",")] if not match[1] else []
+    if max([high, *seeds]) > MAX_SEED:
+        raise UserError(f"invalid --seeds {text!r}: a seed is a whole number from 0 to {MAX_SEED:,}")
+    if high - low + 1 > MAX_SEEDS or len(seeds) > MAX_SEEDS:
+        raise UserError(f"invalid --seeds {text!r}: at most {MAX_SEEDS:,} seeds per run")
+    return seeds or list(range(low, high + 1))
 
 
 app.command("replay", epilog=REPLAY_EPILOG)(replay)
@@ -54,7 +65,11 @@ app.command("replay", epilog=REPLAY_EPILOG)(replay)
 def openb(
     trace: Annotated[
         list[str] | None,
-        typer.Option(help=f"openb trace, repeatable. Default: {DEFAULT_TRACE}.", show_default=False),
+        typer.Option(
+            help=f"openb trace, repeatable: {', '.join(OPENB_TRACES)} (all but {DEFAULT_TRACE} from "
+            f"--trace-dir). Default: {DEFAULT_TRACE}.",
+            show_default=False,
+        ),
     ] = None,
     trace_dir: Annotated[
         Path | None,
@@ -73,17 +88,35 @@ def openb(
             show_default=False,
         ),
     ] = None,
-    seeds: Annotated[str, typer.Option(help="Seeds: 42-51, 42,43,50 or 42.")] = "42-51",
-    jobs: Annotated[int, typer.Option(min=1, help="Worker processes.")] = 1,
-    out: Annotated[Path, typer.Option(help="Folder for results.csv, results.json, plots.")] = Path("results"),
+    seeds: Annotated[
+        str, typer.Option(help=f"Seeds: 42-51, 42,43,50 or 42; at most {MAX_SEEDS:,}, each 0..2^32-1.")
+    ] = "42-51",
+    jobs: Annotated[int, typer.Option(min=1, max=MAX_JOBS, help=f"Worker processes, 1..{MAX_JOBS}.")] = 1,
+    out: Annotated[
+        Path,
+        typer.Option(
+            help="Folder for results.csv, results.json, plots (checked before the run).", callback=writable
+        ),
+    ] = Path("results"),
     plot: Annotated[bool, typer.Option(help="Also write a PNG plot per trace.")] = False,
-    tune: Annotated[float, typer.Option(min=1.0, help="Workload, × cluster GPU capacity.")] = DEFAULT_TUNE,
+    tune: Annotated[
+        float,
+        typer.Option(
+            help=f"Workload, × cluster GPU capacity, 1..{MAX_TUNE:g}.", callback=finite_between(1.0, MAX_TUNE)
+        ),
+    ] = DEFAULT_TUNE,
+    allow_fallbacks: Annotated[
+        bool,
+        typer.Option(
+            "--allow-fallbacks",
+            help="Keep the results of a policy that fell back to the default on some decisions (its row "
+            "is marked); without it such a run is an error and nothing is written.",
+        ),
+    ] = False,
 ) -> None:
     """The FGD paper's openb experiment: unallocated GPU % as the inflated trace arrives, per policy."""
     traces, policies = trace or [DEFAULT_TRACE], policy or list(FGD_PAPER_POLICIES)
     seed_list = parse_seeds(seeds)  # policy and trace names: run_sweep checks them all before any run
-    if out.exists() and not out.is_dir():
-        raise UserError(f"--out {out} is a file: give a folder for the results")
     console = Console()
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     # Off when stdout is not a terminal: a log gets the table, not a bar's last frame.
@@ -94,7 +127,9 @@ def openb(
             progress.update(task, advance=1, description=f"{result.trace} {result.policy} seed {result.seed}")
 
         results = run_sweep(traces, policies, seed_list, trace_dir, jobs, tune, on_result=advance)
-    console.print(_summary_table(summarize(results, published_results())))
+    rows = summarize(results, published_results())
+    console.print(_summary_table(rows))
+    _report_fallbacks(rows, allow_fallbacks)
     written = write_results(results, out)
     if plot:
         from gpuslice.sim.plot import write_plots  # matplotlib costs ~0.8 s of start-up; only load it here
@@ -104,6 +139,25 @@ def openb(
         console.print(f"wrote {path}", markup=False, highlight=False, soft_wrap=True)
 
 
+def _report_fallbacks(rows: list[PolicySummary], allowed: bool) -> None:
+    """A policy that fell back to the default placement is never passed off as itself: stderr says how
+    many decisions fell back, and without ``allowed`` that is an error (nothing written, exit 2)."""
+    faulty = [row for row in rows if row.fell_back_pods]
+    if not faulty:
+        return
+    what = "; ".join(
+        f"{row.policy} on {row.trace}: {row.fell_back_pods:,} of {row.pods:,} decisions" for row in faulty
+    )
+    if not allowed:
+        raise UserError(
+            f"policies fell back to the default placement ({what}), so their figures are partly the "
+            "default's; fix the policy (`gpuslice policy check FILE`) or pass --allow-fallbacks to keep "
+            "them, marked; nothing was written"
+        )
+    err = Console(stderr=True, highlight=False, soft_wrap=True)
+    err.print(f"warning: policies fell back to the default placement: {what}", markup=False)
+
+
 def _pm(mean: float, sd: float) -> str:
     return f"{mean:.2f} ± {sd:.2f}"
 
@@ -111,7 +165,8 @@ def _pm(mean: float, sd: float) -> str:
 def _summary_table(rows: list[PolicySummary]) -> Table:
     table = Table(
         title="Unallocated GPU % at 100 % arrival (mean ± sd; lower is better)",
-        caption="paper: FGD artifact's published runs; diff: ours − paper",
+        caption="paper: FGD artifact's published runs; diff: ours − paper"
+        + ("; *: fell back to the default policy (stderr)" if any(r.fell_back_pods for r in rows) else ""),
         box=box.SIMPLE_HEAD,
         padding=(0, 0),  # gaps of one space (the box's): the eight columns fit in 80 characters
         show_edge=False,
@@ -124,7 +179,7 @@ def _summary_table(rows: list[PolicySummary]) -> Table:
         paper, diff = row.published, row.difference_pct
         table.add_row(
             row.trace,
-            row.policy,
+            row.policy + ("*" if row.fell_back_pods else ""),
             str(row.runs),
             _pm(row.unallocated_pct_mean, row.unallocated_pct_sd),
             "—" if paper is None else _pm(paper.mean, paper.sd),

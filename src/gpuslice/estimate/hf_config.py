@@ -2,11 +2,12 @@
 
 Families (by ``model_type``): Llama, Mistral, Mixtral, Qwen2/Qwen3 and their MoE, Phi-3, Gemma 1/2/3,
 DeepSeek V2/V3 (MoE with shared experts and leading dense layers, MLA), GPT-2, GPT-J, GPT-NeoX/Pythia,
-OPT, BLOOM, Falcon (multi-query and the new decoder architecture), MPT, StarCoder2, Phi-1/2, T5, and
-BERT/RoBERTa; an unknown ``model_type`` is read as Llama-like. Multimodal configs whose language model
-sits under ``text_config`` are read from there. Anything missing or of the wrong type raises
-MalformedModelConfig naming the file and the field; an absent flag takes its family's default (the
-transformers config class's).
+OPT, BLOOM, Falcon (multi-query and the new decoder architecture), MPT, StarCoder2, Phi-1/2, T5,
+BERT/RoBERTa and OLMo-2; a config without ``model_type`` is read as Llama's, and an unknown
+``model_type`` is refused (its layout would be a guess; ``--params`` estimates from a bare count).
+Multimodal configs whose language model sits under ``text_config`` are read from there. Anything
+missing or of the wrong type raises MalformedModelConfig naming the file and the field; an absent
+flag takes its family's default (the transformers config class's).
 """
 
 from __future__ import annotations
@@ -19,9 +20,11 @@ from typing import Any
 from gpuslice.estimate.errors import MalformedModelConfig
 from gpuslice.estimate.exact import exact_parameter_count
 from gpuslice.estimate.model_shapes import MlaShape, ModelShape
+from gpuslice.inputs import InvalidInput, read_text
 
 __all__ = ["load_hf_config", "parse_hf_config"]
 
+_MAX_FIELD = 2**31  # no real config has a size, count or length this large; 2^63 layers is a typo
 _DEFAULT_CONTEXT = 2_048  # when a config omits max_position_embeddings: a modest default, not a fact
 
 
@@ -35,9 +38,9 @@ def load_hf_config(path: str | Path) -> ModelShape:
     if path.is_dir():
         path = path / "config.json"
     try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as err:
-        raise MalformedModelConfig(f"cannot read {path}: {err.strerror or err}") from None
+        text = read_text(path, "model config", max_bytes=16 * 1024**2)  # binary, non-UTF-8, empty: refused
+    except InvalidInput as err:
+        raise MalformedModelConfig(str(err)) from None
     try:
         data = json.loads(text)
     except json.JSONDecodeError as err:
@@ -55,6 +58,12 @@ def parse_hf_config(data: Any, source: str = "config.json") -> ModelShape:
         data = {**data["text_config"], "_name_or_path": data.get("_name_or_path", "")}
         source = f"{source} (text_config)"
     model_type = str(data.get("model_type", "")).lower()
+    if model_type and model_type not in _FAMILIES and model_type not in _LLAMA_LIKE:
+        known = ", ".join(sorted({*_FAMILIES, *_LLAMA_LIKE}))
+        raise MalformedModelConfig(
+            f"{source}: model_type {model_type!r} is not an architecture gpuslice can count (known: "
+            f"{known}); estimate from its parameter count with --params instead"
+        )
     family = _FAMILIES.get(model_type, _llama_like)
     field = _Fields(data, source, _DEFAULTS.get(model_type, {}))
     layout = family(field)
@@ -128,9 +137,21 @@ def _llama_like(f: _Fields) -> dict[str, Any]:
         mlp_bias=f.flag("mlp_bias"),
         norms_per_layer=4 if model_type in _FOUR_NORMS else 2,
         qk_norm=model_type in _QK_NORM,
+        qk_norm_full=model_type == "olmo2",
         mla=mla,
         experts=experts,
+        sliding_window=_sliding_window(f, model_type),
     )
+    top_k = f.count("num_experts_per_tok")
+    if top_k and not experts:
+        raise MalformedModelConfig(
+            f"{f.source}: num_experts_per_tok is {top_k} but the config has no experts "
+            "(num_local_experts, n_routed_experts or num_experts)"
+        )
+    if experts and top_k > experts:
+        raise MalformedModelConfig(
+            f"{f.source}: num_experts_per_tok {top_k} is more than the {experts} experts a token can use"
+        )
     if experts:
         out.update(
             experts_per_token=f.positive("num_experts_per_tok"),
@@ -140,6 +161,14 @@ def _llama_like(f: _Fields) -> dict[str, Any]:
             dense_layers=layers - _moe_layer_count(f, layers),
         )
     return out
+
+
+def _sliding_window(f: _Fields, model_type: str) -> int:
+    """The attention window of Mistral, Phi-3, Gemma-2/3 (``sliding_window``); 0 without one, or where
+    the config switches it off (Qwen2's ``use_sliding_window: false``)."""
+    if f.data.get("use_sliding_window") is False:
+        return 0
+    return f.count("sliding_window")
 
 
 def _moe_layer_count(f: _Fields, layers: int) -> int:
@@ -234,7 +263,9 @@ def _bloom(f: _Fields) -> dict[str, Any]:
     """BLOOM: ALiBi (no position table), a LayerNorm on the embeddings, biases everywhere, a plain 4·h
     MLP, tied head."""
     hidden = "hidden_size" if "hidden_size" in f.data else "n_embed"
-    out = _sizes(f, "n_layer", hidden, "n_head")
+    layers = "num_hidden_layers" if "num_hidden_layers" in f.data else "n_layer"
+    heads = "num_attention_heads" if "num_attention_heads" in f.data else "n_head"
+    out = _sizes(f, layers, hidden, heads)
     out.update(
         kv_heads=out["heads"],
         intermediate=4 * out["hidden"],
@@ -387,6 +418,11 @@ _FAMILIES = {
     "bert": _bert,
     "roberta": _bert,
 }
+# Read by _llama_like: RMSNorm, gated MLP, rotary positions, with the per-family switches below.
+_LLAMA_LIKE = {
+    "llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "phi3", "gemma", "gemma2",
+    "gemma3", "gemma3_text", "deepseek_v2", "deepseek_v3", "olmo2",
+}  # fmt: skip
 _QKV_BIAS = {"qwen2", "qwen2_moe"}  # Qwen2 biases q/k/v (not the output projection)
 _QK_NORM = {"qwen3", "qwen3_moe", "gemma3", "gemma3_text"}
 _FOUR_NORMS = {"gemma2", "gemma3", "gemma3_text"}  # pre and post norms around attention and the MLP
@@ -457,9 +493,9 @@ class _Fields:
                     f"({self.data.get('model_type') or 'no model_type'}) needs it"
                 )
             return default
-        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 < value < _MAX_FIELD:
             raise MalformedModelConfig(
-                f"{self.source}: field {name!r} must be a positive integer, got {value!r}"
+                f"{self.source}: field {name!r} must be a positive integer below 2^31, got {value!r}"
             )
         return value
 
@@ -468,7 +504,7 @@ class _Fields:
         value = self.data.get(name)
         if value is None:
             return 0
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < _MAX_FIELD:
             raise MalformedModelConfig(
                 f"{self.source}: field {name!r} must be a non-negative integer, got {value!r}"
             )

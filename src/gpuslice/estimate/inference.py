@@ -134,7 +134,8 @@ def estimate_inference(
         Component("weights", "weights", math.ceil(params * fmt.bytes_per_param / tp),
                   f"{params / 1e9:.2f}B params × {fmt.note} / tp {tp}"),
         Component("kv_cache", "KV cache", math.ceil(kv_per_token * tokens),
-                  f"{kv_name}, {context} tokens × batch {batch}: 2·layers·kv_heads·head_dim·bytes per token"),
+                  f"{kv_name}, {context} tokens × batch {batch}: 2·layers·kv_heads·head_dim·bytes per token"
+                  + _window_note(model, context)),
         Component("activations", "activation peak", batch * (linear + scores) * act_bytes,
                   "batch × (ctx·h·5 + ctx²·heads/tp) × bytes (gpu_poor)"
                   + ("; no ctx² term with flash attention" if flash_attention else "")),
@@ -167,3 +168,14 @@ def _bare(params: int, fmt: WeightDtype, tp: int, context: int | None) -> Estima
 
 def _divisors_text(n: int) -> str:
     return ", ".join(str(d) for d in range(1, n + 1) if n % d == 0 and d <= 16)
+
+
+def _window_note(model: ModelShape, context: int) -> str:
+    """What the KV figure leaves out for a model with sliding-window attention: it caches every token of
+    the context on every layer, an upper bound that a windowed cache (vLLM, transformers) undercuts."""
+    if not model.sliding_window or context <= model.sliding_window:
+        return ""
+    return (
+        f"; every token counted, though {model.sliding_window}-token sliding-window layers need keep only "
+        "that many (an upper bound)"
+    )

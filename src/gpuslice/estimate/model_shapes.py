@@ -79,6 +79,8 @@ class ModelShape:
     norm_bias: bool = False  # LayerNorm with a bias (2·h); False: RMSNorm or a bias-free LayerNorm (h)
     norms_per_layer: int = 2  # 1 for parallel attention+MLP (GPT-J, Falcon-7B, Phi-2), 4 for Gemma-2/3
     qk_norm: bool = False  # a norm of head_dim on queries and on keys (Qwen3, Gemma-3)
+    qk_norm_full: bool = False  # OLMo-2: a norm over the whole query and the whole key projection
+    sliding_window: int = 0  # tokens some or all layers attend to (Mistral, Phi-3, Gemma-2/3); 0: none
     out_bias: bool = False  # the attention output projection has a bias
     gated_mlp: bool = True  # gate, up, down (SwiGLU/GeGLU); False: up and down (GELU/ReLU)
     mlp_bias: bool = False
@@ -133,7 +135,8 @@ class ModelShape:
         kv_width = self.kv_heads * self.head_size
         weights = h * q_width + 2 * h * kv_width + q_width * h
         biases = (q_width + 2 * kv_width if self.qkv_bias else 0) + (h if self.out_bias else 0)
-        return weights + biases + (2 * self.head_size if self.qk_norm else 0)
+        norms = (2 * self.head_size if self.qk_norm else 0) + (q_width + kv_width if self.qk_norm_full else 0)
+        return weights + biases + norms
 
     def dense_mlp_params(self) -> int:
         h, i = self.hidden, self.intermediate

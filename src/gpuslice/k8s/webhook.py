@@ -43,6 +43,7 @@ from gpuslice.k8s.annotations import (
     asks_for_gpuslice,
     pod_gpu_request,
 )
+from gpuslice.k8s.pod_shape import check_pod, check_review, strict_json
 from gpuslice.policies import placement_policy
 
 __all__ = ["DEFAULT_SCHEDULER", "admit", "create_app", "mutate_pod", "run"]
@@ -137,7 +138,7 @@ def admit(review: Mapping[str, Any], scheduler_name: str = SCHEDULER_NAME) -> di
     kind = (request.get("kind") or {}).get("kind")
     if kind == "Pod" and request.get("operation", "CREATE") == "CREATE":
         try:
-            ops = mutate_pod(request.get("object") or {}, scheduler_name)
+            ops = mutate_pod(check_pod(request.get("object"), "request.object"), scheduler_name)
         except InvalidRequest as err:
             response["allowed"] = False
             response["status"] = {"code": 400, "reason": "BadRequest", "message": f"gpuslice: {err}"}
@@ -158,12 +159,11 @@ def create_app(scheduler_name: str = SCHEDULER_NAME) -> fastapi.FastAPI:
 
     @app.post("/mutate")
     async def mutate(request: fastapi.Request) -> JSONResponse:
-        try:
-            review = await request.json()
-        except ValueError:
-            return JSONResponse({"error": "the body must be an AdmissionReview JSON object"}, status_code=400)
-        if not isinstance(review, dict):
-            return JSONResponse({"error": "the body must be an AdmissionReview JSON object"}, status_code=400)
+        try:  # a review without a usable uid cannot be answered as one: a 400 with why
+            review = strict_json(await request.body())
+            check_review(review)
+        except InvalidRequest as err:
+            return JSONResponse({"error": f"gpuslice: {err}"}, status_code=400)
         return JSONResponse(admit(review, scheduler_name))
 
     @app.get("/healthz")

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuslice.errors import UserError
+from gpuslice.inputs import InvalidInput, read_text
 from gpuslice.units import MiB
 
 __all__ = ["COST_PROFILE_FORMAT", "LINKS", "CostModel", "CostProfileError", "load_cost_profile"]
@@ -111,10 +112,9 @@ def load_cost_profile(path: Path | str) -> CostModel:
     default in place unnoticed."""
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as err:
-        reason = err.strerror if isinstance(err, OSError) and err.strerror else type(err).__name__
-        raise CostProfileError(f"cannot read cost profile {path}: {reason}") from None
+        text = read_text(path, "cost profile")  # a binary, non-UTF-8 or empty file is named as such
+    except InvalidInput as err:
+        raise CostProfileError(str(err)) from None
     try:
         data = json.loads(text)
     except json.JSONDecodeError as err:

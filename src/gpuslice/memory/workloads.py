@@ -24,6 +24,7 @@ tile and advance one page per step, as in uvmbench's tier-0 kernels. Every gener
 from __future__ import annotations
 
 import csv
+import io
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +32,7 @@ from pathlib import Path
 import numpy as np
 
 from gpuslice.errors import TraceFormatError, UnknownName
+from gpuslice.inputs import InvalidInput, read_text
 from gpuslice.memory.uvm import PAGES_PER_BLOCK
 
 __all__ = ["WORKLOADS", "Trace", "UnknownWorkload", "make_workload", "read_trace_csv", "write_trace_csv"]
@@ -440,11 +442,18 @@ def write_trace_csv(trace: Trace, path: Path) -> None:
         np.savetxt(fh, np.stack(columns, axis=1).astype(np.int64), fmt="%d", delimiter=",")
 
 
+_MAX_FIELD = 2**31  # tenants, blocks and steps beyond this are no trace a simulation can hold
+
+
 def read_trace_csv(path: Path) -> Trace:
     """Read a trace CSV (header ``tenant,block,page,op,time`` and optionally ``,stream``; op is 0/1 or
     r/w); rows are sorted by time (stable). TraceFormatError names the file and the first bad row."""
     path = Path(path)
-    with open(path, newline="") as fh:
+    try:
+        text = read_text(path, "trace")  # binary, non-UTF-8 or empty: refused with the file's name
+    except InvalidInput as err:
+        raise TraceFormatError(str(err)) from None
+    with io.StringIO(text, newline="") as fh:
         reader = csv.reader(fh)
         header = [h.strip() for h in next(reader, [])]
         if header not in (list(_COLUMNS), [*_COLUMNS, _STREAM]):
@@ -470,8 +479,15 @@ def read_trace_csv(path: Path) -> Trace:
                 raise TraceFormatError(
                     f"{path}, row {row_no}: expected {width} integers, got {','.join(row)}"
                 ) from None
+            if not all(0 <= v < _MAX_FIELD for v in values):  # the int64 columns must hold them
+                raise TraceFormatError(
+                    f"{path}, row {row_no}: each field must be from 0 to {_MAX_FIELD - 1:,}, "
+                    f"got {','.join(row)}"
+                )
             for c, v in zip(cols, values, strict=True):
                 c.append(v)
+    if not cols[0]:
+        raise TraceFormatError(f"{path}: the trace has a header and no accesses; give at least one row")
     arrays = [np.asarray(c, dtype=np.int64) for c in cols]
     order = np.argsort(arrays[4], kind="stable")
     return Trace.from_columns(path.stem, *(a[order] for a in arrays))

@@ -104,9 +104,10 @@ def softcap_dir(state_dir: Path) -> Path:
     target = directory / "sitecustomize.py"
     source = Path(softcap.__file__).read_text(encoding="utf-8")
     if not target.exists() or target.read_text(encoding="utf-8") != source:
-        directory.mkdir(parents=True, exist_ok=True)
+        directory.mkdir(parents=True, exist_ok=True, mode=0o700)  # the state dir's files are its user's
         tmp = directory / f".sitecustomize.{os.getpid()}.tmp"
-        tmp.write_text(source, encoding="utf-8")
+        with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w", encoding="utf-8") as f:
+            f.write(source)
         os.replace(tmp, target)
     return directory
 
@@ -114,7 +115,7 @@ def softcap_dir(state_dir: Path) -> Path:
 def shim_dir(state_dir: Path) -> Path:
     """state_dir/shim: the jobs' shim regions and the node's GPU region (created if missing)."""
     directory = Path(state_dir).resolve() / "shim"
-    directory.mkdir(parents=True, exist_ok=True)
+    directory.mkdir(parents=True, exist_ok=True, mode=0o700)
     return directory
 
 

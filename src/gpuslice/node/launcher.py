@@ -1,13 +1,21 @@
 """Start jobs under a supervisor, read how they ended, and signal their process groups.
 
 ```text
-launch ──► python -I supervisor.py --job-dir state_dir/jobs/<id> -- CMD…   (new session = new group)
-poll ────► state_dir/jobs/<id>/exit.json, written by the supervisor when CMD ends (server up or not)
-is_alive ► same PID *and* same start time, so a recycled PID never passes for a running job
+launch ──► python -I supervisor.py --job-dir state_dir/jobs/<id> --record-dir state_dir/records/<id>
+               --attempt N -- CMD…                                           (new session = new group)
+poll ────► state_dir/records/<id>/exit.json, written by the supervisor when CMD ends (server up or not)
+is_alive ► same PID *and* same start, in clock ticks since boot: a recycled PID never passes for a
+           running job, and a step of the wall clock (NTP, a VM resumed) changes nothing
 terminate(pgid, grace) ► stop.json + SIGTERM to the supervisor; it forwards, waits, then SIGKILLs
 suspend / resume / kill ► SIGSTOP / SIGCONT / SIGKILL to the job's processes; the supervisor itself is
                           never stopped or killed, so it can still record the exit
 ```
+
+The job is told its job folder (GPUSLICE_JOB_DIR: its logs, its report file) and nothing of the record
+folder, which holds what the supervisor says about it (exit.json, stop.json, the space reserved for the
+exit record); an exit record is only believed once the supervisor has ended (the daemon checks), and it
+names the attempt it belongs to, so neither a job writing files nor a record left by an earlier attempt
+can end a job that still runs.
 
 Everything here runs as the server's user; nothing switches users. Signalling functions return whether
 anything was signalled and treat a group that is already gone as done.
@@ -33,6 +41,7 @@ from gpuslice.errors import InternalError
 from gpuslice.node import supervisor as _supervisor
 from gpuslice.node.supervisor import (
     EXIT_FILE,
+    RESERVE_FILE,
     STDERR_LOG,
     STDOUT_LOG,
     STOP_FILE,
@@ -42,6 +51,7 @@ from gpuslice.node.supervisor import (
 from gpuslice.workload.job import JobSpec
 
 __all__ = [
+    "LAUNCH_FILE",
     "REPORT_FILE",
     "ExitStatus",
     "LaunchedJob",
@@ -49,20 +59,28 @@ __all__ = [
     "job_dir",
     "kill",
     "launch",
+    "launch_records",
     "log_paths",
     "poll",
+    "process_start",
+    "record_dir",
     "resume",
+    "seconds_since",
     "suspend",
     "terminate",
+    "was_started",
 ]
 
 REPORT_FILE = "gpu_report.json"  # where gpuslice-fake-load reports its simulated GPU memory
+LAUNCH_FILE = "job.json"  # the caller's account of the launch (``about``): rebuilds a lost store
 SUPERVISOR_LOG = "supervisor.log"  # the supervisor's own errors (a crash in it, never the job's output)
 _SUPERVISOR_PATH = Path(_supervisor.__file__).resolve()
 _JOB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
-# create_time is derived from boot time + start ticks (10 ms); two readings of one process agree to far
-# better than this, and a PID is never recycled within it.
-_START_TIME_TOLERANCE_SECONDS = 0.05
+# A process's start, read from /proc/<pid>/stat (field 22, clock ticks since boot), is exact: two readings
+# agree to the tick. Records stored by an older gpuslice hold psutil's create_time instead (seconds since
+# the epoch, boot time + start ticks, so it moves with the wall clock); those are compared as before.
+_CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+_LEGACY_TOLERANCE_SECONDS = 0.05
 # Variables that hold search paths: the value from ``env`` goes in front of the job's own, not over it
 # (the loader takes LD_PRELOAD entries separated by ':' as well as by spaces).
 _PATH_VARIABLES = ("PYTHONPATH", "LD_PRELOAD", "LD_LIBRARY_PATH")
@@ -77,7 +95,7 @@ class LaunchedJob:
 
     pid: int
     pgid: int
-    start_time: float  # psutil create_time, seconds since the epoch
+    start_time: float  # process_start: seconds since boot, from the kernel's start ticks
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,8 +108,9 @@ class ExitStatus:
     exit_code: int
     signal: int | None
     finished_at: float
-    # when the supervisor started: tells this attempt's record from an older attempt's
+    # when the supervisor started: tells this attempt's record from an older attempt's (older records)
     started_at: float | None = None
+    attempt: int | None = None  # the attempt the supervisor was started for (None: an older record)
 
     @property
     def succeeded(self) -> bool:
@@ -103,6 +122,59 @@ def job_dir(state_dir: Path, job_id: str) -> Path:
     if not _JOB_ID.match(job_id) or job_id in (".", ".."):
         raise InternalError(f"job id {job_id!r} cannot name a directory: use letters, digits, '.', '_', '-'")
     return Path(state_dir) / "jobs" / job_id
+
+
+def record_dir(state_dir: Path, job_id: str) -> Path:
+    """state_dir/records/<job_id>: the supervisor's exit and stop records, out of the job's sight."""
+    job_dir(state_dir, job_id)  # the same check of the id
+    return Path(state_dir) / "records" / job_id
+
+
+def was_started(job_id: str, state_dir: Path) -> bool:
+    """Whether a supervisor was ever started for the job's current launch: it reserves the space of its
+    exit record first thing, and ``launch`` removes that reservation before starting a new one."""
+    directory = record_dir(state_dir, job_id)
+    return (directory / RESERVE_FILE).exists() or (directory / EXIT_FILE).exists()
+
+
+def launch_records(state_dir: Path) -> dict[str, dict[str, object]]:
+    """job id -> the ``about`` of its last launch (with "attempt"), for every job launched under
+    ``state_dir``; unreadable ones are left out."""
+    found: dict[str, dict[str, object]] = {}
+    root = Path(state_dir) / "records"
+    if not root.is_dir():
+        return found
+    for directory in root.iterdir():
+        with contextlib.suppress(OSError, ValueError):
+            data = json.loads((directory / LAUNCH_FILE).read_text(encoding="utf-8"))
+            if isinstance(data, dict) and isinstance(data.get("attempt"), int):
+                found[directory.name] = data
+    return found
+
+
+def process_start(pid: int) -> float | None:
+    """When process ``pid`` started, in seconds since boot (/proc/<pid>/stat field 22 over the clock
+    tick), or None if it does not exist. Independent of the wall clock: it never moves for a process."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    except OSError:  # no /proc (not Linux): psutil's create_time, the best there is
+        try:
+            return psutil.Process(pid).create_time()
+        except psutil.Error:
+            return None
+    # comm (field 2) is in parentheses and may hold spaces or ')': the fields after the last ')' count
+    fields = stat[stat.rindex(b")") + 2 :].split()
+    return int(fields[19]) / _CLOCK_TICKS  # field 22 is the 20th after comm and state
+
+
+def seconds_since(start_time: float) -> float | None:
+    """How long ago a ``process_start`` value was, on the boot clock (no wall clock); None for an older
+    record's create_time."""
+    now = time.clock_gettime(time.CLOCK_BOOTTIME)
+    return None if start_time > now + 1 else max(0.0, now - start_time)
 
 
 def log_paths(state_dir: Path, job_id: str) -> tuple[Path, Path]:
@@ -126,20 +198,36 @@ def _job_environment(job_id: str, spec: JobSpec, env: Mapping[str, str], directo
     return merged
 
 
-def launch(job_id: str, spec: JobSpec, env: Mapping[str, str], state_dir: Path) -> LaunchedJob:
+def launch(
+    job_id: str,
+    spec: JobSpec,
+    env: Mapping[str, str],
+    state_dir: Path,
+    *,
+    attempt: int = 0,
+    about: Mapping[str, object] | None = None,
+) -> LaunchedJob:
     """Start ``spec.command`` under a supervisor in a new session; returns at once.
 
     The job's environment is the server's, then ``spec.env``, then ``env`` (from ``enforcement.job_env``;
     a PYTHONPATH there is put in front of the job's own), plus GPUSLICE_JOB_ID, GPUSLICE_JOB_DIR and
-    GPUSLICE_REPORT_FILE. A leftover exit.json or stop.json from an earlier run of the same job id is
-    removed first, so ``poll`` only ever reports this run.
+    GPUSLICE_REPORT_FILE. A leftover exit, stop or reserve record from an earlier run of the same job id
+    is removed first, and the supervisor writes ``attempt`` into its exit record, so ``poll`` only ever
+    reports this run. ``about`` (JSON-able) is written to the record folder first, as job.json, for
+    ``launch_records``.
     """
     directory = job_dir(state_dir, job_id)
-    directory.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    directory.mkdir(exist_ok=True, mode=0o700)  # the job's output and its env are its user's alone
-    for stale in (EXIT_FILE, STOP_FILE, REPORT_FILE):
-        (directory / stale).unlink(missing_ok=True)
-    command = [sys.executable, "-I", str(_SUPERVISOR_PATH), "--job-dir", str(directory)]
+    records = record_dir(state_dir, job_id)
+    for folder in (directory, records):
+        folder.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        folder.mkdir(exist_ok=True, mode=0o700)  # the job's output and its env are its user's alone
+    (directory / REPORT_FILE).unlink(missing_ok=True)
+    for stale in (EXIT_FILE, STOP_FILE, RESERVE_FILE):
+        (records / stale).unlink(missing_ok=True)
+    if about is not None:
+        write_json_atomic(records / LAUNCH_FILE, {"attempt": attempt, **about})
+    command = [sys.executable, "-I", str(_SUPERVISOR_PATH), "--job-dir", str(directory),
+               "--record-dir", str(records), "--attempt", str(attempt)]  # fmt: skip
     if spec.cwd:
         command += ["--cwd", spec.cwd]
     command += ["--", *spec.command]
@@ -163,16 +251,16 @@ def launch(job_id: str, spec: JobSpec, env: Mapping[str, str], state_dir: Path) 
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, previous)
     _children[process.pid] = process
-    try:
-        start_time = psutil.Process(process.pid).create_time()
-    except psutil.NoSuchProcess:  # the supervisor ended already (it only does that after exit.json)
-        start_time = time.time()
+    start_time = process_start(process.pid)
+    if start_time is None:  # cannot happen: an unreaped child keeps its /proc entry until we wait
+        raise InternalError(f"the supervisor of job {job_id} (pid {process.pid}) has no /proc entry")
     return LaunchedJob(pid=process.pid, pgid=process.pid, start_time=start_time)
 
 
 def poll(job_id: str, state_dir: Path) -> ExitStatus | None:
-    """The job's exit record, or None while it has none (running, or lost: check ``is_alive``)."""
-    path = job_dir(state_dir, job_id) / EXIT_FILE
+    """The job's exit record, or None while it has none (running, or lost: check ``is_alive``).
+    InternalError when the record cannot be read (damage from outside: it is replaced atomically)."""
+    path = record_dir(state_dir, job_id) / EXIT_FILE
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
         status = ExitStatus(
@@ -180,10 +268,11 @@ def poll(job_id: str, state_dir: Path) -> ExitStatus | None:
             signal=None if data.get("signal") is None else int(data["signal"]),
             finished_at=float(data["finished_at"]),
             started_at=None if data.get("started_at") is None else float(data["started_at"]),
+            attempt=None if data.get("attempt") is None else int(data["attempt"]),
         )
     except FileNotFoundError:
         return None
-    except (OSError, ValueError, KeyError, TypeError) as e:
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
         # exit.json is replaced atomically, so this is damage from outside, not a half-written file.
         raise InternalError(f"{path} is not a valid exit record ({e}); remove it to mark the job lost") from e
     _reap_all()
@@ -197,7 +286,8 @@ def _reap_all() -> None:
 
 
 def is_alive(pid: int, start_time: float) -> bool:
-    """True if process ``pid`` runs and started at ``start_time``: a recycled PID does not count."""
+    """True if process ``pid`` runs and started at ``start_time`` (``process_start``): a recycled PID
+    does not count, and neither does the wall clock."""
     process = _children.get(pid)
     if process is not None and process.poll() is not None:
         del _children[pid]
@@ -206,7 +296,12 @@ def is_alive(pid: int, start_time: float) -> bool:
         p = psutil.Process(pid)
         if p.status() == psutil.STATUS_ZOMBIE:
             return False
-        return abs(p.create_time() - start_time) <= _START_TIME_TOLERANCE_SECONDS
+        started = process_start(pid)
+        if started is None:
+            return False
+        if seconds_since(start_time) is None:  # an older record: a create_time
+            return abs(p.create_time() - start_time) <= _LEGACY_TOLERANCE_SECONDS
+        return abs(started - start_time) < 0.5 / _CLOCK_TICKS
     except (psutil.NoSuchProcess, psutil.ZombieProcess):
         return False
 
@@ -225,6 +320,19 @@ def _supervisor_dir(pgid: int) -> Path | None:
         return None
     position = cmdline.index("--job-dir") + 1
     return Path(cmdline[position]) if position < len(cmdline) else None
+
+
+def _supervisor_records(pgid: int) -> Path | None:
+    """The record dir of the supervisor that leads group ``pgid`` (its job dir for one started without
+    --record-dir, as before), or None if no supervisor leads it."""
+    directory = _supervisor_dir(pgid)
+    if directory is None:
+        return None
+    with contextlib.suppress(psutil.Error):
+        cmdline = psutil.Process(pgid).cmdline()
+        if "--record-dir" in cmdline and cmdline.index("--record-dir") + 1 < len(cmdline):
+            return Path(cmdline[cmdline.index("--record-dir") + 1])
+    return directory
 
 
 def _members(pgid: int) -> list[int]:
@@ -264,7 +372,7 @@ def terminate(pgid: int, grace_seconds: float) -> bool:
     The supervisor does the waiting and the SIGKILL (it reads the grace from stop.json), so the
     escalation happens even if the server dies meanwhile. Without a supervisor (it died), the group
     gets SIGTERM and SIGCONT directly and the caller must ``kill`` it later."""
-    directory = _supervisor_dir(pgid)
+    directory = _supervisor_records(pgid)
     try:
         if directory is None:
             os.killpg(pgid, signal.SIGTERM)

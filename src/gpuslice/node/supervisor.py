@@ -1,6 +1,7 @@
 """The per-job supervisor (like slurmstepd or conmon): runs one command and records how it ended.
 
-Run as ``python -m gpuslice.node.supervisor --job-dir DIR [--cwd DIR] [--grace S] -- CMD…`` (the
+Run as ``python -m gpuslice.node.supervisor --job-dir DIR [--record-dir DIR] [--attempt N] [--cwd DIR]
+[--grace S] -- CMD…`` (the
 launcher runs this file by path with ``python -I``, which is the same program without importing
 the gpuslice package, so a job start costs ~60 ms and ~10 MB instead of numpy's import).
 
@@ -10,9 +11,16 @@ launcher (start_new_session) ─► supervisor: session + process-group leader, 
    SIGTERM/SIGINT to the supervisor ─► forwarded to every other process of the group, then SIGCONT
        (a suspended job must be able to act on it); after the grace period (DIR/stop.json, else
        --grace) every process left in the group but the supervisor gets SIGKILL
+   start ───► RECORDS/.exit.reserve: the exit record's space, taken before CMD runs (RECORDS is
+              --record-dir, the job dir when not given)
    CMD ends ─► leftovers in the group get SIGTERM, then SIGKILL after 2 s (they would hold GPU memory)
-           ─► DIR/exit.json {"exit_code", "signal", "finished_at", "started_at"} written atomically
+           ─► RECORDS/exit.json {"exit_code", "signal", "finished_at", "started_at", "attempt"} written
+              atomically from the reserved space; if that fails too (disk full, no file descriptors)
+              the supervisor keeps trying every second and stays alive meanwhile, so the job is seen
+              running, never lost, until its true end is on disk
 ```
+
+Its deadlines (the grace before SIGKILL) run on the monotonic clock: a wall-clock step changes nothing.
 
 The supervisor is never stopped or killed by the launcher (``launcher.suspend``/``kill`` skip it), so
 an exit is recorded even when the job is killed, and it is in its own session, so it outlives a
@@ -36,6 +44,7 @@ from pathlib import Path
 __all__ = [
     "EXIT_FILE",
     "LEFTOVER_GRACE_SECONDS",
+    "RESERVE_FILE",
     "STOP_FILE",
     "SUPERVISOR_DEFERRED_SIGNALS",
     "Supervisor",
@@ -44,6 +53,9 @@ __all__ = [
 ]
 
 EXIT_FILE = "exit.json"
+RESERVE_FILE = ".exit.reserve"  # the exit record's disk space, taken at start: a full disk later is no matter
+_RESERVE_BYTES = 4096
+_RETRY_SECONDS = 1.0
 # Stop requests the supervisor handles itself; blocked from its start until its handlers are in place.
 SUPERVISOR_DEFERRED_SIGNALS = frozenset({signal.SIGTERM, signal.SIGINT})
 STOP_FILE = "stop.json"  # written by launcher.terminate: {"grace_seconds": float, "requested_at": float}
@@ -68,6 +80,39 @@ def write_json_atomic(path: Path, data: dict[str, object]) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
+
+
+def write_exit_record(directory: Path, data: dict[str, object]) -> None:
+    """``data`` as ``directory``/exit.json, atomically, from the space ``reserve`` took; without a
+    reservation (or if it fails) as any file. OSError if neither works."""
+    reserve = directory / RESERVE_FILE
+    payload = json.dumps(data).encode()
+    try:
+        fd = os.open(reserve, os.O_WRONLY)
+    except OSError:
+        write_json_atomic(directory / EXIT_FILE, data)
+        return
+    try:
+        os.pwrite(fd, payload, 0)  # within blocks already allocated: needs no free space
+        os.ftruncate(fd, len(payload))
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(reserve, directory / EXIT_FILE)
+
+
+def reserve(directory: Path) -> None:
+    """Take the exit record's disk space now (best effort: a full disk already is retried at the end)."""
+    with contextlib.suppress(OSError):
+        fd = os.open(directory / RESERVE_FILE, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            try:
+                os.posix_fallocate(fd, 0, _RESERVE_BYTES)
+            except OSError:  # a file system without fallocate: write the bytes
+                os.write(fd, b" " * _RESERVE_BYTES)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
 
 def _group_members(pgid: int) -> list[int]:
@@ -96,8 +141,12 @@ class Supervisor:
         *,
         cwd: str | None = None,
         grace_seconds: float = DEFAULT_GRACE_SECONDS,
+        record_dir: Path | None = None,
+        attempt: int | None = None,
     ) -> None:
         self.job_dir = job_dir
+        self.record_dir = record_dir or job_dir
+        self.attempt = attempt
         self.command = command
         self.cwd = cwd
         self.grace_seconds = grace_seconds
@@ -125,13 +174,13 @@ class Supervisor:
         """Send ``signum`` to the group but not to ourselves, then SIGCONT; start the grace clock."""
         grace = self.grace_seconds
         with contextlib.suppress(OSError, ValueError, TypeError, KeyError):
-            grace = float(json.loads((self.job_dir / STOP_FILE).read_text())["grace_seconds"])
+            grace = float(json.loads((self.record_dir / STOP_FILE).read_text())["grace_seconds"])
         # Each other member by PID rather than killpg: killpg would echo the signal back to us, and with
         # ``-m`` numpy's threads are here too, so a blocked-and-consumed echo cannot be relied on. A
         # process forked between the listing and the signal is missed; its parent got the signal.
         self._signal_others(signum)
         self._signal_others(signal.SIGCONT)
-        deadline = time.time() + max(0.0, grace)
+        deadline = time.monotonic() + max(0.0, grace)
         self._kill_at = deadline if self._kill_at is None else min(self._kill_at, deadline)
 
     def _start(self, out: int, err: int) -> int | None:
@@ -154,7 +203,7 @@ class Supervisor:
         while True:
             while self._requests:
                 self._forward(self._requests.pop(0))
-            if self._kill_at is not None and time.time() >= self._kill_at:
+            if self._kill_at is not None and time.monotonic() >= self._kill_at:
                 self._signal_others(signal.SIGKILL)
                 self._kill_at = None
             try:
@@ -167,8 +216,8 @@ class Supervisor:
             return
         self._signal_others(signal.SIGTERM)
         self._signal_others(signal.SIGCONT)
-        deadline = time.time() + LEFTOVER_GRACE_SECONDS
-        while self._others() and time.time() < deadline:
+        deadline = time.monotonic() + LEFTOVER_GRACE_SECONDS
+        while self._others() and time.monotonic() < deadline:
             time.sleep(_POLL_SECONDS)
         self._signal_others(signal.SIGKILL)
 
@@ -180,6 +229,8 @@ class Supervisor:
         # and reaches _on_signal now, before the command starts (the command must not inherit the mask).
         signal.pthread_sigmask(signal.SIG_UNBLOCK, SUPERVISOR_DEFERRED_SIGNALS)
         self.job_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self.record_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        reserve(self.record_dir)
         started_at = time.time()
         flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND
         out = os.open(self.job_dir / STDOUT_LOG, flags, 0o600)
@@ -198,13 +249,35 @@ class Supervisor:
             "finished_at": time.time(),
             "started_at": started_at,
         }
-        write_json_atomic(self.job_dir / EXIT_FILE, record)
+        if self.attempt is not None:
+            record["attempt"] = self.attempt
+        self._record(record)
         return record
+
+    def _record(self, record: dict[str, object]) -> None:
+        """Write the exit record, retrying while the disk is full or descriptors are out: until it is on
+        disk this process lives, so the job is running to whoever looks, not lost."""
+        complained = False
+        while True:
+            try:
+                write_exit_record(self.record_dir, record)
+                return
+            except OSError as err:
+                if not complained:
+                    complained = True
+                    with contextlib.suppress(OSError):
+                        sys.stderr.write(f"gpuslice supervisor: cannot write the exit record yet ({err}); "
+                                         "retrying every second\n")  # fmt: skip
+                        sys.stderr.flush()
+                time.sleep(_RETRY_SECONDS)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="gpuslice.node.supervisor", description=__doc__.splitlines()[0])
     parser.add_argument("--job-dir", required=True, type=Path, help="directory for logs and exit.json")
+    parser.add_argument("--record-dir", default=None, type=Path,
+                        help="directory for exit.json and stop.json (default: the job dir)")  # fmt: skip
+    parser.add_argument("--attempt", default=None, type=int, help="the attempt number, copied into exit.json")
     parser.add_argument("--cwd", default=None, help="working directory of the command")
     parser.add_argument(
         "--grace",
@@ -217,7 +290,14 @@ def main(argv: list[str] | None = None) -> int:
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
         parser.error("no command given: use -- CMD …")
-    record = Supervisor(args.job_dir, command, cwd=args.cwd, grace_seconds=args.grace).run()
+    record = Supervisor(
+        args.job_dir,
+        command,
+        cwd=args.cwd,
+        grace_seconds=args.grace,
+        record_dir=args.record_dir,
+        attempt=args.attempt,
+    ).run()
     return int(record["exit_code"])  # type: ignore[call-overload]
 
 

@@ -52,7 +52,7 @@ class MigPlacementOps:
     """Base of every MIG placement policy; only ``name`` is required."""
 
     name: ClassVar[str] = "lowest-free"
-    summary: ClassVar[str] = "lowest valid start (the default)"
+    summary: ClassVar[str] = "lowest valid start (what any policy falls back to)"
 
     def choose(self, layout: MigLayout, profile: MigProfile) -> int | None:
         """A start for ``profile`` on ``layout``, or None when none is valid.

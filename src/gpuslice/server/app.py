@@ -26,8 +26,8 @@ too, as a bearer or as the dashboard's cookie, unless the server runs with ``--p
 Host check, token before body, body cap, sign-in). Env values are never returned: names, masked values.
 Every error is ``ErrorBody`` JSON: 400/404/405/409 for user errors (``detail`` says how to fix it;
 ``field`` names the field), 401 without the token, 403 when a request claims another user, 413 for a
-body over the cap, 422 when the body does not match the schema, 429 when too many follow one log, 500
-only for bugs.
+body over the cap, 422 when the body does not match the schema, 429 when too many follow one log, 503
+(with Retry-After) when the state file's disk is full and nothing was changed, 500 only for bugs.
 
 ``POST /v1/jobs`` takes an ``Idempotency-Key`` header (1–200 printable ASCII characters): a retry with
 the same key and body answers 200 with the job the first try made, never a second job; the same key
@@ -41,6 +41,7 @@ import hashlib
 import json
 import logging
 import re
+import threading
 import time
 from collections.abc import AsyncIterator, Iterable
 from http import HTTPStatus
@@ -194,7 +195,9 @@ def create_app(
         redoc_url=None,  # on the server's origin; the schema itself is at /openapi.json
     )
     started = time.time()
+    app.state.stopping = threading.Event()  # set by the server at its first stop signal: followers end
     app.state.sign_in_token = sign_in_token or new_sign_in_token()
+    app.add_middleware(_BugsAnswered)
     app.add_middleware(
         Guard, token=token, sign_in_token=app.state.sign_in_token, hosts=hosts, public_reads=public_reads
     )
@@ -211,6 +214,8 @@ def create_app(
         field = err.field if isinstance(err, FieldError) else None
         body = ErrorBody(detail=str(err), field=field, type=type(err).__name__)
         headers = {"WWW-Authenticate": "Bearer"} if http_status(err) == 401 else None
+        if http_status(err) == 503:  # the server lacks room (a full disk): the same request works later
+            headers = {"Retry-After": "5"}
         return JSONResponse(body.model_dump(), status_code=http_status(err), headers=headers)
 
     @app.exception_handler(RequestValidationError)
@@ -249,12 +254,6 @@ def create_app(
         body = ErrorBody(detail=detail, type=kind)
         return JSONResponse(body.model_dump(), status_code=err.status_code, headers=headers)
 
-    @app.exception_handler(Exception)
-    async def bug(_: Request, err: Exception) -> JSONResponse:
-        _log.exception("internal error")
-        body = ErrorBody(detail=f"internal error (a bug in gpuslice): {err}", type=type(err).__name__)
-        return JSONResponse(body.model_dump(), status_code=500)
-
     @app.get("/v1/health", response_model=Health)
     def health() -> Health:
         counts = {s.value: daemon.store.count(s) for s in JobState}
@@ -270,7 +269,13 @@ def create_app(
             jobs=counts,
         )
 
-    @app.post("/v1/jobs", status_code=201, response_model=JobOut, responses=_ERRORS, dependencies=[Auth])
+    answers: dict[int | str, dict[str, Any]] = {
+        **_ERRORS,
+        200: {"model": JobOut, "description": "a retry with the same Idempotency-Key and body: its job"},
+        503: {"model": ErrorBody, "description": "the disk is full: nothing was stored; retry later"},
+    }
+
+    @app.post("/v1/jobs", status_code=201, response_model=JobOut, responses=answers, dependencies=[Auth])
     def submit(
         body: SubmitRequest,
         response: Response,
@@ -330,7 +335,7 @@ def create_app(
         names = ("stdout", "stderr") if stream == "both" else (stream,)
         paths = [daemon.log_path(job_id, name) for name in names]
         if not follow:
-            return StreamingResponse(_tail(daemon, job_id, paths, False), media_type="text/plain")
+            return StreamingResponse(_tail(daemon, job_id, paths, None), media_type="text/plain")
         if followers >= MAX_LOG_FOLLOWERS:
             raise TooManyFollowers(f"{followers} clients follow logs already; try again later")
         followers += 1
@@ -338,7 +343,7 @@ def create_app(
         async def counted() -> AsyncIterator[bytes]:
             nonlocal followers
             try:
-                async for chunk in _tail(daemon, job_id, paths, True):
+                async for chunk in _tail(daemon, job_id, paths, app.state.stopping):
                     yield chunk
             finally:
                 followers -= 1
@@ -408,6 +413,35 @@ def create_app(
     return app
 
 
+class _BugsAnswered:
+    """A bug answers 500 (ErrorBody JSON) and the connection stays open for the client's next request:
+    Starlette's own last-resort handler raises again after answering, and uvicorn then drops the
+    connection. A bug after the response started (a stream) can only end that response."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def watched(message: Any) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, watched)
+        except Exception as err:
+            if started:
+                raise
+            _log.exception("internal error")
+            body = ErrorBody(detail=f"internal error (a bug in gpuslice): {err}", type=type(err).__name__)
+            await JSONResponse(body.model_dump(), status_code=500)(scope, receive, send)
+
+
 def _field_path(loc: Iterable[Any]) -> list[Any]:
     """A validation error's location as the request's field path: ("body", "command", 1) -> command, 1;
     pydantic's names for the members of a union ("constrained-str", "int") are dropped, a map's keys and
@@ -420,8 +454,11 @@ def _field_path(loc: Iterable[Any]) -> list[Any]:
     return [parts[0], *[p for p in parts[1:] if isinstance(p, int)]]
 
 
-async def _tail(daemon: Daemon, job_id: str, paths: list[Any], follow: bool) -> AsyncIterator[bytes]:
-    """The files' bytes; with ``follow``, keep reading until the job is finished and nothing is new.
+async def _tail(
+    daemon: Daemon, job_id: str, paths: list[Any], follow: threading.Event | None
+) -> AsyncIterator[bytes]:
+    """The files' bytes; with ``follow`` (the server's stopping event), keep reading until the job is
+    finished and nothing is new, or the server stops (the client follows again after its restart).
 
     Both streams are read in turns, a chunk at a time, so a follower sees stderr lines as they come;
     without ``follow`` stdout comes whole, then stderr.
@@ -437,11 +474,11 @@ async def _tail(daemon: Daemon, job_id: str, paths: list[Any], follow: bool) -> 
                         offsets[i] += len(chunk)
                         got = True
                         yield chunk
-                        if follow:
+                        if follow is not None:
                             break
             except FileNotFoundError:
                 continue
-        if not follow:
+        if follow is None or follow.is_set():
             return
         if not got:
             if daemon.store.get(job_id).state in TERMINAL_STATES and _drained(paths, offsets):

@@ -18,7 +18,7 @@ from urllib.parse import quote
 import httpx
 
 from gpuslice.errors import InternalError, UserError
-from gpuslice.server.auth import read_token
+from gpuslice.server.auth import TOKEN_FILE, read_token
 from gpuslice.server.errors import ServerUnavailable
 from gpuslice.server.url_file import read_url
 
@@ -61,6 +61,18 @@ class ServeClient:
         self.state_dir = Path(state_dir) if state_dir else default_state_dir()
         written = read_url(self.state_dir)  # where the server of that state dir said it listens
         self.url = (url or os.environ.get("GPUSLICE_URL") or written or DEFAULT_URL).rstrip("/")
+        # Where each came from, for the errors: a user who gets discovery wrong is told what was used.
+        self._state_dir_origin = (
+            "given with --state-dir" if state_dir
+            else "from GPUSLICE_STATE_DIR" if os.environ.get("GPUSLICE_STATE_DIR")
+            else "the default"
+        )  # fmt: skip
+        self._url_origin = (
+            "given with --url" if url
+            else "from GPUSLICE_URL" if os.environ.get("GPUSLICE_URL")
+            else f"written by the server in {self.state_dir}" if written
+            else f"the default: no server wrote its URL in {self.state_dir}"
+        )  # fmt: skip
         self._token = token or os.environ.get("GPUSLICE_TOKEN") or None
         # ``http``: an httpx.Client to use instead (tests pass one bound to the app in-process).
         self._owns_http = http is None
@@ -79,6 +91,12 @@ class ServeClient:
     @property
     def token(self) -> str:
         if self._token is None:
+            if not (self.state_dir / TOKEN_FILE).exists():
+                raise UserError(
+                    f"no token in {self.state_dir} (the state dir {self._state_dir_origin}): point at the "
+                    "one `gpuslice serve` printed with --state-dir DIR or GPUSLICE_STATE_DIR=DIR, or set "
+                    "GPUSLICE_TOKEN"
+                )
             self._token = read_token(self.state_dir)
         return self._token
 
@@ -106,8 +124,9 @@ class ServeClient:
 
     def _unavailable(self, err: Exception) -> ServerUnavailable:
         return ServerUnavailable(
-            f"no gpuslice server at {self.url} ({type(err).__name__}); start one with `gpuslice serve` "
-            "(add --simulate dgx-h100 on a machine without GPUs) or point --url / GPUSLICE_URL at it"
+            f"no gpuslice server at {self.url} ({type(err).__name__}; the URL {self._url_origin}); start "
+            "one with `gpuslice serve` (add --simulate dgx-h100 on a machine without GPUs), or point at "
+            "a running one with --state-dir / GPUSLICE_STATE_DIR (its state dir) or --url / GPUSLICE_URL"
         )
 
     def health(self) -> dict[str, Any]:

@@ -2,14 +2,18 @@
 
 ```text
 tick (every tick_seconds, or at once after a submit/cancel):
-    exits     node.poll(job)            -> finished: SUCCEEDED | FAILED | CANCELLED | PREEMPTED -> PENDING,
-              supervisor gone, no exit  -> FAILED "lost"; restart policy may requeue (FAILED -> PENDING)
+    exits     supervisor alive          -> still running, whatever files say (a job cannot end itself)
+              supervisor gone: node.poll(job) -> SUCCEEDED | FAILED | CANCELLED | PREEMPTED -> PENDING,
+              no exit record            -> FAILED "lost"; restart policy may requeue (FAILED -> PENDING)
+              unreadable exit record    -> FAILED "lost" with why: one job's files never stop a pass
+              never started             -> PENDING again, no attempt counted (crash before the launch)
     limits    max_runtime passed        -> node.terminate(grace) ; FAILED "exceeded max runtime" at exit
     monitor   node.usage(jobs)          -> scheduler.set_external_usage(gpu, bytes) for foreign processes
               graded response per job   -> warn event | node.suspend | node.kill ; FAILED at exit
     telemetry telemetry.read(loads)     -> per-GPU utilisation, memory, temperature, power (NVML or the
                                            simulated model); faults -> GPU unhealthy; 3-sigma anomalies
-    decide    scheduler.step(now)       -> StartJob: store RUNNING (GPUs) *then* node.launch, then pid
+    decide    scheduler.step(now)       -> StartJob: store RUNNING (GPUs) *then* node.launch, then pid;
+                                           a launch short of descriptors, memory or disk -> PENDING again
                                         -> PreemptJob: node.terminate(grace); PREEMPTED -> PENDING at exit
 ```
 
@@ -20,13 +24,17 @@ of the server), ``server/gpu_health.py`` (telemetry, GPU health, anomalies), ``s
 
 The store is written before any irreversible act: a job is RUNNING with its GPUs before its process
 exists, so a crash between the two leaves a RUNNING job whose supervisor is found by its job directory
-(or, if it never started, is lost and requeued). Every public method takes one lock; the API calls them
+(or, if it never started, goes back to the queue). Each job is handled on its own within a pass: an
+error about one is logged and the pass goes on with the others. The scheduler and the store change
+together or not at all: a submit whose commit fails (a full disk) is taken back from the scheduler too.
+Every public method takes one lock; the API calls them
 from its worker threads and the loop from its own, so the daemon is the only writer to the store.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import getpass
 import logging
 import threading
@@ -36,7 +44,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
-from gpuslice.errors import InvalidRequest
+from gpuslice.errors import InternalError, InvalidRequest
 from gpuslice.hardware.machine import Machine
 from gpuslice.hardware.mig import mig_gpu
 from gpuslice.node.enforcement import DEFAULT_SHARING
@@ -56,6 +64,7 @@ from gpuslice.scheduler.node_scheduler import (
     StartJob,
     TenantQuota,
 )
+from gpuslice.server.codec import spec_to_json
 from gpuslice.server.errors import JobConflict
 from gpuslice.server.gpu_health import GpuWatch, anomaly_detector, anomaly_text, restored_health
 from gpuslice.server.policy_admin import PolicyAdmin, queue_slot
@@ -81,13 +90,29 @@ DEFAULT_TICK_SECONDS = 0.2
 # The supervisor sends the SIGKILL after the grace; if the group still lives this much later (the
 # supervisor itself died), the daemon kills it.
 _KILL_SLACK_SECONDS = 5.0
+# A launch that fails with one of these lacked a resource for a moment (a file descriptor, memory, disk
+# space): the job did not start, it waits for its next turn instead of failing.
+_TRANSIENT_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOSPC, errno.EDQUOT, errno.EAGAIN,
+                               errno.ENOMEM})  # fmt: skip
 
 
 class NodeOps(Protocol):
     """What the daemon asks of the node (``gpuslice.node``); tests pass a fake with the same methods."""
 
-    def launch(self, job_id: str, spec: JobSpec, env: Mapping[str, str], state_dir: Path) -> LaunchedJob: ...
+    def launch(
+        self,
+        job_id: str,
+        spec: JobSpec,
+        env: Mapping[str, str],
+        state_dir: Path,
+        *,
+        attempt: int,
+        about: Mapping[str, Any] | None = None,
+    ) -> LaunchedJob: ...
+    def launch_records(self, state_dir: Path) -> dict[str, dict[str, Any]]: ...
     def poll(self, job_id: str, state_dir: Path) -> ExitStatus | None: ...
+    def was_started(self, job_id: str, state_dir: Path) -> bool: ...
+    def running_seconds(self, start_time: float) -> float | None: ...
     def is_alive(self, pid: int, start_time: float) -> bool: ...
     def find_supervisor(self, job_id: str, state_dir: Path) -> LaunchedJob | None: ...
     def terminate(self, pgid: int, grace_seconds: float) -> bool: ...
@@ -198,6 +223,8 @@ class Daemon(Recovery, GpuWatch, PolicyAdmin, DaemonViews):
             with self.store.transaction():
                 job = self.store.add_job(spec, now)
                 self.scheduler.submit(job.id, spec, now)  # raises before the commit: nothing half-applied
+                # a commit that fails after this (a full disk) takes the job back out of the queue too
+                self.store.on_rollback(lambda: self.scheduler.cancel(job.id))
             self._wake.set()
             return job
 
@@ -277,12 +304,11 @@ class Daemon(Recovery, GpuWatch, PolicyAdmin, DaemonViews):
         """One pass: exits, limits, monitor, then the scheduler's decisions."""
         with self._lock:
             now = self.clock()
+            for job in self.store.jobs([JobState.RUNNING]):
+                self._each(self._check_exit, job, now)
             running = self.store.jobs([JobState.RUNNING])
             for job in running:
-                self._check_exit(job, now)
-            running = self.store.jobs([JobState.RUNNING])
-            for job in running:
-                self._check_limits(job, now)
+                self._each(self._check_limits, job, now)
             if now - self._monitored_at >= self.monitor_seconds:
                 self._monitored_at = now
                 self._monitor(running, now)
@@ -290,12 +316,21 @@ class Daemon(Recovery, GpuWatch, PolicyAdmin, DaemonViews):
             self.scheduler.policy = self.policy_slots["queue"].current
             for action in self.scheduler.step(now):
                 if isinstance(action, StartJob):
-                    self._launch(action, now)
+                    self._each(self._launch, action, now)
                 elif isinstance(action, PreemptJob):
-                    self._preempt(action, now)
+                    self._each(self._preempt, action, now)
             self.metrics.pending_reasons(self.scheduler.pending_codes())
             self._published = self._gpu_state()
             self._flush_policy_events(now)
+
+    def _each(self, step: Callable[[Any, float], None], item: Any, now: float) -> None:
+        """One job's part of a pass; an error about it (its files, a full disk) is logged and the pass
+        goes on with the next job. The next pass tries again: every step reads its state afresh."""
+        try:
+            step(item, now)
+        except Exception:
+            _log.exception("job %s: %s failed; the other jobs go on", getattr(item, "id", None) or
+                           getattr(item, "job_id", "?"), step.__name__.lstrip("_"))  # fmt: skip
 
     # -- starting and stopping ------------------------------------------------------------------------
 
@@ -309,24 +344,50 @@ class Daemon(Recovery, GpuWatch, PolicyAdmin, DaemonViews):
             profile = mig_gpu(self.machine.gpus[action.mig.gpu].mig_model).profile(action.mig.profile)
             mig = {"gpu": action.mig.gpu, "profile": profile.name, "start": action.mig.start,
                    "memory_bytes": profile.memory_bytes}  # fmt: skip
-        job = self.store.transition(
-            job.id, JobState.RUNNING, f"started on {where}", now,
-            {"gpus": list(action.gpus), "attempt": job.attempts + 1},
-            gpus=action.gpus, mig=mig, started_at=now, finished_at=None, pid=None, pgid=None,
-            proc_start_time=None, exit_code=None, exit_signal=None, attempts=job.attempts + 1, stop="",
-            stop_deadline=None, suspended=False,
-        )  # fmt: skip
+        try:
+            job = self.store.transition(
+                job.id, JobState.RUNNING, f"started on {where}", now,
+                {"gpus": list(action.gpus), "attempt": job.attempts + 1},
+                gpus=action.gpus, mig=mig, started_at=now, finished_at=None, pid=None, pgid=None,
+                proc_start_time=None, exit_code=None, exit_signal=None, attempts=job.attempts + 1, stop="",
+                stop_deadline=None, suspended=False,
+            )  # fmt: skip
+        except Exception:  # not stored (a full disk): the scheduler must not hold its GPUs either
+            self.scheduler.finished(job.id)
+            with contextlib.suppress(InvalidRequest):
+                self.scheduler.submit(job.id, job.spec, job.submitted_at)
+            raise
         try:
             env = self.node.job_env(job.spec, action.gpus, action.mig)
-            launched = self.node.launch(job.id, job.spec, env, self.state_dir)
+            about = {"spec": spec_to_json(job.spec), "submitted_at": job.submitted_at, "started_at": now,
+                     "gpus": list(action.gpus), "mig": mig}  # fmt: skip
+            launched = self.node.launch(job.id, job.spec, env, self.state_dir, attempt=job.attempts,
+                                        about=about)  # fmt: skip
         except Exception as err:  # the job cannot start (bad cwd, no MPS, …): it fails, the loop goes on
-            _log.exception("launch of job %s failed", job.id)
+            if isinstance(err, OSError) and err.errno in _TRANSIENT_ERRNOS:  # short of a resource: later
+                _log.warning("job %s could not start yet (%s); it waits for its next turn", job.id, err)
+                self._unstart(job, f"could not start yet ({err.strerror or err}); waiting", now)
+                return
+            _log.error("launch of job %s failed: %s", job.id, err, exc_info=err)
             if isinstance(err, MigCommandFailed):  # the command and what it printed, for the operator
                 self.store.event(job.id, "mig", str(err), now, err.details)
             self._end(job, JobState.FAILED, f"could not launch: {err}", now, None, requeue=False,
                       failure=FailureCode.LAUNCH)  # fmt: skip
             return
         self.store.update(job.id, pid=launched.pid, pgid=launched.pgid, proc_start_time=launched.start_time)
+
+    def _unstart(self, job: JobRecord, reason: str, now: float) -> None:
+        """A RUNNING job whose process never started goes back to the queue as it was: no attempt
+        counted, no GPUs held (its restart policy is not asked: it did not run)."""
+        with self.store.transaction():
+            self.store.transition(job.id, JobState.PENDING, reason, now, gpus=(), mig=None, pid=None,
+                                  pgid=None, proc_start_time=None, started_at=None, stop="",
+                                  stop_deadline=None, suspended=False,
+                                  attempts=max(0, job.attempts - 1))  # fmt: skip
+        self.scheduler.finished(job.id)
+        self.node.forget(job.id)
+        with contextlib.suppress(InvalidRequest):  # it was placed here a moment ago; it can wait here
+            self.scheduler.submit(job.id, job.spec, job.submitted_at)
 
     def _preempt(self, action: PreemptJob, now: float) -> None:
         job = self.store.get(action.job_id)
@@ -346,9 +407,15 @@ class Daemon(Recovery, GpuWatch, PolicyAdmin, DaemonViews):
     # -- exits ----------------------------------------------------------------------------------------
 
     def _exit_record(self, job: JobRecord) -> ExitStatus | None:
-        """The exit record of the job's current attempt. A record that started before this attempt is a
-        previous attempt's (the server died after storing RUNNING, before the launch removed it): none."""
+        """The exit record of the job's current attempt. A record of another attempt (the server died
+        after storing RUNNING, before the launch removed it) is none; InternalError for one that cannot
+        be read. A record without an attempt number (an older supervisor's) is told by its start."""
         status = self.node.poll(job.id, self.state_dir)
+        if status is not None and status.attempt is not None:
+            if status.attempt == job.attempts:
+                return status
+            _log.warning("job %s: ignoring the exit record of attempt %s", job.id, status.attempt)
+            return None
         if status is None or status.started_at is None or job.started_at is None:
             return status
         if status.started_at < job.started_at:
@@ -363,28 +430,29 @@ class Daemon(Recovery, GpuWatch, PolicyAdmin, DaemonViews):
             self.node.kill(job.pgid)
 
     def _check_exit(self, job: JobRecord, now: float) -> None:
-        status = self._exit_record(job)
-        if status is not None:
-            self._finished(job, status, now)
-            return
+        """Whether a running job ended. Only a supervisor that is gone makes an end: while it lives the
+        job runs, whatever files are in its folders (the supervisor writes the record, then exits)."""
         if job.pid is None:
             job = self._find_process(job)
-            if job.pid is None:  # launched by nobody: only possible after a crash mid-launch
-                self._end(job, JobState.FAILED, "lost: its process never started", now, None, requeue=True,
-                          failure=FailureCode.LOST)  # fmt: skip
+        if job.pid is not None and self.node.is_alive(job.pid, job.proc_start_time or 0.0):
+            if job.stop and job.stop_deadline is not None and now > job.stop_deadline + _KILL_SLACK_SECONDS:
+                self.node.kill(job.pgid or job.pid)
             return
-        if not self.node.is_alive(job.pid, job.proc_start_time or 0.0):
-            # The supervisor writes exit.json before it exits; read once more in case it just did.
+        try:
             status = self._exit_record(job)
-            if status is not None:
-                self._finished(job, status, now)
-            else:
-                self._kill_lost(job)
-                self._end(job, JobState.FAILED, "lost: its supervisor died without an exit record", now, None,
-                          requeue=True, failure=FailureCode.LOST)  # fmt: skip
+        except InternalError as err:  # damage from outside; the job is over, the pass goes on
+            self._kill_lost(job)
+            self._end(job, JobState.FAILED, f"lost: {err}", now, None, requeue=True, failure=FailureCode.LOST)
             return
-        if job.stop and job.stop_deadline is not None and now > job.stop_deadline + _KILL_SLACK_SECONDS:
-            self.node.kill(job.pgid or job.pid)
+        if status is not None:
+            self._finished(job, status, now)
+        elif job.pid is None and not self.node.was_started(job.id, self.state_dir):
+            # stored RUNNING, then the server stopped before the launch: it never ran
+            self._unstart(job, "requeued: the server stopped before its process started", now)
+        else:
+            self._kill_lost(job)
+            self._end(job, JobState.FAILED, "lost: its supervisor died without an exit record", now, None,
+                      requeue=True, failure=FailureCode.LOST)  # fmt: skip
 
     def _finished(self, job: JobRecord, status: ExitStatus, now: float) -> None:
         code = f"exit code {status.exit_code}" + (f" (signal {status.signal})" if status.signal else "")
@@ -446,7 +514,12 @@ class Daemon(Recovery, GpuWatch, PolicyAdmin, DaemonViews):
 
     def _check_limits(self, job: JobRecord, now: float) -> None:
         limit = job.spec.max_runtime_seconds
-        if limit is None or job.stop or job.started_at is None or now < job.started_at + limit:
+        if limit is None or job.stop or job.started_at is None:
+            return
+        # how long its process has run, on the boot clock (a wall-clock step changes nothing); the
+        # stored start before the process is known
+        ran = self.node.running_seconds(job.proc_start_time) if job.proc_start_time is not None else None
+        if (now - job.started_at if ran is None else ran) < limit:
             return
         self._stop_job(job, "limit", self.grace_seconds, f"max runtime {limit:g} s reached: SIGTERM", now)
 

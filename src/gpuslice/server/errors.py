@@ -3,10 +3,13 @@
 ```text
 JobNotFound, GpuNotFound, PolicyNotFound   NotFound          404  no job, GPU, policy family or map key
 JobConflict                                Conflict          409  the job's state does not allow the action
+JobDamaged                                 Conflict          409  the job's stored row cannot be read
 NotAuthenticated (gpuslice.errors)                           401  no bearer token, or the wrong one
 ForbiddenUser                              Forbidden         403  a request claims another user
 TooManyFollowers                           TooManyRequests   429  the cap on clients following logs is reached
 ServerUnavailable                          Unavailable       (client) the server does not answer at its URL
+StoreFull                                  Unavailable       503  the disk is full; nothing changed
+StoreDamaged                               Unavailable       (serve) the state file is not a database
 ```
 
 Every other user error keeps its family's status (``gpuslice.errors``): InvalidRequest 400, NoSuchMap
@@ -29,10 +32,13 @@ __all__ = [
     "ForbiddenUser",
     "GpuNotFound",
     "JobConflict",
+    "JobDamaged",
     "JobNotFound",
     "NotAuthenticated",
     "PolicyNotFound",
     "ServerUnavailable",
+    "StoreDamaged",
+    "StoreFull",
     "TooManyFollowers",
     "http_status",
 ]
@@ -50,6 +56,10 @@ class JobConflict(Conflict):
     """The job is in a state where the action makes no sense (e.g. cancelling a finished job)."""
 
 
+class JobDamaged(Conflict):
+    """The job's stored record cannot be read (a row changed by hand or damaged); the message says so."""
+
+
 class ForbiddenUser(Forbidden):
     """A request claims a user other than the one running the server."""
 
@@ -64,6 +74,17 @@ class PolicyNotFound(NotFound):
 
 class ServerUnavailable(Unavailable):
     """The client cannot reach ``gpuslice serve`` at its URL."""
+
+
+class StoreFull(Unavailable):
+    """The disk holding the state file is full: the change was not made; retrying later works (503,
+    with Retry-After: the server itself lacks room, the request was fine)."""
+
+    http_status = 503
+
+
+class StoreDamaged(Unavailable):
+    """The state file cannot be read as the server's database; the message says what to do with it."""
 
 
 def http_status(error: UserError) -> int:

@@ -2,6 +2,7 @@
 
 ```text
 every request   Host not one of the server's own names (and not in --allow-host)  -> 400 HostNotAllowed
+                (and so is a request with two Host headers, whichever comes last)
 GET /?token=T   T the one-time sign-in token printed by `serve` (or the API token) -> 303 to / with a
                 read-only cookie (HttpOnly, SameSite=Strict); a wrong T -> 401
 writes          POST/PUT/PATCH/DELETE need ``Authorization: Bearer <token>``, checked *before* the body
@@ -88,6 +89,9 @@ class Guard:
             return
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
         method, path = scope["method"], scope["path"]
+        if sum(k.lower() == b"host" for k, _ in scope["headers"]) > 1:  # which one would a proxy believe?
+            await _error(send, 400, "HostNotAllowed", "the request has more than one Host header; send one")
+            return
         if self.hosts is not None and "*" not in self.hosts:
             host = host_name(headers.get("host", ""))
             if host not in self.hosts:

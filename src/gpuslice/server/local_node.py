@@ -14,6 +14,7 @@ of Kubernetes).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
@@ -101,14 +102,32 @@ class LocalNode:
 
     # -- processes ------------------------------------------------------------------------------------
 
-    def launch(self, job_id: str, spec: JobSpec, env: Mapping[str, str], state_dir: Path) -> LaunchedJob:
+    def launch(
+        self,
+        job_id: str,
+        spec: JobSpec,
+        env: Mapping[str, str],
+        state_dir: Path,
+        *,
+        attempt: int,
+        about: Mapping[str, Any] | None = None,
+    ) -> LaunchedJob:
         visible = env.get("CUDA_VISIBLE_DEVICES", "")
         if self._mig is not None and visible.startswith("MIG-"):
             self._mig.claim(job_id, visible)  # before the process: a failed launch still releases it
-        return launcher.launch(job_id, spec, env, state_dir)
+        return launcher.launch(job_id, spec, env, state_dir, attempt=attempt, about=about)
+
+    def launch_records(self, state_dir: Path) -> dict[str, dict[str, Any]]:
+        return launcher.launch_records(state_dir)
 
     def poll(self, job_id: str, state_dir: Path) -> ExitStatus | None:
         return launcher.poll(job_id, state_dir)
+
+    def running_seconds(self, start_time: float) -> float | None:
+        return launcher.seconds_since(start_time)
+
+    def was_started(self, job_id: str, state_dir: Path) -> bool:
+        return launcher.was_started(job_id, state_dir)
 
     def is_alive(self, pid: int, start_time: float) -> bool:
         return launcher.is_alive(pid, start_time)
@@ -116,12 +135,14 @@ class LocalNode:
     def find_supervisor(self, job_id: str, state_dir: Path) -> LaunchedJob | None:
         """The supervisor running with ``--job-dir state_dir/jobs/<id>``, if any (crash mid-launch)."""
         wanted = str(launcher.job_dir(state_dir, job_id))
-        for p in psutil.process_iter(["pid", "cmdline", "create_time"]):
+        for p in psutil.process_iter(["pid", "cmdline"]):
             cmdline = p.info.get("cmdline") or []
             if "--job-dir" in cmdline and wanted in cmdline and p.info["pid"] != os.getpid():
-                return LaunchedJob(
-                    pid=p.info["pid"], pgid=os.getpgid(p.info["pid"]), start_time=p.info["create_time"]
-                )
+                started = launcher.process_start(p.info["pid"])
+                with contextlib.suppress(OSError):
+                    if started is not None:
+                        pgid = os.getpgid(p.info["pid"])
+                        return LaunchedJob(pid=p.info["pid"], pgid=pgid, start_time=started)
         return None
 
     def terminate(self, pgid: int, grace_seconds: float) -> bool:

@@ -5,27 +5,40 @@ recover (once, before the first tick):
     RUNNING with a live supervisor (same pid + start time) or an exit file -> scheduler.adopt; the next
         tick reads the exit file as usual
     RUNNING that no longer fits the machine (fewer GPUs, MIG off)           -> stopped, CANCELLED at exit
+    RUNNING whose supervisor never started (stored, then the server died) -> PENDING, no attempt counted
     RUNNING with neither                 -> FAILED "lost while the server was down", requeued per policy
     PENDING                              -> scheduler.submit again, in submission order
 ```
+
+Before that, the store is checked against the launch records (records/<id>/job.json, written at each
+launch): a store deleted, emptied, or missing its WAL after a kill -9 knows fewer jobs, or older
+states, than the records. Then one warning line says so, every job whose supervisor still runs is put
+back as RUNNING from its record (and adopted as above), jobs that ended meanwhile are not restored
+(their folders and logs stay), and new jobs are numbered above every id ever used, so no folder is
+reused. A state file that is not a database at all is refused at start (``Store``: one line, with the
+move-aside that recovers).
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpuslice.errors import InvalidRequest
+from gpuslice.errors import InternalError, InvalidRequest, UserError
 from gpuslice.node.launcher import ExitStatus
 from gpuslice.observe.reasons import FailureCode
 from gpuslice.scheduler.node_scheduler import MigAssignment, NodeScheduler
+from gpuslice.server.codec import spec_from_json
 from gpuslice.server.store import JobRecord, Store
 from gpuslice.workload.job import JobState
 
 __all__ = ["Recovery", "RecoveryReport"]
+
+_log = logging.getLogger("gpuslice.server")
 
 
 @dataclass
@@ -33,6 +46,7 @@ class RecoveryReport:
     """What ``recover`` found, by job id: re-adopted, read from their exit file later, lost, requeued."""
 
     adopted: list[str] = field(default_factory=list)
+    restored: list[str] = field(default_factory=list)  # put back from launch records (a lost store)
     lost: list[str] = field(default_factory=list)
     requeued: list[str] = field(default_factory=list)
     refused: list[str] = field(default_factory=list)
@@ -54,6 +68,7 @@ class Recovery:
     _kill_lost: Callable[[JobRecord], None]
     _stop_job: Callable[[JobRecord, str, float, str, float], None]
     _end: Callable[..., bool]
+    _unstart: Callable[[JobRecord, str, float], None]
 
     def recover(self) -> RecoveryReport:
         """Rebuild the scheduler's picture from the store and the job directories (see module doc)."""
@@ -61,10 +76,15 @@ class Recovery:
         with self._lock:
             now = self.clock()
             self.scheduler = self._new_scheduler()
+            report.restored = self._restore_lost(now)
             for job in self.store.jobs([JobState.RUNNING]):
                 job = self._find_process(job)
                 alive = job.pid is not None and self.node.is_alive(job.pid, job.proc_start_time or 0.0)
-                if alive or self._exit_record(job) is not None:
+                if not alive and job.pid is None and not self.node.was_started(job.id, self.state_dir):
+                    self._unstart(job, "requeued: the server stopped before its process started", now)
+                    report.requeued.append(job.id)
+                    continue
+                if alive or self._has_record(job):
                     try:
                         self.scheduler.adopt(job.id, job.spec, job.gpus, job.started_at or now, _mig(job.mig))
                     except InvalidRequest as err:  # the machine changed under it (fewer GPUs, MIG off)
@@ -89,6 +109,55 @@ class Recovery:
                     report.refused.append(job.id)
         return report
 
+    def _restore_lost(self, now: float) -> list[str]:
+        """Jobs the launch records know better than the store (see the module doc); their ids."""
+        records = self.node.launch_records(self.state_dir)
+        folders = [p.name for p in (self.state_dir / "jobs").glob("*") if p.name.isdigit()]
+        highest = max((int(i) for i in [*records, *folders] if i.isdigit()), default=0)
+        known = {j.id: j for j in self.store.jobs()}
+        restored = []
+        for job_id, about in sorted(records.items(), key=lambda item: _number(item[0])):
+            job = known.get(job_id)
+            attempt = int(about["attempt"])
+            if job is not None and (job.state is JobState.RUNNING or job.attempts >= attempt):
+                continue  # the store knows this launch
+            found = self.node.find_supervisor(job_id, self.state_dir)
+            if found is None or not self.node.is_alive(found.pid, found.start_time):
+                continue  # it ended while the store did not know: nothing holds a GPU
+            try:
+                spec = spec_from_json(about["spec"])
+                self.store.restore_job(
+                    job_id, spec, float(about["submitted_at"]), "restored from its launch record", now,
+                    state=JobState.RUNNING.value, gpus=tuple(about["gpus"]), mig=about.get("mig"),
+                    started_at=float(about["started_at"]), attempts=attempt, pid=found.pid,
+                    pgid=found.pgid, proc_start_time=found.start_time,
+                )  # fmt: skip
+            except (KeyError, TypeError, ValueError, UserError) as err:
+                _log.warning("job %s: its launch record cannot be restored (%s); left running", job_id, err)
+                continue
+            restored.append(job_id)
+        if highest > self.store.highest_id() or restored:
+            _log.warning(
+                "state file %s knows less than the job records (highest job id %d, the store's %d): it was "
+                "deleted, emptied or lost its WAL; %d running job(s) restored from their launch records, "
+                "ended ones are not (their folders remain); new jobs are numbered from %d",
+                self.store.path,
+                highest,
+                self.store.highest_id(),
+                len(restored),
+                highest + 1,
+            )
+            self.store.skip_ids_to(highest)
+        return restored
+
+    def _has_record(self, job: JobRecord) -> bool:
+        """An exit record of this attempt, or one that cannot be read (the first tick ends the job
+        with why): either way the job is adopted, not lost here."""
+        try:
+            return self._exit_record(job) is not None
+        except InternalError:
+            return True
+
     def _find_process(self, job: JobRecord) -> JobRecord:
         """A RUNNING job stored without a pid (the server died mid-launch): look for its supervisor."""
         if job.pid is not None:
@@ -97,6 +166,10 @@ class Recovery:
         if found is None:
             return job
         return self.store.update(job.id, pid=found.pid, pgid=found.pgid, proc_start_time=found.start_time)
+
+
+def _number(job_id: str) -> tuple[int, str]:
+    return (int(job_id), "") if job_id.isdigit() else (0, job_id)
 
 
 def _mig(data: dict[str, Any] | None) -> MigAssignment | None:

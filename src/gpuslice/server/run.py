@@ -11,23 +11,39 @@ of the database file, so that one is made 0600 first). Files a job's command mak
 
 SIGINT and SIGTERM both stop the server cleanly: the daemon loop ends, the store is closed (its WAL
 checkpointed), and the node cleans up (MPS daemon, idle MIG instances) before the process exits 0.
+Log followers end at once; requests under way get ``SHUTDOWN_GRACE_SECONDS`` (5 s) to finish, then
+are cancelled; a second SIGTERM or SIGINT cuts that grace short. Jobs keep running; the next start
+adopts them.
+
+Before any request is authenticated its cost is bounded: HTTP/1.1 by h11 with a request head of at most
+``MAX_HEAD_BYTES`` (64 KiB: a longer one is refused with 400 before it is buffered), a connection that
+has not sent a whole request head within ``IDLE_SECONDS`` (5 s, also the keep-alive) is closed, and
+connections beyond ``connection_cap()`` (the descriptor limit, raised to its hard maximum, less a
+reserve for the store, job launches and logs) are closed as they arrive.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import fcntl
 import logging
 import os
+import resource
 import signal
 import socket
 import stat
+import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from types import FrameType
+from typing import Any
 
+import h11
 import psutil
 import uvicorn
+from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from gpuslice.errors import InvalidRequest
 from gpuslice.node.enforcement import DEFAULT_SHARING
@@ -44,11 +60,105 @@ from gpuslice.server.url_file import write_url
 from gpuslice.workload.job import DEFAULT_GRACE_SECONDS, JobState
 from gpuslice.workload.target import TargetWorkload
 
-__all__ = ["ServeOptions", "own_names", "run", "secure_state_dir", "state_lock"]
+__all__ = [
+    "IDLE_SECONDS",
+    "MAX_HEAD_BYTES",
+    "SHUTDOWN_GRACE_SECONDS",
+    "ServeOptions",
+    "connection_cap",
+    "own_names",
+    "run",
+    "secure_state_dir",
+    "state_lock",
+]
 
 _log = logging.getLogger("gpuslice.server")
 STORE_FILE = "gpuslice.db"
 LOCK_FILE = "server.lock"
+SHUTDOWN_GRACE_SECONDS = 5
+IDLE_SECONDS = 5
+MAX_HEAD_BYTES = 64 * 1024
+# Descriptors kept for the server's own work when connections are counted against the limit: the store,
+# a launch's pipes and log files, telemetry.
+_FD_RESERVE = 256
+_MAX_CONNECTIONS = 4096
+
+
+def connection_cap() -> int:
+    """How many client connections the server keeps open at once: the soft descriptor limit (raised to
+    the hard one, at most 65536) less a reserve, between 64 and 4096."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = 65536 if hard == resource.RLIM_INFINITY else min(hard, 65536)
+    if soft != resource.RLIM_INFINITY and soft < wanted:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
+            soft = wanted
+    limit = _MAX_CONNECTIONS if soft == resource.RLIM_INFINITY else soft - _FD_RESERVE
+    return max(64, min(_MAX_CONNECTIONS, limit))
+
+
+class _BoundedH11(H11Protocol):
+    """uvicorn's h11 protocol with two bounds more: a connection over ``cap`` is closed as it comes,
+    and a request head must be whole within ``IDLE_SECONDS`` of its first byte, or of the connection
+    (uvicorn times out only the wait after a response, and stops timing at the first byte)."""
+
+    cap = _MAX_CONNECTIONS
+    _head_timer: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        if len(self.connections) > self.cap:
+            transport.close()
+            return
+        self._time_head()
+
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)
+        self._time_head()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+        super().connection_lost(exc)
+
+    def _time_head(self) -> None:
+        waiting = self.conn.their_state is h11.IDLE  # no whole request head yet
+        if waiting and self._head_timer is None:
+            self._head_timer = self.loop.call_later(IDLE_SECONDS, self._head_too_slow)
+        elif not waiting and self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+
+    def _head_too_slow(self) -> None:
+        self._head_timer = None
+        if self.conn.their_state is h11.IDLE and not self.transport.is_closing():
+            self.transport.close()
+
+
+class _Server(uvicorn.Server):
+    """uvicorn's server, whose first stop signal also ends the log followers (``stopping``) and whose
+    second one ends the grace (uvicorn forces only on a second SIGINT)."""
+
+    def __init__(self, config: uvicorn.Config, stopping: threading.Event) -> None:
+        super().__init__(config)
+        self.stopping = stopping
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        if self.should_exit:
+            self.force_exit = True
+        self.stopping.set()
+        super().handle_exit(sig, frame)
+
+
+def server_config(app: Any, host: str, port: int) -> uvicorn.Config:
+    """The uvicorn settings that bound what an unauthenticated client can make the server hold."""
+    cap = connection_cap()
+    _BoundedH11.cap = cap
+    return uvicorn.Config(
+        app, host=host, port=port, log_level="warning", access_log=False, http=_BoundedH11,
+        h11_max_incomplete_event_size=MAX_HEAD_BYTES, timeout_keep_alive=IDLE_SECONDS,
+        limit_concurrency=cap + 64, timeout_graceful_shutdown=SHUTDOWN_GRACE_SECONDS,
+    )  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -197,13 +307,12 @@ def _run(options: ServeOptions, state_dir: Path, on_ready: Callable[[str, Path, 
             app = create_app(
                 daemon, token, public_reads=options.public_reads, hosts=hosts, sign_in_token=sign_in
             )
-            config = uvicorn.Config(app, host=options.host, port=options.port, log_level="warning",
-                                    access_log=False)  # fmt: skip
+            config = server_config(app, options.host, options.port)
             on_ready(options.url, state_dir / TOKEN_FILE, f"{options.url}/?token={sign_in}")
             # uvicorn handles SIGTERM itself (graceful HTTP shutdown) and then raises it again, which would
             # end the process before the clean-up below; once it has served, that echo is ignored.
             signal.signal(signal.SIGTERM, lambda _s, _f: None)
-            uvicorn.Server(config).run()
+            _Server(config, app.state.stopping).run()
         finally:
             signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM must not cut the clean-up
             daemon.stop()

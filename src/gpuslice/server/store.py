@@ -22,24 +22,27 @@ The last two tables came after version 1 and are created when missing, so an old
 
 from __future__ import annotations
 
+import errno
 import json
+import logging
 import os
 import sqlite3
 import threading
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpuslice.errors import InternalError, InvalidRequest
+from gpuslice.errors import InternalError, InvalidRequest, UserError
 from gpuslice.server.codec import spec_from_json, spec_to_json
-from gpuslice.server.errors import JobConflict, JobNotFound
+from gpuslice.server.errors import JobConflict, JobDamaged, JobNotFound, StoreDamaged, StoreFull
 from gpuslice.workload.job import JobEvent, JobSpec, JobState, check_transition
 
-__all__ = ["SCHEMA_VERSION", "JobRecord", "Store", "TenantRecord"]
+__all__ = ["SCHEMA_VERSION", "JobRecord", "Store", "StoreFull", "TenantRecord"]
 
 SCHEMA_VERSION = 1
+_log = logging.getLogger("gpuslice.server")
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL);
@@ -111,6 +114,14 @@ _MUTABLE = frozenset(
 _JSON_FIELDS = frozenset({"gpus", "mig"})
 
 
+def _translated(err: sqlite3.OperationalError, path: Path) -> Exception:
+    """SQLite's "disk is full" as StoreFull (the change was not made, retrying later works)."""
+    if getattr(err, "sqlite_errorcode", None) == sqlite3.SQLITE_FULL or "full" in str(err).lower():
+        return StoreFull(f"the disk holding {path} is full ({os.strerror(errno.ENOSPC)}): nothing was "
+                         "changed; free some space and retry")  # fmt: skip
+    return err
+
+
 @dataclass(frozen=True, slots=True)
 class JobRecord:
     """One job as stored: its spec plus everything the daemon has learned about it."""
@@ -128,7 +139,7 @@ class JobRecord:
     mig: dict[str, Any] | None = None  # {"gpu": int, "profile": str, "start": int}
     pid: int | None = None  # the supervisor's PID (leader of the job's process group)
     pgid: int | None = None
-    proc_start_time: float | None = None  # psutil create_time of pid: PID reuse cannot fool recovery
+    proc_start_time: float | None = None  # launcher.process_start of pid (since boot): no PID reuse fools it
     exit_code: int | None = None
     exit_signal: int | None = None
     attempts: int = 0  # launches so far
@@ -159,9 +170,24 @@ class Store:
         os.chmod(self.path, 0o600)
         self._lock = threading.RLock()
         self._depth = 0
+        self._undo: list[Callable[[], None]] = []  # what to take back elsewhere if this one rolls back
+        self._damaged: set[int] = set()  # rows already reported as unreadable
         # isolation_level=None: we issue BEGIN/COMMIT ourselves, so a transaction is exactly what we say.
         self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None, timeout=30)
         self._db.row_factory = sqlite3.Row
+        try:
+            self._open()
+        except sqlite3.DatabaseError as err:
+            self._db.close()
+            if isinstance(err, sqlite3.OperationalError) and "full" in str(err).lower():
+                raise _translated(err, self.path) from None
+            raise StoreDamaged(
+                f"state file {self.path} is damaged ({err}); stop the server, move it aside "
+                f"(mv {self.path} {self.path}.damaged) and start again: running jobs are re-adopted from "
+                "their records, their logs are kept, the history of ended jobs stays in the moved file"
+            ) from None
+
+    def _open(self) -> None:
         mode = self._db.execute("PRAGMA journal_mode=WAL").fetchone()[0]
         if mode.lower() != "wal":
             raise InternalError(f"{self.path}: SQLite refused WAL mode (got {mode!r})")
@@ -192,7 +218,9 @@ class Store:
 
     @contextmanager
     def transaction(self) -> Iterator[None]:
-        """One atomic change; nested uses join the outermost. An exception rolls everything back."""
+        """One atomic change; nested uses join the outermost. An exception rolls everything back, and so
+        does a COMMIT that fails (a full disk): then the ``on_rollback`` actions run, newest first, and
+        the error is raised (StoreFull for a full disk)."""
         with self._lock:
             if self._depth:
                 self._depth += 1
@@ -201,17 +229,35 @@ class Store:
                 finally:
                     self._depth -= 1
                 return
-            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                self._db.execute("BEGIN IMMEDIATE")
+            except sqlite3.OperationalError as err:
+                raise _translated(err, self.path) from err
             self._depth = 1
             try:
                 yield
-            except BaseException:
-                self._db.execute("ROLLBACK")
-                raise
-            else:
                 self._db.execute("COMMIT")
+            except BaseException as err:
+                # SQLite keeps a transaction whose COMMIT failed open: end it, or every later BEGIN fails
+                with suppress(sqlite3.Error):
+                    self._db.execute("ROLLBACK")
+                undo, self._undo = self._undo, []
+                for action in reversed(undo):
+                    action()
+                if isinstance(err, sqlite3.OperationalError):
+                    raise _translated(err, self.path) from err
+                raise
             finally:
                 self._depth = 0
+                self._undo = []
+
+    def on_rollback(self, action: Callable[[], None]) -> None:
+        """Run ``action`` if the transaction under way does not commit: what was changed outside the
+        store along with it (the scheduler's queue) is taken back, so the two change together or not."""
+        with self._lock:
+            if not self._depth:
+                raise InternalError("on_rollback outside a transaction")
+            self._undo.append(action)
 
     # -- jobs ---------------------------------------------------------------------------------------
 
@@ -300,7 +346,48 @@ class Store:
             args.append(limit)
         with self._lock:
             rows = self._db.execute(sql, args).fetchall()
-        return [_record(r) for r in rows]
+        found = []
+        for row in rows:
+            try:
+                found.append(_record(row))
+            except JobDamaged as err:  # left out of every listing and pass; GET of its id says why
+                if row["seq"] not in self._damaged:
+                    self._damaged.add(row["seq"])
+                    _log.warning("%s", err)
+        return found
+
+    def highest_id(self) -> int:
+        """The highest job number ever given (deleted rows included): the next one is above it."""
+        with self._lock:
+            row = self._db.execute("SELECT seq FROM sqlite_sequence WHERE name = 'jobs'").fetchone()
+        return int(row[0]) if row else 0
+
+    def skip_ids_to(self, highest: int) -> None:
+        """Give new jobs numbers above ``highest`` (job folders of a lost store must not be reused)."""
+        with self.transaction():
+            if self.highest_id() >= highest:
+                return
+            if self._db.execute("SELECT 1 FROM sqlite_sequence WHERE name = 'jobs'").fetchone():
+                self._db.execute("UPDATE sqlite_sequence SET seq = ? WHERE name = 'jobs'", (highest,))
+            else:
+                self._db.execute("INSERT INTO sqlite_sequence (name, seq) VALUES ('jobs', ?)", (highest,))
+
+    def restore_job(self, job_id: str, spec: JobSpec, submitted_at: float, reason: str, now: float,
+                    **fields: Any) -> JobRecord:  # fmt: skip
+        """Put a job the store lost back under its own id (from its launch record), with ``fields``
+        (state, gpus, attempts …); an existing row of that id is replaced. Recorded as an event."""
+        state = JobState(fields.pop("state", JobState.RUNNING.value))
+        with self.transaction():
+            self._db.execute("DELETE FROM jobs WHERE id = ?", (job_id,))
+            self._db.execute(
+                "INSERT INTO jobs (seq, id, spec, state, reason, user, tenant, priority, submitted_at) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (int(job_id) if job_id.isdigit() else None, job_id, json.dumps(spec_to_json(spec)),
+                 state.value, reason, spec.user, spec.tenant, int(spec.priority), submitted_at),
+            )  # fmt: skip
+            self._set(job_id, fields)
+            self._event(job_id, now, "recovery", None, state, reason, {})
+        return self.get(job_id)
 
     def count(self, state: JobState) -> int:
         with self._lock:
@@ -459,6 +546,17 @@ def _column(name: str, value: Any) -> Any:
 
 
 def _record(row: sqlite3.Row) -> JobRecord:
+    """The row as a JobRecord; JobDamaged when it cannot be read (changed by hand, or damaged)."""
+    try:
+        return _decode(row)
+    except (ValueError, TypeError, KeyError, AttributeError, UserError) as err:
+        raise JobDamaged(
+            f"job {row['id']}: its stored record cannot be read ({err}); it is left out of listings "
+            "and scheduling. Its folder and logs are kept; remove the row or restore the state file"
+        ) from None
+
+
+def _decode(row: sqlite3.Row) -> JobRecord:
     return JobRecord(
         id=row["id"],
         seq=row["seq"],

@@ -12,6 +12,7 @@ from typing import Any, NamedTuple
 
 import gpuslice
 from gpuslice.hardware.machine import Machine
+from gpuslice.hardware.mig import COMPUTE_SLICES, mig_gpu
 from gpuslice.node.telemetry import GpuReading
 from gpuslice.observe.health import GpuHealth, HealthBook
 from gpuslice.observe.metrics import GpuState, PendingState, ServeSnapshot, SliceState
@@ -76,11 +77,18 @@ class DaemonViews:
             for job_id in gpu.job_ids:
                 spec, mig = running[job_id]
                 share = spec.is_share
+                memory, compute = (
+                    (spec.gpu_memory_bytes, spec.compute_percent) if share else (gpu.memory_total_bytes, 100)
+                )
+                if mig is not None and spec.mig_profile:  # an instance holds its slices, not the GPU
+                    profile = mig_gpu(self.machine.gpus[gpu.index].mig_model).profile(mig.profile)
+                    memory = profile.memory_bytes
+                    compute = round(100 * profile.compute_slices / COMPUTE_SLICES)
                 jobs.append(
                     {
                         "id": job_id,
-                        "memory_bytes": spec.gpu_memory_bytes if share else gpu.memory_total_bytes,
-                        "compute_percent": spec.compute_percent if share else 100,
+                        "memory_bytes": memory,
+                        "compute_percent": compute,
                         "mig": mig.profile if mig is not None and spec.mig_profile else "",
                         "used_memory_bytes": measured.get(job_id, {}).get(gpu.index),
                         "tenant": spec.tenant,

@@ -49,6 +49,9 @@ class ReplayResult:
     failed_pods: int
     wall_seconds: float
     fallbacks: dict[str, int] = field(default_factory=dict)
+    # Pods whose placement the default policy made, in part or whole, because this policy faulted, gave
+    # advice the mechanism refused, or was detached: a run where this is not 0 is partly the default's.
+    fell_back_pods: int = 0
 
     @property
     def pods(self) -> int:
@@ -92,6 +95,7 @@ class ReplayResult:
             "fragmentation_pct_at_100": round(self._at(self.fragmentation_pct, 100), 4),
             "wall_seconds": round(self.wall_seconds, 4),
             "policy_fallbacks": self.fallbacks,
+            "fell_back_pods": self.fell_back_pods,
         }
 
     def _at(self, series: np.ndarray, arrival_pct: int) -> float:
@@ -191,10 +195,14 @@ def replay(
     changed = np.full(n, -1, dtype=np.int64)
     gpu_after = np.zeros((n, view.free_gpu_milli.shape[1]), dtype=np.int64)
     cpu_after = np.zeros(n, dtype=np.int64)
-    arrived_milli = failed = 0
+    arrived_milli = failed = fell_back = seen = 0
+    guard = getattr(placer.policy, "guard", None)  # a policy file's; once detached, it counts no more
     for i, pod in enumerate(arrivals):
         arrived_milli += pod.request.total_gpu_milli
         result = placer.place(pod.request, explain=False)
+        counted = placer.fallbacks.total() + (guard.faults.total() if guard is not None else 0)
+        if counted != seen or (guard is not None and guard.detached):
+            fell_back, seen = fell_back + 1, counted
         if isinstance(result, Unplaced):
             failed += 1
         else:
@@ -221,4 +229,5 @@ def replay(
         failed_pods=failed,
         wall_seconds=time.perf_counter() - started,
         fallbacks={f"{hook}:{reason}": c for (hook, reason), c in _fallbacks(placer).items()},
+        fell_back_pods=fell_back,
     )

@@ -36,6 +36,8 @@ class PolicySummary:
     failed_pods_mean: float
     wall_seconds_mean: float
     published: PublishedResult | None  # None where the paper has no figure (other policies or traces)
+    pods: int = 0  # placement decisions over all runs
+    fell_back_pods: int = 0  # of those, made in part or whole by the default policy (ReplayResult)
 
     @property
     def difference_pct(self) -> float | None:
@@ -73,6 +75,8 @@ def summarize(
                 failed_pods_mean=float(np.mean([r.failed_pods for r in runs])),
                 wall_seconds_mean=float(np.mean([r.wall_seconds for r in runs])),
                 published=published.get((trace, policy)),
+                pods=sum(r.pods for r in runs),
+                fell_back_pods=sum(r.fell_back_pods for r in runs),
             )
         )
     return rows

@@ -24,6 +24,7 @@ __all__ = [
     "BUNDLED_TRACES",
     "DEFAULT_TRACE",
     "NODE_FILE",
+    "OPENB_TRACES",
     "OpenbTrace",
     "TracePod",
     "bundled_dir",
@@ -37,6 +38,13 @@ NODE_FILE = "openb_node_list_gpu_node.csv"
 # The openb trace `sim openb` replays when none is named: the one bundled with the package.
 DEFAULT_TRACE = "default"
 BUNDLED_TRACES = (DEFAULT_TRACE,)
+# Every pod list of the openb data set (alibaba/clusterdata cluster-trace-gpu-v2023), as the FGD paper
+# replays them; all but the default one are read from --trace-dir.
+OPENB_TRACES = (
+    "default", "cpu050", "cpu100", "cpu200", "cpu250", "gpushare40", "gpushare60", "gpushare80",
+    "gpushare100", "gpuspec10", "gpuspec20", "gpuspec25", "gpuspec33", "multigpu20", "multigpu30",
+    "multigpu40", "multigpu50",
+)  # fmt: skip
 _NODE_COLUMNS = ("sn", "cpu_milli", "memory_mib", "gpu", "model")
 _POD_COLUMNS = ("name", "cpu_milli", "memory_mib", "num_gpu", "gpu_milli")
 

@@ -77,8 +77,10 @@ class JobState(enum.Enum):
 
 TRANSITIONS: dict[JobState, frozenset[JobState]] = {
     JobState.PENDING: frozenset({JobState.RUNNING, JobState.CANCELLED}),
+    # RUNNING -> PENDING: its process never started (the launch lacked a file descriptor or disk space,
+    # or the server stopped between storing RUNNING and launching); it did not run, so it is no attempt
     JobState.RUNNING: frozenset(
-        {JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED, JobState.PREEMPTED}
+        {JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED, JobState.PREEMPTED, JobState.PENDING}
     ),
     JobState.FAILED: frozenset({JobState.PENDING}),  # requeued by its restart policy
     JobState.PREEMPTED: frozenset({JobState.PENDING}),

@@ -23,6 +23,7 @@ from gpuslice.k8s.device_plugin.devices import (
     PluginDevice,
     Resource,
     device_nodes,
+    stand_in_device_node,
 )
 from gpuslice.k8s.device_plugin.kube import PendingPod, PodSource
 from gpuslice.k8s.proto import deviceplugin_pb2 as pb
@@ -62,6 +63,7 @@ class Allocation:
     _gpu_healthy: dict[int, bool]
     _allocate_lock: threading.Lock
     _minors: tuple[int, ...]
+    _simulated: bool  # no NVIDIA driver: device nodes are stand-ins (``stand_in_device_node``)
 
     def _oldest_waiting(self, fits: Callable[[Decision], bool]) -> PendingPod | None:
         try:
@@ -260,11 +262,21 @@ class Allocation:
             envs=env,
             mounts=self._mounts(env) + shim_mounts,
             devices=[
-                pb.DeviceSpec(container_path=path, host_path=path, permissions="rw")
+                pb.DeviceSpec(container_path=path, host_path=self._device_host_path(path), permissions="rw")
                 for path in device_nodes(self._minors, gpus)
             ],
             cdi_devices=[pb.CDIDevice(name=f"{CDI_KIND}={name}") for name in cdi_names],
         )
+
+    def _device_host_path(self, path: str) -> str:
+        if not self._simulated:
+            return path
+        try:
+            return stand_in_device_node(self.state_dir / "dev", path)
+        except OSError as err:
+            raise AllocationRefused(
+                f"cannot make the stand-in for {path} of this simulated node: {err}"
+            ) from None
 
     def _mig_uuid(self, decision: Decision) -> str:
         if decision.mig is None:

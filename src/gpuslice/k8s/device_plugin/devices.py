@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import stat
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import grpc
 
@@ -41,6 +44,7 @@ __all__ = [
     "node_labels",
     "nvml_mig_layouts",
     "parse_mig_layouts",
+    "stand_in_device_node",
 ]
 
 HEALTHY = "Healthy"
@@ -150,6 +154,18 @@ def device_nodes(minors: Sequence[int], gpus: Sequence[int]) -> list[str]:
     """The device nodes a container with ``gpus`` needs: each GPU's /dev/nvidia<minor> (``minors`` by
     GPU index, from ``gpu_minors``) and the control devices."""
     return [*(f"/dev/nvidia{minors[g]}" for g in gpus), *CONTROL_DEVICES]
+
+
+def stand_in_device_node(folder: Path, path: str) -> str:
+    """The host file that stands in for the device node ``path`` on a simulated node, which has no
+    NVIDIA driver and so no /dev/nvidia*: a character device with /dev/null's numbers at
+    ``folder``/<name>, made once. The runtime passes it into the container at ``path`` (the kubelet
+    refuses a device spec whose host path does not exist); opened, it reads nothing."""
+    target = Path(folder) / Path(path).name
+    if not target.exists():
+        target.parent.mkdir(parents=True, exist_ok=True)
+        os.mknod(target, 0o666 | stat.S_IFCHR, os.stat("/dev/null").st_rdev)
+    return str(target)
 
 
 def gpu_minors(machine: Machine) -> tuple[int, ...]:

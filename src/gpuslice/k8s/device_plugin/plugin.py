@@ -41,6 +41,7 @@ from gpuslice.k8s.device_plugin.devices import (
 from gpuslice.k8s.device_plugin.kube import NodePublisher, PodSource
 from gpuslice.k8s.proto import deviceplugin_pb2 as pb
 from gpuslice.k8s.proto import deviceplugin_pb2_grpc as pb_grpc
+from gpuslice.node.discovery import is_simulated
 from gpuslice.node.enforcement import SharingMode, mig_device_uuid
 from gpuslice.node.gpu_faults import (
     HealthChange,
@@ -93,7 +94,13 @@ class _Servicer(pb_grpc.DevicePluginServicer):
     def GetPreferredAllocation(
         self, request: pb.PreferredAllocationRequest, context: grpc.ServicerContext
     ) -> pb.PreferredAllocationResponse:
-        return self.plugin._preferred(self.resource, request)
+        answer = self.plugin._preferred(self.resource, request)
+        log.info(
+            "preferred allocation for %s: %s",
+            self.resource.name,
+            "; ".join(",".join(c.deviceIDs) for c in answer.container_responses),
+        )
+        return answer
 
     def Allocate(self, request: pb.AllocateRequest, context: grpc.ServicerContext) -> pb.AllocateResponse:
         try:
@@ -178,6 +185,7 @@ class DevicePlugin(Allocation):
         self._threads: list[threading.Thread] = []
         self._kubelet_id: tuple[int, int] | None = None
         self._minors = gpu_minors(machine)  # for the device nodes Allocate passes
+        self._simulated = is_simulated(machine)
 
     # -- construction -------------------------------------------------------------------------------
 

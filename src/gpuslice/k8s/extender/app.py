@@ -13,11 +13,12 @@ from fastapi.responses import JSONResponse
 from starlette.requests import Request as HttpRequest
 from starlette.responses import Response
 
-from gpuslice.errors import GpusliceError
+from gpuslice.errors import GpusliceError, InvalidRequest
 from gpuslice.k8s import extender_wire as wire
 from gpuslice.k8s.extender.cluster import pod_meta
 from gpuslice.k8s.extender.kube import WatchEvent
 from gpuslice.k8s.extender.state import ClusterState
+from gpuslice.k8s.pod_shape import check_pod
 from gpuslice.observe.k8s_metrics import instrument_extender
 
 __all__ = ["SERVER_OPTIONS", "create_app"]
@@ -63,7 +64,7 @@ def create_app(state: ClusterState, events: Iterable[WatchEvent] | None = None) 
             return Response(wire.filter_error(NOT_SYNCED), media_type=_JSON)
         try:
             body, names = reader.read(await request.body())
-            result = state.filter(wire.field(body, "Pod") or {}, names)
+            result = state.filter(check_pod(wire.field(body, "Pod"), "Pod"), names)
             reader.remember(result.passed)  # what kube-scheduler sends to /prioritize next
             nodes = wire.field(body, "Nodes") if wire.field(body, "NodeNames") is None else None
         except (GpusliceError, ValueError) as err:
@@ -78,7 +79,7 @@ def create_app(state: ClusterState, events: Iterable[WatchEvent] | None = None) 
     async def prioritize(request: HttpRequest) -> Response:
         try:
             body, names = reader.read(await request.body())
-            scores = state.scores(wire.field(body, "Pod") or {}, names)
+            scores = state.scores(check_pod(wire.field(body, "Pod"), "Pod"), names)
         except (GpusliceError, ValueError):
             # kube-scheduler ignores a failed prioritize call (prioritizeNodes in schedule_one.go): it
             # costs only this extender's scores, never the pod's scheduling
@@ -95,18 +96,11 @@ def create_app(state: ClusterState, events: Iterable[WatchEvent] | None = None) 
         try:
             body = wire.decode(await request.body())
             meta = wire.field(body, "NodeNameToMetaVictims")
-            if meta is not None:  # nodeCacheCapable: victims by UID
-                candidates = {n: (v or {}) for n, v in meta.items()}
-                uids = {
-                    n: [str(wire.field(p, "UID")) for p in wire.field(v, "Pods") or []]
-                    for n, v in candidates.items()
-                }
-            else:  # full pods
-                candidates = {n: (v or {}) for n, v in (wire.field(body, "NodeNameToVictims") or {}).items()}
-                uids = {
-                    n: [pod_meta(p)[2] for p in wire.field(v, "Pods") or []] for n, v in candidates.items()
-                }
-            kept = state.preempt(wire.field(body, "Pod") or {}, uids)
+            full = meta is None  # nodeCacheCapable sends victims by UID, else full pods
+            candidates = _victims(wire.field(body, "NodeNameToVictims") if full else meta, full)
+            uid = (lambda p: pod_meta(p)[2]) if full else (lambda p: str(wire.field(p, "UID")))
+            uids = {n: [uid(p) for p in v["Pods"]] for n, v in candidates.items()}
+            kept = state.preempt(check_pod(wire.field(body, "Pod"), "Pod"), uids)
         except (GpusliceError, ValueError, AttributeError):
             # ExtenderPreemptionResult has no error field: no candidates means no preemption for now
             log.warning("unreadable preemption request", exc_info=True)
@@ -145,3 +139,32 @@ def create_app(state: ClusterState, events: Iterable[WatchEvent] | None = None) 
 
     instrument_extender(app)  # GET /metrics; latency and result of every verb (observe/k8s_metrics.py)
     return app
+
+
+def _victims(value: Any, full: bool) -> dict[str, dict[str, Any]]:
+    """NodeNameToVictims / NodeNameToMetaVictims checked: node name -> {"Pods": [...], ...}, each pod an
+    object (a full Pod, checked as one, or {"UID": str}); InvalidRequest naming what is wrong."""
+    name = "NodeNameToVictims" if full else "NodeNameToMetaVictims"
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise InvalidRequest(f"{name}: must be an object of node names")
+    out: dict[str, dict[str, Any]] = {}
+    for node, victims in value.items():
+        victims = victims if victims is not None else {}
+        if not isinstance(victims, dict):
+            raise InvalidRequest(f"{name}[{node!r}]: must be an object with Pods")
+        pods = wire.field(victims, "Pods") or []
+        if not isinstance(pods, list):
+            raise InvalidRequest(f"{name}[{node!r}].Pods: must be a list")
+        for i, pod in enumerate(pods):
+            where = f"{name}[{node!r}].Pods[{i}]"
+            if full:
+                check_pod(pod, where)
+            elif not isinstance(pod, dict) or not isinstance(wire.field(pod, "UID"), str):
+                raise InvalidRequest(f"{where}: must be an object with a string UID")
+        pdb = wire.field(victims, "NumPDBViolations")
+        if pdb is not None and (not isinstance(pdb, int) or isinstance(pdb, bool)):
+            raise InvalidRequest(f"{name}[{node!r}].NumPDBViolations: must be a whole number")
+        out[node] = {**victims, "Pods": pods}
+    return out

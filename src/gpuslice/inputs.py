@@ -1,0 +1,95 @@
+"""User input at the edge: bounded numbers, text files and output folders, checked before any work.
+
+Every command reads its counts, ratios, ports, input files and output folders through these checks, so
+one kind of mistake gets one kind of answer wherever it is made:
+
+- a number must be finite and inside its documented range (``1e400`` reads as infinity, ``nan`` passes
+  every comparison, and an unbounded count turns into a hang or a MemoryError far from the input);
+- a file given as text must be UTF-8 text with something in it: a binary or non-UTF-8 file, or an
+  empty one, is refused with its name and the first bad byte, never a UnicodeDecodeError;
+- an output folder must be writable *before* the work starts: the nearest existing folder is probed
+  with a temporary entry that is removed at once (``os.access`` says yes to root everywhere, even under
+  /proc), so a long run never ends in a traceback about where its results were to go.
+
+Each check raises ``InvalidInput`` (a UserError: exit 2, HTTP 400) whose message names the flag.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import tempfile
+from pathlib import Path
+
+from gpuslice.errors import UserError
+
+__all__ = ["InvalidInput", "bounded_int", "finite_float", "read_text", "writable_folder"]
+
+
+class InvalidInput(UserError):
+    """A number out of its range, a file that is not text, or a folder that cannot be written."""
+
+
+def bounded_int(value: int, name: str, low: int, high: int) -> int:
+    """``value`` if ``low <= value <= high``; InvalidInput naming ``name`` and the range otherwise."""
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise InvalidInput(f"invalid {name} {value!r}: use a whole number from {low:,} to {high:,}")
+    return value
+
+
+def finite_float(value: float, name: str, low: float, high: float) -> float:
+    """``value`` if finite and ``low <= value <= high``; InvalidInput naming ``name`` otherwise."""
+    if not math.isfinite(value):
+        raise InvalidInput(f"invalid {name} {value!r}: use a finite number from {low:g} to {high:g}")
+    if not low <= value <= high:
+        raise InvalidInput(f"invalid {name} {value:g}: use a number from {low:g} to {high:g}")
+    return value
+
+
+def read_text(path: str | Path, name: str, max_bytes: int = 256 * 1024**2) -> str:
+    """The UTF-8 text of the file at ``path``; InvalidInput when it cannot be read, is a folder, is
+    larger than ``max_bytes``, holds a NUL byte (binary), is not UTF-8, or holds only white space."""
+    path = Path(path)
+    try:
+        if path.is_dir():
+            raise InvalidInput(f"{name} {path} is a folder: give a file")
+        size = path.stat().st_size
+        if size > max_bytes:
+            raise InvalidInput(f"{name} {path} is {size:,} bytes: at most {max_bytes:,} are read")
+        data = path.read_bytes()
+    except OSError as err:
+        raise InvalidInput(f"cannot read {name} {path}: {err.strerror or err}") from None
+    if b"\0" in data:
+        at = data.index(0)
+        raise InvalidInput(f"{name} {path} is a binary file (a NUL byte at offset {at}): give a text file")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise InvalidInput(
+            f"{name} {path} is not UTF-8 text (byte 0x{data[err.start]:02x} at offset {err.start})"
+        ) from None
+    if not text.strip():
+        raise InvalidInput(f"{name} {path} is empty")
+    return text.removeprefix("\ufeff")  # a byte-order mark some editors write
+
+
+def writable_folder(path: str | Path, name: str) -> Path:
+    """``path`` if it is, or can be made, a folder this process may write into; nothing is created.
+
+    The nearest existing folder on the way to ``path`` is probed with a temporary folder, removed at
+    once; InvalidInput names ``name`` when ``path`` or an ancestor is a file, or the probe fails.
+    """
+    path = Path(path)
+    existing = path
+    while not existing.exists():
+        if existing.parent == existing:
+            break
+        existing = existing.parent
+    if not existing.is_dir():
+        what = "is a file" if existing == path else f"is under {existing}, which is a file"
+        raise InvalidInput(f"{name} {path} {what}: give a folder")
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".gpuslice-probe-", dir=existing))
+    except OSError as err:
+        raise InvalidInput(f"{name} {path} cannot be written: {err.strerror or err} in {existing}") from None
+    return path

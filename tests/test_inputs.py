@@ -1,0 +1,74 @@
+"""inputs: numbers bounded and finite, files read as UTF-8 text, output folders probed before work."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from gpuslice.errors import UserError
+from gpuslice.inputs import InvalidInput, bounded_int, finite_float, read_text, writable_folder
+
+
+@pytest.mark.parametrize("value", [math.inf, -math.inf, math.nan, float("1e400"), 0.5, 11.0])
+def test_a_float_outside_its_range_infinite_or_nan_is_refused_naming_the_flag(value):
+    with pytest.raises(InvalidInput, match="--tune"):
+        finite_float(value, "--tune", 1.0, 10.0)
+
+
+def test_a_float_inside_its_range_passes():
+    assert finite_float(1.3, "--tune", 1.0, 10.0) == 1.3
+
+
+@pytest.mark.parametrize("value", [0, 2**63, True, 1.5])
+def test_an_integer_outside_its_range_or_not_an_integer_is_refused(value):
+    with pytest.raises(InvalidInput, match="from 1 to 256"):
+        bounded_int(value, "--jobs", 1, 256)
+
+
+@pytest.mark.parametrize(
+    ("content", "words"),
+    [
+        (b"\x89PNG\r\n\x1a\n\x00\x00", "binary file (a NUL byte at offset 8)"),
+        (b'{"a": "\xe9"}', "not UTF-8 text (byte 0xe9 at offset 7)"),
+        (b"", "is empty"),
+        (b"  \n\t\n", "is empty"),
+    ],
+)
+def test_a_file_that_is_not_text_is_refused_by_name(tmp_path, content, words):
+    path = tmp_path / "trace.csv"
+    path.write_bytes(content)
+    with pytest.raises(InvalidInput) as err:
+        read_text(path, "trace")
+    assert words in str(err.value) and str(path) in str(err.value)
+    assert isinstance(err.value, UserError)
+
+
+def test_text_is_returned_without_a_byte_order_mark(tmp_path):
+    path = tmp_path / "c.json"
+    path.write_bytes("\ufeff{}".encode())
+    assert read_text(path, "config") == "{}"
+
+
+def test_a_folder_or_a_missing_file_or_one_too_large_is_refused(tmp_path):
+    with pytest.raises(InvalidInput, match="is a folder"):
+        read_text(tmp_path, "trace")
+    with pytest.raises(InvalidInput, match="cannot read trace"):
+        read_text(tmp_path / "absent.csv", "trace")
+    (tmp_path / "big").write_text("x" * 100)
+    with pytest.raises(InvalidInput, match="at most 10 are read"):
+        read_text(tmp_path / "big", "trace", max_bytes=10)
+
+
+def test_a_writable_folder_is_probed_and_nothing_is_left_behind(tmp_path):
+    target = tmp_path / "a" / "b"
+    assert writable_folder(target, "--out") == target
+    assert list(tmp_path.iterdir()) == []  # the probe is removed and the folder not made
+
+
+@pytest.mark.parametrize("where", ["file", "under a file", "/proc"])
+def test_an_output_folder_that_cannot_be_made_is_refused_before_work(tmp_path, where):
+    (tmp_path / "f").write_text("x")
+    target = {"file": tmp_path / "f", "under a file": tmp_path / "f" / "out", "/proc": "/proc/nope"}[where]
+    with pytest.raises(InvalidInput, match="--out"):
+        writable_folder(target, "--out")
