@@ -13,6 +13,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from gpuslice.cli.options import finite_between, writable
+from gpuslice.cli.replay import REPLAY_EPILOG, replay
 from gpuslice.errors import UserError
 from gpuslice.policies import PLACEMENT
 from gpuslice.sim.openb import DEFAULT_TUNE, ReplayResult
@@ -55,6 +56,9 @@ def parse_seeds(text: str) -> list[int]:
     if high - low + 1 > MAX_SEEDS or len(seeds) > MAX_SEEDS:
         raise UserError(f"invalid --seeds {text!r}: at most {MAX_SEEDS:,} seeds per run")
     return seeds or list(range(low, high + 1))
+
+
+app.command("replay", epilog=REPLAY_EPILOG)(replay)
 
 
 @app.command(epilog=_POLICIES_EPILOG)

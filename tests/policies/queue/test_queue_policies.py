@@ -30,7 +30,7 @@ def ids(jobs):
 
 
 def test_registry_names_every_policy_and_unknown_names_list_them():
-    assert set(QUEUE) == {"fifo", "priority-fair"}
+    assert set(QUEUE) == {"fifo", "priority-fair", "sjf"}
     assert queue_policy("fifo") is Fifo
     with pytest.raises(UnknownPolicy, match="known: fifo, priority-fair"):
         queue_policy("fair")

@@ -1,0 +1,67 @@
+"""``gpuslice predict``: train the duration model on the earlier part of a trace, judge it on the rest."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich import box
+from rich.console import Console
+from rich.table import Table
+
+from gpuslice.errors import UserError
+from gpuslice.sim.timed_trace import load_timed_trace
+from gpuslice.sim.trace import DEFAULT_TRACE
+
+__all__ = ["predict"]
+
+
+def predict(
+    trace: Annotated[str, typer.Option(help="openb trace with timestamps.")] = DEFAULT_TRACE,
+    trace_dir: Annotated[
+        Path | None,
+        typer.Option(help="Folder of openb CSVs; default: the bundled data.", exists=True, file_okay=False),
+    ] = None,
+    train_fraction: Annotated[
+        float, typer.Option(help="Share of the pods, earliest first, to train on; the rest is held out.")
+    ] = 0.7,
+    seed: Annotated[int, typer.Option(help="Seed of the model.")] = 0,
+    out: Annotated[Path, typer.Option(help="Folder for errors.json and predictions.csv.")] = Path("results"),
+) -> None:
+    """Predict pods' run times (scikit-learn gradient boosting on CPU, memory, GPUs, GPU models, QoS,
+    arrival hour and weekday) and show its error on held-out pods against a constant guess."""
+    if not 0 < train_fraction < 1:
+        raise UserError(f"--train-fraction {train_fraction:g}: must be between 0 and 1 (exclusive)")
+    if out.exists() and not out.is_dir():
+        raise UserError(f"--out {out} is a file: give a folder for the results")
+    from gpuslice.sim.duration_model import held_out_errors  # scikit-learn: ~1 s to import
+
+    timed = load_timed_trace(trace, trace_dir)
+    try:
+        errors, judged, predicted = held_out_errors(timed.jobs, train_fraction, seed)
+    except ValueError as e:
+        raise UserError(f"--train-fraction {train_fraction:g} on {trace}: {e}") from None
+    table = Table(
+        title=f"Run-time prediction on {trace}: held-out error", box=box.SIMPLE_HEAD, show_edge=False
+    )
+    for header in ("", "model", "median guess"):
+        table.add_column(header, justify="right")
+    table.add_row("mean abs error (s)", f"{errors.mae_s:,.0f}", f"{errors.baseline_mae_s:,.0f}")
+    table.add_row("median abs error (s)", f"{errors.median_ae_s:,.0f}", f"{errors.baseline_median_ae_s:,.0f}")
+    table.add_row("mean |log ratio|", f"{errors.log_mae:.2f}", f"{errors.baseline_log_mae:.2f}")
+    table.add_row("rank correlation", f"{errors.rank_correlation:.3f}", "—")
+    console = Console()
+    console.print(table)
+    console.print(f"trained on {errors.train_pods} pods, judged on {errors.test_pods} later ones")
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "errors.json").write_text(json.dumps({"trace": trace, **errors.record()}, indent=1) + "\n")
+    with (out / "predictions.csv").open("w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(("name", "qos", "duration_s", "predicted_s"))
+        for job, guess in zip(judged, predicted.tolist(), strict=True):
+            writer.writerow((job.name, job.qos, job.duration, round(guess, 1)))
+    for name in ("errors.json", "predictions.csv"):
+        console.print(f"wrote {out / name}", markup=False, highlight=False, soft_wrap=True)

@@ -1,0 +1,209 @@
+"""The replay's one adapter to serve's queue family: job specs, the EASY reservation and preemption victims
+over a cluster, through the functions the node scheduler uses (``order_pending``, ``effective_priority``,
+``backfill.shadow`` / ``backfill.allows``, ``preemption.find_preemption``).
+
+Those functions work on a capacity (``copy`` / ``give`` / ``take``) and a "does the blocked job fit"
+predicate; the node scheduler's capacity is one machine's GPUs. Here a pod of the trace lands on one
+node of many, so:
+
+- ``ClusterCapacity`` is the cluster's free capacity as the ledger has it, with the nodes a what-if
+  changed kept aside (copy-on-write, so a copy costs only the nodes touched), bound to the blocked job's
+  request: it keeps the set of nodes where that job would fit, and "the head fits" is "that set is not
+  empty". EASY backfill then means what it means on one machine: a later job may start now if it ends
+  before the head's reservation, or if the head still fits somewhere with it running.
+- preemption is the one search every home uses (``find_preemption``): victims node by node (a pod
+  needs its room on one node), the node whose victim set costs least (GPUs freed, priorities, work
+  lost, names).
+
+A trace pod becomes a ``JobSpec`` whose priority comes from its QoS class (``QOS_PRIORITY``), whose
+tenant is the QoS class (fair share between classes: the trace names no users), and whose
+``max_runtime_seconds`` is the run-time estimate the setup gives (the recorded duration, a prediction,
+or none): what SJF orders by and what the EASY reservation is computed from.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from gpuslice.ledger.ledger import Ledger
+from gpuslice.ledger.placement import Placement
+from gpuslice.policies.queue.base import JobRef
+from gpuslice.scheduler import backfill
+from gpuslice.scheduler.preemption import Victim, find_preemption
+from gpuslice.workload.job import JobSpec, Priority
+from gpuslice.workload.request import MILLI_PER_GPU, Request
+
+__all__ = [
+    "QOS_PRIORITY",
+    "ClusterCapacity",
+    "ClusterHolding",
+    "RunningPod",
+    "cheapest_victims",
+    "job_spec",
+    "may_backfill",
+    "reservation",
+]
+
+# Kubernetes' and Alibaba's QoS classes as queue priorities: latency-sensitive and guaranteed pods above
+# burstable ones, best-effort pods lowest (so they are the ones preempted).
+QOS_PRIORITY: Mapping[str, Priority] = {
+    "LS": Priority.HIGH,
+    "Guaranteed": Priority.HIGH,
+    "Burstable": Priority.NORMAL,
+    "BE": Priority.LOW,
+}
+
+
+def job_spec(name: str, request: Request, qos: str, estimate: float | None) -> JobSpec:
+    """What serve's queue policies read of a trace pod (its GPUs, priority, tenant, declared run time)."""
+    share = request.num_gpu == 1 and request.gpu_milli < MILLI_PER_GPU
+    return JobSpec(
+        command=(name,),
+        gpus=request.num_gpu,
+        compute_percent=max(1, request.gpu_milli * 100 // MILLI_PER_GPU) if share else 0,
+        priority=QOS_PRIORITY.get(qos, Priority.NORMAL),
+        tenant=qos or "unknown",
+        max_runtime_seconds=None if estimate is None else max(estimate, 1e-3),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterHolding:
+    """A running pod's placement in the shape the queue mechanism reads (``gpus``, ``milli``, ``mig``)."""
+
+    placement: Placement
+
+    @property
+    def gpus(self) -> tuple[int, ...]:
+        return self.placement.gpus
+
+    @property
+    def milli(self) -> int:
+        return self.placement.request.gpu_milli
+
+    memory_bytes = 0
+    mig = None
+
+
+@dataclass(slots=True)
+class RunningPod:
+    """A running pod as the adapter sees it: when it is expected to end, and whether it may be preempted."""
+
+    job_id: str
+    holding: ClusterHolding
+    priority: int
+    started_at: float
+    expected_end: float
+    preemptible: bool = True
+
+
+_NodeFree = tuple[int, int, np.ndarray]  # free CPU milli, free memory bytes, free milli per GPU
+
+
+class ClusterCapacity:
+    """The ledger's free capacity when this was made, with what-if changes, bound to one request (module
+    docstring). Later changes of the ledger do not show through: it is a snapshot."""
+
+    __slots__ = ("_allowed", "_base", "_changed", "fit_nodes", "request")
+
+    def __init__(self, ledger: Ledger, request: Request, fit_nodes: set[int] | None = None) -> None:
+        view = ledger.view
+        self._base = (view.free_cpu_milli.copy(), view.free_memory_bytes.copy(), view.free_gpu_milli.copy())
+        self.request = request
+        self._allowed = ledger.model_allowed(request) if request.num_gpu else None
+        self._changed: dict[int, _NodeFree] = {}
+        self.fit_nodes = (
+            set(np.flatnonzero(ledger.fits(request)).tolist()) if fit_nodes is None else fit_nodes
+        )
+
+    def copy(self) -> ClusterCapacity:
+        twin = ClusterCapacity.__new__(ClusterCapacity)
+        twin._base, twin.request, twin._allowed = self._base, self.request, self._allowed
+        twin._changed = dict(self._changed)  # node entries are replaced, never changed in place
+        twin.fit_nodes = set(self.fit_nodes)
+        return twin
+
+    def give(self, holding: ClusterHolding) -> None:
+        self._apply(holding.placement, +1)
+
+    def take(self, holding: ClusterHolding) -> None:
+        self._apply(holding.placement, -1)
+
+    def fits_now(self) -> bool:
+        return bool(self.fit_nodes)
+
+    def _free(self, node: int) -> _NodeFree:
+        free = self._changed.get(node)
+        if free is None:
+            cpu, memory, gpu = self._base
+            free = (int(cpu[node]), int(memory[node]), gpu[node])
+        return free
+
+    def _apply(self, placement: Placement, sign: int) -> None:
+        node, req = placement.node, placement.request
+        cpu, memory, gpu = self._free(node)
+        if placement.gpus:
+            gpu = gpu.copy()
+            gpu[list(placement.gpus)] += sign * req.gpu_milli
+        free = (cpu + sign * req.cpu_milli, memory + sign * req.memory_bytes, gpu)
+        self._changed[node] = free
+        if self._fits(node, free):
+            self.fit_nodes.add(node)
+        else:
+            self.fit_nodes.discard(node)
+
+    def _fits(self, node: int, free: _NodeFree) -> bool:
+        """The ledger's fit rule (``Ledger.fits``) for one what-if node row; trace pods ask no GPU memory."""
+        req = self.request
+        cpu, memory, gpu = free
+        if cpu < req.cpu_milli or memory < req.memory_bytes:
+            return False
+        if not req.num_gpu:
+            return True
+        assert self._allowed is not None
+        return bool(self._allowed[node]) and int((gpu >= req.gpu_milli).sum()) >= req.num_gpu
+
+
+def _head_fits(capacity: ClusterCapacity) -> bool:
+    return capacity.fits_now()
+
+
+def reservation(ledger: Ledger, head: Request, running: Iterable[RunningPod]) -> backfill.Shadow | None:
+    """The blocked head's EASY reservation: ``backfill.shadow`` over the running pods' expected ends."""
+    pods = [(r.expected_end, r.holding) for r in running if math.isfinite(r.expected_end)]
+    return backfill.shadow(ClusterCapacity(ledger, head), pods, _head_fits)  # type: ignore[arg-type]
+
+
+def may_backfill(shadow: backfill.Shadow | None, placement: Placement, end: float) -> bool:
+    """``backfill.allows`` for a pod placed (not yet started) at ``placement``, running until ``end``."""
+    return backfill.allows(shadow, ClusterHolding(placement), end, _head_fits)  # type: ignore[arg-type]
+
+
+def cheapest_victims(
+    ledger: Ledger, head: Request, head_priority: int, by_node: Mapping[int, Sequence[RunningPod]], now: float
+) -> tuple[RunningPod, ...] | None:
+    """The cheapest set of pods on one node whose release lets ``head`` start there, or None.
+
+    Victims follow the node scheduler's rule: preemptible, own priority strictly below the head's, not
+    already being preempted (the caller leaves those out of ``by_node``)."""
+    empty = ClusterCapacity(ledger, head, fit_nodes=set())  # the head fits on no node now
+    pods = {r.job_id: r for running in by_node.values() for r in running}
+    victims = [
+        Victim(r.job_id, r.priority, r.started_at, len(r.holding.gpus) * r.holding.milli / MILLI_PER_GPU,
+               node=node, preemptible=r.preemptible, holding=r.holding)
+        for node, running in by_node.items()
+        for r in running
+    ]  # fmt: skip
+
+    def fits_without(_node: object, gone: tuple[Victim, ...]) -> bool:
+        trial = empty.copy()
+        for v in gone:
+            trial.give(v.holding)
+        return _head_fits(trial)
+
+    plan = find_preemption(JobRef("", head_priority), victims, fits_without, now)
+    return None if plan is None else tuple(pods[v.job_id] for v in plan.victims)

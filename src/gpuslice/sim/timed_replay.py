@@ -1,0 +1,363 @@
+"""The timed replay: pods arrive, wait in serve's queue, run on the Placer's choice, and leave.
+
+An event-driven loop over a virtual clock. At each instant where something happens (arrivals at
+``creation_time / load``, ends at start + duration, preempted pods stopping after their grace), ends
+are applied first, then arrivals, then one scheduling pass, the node scheduler's (``NodeScheduler.step``)
+over the whole cluster:
+
+```text
+order = order_pending(queue policy, view, pending)    re-sorted after every start (tenant usage moved)
+for job in order:
+    a head is blocked and backfill is off              -> everyone after it waits
+    Placer.place(request) over the cluster             the same Placer and placement policy as sim openb,
+                                                       serve and the extender
+        nowhere -> the first such job is the head: preemption victims (preemption.find_preemption, one
+                   node at a time) and its EASY reservation (backfill.shadow)
+        placed  -> would it delay the head's reservation? (backfill.allows) -> undo, it waits
+                   else it runs until now + duration
+```
+
+A shape that found no room stays without room until something is released, so it is not asked again in
+between (the node scheduler's per-pass ``failed`` set, kept across passes until a release). Pods that
+fit no node of the empty cluster never start and are counted as such; so are pods still waiting when
+no event is left (a head that can never start under a strict queue). Preempted pods go back to the
+queue and run their whole duration again (the trace has no checkpoints); their JCT counts from their
+first arrival. The queue policy's aging is evaluated at event times only (serve steps every second).
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from gpuslice.ledger.fragmentation import FragmentationMeasure
+from gpuslice.ledger.ledger import Ledger
+from gpuslice.ledger.placement import Placement
+from gpuslice.policies import PolicyContext, placement_policy
+from gpuslice.policies.queue import QueuedJob, QueueOps, QueueView, effective_priority, order_pending
+from gpuslice.policies.queue import queue_policy as lookup_queue_policy
+from gpuslice.programs.loader import resolve
+from gpuslice.scheduler.backfill import Shadow
+from gpuslice.scheduler.node_fit import gpus_equivalent
+from gpuslice.scheduler.placer import Placer, Unplaced
+from gpuslice.sim.queue_adapter import (
+    ClusterHolding,
+    RunningPod,
+    cheapest_victims,
+    job_spec,
+    may_backfill,
+    reservation,
+)
+from gpuslice.sim.timed_metrics import TimedResult
+from gpuslice.sim.timed_trace import TimedTrace
+from gpuslice.workload.job import DEFAULT_GRACE_SECONDS
+from gpuslice.workload.request import Request
+from gpuslice.workload.target import TargetWorkload
+
+__all__ = ["FRAGMENTATION_SAMPLES", "ReplayConfig", "replay_timed"]
+
+FRAGMENTATION_SAMPLES = 100  # fragmentation is measured at this many evenly spaced instants
+
+
+@dataclass(frozen=True)
+class ReplayConfig:
+    """One replay's settings. ``estimates`` (one per trace job, or None for none) is what each pod
+    declares as its run time: what SJF orders by and EASY reserves with."""
+
+    placement: str
+    queue: str
+    backfill: bool
+    load: float = 1.0
+    seed: int = 42
+    aging_seconds: float = 600.0
+    grace_seconds: float = DEFAULT_GRACE_SECONDS
+    label: str = ""
+
+
+@dataclass
+class _Running:
+    index: int
+    pod: RunningPod
+    token: int
+    started_at: float
+
+
+class _Replay:
+    def __init__(self, trace: TimedTrace, config: ReplayConfig, estimates: Sequence[float] | None) -> None:
+        if not config.load > 0 or not math.isfinite(config.load):
+            raise ValueError("load must be a positive finite number")
+        self.trace, self.config = trace, config
+        self.jobs = trace.jobs
+        n = len(self.jobs)
+        self.arrival = np.array([j.arrival for j in self.jobs], dtype=np.float64) / config.load
+        policy_seed = np.random.SeedSequence(config.seed)
+        self.ledger = Ledger(list(trace.nodes))
+        self.empty = Ledger(list(trace.nodes))
+        self.target = TargetWorkload.from_requests(j.request for j in self.jobs)
+        context = PolicyContext(rng=np.random.default_rng(policy_seed), target=self.target)
+        factory = resolve(config.placement, "placement", placement_policy)
+        self.placer = Placer(self.ledger, factory(self.ledger.view, context))
+        self.queue: QueueOps = resolve(config.queue, "queue", lookup_queue_policy)()
+        self.specs = [
+            job_spec(str(i), j.request, j.qos, None if estimates is None else float(estimates[i]))
+            for i, j in enumerate(self.jobs)
+        ]
+        self.fallbacks: Counter[str] = Counter()
+        self.start = np.full(n, np.nan)
+        self.end = np.full(n, np.nan)
+        self.waited = np.zeros(n)
+        self.preempted = np.zeros(n, dtype=np.int64)
+        self.never_fits = np.zeros(n, dtype=bool)
+        self.pending: dict[int, QueuedJob] = {}
+        self.queued_since: dict[int, float] = {}
+        self.running: dict[int, _Running] = {}
+        self.usage: dict[str, float] = {}
+        self.events: list[tuple[float, int, int, int, bool]] = []  # (time, seq, job, token, is a stop)
+        self.seq = 0
+        shapes: dict[Request, int] = {}  # each distinct request once: sets of ints hash fast
+        self.shape = [shapes.setdefault(j.request, len(shapes)) for j in self.jobs]
+        self.unfit: set[int] = set()  # shapes that found no room since the last release
+        self.homes: dict[Request, frozenset[int]] = {}  # nodes that can take the shape when empty
+        self.releases = 0  # releases so far: a blocked head asks for victims again only after one
+        self.asked: tuple[int, int] | None = None  # (head, releases) of the last victim search
+        # The head's EASY reservation stays valid (backfill.allows keeps it up to date) until the head
+        # changes, something is released or preempted, or a job starts ahead of the head.
+        self.starts_ahead = 0
+        self.shadow_key: tuple[int, int, int, int] | None = None
+        self.shadow: Shadow | None = None
+        self.in_grace: dict[int, int] = {}  # victim index -> the head index it makes room for
+        self.preemptions = 0
+        self.samples: list[tuple[float, int, int, int]] = []  # (time, allocated milli, pending, running)
+        self.fragmentation: list[tuple[float, float]] = []
+        self.measure = FragmentationMeasure(self.target, self.ledger.models)
+
+    # ---- the loop ------------------------------------------------------------------------------------
+
+    def run(self, progress: Callable[[int, int], None] | None) -> None:
+        n, a = len(self.jobs), 0
+        # Fragmentation: evenly spaced over the arrivals, then at geometrically growing steps through
+        # the tail of long pods (the measure costs a pass over every node).
+        span = float(self.arrival[-1] - self.arrival[0]) if n else 0.0
+        frag_step = span / FRAGMENTATION_SAMPLES if span > 0 else math.inf
+        next_frag = float(self.arrival[0]) if n else math.inf
+        last_arrival = float(self.arrival[-1]) if n else 0.0
+        while a < n or self.events:
+            now = min(self.arrival[a] if a < n else math.inf, self.events[0][0] if self.events else math.inf)
+            while next_frag <= now:  # the state held from the last event until now
+                self._measure_fragmentation(next_frag)
+                next_frag += frag_step
+                if next_frag > last_arrival:
+                    frag_step *= 1.5
+            while self.events and self.events[0][0] <= now:
+                _, _, index, token, stop = heapq.heappop(self.events)
+                self._ended(index, token, stop, now)
+            while a < n and self.arrival[a] <= now:
+                self._arrive(a, now)
+                a += 1
+            self._step(now)
+            self.samples.append((now, self.ledger.allocated_gpu_milli, len(self.pending), len(self.running)))
+            if progress is not None and a % 1000 == 0:
+                progress(a, n)
+        if progress is not None:
+            progress(n, n)
+
+    def _push(self, at: float, index: int, token: int, stop: bool = False) -> None:
+        heapq.heappush(self.events, (at, self.seq, index, token, stop))
+        self.seq += 1
+
+    def _arrive(self, index: int, now: float) -> None:
+        req = self.jobs[index].request
+        if not self._homes(req):
+            self.never_fits[index] = True
+            return
+        self._enqueue(index, now)
+
+    def _enqueue(self, index: int, now: float) -> None:
+        self.pending[index] = QueuedJob(str(index), self.specs[index], now, self.seq)
+        self.queued_since[index] = now
+        self.seq += 1
+
+    def _ended(self, index: int, token: int, stop: bool, now: float) -> None:
+        """A pod's end, or the end of a preempted pod's grace, whichever comes first."""
+        run = self.running.get(index)
+        if run is None or run.token != token:
+            return  # the other of the two came first
+        self._release(index, run, now)
+        preempted = self.in_grace.pop(index, None) is not None
+        if stop and preempted:  # stopped before it finished: back to the queue, its work lost
+            self.preempted[index] += 1
+            self._enqueue(index, now)
+        else:
+            self.end[index] = now
+
+    def _release(self, index: int, run: _Running, now: float) -> None:
+        del self.running[index]
+        placement = run.pod.holding.placement
+        self.placer.release(placement)
+        spec = self.specs[index]
+        self.usage[spec.tenant] -= gpus_equivalent(run.pod.holding)  # type: ignore[arg-type]
+        self.unfit.clear()
+        self.releases += 1
+        self.queue.on_finished(self._view(now), QueuedJob(str(index), spec, run.started_at, run.token))
+
+    # ---- one pass ------------------------------------------------------------------------------------
+
+    def _view(self, now: float) -> QueueView:
+        return QueueView(now, self.config.aging_seconds, {}, self.usage)
+
+    def _ordered(self, now: float, jobs: list[QueuedJob]) -> list[QueuedJob]:
+        return order_pending(self.queue, self._view(now), jobs, self.fallbacks)
+
+    def _step(self, now: float) -> None:
+        if not self.pending:
+            return
+        order = self._ordered(now, list(self.pending.values()))
+        head: QueuedJob | None = None
+        shadow = None
+        i = 0
+        while i < len(order):
+            job = order[i]
+            i += 1
+            if head is not None and not self.config.backfill:
+                return  # a strict queue: nobody passes the blocked head
+            index = int(job.job_id)
+            req = self.jobs[index].request
+            shape = self.shape[index]
+            placed = None if shape in self.unfit else self.placer.place(req, explain=False)
+            if placed is None or isinstance(placed, Unplaced):
+                self.unfit.add(shape)
+                if head is None:
+                    head = job
+                    self._preempt_for(index, job, now)
+                    if self.config.backfill:
+                        shadow = self._reservation(index, req)
+                continue
+            if head is not None:
+                runtime = job.spec.max_runtime_seconds
+                end = now + runtime if runtime is not None else math.inf
+                if not may_backfill(shadow, placed, end):
+                    self.placer.release(placed)
+                    continue
+            if head is None:
+                self.starts_ahead += 1
+            self._start(index, job, placed, now)
+            if i < len(order):
+                order[i:] = self._ordered(now, order[i:])
+
+    def _reservation(self, index: int, req: Request) -> Shadow | None:
+        key = (index, self.releases, self.starts_ahead, self.preemptions)
+        if key != self.shadow_key:
+            self.shadow_key, self.shadow = key, reservation(self.ledger, req, self._running_pods(req))
+        return self.shadow
+
+    def _homes(self, req: Request) -> frozenset[int]:
+        homes = self.homes.get(req)
+        if homes is None:
+            homes = self.homes[req] = frozenset(np.flatnonzero(self.empty.fits(req)).tolist())
+        return homes
+
+    def _running_pods(self, req: Request) -> list[RunningPod]:
+        """Running pods in start order on the nodes that could ever take ``req``: releases elsewhere
+        cannot make room for it, so they change neither its reservation nor its victims."""
+        homes = self._homes(req)
+        return [r.pod for r in self.running.values() if r.pod.holding.placement.node in homes]
+
+    def _start(self, index: int, job: QueuedJob, placement: Placement, now: float) -> None:
+        del self.pending[index]
+        self.waited[index] += now - self.queued_since.pop(index)
+        if math.isnan(self.start[index]):
+            self.start[index] = now
+        spec = self.specs[index]
+        runtime = spec.max_runtime_seconds
+        holding = ClusterHolding(placement)
+        pod = RunningPod(
+            job.job_id,
+            holding,
+            int(spec.priority),
+            now,
+            now + runtime if runtime is not None else math.inf,
+            spec.preemptible,
+        )
+        self.running[index] = _Running(index, pod, self.seq, now)
+        self.usage[spec.tenant] = self.usage.get(spec.tenant, 0.0) + gpus_equivalent(holding)  # type: ignore[arg-type]
+        self._push(now + self.jobs[index].duration, index, self.seq)
+        self.queue.on_started(self._view(now), job)
+
+    def _preempt_for(self, index: int, job: QueuedJob, now: float) -> None:
+        """The head job asks for victims, unless some already stop for it (the node scheduler's rule)."""
+        if index in self.in_grace.values() or self.asked == (index, self.releases):
+            return
+        self.asked = (index, self.releases)  # nothing was freed since: the same search, the same answer
+        level = int(job.spec.priority)
+        effective_priority(self.queue, self._view(now), job, self.fallbacks)  # checked, as serve does
+        req = self.jobs[index].request
+        candidates: dict[int, list[RunningPod]] = {}
+        for pod in self._running_pods(req):
+            if pod.priority < level and pod.preemptible and int(pod.job_id) not in self.in_grace:
+                candidates.setdefault(pod.holding.placement.node, []).append(pod)
+        victims = cheapest_victims(self.ledger, req, level, candidates, now) if candidates else None
+        for victim in victims or ():
+            v = int(victim.job_id)
+            self.in_grace[v] = index
+            run = self.running[v]
+            run.pod.expected_end = min(run.pod.expected_end, now + self.config.grace_seconds)
+            self._push(now + self.config.grace_seconds, v, run.token, stop=True)
+            self.preemptions += 1
+
+    def result(self, wall_seconds: float) -> TimedResult:
+        samples = np.array(self.samples, dtype=np.float64).reshape(-1, 4)
+        frag = np.array(self.fragmentation, dtype=np.float64).reshape(-1, 2)
+        return TimedResult(
+            trace=self.trace.name,
+            placement=self.config.placement,
+            queue=self.config.label or self.config.queue,
+            load=self.config.load,
+            seed=self.config.seed,
+            total_gpu_milli=self.ledger.total_gpu_milli,
+            qos=np.array([j.qos for j in self.jobs]),
+            arrival=self.arrival,
+            start=self.start,
+            end=self.end,
+            waited=self.waited,
+            duration=np.array([j.duration for j in self.jobs], dtype=np.float64),
+            recorded_wait=np.array([j.recorded_wait for j in self.jobs], dtype=np.float64),
+            censored=np.array([j.censored for j in self.jobs], dtype=bool),
+            never_fits=self.never_fits,
+            preempted=self.preempted,
+            never_scheduled=self.trace.never_scheduled,
+            sample_time=samples[:, 0],
+            allocated_gpu_milli=samples[:, 1],
+            pending=samples[:, 2],
+            running=samples[:, 3],
+            fragmentation_time=frag[:, 0],
+            fragmented_gpu_milli=frag[:, 1],
+            wall_seconds=wall_seconds,
+            fallbacks={
+                **{f"queue.{k}": v for k, v in self.fallbacks.items()},
+                **{f"{hook}:{reason}": c for (hook, reason), c in self.placer.fallbacks.items()},
+            },
+        )
+
+    def _measure_fragmentation(self, at: float) -> None:
+        view = self.ledger.view
+        frag = self.measure(view.free_gpu_milli, view.free_cpu_milli, view.node_model)
+        self.fragmentation.append((at, float(frag.sum())))
+
+
+def replay_timed(
+    trace: TimedTrace,
+    config: ReplayConfig,
+    estimates: Sequence[float] | None = None,
+    progress: Callable[[int, int], None] | None = None,
+) -> TimedResult:
+    """Replay ``trace`` under ``config``; ``progress(arrived, total)`` is called every 1000 arrivals."""
+    started = time.perf_counter()
+    replay = _Replay(trace, config, estimates)
+    replay.run(progress)
+    return replay.result(time.perf_counter() - started)

@@ -1,0 +1,167 @@
+"""Timed openb traces: when each pod arrived, how long it ran, and how long production made it wait.
+
+From the pod CSV's time columns (seconds from the trace start):
+
+- arrival = ``creation_time``; the replay compresses it by ``load`` (arrival / load), so a load of 2
+  offers the same jobs in half the time;
+- duration = ``deletion_time − scheduled_time``: what the pod held its resources for in production;
+- recorded wait = ``scheduled_time − creation_time``: production's own queueing delay, shown beside the
+  replay's as the reference.
+
+Two kinds of pods cannot be replayed as they are:
+
+- *never scheduled* in production (``scheduled_time`` empty; phase Pending): they have no duration. They
+  are left out of the replay and counted (``TimedTrace.never_scheduled``);
+- *censored*: still running when the trace ends (``deletion_time`` is the trace's last instant). Their
+  duration is only a lower bound. They are replayed with it (so they hold GPUs as long as production
+  saw), and left out of the JCT and wait statistics, which would otherwise take a cut-off as a finish.
+
+A trace without the time columns (the ``multigpu*`` files have only the five resource columns), a
+negative duration or wait, or a time that is not a finite number is a TraceFormatError.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from gpuslice.errors import TraceFormatError, UnknownTrace
+from gpuslice.hardware.node import NodeSpec
+from gpuslice.sim.trace import DEFAULT_TRACE, bundled_dir, load_trace
+from gpuslice.workload.request import Request
+
+__all__ = ["TIME_COLUMNS", "TimedJob", "TimedTrace", "load_timed_trace", "repeat_trace"]
+
+TIME_COLUMNS = ("qos", "creation_time", "deletion_time", "scheduled_time")
+
+
+@dataclass(frozen=True, slots=True)
+class TimedJob:
+    """One replayable pod. Times in seconds from the trace start, before any load compression."""
+
+    name: str
+    request: Request
+    qos: str
+    arrival: float
+    duration: float
+    recorded_wait: float
+    censored: bool
+
+
+@dataclass(frozen=True)
+class TimedTrace:
+    """A trace's replayable pods sorted by arrival, its node list, and what was left out."""
+
+    name: str
+    nodes: tuple[NodeSpec, ...]
+    jobs: tuple[TimedJob, ...]
+    end: float  # the trace's last instant (latest time in it)
+    never_scheduled: int  # pods production never started: no duration, not replayed
+
+    @property
+    def censored(self) -> int:
+        return sum(j.censored for j in self.jobs)
+
+
+def _time(path: Path, line: int, row: dict[str, str], column: str) -> float | None:
+    """A time cell: None when empty, else a finite, non-negative number (TraceFormatError otherwise)."""
+    text = (row.get(column) or "").strip()
+    if not text:
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        raise TraceFormatError(f"{path}, row {line}: {column} is {text!r}, expected seconds") from None
+    if not math.isfinite(value) or value < 0:
+        raise TraceFormatError(f"{path}, row {line}: {column} is {text!r}, expected finite seconds >= 0")
+    return value
+
+
+def _time_rows(path: Path) -> list[tuple[int, dict[str, str]]]:
+    with path.open(newline="") as handle:
+        reader = csv.DictReader(handle)
+        missing = [c for c in TIME_COLUMNS if c not in (reader.fieldnames or ())]
+        if missing:
+            raise TraceFormatError(
+                f"{path}: no timestamps (lacks {', '.join(missing)}); a timed replay needs the columns "
+                f"{', '.join(TIME_COLUMNS)} (the multigpu* traces have none)"
+            )
+        return [(reader.line_num, row) for row in reader]
+
+
+def load_timed_trace(name: str = DEFAULT_TRACE, trace_dir: Path | None = None) -> TimedTrace:
+    """Trace ``name`` with its time columns, from ``trace_dir`` or the bundled copy (see the module
+    docstring for what is left out and why). UnknownTrace / TraceFormatError name the problem."""
+    static = load_trace(name, trace_dir)  # resources and nodes, parsed and checked as `sim openb` does
+    directory = Path(trace_dir) if trace_dir is not None else bundled_dir()
+    path = directory / f"openb_pod_list_{name}.csv"
+    try:
+        rows = _time_rows(path)
+    except OSError as e:
+        raise UnknownTrace(f"cannot read {path}: {e.strerror}") from None
+    parsed: list[tuple[int, str, Request, str, float, float | None, float | None]] = []
+    end = 0.0
+    for (line, row), pod in zip(rows, static.pods, strict=True):
+        created = _time(path, line, row, "creation_time")
+        if created is None:
+            raise TraceFormatError(f"{path}, row {line}: creation_time is empty; every pod needs one")
+        scheduled = _time(path, line, row, "scheduled_time")
+        deleted = _time(path, line, row, "deletion_time")
+        if scheduled is not None and scheduled < created:
+            raise TraceFormatError(
+                f"{path}, row {line}: scheduled_time {scheduled:g} is before creation_time {created:g} "
+                "(a negative wait)"
+            )
+        if scheduled is not None and (deleted is None or deleted < scheduled):
+            shown = "empty" if deleted is None else f"{deleted:g}"
+            raise TraceFormatError(
+                f"{path}, row {line}: deletion_time {shown} is before scheduled_time {scheduled:g} "
+                "(a negative duration)"
+            )
+        end = max(end, created, scheduled or 0.0, deleted or 0.0)
+        parsed.append((line, pod.name, pod.request, row.get("qos") or "", created, scheduled, deleted))
+    jobs = [
+        TimedJob(
+            name=pod_name,
+            request=request,
+            qos=qos or "unknown",
+            arrival=created,
+            duration=deleted - scheduled,
+            recorded_wait=scheduled - created,
+            censored=deleted >= end,
+        )
+        for _, pod_name, request, qos, created, scheduled, deleted in parsed
+        if scheduled is not None and deleted is not None
+    ]
+    if not jobs:
+        raise TraceFormatError(f"{path}: no pod was ever scheduled, so none has a duration to replay")
+    jobs.sort(key=lambda j: j.arrival)  # stable: equal arrivals keep file order
+    return TimedTrace(
+        name=name, nodes=static.nodes, jobs=tuple(jobs), end=end, never_scheduled=len(parsed) - len(jobs)
+    )
+
+
+def repeat_trace(trace: TimedTrace, times: int) -> TimedTrace:
+    """The trace played ``times`` times back to back (copy k shifted by k × the trace's length, pod names
+    suffixed ``#k``): more of the same workload, for offered loads a single copy cannot reach (the
+    openb pod lists ask for about the cluster's capacity in total, so compressing one copy alone never
+    overloads the cluster)."""
+    if times < 1:
+        raise ValueError("times must be at least 1")
+    if times == 1:
+        return trace
+    period = trace.end + 1.0
+    jobs = tuple(
+        replace(j, name=f"{j.name}#{k}", arrival=j.arrival + k * period)
+        for k in range(times)
+        for j in trace.jobs
+    )
+    return TimedTrace(
+        name=f"{trace.name}x{times}",
+        nodes=trace.nodes,
+        jobs=jobs,
+        end=trace.end + (times - 1) * period,
+        never_scheduled=trace.never_scheduled * times,
+    )
