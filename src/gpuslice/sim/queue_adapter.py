@@ -24,6 +24,7 @@ or none): what SJF orders by and what the EASY reservation is computed from.
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -31,7 +32,7 @@ import numpy as np
 
 from gpuslice.ledger.ledger import Ledger
 from gpuslice.ledger.placement import Placement
-from gpuslice.policies.queue.base import JobRef
+from gpuslice.policies.queue.base import JobRef, QueueOps, QueueView
 from gpuslice.scheduler import backfill
 from gpuslice.scheduler.preemption import Victim, find_preemption
 from gpuslice.workload.job import JobSpec, Priority
@@ -184,7 +185,15 @@ def may_backfill(shadow: backfill.Shadow | None, placement: Placement, end: floa
 
 
 def cheapest_victims(
-    ledger: Ledger, head: Request, head_priority: int, by_node: Mapping[int, Sequence[RunningPod]], now: float
+    ledger: Ledger,
+    head: Request,
+    head_priority: int,
+    by_node: Mapping[int, Sequence[RunningPod]],
+    now: float,
+    *,
+    policy: QueueOps | None = None,
+    view: QueueView | None = None,
+    fallbacks: Counter[str] | None = None,
 ) -> tuple[RunningPod, ...] | None:
     """The cheapest set of pods on one node whose release lets ``head`` start there, or None.
 
@@ -205,5 +214,7 @@ def cheapest_victims(
             trial.give(v.holding)
         return _head_fits(trial)
 
-    plan = find_preemption(JobRef("", head_priority), victims, fits_without, now)
+    plan = find_preemption(
+        JobRef("", head_priority), victims, fits_without, now, policy=policy, view=view, fallbacks=fallbacks
+    )
     return None if plan is None else tuple(pods[v.job_id] for v in plan.victims)

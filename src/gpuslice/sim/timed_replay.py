@@ -301,7 +301,11 @@ class _Replay:
         for pod in self._running_pods(req):
             if pod.priority < level and pod.preemptible and int(pod.job_id) not in self.in_grace:
                 candidates.setdefault(pod.holding.placement.node, []).append(pod)
-        victims = cheapest_victims(self.ledger, req, level, candidates, now) if candidates else None
+        victims = (
+            cheapest_victims(self.ledger, req, level, candidates, now, policy=self.queue,
+                             view=self._view(now), fallbacks=self.fallbacks)
+            if candidates else None
+        )  # fmt: skip
         for victim in victims or ():
             v = int(victim.job_id)
             self.in_grace[v] = index
