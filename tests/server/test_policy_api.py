@@ -327,9 +327,10 @@ def test_swaps_land_between_scheduling_passes_never_inside_one(make_daemon, node
     for t in threads:
         t.start()
     try:
-        deadline = time.monotonic() + 60
+        # a liveness bound, not a speed target: policy hooks run on worker threads, slow on a busy machine
+        deadline = time.monotonic() + 300
         while any(daemon.store.get(i).state is not JobState.SUCCEEDED for i in ids):
-            assert time.monotonic() < deadline, "jobs did not all finish within 60 s"
+            assert time.monotonic() < deadline, "jobs did not all finish within 300 s"
             time.sleep(0.01)
     finally:
         stop.set()
