@@ -34,6 +34,7 @@ from gpuslice.ledger.ledger import Ledger
 from gpuslice.ledger.placement import Placement
 from gpuslice.policies.queue.base import JobRef, QueueOps, QueueView
 from gpuslice.scheduler import backfill
+from gpuslice.scheduler.node_fit import gpus_equivalent
 from gpuslice.scheduler.preemption import Victim, find_preemption
 from gpuslice.workload.job import JobSpec, Priority
 from gpuslice.workload.request import MILLI_PER_GPU, Request
@@ -202,7 +203,7 @@ def cheapest_victims(
     empty = ClusterCapacity(ledger, head, fit_nodes=set())  # the head fits on no node now
     pods = {r.job_id: r for running in by_node.values() for r in running}
     victims = [
-        Victim(r.job_id, r.priority, r.started_at, len(r.holding.gpus) * r.holding.milli / MILLI_PER_GPU,
+        Victim(r.job_id, r.priority, r.started_at, gpus_equivalent(r.holding),  # type: ignore[arg-type]
                node=node, preemptible=r.preemptible, holding=r.holding)
         for node, running in by_node.items()
         for r in running
