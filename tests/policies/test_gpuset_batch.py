@@ -22,7 +22,7 @@ from gpuslice.workload.job import TopologyNeed
 MACHINES = ("dgx1-v100", "pcie-8gpu-2socket", "dgx-a100", "pcie-4x-l4")
 
 
-def brute_force(topo, free, jobs, weights=CostWeights()):
+def brute_force(topo, free, jobs):
     """The best key (jobs waiting, Σ over waiting jobs of n − position, total cost) over every way to
     give each job one of its sets or nothing, the sets disjoint."""
     n = len(jobs)
@@ -33,7 +33,7 @@ def brute_force(topo, free, jobs, weights=CostWeights()):
         if len(used) != len(set(used)):
             continue
         waiting = [j for j, s in enumerate(combo) if s is None]
-        cost = sum(set_cost(topo, free, s, weights).total for s in combo if s is not None)
+        cost = sum(set_cost(topo, free, s, CostWeights()).total for s in combo if s is not None)
         key = (len(waiting), sum(n - j for j in waiting), round(cost, 6))
         best = key if best is None or key < best else best
     return best

@@ -11,13 +11,14 @@ shapes changes.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
 from gpuslice.hardware.topology import Topology
 from gpuslice.ledger.ledger import Ledger, LedgerView
 from gpuslice.policies.base import PlacementOps, PolicyContext
+from gpuslice.scheduler.node_batch import batch_set
 from gpuslice.scheduler.node_fit import Choice, Demand, DemandKind, Holding
 from gpuslice.scheduler.placer import Placer
 from gpuslice.workload.request import MILLI_PER_GPU, Request
@@ -48,15 +49,20 @@ class NodeGpuChoice:
         self._placer: Placer | None = None
         self._shapes: frozenset[Request] = frozenset()
 
-    def choose(self, demand: Demand, known: frozenset[Request]) -> Choice | None:
+    def choose(
+        self, demand: Demand, known: frozenset[Request], later: Sequence[Demand] = ()
+    ) -> Choice | None:
         """The GPUs for a demand the ledger has room for (NONE, SHARE or WHOLE); None only if no usable
-        set exists. ``known``: the requests of the jobs the scheduler knows, for the default target."""
+        set exists. ``known``: the requests of the jobs the scheduler knows, for the default target;
+        ``later``: the demands queued after this one, for the joint choice of multi-GPU sets
+        (node_batch.py)."""
         if demand.kind is DemandKind.NONE:
             return Choice((), Holding(()))
         req = demand_request(demand)
         usable = np.zeros(self.ledger.view.free_gpu_milli.shape[1], dtype=bool)
         usable[list(demand.eligible)] = True
-        gpus = self.placer(known).pick_gpus(req, 0, usable, self.topology, demand.need)
+        batch = batch_set(self.ledger.view, self.topology, demand, later)
+        gpus = self.placer(known).pick_gpus(req, 0, usable, self.topology, demand.need, batch)
         if gpus is None:
             return None
         return Choice(gpus, Holding(gpus, req.gpu_milli, req.gpu_memory_bytes))

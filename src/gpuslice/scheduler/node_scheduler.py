@@ -116,9 +116,8 @@ class _Pass:
     head: _Pending | None = None
     head_level: int = 0
     reservation: backfill.Shadow | None = None
-    failed: dict[Demand, PendingReason] = field(
-        default_factory=dict
-    )  # shapes that did not fit; cleared on start
+    failed: dict[Demand, PendingReason] = field(default_factory=dict)  # shapes that failed; cleared on start
+    later: list[_Pending] = field(default_factory=list)  # queued after the job considered now
     # The requests of the known jobs, taken once per pass when the placement needs them: a start moves a
     # job from pending to running under the same request, so the set does not change within a pass.
     shapes: frozenset[Request] | None = None
@@ -277,6 +276,7 @@ class NodeScheduler:
         while index < len(order):
             job = order[index]
             index += 1
+            p.later = order[index:]
             started = self._consider(job, now, p)
             if started and index < len(order):  # tenant usage changed: re-sort what is left
                 order[index:] = self._ordered(now, order[index:])
@@ -476,7 +476,7 @@ class NodeScheduler:
             return None
         if p.shapes is None:
             p.shapes = frozenset(self._known_shapes()) if self.gpu_choice.target is None else frozenset()
-        return self.gpu_choice.choose(demand, p.shapes)
+        return self.gpu_choice.choose(demand, p.shapes, [self._usable(j.demand) for j in p.later])
 
     def _known_shapes(self) -> list[Request]:
         """The share and whole-GPU requests of the pending and running jobs (what FGD-style policies keep

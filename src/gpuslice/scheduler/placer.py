@@ -125,25 +125,45 @@ class Placer:
         usable: np.ndarray | None = None,
         topology: Topology | None = None,
         need: TopologyNeed = TopologyNeed.ANY,
+        batch: tuple[int, ...] | None = None,
     ) -> tuple[int, ...] | None:
         """The GPUs of ``node`` for ``req``: the policy's advice when the ledger, ``usable`` (bool per GPU
-        slot) and ``need`` accept it, else ``default_gpus``; None when no choice exists. Reserves nothing."""
+        slot) and ``need`` accept it, else ``default_gpus``; None when no choice exists. Reserves nothing.
+        ``batch``: the set a joint assignment of several waiting jobs gave this one (policies/gpuset/
+        batch.py); it takes the default's place, under the same checks as advice."""
         view = self.ledger.view
         allowed = view.gpu_fits(req, node)
         if usable is not None:
             allowed = allowed & usable
         advice = self._advice(req, node)
-        if advice is not None:
-            refusal = self.ledger.check(node, advice, req)
-            if refusal is not None:
-                self.fallbacks[("pick_gpus", refusal.code.value)] += 1
-            elif not all(allowed[g] for g in advice):
-                self.fallbacks[("pick_gpus", "GPU not usable")] += 1
-            elif not meets_need(topology, advice, need):
-                self.fallbacks[("pick_gpus", "topology need not met")] += 1
-            else:
-                return advice
+        if advice is not None and self._acceptable(req, node, advice, allowed, topology, need, "pick_gpus"):
+            return advice
+        if batch is not None and self._acceptable(req, node, batch, allowed, topology, need, "batch"):
+            return batch
         return default_gpus(view, req, node, allowed, topology, need)
+
+    def _acceptable(
+        self,
+        req: Request,
+        node: int,
+        gpus: tuple[int, ...],
+        allowed: np.ndarray,
+        topology: Topology | None,
+        need: TopologyNeed,
+        source: str,
+    ) -> bool:
+        """Does the ledger take ``gpus`` for ``req``, are they ``allowed`` and do they meet ``need``? A
+        refusal is counted under ``source``."""
+        refusal = self.ledger.check(node, gpus, req)
+        if refusal is not None:
+            self.fallbacks[(source, refusal.code.value)] += 1
+        elif len(gpus) != req.num_gpu or not all(0 <= g < len(allowed) and allowed[g] for g in gpus):
+            self.fallbacks[(source, "GPU not usable")] += 1
+        elif not meets_need(topology, gpus, need):
+            self.fallbacks[(source, "topology need not met")] += 1
+        else:
+            return True
+        return False
 
     def release(self, placement: Placement) -> None:
         self.ledger.release(placement)
