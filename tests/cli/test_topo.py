@@ -101,3 +101,33 @@ def test_pick_with_a_need_no_free_set_meets_says_so():
     result = invoke("pick", "--system", "pcie-8gpu-2socket", "--gpus", "2", "--need", "nvlink")
     assert isinstance(result.exception, UserError)
     assert "meet --need nvlink" in str(result.exception)
+
+
+def test_assign_shows_the_joint_sets_beside_greedy_and_round_robin():
+    result = invoke("assign", "--machine", "dgx1", "--jobs", "2,2", "--busy", "0,1,2,5", "--json")
+    assert result.exit_code == 0, result.output
+    import json
+
+    report = json.loads(result.output)
+    rows = report["jobs"]
+    assert [r["batch"] for r in rows] == [[4, 6], [3, 7]]
+    assert [r["greedy"] for r in rows] == [[4, 7], [3, 6]]
+    assert [r["round_robin"] for r in rows] == [[3, 4], [6, 7]]
+    assert report["total"] == {
+        "batch_allreduce_ms": 80.0,  # two NV1 pairs: 2·½·1 GB / 25 GB/s each
+        "greedy_allreduce_ms": round(20.0 + 1e3 / (15.75 * 0.4), 3),  # NV2 pair + a SYS PCIe pair
+        "round_robin_allreduce_ms": round(1e3 / (15.75 * 0.4) + 20.0, 3),
+    }
+    assert rows[0]["latency_hops"] == 1.0 and rows[0]["cost"] > 0
+
+
+def test_assign_table_names_the_waiting_job_and_why():
+    result = invoke("assign", "--machine", "nvswitch8", "--jobs", "4,4,2")
+    assert result.exit_code == 0, result.output
+    assert "job2 waits: needs 2 GPU(s)" in result.output.replace("\n", " ")
+
+
+def test_assign_reads_an_nvidia_smi_file():
+    result = invoke("assign", "--machine", str(FIXTURES / "dgx_a100.txt"), "--jobs", "2,2", "--json")
+    assert result.exit_code == 0, result.output
+    assert '"machine": "dgx_a100"' in result.output

@@ -15,6 +15,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from gpuslice.cli.topo_assign import assign
 from gpuslice.errors import UserError
 from gpuslice.hardware.topology import LinkType, Topology
 from gpuslice.hardware.topology_nvml import read_nvml_topology
@@ -155,3 +156,6 @@ def pick(
         ", ".join(inner) or "—",
     )
     Console().print(table)
+
+
+app.command("assign")(assign)
