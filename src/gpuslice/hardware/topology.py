@@ -164,6 +164,7 @@ class Topology:
     cost_model: CostModel = field(default_factory=CostModel)
     source: str = ""
     _ring_cache: dict[int, float] = field(default_factory=dict, init=False, repr=False)
+    _hop_cache: dict[int, float] = field(default_factory=dict, init=False, repr=False)
 
     def __post_init__(self) -> None:
         nv = np.array(self.nvlinks, dtype=np.int64)
@@ -240,9 +241,13 @@ class Topology:
     # -- per set --------------------------------------------------------------------------------------
 
     def hop_cost(self, gpus: Sequence[int]) -> float:
-        """Sum of hop distances over every pair of the set."""
-        idx = np.asarray(gpus, dtype=np.int64)
-        return float(np.triu(self.hops()[np.ix_(idx, idx)], 1).sum())
+        """Sum of hop distances over every pair of the set (a set: repeated GPUs count once)."""
+        mask = mask_of(gpus)
+        cached = self._hop_cache.get(mask)
+        if cached is None:
+            idx = np.asarray(_gpus_of(mask), dtype=np.int64)
+            cached = self._hop_cache[mask] = float(np.triu(self.hops()[np.ix_(idx, idx)], 1).sum())
+        return cached
 
     def ring_bandwidth(self, gpus: Sequence[int]) -> float:
         """Best bottleneck GB/s of a ring through the set; inf for one GPU (no link is used)."""

@@ -7,10 +7,10 @@ choice trades a little for one job against a lot for another. The cost of giving
 
 - latency: hop distance summed over every pair of S (``Topology.hop_cost``: same GPU 0, NVLink 1,
   NVSwitch 2, PCIe only 3; the topology's ``CostModel``);
-- bandwidth: the bandwidth the job's all-reduce uses up, relative to the best the machine offers: the
-  machine's fastest pair bandwidth over the bottleneck of the best ring through S (1 = as fast as any set
-  could be; a ring all-reduce moves 2(k−1)/k of the data over each ring link, so its time is inversely
-  proportional to that bottleneck);
+- bandwidth: the link time the job's ring all-reduce uses, relative to the machine's best pair:
+  2(k−1)/k · B_best / B_min(S), B_min the bottleneck of the best ring through S and B_best the fastest
+  pair of the machine (a ring all-reduce of S bytes takes 2(k−1)/k · S / B_min; 1 = two GPUs on the
+  fastest pair), so this term is proportional to the modelled all-reduce time;
 - balance: after taking S, the busy GPUs of the most loaded NUMA node minus those of the least loaded
   (0 where NUMA is unknown): a tie-breaker that keeps host-side traffic spread over the sockets.
 
@@ -116,13 +116,22 @@ class BatchAssignment:
         raise KeyError(name)
 
 
-def set_cost(topology: Topology, free: Collection[int], gpus: Sequence[int], weights: CostWeights) -> SetCost:
-    """The cost of taking ``gpus`` out of ``free`` on ``topology``."""
+def set_cost(
+    topology: Topology,
+    free: Collection[int],
+    gpus: Sequence[int],
+    weights: CostWeights,
+    best_pair_gbps: float | None = None,
+) -> SetCost:
+    """The cost of taking ``gpus`` out of ``free`` on ``topology``; ``best_pair_gbps``, the machine's
+    fastest pair, is computed when not given."""
     gpus = tuple(sorted(int(g) for g in gpus))
     latency = topology.hop_cost(gpus) if len(gpus) > 1 else 0.0
     bandwidth = 0.0
     if len(gpus) > 1:
-        bandwidth = _best_pair_gbps(topology) / topology.ring_bandwidth(gpus)
+        best = best_pair_gbps if best_pair_gbps is not None else _best_pair_gbps(topology)
+        k = len(gpus)
+        bandwidth = 2 * (k - 1) / k * best / topology.ring_bandwidth(gpus)
     busy = set(range(topology.n_gpus)) - set(free) | set(gpus)
     balance = 0.0
     nodes = sorted({n for n in topology.numa if n >= 0})
@@ -167,9 +176,10 @@ def _assign(
     topology: Topology, free: list[int], jobs: tuple[BatchJob, ...], weights: CostWeights, top_n: int | None
 ) -> BatchAssignment:
     options: list[list[tuple[int, SetCost]]] = []
+    best = _best_pair_gbps(topology)
     for job in jobs:
         sets = candidate_sets(topology, free, job, top_n)
-        options.append([(mask_of(s), set_cost(topology, free, s, weights)) for s in sets])
+        options.append([(mask_of(s), set_cost(topology, free, s, weights, best)) for s in sets])
     search = _Search(options)
     chosen = search.run()
     sets = tuple(None if c is None else options[j][c][1] for j, c in enumerate(chosen))
