@@ -9,8 +9,8 @@ reaches each of them the batch is solved again over what is then free, so a job 
 quota or behind a blocked head costs the others only the hint.
 
 Which jobs join: this one, then the later whole-GPU jobs of 2 or more GPUs in queue order while their
-GPU counts together still fit the free whole GPUs this job may use (at most ``MAX_BATCH`` jobs); a
-machine whose wiring is unknown has no batch (every set is equal there).
+GPU counts together still fit the free whole GPUs this job may use (``first_of_batch``, at most
+``MAX_BATCH`` jobs); a machine whose wiring is unknown has no batch (every set is equal there).
 """
 
 from __future__ import annotations
@@ -21,13 +21,11 @@ import numpy as np
 
 from gpuslice.hardware.topology import Topology
 from gpuslice.ledger.ledger import LedgerView
-from gpuslice.policies.gpuset.batch import BatchJob, assign_batch
+from gpuslice.policies.gpuset.batch import BatchJob, first_of_batch
 from gpuslice.scheduler.node_fit import Demand, DemandKind
 from gpuslice.workload.request import MILLI_PER_GPU
 
-__all__ = ["MAX_BATCH", "batch_set", "multi_gpu"]
-
-MAX_BATCH = 8  # jobs assigned together at most (an 8-GPU machine holds at most four 2-GPU jobs)
+__all__ = ["batch_set", "multi_gpu"]
 
 
 def multi_gpu(demand: Demand) -> bool:
@@ -44,18 +42,9 @@ def batch_set(
         return None
     whole = view.free_gpu_milli[0, : topology.n_gpus] >= MILLI_PER_GPU
     free = [int(g) for g in np.flatnonzero(whole)]
-    room = len([g for g in free if g in demand.eligible]) - demand.count
-    jobs = [_job("this", demand)]
-    for i, other in enumerate(later):
-        if len(jobs) >= MAX_BATCH:
-            break
-        if multi_gpu(other) and other.count <= room:
-            jobs.append(_job(f"later-{i}", other))
-            room -= other.count
-    if len(jobs) < 2:
-        return None
-    return assign_batch(topology, free, jobs).gpus_of("this")
+    others = [_job(d) for d in later if multi_gpu(d)]
+    return first_of_batch(topology, free, _job(demand), others)
 
 
-def _job(name: str, demand: Demand) -> BatchJob:
-    return BatchJob(name, demand.count, demand.need, tuple(demand.eligible))
+def _job(demand: Demand) -> BatchJob:
+    return BatchJob("", demand.count, demand.need, tuple(demand.eligible))

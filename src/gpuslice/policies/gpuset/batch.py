@@ -51,6 +51,7 @@ from gpuslice.workload.job import TopologyNeed
 
 __all__ = [
     "DEFAULT_TOP_N",
+    "MAX_BATCH",
     "MAX_SOLVES",
     "BatchAssignment",
     "BatchJob",
@@ -58,11 +59,13 @@ __all__ = [
     "SetCost",
     "assign_batch",
     "candidate_sets",
+    "first_of_batch",
     "set_cost",
 ]
 
 DEFAULT_TOP_N = 16  # candidate sets per job, best first by the exact ranking
 MAX_SOLVES = 20_000  # Hungarian solves per batch before the best assignment found so far is returned
+MAX_BATCH = 8  # jobs a home assigns together at most (an 8-GPU machine holds at most four 2-GPU jobs)
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,6 +173,28 @@ def assign_batch(
         if sum(s is not None for s in wider.sets) > sum(s is not None for s in result.sets):
             return wider
     return result
+
+
+def first_of_batch(
+    topology: Topology, free: Collection[int], first: BatchJob, later: Sequence[BatchJob]
+) -> tuple[int, ...] | None:
+    """How a home asks: the set the joint assignment gives ``first`` (the job being placed now) when the
+    ``later`` jobs of 2 or more GPUs join, in order, while their GPU counts together still fit the free
+    GPUs ``first`` may use (at most ``MAX_BATCH`` jobs). None when no later job joins (the one-job choice
+    is the home's default then) or ``first`` gets no set."""
+    usable = [g for g in free if first.eligible is None or g in first.eligible]
+    room = len(usable) - first.k
+    jobs = [first]
+    for job in later:
+        if len(jobs) >= MAX_BATCH:
+            break
+        if job.k >= 2 and job.k <= room:
+            jobs.append(job)
+            room -= job.k
+    if len(jobs) < 2:
+        return None
+    named = [BatchJob(f"{i}", j.k, j.need, j.eligible) for i, j in enumerate(jobs)]
+    return assign_batch(topology, free, named).gpus_of("0")
 
 
 def _assign(
