@@ -178,3 +178,36 @@ def test_the_bundled_trace_replays_with_fgd_and_fair_share() -> None:
     assert 0 < record["mean_allocation_pct"] < 100
     result_ledger_free = result.allocated_gpu_milli[-1]
     assert result_ledger_free == 0  # every pod ended and gave its GPUs back
+
+
+def _gpu_sets(tmp_path: Path, pods: list[tuple], topology: str | None) -> dict[str, tuple[int, ...]]:
+    """The GPUs each pod started on, in a replay of ``pods`` on one 8-GPU node wired as ``topology``."""
+    from gpuslice.sim.timed_replay import _Replay
+
+    write_trace(tmp_path, pods, gpus=8)
+    trace = load_timed_trace("t", tmp_path)
+    replay = _Replay(trace, ReplayConfig("bestfit", "fifo", True, topology=topology), None)
+    got: dict[str, tuple[int, ...]] = {}
+    start = replay._start
+
+    def record(index, job, placement, now):
+        got[trace.jobs[index].name] = placement.gpus
+        start(index, job, placement, now)
+
+    replay._start = record  # type: ignore[method-assign]
+    replay.run(None)
+    return got
+
+
+def test_multi_gpu_pods_arriving_together_get_their_sets_jointly(tmp_path: Path) -> None:
+    # six 1-GPU pods take GPUs 0–5 (best fit, lowest first); those on 3 and 4 end at 50, so GPUs 0, 1, 2
+    # and 5 are busy when two 2-GPU pods arrive, on a DGX-1 V100
+    ones = [(f"p{i}", 1, "LS", i, i, 50 if i in (3, 4) else 10000) for i in range(6)]
+    end = [("z", 0, "LS", 20000, 20000, 20001)]
+    a = ("a", 2, "LS", 100, 100, 5000)
+    together = _gpu_sets(tmp_path, [*ones, a, ("b", 2, "LS", 100, 100, 5000), *end], "dgx1-v100")
+    assert (together["a"], together["b"]) == ((4, 6), (3, 7))  # two NVLink pairs
+    apart = _gpu_sets(tmp_path, [*ones, a, ("b", 2, "LS", 101, 101, 5000), *end], "dgx1-v100")
+    assert (apart["a"], apart["b"]) == ((4, 7), (3, 6))  # one at a time: the NV2 pair, then PCIe only
+    plain = _gpu_sets(tmp_path, [*ones, a, ("b", 2, "LS", 100, 100, 5000), *end], None)
+    assert (plain["a"], plain["b"]) == ((3, 4), (6, 7))  # no wiring: the lowest free GPUs, no batch

@@ -15,6 +15,7 @@ from rich.table import Table
 
 from gpuslice.cli.options import writable
 from gpuslice.errors import UserError
+from gpuslice.hardware.topology_profiles import profile
 from gpuslice.policies import DEFAULT_PLACEMENT
 from gpuslice.sim.queue_setups import SETUPS, estimates_for, queue_setup
 from gpuslice.sim.timed_metrics import TimedResult, write_timed_results
@@ -75,11 +76,21 @@ def replay(
         Path, typer.Option(help="Folder for results.csv, results.json, plots.", callback=writable)
     ] = Path("results"),
     plot: Annotated[bool, typer.Option(help="Also write a PNG per trace and load.")] = False,
+    topology: Annotated[
+        str | None,
+        typer.Option(
+            help="Machine profile (as in `topo show --system`) wired into every node with its GPU count: "
+            "multi-GPU pods arriving together there get their GPU sets jointly. Default: no wiring.",
+            show_default=False,
+        ),
+    ] = None,
 ) -> None:
     """Replay pods at their trace times: they wait in serve's queue, run for their recorded duration on the
     Placer's choice, and leave. Censored pods (running at the trace's end) hold GPUs for their recorded part
     and are left out of JCT and wait figures; pods production never started are not replayed."""
     loads = [check_load(x) for x in (load or [1.0])]
+    if topology is not None:
+        profile(topology)  # an unknown name is refused before any replay starts
     setups = [queue_setup(q) for q in (queue or ["fair-share"])]
     policies = policy or [DEFAULT_PLACEMENT]
     if out.exists() and not out.is_dir():
@@ -97,7 +108,9 @@ def replay(
             key = (timed.name, setup.estimate)
             if key not in estimates:
                 estimates[key] = estimates_for(timed.jobs, setup, seed)
-            config = ReplayConfig(placement, setup.queue, setup.backfill, factor, seed, label=setup.name)
+            config = ReplayConfig(
+                placement, setup.queue, setup.backfill, factor, seed, label=setup.name, topology=topology
+            )
             results.append(replay_timed(timed, config, estimates[key]))  # type: ignore[arg-type]
             progress.update(task, advance=1)
     console.print(_table(results))

@@ -13,6 +13,7 @@ share count used up) and the node's wiring for multi-GPU sets.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -21,9 +22,10 @@ from gpuslice.hardware.topology import Topology
 from gpuslice.ledger.ledger import Ledger, LedgerView
 from gpuslice.ledger.placement import Placement, Refusal, RefusalCode
 from gpuslice.policies.base import PlacementOps, TieBreak, best_fit_gpus
+from gpuslice.policies.gpuset.batch import BatchJob, first_of_batch
 from gpuslice.policies.gpuset.pick import meets_need, pick_gpu_set
 from gpuslice.workload.job import TopologyNeed
-from gpuslice.workload.request import Request
+from gpuslice.workload.request import MILLI_PER_GPU, Request
 
 __all__ = ["Placer", "Unplaced", "default_gpus"]
 
@@ -97,11 +99,16 @@ class Placer:
             return int(candidates[best[0]])
         return int(candidates[best[self.rng.integers(len(best))]])
 
-    def place(self, req: Request, explain: bool = True) -> Placement | Unplaced:
+    def place(
+        self, req: Request, explain: bool = True, later: Sequence[Request] = ()
+    ) -> Placement | Unplaced:
         """Reserve ``req`` where the policy advises; Unplaced (ledger unchanged) if nowhere fits.
 
         ``explain=False`` skips counting each node's reason in the Unplaced (a replay drops failed
-        pods without reading why, and the count costs a pass over every node)."""
+        pods without reading why, and the count costs a pass over every node). ``later``: requests
+        waiting after this one (the replay's pods that arrived with it); where the chosen node's wiring
+        is known, a multi-GPU request gets the set their joint assignment gives it
+        (``first_of_batch``) in the default's place."""
         feasible = self.feasible(req)
         if not feasible.any():
             reasons: Counter[RefusalCode] = Counter()
@@ -112,7 +119,7 @@ class Placer:
                     reasons[RefusalCode.EXCLUDED_BY_POLICY] = fitting
             return Unplaced(req, self.ledger.node_count, reasons)
         node = self.choose_node(req, feasible)
-        result = self._reserve_with_advice(req, node)
+        result = self._reserve_with_advice(req, node, later)
         if isinstance(result, Refusal):  # the ledger said the node fits, so only a broken ledger gets here
             return Unplaced(req, self.ledger.node_count, Counter({result.code: 1}))
         self._notify("on_placed", result)
@@ -240,10 +247,29 @@ class Placer:
             return None
         return tuple(int(g) for g in advice)
 
-    def _reserve_with_advice(self, req: Request, node: int) -> Placement | Refusal:
+    def _reserve_with_advice(
+        self, req: Request, node: int, later: Sequence[Request] = ()
+    ) -> Placement | Refusal:
         """Reserve on ``node`` the GPUs ``pick_gpus`` chooses (sim has no usable mask and no need)."""
         topology = self.topologies[node] if self.topologies is not None else None
-        return self.ledger.reserve(node, self.pick_gpus(req, node, topology=topology) or (), req)
+        batch = self._batch(req, node, topology, later) if later and topology is not None else None
+        return self.ledger.reserve(node, self.pick_gpus(req, node, topology=topology, batch=batch) or (), req)
+
+    def _batch(
+        self, req: Request, node: int, topology: Topology, later: Sequence[Request]
+    ) -> tuple[int, ...] | None:
+        """The joint assignment's set for ``req`` on ``node`` beside the later multi-GPU requests."""
+        if not _multi_gpu(req):
+            return None
+        view = self.ledger.view
+        whole = view.free_gpu_milli[node, : topology.n_gpus] >= MILLI_PER_GPU
+        free = [int(g) for g in np.flatnonzero(whole & view.gpu_fits(req, node)[: topology.n_gpus])]
+        others = [BatchJob("", r.num_gpu) for r in later if _multi_gpu(r)]
+        return first_of_batch(topology, free, BatchJob("", req.num_gpu), others)
+
+
+def _multi_gpu(req: Request) -> bool:
+    return req.num_gpu >= 2 and req.gpu_milli >= MILLI_PER_GPU
 
 
 def default_gpus(

@@ -36,6 +36,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from gpuslice.hardware.topology import Topology
+from gpuslice.hardware.topology_profiles import profile
 from gpuslice.ledger.fragmentation import FragmentationMeasure
 from gpuslice.ledger.ledger import Ledger
 from gpuslice.ledger.placement import Placement
@@ -57,7 +59,7 @@ from gpuslice.sim.queue_adapter import (
 from gpuslice.sim.timed_metrics import TimedResult
 from gpuslice.sim.timed_trace import TimedTrace
 from gpuslice.workload.job import DEFAULT_GRACE_SECONDS
-from gpuslice.workload.request import Request
+from gpuslice.workload.request import MILLI_PER_GPU, Request
 from gpuslice.workload.target import TargetWorkload
 
 __all__ = ["FRAGMENTATION_SAMPLES", "ReplayConfig", "replay_timed"]
@@ -78,6 +80,9 @@ class ReplayConfig:
     aging_seconds: float = 600.0
     grace_seconds: float = DEFAULT_GRACE_SECONDS
     label: str = ""
+    # A machine profile (hardware/topology_profiles.py) wired into every node with its GPU count: there,
+    # multi-GPU pods that arrive at the same instant get their GPU sets jointly (policies/gpuset/batch.py).
+    topology: str | None = None
 
 
 @dataclass
@@ -102,7 +107,9 @@ class _Replay:
         self.target = TargetWorkload.from_requests(j.request for j in self.jobs)
         context = PolicyContext(rng=np.random.default_rng(policy_seed), target=self.target)
         factory = resolve(config.placement, "placement", placement_policy)
-        self.placer = Placer(self.ledger, factory(self.ledger.view, context))
+        self.placer = Placer(
+            self.ledger, factory(self.ledger.view, context), topologies=_wiring(trace, config)
+        )
         self.queue: QueueOps = resolve(config.queue, "queue", lookup_queue_policy)()
         self.specs = [
             job_spec(str(i), j.request, j.qos, None if estimates is None else float(estimates[i]))
@@ -218,6 +225,7 @@ class _Replay:
         if not self.pending:
             return
         order = self._ordered(now, list(self.pending.values()))
+        arrived = self._arrived_together(order, now)
         head: QueuedJob | None = None
         shadow = None
         i = 0
@@ -229,7 +237,8 @@ class _Replay:
             index = int(job.job_id)
             req = self.jobs[index].request
             shape = self.shape[index]
-            placed = None if shape in self.unfit else self.placer.place(req, explain=False)
+            together = self._together(order, i, now) if index in arrived else ()
+            placed = None if shape in self.unfit else self.placer.place(req, explain=False, later=together)
             if placed is None or isinstance(placed, Unplaced):
                 self.unfit.add(shape)
                 if head is None:
@@ -249,6 +258,25 @@ class _Replay:
             self._start(index, job, placed, now)
             if i < len(order):
                 order[i:] = self._ordered(now, order[i:])
+
+    def _arrived_together(self, order: list[QueuedJob], now: float) -> frozenset[int]:
+        """Multi-GPU pods that arrived at ``now``, when two or more did and nodes have wiring."""
+        if self.placer.topologies is None:
+            return frozenset()
+        arrived = [
+            int(j.job_id)
+            for j in order
+            if self.queued_since[int(j.job_id)] == now and _multi_gpu(self.jobs[int(j.job_id)].request)
+        ]
+        return frozenset(arrived) if len(arrived) >= 2 else frozenset()
+
+    def _together(self, order: list[QueuedJob], i: int, now: float) -> list[Request]:
+        """The requests of the pods that arrived with the one at ``order[i - 1]``, after it in order."""
+        return [
+            self.jobs[int(j.job_id)].request
+            for j in order[i:]
+            if self.queued_since.get(int(j.job_id)) == now and _multi_gpu(self.jobs[int(j.job_id)].request)
+        ]
 
     def _reservation(self, index: int, req: Request) -> Shadow | None:
         key = (index, self.releases, self.starts_ahead, self.preemptions)
@@ -352,6 +380,18 @@ class _Replay:
         view = self.ledger.view
         frag = self.measure(view.free_gpu_milli, view.free_cpu_milli, view.node_model)
         self.fragmentation.append((at, float(frag.sum())))
+
+
+def _multi_gpu(req: Request) -> bool:
+    return req.num_gpu >= 2 and req.gpu_milli >= MILLI_PER_GPU
+
+
+def _wiring(trace: TimedTrace, config: ReplayConfig) -> list[Topology | None] | None:
+    """The profile ``config.topology`` on every node with its GPU count; None without one."""
+    if config.topology is None:
+        return None
+    topo = profile(config.topology)
+    return [topo if node.gpu_count == topo.n_gpus else None for node in trace.nodes]
 
 
 def replay_timed(
