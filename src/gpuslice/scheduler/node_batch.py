@@ -15,7 +15,7 @@ GPU counts together still fit the free whole GPUs this job may use (``first_of_b
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable
 
 import numpy as np
 
@@ -34,7 +34,7 @@ def multi_gpu(demand: Demand) -> bool:
 
 
 def batch_set(
-    view: LedgerView, topology: Topology | None, demand: Demand, later: Sequence[Demand]
+    view: LedgerView, topology: Topology | None, demand: Demand, later: Iterable[Demand]
 ) -> tuple[int, ...] | None:
     """The set the joint assignment gives ``demand``, the first of the batch; None when there is no
     batch (no wiring, not multi-GPU, no other multi-GPU job fits beside it) or it gets no set."""

@@ -11,7 +11,7 @@ shapes changes.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable
 
 import numpy as np
 
@@ -50,12 +50,12 @@ class NodeGpuChoice:
         self._shapes: frozenset[Request] = frozenset()
 
     def choose(
-        self, demand: Demand, known: frozenset[Request], later: Sequence[Demand] = ()
+        self, demand: Demand, known: frozenset[Request], later: Iterable[Demand] = ()
     ) -> Choice | None:
         """The GPUs for a demand the ledger has room for (NONE, SHARE or WHOLE); None only if no usable
         set exists. ``known``: the requests of the jobs the scheduler knows, for the default target;
         ``later``: the demands queued after this one, for the joint choice of multi-GPU sets
-        (node_batch.py)."""
+        (node_batch.py; read only for a multi-GPU demand)."""
         if demand.kind is DemandKind.NONE:
             return Choice((), Holding(()))
         req = demand_request(demand)

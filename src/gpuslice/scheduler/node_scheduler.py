@@ -476,7 +476,7 @@ class NodeScheduler:
             return None
         if p.shapes is None:
             p.shapes = frozenset(self._known_shapes()) if self.gpu_choice.target is None else frozenset()
-        return self.gpu_choice.choose(demand, p.shapes, [self._usable(j.demand) for j in p.later])
+        return self.gpu_choice.choose(demand, p.shapes, (self._usable(j.demand) for j in p.later))
 
     def _known_shapes(self) -> list[Request]:
         """The share and whole-GPU requests of the pending and running jobs (what FGD-style policies keep
