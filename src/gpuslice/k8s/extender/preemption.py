@@ -20,7 +20,8 @@ from gpuslice.k8s.extender.cluster import (
     pod_meta,
     pod_priority,
 )
-from gpuslice.k8s.extender.verdicts import CODE_MODEL, CODE_NO_INVENTORY, CODE_RESERVED, Verdicts, fit_codes
+from gpuslice.k8s.extender.verdicts import CODE_MODEL, CODE_NO_INVENTORY, CODE_RESERVED, Verdicts
+from gpuslice.ledger.fit import FITS, fit_codes
 from gpuslice.policies.queue import JobRef
 from gpuslice.scheduler.preemption import Victim, find_preemption
 from gpuslice.workload.request import MILLI_PER_GPU
@@ -107,7 +108,7 @@ class Preemption(Verdicts):
         req = ask.to_request()
         model_ok = built.ledger.model_allowed(req)[node : node + 1]
         slots = open_slots(built, node, tasks)
-        return int(fit_codes(req, model_ok, slots[None], free[None], memory[None])[0]) == 0
+        return int(fit_codes(req, model_ok, slots[None], free[None], memory[None])[0]) == FITS
 
     def _reserved_for_others(
         self, pod: Mapping[str, Any], node_names: list[str], codes: np.ndarray

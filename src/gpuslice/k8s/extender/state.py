@@ -27,13 +27,12 @@ from gpuslice.k8s.extender.verdicts import (
     CODE_EXCLUDED,
     CODE_MODEL,
     CODE_NO_INVENTORY,
-    CODE_RESERVED,
     REASON_INVALID,
     REASON_NO_INVENTORY,
     REASON_NO_MIG_INSTANCE,
     REASON_RESERVED,
 )
-from gpuslice.ledger.placement import Refusal, RefusalCode
+from gpuslice.ledger.placement import Refusal
 from gpuslice.workload.request import Request
 
 __all__ = ["MAX_EXTENDER_PRIORITY", "ClusterState", "FilterResult"]
@@ -101,7 +100,6 @@ class ClusterState(Preemption):
         idx = self._indices(built, node_names)
         codes, texts = self._verdicts(built, ask, idx)
         codes = self._reserved_for_others(pod, node_names, codes)
-        texts = [*texts, *[""] * (CODE_RESERVED - len(texts)), REASON_RESERVED]
         ok = codes == 0
         chosen = -1
         if self.narrow and ok.any():
@@ -109,7 +107,6 @@ class ClusterState(Preemption):
             if chosen < 0:  # the policy's own filter took every fitting node away
                 codes = np.where(ok, CODE_EXCLUDED, codes)
                 ok[:] = False
-        texts = [*texts, *[""] * (CODE_EXCLUDED - len(texts)), RefusalCode.EXCLUDED_BY_POLICY.value]
         names = np.fromiter(node_names, dtype=object, count=len(node_names))
         reason = np.array(texts, dtype=object)
         unresolvable = (codes == CODE_NO_INVENTORY) | (codes == CODE_MODEL)
