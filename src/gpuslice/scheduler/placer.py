@@ -2,7 +2,8 @@
 
 The policy advises, the placer decides (DESIGN.md). A hook that raises, returns the wrong shape, NaN,
 or GPUs the ledger refuses costs quality, never correctness: the placer falls back to the default
-(equal scores, ``default_gpus``) and counts the fallback in ``fallbacks[(hook, reason)]``.
+(equal scores, ``default_gpus``) and counts the fallback in ``fallbacks[(hook, reason)]``. Every hook
+goes through the one fallback rule of every policy family (``advice.ask``, via ``Placer._ask``).
 
 Every home decides here: ``gpuslice sim`` calls ``place``; ``gpuslice serve`` (one node) and the
 Kubernetes extender (a node kube-scheduler is asking about) call ``pick_gpus`` for the GPUs inside a
@@ -13,10 +14,13 @@ share count used up) and the node's wiring for multi-GPU sets.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import numpy as np
 
+from gpuslice.advice import ask
 from gpuslice.hardware.topology import Topology
 from gpuslice.ledger.ledger import Ledger, LedgerView
 from gpuslice.ledger.placement import Placement, Refusal, RefusalCode
@@ -26,6 +30,8 @@ from gpuslice.workload.job import TopologyNeed
 from gpuslice.workload.request import Request
 
 __all__ = ["Placer", "Unplaced", "default_gpus"]
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -71,17 +77,13 @@ class Placer:
     def feasible(self, req: Request) -> np.ndarray:
         """Nodes that can take ``req``: the ledger's fit mask, narrowed by the policy's filter."""
         mask = self.ledger.fits(req)
-        try:
-            extra = self.policy.filter(self.ledger.view, req)
-        except Exception:
-            self.fallbacks[("filter", "exception")] += 1
-            return mask
-        if extra is None:
-            return mask
-        if getattr(extra, "shape", None) != mask.shape:
-            self.fallbacks[("filter", "wrong shape")] += 1
-            return mask
-        return mask & extra.astype(bool)
+        extra = self._ask(
+            "filter",
+            lambda: self.policy.filter(self.ledger.view, req),
+            lambda m: m is None or getattr(m, "shape", None) == mask.shape or "wrong shape",
+            lambda: None,
+        )
+        return mask if extra is None else mask & extra.astype(bool)
 
     def node_scores(self, req: Request, candidates: np.ndarray) -> np.ndarray:
         """The policy's scores of ``candidates`` (feasible node indices), normalized over them together,
@@ -132,17 +134,26 @@ class Placer:
         allowed = view.gpu_fits(req, node)
         if usable is not None:
             allowed = allowed & usable
-        advice = self._advice(req, node)
-        if advice is not None:
+
+        def check(advice: tuple[int, ...] | None) -> bool | str:
+            if advice is None:  # "the mechanism's default", not a fallback
+                return True
+            if not all(isinstance(g, int | np.integer) and not isinstance(g, bool) for g in advice):
+                return "not GPU indices"
             refusal = self.ledger.check(node, advice, req)
             if refusal is not None:
-                self.fallbacks[("pick_gpus", refusal.code.value)] += 1
-            elif not all(allowed[g] for g in advice):
-                self.fallbacks[("pick_gpus", "GPU not usable")] += 1
-            elif not meets_need(topology, advice, need):
-                self.fallbacks[("pick_gpus", "topology need not met")] += 1
-            else:
-                return advice
+                return refusal.code.value
+            if not all(allowed[g] for g in advice):
+                return "GPU not usable"
+            return meets_need(topology, advice, need) or "topology need not met"
+
+        def hook() -> tuple[int, ...] | None:
+            answer = self.policy.pick_gpus(view, req, node)
+            return None if answer is None else tuple(answer)
+
+        advice = self._ask("pick_gpus", hook, check, lambda: None)
+        if advice is not None:
+            return tuple(int(g) for g in advice)
         return default_gpus(view, req, node, allowed, topology, need)
 
     def release(self, placement: Placement) -> None:
@@ -151,25 +162,31 @@ class Placer:
 
     def _notify(self, hook: str, placement: Placement) -> None:
         """Tell the policy; its failure is counted and never undoes what the ledger already did."""
-        try:
-            getattr(self.policy, hook)(self.ledger.view, placement)
-        except Exception:
-            self.fallbacks[(hook, "exception")] += 1
+        self._ask(hook, lambda: getattr(self.policy, hook)(self.ledger.view, placement), _any, _none)
+
+    def _ask(
+        self,
+        hook: str,
+        call: Callable[[], T],
+        check: Callable[[T], bool | str],
+        default: Callable[[], T],
+        repair: Callable[[T], T] | None = None,
+    ) -> T:
+        """One hook through the one fallback rule (``advice.ask``), a fallback counted as
+        ``fallbacks[(hook, reason)]`` (the reasons the metrics and ``sim`` results report)."""
+        advice = ask(call, check, default, repair)
+        if advice.fallback is not None:
+            self.fallbacks[(hook, advice.fallback)] += 1
+        return advice.value
 
     def _normalized(self, req: Request, scores: np.ndarray) -> np.ndarray:
         """The policy's normalize over all candidates; raw scores if it fails or returns junk."""
-        try:
-            out = np.asarray(self.policy.normalize(self.ledger.view, req, scores), dtype=np.float64)
-        except Exception:
-            self.fallbacks[("normalize", "exception")] += 1
-            return self._usable(scores)
-        if out.shape != scores.shape:
-            self.fallbacks[("normalize", "wrong shape")] += 1
-            return self._usable(scores)
-        if np.isnan(out).any():
-            self.fallbacks[("normalize", "nan")] += 1
-            return self._usable(scores)
-        return out
+        return self._ask(
+            "normalize",
+            lambda: np.asarray(self.policy.normalize(self.ledger.view, req, scores), dtype=np.float64),
+            lambda out: _array_check(out, scores.shape),
+            lambda: self._usable(scores),
+        )
 
     @staticmethod
     def _usable(scores: np.ndarray) -> np.ndarray:
@@ -191,39 +208,34 @@ class Placer:
         return cache.scores[candidates]
 
     def _policy_scores(self, req: Request, nodes: np.ndarray) -> np.ndarray:
-        try:
-            scores = np.asarray(self.policy.score(self.ledger.view, req, nodes), dtype=np.float64)
-        except Exception:
-            self.fallbacks[("score", "exception")] += 1
-            return np.zeros(len(nodes))
-        if scores.shape != (len(nodes),):
-            self.fallbacks[("score", "wrong shape")] += 1
-            return np.zeros(len(nodes))
-        if np.isnan(scores).any():
-            self.fallbacks[("score", "nan")] += 1
-            return self._usable(scores)
-        return scores
-
-    def _advice(self, req: Request, node: int) -> tuple[int, ...] | None:
-        """The policy's pick_gpus answer as GPU indices; None when it gave none, or (counted) when it raised
-        or is not indices."""
-        try:
-            answer = self.policy.pick_gpus(self.ledger.view, req, node)
-            if answer is None:
-                return None
-            advice = tuple(answer)
-        except Exception:
-            self.fallbacks[("pick_gpus", "exception")] += 1
-            return None
-        if not all(isinstance(g, int | np.integer) and not isinstance(g, bool) for g in advice):
-            self.fallbacks[("pick_gpus", "not GPU indices")] += 1
-            return None
-        return tuple(int(g) for g in advice)
+        shape = (len(nodes),)
+        return self._ask(
+            "score",
+            lambda: np.asarray(self.policy.score(self.ledger.view, req, nodes), dtype=np.float64),
+            lambda scores: _array_check(scores, shape),
+            lambda: np.zeros(shape),
+            # NaN nodes rank below every real score; a wrong shape has nothing to keep
+            repair=lambda scores: self._usable(scores) if scores.shape == shape else np.zeros(shape),
+        )
 
     def _reserve_with_advice(self, req: Request, node: int) -> Placement | Refusal:
         """Reserve on ``node`` the GPUs ``pick_gpus`` chooses (sim has no usable mask and no need)."""
         topology = self.topologies[node] if self.topologies is not None else None
         return self.ledger.reserve(node, self.pick_gpus(req, node, topology=topology) or (), req)
+
+
+def _array_check(values: np.ndarray, shape: tuple[int, ...]) -> bool | str:
+    if values.shape != shape:
+        return "wrong shape"
+    return not np.isnan(values).any() or "nan"
+
+
+def _any(_: object) -> bool:
+    return True
+
+
+def _none() -> None:
+    return None
 
 
 def default_gpus(
