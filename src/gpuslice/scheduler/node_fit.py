@@ -19,9 +19,9 @@ the placer chooses GPUs for and the start reserves (``Holding.request``).
 
 GPU choice inside the machine is not made here: shares and whole GPUs are chosen by the shared placer
 (``Placer.pick_gpus``: the placement policy's advice, else best fit for a share and ``pick_gpu_set`` for
-whole GPUs), as in sim and the Kubernetes extender. Only a MIG instance is chosen here: the smallest
-candidate profile first, then the fullest MIG GPU, at the start the MIG placement policy advises
-(validated with ``MigLayout.can_place``).
+whole GPUs), as in sim and the Kubernetes extender; a MIG instance by the one MIG choice
+(``scheduler/mig_choice.py``), as in the extender: the smallest candidate profile first, then the
+fullest MIG GPU, at the start the MIG placement policy advises (validated with ``MigLayout.can_place``).
 
 Pure and deterministic: every loop runs in GPU index order.
 """
@@ -43,7 +43,8 @@ from gpuslice.hardware.topology import Topology
 from gpuslice.ledger.fit import FITS, code_of, fit_codes
 from gpuslice.ledger.placement import RefusalCode
 from gpuslice.policies.gpuset.pick import meets_need
-from gpuslice.policies.mig_placement import KeepLargestPlaceable, MigPlacementOps, checked_start
+from gpuslice.policies.mig_placement import MigPlacementOps
+from gpuslice.scheduler.mig_choice import MigCandidate, choose_mig_instance, mig_rank
 from gpuslice.scheduler.reasons import PendingCode, PendingReason
 from gpuslice.units import format_size
 from gpuslice.workload.job import JobSpec, TopologyNeed
@@ -59,6 +60,7 @@ __all__ = [
     "demand_for",
     "fits",
     "gpus_equivalent",
+    "mig_candidates",
     "mig_request",
     "refusal",
     "why_not",
@@ -291,16 +293,13 @@ def _usable(demand: Demand, gpus: int) -> np.ndarray:
     return usable
 
 
-def _mig_candidates(demand: Demand, cap: Capacity) -> list[tuple[int, int, int, MigProfile]]:
-    """(profile rank, −occupied slots, GPU, profile) for every GPU and profile with a free start."""
+def mig_candidates(demand: Demand, cap: Capacity) -> list[MigCandidate]:
+    """The job's MIG GPUs on ``cap`` as candidates of the one MIG choice (instances are created here)."""
     out = []
     for g, profiles in demand.mig_options:
         layout = cap.layouts[g]
-        if layout is None:
-            continue
-        for rank, profile in enumerate(profiles):
-            if layout.placements(profile):
-                out.append((rank, -layout.mask.bit_count(), g, profile))
+        if layout is not None:
+            out.append(MigCandidate(g, layout, profiles, held=layout.mask))
     return out
 
 
@@ -313,7 +312,8 @@ def refusal(demand: Demand, cap: Capacity, topology: Topology | None) -> Refusal
     if demand.kind is DemandKind.NONE:
         return None
     if demand.kind is DemandKind.MIG:
-        return None if _mig_candidates(demand, cap) else RefusalCode.NO_MIG_SLOT
+        fits_one = any(mig_rank(c) is not None for c in mig_candidates(demand, cap))
+        return None if fits_one else RefusalCode.NO_MIG_SLOT
     number = int(
         fit_codes(
             demand.request,
@@ -347,22 +347,16 @@ def choose_mig(
     policy: MigPlacementOps | None = None,
     fallbacks: Counter[str] | None = None,
 ) -> Choice | None:
-    """The MIG GPU and slot the job gets on ``cap``, or None if none is free; see the module doc. The
-    policy's start goes through the MIG family's advice check (``checked_start``); a fallback is counted
-    in ``fallbacks["mig-placement: <reason>"]``."""
-    policy = policy or KeepLargestPlaceable()
-    for _, _, g, profile in sorted(_mig_candidates(demand, cap), key=lambda c: c[:3]):
-        layout = cap.layouts[g]
-        assert layout is not None
-        start, why = checked_start(policy, layout, profile)
-        if why is not None and fallbacks is not None:
-            fallbacks[f"mig-placement: {why}"] += 1
-        if start is None:  # "no start" from a policy: the default's answer, the lowest valid start
-            start = layout.placements(profile)[0]
-        instance = MigInstance(profile=profile, start=start)
-        request = mig_request(profile, cap.total_memory[g])
-        return Choice((g,), Holding((g,), mig=instance, request=request))
-    return None
+    """The MIG GPU and slot the job gets on ``cap``, or None if none is free: the one MIG choice
+    (``scheduler/mig_choice.py``: smallest profile, fullest GPU, the MIG placement policy's start
+    through the family's advice check; a fallback counted in ``fallbacks["mig-placement: <reason>"]``)."""
+    chosen = choose_mig_instance(mig_candidates(demand, cap), policy, fallbacks)
+    if chosen is None:
+        return None
+    candidate, instance = chosen
+    g = int(candidate.key)  # type: ignore[call-overload]
+    request = mig_request(instance.profile, cap.total_memory[g])
+    return Choice((g,), Holding((g,), mig=instance, request=request))
 
 
 def _gpu_list(gpus: Sequence[int]) -> str:

@@ -43,7 +43,7 @@ from gpuslice.ledger.ledger import Ledger, LedgerView
 from gpuslice.ledger.placement import Placement, Refusal
 from gpuslice.policies.base import PlacementOps, PolicyContext
 from gpuslice.policies.bestfit import BestFit
-from gpuslice.policies.mig_placement import KeepLargestPlaceable
+from gpuslice.policies.mig_placement import DEFAULT_MIG_PLACEMENT, mig_placement_policy
 from gpuslice.policies.queue import (
     DEFAULT_QUEUE_POLICY,
     JobRef,
@@ -156,7 +156,7 @@ class NodeScheduler:
         self._layouts: list[MigLayout | None] = [
             MigLayout(mig_gpu(g.mig_model)) if g.mig_enabled else None for g in machine.gpus
         ]
-        self._mig_policy = KeepLargestPlaceable()
+        self._mig_policy = mig_placement_policy(DEFAULT_MIG_PLACEMENT)()
         self._pending: dict[str, _Pending] = {}
         self._running: dict[str, _Running] = {}
         self._external = [0] * self._n

@@ -23,6 +23,7 @@ from gpuslice.k8s.extender.cluster import (
 from gpuslice.k8s.extender.verdicts import CODE_MODEL, CODE_NO_INVENTORY, CODE_RESERVED, Verdicts
 from gpuslice.ledger.fit import FITS, fit_codes
 from gpuslice.policies.queue import JobRef
+from gpuslice.scheduler.mig_choice import mig_rank
 from gpuslice.scheduler.preemption import Victim, find_preemption
 from gpuslice.workload.request import MILLI_PER_GPU
 
@@ -86,15 +87,9 @@ class Preemption(Verdicts):
             if (b := self._pods.get(u)) is not None and b.node == built.ledger.node_names[node]
         ]
         if ask.mig_profile:
-            freed = {b.mig_key for b in gone if b.mig_key is not None}
-            name = built.ledger.node_names[node]
-            return any(
-                slot.profile == ask.mig_profile
-                and gpu.healthy
-                and ((key := (name, gpu.index, slot.start)) not in self._mig_used or key in freed)
-                for gpu in built.inventories[node].gpus
-                for slot in gpu.mig
-            )
+            freed = frozenset(b.mig_key for b in gone if b.mig_key is not None)
+            candidates = self._mig_candidates(built, node, ask.mig_profile, freed)
+            return any(mig_rank(c) is not None for c in candidates)
         view = built.ledger.view
         free = view.free_gpu_milli[node].copy()
         memory = view.free_gpu_memory_bytes[node].copy()

@@ -77,13 +77,14 @@ class Verdicts(ClusterCache):
         known = idx >= 0
         safe = np.where(known, idx, 0)
         if ask.mig_profile:
-            free = np.array(
+            room = np.array(
                 [
-                    self._mig_free(built, int(i), ask.mig_profile) if k else 0
+                    k and self._mig_rank(built, int(i), ask.mig_profile) is not None
                     for i, k in zip(safe.tolist(), known.tolist(), strict=True)
-                ]
+                ],
+                dtype=bool,
             )
-            codes = np.select([~known, free == 0], [CODE_NO_INVENTORY, CODE_NO_MIG], default=0)
+            codes = np.select([~known, ~room], [CODE_NO_INVENTORY, CODE_NO_MIG], default=0)
         else:
             req = ask.to_request()
             codes = np.where(known, self._shape_codes(built, req, safe), CODE_NO_INVENTORY)
