@@ -54,7 +54,9 @@ def holdings(seed: int) -> list[tuple[int, int, int]]:
     out = []
     for _ in range(rng.randint(0, 24)):
         g = rng.randrange(GPUS)
-        cores, mib = (0, 0) if rng.random() < 0.15 else (rng.choice([10, 30, 60]), rng.choice([2000, 6000, 9000]))
+        cores, mib = (
+            (0, 0) if rng.random() < 0.15 else (rng.choice([10, 30, 60]), rng.choice([2000, 6000, 9000]))
+        )
         req = pod_gpu_request(pod_json("x", resources(cores, mib))).to_request()
         if isinstance(ledger.reserve(0, (g,), req), Placement):
             out.append((g, cores, mib))
