@@ -36,3 +36,24 @@ def test_the_default_is_computed_only_when_needed():
     calls = []
     ask(lambda: 1, lambda x: True, lambda: calls.append("default") or 0)
     assert calls == []
+
+
+@pytest.mark.parametrize(
+    ("answer", "expected"),
+    [
+        (5, (5, None)),
+        (-1, (0, "negative")),
+        (250, (99, "too large")),  # repaired, not replaced: the repair keeps what it can
+        (None, (0, "invalid")),  # an empty reason is a plain refusal
+    ],
+    ids=["accepted", "refused with a reason", "repaired", "empty reason"],
+)
+def test_a_check_may_name_its_reason_and_a_repair_may_keep_part_of_the_answer(answer, expected):
+    def check(x):
+        if x is None:
+            return ""
+        return "negative" if x < 0 else ("too large" if x > 99 else True)
+
+    repair = lambda x: min(x, 99) if isinstance(x, int) and x > 0 else 0  # noqa: E731
+    advice = ask(lambda: answer, check, lambda: 0, repair if answer != -1 else None)
+    assert (advice.value, advice.fallback) == expected

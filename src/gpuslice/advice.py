@@ -2,17 +2,22 @@
 
 ```text
 answer = hook(...)              # the policy's advice
-    raised            -> default(), fallback "exception"
-    check(answer) no  -> default(), fallback "invalid"
-    otherwise         -> answer,    fallback None
+    raised                  -> default(), fallback "exception"
+    check(answer) False     -> default(), fallback "invalid"
+    check(answer) "reason"  -> default() (or repair(answer)), fallback "reason"
+    otherwise               -> answer,    fallback None
 ```
+
+A check says why it refuses by returning the reason as a string (the placer counts ``"nan"``, ``"wrong
+shape"``, a ledger refusal's text); ``repair`` turns a refused answer into a usable one where that keeps
+more of the policy's advice than the default would (NaN scores ranked below every real score).
 
 Nothing a policy returns or raises reaches the caller as an exception: a wrong policy costs quality,
 never correctness (sched_ext's rule: the core ignores an impossible choice, uses its own, and counts it).
 Each family counts the fallback where its metrics live (the placer's ``fallbacks[(hook, reason)]``, the
 queue's ``fallbacks[hook]``, a MIG plan's ``fallbacks[reason]``, a GPU-set choice's ``fallback`` text).
-Used by the queue (``policies/queue/base.py``), GPU-set (``policies/gpuset/base.py``) and MIG placement
-(``policies/mig_placement.py``) mechanisms.
+Used by the placement (``scheduler/placer.py``), queue (``policies/queue/base.py``), GPU-set
+(``policies/gpuset/base.py``) and MIG placement (``policies/mig_placement.py``) mechanisms.
 """
 
 from __future__ import annotations
@@ -42,16 +47,25 @@ class Advice(Generic[T]):
         return self.fallback is None
 
 
-def ask(hook: Callable[[], T], check: Callable[[T], bool], default: Callable[[], T]) -> Advice[T]:
+def ask(
+    hook: Callable[[], T],
+    check: Callable[[T], bool | str],
+    default: Callable[[], T],
+    repair: Callable[[T], T] | None = None,
+) -> Advice[T]:
     """Call ``hook``; keep its answer if ``check`` accepts it, else use ``default()`` and say why.
 
-    ``check`` raising counts as refusing (a malformed answer can break the check itself)."""
+    ``check`` returns True to accept, False (``INVALID``) or a reason string to refuse; raising counts
+    as refusing (a malformed answer can break the check itself). ``repair(answer)``, when given, replaces
+    the default for an answer refused with a reason."""
     try:
         answer = hook()
     except Exception as err:  # a crashing policy must not take the mechanism down
         return Advice(default(), EXCEPTION, err)
     try:
-        ok = check(answer)
+        verdict = check(answer)
     except Exception:
-        ok = False
-    return Advice(answer) if ok else Advice(default(), INVALID)
+        verdict = False
+    if isinstance(verdict, str):
+        return Advice(repair(answer) if repair is not None else default(), verdict or INVALID)
+    return Advice(answer) if verdict else Advice(default(), INVALID)

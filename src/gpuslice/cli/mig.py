@@ -16,7 +16,7 @@ from rich.table import Table
 
 from gpuslice.errors import UserError
 from gpuslice.hardware.mig import MEMORY_SLICES, MIG_GPUS, MigGpu, MigLayout, mig_gpu, parse_layout
-from gpuslice.policies.mig_placement import MIG_PLACEMENT, mig_placement_policy
+from gpuslice.policies.mig_placement import DEFAULT_MIG_PLACEMENT, MIG_PLACEMENT, mig_placement_policy
 from gpuslice.scheduler.mig_planner import MigPlan
 from gpuslice.scheduler.mig_planner import plan as make_plan
 from gpuslice.units import format_size
@@ -51,7 +51,7 @@ def plan(
         list[str],
         typer.Option(help="Profile name or -lgip ID (3g.40gb, 9) or memory (12GiB); repeatable, in order."),
     ],
-    policy: Annotated[str, typer.Option(help=f"Placement policy: {_POLICIES}.")] = "keep-largest",
+    policy: Annotated[str, typer.Option(help=f"Placement policy: {_POLICIES}.")] = DEFAULT_MIG_PLACEMENT,
     from_layout: Annotated[
         str | None,
         typer.Option(

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from gpuslice.errors import InvalidRequest
@@ -274,6 +274,23 @@ class PodGpuRequest:
     gpu_models: tuple[str, ...] = ()
     excluded_gpu_models: tuple[str, ...] = ()
     policy: str = ""  # "" = the extender's default
+    # The ledger request, built once when the ask is read: what filter, prioritize, bind and the
+    # preemption what-if all judge and reserve (``to_request``).
+    request: Request = field(init=False, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(
+            self,
+            "request",
+            Request(
+                cpu_milli=0,
+                num_gpu=self.gpus,
+                gpu_milli=self.gpu_milli if self.gpus else 0,
+                gpu_models=self.gpu_models,
+                gpu_memory_bytes=self.memory_mib * MiB,
+                excluded_gpu_models=self.excluded_gpu_models,
+            ),
+        )
 
     @property
     def wants_gpu(self) -> bool:
@@ -288,14 +305,7 @@ class PodGpuRequest:
 
     def to_request(self) -> Request:
         """The ledger request (CPU and memory are left to kube-scheduler's own NodeResourcesFit)."""
-        return Request(
-            cpu_milli=0,
-            num_gpu=self.gpus,
-            gpu_milli=self.gpu_milli if self.gpus else 0,
-            gpu_models=self.gpu_models,
-            gpu_memory_bytes=self.memory_mib * MiB,
-            excluded_gpu_models=self.excluded_gpu_models,
-        )
+        return self.request
 
 
 def _quantity(value: Any, name: str) -> int:

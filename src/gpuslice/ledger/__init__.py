@@ -1,7 +1,19 @@
 """Columnar free capacity with validated reserve/release, and the fragmentation measure over it."""
 
+from gpuslice.ledger.fit import FITS, code_number, code_of, fit_codes
 from gpuslice.ledger.fragmentation import node_fragmentation
 from gpuslice.ledger.ledger import Ledger, LedgerView
 from gpuslice.ledger.placement import Placement, Refusal, RefusalCode
 
-__all__ = ["Ledger", "LedgerView", "Placement", "Refusal", "RefusalCode", "node_fragmentation"]
+__all__ = [
+    "FITS",
+    "Ledger",
+    "LedgerView",
+    "Placement",
+    "Refusal",
+    "RefusalCode",
+    "code_number",
+    "code_of",
+    "fit_codes",
+    "node_fragmentation",
+]

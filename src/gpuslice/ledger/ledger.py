@@ -25,6 +25,7 @@ import numpy as np
 
 from gpuslice.errors import LedgerError
 from gpuslice.hardware.node import MAX_GPUS_PER_NODE, NodeSpec
+from gpuslice.ledger.fit import CHECKS, code_number, fit_codes
 from gpuslice.ledger.placement import Placement, Refusal, RefusalCode
 from gpuslice.workload.request import MILLI_PER_GPU, Request
 
@@ -176,35 +177,34 @@ class Ledger:
             ok &= self.gpu_fits(request).sum(axis=1) >= request.num_gpu
         return ok
 
+    def refusal_codes(
+        self, request: Request, rows: slice | np.ndarray = slice(None), usable: np.ndarray | None = None
+    ) -> np.ndarray:
+        """Per node of ``rows``, the number of the first check the request fails (``ledger.fit``; 0 =
+        fits). ``usable`` (rows, G): the GPUs the home lets the request use. ``fits`` is the fast form
+        of ``refusal_codes(request) == 0``."""
+        return fit_codes(
+            request,
+            self.model_allowed(request)[rows],
+            usable,
+            self._free_gpu[rows],
+            self._free_gpu_memory[rows],
+            self._free_cpu[rows],
+            self._free_memory[rows],
+        )
+
     def why_not(self, request: Request) -> Counter[RefusalCode]:
         """For a request that fits nowhere: per node, the first reason it fails, counted over nodes."""
-        reasons: Counter[RefusalCode] = Counter()
-        cpu_short = self._free_cpu < request.cpu_milli
-        mem_short = self._free_memory < request.memory_bytes
-        if request.num_gpu:
-            model_no = ~self.model_allowed(request)
-            gpu_short = (self._free_gpu >= request.gpu_milli).sum(axis=1) < request.num_gpu
-            gpu_memory_short = self.gpu_fits(request).sum(axis=1) < request.num_gpu
-        else:
-            model_no = gpu_short = gpu_memory_short = np.zeros(self.node_count, dtype=bool)
-        remaining = np.ones(self.node_count, dtype=bool)
-        for code, mask in (
-            (RefusalCode.GPU_MODEL_NOT_ALLOWED, model_no),
-            (RefusalCode.INSUFFICIENT_GPU, gpu_short),
-            (RefusalCode.INSUFFICIENT_GPU_MEMORY, gpu_memory_short),
-            (RefusalCode.INSUFFICIENT_CPU, cpu_short),
-            (RefusalCode.INSUFFICIENT_MEMORY, mem_short),
-        ):
-            hit = remaining & mask
-            if hit.any():
-                reasons[code] = int(hit.sum())
-            remaining &= ~mask
-        return reasons
+        numbers = np.bincount(self.refusal_codes(request), minlength=len(RefusalCode) + 1)
+        return Counter(
+            {code: int(numbers[code_number(code)]) for code in CHECKS if numbers[code_number(code)]}
+        )
 
     # ---- changes -------------------------------------------------------------------------------------
 
     def check(self, node: int, gpus: Sequence[int], request: Request) -> Refusal | None:
-        """The refusal ``reserve`` would return, or None if it would succeed. Reads only."""
+        """The refusal ``reserve`` would return, or None if it would succeed. Reads only. The GPU checks
+        run in the fit rule's order (``ledger.fit``: model, memory, compute)."""
         if not 0 <= node < self.node_count:
             return Refusal(RefusalCode.NO_SUCH_NODE, node)
         if self._free_cpu[node] < request.cpu_milli:
@@ -229,14 +229,6 @@ class Ledger:
         for gpu in gpus:
             if not 0 <= gpu < self._gpu_count[node]:
                 return Refusal(RefusalCode.NO_SUCH_GPU, node, gpu=gpu)
-            if self._free_gpu[node, gpu] < request.gpu_milli:
-                return Refusal(
-                    RefusalCode.INSUFFICIENT_GPU,
-                    node,
-                    gpu=gpu,
-                    need=request.gpu_milli,
-                    free=int(self._free_gpu[node, gpu]),
-                )
             if self._free_gpu_memory[node, gpu] < request.gpu_memory_bytes:
                 return Refusal(
                     RefusalCode.INSUFFICIENT_GPU_MEMORY,
@@ -244,6 +236,14 @@ class Ledger:
                     gpu=gpu,
                     need=request.gpu_memory_bytes,
                     free=int(self._free_gpu_memory[node, gpu]),
+                )
+            if self._free_gpu[node, gpu] < request.gpu_milli:
+                return Refusal(
+                    RefusalCode.INSUFFICIENT_GPU,
+                    node,
+                    gpu=gpu,
+                    need=request.gpu_milli,
+                    free=int(self._free_gpu[node, gpu]),
                 )
         return None
 

@@ -36,6 +36,14 @@ class RefusalCode(enum.Enum):
     INSUFFICIENT_GPU = "insufficient free GPU"
     INSUFFICIENT_GPU_MEMORY = "insufficient free GPU memory"
     EXCLUDED_BY_POLICY = "excluded by the placement policy"
+    # The GPUs the home lets this request use (healthy, not in MIG mode, under the share limit, the
+    # job's eligible GPUs) are fewer than it asks for.
+    NO_USABLE_GPU = "too few GPUs this request may use"
+    # Checked by the home that knows the wiring or the MIG layouts, in this vocabulary.
+    NO_GPU_SET = "no free GPU set meets the topology need"
+    NO_MIG_SLOT = "no free MIG instance of this profile"
+    # The node's room is held for a higher-priority pod that preempted others there (Kubernetes).
+    RESERVED = "held for a higher-priority pod that preempted pods on this node"
 
 
 @dataclass(frozen=True, slots=True)

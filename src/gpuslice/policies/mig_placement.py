@@ -37,6 +37,7 @@ from gpuslice.hardware.mig import MigGpu, MigLayout, MigProfile
 from gpuslice.registry import Registry
 
 __all__ = [
+    "DEFAULT_MIG_PLACEMENT",
     "MIG_PLACEMENT",
     "FirstFree",
     "KeepLargestPlaceable",
@@ -123,6 +124,8 @@ class KeepLargestPlaceable(MigPlacementOps):
 MIG_PLACEMENT: Registry[MigPlacementOps] = Registry(
     "MIG placement", (KeepLargestPlaceable, FirstFree, LowestFree)
 )
+# The MIG placement every home uses unless told otherwise (serve, the extender, ``gpuslice mig plan``).
+DEFAULT_MIG_PLACEMENT = KeepLargestPlaceable.name
 
 
 def mig_placement_policy(name: str) -> type[MigPlacementOps]:
@@ -131,15 +134,19 @@ def mig_placement_policy(name: str) -> type[MigPlacementOps]:
 
 
 def checked_start(
-    policy: MigPlacementOps, layout: MigLayout, profile: MigProfile
+    policy: MigPlacementOps, layout: MigLayout, profile: MigProfile, existing: frozenset[int] | None = None
 ) -> tuple[int | None, str | None]:
     """The policy's start for ``profile`` if it is valid now, else the default's; and why it fell back.
 
     The advice check of the MIG family (``gpuslice.advice.ask``): an exception, or an answer that is not
     one of ``layout.placements(profile)`` (None, "no start", is always an answer a policy may give),
     falls back to the lowest valid start. The reason ("exception" or "invalid") is returned for the
-    caller to count; None when the policy's own answer is used."""
+    caller to count; None when the policy's own answer is used. ``existing``: where instances cannot be
+    created (static MIG, Kubernetes), the starts of the existing free instances of ``profile``; only
+    those are valid."""
     starts = layout.placements(profile)
+    if existing is not None:
+        starts = tuple(s for s in starts if s in existing)
     advice = ask(
         lambda: policy.choose(layout, profile),
         lambda start: start is None or start in starts,

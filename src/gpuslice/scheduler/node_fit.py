@@ -5,17 +5,23 @@ per GPU, MIG slot layouts), for the real machine and for what-if copies (backfil
 
 ```text
 demand_for(spec, machine)        -> Demand, or InvalidRequest when the job can never run here (at submit)
-fits(demand, capacity)           -> bool, cheap (what-ifs call it often)
+refusal(demand, capacity)        -> RefusalCode or None: the ledger's fit rule (``ledger.fit``) on the
+                                    machine's row, the job's eligible GPUs usable; then the topology need
+fits(demand, capacity)           -> bool, ``refusal is None`` (what-ifs call it often)
 choose_mig(demand, capacity)     -> Choice (GPU, MIG slot) or None
-why_not(demand, capacity)        -> PendingReason: INSUFFICIENT_MEMORY, "needs 40 GiB on one GPU; largest
-                                    free is 22 GiB on GPU 3"
+why_not(demand, capacity)        -> PendingReason: the refusal code in serve's words, e.g.
+                                    INSUFFICIENT_MEMORY, "needs 40 GiB on one GPU; largest free is 22 GiB
+                                    on GPU 3"
 ```
+
+Each job's ledger request is built once, at submit (``Demand.request``), and is what the fit rule judges,
+the placer chooses GPUs for and the start reserves (``Holding.request``).
 
 GPU choice inside the machine is not made here: shares and whole GPUs are chosen by the shared placer
 (``Placer.pick_gpus``: the placement policy's advice, else best fit for a share and ``pick_gpu_set`` for
-whole GPUs), as in sim and the Kubernetes extender. Only a MIG instance is chosen here: the smallest
-candidate profile first, then the fullest MIG GPU, at the start the MIG placement policy advises
-(validated with ``MigLayout.can_place``).
+whole GPUs), as in sim and the Kubernetes extender; a MIG instance by the one MIG choice
+(``scheduler/mig_choice.py``), as in the extender: the smallest candidate profile first, then the
+fullest MIG GPU, at the start the MIG placement policy advises (validated with ``MigLayout.can_place``).
 
 Pure and deterministic: every loop runs in GPU index order.
 """
@@ -25,15 +31,20 @@ from __future__ import annotations
 import enum
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import combinations
+
+import numpy as np
 
 from gpuslice.errors import InvalidRequest, UserError
 from gpuslice.hardware.machine import Machine
 from gpuslice.hardware.mig import MigInstance, MigLayout, MigProfile, format_mask, mig_gpu, resolve_request
 from gpuslice.hardware.topology import Topology
+from gpuslice.ledger.fit import FITS, code_of, fit_codes
+from gpuslice.ledger.placement import RefusalCode
 from gpuslice.policies.gpuset.pick import meets_need
-from gpuslice.policies.mig_placement import KeepLargestPlaceable, MigPlacementOps, checked_start
+from gpuslice.policies.mig_placement import MigPlacementOps
+from gpuslice.scheduler.mig_choice import MigCandidate, choose_mig_instance, mig_rank
 from gpuslice.scheduler.reasons import PendingCode, PendingReason
 from gpuslice.units import format_size
 from gpuslice.workload.job import JobSpec, TopologyNeed
@@ -49,7 +60,9 @@ __all__ = [
     "demand_for",
     "fits",
     "gpus_equivalent",
+    "mig_candidates",
     "mig_request",
+    "refusal",
     "why_not",
 ]
 
@@ -77,16 +90,22 @@ class Demand:
     need: TopologyNeed = TopologyNeed.ANY
     mig_options: tuple[tuple[int, tuple[MigProfile, ...]], ...] = ()
     mig_text: str = ""
+    # The ledger request of a share or whole-GPU job, built once at submit: the fit rule judges it and
+    # the start reserves exactly it (a MIG job's is built when its instance is chosen: ``mig_request``).
+    request: Request = field(default_factory=lambda: Request(cpu_milli=0))
 
 
 @dataclass(frozen=True, slots=True)
 class Holding:
-    """What a running job takes: ``milli`` and ``memory_bytes`` on each of ``gpus``, or one MIG instance."""
+    """What a running job takes: ``milli`` and ``memory_bytes`` on each of ``gpus``, or one MIG instance.
+
+    ``request`` is the ledger entry a start reserves (the demand's, or the MIG instance's)."""
 
     gpus: tuple[int, ...]
     milli: int = 0
     memory_bytes: int = 0
     mig: MigInstance | None = None
+    request: Request | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,9 +119,9 @@ class Choice:
 class Capacity:
     """Free compute (milli) and memory (bytes) per GPU and each MIG GPU's layout; a mutable snapshot.
 
-    ``free_memory`` is what a share may still take: the ledger's free memory less what the GPU lacks
-    against the machine's largest GPU. ``external`` is memory held outside gpuslice, for reasons only
-    (it is already subtracted, through a pseudo-placement in the ledger).
+    ``free_milli`` and ``free_memory`` (numpy, per GPU) are the ledger's row, what the fit rule reads.
+    ``external`` is memory held outside gpuslice, for reasons only (it is already subtracted, through a
+    pseudo-placement in the ledger).
     """
 
     __slots__ = ("external", "free_memory", "free_milli", "layouts", "total_memory")
@@ -115,8 +134,8 @@ class Capacity:
         external: Sequence[int],
         total_memory: Sequence[int],
     ) -> None:
-        self.free_milli = list(free_milli)
-        self.free_memory = list(free_memory)
+        self.free_milli = np.array(free_milli, dtype=np.int64)
+        self.free_memory = np.array(free_memory, dtype=np.int64)
         self.layouts = list(layouts)
         self.external = list(external)
         self.total_memory = list(total_memory)
@@ -131,9 +150,9 @@ class Capacity:
         self._apply(h, +1)
 
     def _apply(self, h: Holding, sign: int) -> None:
-        for g in h.gpus:
-            self.free_milli[g] += sign * h.milli
-            self.free_memory[g] += sign * h.memory_bytes
+        gpus = list(h.gpus)
+        self.free_milli[gpus] += sign * h.milli
+        self.free_memory[gpus] += sign * h.memory_bytes
         if h.mig is not None:
             layout = self.layouts[h.gpus[0]]
             assert layout is not None, "a MIG holding on a GPU without a MIG layout"
@@ -169,7 +188,7 @@ def _models_allowed(spec: JobSpec, model: str) -> bool:
 def demand_for(spec: JobSpec, machine: Machine) -> Demand:
     """The job's need on ``machine``; InvalidRequest naming the field when it can never run here."""
     if spec.gpus == 0:
-        return Demand(DemandKind.NONE)
+        return Demand(DemandKind.NONE)  # its request: no GPU, no CPU (the default)
     models = machine.models
     allowed_models = [m for m in models if _models_allowed(spec, m)]
     if not allowed_models:
@@ -209,17 +228,27 @@ def demand_for(spec: JobSpec, machine: Machine) -> Demand:
             raise InvalidRequest(
                 f"topology: no {spec.gpus} GPUs of this machine are all {_need_text(spec.topology)}"
             )
-    request = spec.request()
+    asked = spec.request()
     if spec.is_share:
+        request = Request(
+            cpu_milli=0, num_gpu=1, gpu_milli=asked.gpu_milli, gpu_memory_bytes=asked.gpu_memory_bytes
+        )
         return Demand(
             DemandKind.SHARE,
             count=1,
             milli=request.gpu_milli,
             memory_bytes=request.gpu_memory_bytes,
             eligible=eligible,
+            request=request,
         )
+    request = Request(cpu_milli=0, num_gpu=spec.gpus, gpu_milli=MILLI_PER_GPU)
     return Demand(
-        DemandKind.WHOLE, count=spec.gpus, milli=MILLI_PER_GPU, eligible=eligible, need=spec.topology
+        DemandKind.WHOLE,
+        count=spec.gpus,
+        milli=MILLI_PER_GPU,
+        eligible=eligible,
+        need=spec.topology,
+        request=request,
     )
 
 
@@ -258,38 +287,58 @@ def _whole_free(demand: Demand, cap: Capacity) -> list[int]:
     return [g for g in demand.eligible if cap.free_milli[g] >= MILLI_PER_GPU]
 
 
-def _share_fits(demand: Demand, cap: Capacity, g: int) -> bool:
-    return cap.free_milli[g] >= demand.milli and cap.free_memory[g] >= demand.memory_bytes
+def _usable(demand: Demand, gpus: int) -> np.ndarray:
+    usable = np.zeros((1, gpus), dtype=bool)
+    usable[0, list(demand.eligible)] = True
+    return usable
 
 
-def _mig_candidates(demand: Demand, cap: Capacity) -> list[tuple[int, int, int, MigProfile]]:
-    """(profile rank, −occupied slots, GPU, profile) for every GPU and profile with a free start."""
+def mig_candidates(demand: Demand, cap: Capacity) -> list[MigCandidate]:
+    """The job's MIG GPUs on ``cap`` as candidates of the one MIG choice (instances are created here)."""
     out = []
     for g, profiles in demand.mig_options:
         layout = cap.layouts[g]
-        if layout is None:
-            continue
-        for rank, profile in enumerate(profiles):
-            if layout.placements(profile):
-                out.append((rank, -layout.mask.bit_count(), g, profile))
+        if layout is not None:
+            out.append(MigCandidate(g, layout, profiles, held=layout.mask))
     return out
 
 
-def fits(demand: Demand, cap: Capacity, topology: Topology | None) -> bool:
-    """Could the job start on ``cap`` now? (For shares and whole GPUs the placer then always finds GPUs:
-    its default choice takes any fitting GPU, and any set that meets the need.)"""
+def refusal(demand: Demand, cap: Capacity, topology: Topology | None) -> RefusalCode | None:
+    """Why the job cannot start on ``cap`` now, in the ledger's vocabulary, or None if it can: the
+    ledger's fit rule (``ledger.fit``) over this machine's row, the job's eligible GPUs as the usable
+    ones; then, as only serve knows the wiring and the MIG layouts here, a GPU set meeting the topology
+    need (``NO_GPU_SET``) or a free MIG start (``NO_MIG_SLOT``). (For shares and whole GPUs the placer
+    then always finds GPUs: its default takes any fitting GPU, and any set that meets the need.)"""
     if demand.kind is DemandKind.NONE:
-        return True
-    if demand.kind is DemandKind.SHARE:
-        return any(_share_fits(demand, cap, g) for g in demand.eligible)
+        return None
     if demand.kind is DemandKind.MIG:
-        return bool(_mig_candidates(demand, cap))
+        fits_one = any(mig_rank(c) is not None for c in mig_candidates(demand, cap))
+        return None if fits_one else RefusalCode.NO_MIG_SLOT
+    number = int(
+        fit_codes(
+            demand.request,
+            _MODEL_OK,
+            _usable(demand, len(cap.free_milli)),
+            cap.free_milli[None],
+            cap.free_memory[None],
+        )[0]
+    )
+    if number != FITS:
+        return code_of(number)
+    if demand.kind is DemandKind.SHARE or demand.need is TopologyNeed.ANY:
+        return None
     free = _whole_free(demand, cap)
-    if len(free) < demand.count:
-        return False
-    if demand.need is TopologyNeed.ANY:
-        return True
-    return any(meets_need(topology, c, demand.need) for c in combinations(free, demand.count))
+    if any(meets_need(topology, c, demand.need) for c in combinations(free, demand.count)):
+        return None
+    return RefusalCode.NO_GPU_SET
+
+
+_MODEL_OK = np.ones(1, dtype=bool)  # the eligible GPUs already exclude models the job does not accept
+
+
+def fits(demand: Demand, cap: Capacity, topology: Topology | None) -> bool:
+    """Could the job start on ``cap`` now? ``refusal(...) is None``."""
+    return refusal(demand, cap, topology) is None
 
 
 def choose_mig(
@@ -298,21 +347,16 @@ def choose_mig(
     policy: MigPlacementOps | None = None,
     fallbacks: Counter[str] | None = None,
 ) -> Choice | None:
-    """The MIG GPU and slot the job gets on ``cap``, or None if none is free; see the module doc. The
-    policy's start goes through the MIG family's advice check (``checked_start``); a fallback is counted
-    in ``fallbacks["mig-placement: <reason>"]``."""
-    policy = policy or KeepLargestPlaceable()
-    for _, _, g, profile in sorted(_mig_candidates(demand, cap), key=lambda c: c[:3]):
-        layout = cap.layouts[g]
-        assert layout is not None
-        start, why = checked_start(policy, layout, profile)
-        if why is not None and fallbacks is not None:
-            fallbacks[f"mig-placement: {why}"] += 1
-        if start is None:  # "no start" from a policy: the default's answer, the lowest valid start
-            start = layout.placements(profile)[0]
-        instance = MigInstance(profile=profile, start=start)
-        return Choice((g,), Holding((g,), mig=instance))
-    return None
+    """The MIG GPU and slot the job gets on ``cap``, or None if none is free: the one MIG choice
+    (``scheduler/mig_choice.py``: smallest profile, fullest GPU, the MIG placement policy's start
+    through the family's advice check; a fallback counted in ``fallbacks["mig-placement: <reason>"]``)."""
+    chosen = choose_mig_instance(mig_candidates(demand, cap), policy, fallbacks)
+    if chosen is None:
+        return None
+    candidate, instance = chosen
+    g = int(candidate.key)  # type: ignore[call-overload]
+    request = mig_request(instance.profile, cap.total_memory[g])
+    return Choice((g,), Holding((g,), mig=instance, request=request))
 
 
 def _gpu_list(gpus: Sequence[int]) -> str:
@@ -326,10 +370,10 @@ def _percent(milli: int) -> str:
 
 
 def why_not(demand: Demand, cap: Capacity, topology: Topology | None) -> PendingReason:
-    """Why the job does not fit ``cap`` now, code and sentence (call only when it does not)."""
-    if demand.kind is DemandKind.SHARE:
-        return _share_reason(demand, cap)
-    if demand.kind is DemandKind.MIG:
+    """Why the job does not fit ``cap`` now: the fit rule's code (``refusal``) translated into a
+    ``PendingCode`` and a sentence with sizes and GPU numbers (call only when it does not fit)."""
+    code = refusal(demand, cap, topology)
+    if code is RefusalCode.NO_MIG_SLOT:
         slots = "; ".join(
             f"GPU {g} slots {format_mask(cap.layouts[g].mask)}"  # type: ignore[union-attr]
             for g, _ in demand.mig_options
@@ -338,15 +382,17 @@ def why_not(demand: Demand, cap: Capacity, topology: Topology | None) -> Pending
             PendingCode.NO_MIG_SLOT,
             f"needs MIG {demand.mig_text}; no MIG GPU has a free slot for it ({slots})",
         )
+    if demand.kind is DemandKind.SHARE:
+        return _share_reason(demand, cap, code)
     free = _whole_free(demand, cap)
     k = demand.count
-    noun = "whole GPU" if k == 1 else "whole GPUs"
-    if len(free) >= k:  # enough GPUs, none of the sets meets the topology need
+    if code is RefusalCode.NO_GPU_SET:  # enough GPUs, none of the sets meets the topology need
         return PendingReason(
             PendingCode.TOPOLOGY,
             f"needs {k} GPUs all {_need_text(demand.need)}; "
             f"the free ones ({_gpu_list(free)}) hold no such set",
         )
+    noun = "whole GPU" if k == 1 else "whole GPUs"
     text = f"needs {k} {noun}; {len(free)} {'is' if len(free) == 1 else 'are'} free"
     if free:
         text += f" ({_gpu_list(free)})"
@@ -357,21 +403,19 @@ def why_not(demand: Demand, cap: Capacity, topology: Topology | None) -> Pending
     return PendingReason(PendingCode.INSUFFICIENT_GPUS, text)
 
 
-def _share_reason(demand: Demand, cap: Capacity) -> PendingReason:
+def _share_reason(demand: Demand, cap: Capacity, code: RefusalCode | None) -> PendingReason:
     eligible = demand.eligible
     best_mem = max(eligible, key=lambda g: (cap.free_memory[g], -g))
     best_milli = max(eligible, key=lambda g: (cap.free_milli[g], -g))
-    mem_short = demand.memory_bytes and cap.free_memory[best_mem] < demand.memory_bytes
-    milli_short = cap.free_milli[best_milli] < demand.milli
-    if mem_short:
+    if code is RefusalCode.INSUFFICIENT_GPU_MEMORY:
         text = (
             f"needs {format_size(demand.memory_bytes)} on one GPU; largest free is "
-            f"{format_size(max(0, cap.free_memory[best_mem]))} on GPU {best_mem}"
+            f"{format_size(max(0, int(cap.free_memory[best_mem])))} on GPU {best_mem}"
         )
         if cap.external[best_mem]:
             text += f" ({format_size(cap.external[best_mem])} there is used outside gpuslice)"
         return PendingReason(PendingCode.INSUFFICIENT_MEMORY, text)
-    if milli_short:
+    if cap.free_milli[best_milli] < demand.milli:
         if demand.milli == 1:  # a memory-only share: only a whole-GPU job can block it
             return PendingReason(
                 PendingCode.INSUFFICIENT_GPUS,
@@ -380,7 +424,7 @@ def _share_reason(demand: Demand, cap: Capacity) -> PendingReason:
         return PendingReason(
             PendingCode.INSUFFICIENT_COMPUTE,
             f"needs {_percent(demand.milli)} compute on one GPU; most free is "
-            f"{_percent(cap.free_milli[best_milli])} on GPU {best_milli}",
+            f"{_percent(int(cap.free_milli[best_milli]))} on GPU {best_milli}",
         )
     return PendingReason(
         PendingCode.INSUFFICIENT_COMPUTE,

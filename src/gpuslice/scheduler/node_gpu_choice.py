@@ -21,17 +21,10 @@ from gpuslice.policies.base import PlacementOps, PolicyContext
 from gpuslice.scheduler.node_batch import batch_set
 from gpuslice.scheduler.node_fit import Choice, Demand, DemandKind, Holding
 from gpuslice.scheduler.placer import Placer
-from gpuslice.workload.request import MILLI_PER_GPU, Request
+from gpuslice.workload.request import Request
 from gpuslice.workload.target import TargetWorkload
 
-__all__ = ["NodeGpuChoice", "demand_request"]
-
-
-def demand_request(demand: Demand) -> Request:
-    """The ledger request of a share or whole-GPU demand."""
-    if demand.kind is DemandKind.SHARE:
-        return Request(cpu_milli=0, num_gpu=1, gpu_milli=demand.milli, gpu_memory_bytes=demand.memory_bytes)
-    return Request(cpu_milli=0, num_gpu=demand.count, gpu_milli=MILLI_PER_GPU)
+__all__ = ["NodeGpuChoice"]
 
 
 class NodeGpuChoice:
@@ -56,16 +49,16 @@ class NodeGpuChoice:
         set exists. ``known``: the requests of the jobs the scheduler knows, for the default target;
         ``later``: the demands queued after this one, for the joint choice of multi-GPU sets
         (node_batch.py; read only for a multi-GPU demand)."""
+        req = demand.request  # built once, at submit: what the fit rule judged and the start reserves
         if demand.kind is DemandKind.NONE:
-            return Choice((), Holding(()))
-        req = demand_request(demand)
+            return Choice((), Holding((), request=req))
         usable = np.zeros(self.ledger.view.free_gpu_milli.shape[1], dtype=bool)
         usable[list(demand.eligible)] = True
         batch = batch_set(self.ledger.view, self.topology, demand, later)
         gpus = self.placer(known).pick_gpus(req, 0, usable, self.topology, demand.need, batch)
         if gpus is None:
             return None
-        return Choice(gpus, Holding(gpus, req.gpu_milli, req.gpu_memory_bytes))
+        return Choice(gpus, Holding(gpus, req.gpu_milli, req.gpu_memory_bytes, request=req))
 
     def placer(self, known: frozenset[Request] = frozenset()) -> Placer:
         """The placer with the policy built for the current target workload."""

@@ -43,7 +43,7 @@ from gpuslice.ledger.ledger import Ledger, LedgerView
 from gpuslice.ledger.placement import Placement, Refusal
 from gpuslice.policies.base import PlacementOps, PolicyContext
 from gpuslice.policies.bestfit import BestFit
-from gpuslice.policies.mig_placement import KeepLargestPlaceable
+from gpuslice.policies.mig_placement import DEFAULT_MIG_PLACEMENT, mig_placement_policy
 from gpuslice.policies.queue import (
     DEFAULT_QUEUE_POLICY,
     JobRef,
@@ -68,7 +68,7 @@ from gpuslice.scheduler.node_fit import (
     mig_request,
     why_not,
 )
-from gpuslice.scheduler.node_gpu_choice import NodeGpuChoice, demand_request
+from gpuslice.scheduler.node_gpu_choice import NodeGpuChoice
 from gpuslice.scheduler.preemption import Victim, find_preemption
 from gpuslice.scheduler.quota import (
     TenantQuota,
@@ -155,7 +155,7 @@ class NodeScheduler:
         self._layouts: list[MigLayout | None] = [
             MigLayout(mig_gpu(g.mig_model)) if g.mig_enabled else None for g in machine.gpus
         ]
-        self._mig_policy = KeepLargestPlaceable()
+        self._mig_policy = mig_placement_policy(DEFAULT_MIG_PLACEMENT)()
         self._pending: dict[str, _Pending] = {}
         self._running: dict[str, _Running] = {}
         self._external = [0] * self._n
@@ -230,15 +230,16 @@ class NodeScheduler:
                     f"mig: {profile.name}@{mig.start} does not fit GPU {mig.gpu} "
                     f"(slots {format_mask(layout.mask)})"
                 )
-            holding = Holding(gpus, mig=MigInstance(profile, mig.start))
+            request = mig_request(profile, self.machine.gpus[mig.gpu].memory_bytes)
+            holding = Holding(gpus, mig=MigInstance(profile, mig.start), request=request)
         else:
             if len(gpus) != max(demand.count, 0) or set(gpus) - set(demand.eligible):
                 raise InvalidRequest(
                     f"gpus: job {job_id} needs {demand.count} of GPU {list(demand.eligible)}, "
                     f"got {list(gpus)}"
                 )
-            holding = Holding(gpus, demand.milli, demand.memory_bytes)
-            refused = self.ledger.check(0, gpus, self._ledger_request(spec, holding))
+            holding = Holding(gpus, demand.milli, demand.memory_bytes, request=demand.request)
+            refused = self.ledger.check(0, gpus, demand.request)
             if refused is not None:  # the ledger's own fit rule; what is recorded already wins
                 raise InvalidRequest(f"gpus: cannot adopt job {job_id} on GPU {list(gpus)}: {refused}")
         self._reserve(job_id, spec, holding, started_at, mig, adopting=True)
@@ -482,7 +483,7 @@ class NodeScheduler:
         """The share and whole-GPU requests of the pending and running jobs (what FGD-style policies keep
         room for, when no target workload is given)."""
         kinds = (DemandKind.SHARE, DemandKind.WHOLE)
-        pending = [demand_request(j.demand) for j in self._pending.values() if j.demand.kind in kinds]
+        pending = [j.demand.request for j in self._pending.values() if j.demand.kind in kinds]
         return pending + [
             r.placement.request for r in self._running.values() if r.mig is None and r.holding.gpus
         ]
@@ -543,13 +544,6 @@ class NodeScheduler:
         mig = choice.holding.mig
         return None if mig is None else MigAssignment(choice.gpus[0], mig.profile.name, mig.start)
 
-    def _ledger_request(self, spec: JobSpec, h: Holding) -> Request:
-        if h.mig is not None:
-            return mig_request(h.mig.profile, self.machine.gpus[h.gpus[0]].memory_bytes)
-        if not h.gpus:
-            return Request(cpu_milli=0)
-        return Request(cpu_milli=0, num_gpu=len(h.gpus), gpu_milli=h.milli, gpu_memory_bytes=h.memory_bytes)
-
     def _reserve(
         self,
         job_id: str,
@@ -563,7 +557,9 @@ class NodeScheduler:
         """Record a running job through ``Ledger.reserve``. ``adopt`` and ``step`` have checked the fit
         already, so a refusal here is a bug in gpuslice (InternalError, everything left unchanged)."""
         gpus = holding.gpus
-        result = self.ledger.reserve(0, gpus, self._ledger_request(spec, holding))
+        if holding.request is None:
+            raise InternalError(f"bug: job {job_id}'s holding carries no ledger request")
+        result = self.ledger.reserve(0, gpus, holding.request)
         if isinstance(result, Refusal):
             what = "adopt" if adopting else "start"
             raise InternalError(f"bug: the ledger refused to {what} job {job_id} on GPU {list(gpus)} "

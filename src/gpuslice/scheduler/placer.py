@@ -2,7 +2,8 @@
 
 The policy advises, the placer decides (DESIGN.md). A hook that raises, returns the wrong shape, NaN,
 or GPUs the ledger refuses costs quality, never correctness: the placer falls back to the default
-(equal scores, ``default_gpus``) and counts the fallback in ``fallbacks[(hook, reason)]``.
+(equal scores, ``default_gpus``) and counts the fallback in ``fallbacks[(hook, reason)]``. Every hook
+goes through the one fallback rule of every policy family (``advice.ask``, via ``Placer._ask``).
 
 Every home decides here: ``gpuslice sim`` calls ``place``; ``gpuslice serve`` (one node) and the
 Kubernetes extender (a node kube-scheduler is asking about) call ``pick_gpus`` for the GPUs inside a
@@ -13,11 +14,13 @@ share count used up) and the node's wiring for multi-GPU sets.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import numpy as np
 
+from gpuslice.advice import ask
 from gpuslice.hardware.topology import Topology
 from gpuslice.ledger.ledger import Ledger, LedgerView
 from gpuslice.ledger.placement import Placement, Refusal, RefusalCode
@@ -28,6 +31,8 @@ from gpuslice.workload.job import TopologyNeed
 from gpuslice.workload.request import MILLI_PER_GPU, Request
 
 __all__ = ["Placer", "Unplaced", "default_gpus"]
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -73,17 +78,13 @@ class Placer:
     def feasible(self, req: Request) -> np.ndarray:
         """Nodes that can take ``req``: the ledger's fit mask, narrowed by the policy's filter."""
         mask = self.ledger.fits(req)
-        try:
-            extra = self.policy.filter(self.ledger.view, req)
-        except Exception:
-            self.fallbacks[("filter", "exception")] += 1
-            return mask
-        if extra is None:
-            return mask
-        if getattr(extra, "shape", None) != mask.shape:
-            self.fallbacks[("filter", "wrong shape")] += 1
-            return mask
-        return mask & extra.astype(bool)
+        extra = self._ask(
+            "filter",
+            lambda: self.policy.filter(self.ledger.view, req),
+            lambda m: m is None or getattr(m, "shape", None) == mask.shape or "wrong shape",
+            lambda: None,
+        )
+        return mask if extra is None else mask & extra.astype(bool)
 
     def node_scores(self, req: Request, candidates: np.ndarray) -> np.ndarray:
         """The policy's scores of ``candidates`` (feasible node indices), normalized over them together,
@@ -142,35 +143,34 @@ class Placer:
         allowed = view.gpu_fits(req, node)
         if usable is not None:
             allowed = allowed & usable
-        advice = self._advice(req, node)
-        if advice is not None and self._acceptable(req, node, advice, allowed, topology, need, "pick_gpus"):
-            return advice
-        if batch is not None and self._acceptable(req, node, batch, allowed, topology, need, "batch"):
-            return batch
-        return default_gpus(view, req, node, allowed, topology, need)
+        def refusal_of(gpus: tuple[int, ...]) -> str | None:
+            refusal = self.ledger.check(node, gpus, req)
+            if refusal is not None:
+                return refusal.code.value
+            if len(gpus) != req.num_gpu or not all(0 <= g < len(allowed) and allowed[g] for g in gpus):
+                return "GPU not usable"
+            return None if meets_need(topology, gpus, need) else "topology need not met"
 
-    def _acceptable(
-        self,
-        req: Request,
-        node: int,
-        gpus: tuple[int, ...],
-        allowed: np.ndarray,
-        topology: Topology | None,
-        need: TopologyNeed,
-        source: str,
-    ) -> bool:
-        """Does the ledger take ``gpus`` for ``req``, are they ``allowed`` and do they meet ``need``? A
-        refusal is counted under ``source``."""
-        refusal = self.ledger.check(node, gpus, req)
-        if refusal is not None:
-            self.fallbacks[(source, refusal.code.value)] += 1
-        elif len(gpus) != req.num_gpu or not all(0 <= g < len(allowed) and allowed[g] for g in gpus):
-            self.fallbacks[(source, "GPU not usable")] += 1
-        elif not meets_need(topology, gpus, need):
-            self.fallbacks[(source, "topology need not met")] += 1
-        else:
-            return True
-        return False
+        def check(advice: tuple[int, ...] | None) -> bool | str:
+            if advice is None:  # "the mechanism's default", not a fallback
+                return True
+            if not all(isinstance(g, int | np.integer) and not isinstance(g, bool) for g in advice):
+                return "not GPU indices"
+            return refusal_of(tuple(int(g) for g in advice)) or True
+
+        def hook() -> tuple[int, ...] | None:
+            answer = self.policy.pick_gpus(view, req, node)
+            return None if answer is None else tuple(answer)
+
+        advice = self._ask("pick_gpus", hook, check, lambda: None)
+        if advice is not None:
+            return tuple(int(g) for g in advice)
+        if batch is not None:  # the joint assignment's set, under the same checks, counted the same way
+            refusal = refusal_of(batch)
+            if refusal is None:
+                return batch
+            self.fallbacks[("batch", refusal)] += 1
+        return default_gpus(view, req, node, allowed, topology, need)
 
     def release(self, placement: Placement) -> None:
         self.ledger.release(placement)
@@ -178,25 +178,31 @@ class Placer:
 
     def _notify(self, hook: str, placement: Placement) -> None:
         """Tell the policy; its failure is counted and never undoes what the ledger already did."""
-        try:
-            getattr(self.policy, hook)(self.ledger.view, placement)
-        except Exception:
-            self.fallbacks[(hook, "exception")] += 1
+        self._ask(hook, lambda: getattr(self.policy, hook)(self.ledger.view, placement), _any, _none)
+
+    def _ask(
+        self,
+        hook: str,
+        call: Callable[[], T],
+        check: Callable[[T], bool | str],
+        default: Callable[[], T],
+        repair: Callable[[T], T] | None = None,
+    ) -> T:
+        """One hook through the one fallback rule (``advice.ask``), a fallback counted as
+        ``fallbacks[(hook, reason)]`` (the reasons the metrics and ``sim`` results report)."""
+        advice = ask(call, check, default, repair)
+        if advice.fallback is not None:
+            self.fallbacks[(hook, advice.fallback)] += 1
+        return advice.value
 
     def _normalized(self, req: Request, scores: np.ndarray) -> np.ndarray:
         """The policy's normalize over all candidates; raw scores if it fails or returns junk."""
-        try:
-            out = np.asarray(self.policy.normalize(self.ledger.view, req, scores), dtype=np.float64)
-        except Exception:
-            self.fallbacks[("normalize", "exception")] += 1
-            return self._usable(scores)
-        if out.shape != scores.shape:
-            self.fallbacks[("normalize", "wrong shape")] += 1
-            return self._usable(scores)
-        if np.isnan(out).any():
-            self.fallbacks[("normalize", "nan")] += 1
-            return self._usable(scores)
-        return out
+        return self._ask(
+            "normalize",
+            lambda: np.asarray(self.policy.normalize(self.ledger.view, req, scores), dtype=np.float64),
+            lambda out: _array_check(out, scores.shape),
+            lambda: self._usable(scores),
+        )
 
     @staticmethod
     def _usable(scores: np.ndarray) -> np.ndarray:
@@ -218,34 +224,15 @@ class Placer:
         return cache.scores[candidates]
 
     def _policy_scores(self, req: Request, nodes: np.ndarray) -> np.ndarray:
-        try:
-            scores = np.asarray(self.policy.score(self.ledger.view, req, nodes), dtype=np.float64)
-        except Exception:
-            self.fallbacks[("score", "exception")] += 1
-            return np.zeros(len(nodes))
-        if scores.shape != (len(nodes),):
-            self.fallbacks[("score", "wrong shape")] += 1
-            return np.zeros(len(nodes))
-        if np.isnan(scores).any():
-            self.fallbacks[("score", "nan")] += 1
-            return self._usable(scores)
-        return scores
-
-    def _advice(self, req: Request, node: int) -> tuple[int, ...] | None:
-        """The policy's pick_gpus answer as GPU indices; None when it gave none, or (counted) when it raised
-        or is not indices."""
-        try:
-            answer = self.policy.pick_gpus(self.ledger.view, req, node)
-            if answer is None:
-                return None
-            advice = tuple(answer)
-        except Exception:
-            self.fallbacks[("pick_gpus", "exception")] += 1
-            return None
-        if not all(isinstance(g, int | np.integer) and not isinstance(g, bool) for g in advice):
-            self.fallbacks[("pick_gpus", "not GPU indices")] += 1
-            return None
-        return tuple(int(g) for g in advice)
+        shape = (len(nodes),)
+        return self._ask(
+            "score",
+            lambda: np.asarray(self.policy.score(self.ledger.view, req, nodes), dtype=np.float64),
+            lambda scores: _array_check(scores, shape),
+            lambda: np.zeros(shape),
+            # NaN nodes rank below every real score; a wrong shape has nothing to keep
+            repair=lambda scores: self._usable(scores) if scores.shape == shape else np.zeros(shape),
+        )
 
     def _reserve_with_advice(
         self, req: Request, node: int, later: Sequence[Request] = ()
@@ -270,6 +257,20 @@ class Placer:
 
 def _multi_gpu(req: Request) -> bool:
     return req.num_gpu >= 2 and req.gpu_milli >= MILLI_PER_GPU
+
+
+def _array_check(values: np.ndarray, shape: tuple[int, ...]) -> bool | str:
+    if values.shape != shape:
+        return "wrong shape"
+    return not np.isnan(values).any() or "nan"
+
+
+def _any(_: object) -> bool:
+    return True
+
+
+def _none() -> None:
+    return None
 
 
 def default_gpus(

@@ -51,8 +51,12 @@ class PreemptionPlan:
 def _demand(req: Request, gpu_count: int) -> Demand:
     eligible = tuple(range(gpu_count))
     if req.num_gpu == 1 and req.gpu_milli < MILLI_PER_GPU:
-        return Demand(DemandKind.SHARE, 1, req.gpu_milli, req.gpu_memory_bytes, eligible)
-    return Demand(DemandKind.WHOLE, req.num_gpu, MILLI_PER_GPU, 0, eligible)
+        share = Request(
+            cpu_milli=0, num_gpu=1, gpu_milli=req.gpu_milli, gpu_memory_bytes=req.gpu_memory_bytes
+        )
+        return Demand(DemandKind.SHARE, 1, share.gpu_milli, share.gpu_memory_bytes, eligible, request=share)
+    whole = Request(cpu_milli=0, num_gpu=req.num_gpu, gpu_milli=MILLI_PER_GPU)
+    return Demand(DemandKind.WHOLE, req.num_gpu, MILLI_PER_GPU, 0, eligible, request=whole)
 
 
 def plan_preemption(

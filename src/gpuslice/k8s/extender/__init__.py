@@ -37,7 +37,7 @@ Modules, one job each (the class chain ``ClusterCache`` -> ``Verdicts`` -> ``Pre
 ```text
 kube.py        the API server: KubeApi (what the extender needs), KubernetesApi, the node and pod watch
 cluster.py     ClusterCache: nodes' inventories and bound pods from the watch, the ledger built over them
-verdicts.py    Verdicts: per node, does the pod fit and why not (cached per request shape); fit_codes
+verdicts.py    Verdicts: the ledger's fit codes per node (cached per request shape), in Kubernetes words
 preemption.py  Preemption: the preempt verb's what-if, and evictions the extender starts itself
 state.py       ClusterState: filter, prioritize, bind; GPUs chosen by Placer.pick_gpus
 app.py         create_app: the HTTP verbs over a ClusterState

@@ -14,7 +14,8 @@ from typing import Any
 
 import numpy as np
 
-from gpuslice.errors import InvalidRequest, UnknownPolicy
+from gpuslice.errors import InvalidRequest, UnknownPolicy, UserError
+from gpuslice.hardware.mig import MigInstance, MigLayout, mig_gpu
 from gpuslice.hardware.node import MAX_GPUS_PER_NODE, NodeSpec
 from gpuslice.hardware.topology import Topology, TopologyError, build_topology
 from gpuslice.k8s.annotations import (
@@ -31,6 +32,7 @@ from gpuslice.ledger.ledger import Ledger
 from gpuslice.ledger.placement import Placement, Refusal
 from gpuslice.policies import DEFAULT_PLACEMENT, PolicyContext, placement_policy
 from gpuslice.programs.loader import resolve
+from gpuslice.scheduler.mig_choice import MigCandidate, mig_rank
 from gpuslice.scheduler.placer import Placer
 from gpuslice.units import MiB
 from gpuslice.workload.request import MILLI_PER_GPU, Request
@@ -178,7 +180,8 @@ class ClusterCache:
         self._node_locks: dict[str, threading.Lock] = {}
         self._inventory_text: dict[str, str] = {}
         self._pods: dict[str, BoundPod] = {}
-        self._mig_used: dict[tuple[str, int, int], str] = {}
+        self._mig_used: dict[tuple[str, int, int], str] = {}  # (node, GPU, start) -> the pod holding it
+        self.mig_fallbacks: Counter[str] = Counter()  # MIG placement answers replaced by the default
         self._built: LedgerBuild | None = None
         self._seen: OrderedDict[str, Mapping[str, Any]] = OrderedDict()
         self._events = ThreadPoolExecutor(max_workers=1, thread_name_prefix="events")
@@ -387,14 +390,46 @@ class ClusterCache:
         for node in [n for n, h in self._nominations.items() if h.uid == uid]:
             del self._nominations[node]
 
-    def _mig_free(self, built: LedgerBuild, node: int, profile: str) -> int:
+    def _mig_candidates(
+        self,
+        built: LedgerBuild,
+        node: int,
+        profile: str,
+        freed: frozenset[tuple[str, int, int]] = frozenset(),
+    ) -> list[MigCandidate]:
+        """The node's healthy MIG GPUs as candidates of the one MIG choice (``scheduler/mig_choice.py``):
+        the instances held by pods (less ``freed``, a what-if) and the other profiles' free instances
+        block their slices; only the existing free instances of ``profile`` may be chosen. A GPU whose
+        model has no MIG table in gpuslice, or no such profile, offers none."""
         name = built.ledger.node_names[node]
-        return sum(
-            1
-            for gpu in built.inventories[node].gpus
-            for slot in gpu.mig
-            if slot.profile == profile and gpu.healthy and (name, gpu.index, slot.start) not in self._mig_used
-        )
+        out = []
+        for gpu in built.inventories[node].gpus:
+            if not gpu.mig or not gpu.healthy:
+                continue
+            try:
+                geometry = mig_gpu(gpu.model)
+                wanted = geometry.profile(profile)
+                slots = [(s, geometry.profile(s.profile)) for s in gpu.mig]
+            except UserError:
+                continue
+            held = [
+                MigInstance(p, s.start)
+                for s, p in slots
+                if (key := (name, gpu.index, s.start)) in self._mig_used and key not in freed
+            ]
+            free = [(s, p) for s, p in slots if (name, gpu.index, s.start) not in self._mig_used or
+                    (name, gpu.index, s.start) in freed]  # fmt: skip
+            blocking = [MigInstance(p, s.start) for s, p in free if p != wanted]
+            starts = frozenset(s.start for s, p in free if p == wanted)
+            held_mask = MigLayout(geometry, tuple(held)).mask
+            layout = MigLayout(geometry, tuple(held + blocking))
+            out.append(MigCandidate((node, gpu.index), layout, (wanted,), held_mask, {wanted.name: starts}))
+        return out
+
+    def _mig_rank(self, built: LedgerBuild, node: int, profile: str) -> tuple[int, int] | None:
+        """The node's best MIG candidate's rank (lower is better), None if it has no free instance."""
+        ranks = [r for c in self._mig_candidates(built, node, profile) if (r := mig_rank(c)) is not None]
+        return min(ranks, default=None)
 
     def _placer(self, built: LedgerBuild, ask: PodGpuRequest) -> Placer:
         name = ask.policy or self.default_policy

@@ -20,8 +20,10 @@ from gpuslice.k8s.extender.cluster import (
     pod_meta,
     pod_priority,
 )
-from gpuslice.k8s.extender.verdicts import CODE_MODEL, CODE_NO_INVENTORY, CODE_RESERVED, Verdicts, fit_codes
+from gpuslice.k8s.extender.verdicts import CODE_MODEL, CODE_NO_INVENTORY, CODE_RESERVED, Verdicts
+from gpuslice.ledger.fit import FITS, fit_codes
 from gpuslice.policies.queue import JobRef
+from gpuslice.scheduler.mig_choice import mig_rank
 from gpuslice.scheduler.preemption import Victim, find_preemption
 from gpuslice.workload.request import MILLI_PER_GPU
 
@@ -85,15 +87,9 @@ class Preemption(Verdicts):
             if (b := self._pods.get(u)) is not None and b.node == built.ledger.node_names[node]
         ]
         if ask.mig_profile:
-            freed = {b.mig_key for b in gone if b.mig_key is not None}
-            name = built.ledger.node_names[node]
-            return any(
-                slot.profile == ask.mig_profile
-                and gpu.healthy
-                and ((key := (name, gpu.index, slot.start)) not in self._mig_used or key in freed)
-                for gpu in built.inventories[node].gpus
-                for slot in gpu.mig
-            )
+            freed = frozenset(b.mig_key for b in gone if b.mig_key is not None)
+            candidates = self._mig_candidates(built, node, ask.mig_profile, freed)
+            return any(mig_rank(c) is not None for c in candidates)
         view = built.ledger.view
         free = view.free_gpu_milli[node].copy()
         memory = view.free_gpu_memory_bytes[node].copy()
@@ -107,7 +103,7 @@ class Preemption(Verdicts):
         req = ask.to_request()
         model_ok = built.ledger.model_allowed(req)[node : node + 1]
         slots = open_slots(built, node, tasks)
-        return int(fit_codes(req, model_ok, slots[None], free[None], memory[None])[0]) == 0
+        return int(fit_codes(req, model_ok, slots[None], free[None], memory[None])[0]) == FITS
 
     def _reserved_for_others(
         self, pod: Mapping[str, Any], node_names: list[str], codes: np.ndarray

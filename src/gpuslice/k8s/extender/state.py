@@ -27,13 +27,13 @@ from gpuslice.k8s.extender.verdicts import (
     CODE_EXCLUDED,
     CODE_MODEL,
     CODE_NO_INVENTORY,
-    CODE_RESERVED,
     REASON_INVALID,
     REASON_NO_INVENTORY,
     REASON_NO_MIG_INSTANCE,
     REASON_RESERVED,
 )
-from gpuslice.ledger.placement import Refusal, RefusalCode
+from gpuslice.ledger.placement import Refusal
+from gpuslice.scheduler.mig_choice import choose_mig_instance
 from gpuslice.workload.request import Request
 
 __all__ = ["MAX_EXTENDER_PRIORITY", "ClusterState", "FilterResult"]
@@ -101,7 +101,6 @@ class ClusterState(Preemption):
         idx = self._indices(built, node_names)
         codes, texts = self._verdicts(built, ask, idx)
         codes = self._reserved_for_others(pod, node_names, codes)
-        texts = [*texts, *[""] * (CODE_RESERVED - len(texts)), REASON_RESERVED]
         ok = codes == 0
         chosen = -1
         if self.narrow and ok.any():
@@ -109,7 +108,6 @@ class ClusterState(Preemption):
             if chosen < 0:  # the policy's own filter took every fitting node away
                 codes = np.where(ok, CODE_EXCLUDED, codes)
                 ok[:] = False
-        texts = [*texts, *[""] * (CODE_EXCLUDED - len(texts)), RefusalCode.EXCLUDED_BY_POLICY.value]
         names = np.fromiter(node_names, dtype=object, count=len(node_names))
         reason = np.array(texts, dtype=object)
         unresolvable = (codes == CODE_NO_INVENTORY) | (codes == CODE_MODEL)
@@ -144,12 +142,16 @@ class ClusterState(Preemption):
 
     def _choose(self, built: LedgerBuild, ask: PodGpuRequest, idx: np.ndarray, ok: np.ndarray) -> int:
         """Position in ``idx`` of the node the policy chooses among the ``ok`` ones; -1 if its filter
-        refuses them all. MIG: the node with the fewest free instances of the profile (packing)."""
+        refuses them all. MIG: the node of the instance the one MIG choice takes among them all."""
         rows = idx[ok]
         positions = np.flatnonzero(ok)
         if ask.mig_profile:
-            free = [self._mig_free(built, int(i), ask.mig_profile) for i in rows]
-            return int(positions[int(np.argmin(free))])
+            candidates = [c for i in rows.tolist() for c in self._mig_candidates(built, i, ask.mig_profile)]
+            chosen = choose_mig_instance(candidates, fallbacks=self.mig_fallbacks)
+            if chosen is None:  # the verdicts said one fits: only a rebuild in between gets here
+                return -1
+            node = chosen[0].key[0]  # type: ignore[index]
+            return int(positions[np.flatnonzero(rows == node)[0]])
         placer = self._placer(built, ask)
         req = ask.to_request()
         mask = np.zeros(built.ledger.node_count, dtype=bool)
@@ -228,14 +230,12 @@ class ClusterState(Preemption):
         built = self._ledgered()
         idx = self._prioritize_indices(pod, built, node_names)
         known = idx >= 0
-        if ask.mig_profile:  # pack: the node with the fewest free instances of the profile first
-            free = np.array(
-                [
-                    self._mig_free(built, int(i), ask.mig_profile) if k else 0
-                    for i, k in zip(idx, known, strict=True)
-                ]
-            )
-            raw = np.where(free > 0, -free.astype(np.float64), -np.inf)
+        if ask.mig_profile:  # the one MIG choice's order: smallest profile, then the fullest GPU
+            ranks = [
+                self._mig_rank(built, int(i), ask.mig_profile) if k else None
+                for i, k in zip(idx, known, strict=True)
+            ]
+            raw = np.array([-np.inf if r is None else -float(r[1]) for r in ranks])
         else:
             placer = self._placer(built, ask)
             req = ask.to_request()
@@ -311,19 +311,21 @@ class ClusterState(Preemption):
         namespace, name, _ = pod_meta(pod)
         who = {"namespace": namespace, "name": name, "priority": pod_priority(pod)}
         if ask.mig_profile:
-            with self._lock:
-                for gpu in inv.gpus:
-                    for slot in gpu.mig:
-                        key = (node_name, gpu.index, slot.start)
-                        if slot.profile != ask.mig_profile or not gpu.healthy or key in self._mig_used:
-                            continue
-                        mig = MigChoice(gpu.index, slot.profile, slot.start, slot.uuid)
-                        decision = Decision(
-                            node_name, ask.container, (gpu.index,), (gpu.uuid,), 0, 100, mig, bind_time=now
-                        )
-                        self._mig_used[key] = uid
-                        self._pods[uid] = BoundPod(node_name, ask, decision, mig_key=key, **who)
-                        return decision, ""
+            with self._lock:  # the one MIG choice, as serve's: which existing free instance of the node
+                candidates = self._mig_candidates(built, node, ask.mig_profile)
+                chosen = choose_mig_instance(candidates, fallbacks=self.mig_fallbacks)
+                if chosen is not None:
+                    g, start = chosen[0].key[1], chosen[1].start  # type: ignore[index]
+                    gpu = next(x for x in inv.gpus if x.index == g)
+                    slot = next(s for s in gpu.mig if s.start == start and s.profile == ask.mig_profile)
+                    mig = MigChoice(gpu.index, slot.profile, slot.start, slot.uuid)
+                    decision = Decision(
+                        node_name, ask.container, (gpu.index,), (gpu.uuid,), 0, 100, mig, bind_time=now
+                    )
+                    key = (node_name, gpu.index, slot.start)
+                    self._mig_used[key] = uid
+                    self._pods[uid] = BoundPod(node_name, ask, decision, mig_key=key, **who)
+                    return decision, ""
             return None, f"{REASON_NO_MIG_INSTANCE} {ask.mig_profile} (taken since filter)"
         req = ask.to_request()
         gpus = self._choose_gpus(built, node, ask, req)

@@ -6,6 +6,7 @@ import numpy as np
 
 from gpuslice.k8s.annotations import PodGpuRequest
 from gpuslice.k8s.extender.cluster import ClusterCache, LedgerBuild, VerdictCache, open_slots
+from gpuslice.ledger.fit import code_number
 from gpuslice.ledger.placement import RefusalCode
 from gpuslice.workload.request import Request
 
@@ -24,21 +25,46 @@ __all__ = [
     "REASON_RESERVED",
     "REASON_SHARE_LIMIT",
     "Verdicts",
-    "fit_codes",
+    "verdict_texts",
 ]
 
 VERDICT_SHAPES_MAX = 256  # request shapes whose per-node verdicts are kept (45 kB each at 5,000 nodes)
 
-# Reasons the ledger has no RefusalCode for (fixed text, like RefusalCode values).
+# Verdict codes of one node for one pod: the ledger's fit-rule numbers (``ledger.fit``; 0 = fits). The
+# first two are beyond preemption's reach (they go to FailedAndUnresolvableNodes).
+CODE_NO_INVENTORY = code_number(RefusalCode.NO_SUCH_NODE)
+CODE_MODEL = code_number(RefusalCode.GPU_MODEL_NOT_ALLOWED)
+CODE_SHARES = code_number(RefusalCode.NO_USABLE_GPU)
+CODE_GPU = code_number(RefusalCode.INSUFFICIENT_GPU)
+CODE_MEMORY = code_number(RefusalCode.INSUFFICIENT_GPU_MEMORY)
+CODE_NO_MIG = code_number(RefusalCode.NO_MIG_SLOT)
+CODE_RESERVED = code_number(RefusalCode.RESERVED)  # held for a preempting pod
+CODE_EXCLUDED = code_number(RefusalCode.EXCLUDED_BY_POLICY)  # refused by the policy's own filter
+
+# The extender's words for the codes whose ledger text says too little to a Kubernetes user.
 REASON_NO_INVENTORY = "no gpuslice inventory on this node (is the gpuslice device plugin running?)"
 REASON_SHARE_LIMIT = "every fitting GPU already holds its maximum number of shares (splitCount)"
-REASON_NO_MIG_INSTANCE = "no free MIG instance of this profile"
-REASON_INVALID = "invalid gpuslice request"
-# Verdict codes of one node for one pod (0 = fits); the first two are beyond preemption's reach
-# (they go to FailedAndUnresolvableNodes).
-CODE_NO_INVENTORY, CODE_MODEL, CODE_SHARES, CODE_GPU, CODE_MEMORY, CODE_NO_MIG = 1, 2, 3, 4, 5, 6
-CODE_RESERVED, CODE_EXCLUDED = 7, 8  # held for a preempting pod; refused by the placement policy's own filter
-REASON_RESERVED = "held for a higher-priority pod that preempted pods on this node"
+REASON_NO_MIG_INSTANCE = RefusalCode.NO_MIG_SLOT.value
+REASON_RESERVED = RefusalCode.RESERVED.value
+REASON_INVALID = "invalid gpuslice request"  # the pod's request itself, before any node is judged
+
+
+def verdict_texts(ask: PodGpuRequest, models: tuple[str, ...]) -> list[str]:
+    """Per verdict code, the FailedScheduling text for ``ask``: the translation of the ledger's codes."""
+    texts = [code.value for code in RefusalCode]
+    texts.insert(0, "")
+    texts[CODE_NO_INVENTORY] = REASON_NO_INVENTORY
+    if ask.mig_profile:
+        return texts
+    req = ask.to_request()
+    need = f"need {req.num_gpu} GPU(s) with {req.gpu_milli} milli-GPU" + (
+        f" and {ask.memory_mib} MiB free" if ask.memory_mib else ""
+    )
+    texts[CODE_MODEL] = f"{RefusalCode.GPU_MODEL_NOT_ALLOWED.value}: {_models_text(ask, models)}"
+    texts[CODE_SHARES] = f"{REASON_SHARE_LIMIT}; {need}"
+    texts[CODE_GPU] = f"{RefusalCode.INSUFFICIENT_GPU.value}: {need}"
+    texts[CODE_MEMORY] = f"{RefusalCode.INSUFFICIENT_GPU_MEMORY.value}: {need}"
+    return texts
 
 
 class Verdicts(ClusterCache):
@@ -47,33 +73,22 @@ class Verdicts(ClusterCache):
     def _verdicts(
         self, built: LedgerBuild, ask: PodGpuRequest, idx: np.ndarray
     ) -> tuple[np.ndarray, list[str]]:
-        """Per node a code, 0 = fits, else an index into the returned reason texts (vectorised)."""
+        """Per node a code (the ledger's fit-rule number, 0 = fits) and the texts indexed by code."""
         known = idx >= 0
         safe = np.where(known, idx, 0)
         if ask.mig_profile:
-            free = np.array(
+            room = np.array(
                 [
-                    self._mig_free(built, int(i), ask.mig_profile) if k else 0
+                    k and self._mig_rank(built, int(i), ask.mig_profile) is not None
                     for i, k in zip(safe.tolist(), known.tolist(), strict=True)
-                ]
+                ],
+                dtype=bool,
             )
-            codes = np.select([~known, free == 0], [CODE_NO_INVENTORY, CODE_NO_MIG], default=0)
-            return codes, ["", REASON_NO_INVENTORY, "", "", "", "", REASON_NO_MIG_INSTANCE]
-        req = ask.to_request()
-        codes = np.where(known, self._shape_codes(built, req, safe), CODE_NO_INVENTORY)
-        n = req.num_gpu
-        need = f"need {n} GPU(s) with {req.gpu_milli} milli-GPU" + (
-            f" and {ask.memory_mib} MiB free" if ask.memory_mib else ""
-        )
-        texts = [
-            "",
-            REASON_NO_INVENTORY,
-            f"{RefusalCode.GPU_MODEL_NOT_ALLOWED.value}: {_models_text(ask, built.ledger.models)}",
-            f"{REASON_SHARE_LIMIT}; {need}",
-            f"{RefusalCode.INSUFFICIENT_GPU.value}: {need}",
-            f"{RefusalCode.INSUFFICIENT_GPU_MEMORY.value}: {need}",
-        ]
-        return codes, texts
+            codes = np.select([~known, ~room], [CODE_NO_INVENTORY, CODE_NO_MIG], default=0)
+        else:
+            req = ask.to_request()
+            codes = np.where(known, self._shape_codes(built, req, safe), CODE_NO_INVENTORY)
+        return codes, verdict_texts(ask, built.ledger.models)
 
     def _shape_codes(self, built: LedgerBuild, req: Request, nodes: np.ndarray) -> np.ndarray:
         """Verdict codes of ``nodes`` (ledger indices) for ``req``, from the shape's cache: only the rows
@@ -95,37 +110,10 @@ class Verdicts(ClusterCache):
 
     @staticmethod
     def _row_codes(built: LedgerBuild, req: Request, rows: np.ndarray) -> np.ndarray:
-        """Verdict codes of ledger ``rows`` computed from the ledger (vectorised, the first failing check)."""
-        view = built.ledger.view
-        return fit_codes(
-            req,
-            built.ledger.model_allowed(req)[rows],
-            open_slots(built, rows, view.gpu_tasks[rows]),
-            view.free_gpu_milli[rows],
-            view.free_gpu_memory_bytes[rows],
+        """Verdict codes of ledger ``rows``: the ledger's fit rule, the usable GPUs being ``open_slots``."""
+        return built.ledger.refusal_codes(
+            req, rows, open_slots(built, rows, built.ledger.view.gpu_tasks[rows])
         )
-
-
-def fit_codes(
-    req: Request, model_ok: np.ndarray, slots: np.ndarray, free_milli: np.ndarray, free_memory: np.ndarray
-) -> np.ndarray:
-    """Verdict codes (0 = fits) of nodes given as (nodes, GPUs) arrays: the first failing check of the
-    GPU model, the share slots (``open_slots``), compute, then memory on enough GPUs; the ledger's own
-    per-GPU fit (``Ledger.gpu_fits``) plus the share slots. The filter's verdicts read the ledger's rows,
-    preemption's what-if a row with its victims given back: one fit rule for both."""
-    compute = free_milli >= req.gpu_milli
-    memory = free_memory >= req.gpu_memory_bytes
-    n = req.num_gpu
-    return np.select(
-        [
-            ~model_ok,
-            slots.sum(axis=-1) < n,
-            (slots & compute).sum(axis=-1) < n,
-            (slots & compute & memory).sum(axis=-1) < n,
-        ],
-        [CODE_MODEL, CODE_SHARES, CODE_GPU, CODE_MEMORY],
-        default=0,
-    )
 
 
 def _models_text(ask: PodGpuRequest, models: tuple[str, ...]) -> str:

@@ -1,0 +1,98 @@
+"""The one fit rule: does a request fit a node's free capacity, and if not, the first check it fails.
+
+Every home asks this rule and only translates its answer (a ``RefusalCode``) into its own words: sim's
+"0/N nodes fit" summary (``Ledger.why_not``), serve's pending reason (``scheduler/node_fit.py``), the
+extender's FailedScheduling message and filter verdicts (``k8s/extender/verdicts.py``). The rule reads
+arrays, so the ledger's own rows and a home's what-if copy of a row (victims given back) are judged
+alike.
+
+Checks, in order, per node (``n`` = GPUs asked, each needing ``gpu_milli`` and ``gpu_memory_bytes``):
+
+```text
+GPU_MODEL_NOT_ALLOWED     the node's GPU model is not one the request accepts
+NO_USABLE_GPU             fewer than n GPUs the home lets it use (usable mask)
+INSUFFICIENT_GPU_MEMORY   fewer than n usable GPUs with the memory free
+INSUFFICIENT_GPU          fewer than n usable GPUs with the memory and the compute free
+INSUFFICIENT_CPU          not enough free CPU
+INSUFFICIENT_MEMORY       not enough free host memory
+```
+
+A request with no GPU is judged on CPU and memory only. Codes travel as small integers in arrays
+(``code_number``; 0 = fits) and back (``code_of``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from gpuslice.ledger.placement import RefusalCode
+from gpuslice.workload.request import Request
+
+__all__ = ["CHECKS", "FITS", "code_number", "code_of", "fit_codes"]
+
+FITS = 0
+_CODES: tuple[RefusalCode, ...] = tuple(RefusalCode)
+_NUMBER = {code: i + 1 for i, code in enumerate(_CODES)}
+
+
+def code_number(code: RefusalCode) -> int:
+    """The code's integer in verdict arrays (1..len(RefusalCode); 0 means it fits)."""
+    return _NUMBER[code]
+
+
+def code_of(number: int) -> RefusalCode | None:
+    """The code of a verdict integer; None for 0 (fits)."""
+    return _CODES[number - 1] if number else None
+
+
+# The checks in the order they are made (a node fails at the first; summaries list ties in this order).
+CHECKS: tuple[RefusalCode, ...] = (
+    RefusalCode.GPU_MODEL_NOT_ALLOWED,
+    RefusalCode.NO_USABLE_GPU,
+    RefusalCode.INSUFFICIENT_GPU_MEMORY,
+    RefusalCode.INSUFFICIENT_GPU,
+    RefusalCode.INSUFFICIENT_CPU,
+    RefusalCode.INSUFFICIENT_MEMORY,
+)
+_MODEL, _USABLE, _GPU_MEMORY, _GPU, _CPU, _MEMORY = (code_number(c) for c in CHECKS)
+
+
+def fit_codes(
+    request: Request,
+    model_ok: np.ndarray,
+    usable: np.ndarray | None,
+    free_gpu_milli: np.ndarray,
+    free_gpu_memory: np.ndarray,
+    free_cpu: np.ndarray | None = None,
+    free_memory: np.ndarray | None = None,
+) -> np.ndarray:
+    """Per node the number of the first failing check (``FITS`` = 0 when it fits), vectorised.
+
+    ``model_ok`` (N,), ``usable``/``free_gpu_milli``/``free_gpu_memory`` (N, G); ``usable`` None means
+    every GPU slot. ``free_cpu``/``free_memory`` (N,) None skip those checks (homes where CPU and memory
+    are someone else's: serve's one machine, kube-scheduler's NodeResourcesFit)."""
+    count = len(model_ok)
+    conditions: list[np.ndarray] = []
+    choices: list[int] = []
+    n = request.num_gpu
+    if n:
+        memory = free_gpu_memory >= request.gpu_memory_bytes
+        both = memory & (free_gpu_milli >= request.gpu_milli)
+        if usable is not None:
+            memory &= usable
+            both &= usable
+            conditions.append(usable.sum(axis=-1) < n)
+            choices.append(_USABLE)
+        conditions[:0] = [~np.asarray(model_ok, dtype=bool)]
+        choices[:0] = [_MODEL]
+        conditions += [memory.sum(axis=-1) < n, both.sum(axis=-1) < n]
+        choices += [_GPU_MEMORY, _GPU]
+    if free_cpu is not None:
+        conditions.append(free_cpu < request.cpu_milli)
+        choices.append(_CPU)
+    if free_memory is not None:
+        conditions.append(free_memory < request.memory_bytes)
+        choices.append(_MEMORY)
+    if not conditions:
+        return np.zeros(count, dtype=np.int8)
+    return np.select(conditions, choices, default=FITS).astype(np.int8)

@@ -1,0 +1,83 @@
+"""The one MIG instance choice, for every home that places MIG requests: serve's node scheduler (it
+creates the instance) and the Kubernetes extender (it picks one the device plugin advertises).
+
+```text
+candidates: per MIG GPU its layout (instances held), the request's profiles best first, and, where
+            instances cannot be created, the starts of the existing free ones of each profile
+rank:       the smallest profile first, then the fullest GPU (most slices held), then candidate order
+start:      the MIG placement policy's advice on that GPU (``mig_placement.checked_start``: a start that
+            is not valid now, or not an existing free instance, falls back to the lowest valid one)
+```
+
+Pure and deterministic; a fallback is counted in ``fallbacks["mig-placement: <reason>"]``.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Hashable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from gpuslice.hardware.mig import MigInstance, MigLayout, MigProfile
+from gpuslice.policies.mig_placement import (
+    DEFAULT_MIG_PLACEMENT,
+    MigPlacementOps,
+    checked_start,
+    mig_placement_policy,
+)
+
+__all__ = ["MigCandidate", "choose_mig_instance", "mig_rank"]
+
+
+@dataclass(frozen=True, slots=True)
+class MigCandidate:
+    """One MIG GPU a request may use. ``layout``: what the policy sees (held instances, and on a static
+    GPU the other existing ones, which block their slices); ``held``: slices held by workloads (how full
+    the GPU is); ``existing``: per profile name, the starts of existing free instances (None: any
+    valid start, the instance is created)."""
+
+    key: Hashable
+    layout: MigLayout
+    profiles: tuple[MigProfile, ...]
+    held: int = 0
+    existing: Mapping[str, frozenset[int]] | None = field(default=None, compare=False)
+
+    def starts(self, profile: MigProfile) -> tuple[int, ...]:
+        valid = self.layout.placements(profile)
+        if self.existing is None:
+            return valid
+        free = self.existing.get(profile.name, frozenset())
+        return tuple(s for s in valid if s in free)
+
+
+def mig_rank(candidate: MigCandidate) -> tuple[int, int] | None:
+    """The candidate's rank (lower is better: profile rank, then minus the slices held); None if no
+    profile has a start on it. Homes that score nodes rank them by their best candidate's rank."""
+    for rank, profile in enumerate(candidate.profiles):
+        if candidate.starts(profile):
+            return rank, -candidate.held.bit_count()
+    return None
+
+
+def choose_mig_instance(
+    candidates: Sequence[MigCandidate],
+    policy: MigPlacementOps | None = None,
+    fallbacks: Counter[str] | None = None,
+) -> tuple[MigCandidate, MigInstance] | None:
+    """The GPU and instance for the request, or None if no candidate has a start; see the module doc."""
+    ranked = [(r, pos) for pos, c in enumerate(candidates) if (r := mig_rank(c)) is not None]
+    if not ranked:
+        return None
+    (rank, _), pos = min(ranked)
+    candidate = candidates[pos]
+    profile = candidate.profiles[rank]
+    existing = None
+    if candidate.existing is not None:
+        existing = candidate.existing.get(profile.name, frozenset())
+    policy = policy or mig_placement_policy(DEFAULT_MIG_PLACEMENT)()
+    start, why = checked_start(policy, candidate.layout, profile, existing)
+    if why is not None and fallbacks is not None:
+        fallbacks[f"mig-placement: {why}"] += 1
+    if start is None:  # "no start" from a policy: the default's answer, the lowest valid start
+        start = candidate.starts(profile)[0]
+    return candidate, MigInstance(profile=profile, start=start)

@@ -1,0 +1,90 @@
+"""ledger.fit: the one fit rule. ``Ledger.fits`` (the fast form sim calls per pod) agrees with it on
+every node, ``why_not`` counts its codes, and ``check`` refuses a chosen GPU for the reason the rule
+gives when that GPU is the only one."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+
+from gpuslice.hardware.node import NodeSpec
+from gpuslice.ledger import FITS, Ledger, Placement, RefusalCode, code_number, code_of, fit_codes
+from gpuslice.units import GiB
+from gpuslice.workload.request import Request
+
+NODES = [
+    NodeSpec("a", 8000, 64 * GiB, 4, "V100M16", gpu_memory_bytes=16 * GiB),
+    NodeSpec("b", 8000, 64 * GiB, 2, "T4", gpu_memory_bytes=16 * GiB),
+    NodeSpec("c", 4000, 32 * GiB, 0, ""),
+]
+
+
+def _random_request(rng: random.Random) -> Request:
+    n = rng.choice([0, 1, 1, 2, 3])
+    return Request(
+        cpu_milli=rng.choice([0, 1000, 4000]),
+        memory_bytes=rng.choice([0, 8 * GiB, 40 * GiB]),
+        num_gpu=n,
+        gpu_milli=(rng.choice([1, 300, 700, 1000]) if n == 1 else 1000) if n else 0,
+        gpu_memory_bytes=rng.choice([0, 4 * GiB, 12 * GiB]) if n else 0,
+        gpu_models=rng.choice([(), ("T4",)]) if n else (),
+    )
+
+
+def test_fits_is_the_fit_rule_and_why_not_counts_its_codes() -> None:
+    rng = random.Random(3)
+    seen: set[RefusalCode | None] = set()
+    for _ in range(60):
+        ledger = Ledger(NODES)
+        for _ in range(rng.randint(0, 12)):
+            req = _random_request(rng)
+            node = rng.randrange(len(NODES))
+            gpus = rng.sample(range(NODES[node].gpu_count), min(req.num_gpu, NODES[node].gpu_count))
+            ledger.reserve(node, gpus, req)
+        req = _random_request(rng)
+        codes = ledger.refusal_codes(req)
+        np.testing.assert_array_equal(ledger.fits(req), codes == FITS)
+        counted = {code_of(int(c)) for c in codes if c}
+        assert set(ledger.why_not(req)) == counted
+        assert sum(ledger.why_not(req).values()) == int((codes != FITS).sum())
+        seen |= counted | ({None} if (codes == FITS).any() else set())
+    assert {None, RefusalCode.INSUFFICIENT_GPU, RefusalCode.GPU_MODEL_NOT_ALLOWED} <= seen
+
+
+def test_the_checks_run_model_usable_memory_compute_cpu_memory() -> None:
+    req = Request(cpu_milli=4000, memory_bytes=GiB, num_gpu=1, gpu_milli=500, gpu_memory_bytes=8 * GiB)
+    row = np.zeros((1, 2), dtype=np.int64)
+    cases = [  # (model ok, usable, free milli, free memory, free cpu) -> code
+        (False, [True, True], [0, 0], [0, 0], 0, RefusalCode.GPU_MODEL_NOT_ALLOWED),
+        (True, [False, False], [1000, 1000], [16 * GiB] * 2, 8000, RefusalCode.NO_USABLE_GPU),
+        (True, [True, True], [0, 0], [0, 0], 0, RefusalCode.INSUFFICIENT_GPU_MEMORY),
+        (True, [True, True], [0, 1000], [16 * GiB, 0], 0, RefusalCode.INSUFFICIENT_GPU),
+        (True, [True, False], [1000, 0], [16 * GiB, 0], 0, RefusalCode.INSUFFICIENT_CPU),
+        (True, [True, False], [1000, 0], [16 * GiB, 0], 8000, None),
+    ]
+    for model_ok, usable, milli, memory, cpu, expected in cases:
+        codes = fit_codes(
+            req,
+            np.array([model_ok]),
+            np.array([usable]),
+            row + milli,
+            row + memory,
+            np.array([cpu]),
+            np.array([64 * GiB]),
+        )
+        assert code_of(int(codes[0])) is expected
+        assert expected is None or int(codes[0]) == code_number(expected)
+
+
+def test_check_refuses_for_the_reason_the_fit_rule_gives() -> None:
+    ledger = Ledger(NODES[:1])
+    assert isinstance(
+        ledger.reserve(0, (0,), Request(0, num_gpu=1, gpu_milli=800, gpu_memory_bytes=10 * GiB)), Placement
+    )
+    req = Request(0, num_gpu=1, gpu_milli=500, gpu_memory_bytes=8 * GiB)  # both short on GPU 0
+    usable = np.zeros((1, 8), dtype=bool)
+    usable[0, 0] = True
+    rule = code_of(int(ledger.refusal_codes(req, slice(0, 1), usable)[0]))
+    refusal = ledger.check(0, (0,), req)
+    assert refusal is not None and refusal.code is rule is RefusalCode.INSUFFICIENT_GPU_MEMORY
