@@ -26,6 +26,7 @@ from gpuslice.k8s.annotations import (
     PodGpuRequest,
     pod_gpu_request,
 )
+from gpuslice.k8s.extender.bind_lock import DEFAULT_LOCK_WAIT_S, BindLocks
 from gpuslice.k8s.extender.kube import RELISTED, KubeApi, WatchEvent
 from gpuslice.ledger.ledger import Ledger
 from gpuslice.ledger.placement import Placement, Refusal
@@ -168,6 +169,8 @@ class ClusterCache:
         *,
         narrow: bool = False,
         target: TargetWorkload | None = None,
+        lock_timeout_s: float | None = None,
+        lock_wait_s: float = DEFAULT_LOCK_WAIT_S,
     ) -> None:
         # A registry name, or (operator's choice only, never a pod's annotation) a verified, guarded
         # policy file; UnknownPolicy lists the known names, PolicyRejected the file's violations.
@@ -199,6 +202,11 @@ class ClusterCache:
         # FGD's expected workload, given by the operator (``--target-workload``, its GPU part: CPU is
         # kube-scheduler's business here); else the shapes of the pods bound when the ledger was built.
         self.target = target
+        # The node lock (k8s/node_lock.py): one pod per node from bind to Allocate, so the device
+        # plugin can tell whom an Allocate is for. The CLI always turns it on; None leaves it off.
+        self.bind_locks: BindLocks | None = None
+        if lock_timeout_s is not None:
+            self.bind_locks = BindLocks(api, timeout_s=lock_timeout_s, wait_s=lock_wait_s)
 
     # ---- watch --------------------------------------------------------------------------------------
 
@@ -230,6 +238,8 @@ class ClusterCache:
     def _apply_node(self, event: WatchEvent) -> None:
         meta = event.object.get("metadata") or {}
         name = str(meta.get("name", ""))
+        if self.bind_locks is not None:
+            self.bind_locks.changed(name)  # a released node lock is a Node change
         text = (meta.get("annotations") or {}).get(ANNOTATION_NODE_INVENTORY)
         if text is not None and event.type != "DELETED":
             try:

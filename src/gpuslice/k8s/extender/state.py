@@ -260,6 +260,23 @@ class ClusterState(Preemption):
             return f"{REASON_INVALID}: {err}"
         except Exception as err:
             return f"cannot read pod {namespace}/{name}: {err}"
+        if not ask.wants_gpu or self.bind_locks is None:
+            return self._bind(namespace, name, uid, node, pod, ask)
+        problem = self.bind_locks.acquire(node, namespace, name, uid)
+        if problem:
+            return f"pod {namespace}/{name} on {node}: {problem}"
+        error = "bind raised"
+        try:
+            error = self._bind(namespace, name, uid, node, pod, ask)
+        finally:
+            self.bind_locks.done(uid)
+            if error:  # not bound: nothing for the device plugin to release the lock after
+                self.bind_locks.release(node, uid)
+        return error
+
+    def _bind(
+        self, namespace: str, name: str, uid: str, node: str, pod: Mapping[str, Any], ask: PodGpuRequest
+    ) -> str:
         decision: Decision | None = None
         if ask.wants_gpu:
             held = self._nominations.get(node)
