@@ -22,9 +22,9 @@ __all__ = ["DEFAULT_LOCK_WAIT_S", "BindLocks"]
 
 log = logging.getLogger(__name__)
 
-# kube-scheduler waits for an extender's bind up to its httpTimeout (30 s in our configuration); a bind
+# kube-scheduler waits for an extender's bind up to its httpTimeout (10 s in deploy/); a bind
 # waits for a locked node well inside it, then answers so the pod is retried instead of timing out.
-DEFAULT_LOCK_WAIT_S = 10.0
+DEFAULT_LOCK_WAIT_S = 5.0
 POLL_S = 1.0  # re-read a locked Node this often even without a watch event for it
 
 
