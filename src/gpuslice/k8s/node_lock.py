@@ -32,7 +32,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from gpuslice.errors import UserError
+from gpuslice.errors import Unavailable
 from gpuslice.k8s.annotations import DOMAIN
 
 __all__ = [
@@ -62,8 +62,8 @@ class NodeLockConflict(Exception):
     """The Node's resourceVersion changed between the read and the patch (the API server's 409)."""
 
 
-class NodeLockError(UserError):
-    """The node lock could not be read or written."""
+class NodeLockError(Unavailable):
+    """The node lock could not be read or written (the API server did not answer, or kept changing)."""
 
 
 @dataclass(frozen=True, slots=True)
