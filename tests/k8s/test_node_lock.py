@@ -261,3 +261,23 @@ def test_pods_without_gpus_bind_without_the_lock():
     api.pods[("team-a", "cpu")] = pod_json("cpu", {"cpu": "1"})
     assert bind(state, "cpu") == ""
     assert api.holder().uid == "uid-thirty"
+
+
+def test_a_retried_bind_of_a_bound_pod_keeps_its_decision_and_its_lock():
+    """kube-scheduler retries a bind that timed out though it succeeded (filter, then bind again): the
+    retry must neither choose GPUs again nor overwrite the decision the kubelet will allocate by."""
+    api = LockingApi()
+    state = locking_state(api)
+    state.narrow = True  # filter holds the chosen node's GPUs (as the CLI's --decide does)
+    pod = add(api, "slow")
+    assert state.filter(pod, [NODE]).passed == [NODE]
+    assert bind(state, "slow") == ""
+    patches, held = len(api.patches), state._pods["uid-slow"]
+    assert state.filter(pod, [NODE]).passed == [NODE]  # the retry's filter
+    assert state._pods["uid-slow"] is held  # not given back and reserved again
+    assert bind(state, "slow") == ""
+    assert len(api.patches) == patches and len(api.bindings) == 1
+    assert api.holder().uid == "uid-slow"
+    assert "already bound to a100-0" in state.bind("team-a", "slow", "uid-slow", "a100-1")
+    state.check_invariants()
+    assert int(state.ledger.view.gpu_tasks[0].sum()) == 1  # held once

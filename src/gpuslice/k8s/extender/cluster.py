@@ -181,6 +181,9 @@ class ClusterCache:
         self._node_locks: dict[str, threading.Lock] = {}
         self._inventory_text: dict[str, str] = {}
         self._pods: dict[str, BoundPod] = {}
+        # uid -> node of pods whose Binding exists (created here, or seen by the watch): kube-scheduler
+        # may retry a bind that timed out but succeeded, and that retry must not choose GPUs again
+        self._bound_to: dict[str, str] = {}
         self._mig_used: dict[tuple[str, int, int], str] = {}
         self._built: LedgerBuild | None = None
         self._seen: OrderedDict[str, Mapping[str, Any]] = OrderedDict()
@@ -266,6 +269,9 @@ class ClusterCache:
                 self._forget(uid)
                 self._drop_nomination(uid)
                 return
+            bound_to = (pod.get("spec") or {}).get("nodeName")
+            if bound_to and uid:
+                self._bound_to[uid] = str(bound_to)
             if uid in self._pods:
                 return
             annotations = (pod.get("metadata") or {}).get("annotations") or {}
@@ -301,6 +307,7 @@ class ClusterCache:
 
     def _forget(self, uid: str) -> None:
         self._assumed.pop(uid, None)
+        self._bound_to.pop(uid, None)
         bound = self._pods.pop(uid, None)
         self._seen.pop(uid, None)
         self._last_event.pop(uid, None)
