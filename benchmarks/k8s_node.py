@@ -9,8 +9,9 @@ through the gpuslice extender.
 * kubelet restart recovery with those pods running: the kubelet stopped (SIGTERM) and started again;
   seconds until its health endpoint answers, until the device plugin has registered again, and until
   the Node reports the shares allocatable again; every pod still Running in the same container;
-* the compute share two pods at 30 % and 70 % of one GPU measure from inside their containers
-  (``driver_client launch``: busy time of the fake GPU / wall time), ``--share-runs`` times.
+* the node lock (one pod at a time from bind to Allocate): how long each pod held it, sampled;
+* the compute share two pods at 30 % and 70 % of one GPU, created together, measure from inside their
+  containers (``driver_client launch``: busy time of the fake GPU / wall time), ``--share-runs`` times.
 
     scripts/k8s-e2e --co -q >/dev/null   # builds the binaries, the kubelet included
     GPUSLICE_K8S_BIN=~/.cache/gpuslice-e2e/<key>/bin .venv/bin/python benchmarks/k8s_node.py --pods 200
@@ -25,6 +26,7 @@ import argparse
 import json
 import os
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -36,7 +38,8 @@ sys.path[:0] = [str(REPO / "tests" / "k8s_e2e"), str(REPO / "e2e" / "k8s")]  # t
 
 from controlplane import ControlPlane, binaries_dir, free_port  # noqa: E402
 from e2e_helpers import scheduler_config, start_extender, wait_for  # noqa: E402
-from node_helpers import (  # noqa: E402
+from kubelet_node_helpers import (  # noqa: E402
+    NODE_NAME,
     allocatable,
     node_pod,
     pod_log,
@@ -47,6 +50,7 @@ from node_helpers import (  # noqa: E402
 
 GPU = "gpuslice.io/gpu"
 POLL_S = 0.25
+LOCK_POLL_S = 0.1
 
 
 def _core(plane: ControlPlane) -> Any:
@@ -64,10 +68,47 @@ def _namespace(core: Any, name: str) -> str:
     return name
 
 
+class LockWatch:
+    """Samples the node's gpuslice.io/node-lock every LOCK_POLL_S: how long each pod held it (bind to
+    Allocate), to 0.1 s; pods held for less than one sample are not seen."""
+
+    def __init__(self, core: Any) -> None:
+        self.core = core
+        self.seen: dict[str, list[float]] = {}  # holder uid -> [first seen, last seen]
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        from gpuslice.k8s.node_lock import ANNOTATION_NODE_LOCK, parse_holder
+
+        while not self._stop.wait(LOCK_POLL_S):
+            try:
+                node = self.core.read_node(NODE_NAME)
+            except Exception:
+                continue
+            holder = parse_holder((node.metadata.annotations or {}).get(ANNOTATION_NODE_LOCK))
+            if holder is not None:
+                now = time.monotonic()
+                self.seen.setdefault(holder.uid, [now, now])[1] = now
+
+    def summary(self) -> dict[str, Any]:
+        self._stop.set()
+        self._thread.join(timeout=5)
+        held = np.array([last - first + LOCK_POLL_S for first, last in self.seen.values()] or [0.0])
+        return {
+            "holders_seen": len(self.seen),
+            "hold_p50_s": round(float(np.percentile(held, 50)), 2),
+            "hold_p99_s": round(float(np.percentile(held, 99)), 2),
+            "hold_max_s": round(float(held.max()), 2),
+        }
+
+
 def pod_start_latency(core: Any, namespace: str, count: int) -> dict[str, Any]:
     resources = {GPU: 1, "gpuslice.io/gpumem": 100, "gpuslice.io/gpucores": 1}
     created: dict[str, float] = {}
     running: dict[str, float] = {}
+    locks = LockWatch(core)
     start = time.monotonic()
     for i in range(count):
         name = f"p{i:04d}"
@@ -96,6 +137,7 @@ def pod_start_latency(core: Any, namespace: str, count: int) -> dict[str, Any]:
         "all_running_s": round(max(running.values()) - start, 1),
         "failed": len(failed),
         "failed_first": next(iter(failed.values()), ""),
+        "node_lock": locks.summary(),
     }
 
 
@@ -137,14 +179,12 @@ def shares(core: Any, node: Any, namespace: str, runs: int) -> list[dict[str, fl
     measured = []
     for run in range(runs):
         names = {}
-        for cores in (30, 70):
+        for cores in (30, 70):  # both at once: the node lock lets one at a time from bind to Allocate
             name = f"share-{cores}-{run}"
             resources = {GPU: 1, "gpuslice.io/gpumem": 1000, "gpuslice.io/gpucores": cores}
             core.create_namespaced_pod(
                 namespace, node_pod(name, "driver_client launch kernel 1500 1000", resources=resources)
             )
-            # one at a time: Allocate tells two waiting pods on the same GPUs apart only by their order
-            wait_phase(core, namespace, name, ("Running", "Succeeded"))
             names[cores] = name
         row = {}
         for cores, name in names.items():

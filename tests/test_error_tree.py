@@ -22,6 +22,7 @@ OUTSIDE_THE_TREE = {
     "gpuslice.shim.build.BuildError",
     "gpuslice.node.fake_load.OutOfMemory",
     "gpuslice.server.run._Stop",
+    "gpuslice.k8s.node_lock.NodeLockConflict",
 }
 
 

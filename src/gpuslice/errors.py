@@ -32,6 +32,7 @@ GpusliceError
 │  │  ├─ MpsUnavailable (node.enforcement)
 │  │  ├─ MigNotEnabled (hardware.mig_nvml)
 │  │  ├─ ShimUnavailable (shim)
+│  │  ├─ NodeLockError (k8s.node_lock)
 │  │  └─ ServerUnavailable, StoreFull, StoreDamaged (server.errors)   StoreFull: HTTP 503
 │  ├─ PolicyRejected (programs.loader)   HTTP 422
 │  ├─ PolicyFamilyMismatch, PolicyInitError (programs.loader)
@@ -64,8 +65,9 @@ A family's HTTP status is its ``http_status``; ``server.errors.http_status`` rea
 never reach a user stay outside the tree: a hook's timeout (``programs.hook_runner.HookTimeout``, a
 BaseException so that policy code cannot catch it), the shim's ``RegionError`` (a file that is not a
 job region; the monitor skips it), fake_load's simulated ``OutOfMemory`` (caught where it is raised),
-and ``shim.build.BuildError``, which setup.py loads by path at install time, before this package can
-be imported.
+``shim.build.BuildError``, which setup.py loads by path at install time, before this package can
+be imported, and the node lock's ``k8s.node_lock.NodeLockConflict`` (a 409 on the Node, always caught
+there and read again).
 """
 
 from __future__ import annotations

@@ -99,6 +99,7 @@ class FakeApi:
         self.pods: dict[tuple[str, str], Decision] = {}
         self.pod_annotations: dict[tuple[str, str], dict[str, str]] = {}
         self.node_annotations: list[tuple[str, dict[str, str]]] = []
+        self.lock_releases: list[tuple[str, str]] = []  # (node, pod uid) the plugin asked to release
 
     def bind(self, namespace: str, name: str, decision: Decision) -> None:
         self.pods[(namespace, name)] = decision
@@ -109,11 +110,15 @@ class FakeApi:
         for (ns, name), written in self.pod_annotations.items():
             decision = Decision.from_annotations(written)
             if decision is not None and decision.node == node_name and decision.phase == "allocating":
-                out.append(PendingPod(ns, name, decision))
+                out.append(PendingPod(ns, name, decision, uid=f"uid-{name}"))
         return out
 
     def annotate_pod(self, namespace: str, name: str, annotations: Mapping[str, str]) -> None:
         self.pod_annotations[(namespace, name)].update(annotations)
+
+    def release_node_lock(self, node_name: str, uid: str) -> bool:
+        self.lock_releases.append((node_name, uid))
+        return True
 
     def annotate_node(
         self, node_name: str, annotations: Mapping[str, str], labels: Mapping[str, str] | None = None
@@ -430,36 +435,62 @@ def test_allocate_whole_gpus_sets_every_uuid_and_no_mps_limits(make_plugin, kube
     assert [c.name for c in container.cdi_devices] == [f"nvidia.com/gpu={u}" for u in uuids]
 
 
-def test_allocate_goes_by_the_device_ids_not_by_bind_order(make_plugin, kubelet, api):
-    """Two pods bound in the same second on GPUs 2 and 5; the kubelet admits the later one first. Each
-    gets its own GPU because the device IDs it passes are shares of that pod's GPU."""
+def test_allocate_releases_the_node_lock_of_the_pod_it_answered(make_plugin, kubelet, api):
     machine = dgx1_machine()
     make_plugin(machine)
     stub = kubelet.dial(kubelet.next_request().endpoint)
-    api.bind("a", "first", Decision(NODE, "main", (2,), (machine.gpus[2].uuid,), bind_time=100))
-    api.bind("b", "second", Decision(NODE, "main", (5,), (machine.gpus[5].uuid,), bind_time=100))
-    for gpu in (5, 2):
-        env = dict(allocate(stub, [share(machine, gpu, 1)]).container_responses[0].envs)
-        assert env["CUDA_VISIBLE_DEVICES"] == machine.gpus[gpu].uuid
-    assert api.pod_annotations[("b", "second")][ANNOTATION_BIND_PHASE] == BIND_PHASE_ALLOCATED
+    api.bind("a", "first", Decision(NODE, "main", (2,), (machine.gpus[2].uuid,)))
+    allocate(stub, [share(machine, 2, 1)])
+    assert api.lock_releases == [(NODE, "uid-first")]
+    assert api.pod_annotations[("a", "first")][ANNOTATION_BIND_PHASE] == BIND_PHASE_ALLOCATED
 
 
-def test_allocate_of_pods_on_the_same_gpu_follows_the_kubelets_admission_order(make_plugin, kubelet, api):
-    """The API names no pod: two pods whose decisions name the same GPU are served in the order the
-    kubelet admits pods (oldest creation time first), whatever their bind order."""
+@pytest.mark.parametrize("second_gpu", [2, 5], ids=["same-gpu", "other-gpu"])
+def test_allocate_while_two_pods_wait_on_the_node_refuses_and_gives_neither_slice(
+    make_plugin, kubelet, api, second_gpu
+):
+    """The API names no pod: with two waiting (the node lock bypassed or expired), whichever pod the
+    kubelet admits could get the other's slice, on the same GPU or (steered by GetPreferredAllocation)
+    on another: refused, both left waiting, no lock released."""
+    machine = dgx1_machine()
+    make_plugin(machine)
+    stub = kubelet.dial(kubelet.next_request().endpoint)
+    uuid2, other = machine.gpus[2].uuid, machine.gpus[second_gpu].uuid
+    api.bind("a", "thirty", Decision(NODE, "main", (2,), (uuid2,), memory_mib=1000, cores_percent=30))
+    api.bind("b", "seventy", Decision(NODE, "main", (second_gpu,), (other,), cores_percent=70))
+    with pytest.raises(grpc.RpcError) as caught:
+        allocate(stub, [share(machine, 2, 0)])
+    assert caught.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "2 pods wait for an allocation" in caught.value.details()
+    assert "a/thirty, b/seventy" in caught.value.details()
+    for key in (("a", "thirty"), ("b", "seventy")):
+        assert api.pod_annotations[key][ANNOTATION_BIND_PHASE] == "allocating"
+    assert api.lock_releases == []
+    # the preference does not pretend to know either
+    assert preferred(stub, all_shares(machine), 1) != []
+
+
+def test_allocate_counts_a_waiting_pod_without_a_decision(make_plugin, kubelet, api):
+    """A pod that reached the node without the extender (nodeName set by hand) also waits for an
+    allocation: the decided pod's slice must not go to it."""
     machine = dgx1_machine()
     plugin = make_plugin(machine)
     stub = kubelet.dial(kubelet.next_request().endpoint)
-    uuid = machine.gpus[2].uuid
-    api.bind("a", "younger", Decision(NODE, "main", (2,), (uuid,), memory_mib=1000, bind_time=100))
-    api.bind("b", "older", Decision(NODE, "main", (2,), (uuid,), memory_mib=2000, bind_time=101))
-    created = {("a", "younger"): "2026-01-01T10:00:05Z", ("b", "older"): "2026-01-01T10:00:01Z"}
-    plugin.pods = _WithCreation(api, created)
-    env = dict(allocate(stub, [share(machine, 2, 0)]).container_responses[0].envs)
-    assert env["GPUSLICE_GPU_MEMORY_BYTES"] == str(2000 * MiB)
+    api.bind("a", "decided", Decision(NODE, "main", (2,), (machine.gpus[2].uuid,)))
+    plugin.pods = _WithStray(api, PendingPod("b", "by-hand", None, uid="uid-by-hand"))
+    with pytest.raises(grpc.RpcError) as caught:
+        allocate(stub, [share(machine, 2, 0)])
+    assert "2 pods wait" in caught.value.details() and "b/by-hand" in caught.value.details()
+    api.pods.clear()
+    api.pod_annotations.clear()
+    plugin.pods = _WithStray(api, PendingPod("b", "by-hand", None, uid="uid-by-hand"))
+    with pytest.raises(grpc.RpcError) as caught:
+        allocate(stub, [share(machine, 2, 0)])
+    assert "no gpuslice decision" in caught.value.details() and "schedulerName" in caught.value.details()
 
 
-def test_allocate_for_devices_no_waiting_pod_decided_on_fails(make_plugin, kubelet, api):
+def test_allocate_for_devices_not_of_the_waiting_pods_decision_fails_that_pod(make_plugin, kubelet, api):
+    """One pod waits, so the kubelet admits that one; shares of another GPU are not its decision."""
     machine = dgx1_machine()
     make_plugin(machine)
     stub = kubelet.dial(kubelet.next_request().endpoint)
@@ -467,7 +498,9 @@ def test_allocate_for_devices_no_waiting_pod_decided_on_fails(make_plugin, kubel
     with pytest.raises(grpc.RpcError) as caught:
         allocate(stub, [share(machine, 6)])
     assert caught.value.code() == grpc.StatusCode.FAILED_PRECONDITION
-    assert api.pod_annotations[("a", "on-two")][ANNOTATION_BIND_PHASE] == "allocating"
+    assert "not of its decision's GPUs (2,)" in caught.value.details()
+    assert api.pod_annotations[("a", "on-two")][ANNOTATION_BIND_PHASE] == BIND_PHASE_FAILED
+    assert api.lock_releases == [(NODE, "uid-on-two")]
 
 
 def test_mps_sharing_is_refused_on_kubernetes_with_the_reason(socket_dir, api, tmp_path):
@@ -496,20 +529,22 @@ def test_node_labels_say_mig_capable_for_a_mig_gpu_with_mig_off_and_clean_produc
     assert labels["gpuslice.io/gpu.product"] == "NVIDIA-A100-80GB-PCIe--rev-2"
 
 
-class _WithCreation:
-    """The fake API's pods with creation timestamps (what KubeApi reads from metadata)."""
+class _WithStray:
+    """The fake API's pods plus ``stray``, a pod without a decision waiting on the node."""
 
-    def __init__(self, api: FakeApi, created: dict[tuple[str, str], str]) -> None:
-        self.api, self.created = api, created
+    def __init__(self, api: FakeApi, stray: PendingPod | None) -> None:
+        self.api, self.stray = api, stray
 
     def allocating_pods(self, node_name: str) -> list[PendingPod]:
-        return [
-            PendingPod(p.namespace, p.name, p.decision, self.created[(p.namespace, p.name)])
-            for p in self.api.allocating_pods(node_name)
-        ]
+        return [*self.api.allocating_pods(node_name), *([self.stray] if self.stray else [])]
 
     def annotate_pod(self, namespace: str, name: str, annotations: Mapping[str, str]) -> None:
+        if self.stray is not None and (namespace, name) == (self.stray.namespace, self.stray.name):
+            return
         self.api.annotate_pod(namespace, name, annotations)
+
+    def release_node_lock(self, node_name: str, uid: str) -> bool:
+        return self.api.release_node_lock(node_name, uid)
 
 
 def test_allocate_without_a_decision_fails_and_says_why(make_plugin, kubelet):
@@ -533,6 +568,7 @@ def test_allocate_on_an_unhealthy_gpu_fails_and_marks_the_pod_failed(make_plugin
         allocate(stub, [share(machine, 4)])
     assert "unhealthy" in caught.value.details()
     assert api.pod_annotations[("ml", "unlucky")][ANNOTATION_BIND_PHASE] == BIND_PHASE_FAILED
+    assert api.lock_releases == [(NODE, "uid-unlucky")]  # the kubelet fails the pod: the next may bind
 
 
 # ---- MIG ---------------------------------------------------------------------------------------------

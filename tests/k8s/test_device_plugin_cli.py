@@ -47,6 +47,7 @@ class FakeApiServer:
     def __init__(self) -> None:
         self.pods: dict[tuple[str, str], dict[str, Any]] = {}
         self.node_annotations: dict[str, str] = {}
+        self.node_version = 1  # the Node's resourceVersion: a PATCH that names another gets 409
         self.requests: list[tuple[str, str, str]] = []  # (method, path with query, content type)
         handler = self._handler()
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
@@ -56,14 +57,32 @@ class FakeApiServer:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.httpd.server_address[1]}"
 
-    def add_pod(self, namespace: str, name: str, annotations: dict[str, str], node: str = NODE) -> None:
+    def add_pod(
+        self, namespace: str, name: str, annotations: dict[str, str], node: str = NODE, gpus: int = 1
+    ) -> None:
+        container: dict[str, Any] = {"name": "main", "image": "cuda"}
+        if gpus:
+            container["resources"] = {"limits": {"gpuslice.io/gpu": str(gpus)}}
         self.pods[(namespace, name)] = {
             "apiVersion": "v1",
             "kind": "Pod",
-            "metadata": {"name": name, "namespace": namespace, "annotations": dict(annotations)},
-            "spec": {"nodeName": node, "containers": [{"name": "main", "image": "cuda"}]},
+            "metadata": {
+                "name": name,
+                "namespace": namespace,
+                "uid": f"uid-{name}",
+                "annotations": dict(annotations),
+            },
+            "spec": {"nodeName": node, "containers": [container]},
             "status": {"phase": "Pending"},
         }
+
+    def _node(self, name: str) -> dict[str, Any]:
+        meta = {
+            "name": name,
+            "annotations": dict(self.node_annotations),
+            "resourceVersion": str(self.node_version),
+        }
+        return {"apiVersion": "v1", "kind": "Node", "metadata": meta}
 
     def _handler(self) -> type[BaseHTTPRequestHandler]:
         server = self
@@ -83,6 +102,8 @@ class FakeApiServer:
             def do_GET(self) -> None:
                 url = urlparse(self.path)
                 server.requests.append(("GET", self.path, ""))
+                if url.path.startswith("/api/v1/nodes/"):
+                    return self._send(200, server._node(url.path.rsplit("/", 1)[1]))
                 if url.path != "/api/v1/pods":
                     return self._send(404, {"kind": "Status", "code": 404})
                 selector = dict(
@@ -105,10 +126,16 @@ class FakeApiServer:
                 annotations = body["metadata"]["annotations"]
                 parts = self.path.strip("/").split("/")  # api v1 namespaces NS pods NAME | api v1 nodes NAME
                 if parts[2] == "nodes":
-                    server.node_annotations.update(annotations)
-                    return self._send(
-                        200, {"apiVersion": "v1", "kind": "Node", "metadata": {"name": parts[3]}}
-                    )
+                    version = body["metadata"].get("resourceVersion")
+                    if version is not None and version != str(server.node_version):
+                        return self._send(409, {"kind": "Status", "code": 409, "reason": "Conflict"})
+                    for key, value in annotations.items():
+                        if value is None:  # merge patch: null deletes the key
+                            server.node_annotations.pop(key, None)
+                        else:
+                            server.node_annotations[key] = value
+                    server.node_version += 1
+                    return self._send(200, server._node(parts[3]))
                 pod = server.pods[(parts[3], parts[5])]
                 pod["metadata"]["annotations"].update(annotations)
                 self._send(200, pod)
@@ -200,13 +227,30 @@ def test_kube_api_lists_only_pods_waiting_in_bind_phase_allocating(tmp_path, api
     apiserver.add_pod(
         "a", "done", Decision(NODE, "main", (1,), ("GPU-y",), phase="allocated").to_annotations()
     )
-    apiserver.add_pod("a", "plain", {})
+    apiserver.add_pod("a", "plain", {}, gpus=0)
+    apiserver.add_pod("a", "by-hand", {})  # asks for a GPU, bound without the extender
     apiserver.add_pod(
         "a", "elsewhere", Decision("node-b", "main", (0,), ("GPU-z",)).to_annotations(), "node-b"
     )
     pods = api.allocating_pods(NODE)
     api.close()
-    assert [(p.namespace, p.name, p.decision.gpu_uuids) for p in pods] == [("a", "waiting", ("GPU-x",))]
+    got = sorted((p.name, p.uid, p.decision.gpu_uuids if p.decision else None) for p in pods)
+    assert got == [("by-hand", "uid-by-hand", None), ("waiting", "uid-waiting", ("GPU-x",))]
+
+
+def test_kube_api_releases_only_its_pods_node_lock_with_the_resource_version(tmp_path, apiserver):
+    from gpuslice.k8s.node_lock import ANNOTATION_NODE_LOCK, LockHolder
+
+    api = KubeApi(str(kubeconfig(tmp_path / "kc.json", apiserver.url)))
+    apiserver.node_annotations[ANNOTATION_NODE_LOCK] = LockHolder("uid-a", "ns", "a", 100.0).to_text()
+    apiserver.node_annotations["other"] = "kept"
+    assert not api.release_node_lock(NODE, "uid-b")  # someone else's lock stays
+    assert ANNOTATION_NODE_LOCK in apiserver.node_annotations
+    assert api.release_node_lock(NODE, "uid-a")
+    api.close()
+    assert apiserver.node_annotations == {"other": "kept"}
+    (patch,) = [r for r in apiserver.requests if r[0] == "PATCH"]
+    assert patch[1] == f"/api/v1/nodes/{NODE}" and "merge-patch" in patch[2]
 
 
 def test_serve_on_a_simulated_mig_node_advertises_the_default_instances(tmp_path):

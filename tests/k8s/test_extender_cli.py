@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from typer.testing import CliRunner
 
 from gpuslice.cli import k8s as k8s_cli
@@ -73,7 +74,14 @@ def test_extender_command_builds_the_state_with_the_policy_and_serves_it(monkeyp
     assert served["host"] == "127.0.0.1"  # its bind verb binds pods: loopback unless told otherwise
     # the C HTTP parser and event loop the k8s extra installs (the 5,000-node latency depends on them)
     assert (served["http"], served["loop"], served["access_log"]) == ("httptools", "uvloop", False)
-    assert made == {"kubeconfig": "kc", "policy": "fgd", "narrow": True, "target": None}
+    # the node lock is always on, with HAMi's 5-minute expiry unless told otherwise
+    assert made == {
+        "kubeconfig": "kc",
+        "policy": "fgd",
+        "narrow": True,
+        "target": None,
+        "lock_timeout_s": 300.0,
+    }
     assert [r.path for r in served["app"].routes if r.path in ("/filter", "/prioritize", "/bind")] == [
         "/filter",
         "/prioritize",
@@ -131,3 +139,10 @@ def test_a_target_workload_that_is_not_a_pod_list_is_refused_before_anything_sta
     no_gpu.write_text("name,cpu_milli,memory_mib,num_gpu,gpu_milli\np,1000,1024,0,0\n")
     code, out, err = run_cli(["k8s", "extender", "--target-workload", str(no_gpu)])
     assert code == 2 and "no pod in it asks for a GPU" in out + err
+
+
+@pytest.mark.parametrize("value", ["nan", "0", "-5", "1e9", "soon"])
+def test_extender_refuses_a_node_lock_timeout_that_is_not_1_to_86400_seconds(value):
+    result = runner.invoke(main.app, ["k8s", "extender", "--node-lock-timeout", value])
+    assert result.exit_code == 2, result.output
+    assert "--node-lock-timeout" in result.output

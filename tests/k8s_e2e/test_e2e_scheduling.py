@@ -8,10 +8,12 @@ from __future__ import annotations
 import json
 import threading
 from collections import defaultdict
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from e2e_helpers import RegisteredNode, Stack, gpu_pod, register_node, wait_for
+from kubelet_standin import KubeletStandIn
 
 from gpuslice.k8s.annotations import (
     ANNOTATION_BIND_PHASE,
@@ -28,7 +30,6 @@ from gpuslice.k8s.annotations import (
     NodeInventory,
 )
 from gpuslice.k8s.device_plugin import LABEL_COUNT, LABEL_MIG_CAPABLE, LABEL_PRODUCT
-from gpuslice.k8s.proto import deviceplugin_pb2 as pb
 
 pytestmark = pytest.mark.k8s_e2e
 
@@ -61,6 +62,15 @@ def cluster(stack: Stack, core: Any, api_client: Any) -> dict[str, RegisteredNod
         name: register_node(core, api_client, name, simulate, taint=TAINTS.get(name, ""))
         for name, simulate in NODES.items()
     }
+
+
+@pytest.fixture(scope="module", autouse=True)
+def standin(cluster: dict[str, RegisteredNode], core: Any) -> Iterator[KubeletStandIn]:
+    """These nodes have no kubelet: the stand-in calls Allocate as one would, which frees the node lock
+    for the next pod (without it, each node would take one GPU pod per lock timeout)."""
+    running = KubeletStandIn(core, {name: node.plugin for name, node in cluster.items()}).start()
+    yield running
+    running.stop()
 
 
 def create(core: Any, namespace: str, pod: dict[str, Any]) -> Any:
@@ -295,34 +305,36 @@ def test_kill_9_of_the_extender_mid_stream_loses_nothing_and_double_books_nothin
     assert_nothing_overcommitted(core)
 
 
-def test_device_plugin_allocates_each_bound_pod_its_own_decision_by_device_ids(
-    cluster: dict, core: Any, namespace: str
+def test_the_node_lock_lets_one_pod_per_node_from_bind_to_allocate_and_each_gets_its_decision(
+    cluster: dict, core: Any, namespace: str, standin: KubeletStandIn
 ) -> None:
-    """The kubelet's part, played with the real device plugin: GetPreferredAllocation steers to the
-    decided GPU's shares, Allocate gets those IDs and answers with that pod's decision, its device
-    nodes and CDI name, and marks the pod allocated on the API server. Two pods bound together on
-    different GPUs of one node each get their own GPU."""
+    """Two pods for one node created together: the extender's bind takes the node lock
+    (gpuslice.io/node-lock) for the first; the second's bind waits or is refused until the real device
+    plugin's Allocate (played here by the kubelet stand-in) releases it. Allocate then always has one
+    waiting pod to answer for, and each pod gets its own decision's GPUs and device nodes."""
+    from gpuslice.k8s.node_lock import ANNOTATION_NODE_LOCK
+
     annotations = {ANNOTATION_GPU_MODELS: "H200"}
-    create(core, namespace, gpu_pod("alloc-a", {"gpuslice.io/gpumem": 100_000}, annotations=annotations))
-    create(core, namespace, gpu_pod("alloc-b", {"gpuslice.io/gpumem": 100_000}, annotations=annotations))
-    pods = {n: bound(core, namespace, n) for n in ("alloc-a", "alloc-b")}
-    decisions = {n: Decision.from_annotations(p.metadata.annotations) for n, p in pods.items()}
-    assert decisions["alloc-a"].gpu_indices != decisions["alloc-b"].gpu_indices
-    plugin = cluster["gpu-h200"].plugin
-    resource = next(r for r in plugin.resources if r.name == "gpuslice.io/gpu")
-    for name in ("alloc-b", "alloc-a"):  # the kubelet's order is not the bind order
-        gpu = decisions[name].gpu_indices[0]
-        ids = [d.id for d in resource.devices if d.gpu == gpu][:1]
-        response = plugin._allocate(
-            resource, pb.AllocateRequest(container_requests=[pb.ContainerAllocateRequest(devices_ids=ids)])
+    for name in ("alloc-a", "alloc-b"):
+        create(core, namespace, gpu_pod(name, {"gpuslice.io/gpumem": 100_000}, annotations=annotations))
+
+    def allocated(name: str) -> Any:
+        pod = core.read_namespaced_pod(name, namespace)
+        return (
+            pod
+            if (pod.metadata.annotations or {}).get(ANNOTATION_BIND_PHASE) == BIND_PHASE_ALLOCATED
+            else None
         )
-        container = response.container_responses[0]
-        uuid = plugin.machine.gpus[gpu].uuid
-        assert container.envs["NVIDIA_VISIBLE_DEVICES"] in (uuid, str(gpu))
-        assert [c.name for c in container.cdi_devices] == [f"nvidia.com/gpu={uuid}"]
-        assert f"/dev/nvidia{gpu}" in [d.container_path for d in container.devices]  # stand-ins on the host
-        marked = core.read_namespaced_pod(name, namespace).metadata.annotations
-        assert marked[ANNOTATION_BIND_PHASE] == BIND_PHASE_ALLOCATED
+
+    pods = {n: wait_for(lambda n=n: allocated(n), 120, f"{n} allocated") for n in ("alloc-a", "alloc-b")}
+    decisions = {n: Decision.from_annotations(p.metadata.annotations) for n, p in pods.items()}
+    assert {d.node for d in decisions.values()} == {"gpu-h200"}
+    assert decisions["alloc-a"].gpu_indices != decisions["alloc-b"].gpu_indices
+    order = [name for ns, name in standin.allocated if ns == namespace]
+    assert sorted(order) == ["alloc-a", "alloc-b"]  # each allocated once
+    assert not [r for r in standin.refused if namespace in r]
+    node = core.read_node("gpu-h200")
+    assert ANNOTATION_NODE_LOCK not in (node.metadata.annotations or {})  # released after the last Allocate
 
 
 def test_extender_metrics_and_health_answer(stack: Stack) -> None:

@@ -42,21 +42,22 @@ def test_inside_the_container_the_shim_refuses_past_the_slice_and_allows_within(
 def test_two_pods_at_30_and_70_percent_of_one_gpu_get_their_shares_measured_inside(
     device_plugin: DevicePluginProcess, node: Node, core: Any, node_namespace: str
 ) -> None:
-    """The second pod is created once the first runs: the device plugin's Allocate tells two waiting
-    pods on the same GPUs apart only by their order, which the kubelet need not keep (see
-    docs/kubernetes.md, "Known limits"). They still run together on the GPU."""
+    """Both pods are created at once: the extender's node lock lets one through bind to Allocate at a
+    time, so the device plugin's Allocate always knows whose slice it answers with (docs/kubernetes.md,
+    the node lock). Each must measure its own share inside its container, and they run together."""
     script = f"driver_client launch kernel {KERNELS} 1000"
     for name, cores in (("thirty", 30), ("seventy", 70)):
         resources = {"gpuslice.io/gpumem": 1000, "gpuslice.io/gpucores": cores}
         core.create_namespaced_pod(node_namespace, node_pod(name, script, resources=resources))
-        wait_phase(core, node_namespace, name, ("Running", "Succeeded"))
     pods = {
         name: wait_phase(core, node_namespace, name, ("Succeeded",), 300) for name in ("thirty", "seventy")
     }
     gpus = {name: decision_of(pod).gpu_indices for name, pod in pods.items()}
     assert gpus["thirty"] == gpus["seventy"]  # bestfit packs them onto one GPU: 30 + 70 = 100 %
     logs = {name: _values(pod_log(node, core, node_namespace, name)) for name in pods}
-    assert float(logs["seventy"]["start_s"]) < float(logs["thirty"]["end_s"])  # they overlapped
+    starts = [float(v["start_s"]) for v in logs.values()]
+    ends = [float(v["end_s"]) for v in logs.values()]
+    assert max(starts) < min(ends)  # they overlapped
     measured = {name: float(values["share"]) for name, values in logs.items()}
     assert abs(measured["thirty"] - 0.30) <= SHARE_TOLERANCE, measured
     assert abs(measured["seventy"] - 0.70) <= SHARE_TOLERANCE, measured

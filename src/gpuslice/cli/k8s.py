@@ -19,6 +19,7 @@ from gpuslice.cli import k8s_device_plugin, k8s_dra, k8s_dra_allocator
 from gpuslice.cli.options import target_workload_option
 from gpuslice.errors import UserError
 from gpuslice.k8s.annotations import SCHEDULER_NAME
+from gpuslice.k8s.node_lock import DEFAULT_LOCK_TIMEOUT_S
 from gpuslice.policies import DEFAULT_PLACEMENT, PLACEMENT
 
 __all__ = ["app", "extender", "probe", "webhook"]
@@ -63,8 +64,19 @@ def extender(
         ),
     ] = True,
     target_workload: target_workload_option("the pods bound when the extender last rebuilt") = None,
+    node_lock_timeout: Annotated[
+        float,
+        typer.Option(
+            min=1.0,
+            max=86400.0,
+            help="seconds after which a node's lock (one pod per node from bind to Allocate) is taken "
+            "over even though its pod still waits; a pod that is gone or no longer waits frees it at once",
+        ),
+    ] = DEFAULT_LOCK_TIMEOUT_S,
 ) -> None:
     """Serve the kube-scheduler extender (filter, prioritize, preempt, bind) over the cluster's GPUs."""
+    if node_lock_timeout != node_lock_timeout:  # NaN passes typer's range check
+        raise UserError("--node-lock-timeout: give a number of seconds from 1 to 86400")
     import logging
 
     import uvicorn
@@ -76,7 +88,9 @@ def extender(
 
     target = load_target_workload(target_workload) if target_workload is not None else None
     api = KubernetesApi(str(kubeconfig) if kubeconfig else None)  # after the cheap checks of the options
-    state = ClusterState(api, default_policy=policy, narrow=decide, target=target)
+    state = ClusterState(
+        api, default_policy=policy, narrow=decide, target=target, lock_timeout_s=node_lock_timeout
+    )
     _out.print(f"gpuslice extender on {host}:{port}, default policy {policy}; watching nodes and pods")
     uvicorn.run(create_app(state, api.events()), host=host, port=port, log_level="info", **SERVER_OPTIONS)
 

@@ -18,10 +18,11 @@ start:   publish the node inventory annotation (GPUs, memory, topology, MIG layo
 kubelet: GetDevicePluginOptions, ListAndWatch (full list now and after every health change)
 admit:   GetPreferredAllocation: the extender's GPUs when a bound pod waits for them, else the
          GPU set every home chooses (policies.gpuset.pick.pick_gpu_set over the machine's topology)
-create:  Allocate: the pod bound to this node in bind-phase "allocating" whose decision names the
-         GPUs (or the MIG instance) of the device IDs the kubelet passed, the first the kubelet admits
-         if several do -> CUDA_VISIBLE_DEVICES, GPUSLICE_* and the sharing mode's limits
-         (node.enforcement.job_env), the GPUs' device nodes and CDI names; bind-phase "allocated"
+create:  Allocate: the one pod waiting on this node (refused while several wait), if the device IDs
+         the kubelet passed are of its decision's GPUs (or MIG instance) -> CUDA_VISIBLE_DEVICES,
+         GPUSLICE_* and the sharing mode's limits
+         (node.enforcement.job_env), the GPUs' device nodes and CDI names; bind-phase "allocated";
+         the extender's node lock cleared (k8s/node_lock.py)
 watch:   kubelet.sock recreated (kubelet restart) or our sockets deleted -> restart servers, register
 health:  a HealthSource reports GPU / MIG changes -> devices flip Healthy/Unhealthy, list resent,
          inventory republished
@@ -33,9 +34,9 @@ shares the kubelet hands to Allocate are therefore slots, not GPUs: the GPUs com
 decision annotations (``k8s.annotations.Decision``), HAMi's design (its device plugin's Allocate,
 Project-HAMi/HAMi ``pkg/device-plugin/nvidiadevice/nvinternal/plugin/server.go``).
 GetPreferredAllocation steers the kubelet to shares of the decided GPUs, and Allocate then reads the
-GPUs back from the device IDs it is given: the device plugin API names no pod, so the device IDs are
-what tells two pods bound at the same moment apart. Two waiting pods whose decisions name the same
-GPUs are told apart by the order the kubelet admits pods in (creation time, then name).
+GPUs back from the decision of the one pod waiting on the node. The device plugin API names no pod,
+and neither device IDs nor admission order tell two waiting pods apart, so Allocate refuses while
+more than one waits; the extender's node lock keeps it to one (docs/kubernetes.md, "The node lock").
 
 Sharing on Kubernetes is ``soft`` (the PyTorch cap, with the graded monitor): MPS needs a control
 daemon outside this plugin's container, a host tmpfs at /dev/shm in the daemon and every client, and

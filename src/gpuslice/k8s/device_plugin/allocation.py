@@ -13,6 +13,7 @@ from gpuslice.k8s.annotations import (
     ANNOTATION_ALLOCATED,
     ANNOTATION_BIND_PHASE,
     BIND_PHASE_ALLOCATED,
+    BIND_PHASE_ALLOCATING,
     BIND_PHASE_FAILED,
     Decision,
     MigSlot,
@@ -62,14 +63,18 @@ class Allocation:
     _minors: tuple[int, ...]
     _simulated: bool  # no NVIDIA driver: device nodes are stand-ins (``stand_in_device_node``)
 
-    def _oldest_waiting(self, fits: Callable[[Decision], bool]) -> PendingPod | None:
+    def _only_waiting(self, fits: Callable[[Decision], bool]) -> Decision | None:
+        """The decision of the one pod waiting on this node, if it fits; None if none or several wait
+        (Allocate refuses then, and the preference does not matter)."""
         try:
             pods = self.pods.allocating_pods(self.node_name)
         except Exception as err:
             log.error("could not list pods bound to %s: %s", self.node_name, err)
             return None
-        waiting = [p for p in pods if p.decision.node == self.node_name and fits(p.decision)]
-        return min(waiting, key=lambda p: (p.decision.bind_time, p.namespace, p.name), default=None)
+        decision = pods[0].decision if len(pods) == 1 else None
+        if decision is None or decision.phase != BIND_PHASE_ALLOCATING or not fits(decision):
+            return None
+        return decision
 
     def _preferred(
         self, resource: Resource, request: pb.PreferredAllocationRequest
@@ -94,10 +99,10 @@ class Allocation:
         for d in available:
             per_gpu.setdefault(d.gpu, []).append(d)
         must_gpus = {d.gpu for d in must}
-        pod = self._oldest_waiting(lambda dec: dec.mig is None and len(dec.gpu_indices) == size)
+        decision = self._only_waiting(lambda dec: dec.mig is None and len(dec.gpu_indices) == size)
         gpus: tuple[int, ...] | None = None
-        if pod is not None:
-            decided = self._decision_gpus(pod.decision)
+        if decision is not None:
+            decided = self._decision_gpus(decision)
             if decided and set(decided) >= must_gpus and all(g in per_gpu for g in decided):
                 gpus = decided
         if gpus is None and 0 < size <= len(per_gpu) and len(must_gpus) <= size:
@@ -121,11 +126,11 @@ class Allocation:
         self, resource: Resource, available: list[PluginDevice], must: list[PluginDevice], size: int
     ) -> list[PluginDevice]:
         chosen = list(must)
-        pod = self._oldest_waiting(
+        decision = self._only_waiting(
             lambda dec: dec.mig is not None and dec.mig.profile == resource.mig_profile
         )
-        if pod is not None and pod.decision.mig is not None:
-            slot = self._mig_slot(pod.decision.mig.gpu_index, pod.decision.mig.start)
+        if decision is not None and decision.mig is not None:
+            slot = self._mig_slot(decision.mig.gpu_index, decision.mig.start)
             wanted = next((d for d in available if slot is not None and d.id == slot.uuid), None)
             if wanted is not None and wanted not in chosen:
                 chosen.append(wanted)
@@ -155,54 +160,81 @@ class Allocation:
                     response = self._container_response(resource, pod)
                 except AllocationRefused as err:
                     self._mark(pod, {ANNOTATION_BIND_PHASE: BIND_PHASE_FAILED})
+                    self._release_lock(pod)
                     raise AllocationRefused(f"pod {pod.namespace}/{pod.name}: {err}") from None
                 self._mark(pod, {ANNOTATION_BIND_PHASE: BIND_PHASE_ALLOCATED, ANNOTATION_ALLOCATED: "true"})
+                self._release_lock(pod)
                 log.info("allocated %s for pod %s/%s", resource.name, pod.namespace, pod.name)
                 responses.append(response)
             return pb.AllocateResponse(container_responses=responses)
 
+    def _release_lock(self, pod: PendingPod) -> None:
+        """The pod's Allocate is answered: the next pod may be bound to this node (``k8s.node_lock``)."""
+        try:
+            self.pods.release_node_lock(self.node_name, pod.uid)
+        except Exception as err:  # it frees itself: the extender sees the pod no longer waiting
+            log.warning("could not release the node lock of pod %s/%s: %s", pod.namespace, pod.name, err)
+
     def _pod_for(self, resource: Resource, device_ids: list[str], taken: set[tuple[str, str]]) -> PendingPod:
-        """The waiting pod these device IDs are for: its decision names exactly their GPUs (shares) or
-        their MIG instance. The API passes no pod, so among pods whose decisions match, the kubelet's
-        admission order decides (oldest creation time first, then bind time, then name)."""
+        """The pod these device IDs are for. The API passes no pod, so this holds only while exactly one
+        pod on the node waits for an allocation: the kubelet calls Allocate for a pod it has been told
+        is bound here and has not yet allocated, so that pod is in the (consistent) list of waiting
+        pods, and if the list has one pod, it is that one. With more than one, any answer could be for
+        the wrong pod: refused (the extender's node lock keeps it to one). The device IDs must then be
+        of that pod's GPUs (shares) or its MIG instance."""
         devices = [self._by_id.get(i) for i in device_ids]
         if not devices or any(d is None for d in devices):
             unknown = next((i for i, d in zip(device_ids, devices, strict=True) if d is None), "")
             raise AllocationRefused(f"the kubelet asked for unknown device {unknown!r} of {resource.name}")
-        if resource.mig_profile:
-            wanted = {d.mig.uuid for d in devices if d is not None and d.mig is not None}
-
-            def fits(dec: Decision) -> bool:
-                if dec.mig is None or dec.mig.profile != resource.mig_profile:
-                    return False
-                slot = self._mig_slot(dec.mig.gpu_index, dec.mig.start)
-                return slot is not None and {slot.uuid} == wanted
-        else:
-            gpus = {d.gpu for d in devices if d is not None}
-
-            def fits(dec: Decision) -> bool:
-                return (
-                    dec.mig is None
-                    and len(dec.gpu_indices or dec.gpu_uuids) == len(device_ids)
-                    and set(self._decision_gpus(dec)) == gpus
-                )
-
         try:
             pods = self.pods.allocating_pods(self.node_name)
         except Exception as err:
             raise AllocationRefused(f"cannot list the pods bound to node {self.node_name}: {err}") from None
-        waiting = [
-            p
-            for p in pods
-            if p.decision.node == self.node_name and fits(p.decision) and (p.namespace, p.name) not in taken
-        ]
+        waiting = [p for p in pods if (p.namespace, p.name) not in taken]
         if not waiting:
             raise AllocationRefused(
                 f"no pod bound to node {self.node_name} is waiting for {resource.name} devices "
                 f"{', '.join(device_ids)}: the pod was not placed by the gpuslice scheduler (check its "
                 "schedulerName; the gpuslice webhook sets it), or its decision annotations were removed"
             )
-        return min(waiting, key=lambda p: (p.created, p.decision.bind_time, p.namespace, p.name))
+        if len(waiting) > 1:
+            names = ", ".join(sorted(f"{p.namespace}/{p.name}" for p in waiting)[:5])
+            raise AllocationRefused(
+                f"{len(waiting)} pods wait for an allocation on node {self.node_name} at once ({names}); "
+                "Allocate names no pod, so it cannot tell which one the kubelet admits, and refuses rather "
+                "than give one the other's slice (the extender's node lock lets one pod at a time through: "
+                "see docs/kubernetes.md, the node lock)"
+            )
+        (pod,) = waiting
+        decision = pod.decision
+        problem = ""
+        if decision is None or decision.phase != BIND_PHASE_ALLOCATING:
+            problem = (
+                "it has no gpuslice decision (not placed by the gpuslice scheduler: check its schedulerName)"
+                if decision is None
+                else f"its bind-phase is {decision.phase!r}, not {BIND_PHASE_ALLOCATING!r}"
+            )
+        elif not self._fits(resource, [d for d in devices if d is not None], decision):
+            where = f"MIG {decision.mig}" if decision.mig else f"GPUs {decision.gpu_indices}"
+            problem = f"the kubelet's devices {', '.join(device_ids)} are not of its decision's {where}"
+        if problem:
+            self._mark(pod, {ANNOTATION_BIND_PHASE: BIND_PHASE_FAILED})
+            self._release_lock(pod)
+            raise AllocationRefused(f"pod {pod.namespace}/{pod.name}: {problem}")
+        return pod
+
+    def _fits(self, resource: Resource, devices: list[PluginDevice], decision: Decision) -> bool:
+        """Are ``devices`` the decision's: its MIG instance, or one share of each of its GPUs?"""
+        if resource.mig_profile:
+            if decision.mig is None or decision.mig.profile != resource.mig_profile:
+                return False
+            slot = self._mig_slot(decision.mig.gpu_index, decision.mig.start)
+            return slot is not None and {d.mig.uuid for d in devices if d.mig is not None} == {slot.uuid}
+        return (
+            decision.mig is None
+            and len(decision.gpu_indices or decision.gpu_uuids) == len(devices)
+            and set(self._decision_gpus(decision)) == {d.gpu for d in devices}
+        )
 
     def _mark(self, pod: PendingPod, annotations: Mapping[str, str]) -> None:
         try:

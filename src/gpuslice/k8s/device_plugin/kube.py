@@ -8,10 +8,12 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from gpuslice.errors import UserError
-from gpuslice.k8s import kube_client
+from gpuslice.k8s import kube_client, node_lock
 from gpuslice.k8s.annotations import (
     ANNOTATION_BIND_PHASE,
-    BIND_PHASE_ALLOCATING,
+    BIND_PHASE_ALLOCATED,
+    RESOURCE_GPU,
+    RESOURCE_MIG_PREFIX,
     Decision,
 )
 
@@ -27,23 +29,31 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True, slots=True)
 class PendingPod:
-    """A pod bound to this node by the extender and waiting for Allocate, with its decision."""
+    """A pod on this node that may be waiting for Allocate: Pending, asking for a device of this plugin,
+    not yet allocated. ``decision`` is the extender's (None: the pod reached the node without it)."""
 
     namespace: str
     name: str
-    decision: Decision
-    created: str = ""  # metadata.creationTimestamp (RFC 3339): the kubelet admits older pods first
+    decision: Decision | None
+    created: str = ""  # metadata.creationTimestamp (RFC 3339)
+    uid: str = ""
 
 
 class PodSource(Protocol):
-    """Finds the pods the extender bound to a node; marks them once Allocate used their decision."""
+    """Finds the pods waiting on a node; marks them once Allocate used their decision; gives back the
+    node lock (``k8s.node_lock``) the extender took for the pod."""
 
     def allocating_pods(self, node_name: str) -> list[PendingPod]:
-        """Pods on ``node_name`` whose bind-phase is "allocating", in any order."""
+        """Every pod that may wait for Allocate on ``node_name`` (see ``PendingPod``), in any order:
+        read from the API server itself (a consistent read), never from a cache."""
         ...
 
     def annotate_pod(self, namespace: str, name: str, annotations: Mapping[str, str]) -> None:
         """Merge ``annotations`` into the pod's annotations."""
+        ...
+
+    def release_node_lock(self, node_name: str, uid: str) -> bool:
+        """Clear ``node_name``'s lock if pod ``uid`` holds it; True if this call cleared it."""
         ...
 
 
@@ -78,23 +88,24 @@ class KubeApi:
 
     def allocating_pods(self, node_name: str) -> list[PendingPod]:
         # Pods the kubelet is admitting are still Pending; the field selector keeps the list to this node.
+        # A LIST without a resourceVersion is served from etcd: a pod bound before this call is in it.
         listed = self.core.list_pod_for_all_namespaces(
             field_selector=f"spec.nodeName={node_name},status.phase=Pending"
         )
         pods = []
         for pod in listed.items:
-            annotations = pod.metadata.annotations or {}
-            if annotations.get(ANNOTATION_BIND_PHASE) != BIND_PHASE_ALLOCATING:
+            meta = pod.metadata
+            annotations = meta.annotations or {}
+            if annotations.get(ANNOTATION_BIND_PHASE) == BIND_PHASE_ALLOCATED or not _asks_for_devices(pod):
                 continue
             try:
                 decision = Decision.from_annotations(annotations)
             except UserError as err:
-                log.warning("pod %s/%s: %s; skipped", pod.metadata.namespace, pod.metadata.name, err)
-                continue
-            if decision is not None:
-                created = pod.metadata.creation_timestamp
-                stamp = created.strftime("%Y-%m-%dT%H:%M:%SZ") if created is not None else ""
-                pods.append(PendingPod(pod.metadata.namespace, pod.metadata.name, decision, stamp))
+                log.warning("pod %s/%s: %s; waiting without a decision", meta.namespace, meta.name, err)
+                decision = None
+            created = meta.creation_timestamp
+            stamp = created.strftime("%Y-%m-%dT%H:%M:%SZ") if created is not None else ""
+            pods.append(PendingPod(meta.namespace, meta.name, decision, stamp, str(meta.uid or "")))
         return pods
 
     # An object body goes out as a strategic merge patch: our annotations merge into the existing ones.
@@ -108,3 +119,24 @@ class KubeApi:
         if labels:
             metadata["labels"] = dict(labels)
         self.core.patch_node(node_name, {"metadata": metadata})
+
+    def release_node_lock(self, node_name: str, uid: str) -> bool:
+        return node_lock.release(self, node_name, uid)
+
+    def read_node_annotations(self, node_name: str) -> tuple[dict[str, str], str]:
+        return node_lock.read_node_annotations(self.core, node_name)
+
+    def write_node_annotations(
+        self, node_name: str, annotations: Mapping[str, str | None], resource_version: str
+    ) -> None:
+        node_lock.write_node_annotations(self.core, node_name, annotations, resource_version)
+
+
+def _asks_for_devices(pod: Any) -> bool:
+    """Does any container (init containers too) ask for a device this plugin serves?"""
+    for container in [*(pod.spec.containers or []), *(pod.spec.init_containers or [])]:
+        resources = container.resources
+        asked = [*((resources and resources.requests) or {}), *((resources and resources.limits) or {})]
+        if any(k == RESOURCE_GPU or k.startswith(RESOURCE_MIG_PREFIX) for k in asked):
+            return True
+    return False

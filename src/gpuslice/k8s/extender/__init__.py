@@ -23,13 +23,16 @@ watch             Node inventory annotation changed -> ledger rebuilt lazily on 
                   Pod deleted, Succeeded or Failed -> released
 ```
 
-Why no multi-minute stalls (HAMi's node lock: Project-HAMi/HAMi ``pkg/scheduler/scheduler.go``, the
-``hami.io/mutex.lock`` node annotation, and the 5-minute waits between pods its users reported): HAMi
-marks a node locked in an annotation at bind and unlocks it only when its device plugin finishes
-Allocate, so a pod that never reaches Allocate holds the node until a timeout. Here the in-memory ledger
-is the arbiter: a bind holds its node's lock only while it chooses GPUs and reserves them, never across
-an API call, and a failed bind gives its reservation back at once. A stale filter answer is harmless:
-bind re-checks against the ledger and refuses with a reason if the node has filled up meanwhile.
+The node lock (``k8s/node_lock.py``, ``bind_lock.py``): a bind takes the ``gpuslice.io/node-lock``
+annotation on its node before writing the decision, and the device plugin clears it after Allocate, so
+one pod per node at a time is bound and not yet allocated: the device plugin's Allocate, which names no
+pod, can then tell whom it answers for. HAMi's users reported multi-minute stalls behind its version of
+this lock (Project-HAMi/HAMi ``pkg/util/nodelock``), where a pod that never reaches Allocate holds the
+node until a timeout. Here a lock whose pod is gone, no longer Pending, or already allocated is taken
+over at once, and only a pod the kubelet never admits holds it until ``--node-lock-timeout``. Inside
+the extender, the in-memory ledger is still the arbiter: a bind holds its node's ledger lock only while
+it chooses GPUs and reserves them, and a failed bind gives back its reservation and the node lock at
+once. A stale filter answer is harmless, because bind checks again against the ledger.
 
 Modules, one job each (the class chain ``ClusterCache`` -> ``Verdicts`` -> ``Preemption`` ->
 ``ClusterState``):
@@ -39,6 +42,7 @@ kube.py        the API server: KubeApi (what the extender needs), KubernetesApi,
 cluster.py     ClusterCache: nodes' inventories and bound pods from the watch, the ledger built over them
 verdicts.py    Verdicts: the ledger's fit codes per node (cached per request shape), in Kubernetes words
 preemption.py  Preemption: the preempt verb's what-if, and evictions the extender starts itself
+bind_lock.py   BindLocks: the node lock taken at bind (waiting a little for a locked node)
 state.py       ClusterState: filter, prioritize, bind; GPUs chosen by Placer.pick_gpus
 app.py         create_app: the HTTP verbs over a ClusterState
 ```

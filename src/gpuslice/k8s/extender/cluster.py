@@ -27,6 +27,7 @@ from gpuslice.k8s.annotations import (
     PodGpuRequest,
     pod_gpu_request,
 )
+from gpuslice.k8s.extender.bind_lock import DEFAULT_LOCK_WAIT_S, BindLocks
 from gpuslice.k8s.extender.kube import RELISTED, KubeApi, WatchEvent
 from gpuslice.ledger.ledger import Ledger
 from gpuslice.ledger.placement import Placement, Refusal
@@ -170,6 +171,8 @@ class ClusterCache:
         *,
         narrow: bool = False,
         target: TargetWorkload | None = None,
+        lock_timeout_s: float | None = None,
+        lock_wait_s: float = DEFAULT_LOCK_WAIT_S,
     ) -> None:
         # A registry name, or (operator's choice only, never a pod's annotation) a verified, guarded
         # policy file; UnknownPolicy lists the known names, PolicyRejected the file's violations.
@@ -180,6 +183,9 @@ class ClusterCache:
         self._node_locks: dict[str, threading.Lock] = {}
         self._inventory_text: dict[str, str] = {}
         self._pods: dict[str, BoundPod] = {}
+        # uid -> node of pods whose Binding exists (created here, or seen by the watch): kube-scheduler
+        # may retry a bind that timed out but succeeded, and that retry must not choose GPUs again
+        self._bound_to: dict[str, str] = {}
         self._mig_used: dict[tuple[str, int, int], str] = {}  # (node, GPU, start) -> the pod holding it
         self.mig_fallbacks: Counter[str] = Counter()  # MIG placement answers replaced by the default
         self._built: LedgerBuild | None = None
@@ -202,6 +208,11 @@ class ClusterCache:
         # FGD's expected workload, given by the operator (``--target-workload``, its GPU part: CPU is
         # kube-scheduler's business here); else the shapes of the pods bound when the ledger was built.
         self.target = target
+        # The node lock (k8s/node_lock.py): one pod per node from bind to Allocate, so the device
+        # plugin can tell whom an Allocate is for. The CLI always turns it on; None leaves it off.
+        self.bind_locks: BindLocks | None = None
+        if lock_timeout_s is not None:
+            self.bind_locks = BindLocks(api, timeout_s=lock_timeout_s, wait_s=lock_wait_s)
 
     # ---- watch --------------------------------------------------------------------------------------
 
@@ -233,6 +244,8 @@ class ClusterCache:
     def _apply_node(self, event: WatchEvent) -> None:
         meta = event.object.get("metadata") or {}
         name = str(meta.get("name", ""))
+        if self.bind_locks is not None:
+            self.bind_locks.changed(name)  # a released node lock is a Node change
         text = (meta.get("annotations") or {}).get(ANNOTATION_NODE_INVENTORY)
         if text is not None and event.type != "DELETED":
             try:
@@ -259,6 +272,9 @@ class ClusterCache:
                 self._forget(uid)
                 self._drop_nomination(uid)
                 return
+            bound_to = (pod.get("spec") or {}).get("nodeName")
+            if bound_to and uid:
+                self._bound_to[uid] = str(bound_to)
             if uid in self._pods:
                 return
             annotations = (pod.get("metadata") or {}).get("annotations") or {}
@@ -294,6 +310,7 @@ class ClusterCache:
 
     def _forget(self, uid: str) -> None:
         self._assumed.pop(uid, None)
+        self._bound_to.pop(uid, None)
         bound = self._pods.pop(uid, None)
         self._seen.pop(uid, None)
         self._last_event.pop(uid, None)

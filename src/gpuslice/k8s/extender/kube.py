@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from gpuslice.k8s import kube_client
+from gpuslice.k8s import kube_client, node_lock
 
 __all__ = ["RELISTED", "KubeApi", "KubernetesApi", "WatchEvent"]
 
@@ -49,6 +49,13 @@ class KubeApi(Protocol):
     def pod_gone(self, namespace: str, name: str, uid: str) -> bool:
         """True once the pod ``uid`` no longer exists (deleted, or replaced by another of that name)."""
         ...
+
+    # the node lock's two calls (``k8s.node_lock.NodeLockApi``)
+    def read_node_annotations(self, node_name: str) -> tuple[dict[str, str], str]: ...
+
+    def write_node_annotations(
+        self, node_name: str, annotations: Mapping[str, str | None], resource_version: str
+    ) -> None: ...
 
 
 class KubernetesApi:
@@ -111,6 +118,14 @@ class KubernetesApi:
                 return True
             raise
         return bool(pod.metadata.uid != uid)
+
+    def read_node_annotations(self, node_name: str) -> tuple[dict[str, str], str]:
+        return node_lock.read_node_annotations(self._core, node_name)
+
+    def write_node_annotations(
+        self, node_name: str, annotations: Mapping[str, str | None], resource_version: str
+    ) -> None:
+        node_lock.write_node_annotations(self._core, node_name, annotations, resource_version)
 
     def events(self) -> Iterator[WatchEvent]:
         """Every node and pod as ADDED, then their changes; relists after a dropped or expired watch."""

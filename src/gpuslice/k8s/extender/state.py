@@ -173,6 +173,8 @@ class ClusterState(Preemption):
             return
         now = time.monotonic()
         with self._lock:
+            if uid in self._bound_to:  # bound already (a retry after a timed-out bind): keep its decision
+                return
             for other in [u for u, t in self._assumed.items() if now - t > ASSUMED_S]:
                 del self._assumed[other]
                 self._forget(other)
@@ -260,6 +262,27 @@ class ClusterState(Preemption):
             return f"{REASON_INVALID}: {err}"
         except Exception as err:
             return f"cannot read pod {namespace}/{name}: {err}"
+        with self._lock:
+            bound_to = self._bound_to.get(uid)
+        if bound_to is not None:  # kube-scheduler retrying a bind that timed out after it succeeded
+            return "" if bound_to == node else f"pod {namespace}/{name} is already bound to {bound_to}"
+        if not ask.wants_gpu or self.bind_locks is None:
+            return self._bind(namespace, name, uid, node, pod, ask)
+        problem = self.bind_locks.acquire(node, namespace, name, uid)
+        if problem:
+            return f"pod {namespace}/{name} on {node}: {problem}"
+        error = "bind raised"
+        try:
+            error = self._bind(namespace, name, uid, node, pod, ask)
+        finally:
+            self.bind_locks.done(uid)
+            if error:  # not bound: nothing for the device plugin to release the lock after
+                self.bind_locks.release(node, uid)
+        return error
+
+    def _bind(
+        self, namespace: str, name: str, uid: str, node: str, pod: Mapping[str, Any], ask: PodGpuRequest
+    ) -> str:
         decision: Decision | None = None
         if ask.wants_gpu:
             held = self._nominations.get(node)
@@ -292,6 +315,8 @@ class ClusterState(Preemption):
                 except Exception:
                     log.warning("could not mark %s/%s bind-phase failed", namespace, name, exc_info=True)
             return f"binding {namespace}/{name} to {node} failed: {err}"
+        with self._lock:
+            self._bound_to[uid] = node
         return ""
 
     def _reserve(
