@@ -170,6 +170,27 @@ class ClusterCapacity:
         return bool(self._allowed[node]) and int((gpu >= req.gpu_milli).sum()) >= req.num_gpu
 
 
+def _fits_without_all(capacity: ClusterCapacity, node: int, pods: Sequence[RunningPod]) -> bool:
+    """Would the capacity's request fit on ``node`` with all of ``pods`` gone? A node where it would
+    not cannot be made room on by any subset (releases only add room), so the search skips it: the
+    same test as ``fits_without`` with every candidate, in plain integers."""
+    cpu, memory, gpu = capacity._free(node)
+    free = gpu.tolist()
+    for pod in pods:
+        placement = pod.holding.placement
+        cpu += placement.request.cpu_milli
+        memory += placement.request.memory_bytes
+        for g in placement.gpus:
+            free[g] += placement.request.gpu_milli
+    req = capacity.request
+    if cpu < req.cpu_milli or memory < req.memory_bytes:
+        return False
+    if not req.num_gpu:
+        return True
+    assert capacity._allowed is not None
+    return bool(capacity._allowed[node]) and sum(f >= req.gpu_milli for f in free) >= req.num_gpu
+
+
 def _head_fits(capacity: ClusterCapacity) -> bool:
     return capacity.fits_now()
 
@@ -201,6 +222,7 @@ def cheapest_victims(
     Victims follow the node scheduler's rule: preemptible, own priority strictly below the head's, not
     already being preempted (the caller leaves those out of ``by_node``)."""
     empty = ClusterCapacity(ledger, head, fit_nodes=set())  # the head fits on no node now
+    by_node = {node: running for node, running in by_node.items() if _fits_without_all(empty, node, running)}
     pods = {r.job_id: r for running in by_node.values() for r in running}
     victims = [
         Victim(r.job_id, r.priority, r.started_at, gpus_equivalent(r.holding),  # type: ignore[arg-type]
