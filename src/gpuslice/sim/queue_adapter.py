@@ -170,14 +170,14 @@ class ClusterCapacity:
         return bool(self._allowed[node]) and int((gpu >= req.gpu_milli).sum()) >= req.num_gpu
 
 
-def _fits_without_all(capacity: ClusterCapacity, node: int, pods: Sequence[RunningPod]) -> bool:
-    """Would the capacity's request fit on ``node`` with all of ``pods`` gone? A node where it would
-    not cannot be made room on by any subset (releases only add room), so the search skips it: the
-    same test as ``fits_without`` with every candidate, in plain integers."""
+def _fits_without(capacity: ClusterCapacity, node: int, gone: Sequence[Victim]) -> bool:
+    """Would the capacity's request fit on ``node`` with the ``gone`` pods' holdings given back? The fit
+    rule of ``ClusterCapacity`` (``_fits``) in plain integers, without building a what-if copy: the
+    preemption search asks this for many subsets."""
     cpu, memory, gpu = capacity._free(node)
     free = gpu.tolist()
-    for pod in pods:
-        placement = pod.holding.placement
+    for victim in gone:
+        placement = victim.holding.placement
         cpu += placement.request.cpu_milli
         memory += placement.request.memory_bytes
         for g in placement.gpus:
@@ -222,7 +222,6 @@ def cheapest_victims(
     Victims follow the node scheduler's rule: preemptible, own priority strictly below the head's, not
     already being preempted (the caller leaves those out of ``by_node``)."""
     empty = ClusterCapacity(ledger, head, fit_nodes=set())  # the head fits on no node now
-    by_node = {node: running for node, running in by_node.items() if _fits_without_all(empty, node, running)}
     pods = {r.job_id: r for running in by_node.values() for r in running}
     victims = [
         Victim(r.job_id, r.priority, r.started_at, gpus_equivalent(r.holding),  # type: ignore[arg-type]
@@ -231,11 +230,8 @@ def cheapest_victims(
         for r in running
     ]  # fmt: skip
 
-    def fits_without(_node: object, gone: tuple[Victim, ...]) -> bool:
-        trial = empty.copy()
-        for v in gone:
-            trial.give(v.holding)
-        return _head_fits(trial)
+    def fits_without(node: object, gone: tuple[Victim, ...]) -> bool:
+        return _fits_without(empty, node, gone)  # type: ignore[arg-type]
 
     plan = find_preemption(
         JobRef("", head_priority), victims, fits_without, now, policy=policy, view=view, fallbacks=fallbacks
