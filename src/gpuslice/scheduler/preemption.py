@@ -78,21 +78,38 @@ def victim_set_cost(victims: Sequence[Victim], now: float) -> tuple[object, ...]
 
 
 def choose_victims(
-    candidates: Sequence[Victim], fits_without: Callable[[tuple[Victim, ...]], bool], now: float
+    candidates: Sequence[Victim],
+    fits_without: Callable[[tuple[Victim, ...]], bool],
+    now: float,
+    below: tuple[object, ...] | None = None,
 ) -> tuple[Victim, ...] | None:
     """The cheapest subset of ``candidates`` (one node's) whose eviction makes ``fits_without`` hold,
-    or None if even all of them would not."""
+    or None if even all of them would not. With ``below`` (another node's best cost), only a subset
+    costing less than it is an answer: None if there is none.
+
+    A subset whose GPU total alone exceeds the best cost so far cannot beat it (the GPUs come first in
+    the cost), so it is passed over without building its whole cost, and once the smallest GPU total of
+    a size exceeds it the search ends; the answer is the same."""
     if not candidates or not fits_without(tuple(candidates)):
         return None
     ordered = sorted(candidates, key=lambda v: victim_set_cost((v,), now))
-    best: tuple[Victim, ...] = tuple(ordered)
-    best_cost = victim_set_cost(best, now)
+    best: tuple[Victim, ...] | None = tuple(ordered)
+    best_cost = victim_set_cost(ordered, now)
+    if below is not None and not best_cost < below:
+        best, best_cost = None, below
+    gpus = [v.gpus for v in ordered]
+    fewest = sorted(gpus)
     visited = 0
     for size in range(1, len(ordered) + 1):
-        for subset in combinations(ordered, size):
+        if sum(fewest[:size]) > best_cost[0] + 1e-6:  # type: ignore[operator]
+            return best  # every subset this large or larger frees more GPUs than the best so far
+        for picked in combinations(range(len(ordered)), size):
             visited += 1
             if visited > MAX_SUBSETS:
                 return best
+            if round(sum(gpus[i] for i in picked), 9) > best_cost[0]:  # type: ignore[operator]
+                continue
+            subset = tuple(ordered[i] for i in picked)
             cost = victim_set_cost(subset, now)
             if cost < best_cost and fits_without(subset):
                 best, best_cost = subset, cost
@@ -126,9 +143,10 @@ def find_preemption(
             by_node.setdefault(v.node, []).append(v)
     best: tuple[tuple[object, ...], PreemptionPlan] | None = None
     for node, candidates in by_node.items():
-        victims = choose_victims(candidates, lambda subset, node=node: fits_without(node, subset), now)
-        if victims is not None:
-            cost = victim_set_cost(victims, now)
-            if best is None or cost < best[0]:
-                best = (cost, PreemptionPlan(node, victims))
+        victims = choose_victims(
+            candidates, lambda subset, node=node: fits_without(node, subset), now,
+            None if best is None else best[0],
+        )  # fmt: skip
+        if victims is not None:  # it costs less than the best so far, or it is the first
+            best = (victim_set_cost(victims, now), PreemptionPlan(node, victims))
     return None if best is None else best[1]

@@ -6,7 +6,8 @@ are applied first, then arrivals, then one scheduling pass, the node scheduler's
 over the whole cluster:
 
 ```text
-order = order_pending(queue policy, view, pending)    re-sorted after every start (tenant usage moved)
+order = order_pending(queue policy, view, pending)    re-sorted after every start (tenant usage moved);
+                                                       kept, not sorted, where no key reads the view
 for job in order:
     a head is blocked and backfill is off              -> everyone after it waits
     Placer.place(request) over the cluster             the same Placer and placement policy as sim openb,
@@ -42,12 +43,13 @@ from gpuslice.ledger.fragmentation import FragmentationMeasure
 from gpuslice.ledger.ledger import Ledger
 from gpuslice.ledger.placement import Placement
 from gpuslice.policies import PolicyContext, placement_policy
-from gpuslice.policies.queue import QueuedJob, QueueOps, QueueView, effective_priority, order_pending
+from gpuslice.policies.queue import QueuedJob, QueueOps, QueueView, effective_priority
 from gpuslice.policies.queue import queue_policy as lookup_queue_policy
 from gpuslice.programs.loader import resolve
 from gpuslice.scheduler.backfill import Shadow
 from gpuslice.scheduler.node_fit import gpus_equivalent
 from gpuslice.scheduler.placer import Placer, Unplaced
+from gpuslice.sim.pending_order import PendingOrder
 from gpuslice.sim.queue_adapter import (
     ClusterHolding,
     RunningPod,
@@ -121,7 +123,7 @@ class _Replay:
         self.waited = np.zeros(n)
         self.preempted = np.zeros(n, dtype=np.int64)
         self.never_fits = np.zeros(n, dtype=bool)
-        self.pending: dict[int, QueuedJob] = {}
+        self.pending = PendingOrder(self.queue, self.fallbacks)
         self.queued_since: dict[int, float] = {}
         self.running: dict[int, _Running] = {}
         self.usage: dict[str, float] = {}
@@ -186,7 +188,7 @@ class _Replay:
         self._enqueue(index, now)
 
     def _enqueue(self, index: int, now: float) -> None:
-        self.pending[index] = QueuedJob(str(index), self.specs[index], now, self.seq)
+        self.pending.add(index, QueuedJob(str(index), self.specs[index], now, self.seq), self._view(now))
         self.queued_since[index] = now
         self.seq += 1
 
@@ -218,13 +220,10 @@ class _Replay:
     def _view(self, now: float) -> QueueView:
         return QueueView(now, self.config.aging_seconds, {}, self.usage)
 
-    def _ordered(self, now: float, jobs: list[QueuedJob]) -> list[QueuedJob]:
-        return order_pending(self.queue, self._view(now), jobs, self.fallbacks)
-
     def _step(self, now: float) -> None:
         if not self.pending:
             return
-        order = self._ordered(now, list(self.pending.values()))
+        order = self.pending.ordered(self._view(now))
         arrived = self._arrived_together(order, now)
         head: QueuedJob | None = None
         shadow = None
@@ -256,10 +255,9 @@ class _Replay:
             if head is None:
                 self.starts_ahead += 1
             self._start(index, job, placed, now)
-            if i < len(order):
-                order[i:] = self._ordered(now, order[i:])
+            order = self.pending.reordered(self._view(now), order, i)
 
-    def _arrived_together(self, order: list[QueuedJob], now: float) -> frozenset[int]:
+    def _arrived_together(self, order: Sequence[QueuedJob], now: float) -> frozenset[int]:
         """Multi-GPU pods that arrived at ``now``, when two or more did and nodes have wiring."""
         if self.placer.topologies is None:
             return frozenset()
@@ -270,7 +268,7 @@ class _Replay:
         ]
         return frozenset(arrived) if len(arrived) >= 2 else frozenset()
 
-    def _together(self, order: list[QueuedJob], i: int, now: float) -> list[Request]:
+    def _together(self, order: Sequence[QueuedJob], i: int, now: float) -> list[Request]:
         """The requests of the pods that arrived with the one at ``order[i - 1]``, after it in order."""
         return [
             self.jobs[int(j.job_id)].request
@@ -297,7 +295,7 @@ class _Replay:
         return [r.pod for r in self.running.values() if r.pod.holding.placement.node in homes]
 
     def _start(self, index: int, job: QueuedJob, placement: Placement, now: float) -> None:
-        del self.pending[index]
+        self.pending.remove(index)
         self.waited[index] += now - self.queued_since.pop(index)
         if math.isnan(self.start[index]):
             self.start[index] = now

@@ -91,6 +91,10 @@ class QueueOps:
 
     name: ClassVar[str] = "default"
     summary: ClassVar[str] = "strict priority, then FIFO (the defaults)"
+    # False where ``order_key`` reads only the job, never the view: a waiting job's key then never
+    # changes, and a home may keep the order as jobs come and go instead of sorting at every step.
+    # True (the safe answer) for any policy that does not say so, subclasses and policy files included.
+    key_reads_view: ClassVar[bool] = True
 
     def priority(self, view: QueueView, job: QueuedJob) -> int:
         """The job's level now. Called at every step for every pending job; must be a ``Priority``

@@ -18,6 +18,7 @@ __all__ = ["Fifo"]
 class Fifo(QueueOps):
     name = "fifo"
     summary = "submission order only"
+    key_reads_view = False  # the key is the job's own: the order is kept, not re-sorted
 
     def order_key(self, view: QueueView, job: QueuedJob) -> tuple[Any, ...]:
         return ()  # the mechanism appends job.seq: submission order

@@ -25,6 +25,7 @@ __all__ = ["ShortestJobFirst"]
 class ShortestJobFirst(QueueOps):
     name = "sjf"
     summary = "shortest declared run time (max runtime) first, then FIFO"
+    key_reads_view = False  # the key is the job's own: the order is kept, not re-sorted
 
     def order_key(self, view: QueueView, job: QueuedJob) -> tuple[Any, ...]:
         runtime = job.spec.max_runtime_seconds
