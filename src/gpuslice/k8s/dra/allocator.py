@@ -403,7 +403,15 @@ class DraAllocator:
         self, pod: Mapping[str, Any], by_key: Mapping[tuple[str, str], dict[str, Any]], inventory: Inventory
     ) -> int:
         namespace = pod["metadata"]["namespace"]
-        names = [r.get("resourceClaimName") for r in pod["spec"].get("resourceClaims") or []]
+        # a claim made from a template: kube-controller-manager names it in the pod's status
+        made = {
+            s.get("name"): s.get("resourceClaimName")
+            for s in (pod.get("status") or {}).get("resourceClaimStatuses") or []
+        }
+        names = [
+            r.get("resourceClaimName") or made.get(r.get("name"))
+            for r in pod["spec"].get("resourceClaims") or []
+        ]
         wanted = [by_key.get((namespace, str(n))) for n in names]
         if any(c is None for c in wanted):
             return 0  # a claim not created yet (or from a template): wait for it
