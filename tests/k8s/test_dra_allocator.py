@@ -305,3 +305,17 @@ def test_fgd_keeps_room_for_the_target_workload_it_is_given() -> None:
     assert _fgd_choice(shapes(700)) == [("b", "gpu-0")]
     # Without one, the target is the claims allocated so far (as the extender's is the pods bound).
     assert _fgd_choice(None) == _fgd_choice(shapes(300, 200, 200)) == [("b", "gpu-1")]
+
+
+def test_a_claim_made_from_a_template_is_found_through_the_pods_status() -> None:
+    api = FakeApi()
+    api.add_node("a", "dgx-h100")
+    api.add("t1", spec(CLASS_SHARED, capacity={"memory": "4Gi", "cores": "30"}))
+    pod = api.pods[-1]
+    pod["spec"]["resourceClaims"] = [
+        {"name": "gpu", "resourceClaimTemplateName": "gpuslice-share-4096mi-30c"}
+    ]
+    assert DraAllocator(api).run_once() == 0  # kube-controller-manager has not made the claim yet
+    pod["status"] = {"resourceClaimStatuses": [{"name": "gpu", "resourceClaimName": "t1"}]}
+    assert DraAllocator(api).run_once() == 1
+    assert [r["pool"] for r in api.results("t1")] == ["a"] and not api.gated("t1")

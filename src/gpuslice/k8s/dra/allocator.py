@@ -414,7 +414,7 @@ class DraAllocator:
         ]
         wanted = [by_key.get((namespace, str(n))) for n in names]
         if any(c is None for c in wanted):
-            return 0  # a claim not created yet (or from a template): wait for it
+            return 0  # a claim not created yet (from a template: by kube-controller-manager): wait
         pending = [c for c in wanted if c is not None and not (c.get("status") or {}).get("allocation")]
         ours = [(c, a) for c in pending if (a := claim_ask(c)) is not None]
         if len(ours) > 1:
