@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 from controlplane import ControlPlane, Process, free_port, wait_http
-from dra_helpers import DRA_SCHEDULER, DraNode, dra_nodes, dra_scheduler, objects
-from e2e_helpers import GPUSLICE, wait_for, webhook_configuration
+from dra_helpers import DRA_SCHEDULER, DraNode, allocator_process, dra_nodes, dra_scheduler, objects
+from e2e_helpers import GPUSLICE, wait_for, webhook_certificate, webhook_configuration
 
 from gpuslice.k8s.dra.kube import GROUP, VERSION
 from gpuslice.k8s.dra.rewrite import CLAIM_NAME, LABEL_DRA
@@ -48,16 +48,9 @@ def controller_manager(plane: ControlPlane) -> Iterator[Process]:
 @pytest.fixture(scope="module")
 def dra_webhook(plane: ControlPlane, api_client: Any) -> Iterator[Process]:
     """A second ``gpuslice k8s webhook``, with ``--dra-claims label``, for labelled pods only."""
-    import trustme
     from kubernetes import client
 
-    ca = trustme.CA()
-    leaf = ca.issue_cert("127.0.0.1")
-    certs = plane.root / "webhook-dra"
-    certs.mkdir()
-    cert, key = certs / "tls.crt", certs / "tls.key"
-    cert.write_bytes(b"".join(blob.bytes() for blob in leaf.cert_chain_pems))
-    key.write_bytes(leaf.private_key_pem.bytes())
+    cert, key, ca_pem = webhook_certificate(plane.root / "webhook-dra")
     port = free_port()
     proc = plane.spawn(
         "webhook-dra",
@@ -67,7 +60,7 @@ def dra_webhook(plane: ControlPlane, api_client: Any) -> Iterator[Process]:
         ],
     )  # fmt: skip
     wait_http(f"https://127.0.0.1:{port}/healthz", 90, insecure=True, proc=proc)
-    config = webhook_configuration(f"https://127.0.0.1:{port}/mutate", ca.cert_pem.bytes())
+    config = webhook_configuration(f"https://127.0.0.1:{port}/mutate", ca_pem)
     config["metadata"]["name"] = CONFIG
     for hook in config["webhooks"]:
         hook["objectSelector"] = {"matchLabels": {LABEL_DRA: "true"}}
@@ -88,12 +81,7 @@ def nodes(
 
 @pytest.fixture(scope="module")
 def allocator(plane: ControlPlane, nodes: Any) -> Iterator[Process]:
-    proc = plane.spawn(
-        "dra-allocator-rewrite",
-        [GPUSLICE, "k8s", "dra-allocator", "--kubeconfig", str(plane.kubeconfig), "--policy", "bestfit"],
-    )
-    yield proc
-    plane.forget(proc)
+    yield from allocator_process(plane, "dra-allocator-rewrite", "bestfit")
 
 
 def gpu_pod(name: str, limits: dict[str, str]) -> dict[str, Any]:

@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 from controlplane import ControlPlane, Process
-from dra_helpers import DRA_SCHEDULER, claim, dra_scheduler, objects, pool
+from dra_helpers import DRA_SCHEDULER, allocator_process, claim, dra_scheduler, objects, pool
 from e2e_helpers import GPUSLICE, wait_for
 from kubelet_node_helpers import NODE_NAME, SIMULATE, node_pod, parse_env, pod_log, wait_phase
 
@@ -103,12 +103,7 @@ def driver(node: Node, plane: ControlPlane, api_client: Any, dra_scheduler: Any)
 
 @pytest.fixture(scope="module")
 def allocator(plane: ControlPlane, driver: KubeletDriver) -> Iterator[Process]:
-    proc = plane.spawn(
-        "dra-allocator-kubelet",
-        [GPUSLICE, "k8s", "dra-allocator", "--kubeconfig", str(plane.kubeconfig), "--policy", "bestfit"],
-    )
-    yield proc
-    plane.forget(proc)
+    yield from allocator_process(plane, "dra-allocator-kubelet", "bestfit")
 
 
 def dra_pod(name: str, claim_name: str, script: str) -> dict[str, Any]:
