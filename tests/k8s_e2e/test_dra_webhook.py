@@ -136,14 +136,20 @@ def test_a_pod_asking_for_gpuslice_resources_gets_a_claim_that_gpuslice_allocate
     assert Decimal(parse_quantity(consumed["memory"])) == 4096 * 2**20 and consumed["cores"] == "30"
 
 
+@pytest.mark.parametrize(
+    ("limits", "reason"),
+    [
+        ({"gpuslice.io/gpu": "1", "gpuslice.io/gpumem": "-5"}, "not a whole non-negative number"),
+        ({"gpuslice.io/gpu": "1", "gpuslice.io/gpucores": "250"}, "1..100"),
+        ({"gpuslice.io/mig-9g.99gb": "1"}, "no GPU has MIG profile"),
+    ],
+)
 def test_a_bad_quantity_is_refused_at_admission_with_the_reason(
-    dra_webhook: Process, core: Any, namespace: str
+    dra_webhook: Process, core: Any, namespace: str, limits: dict[str, str], reason: str
 ) -> None:
     from kubernetes import client
 
     with pytest.raises(client.exceptions.ApiException) as refused:
-        core.create_namespaced_pod(
-            namespace, gpu_pod("bad", {"gpuslice.io/gpu": "1", "gpuslice.io/gpumem": "4.5Gi"})
-        )
+        core.create_namespaced_pod(namespace, gpu_pod("bad", limits))
     assert refused.value.status == 400
-    assert "gpuslice: " in refused.value.body and "not a whole non-negative number" in refused.value.body
+    assert "gpuslice: " in refused.value.body and reason in refused.value.body, refused.value.body
