@@ -12,7 +12,9 @@ Reports per mode: pods bound, pods/s (first create to last bind), unallocated GP
 back from the claims), create-to-bound latency p50/p99 (pods polled every 0.2 s) and kube-scheduler's
 ``scheduler_scheduling_algorithm_duration_seconds`` p50/p99. Sim parity: the same claims in the same
 order through the allocator's ``Inventory`` offline (same placer, same policy), compared device by device
-with what the gpuslice run stored.
+with what the gpuslice run stored. FGD-style policies get the trace's GPU workload as their target
+(``--target-workload`` of the allocator, the same object offline), as ``gpuslice sim openb`` gives it
+the trace's workload.
 
     GPUSLICE_K8S_BIN=~/.cache/gpuslice-e2e/<key>/bin .venv/bin/python benchmarks/dra_openb.py --pods 400
 """
@@ -39,12 +41,13 @@ from gpuslice.k8s.dra.allocator import GATE, Inventory, claim_ask  # noqa: E402
 from gpuslice.k8s.dra.classes import CLASS_SHARED, CLASS_WHOLE, device_classes  # noqa: E402
 from gpuslice.k8s.dra.kube import GROUP, VERSION, DraApi  # noqa: E402
 from gpuslice.k8s.dra.slices import node_slices  # noqa: E402
-from gpuslice.sim.trace import TracePod, load_trace  # noqa: E402
+from gpuslice.sim.trace import TracePod, bundled_dir, load_target_workload, load_trace  # noqa: E402
 from gpuslice.units import MiB  # noqa: E402
 from gpuslice.workload.request import MILLI_PER_GPU  # noqa: E402
 from k8s_e2e import fetch, histogram_quantiles, sample  # noqa: E402
 
 SCHEDULER = "dra-bench"
+TARGET_FILE = bundled_dir() / "openb_pod_list_default.csv"  # the trace the sample is drawn from
 GPUSLICE = str(Path(sys.executable).parent / "gpuslice")
 
 
@@ -122,8 +125,9 @@ def run_mode(
         if mode == "gpuslice":
             plane.spawn(
                 "dra-allocator",
-                [GPUSLICE, "k8s", "dra-allocator", "--kubeconfig", str(plane.kubeconfig), "--policy", policy],
-            )
+                [GPUSLICE, "k8s", "dra-allocator", "--kubeconfig", str(plane.kubeconfig),
+                 "--policy", policy, "--target-workload", str(TARGET_FILE)],
+            )  # fmt: skip
         core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name="bench")))
         smallest = min(g.memory_bytes for m in ms for g in m.gpus) // MiB
         created: dict[str, float] = {}
@@ -173,7 +177,7 @@ def run_mode(
 
 def sim_parity(run: dict[str, Any], pods: list[TracePod], ms: list[Machine], policy: str) -> tuple[int, int]:
     """Same claims, same order, same placer offline: how many land on the same node and devices."""
-    inventory = Inventory(run["slices"], [], policy)
+    inventory = Inventory(run["slices"], [], policy, target=load_target_workload(TARGET_FILE))
     same = 0
     smallest = min(g.memory_bytes for m in ms for g in m.gpus) // MiB
     for p in pods:

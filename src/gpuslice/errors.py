@@ -50,6 +50,7 @@ GpusliceError
 │  ├─ RegistrationFailed (k8s.device_plugin.plugin)
 │  ├─ AllocationRefused (k8s.device_plugin.allocation)
 │  ├─ PrepareRefused (k8s.dra.prepare)
+│  ├─ TemplateUnavailable (k8s.webhook)
 │  ├─ GpuSetUnavailable (policies.gpuset.base)
 │  ├─ MalformedModelConfig, InvalidEstimateOptions (estimate.errors)
 │  └─ CostProfileError (memory.cost)

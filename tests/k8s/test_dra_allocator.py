@@ -19,6 +19,8 @@ from gpuslice.k8s.dra.classes import CLASS_MIG, CLASS_SHARED, CLASS_WHOLE
 from gpuslice.k8s.dra.identity import gpu_identities
 from gpuslice.k8s.dra.slices import DRIVER, node_slices
 from gpuslice.node.discovery import discover
+from gpuslice.workload.request import Request
+from gpuslice.workload.target import TargetWorkload
 
 
 @dataclass
@@ -279,3 +281,41 @@ def test_no_preemption_for_equal_or_lower_priority() -> None:
     api.add("same", spec(CLASS_WHOLE), priority=50)
     allocator.run_once()
     assert api.deleted == [] and api.gated("same")
+
+
+def _fgd_choice(target: TargetWorkload | None) -> list[tuple[str, str]]:
+    """Where fgd puts a 50-core share on two 4-GPU nodes holding shares of 30 (a) and 20 + 20 (b)."""
+    api = FakeApi()
+    for node in ("a", "b"):
+        api.add_node(node, "pcie-4x-l4")
+    for i, (node, cores) in enumerate([("a", "30"), ("b", "20"), ("b", "20")]):
+        api.add(f"h{i}", spec(CLASS_SHARED, capacity={"memory": "2Gi", "cores": cores}), node=node)
+    DraAllocator(api, "fgd").run_once()
+    api.add("x", spec(CLASS_SHARED, capacity={"memory": "2Gi", "cores": "50"}))
+    DraAllocator(api, "fgd", target).run_once()
+    return [(r["pool"], r["device"]) for r in api.results("x")]
+
+
+def test_fgd_keeps_room_for_the_target_workload_it_is_given() -> None:
+    def shapes(*milli: int) -> TargetWorkload:
+        return TargetWorkload.from_requests([Request(0, num_gpu=1, gpu_milli=m) for m in milli])
+
+    # The target decides: whole GPUs to come, or 0.7-GPU shares, put the same share elsewhere.
+    assert _fgd_choice(shapes(1000)) == [("a", "gpu-0")]
+    assert _fgd_choice(shapes(700)) == [("b", "gpu-0")]
+    # Without one, the target is the claims allocated so far (as the extender's is the pods bound).
+    assert _fgd_choice(None) == _fgd_choice(shapes(300, 200, 200)) == [("b", "gpu-1")]
+
+
+def test_a_claim_made_from_a_template_is_found_through_the_pods_status() -> None:
+    api = FakeApi()
+    api.add_node("a", "dgx-h100")
+    api.add("t1", spec(CLASS_SHARED, capacity={"memory": "4Gi", "cores": "30"}))
+    pod = api.pods[-1]
+    pod["spec"]["resourceClaims"] = [
+        {"name": "gpu", "resourceClaimTemplateName": "gpuslice-share-4096mi-30c"}
+    ]
+    assert DraAllocator(api).run_once() == 0  # kube-controller-manager has not made the claim yet
+    pod["status"] = {"resourceClaimStatuses": [{"name": "gpu", "resourceClaimName": "t1"}]}
+    assert DraAllocator(api).run_once() == 1
+    assert [r["pool"] for r in api.results("t1")] == ["a"] and not api.gated("t1")

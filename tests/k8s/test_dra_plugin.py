@@ -158,7 +158,12 @@ def test_a_share_gets_a_cdi_device_per_share_with_the_device_plugins_slice(node:
     assert list(device.cdi_device_ids) == [f"{CDI_KIND}=uid-1-gpu-3-{share}"]  # the share in the CDI name
     spec = node.spec("uid-1")
     assert spec["kind"] == CDI_KIND and [d["name"] for d in spec["devices"]] == [f"uid-1-gpu-3-{share}"]
-    assert spec["devices"][0]["containerEdits"]["deviceNodes"] == [{"path": "/dev/nvidia3"}]
+    (gpu_node,) = spec["devices"][0]["containerEdits"]["deviceNodes"]
+    # a simulated node: the device node is the device plugin's stand-in, a character device
+    assert gpu_node == {"path": "/dev/nvidia3", "hostPath": str(node.root / "state" / "dev" / "nvidia3")}
+    assert stat.S_ISCHR(Path(gpu_node["hostPath"]).stat().st_mode)
+    for control in spec["containerEdits"]["deviceNodes"]:
+        assert stat.S_ISCHR(Path(control["hostPath"]).stat().st_mode), control
     assert stat.S_IMODE(cdi_spec_path(node.cdi_dir, "uid-1").stat().st_mode) == 0o600
     env = env_of(spec)
     machine = node.plugin.preparer.machine

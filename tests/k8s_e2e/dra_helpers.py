@@ -26,6 +26,7 @@ from gpuslice.k8s.dra.slices import DRIVER
 __all__ = [
     "DRA_SCHEDULER",
     "DraNode",
+    "allocator_process",
     "claim",
     "claim_pod",
     "dra_scheduler",
@@ -240,6 +241,15 @@ def dra_nodes(
     finally:
         for node in nodes.values():
             stop_dra_node(node)
+
+
+def allocator_process(plane: ControlPlane, name: str, policy: str) -> Iterator[Process]:
+    """A fixture's body: ``gpuslice k8s dra-allocator --policy POLICY`` while the fixture lives."""
+    proc = plane.spawn(
+        name, [GPUSLICE, "k8s", "dra-allocator", "--kubeconfig", str(plane.kubeconfig), "--policy", policy]
+    )
+    yield proc
+    plane.forget(proc)
 
 
 def dump(obj: Any) -> str:

@@ -130,9 +130,21 @@ def webhook_configuration(url: str, ca_pem: bytes) -> dict[str, Any]:
     return config
 
 
+def webhook_certificate(folder: Path) -> tuple[Path, Path, bytes]:
+    """A fresh CA and a 127.0.0.1 serving certificate for a webhook: (cert file, key file, CA PEM)."""
+    import trustme
+
+    ca = trustme.CA()
+    leaf = ca.issue_cert("127.0.0.1")
+    folder.mkdir()
+    cert, key = folder / "tls.crt", folder / "tls.key"
+    cert.write_bytes(b"".join(blob.bytes() for blob in leaf.cert_chain_pems))
+    key.write_bytes(leaf.private_key_pem.bytes())
+    return cert, key, ca.cert_pem.bytes()
+
+
 @pytest.fixture(scope="session")
 def stack(plane: ControlPlane, api_client: Any, core: Any) -> Iterator[Stack]:
-    import trustme
     from kubernetes import client
 
     try:  # the deploy tests may have applied the manifests, namespace included, already
@@ -140,13 +152,7 @@ def stack(plane: ControlPlane, api_client: Any, core: Any) -> Iterator[Stack]:
     except client.exceptions.ApiException as err:
         if err.status != 409:
             raise
-    ca = trustme.CA()
-    leaf = ca.issue_cert("127.0.0.1")
-    certs = plane.root / "webhook"
-    certs.mkdir()
-    cert, key = certs / "tls.crt", certs / "tls.key"
-    cert.write_bytes(b"".join(blob.bytes() for blob in leaf.cert_chain_pems))
-    key.write_bytes(leaf.private_key_pem.bytes())
+    cert, key, ca_pem = webhook_certificate(plane.root / "webhook")
     webhook_port = free_port()
     webhook = plane.spawn(
         "webhook",
@@ -165,7 +171,6 @@ def stack(plane: ControlPlane, api_client: Any, core: Any) -> Iterator[Stack]:
         ],
     )
     wait_http(f"https://127.0.0.1:{webhook_port}/healthz", 90, insecure=True, proc=webhook)
-    ca_pem = ca.cert_pem.bytes()
     client.AdmissionregistrationV1Api(api_client).create_mutating_webhook_configuration(
         webhook_configuration(f"https://127.0.0.1:{webhook_port}/mutate", ca_pem)
     )

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 from controlplane import ControlPlane, Process
-from dra_helpers import DraNode, claim, claim_pod, dra_nodes, dra_scheduler, objects
-from e2e_helpers import GPUSLICE, wait_for
+from dra_helpers import DraNode, allocator_process, claim, claim_pod, dra_nodes, dra_scheduler, objects
+from e2e_helpers import wait_for
 
 from gpuslice.k8s.dra.allocator import GATE
 from gpuslice.k8s.dra.classes import CLASS_SHARED, CLASS_WHOLE
@@ -31,12 +31,7 @@ def nodes(
 
 @pytest.fixture(scope="module")
 def allocator(plane: ControlPlane, nodes: Any) -> Iterator[Process]:
-    proc = plane.spawn(
-        "dra-allocator",
-        [GPUSLICE, "k8s", "dra-allocator", "--kubeconfig", str(plane.kubeconfig), "--policy", "hami-spread"],
-    )
-    yield proc
-    plane.forget(proc)
+    yield from allocator_process(plane, "dra-allocator", "hami-spread")
 
 
 def make(api_client: Any, core: Any, namespace: str, name: str, body: dict[str, Any], **pod: Any) -> None:

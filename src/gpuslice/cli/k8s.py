@@ -16,7 +16,7 @@ import typer
 from rich.console import Console
 
 from gpuslice.cli import k8s_device_plugin, k8s_dra, k8s_dra_allocator
-from gpuslice.cli.options import target_workload_option
+from gpuslice.cli.options import KubeconfigOption, target_workload_option
 from gpuslice.errors import UserError
 from gpuslice.k8s.annotations import SCHEDULER_NAME
 from gpuslice.k8s.node_lock import DEFAULT_LOCK_TIMEOUT_S
@@ -104,13 +104,33 @@ def webhook(
     scheduler_name: Annotated[
         str, typer.Option(help="schedulerName set on pods asking for gpuslice resources")
     ] = SCHEDULER_NAME,
+    dra_claims: Annotated[
+        str,
+        typer.Option(
+            help="rewrite gpuslice.io resources into a DRA claim template: off, label (pods labelled "
+            "gpuslice.io/dra=true) or all; the webhook then creates templates (needs RBAC for them)"
+        ),
+    ] = "off",
+    kubeconfig: KubeconfigOption = None,
 ) -> None:
     """Serve the mutating admission webhook over HTTPS (AdmissionReview v1 at /mutate)."""
-    from gpuslice.k8s.webhook import run
+    from gpuslice.k8s.dra.rewrite import DraClaims
+    from gpuslice.k8s.webhook import DraRewrite, run
 
+    try:
+        mode = DraClaims(dra_claims)
+    except ValueError:
+        raise UserError(f"--dra-claims {dra_claims!r}: use off, label or all") from None
     _check_tls_pair(cert, key)
-    _out.print(f"gpuslice webhook on https://{host}:{port}/mutate, scheduler {scheduler_name}")
-    run(str(cert), str(key), host=host, port=port, scheduler_name=scheduler_name)
+    dra = None
+    if mode is not DraClaims.OFF:
+        from gpuslice.k8s.dra.kube import DraApi
+
+        dra = DraRewrite(mode, DraApi(str(kubeconfig) if kubeconfig else None))
+    _out.print(
+        f"gpuslice webhook on https://{host}:{port}/mutate, scheduler {scheduler_name}, DRA {mode.value}"
+    )
+    run(str(cert), str(key), host=host, port=port, scheduler_name=scheduler_name, dra=dra)
 
 
 @app.command()

@@ -14,7 +14,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from gpuslice.cli.options import KubeconfigOption
+from gpuslice.cli.options import KubeconfigOption, target_workload_option
 from gpuslice.policies import DEFAULT_PLACEMENT, PLACEMENT
 
 __all__ = ["dra_allocator"]
@@ -30,13 +30,16 @@ def dra_allocator(
     interval: Annotated[
         float, typer.Option(min=0.05, help="seconds between passes when no gated pod waits")
     ] = 0.5,
+    target_workload: target_workload_option("the claims allocated when each pass begins") = None,
 ) -> None:
     """Allocate the claims of gated pods with gpuslice's placement policy, then ungate them, until SIGTERM."""
     from gpuslice.k8s.dra.allocator import GATE, DraAllocator
     from gpuslice.k8s.dra.kube import DraApi
     from gpuslice.policies import placement_policy
+    from gpuslice.sim.trace import load_target_workload
 
     placement_policy(policy)  # an unknown name: one error line listing the known ones
+    target = load_target_workload(target_workload) if target_workload is not None else None
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     api = DraApi(str(kubeconfig) if kubeconfig else None)
     done = threading.Event()
@@ -44,6 +47,6 @@ def dra_allocator(
         signal.signal(sig, lambda *_: done.set())
     _out.print(f"gpuslice DRA allocator, policy {policy}: allocating claims of pods gated by {GATE}")
     try:
-        DraAllocator(api, policy).run(done, interval)
+        DraAllocator(api, policy, target).run(done, interval)
     finally:
         api.close()

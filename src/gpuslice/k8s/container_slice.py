@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from gpuslice.hardware.machine import Machine
 from gpuslice.k8s.shim_mounts import HostMount, container_setup
@@ -55,21 +56,22 @@ def container_slice(
     memory_bytes: int = 0,
     compute_percent: int = 0,
     mig: MigAssignment | None = None,
+    nvml: Any | None = None,
 ) -> ContainerSlice:
     """The slice of ``namespace/pod``: ``gpus`` (machine indices) with ``memory_bytes`` each (0: all) and
     ``compute_percent`` of their SMs (0 or 100: no cap), or the MIG instance ``mig``. ``minors`` maps a
     GPU index to its /dev/nvidia<minor>. Writes the soft-cap file and, under shim sharing, the pod's
-    shim folder (see ``shim_mounts``)."""
+    shim folder (see ``shim_mounts``). ``nvml`` is a pynvml-like module for tests (a MIG UUID lookup)."""
     spec_args = {"command": (f"pod {namespace}/{pod}",), "tenant": namespace}
     if mig is not None:
         spec = JobSpec(**spec_args, gpus=1, mig_profile=mig.profile)
         gpus = (mig.gpu,)
-        uuids: tuple[str, ...] = (mig_device_uuid(machine, mig.gpu, mig.profile, mig.start),)
+        uuids: tuple[str, ...] = (mig_device_uuid(machine, mig.gpu, mig.profile, mig.start, nvml),)
     else:
         cores = compute_percent if 0 < compute_percent < 100 else 0
         spec = JobSpec(**spec_args, gpus=len(gpus), gpu_memory_bytes=memory_bytes, compute_percent=cores)
         uuids = tuple(machine.gpus[g].uuid for g in gpus)
-    env = job_env(sharing, spec, gpus, machine, state_dir, mig=mig)
+    env = job_env(sharing, spec, gpus, machine, state_dir, mig=mig, nvml=nvml)
     # NVIDIA's container runtime reads NVIDIA_VISIBLE_DEVICES to mount the devices; the device nodes
     # and CDI names do the same without it (a runtime with CDI, containerd 1.7+ / CRI-O 1.23+).
     env["NVIDIA_VISIBLE_DEVICES"] = env["CUDA_VISIBLE_DEVICES"]

@@ -16,7 +16,13 @@ Defaults, on the one container that asks for gpuslice resources:
   that names some other scheduler is refused: nothing else would write the decision the device plugin
   needs, so the pod would fail at Allocate.
 
-Only pod CREATE is mutated; anything else is allowed unchanged. The webhook is stateless: it reads no
+Under ``--dra-claims label|all`` a chosen pod (label ``gpuslice.io/dra: "true"``, or every one) is
+rewritten into a ResourceClaimTemplate instead (``k8s/dra/rewrite.py``): its gpuslice resources go,
+a claim from the template and the DRA allocator's scheduling gate come, the scheduler name is left
+as it is (kube-scheduler binds DRA pods). That is the webhook's one side effect: it creates the
+template when missing (not on a dry run); a failure to create it refuses the pod with the reason.
+
+Only pod CREATE is mutated; anything else is allowed unchanged. The webhook otherwise reads no
 cluster state, so it cannot say whether a GPU of that size exists today (the extender's filter and its
 pending-pod Event say that); it refuses what no node could ever satisfy.
 """
@@ -26,12 +32,13 @@ from __future__ import annotations
 import base64
 import json
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import fastapi
 from fastapi.responses import JSONResponse
 
-from gpuslice.errors import InvalidRequest, UnknownPolicy
+from gpuslice.errors import InvalidRequest, UnknownPolicy, UserError
 from gpuslice.hardware.mig import MIG_GPUS
 from gpuslice.k8s.annotations import (
     ANNOTATION_PLACEMENT_POLICY,
@@ -43,12 +50,25 @@ from gpuslice.k8s.annotations import (
     asks_for_gpuslice,
     pod_gpu_request,
 )
+from gpuslice.k8s.dra.rewrite import DraClaims, TemplateStore, claim_template, rewrite_ops, wants_rewrite
 from gpuslice.k8s.pod_shape import check_pod, check_review, strict_json
 from gpuslice.policies import placement_policy
 
-__all__ = ["DEFAULT_SCHEDULER", "admit", "create_app", "mutate_pod", "run"]
+__all__ = [
+    "DEFAULT_SCHEDULER",
+    "DraRewrite",
+    "TemplateUnavailable",
+    "admit",
+    "create_app",
+    "mutate_pod",
+    "run",
+]
 
 DEFAULT_SCHEDULER = "default-scheduler"  # what the API server fills in when a pod names none
+
+
+class TemplateUnavailable(UserError):
+    """The claim template of a DRA-rewritten pod could not be created (API refusal or outage)."""
 
 
 def _escape(key: str) -> str:
@@ -60,8 +80,24 @@ def _mig_profiles() -> set[str]:
     return {p.name for gpu in MIG_GPUS.values() for p in gpu.profiles}
 
 
-def mutate_pod(pod: Mapping[str, Any], scheduler_name: str = SCHEDULER_NAME) -> list[dict[str, Any]]:
-    """The JSONPatch operations for ``pod``; InvalidRequest (with the fix in its message) if impossible."""
+@dataclass(frozen=True)
+class DraRewrite:
+    """The webhook's DRA rewrite setting: which pods, and where templates are created."""
+
+    mode: DraClaims
+    templates: TemplateStore | None = None
+
+
+def mutate_pod(
+    pod: Mapping[str, Any],
+    scheduler_name: str = SCHEDULER_NAME,
+    *,
+    dra: DraRewrite | None = None,
+    namespace: str = "",
+    dry_run: bool = False,
+) -> list[dict[str, Any]]:
+    """The JSONPatch operations for ``pod``; InvalidRequest (with the fix in its message) if impossible.
+    With ``dra`` a chosen pod is rewritten into a claim template created in ``namespace``."""
     if not asks_for_gpuslice(pod):
         return []
     spec = pod.get("spec") or {}
@@ -81,6 +117,16 @@ def mutate_pod(pod: Mapping[str, Any], scheduler_name: str = SCHEDULER_NAME) -> 
             placement_policy(ask.policy)
         except UnknownPolicy as err:
             raise InvalidRequest(f"annotation {ANNOTATION_PLACEMENT_POLICY}: {err}") from None
+    if dra is not None and wants_rewrite(pod, dra.mode) and ask.wants_gpu:
+        template = claim_template(ask, namespace or (pod.get("metadata") or {}).get("namespace") or "default")
+        if not dry_run and dra.templates is not None:
+            try:
+                dra.templates.ensure_template(template["metadata"]["namespace"], template)
+            except Exception as err:  # the API server refused or is unreachable: say so on the pod
+                raise TemplateUnavailable(
+                    f"could not create ResourceClaimTemplate {template['metadata']['name']}: {err}"
+                ) from None
+        return rewrite_ops(patched, ask, template["metadata"]["name"])
     current = spec.get("schedulerName") or ""
     if current in ("", DEFAULT_SCHEDULER):
         ops.append({"op": "add", "path": "/spec/schedulerName", "value": scheduler_name})
@@ -130,7 +176,9 @@ def _apply(pod: Mapping[str, Any], ops: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def admit(review: Mapping[str, Any], scheduler_name: str = SCHEDULER_NAME) -> dict[str, Any]:
+def admit(
+    review: Mapping[str, Any], scheduler_name: str = SCHEDULER_NAME, dra: DraRewrite | None = None
+) -> dict[str, Any]:
     """An AdmissionReview v1 response for ``review`` (the API server's request, as JSON)."""
     request = review.get("request") or {}
     uid = request.get("uid", "")
@@ -138,10 +186,19 @@ def admit(review: Mapping[str, Any], scheduler_name: str = SCHEDULER_NAME) -> di
     kind = (request.get("kind") or {}).get("kind")
     if kind == "Pod" and request.get("operation", "CREATE") == "CREATE":
         try:
-            ops = mutate_pod(check_pod(request.get("object"), "request.object"), scheduler_name)
+            ops = mutate_pod(
+                check_pod(request.get("object"), "request.object"),
+                scheduler_name,
+                dra=dra,
+                namespace=str(request.get("namespace") or ""),
+                dry_run=request.get("dryRun") is True,
+            )
         except InvalidRequest as err:
             response["allowed"] = False
             response["status"] = {"code": 400, "reason": "BadRequest", "message": f"gpuslice: {err}"}
+        except TemplateUnavailable as err:
+            response["allowed"] = False
+            response["status"] = {"code": 503, "reason": "ServiceUnavailable", "message": f"gpuslice: {err}"}
         else:
             if ops:
                 response["patchType"] = "JSONPatch"
@@ -153,7 +210,7 @@ def admit(review: Mapping[str, Any], scheduler_name: str = SCHEDULER_NAME) -> di
     }
 
 
-def create_app(scheduler_name: str = SCHEDULER_NAME) -> fastapi.FastAPI:
+def create_app(scheduler_name: str = SCHEDULER_NAME, dra: DraRewrite | None = None) -> fastapi.FastAPI:
     """The webhook's ASGI app: POST /mutate (AdmissionReview v1), GET /healthz."""
     app = fastapi.FastAPI(title="gpuslice admission webhook")
 
@@ -164,7 +221,7 @@ def create_app(scheduler_name: str = SCHEDULER_NAME) -> fastapi.FastAPI:
             check_review(review)
         except InvalidRequest as err:
             return JSONResponse({"error": f"gpuslice: {err}"}, status_code=400)
-        return JSONResponse(admit(review, scheduler_name))
+        return JSONResponse(admit(review, scheduler_name, dra))
 
     @app.get("/healthz")
     async def healthz() -> dict[str, bool]:
@@ -174,11 +231,21 @@ def create_app(scheduler_name: str = SCHEDULER_NAME) -> fastapi.FastAPI:
 
 
 def run(
-    cert: str, key: str, host: str = "0.0.0.0", port: int = 8443, scheduler_name: str = SCHEDULER_NAME
+    cert: str,
+    key: str,
+    host: str = "0.0.0.0",
+    port: int = 8443,
+    scheduler_name: str = SCHEDULER_NAME,
+    dra: DraRewrite | None = None,
 ) -> None:
     """Serve the webhook over HTTPS until interrupted (the API server only calls webhooks over TLS)."""
     import uvicorn
 
     uvicorn.run(
-        create_app(scheduler_name), host=host, port=port, ssl_certfile=cert, ssl_keyfile=key, log_level="info"
+        create_app(scheduler_name, dra),
+        host=host,
+        port=port,
+        ssl_certfile=cert,
+        ssl_keyfile=key,
+        log_level="info",
     )

@@ -82,6 +82,8 @@ __all__ = [
 # FGD's first score over a 6,000-node cluster (every node stale) is the largest call a built-in makes; queue
 # and memory hooks take microseconds. The margins also cover a full garbage collection inside a hook.
 DEFAULT_BUDGETS: dict[str, float] = {"placement": 2.0, "queue": 0.5, "eviction": 0.1, "prefetch": 0.1}
+
+
 @dataclass
 class GuardConfig:
     """How strict the guard is. ``budget_seconds`` None means the family's ``DEFAULT_BUDGETS`` entry."""

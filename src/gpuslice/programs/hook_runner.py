@@ -223,8 +223,6 @@ class Worker:
                 self.release()
 
 
-
-
 def run_job(job: Job, ident: int, clocks: bool = True) -> None:
     """Run ``job`` in this thread (``ident``), watched by the watchdog; its answer or why none came.
     ``clocks``: read this thread's CPU clock around the call (a worker's caller needs it; the caller's

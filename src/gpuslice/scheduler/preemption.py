@@ -137,8 +137,10 @@ def find_preemption(
     view = view if view is not None else QueueView(now)
     by_node: dict[Hashable, list[Victim]] = {}
     for v in running:
-        if v.preemptible and v.priority < preemptor.priority and may_preempt(
-            policy, view, preemptor, v.ref(), fallbacks
+        if (
+            v.preemptible
+            and v.priority < preemptor.priority
+            and may_preempt(policy, view, preemptor, v.ref(), fallbacks)
         ):
             by_node.setdefault(v.node, []).append(v)
     best: tuple[tuple[object, ...], PreemptionPlan] | None = None

@@ -16,6 +16,10 @@ write status.allocation  -> results with shareID and consumedCapacity, the class
 remove the gate          -> kube-scheduler binds the pod to that node
 ```
 
+The placement policy is built as the extender builds it: FGD-style policies get the operator's target
+workload (``--target-workload``), else the shapes of the claims allocated when the pass began, else
+the first pod's own shape, so ``fgd`` decides here as it does in ``gpuslice sim`` given the same target.
+
 A pod whose claims gpuslice does not decide (MIG profiles, selectors, other drivers) is ungated
 unallocated: kube-scheduler's own allocator decides those. A pod nothing fits keeps its gate and gets
 an Event with the placer's reason ("0/3 nodes fit: 3 insufficient GPU memory").
@@ -52,6 +56,7 @@ from gpuslice.policies import DEFAULT_PLACEMENT, PolicyContext, make_policy
 from gpuslice.scheduler.placer import Placer, Unplaced
 from gpuslice.units import MiB
 from gpuslice.workload.request import MILLI_PER_GPU, Request
+from gpuslice.workload.target import TargetWorkload
 
 __all__ = ["GATE", "AllocatorApi", "ClaimAsk", "DraAllocator", "Inventory", "claim_ask"]
 
@@ -145,6 +150,7 @@ class Inventory:
         claims: Sequence[Mapping[str, Any]],
         policy: str,
         priorities: Mapping[str, int] | None = None,
+        target: TargetWorkload | None = None,
     ):
         newest: dict[str, int] = {}
         for s in slices:
@@ -167,7 +173,9 @@ class Inventory:
         self.nodes = [n for n, g in gpus.items() if g and len(g) <= MAX_GPUS_PER_NODE]
         self.gpus = [sorted(gpus[n], key=lambda g: g.device) for n in self.nodes]
         self.ledger: Ledger | None = None
-        self.placer: Placer | None = None
+        self.placer: Placer | None = None  # built at the first placement (``_placer``)
+        self.policy, self.target = policy, target
+        self.shapes: list[Request] = []  # every allocated claim's request: the default target workload
         self.holders: list[Holder] = []  # every allocated claim on these nodes, for preemption
         if not self.nodes:
             return
@@ -176,8 +184,6 @@ class Inventory:
             for n, g in zip(self.nodes, self.gpus, strict=True)
         ]
         self.ledger = Ledger(specs)
-        view = self.ledger.view
-        self.placer = Placer(self.ledger, make_policy(policy, view, PolicyContext(np.random.default_rng(0))))
         index = {(n, g.device): (i, k) for i, n in enumerate(self.nodes) for k, g in enumerate(self.gpus[i])}
         priorities = priorities or {}
         for c in claims:
@@ -202,6 +208,7 @@ class Inventory:
                 taken.append(gpu)
                 milli, memory = req.gpu_milli, req.gpu_memory_bytes
             if taken:
+                self.shapes.append(Request(0, num_gpu=len(taken), gpu_milli=milli))
                 pods = tuple(
                     (str(c["metadata"]["namespace"]), str(ref.get("name")), str(ref.get("uid")))
                     for ref in (c.get("status") or {}).get("reservedFor") or []
@@ -210,6 +217,15 @@ class Inventory:
                 top = max((priorities.get(uid, 0) for _, _, uid in pods), default=0)
                 uid = str(c["metadata"].get("uid", ""))
                 self.holders.append(Holder(uid, node, tuple(taken), milli, memory, pods, top))
+
+    def _placer(self, req: Request) -> Placer:
+        """The placer of this pass; its policy's target as the extender's (see the module docstring)."""
+        if self.placer is None:
+            assert self.ledger is not None
+            target = self.target or TargetWorkload.from_requests(self.shapes or [req])
+            context = PolicyContext(np.random.default_rng(0), target=target)
+            self.placer = Placer(self.ledger, make_policy(self.policy, self.ledger.view, context))
+        return self.placer
 
     def free(self, node: int) -> tuple[list[int], list[int], list[int]]:
         """Free milli, free memory and total memory of each GPU of ``node``."""
@@ -251,15 +267,16 @@ class Inventory:
     def place(self, ask: ClaimAsk, node_name: str | None) -> tuple[str, list[_Gpu], int, int] | str:
         """Decide and reserve ``ask``: (node, GPUs, memory MiB each, cores %), or why nothing fits. Memory 0
         means each GPU's whole memory (a whole GPU, or a share that names no memory)."""
-        if self.placer is None or self.ledger is None:
+        if self.ledger is None:
             return f"no node publishes {DRIVER} GPUs"
         req = self.request(ask)
         if isinstance(req, str):
             return req
+        placer = self._placer(req)
         whole = req.gpu_milli == MILLI_PER_GPU and not req.gpu_memory_bytes
         cores = 100 if whole else ask.cores
         mib = 0 if whole or not ask.memory_mib else _aligned_mib(ask.memory_mib)
-        feasible = self.placer.feasible(req)
+        feasible = placer.feasible(req)
         if node_name is not None:
             feasible &= np.array([n == node_name for n in self.nodes])
         choices = {}
@@ -274,7 +291,7 @@ class Inventory:
             if why:
                 return str(Unplaced(req, self.ledger.node_count, why))
             return f"0/{self.ledger.node_count} nodes fit: the pod's node selector or the claim's constraint"
-        node = self.placer.choose_node(req, feasible)
+        node = placer.choose_node(req, feasible)
         placed = self.ledger.reserve(node, choices[node], req)
         if isinstance(placed, Refusal):  # the mask said it fits: only a broken ledger gets here
             return f"node {self.nodes[node]}: {placed.code.value}"
@@ -341,9 +358,12 @@ def _allocation(ask: ClaimAsk, node: str, gpus: Sequence[_Gpu], mib: int, cores:
 class DraAllocator:
     """One ``run_once`` = one pass over the gated pods (see the module docstring)."""
 
-    def __init__(self, api: AllocatorApi, policy: str = DEFAULT_PLACEMENT) -> None:
+    def __init__(
+        self, api: AllocatorApi, policy: str = DEFAULT_PLACEMENT, target: TargetWorkload | None = None
+    ) -> None:
         self.api = api
         self.policy = policy
+        self.target = target
         self.decided = 0
         self._told: dict[str, str] = {}  # pod UID -> the last reason posted, so each is posted once
         self._preempting: dict[str, set[str]] = {}  # pod UID -> claims it evicted, while they are held
@@ -370,7 +390,7 @@ class DraAllocator:
             return 0
         claims = self.api.list_claims()
         by_key = {(c["metadata"]["namespace"], c["metadata"]["name"]): c for c in claims}
-        inventory = Inventory(self.api.list_slices(), claims, self.policy, priorities)
+        inventory = Inventory(self.api.list_slices(), claims, self.policy, priorities, self.target)
         ungated = 0
         for pod in pods:
             try:
@@ -383,10 +403,18 @@ class DraAllocator:
         self, pod: Mapping[str, Any], by_key: Mapping[tuple[str, str], dict[str, Any]], inventory: Inventory
     ) -> int:
         namespace = pod["metadata"]["namespace"]
-        names = [r.get("resourceClaimName") for r in pod["spec"].get("resourceClaims") or []]
+        # a claim made from a template: kube-controller-manager names it in the pod's status
+        made = {
+            s.get("name"): s.get("resourceClaimName")
+            for s in (pod.get("status") or {}).get("resourceClaimStatuses") or []
+        }
+        names = [
+            r.get("resourceClaimName") or made.get(r.get("name"))
+            for r in pod["spec"].get("resourceClaims") or []
+        ]
         wanted = [by_key.get((namespace, str(n))) for n in names]
         if any(c is None for c in wanted):
-            return 0  # a claim not created yet (or from a template): wait for it
+            return 0  # a claim not created yet (from a template: by kube-controller-manager): wait
         pending = [c for c in wanted if c is not None and not (c.get("status") or {}).get("allocation")]
         ours = [(c, a) for c in pending if (a := claim_ask(c)) is not None]
         if len(ours) > 1:

@@ -124,6 +124,8 @@ class DraDriver:
                 self._stop.wait(self.health_poll_s)
 
     def start(self) -> None:
+        if self.preparer.mig is not None:
+            self.preparer.mig.destroy_idle()  # made for a claim, then a crash before it was recorded
         self.publish()
         self.plugin.start()
         self._thread = threading.Thread(target=self._watch_health, name="dra-health", daemon=True)

@@ -38,6 +38,19 @@ class DraApi:
     def close(self) -> None:
         self._client.close()
 
+    # -- the webhook's claim templates ---------------------------------------------------------------
+
+    def ensure_template(self, namespace: str, template: Mapping[str, Any]) -> None:
+        """Create the ResourceClaimTemplate unless one of its name exists (then it is left as it is)."""
+        refused = kubernetes_client_module().ApiException
+        try:
+            self._objects.create_namespaced_custom_object(
+                GROUP, VERSION, namespace, "resourceclaimtemplates", dict(template)
+            )
+        except refused as err:
+            if err.status != 409:  # AlreadyExists: a pod of the same shape came first
+                raise RuntimeError(f"the API server answered {err.status} {err.reason}") from None
+
     # -- the allocator -------------------------------------------------------------------------------
 
     def list_slices(self) -> list[dict[str, Any]]:

@@ -16,8 +16,16 @@ once whichever of its devices a container gets; each device adds its own /dev/nv
 
 A shared GPU's slice is the allocation's consumed capacity (``memory``, ``cores``): the smallest over
 the claim's GPUs when there are several; the request policy's default (all of it, step-aligned) is the
-whole GPU. A MIG device is prepared only if its instance exists (MIG
-instances are created by the operator or ``gpuslice mig``, not by this driver).
+whole GPU.
+
+A MIG device's instance is created on Prepare when it does not exist, by the ``MigManager`` that
+``gpuslice serve --sharing mig`` uses (``nvidia-smi mig -cgi … -C``, recorded in
+``<state_dir>/mig/instances.json``), and destroyed on Unprepare when gpuslice created it and no other
+prepared claim uses it; an instance an administrator made is used as found and left alone. A simulated
+node (no NVIDIA driver) has no manager: its MIG UUIDs are made up, as everywhere else.
+
+On a simulated node the device nodes are stand-ins (``stand_in_device_node``, the device plugin's):
+each CDI device node names its host file in ``hostPath``, since the runtime refuses a missing one.
 """
 
 from __future__ import annotations
@@ -35,6 +43,7 @@ from typing import Any, Protocol
 from gpuslice.errors import UserError
 from gpuslice.hardware.machine import Machine
 from gpuslice.k8s.container_slice import CONTROL_DEVICES, ContainerSlice, container_slice
+from gpuslice.k8s.device_plugin.devices import stand_in_device_node
 from gpuslice.k8s.dra.classes import CONFIG_API_VERSION, CONFIG_KIND
 from gpuslice.k8s.dra.slices import (
     CAPACITY_CORES,
@@ -44,7 +53,9 @@ from gpuslice.k8s.dra.slices import (
     memory_default_mib,
     parse_mig_device_name,
 )
+from gpuslice.node.discovery import is_simulated
 from gpuslice.node.enforcement import SharingMode
+from gpuslice.node.mig_manager import MigManager
 from gpuslice.scheduler.node_scheduler import MigAssignment
 from gpuslice.units import MiB
 
@@ -122,7 +133,9 @@ class Preparer:
     """Prepares and unprepares this node's claims; thread-safe (the gRPC server runs several workers).
 
     ``healthy(gpu)`` says whether a GPU may be handed out now; ``minors`` maps GPU index to
-    /dev/nvidia<minor>. The checkpoint (``<state_dir>/dra-checkpoint.json``) survives restarts."""
+    /dev/nvidia<minor>. The checkpoint (``<state_dir>/dra-checkpoint.json``) survives restarts.
+    ``mig`` creates and destroys MIG instances (default: a ``MigManager`` on a real machine, none on a
+    simulated one); ``nvml`` is a pynvml-like module for tests."""
 
     def __init__(
         self,
@@ -135,6 +148,8 @@ class Preparer:
         sharing: SharingMode | str = SharingMode.SOFT,
         minors: Sequence[int] | None = None,
         healthy: Callable[[int], bool] = lambda gpu: True,
+        mig: MigManager | None = None,
+        nvml: Any | None = None,
     ) -> None:
         self.machine = machine
         self.node_name = node_name
@@ -144,6 +159,11 @@ class Preparer:
         self.sharing = sharing
         self.minors = tuple(minors) if minors is not None else tuple(g.index for g in machine.gpus)
         self.healthy = healthy
+        self.simulated = is_simulated(machine)
+        self.nvml = nvml
+        if mig is None and not self.simulated:
+            mig = MigManager(machine, self.state_dir, nvml=nvml)
+        self.mig = mig
         self.checkpoint_path = self.state_dir / "dra-checkpoint.json"
         self._lock = threading.Lock()
         self._prepared: dict[str, dict[str, Any]] = self._load()
@@ -189,20 +209,22 @@ class Preparer:
                     f"ResourceClaim {ref.namespace}/{ref.name} has UID {uid}, not {ref.uid}: it was deleted "
                     "and created again; the pod must be recreated"
                 )
-            devices, spec = self._plan(ref, claim)
             path = cdi_spec_path(self.cdi_dir, ref.uid)
-            _atomic_write(path, json.dumps(spec, indent=1))
-            self._prepared[ref.uid] = {
-                "namespace": ref.namespace,
-                "name": ref.name,
-                "cdi_spec": str(path),
-                "devices": [asdict(d) for d in devices],
-            }
             try:
+                devices, spec = self._plan(ref, claim)
+                _atomic_write(path, json.dumps(spec, indent=1))
+                self._prepared[ref.uid] = {
+                    "namespace": ref.namespace,
+                    "name": ref.name,
+                    "cdi_spec": str(path),
+                    "devices": [asdict(d) for d in devices],
+                }
                 self._save()
-            except OSError:
-                del self._prepared[ref.uid]
+            except BaseException:
+                self._prepared.pop(ref.uid, None)
                 path.unlink(missing_ok=True)
+                if self.mig is not None:
+                    self.mig.release(ref.uid)  # an instance created for this claim goes again
                 raise
             log.info(
                 "prepared claim %s/%s: %s", ref.namespace, ref.name, ", ".join(d.cdi_id for d in devices)
@@ -218,6 +240,8 @@ class Preparer:
                 return
             del self._prepared[uid]
             self._save()
+            if self.mig is not None:
+                self.mig.release(uid)  # destroys the instance gpuslice made for it, if no claim else uses it
             log.info("unprepared claim %s/%s", entry["namespace"], entry["name"])
 
     # -- the allocation ------------------------------------------------------------------------------
@@ -269,6 +293,13 @@ class Preparer:
             raise PrepareRefused(
                 f"{where}: a claim gets one MIG instance or GPUs, not {len(results)} devices mixed"
             )
+        if migs and self.mig is not None:
+            mig = migs[0]
+            try:
+                created = self.mig.acquire(mig.gpu, mig.profile, mig.start)
+            except UserError as err:
+                raise PrepareRefused(f"{where}: MIG {mig.profile} at slot {mig.start}: {err}") from None
+            self.mig.claim(ref.uid, created)
         setup = container_slice(
             self.machine,
             sharing=self.sharing,
@@ -280,6 +311,7 @@ class Preparer:
             memory_bytes=min((m for m in memory if m), default=0) * MiB,
             compute_percent=min(cores, default=100),
             mig=migs[0] if migs else None,
+            nvml=self.nvml,
         )
         prepared = []
         spec_devices = []
@@ -291,9 +323,18 @@ class Preparer:
                     str(r["request"]), self.node_name, str(r["device"]), f"{CDI_KIND}={name}", share
                 )
             )
-            node = f"/dev/nvidia{self.minors[gpu]}"
-            spec_devices.append({"name": name, "containerEdits": {"deviceNodes": [{"path": node}]}})
-        return prepared, self._spec(spec_devices, setup)
+            node = self._device_node(f"/dev/nvidia{self.minors[gpu]}")
+            spec_devices.append({"name": name, "containerEdits": {"deviceNodes": [node]}})
+        return prepared, self._spec(spec_devices, setup, self._device_node)
+
+    def _device_node(self, path: str) -> dict[str, str]:
+        """A CDI device node; on a simulated node with the stand-in host file it is made from."""
+        if not self.simulated:
+            return {"path": path}
+        try:
+            return {"path": path, "hostPath": stand_in_device_node(self.state_dir / "dev", path)}
+        except OSError as err:
+            raise PrepareRefused(f"no stand-in for {path} on this simulated node: {err}") from None
 
     @staticmethod
     def _check_requests(where: str, claim: Mapping[str, Any]) -> None:
@@ -337,8 +378,10 @@ class Preparer:
         return found
 
     @staticmethod
-    def _spec(devices: list[dict[str, Any]], setup: ContainerSlice) -> dict[str, Any]:
-        nodes = [{"path": p} for p in CONTROL_DEVICES if p in setup.device_nodes]
+    def _spec(
+        devices: list[dict[str, Any]], setup: ContainerSlice, device_node: Callable[[str], dict[str, str]]
+    ) -> dict[str, Any]:
+        nodes = [device_node(p) for p in CONTROL_DEVICES if p in setup.device_nodes]
         mounts = [
             {
                 "hostPath": m.host_path,
