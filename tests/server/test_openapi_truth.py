@@ -154,7 +154,8 @@ def _operations(schema: dict[str, Any]) -> Iterator[tuple[str, str, dict[str, An
             yield path, method.upper(), op
 
 
-def _send(client: TestClient, method: str, path: str, params: dict[str, Any], body: Any | None):
+def _send(client: TestClient, method: str, path: str, params: dict[str, Any], body: Any | None,
+          header: dict[str, str] | None = None):  # fmt: skip
     url = path
     query = {}
     for name, value in params.items():
@@ -167,6 +168,7 @@ def _send(client: TestClient, method: str, path: str, params: dict[str, Any], bo
         url = url.replace("/maps/ml/", "/maps/boost/")
     content = None if body is None else json.dumps(body, allow_nan=False)
     headers = {"Content-Type": "application/json"} if body is not None else {}
+    headers.update(header or {})
     return client.request(method, url, params=query, content=content, headers=headers)
 
 
@@ -203,6 +205,20 @@ def _cases(client: TestClient, schema: dict[str, Any]) -> Iterator[tuple[str, st
                     continue
                 valid = _param_valid(p["schema"], text, schema)
                 yield about, name, text, valid, _send(client, method, path, {**params, name: text}, body)
+        for p in op.get("parameters", []):
+            if p["in"] != "header":
+                continue
+            for value in boundary_values(schema, p["schema"]):
+                if isinstance(value, str) and _sendable_header(value):
+                    valid = VALIDATOR({**p["schema"], "components": schema["components"]}).is_valid(value)
+                    sent = _send(client, method, path, params, body, {p["name"]: value})
+                    yield about, p["name"], value, valid, sent
+
+
+def _sendable_header(text: str) -> bool:
+    """Text an HTTP field value carries as it is: visible ASCII and inner spaces (RFC 9110 section 5.5:
+    white space around a value is not part of it; a control character is no field value at all)."""
+    return text == text.strip(" \t") and all(" " <= c <= "~" for c in text)
 
 
 def _refs_inline(node: dict[str, Any], schema: dict[str, Any]) -> dict[str, Any]:
