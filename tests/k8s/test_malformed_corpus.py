@@ -50,6 +50,14 @@ def extender() -> TestClient:
     return TestClient(extender_app(state), raise_server_exceptions=False)
 
 
+def test_neither_publishes_a_schema_that_would_disagree_with_its_kubernetes_contract(webhook, extender):
+    """Their bodies are Kubernetes' types (AdmissionReview, extender/v1); FastAPI's own schema listed
+    /mutate and /preempt with no body and left out /filter, /prioritize and /bind."""
+    for client in (webhook, extender):
+        assert client.get("/openapi.json").status_code == 404
+        assert client.get("/docs").status_code == 404
+
+
 def test_the_corpus_is_there_and_large():
     assert len(WEBHOOK) > 200 and len(EXTENDER) > 500
 

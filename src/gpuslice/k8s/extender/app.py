@@ -54,7 +54,12 @@ def create_app(state: ClusterState, events: Iterable[WatchEvent] | None = None) 
             threading.Thread(target=state.follow, args=(events,), daemon=True, name="watch").start()
         yield
 
-    app = fastapi.FastAPI(title="gpuslice scheduler extender", lifespan=lifespan)
+    # No schema of its own: its bodies are kube-scheduler's extender/v1 types, read by extender_wire; a
+    # FastAPI schema here would list /preempt alone, with no body.
+    app = fastapi.FastAPI(
+        title="gpuslice scheduler extender", lifespan=lifespan, openapi_url=None, docs_url=None,
+        redoc_url=None,
+    )  # fmt: skip
 
     # /filter and /prioritize carry every node name both ways, once per pod: plain Starlette routes
     # (no FastAPI parameter handling) with the orjson codec of extender_wire.
