@@ -20,7 +20,7 @@ from fractions import Fraction
 
 from gpuslice.errors import InvalidSize
 
-__all__ = ["GiB", "KiB", "MiB", "TiB", "format_size", "parse_size"]
+__all__ = ["SIZE_PATTERN", "GiB", "KiB", "MiB", "TiB", "format_size", "parse_size"]
 
 KiB = 1024
 MiB = 1024**2
@@ -42,8 +42,22 @@ _UNITS: dict[str, int] = {
     "tib": TiB,
     "tb": 1000**4,
 }
+_SPACE = "[\\t-\\r ]"  # ASCII white space (re.ASCII's \\s), spelled so every regex dialect reads it
+
+
+def _any_case(unit: str) -> str:
+    return "".join(f"[{c.lower()}{c.upper()}]" for c in unit)
+
+
+# The grammar of a size, as a regular expression without flags that JSON Schema (ECMA-262) and Python
+# read alike: the API publishes it as the pattern of its size fields and parse_size matches with it.
 # ASCII digits only: Python's \d also matches "٢٠", which int() would read as 20.
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$", re.ASCII)
+SIZE_PATTERN = (
+    f"^{_SPACE}*([0-9]+(?:\\.[0-9]+)?){_SPACE}*"
+    f"({'|'.join(_any_case(u) for u in sorted(_UNITS, key=len, reverse=True))}){_SPACE}*$"
+)
+_SIZE = re.compile(SIZE_PATTERN)
+_LOOSE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$", re.ASCII)  # only to word the refusal
 _HINT = "use a number and a unit, e.g. 8GiB, 8000MiB, 8G"
 
 
@@ -56,17 +70,20 @@ def parse_size(text: str | int) -> int:
         if text <= 0:
             raise InvalidSize(f"invalid size {text}: a size must be at least one byte")
         return text
-    match = _SIZE.match(str(text))
+    match = _SIZE.fullmatch(str(text))
     if match is None:
-        raise InvalidSize(f"invalid size {text!r}: {_HINT}")
-    number, unit = match.groups()
-    if not unit:
-        raise InvalidSize(
-            f"invalid size {text!r}: a bare number has no unit; write {number}GiB (or {number}B for bytes)"
-        )
-    factor = _UNITS.get(unit.lower())
-    if factor is None:
+        loose = _LOOSE.fullmatch(str(text))
+        if loose is None:
+            raise InvalidSize(f"invalid size {text!r}: {_HINT}")
+        number, unit = loose.groups()
+        if not unit:
+            raise InvalidSize(
+                f"invalid size {text!r}: a bare number has no unit; "
+                f"write {number}GiB (or {number}B for bytes)"
+            )
         raise InvalidSize(f"invalid size {text!r}: unknown unit {unit!r}; {_HINT}")
+    number, unit = match.groups()
+    factor = _UNITS[unit.lower()]
     value = Fraction(number) * factor  # exact: a float would round "9007199254740993B"
     if value.denominator != 1:
         raise InvalidSize(f"invalid size {text!r}: not a whole number of bytes")

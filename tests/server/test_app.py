@@ -76,9 +76,11 @@ def test_submit_returns_the_pending_job_and_reads_show_it(api, daemon):
         ({"gpu": 2}, 422, "gpu"),
         ({"priority": "urgent"}, 422, "priority"),
         ({"command": []}, 422, "command"),
-        ({"memory": "8GB?"}, 400, "memory"),
+        ({"memory": "8GB?"}, 422, "memory"),  # outside the size pattern the schema publishes
+        ({"memory": "0GiB"}, 400, "memory"),  # in the pattern; zero bytes is refused for its meaning
         ({"memory": "500GiB"}, 400, "memory"),
-        ({"max_runtime": "soon"}, 400, "max_runtime"),
+        ({"max_runtime": "soon"}, 422, "max_runtime"),
+        ({"max_runtime": "0s"}, 400, "max_runtime"),
         ({"mig": "3g.40gb"}, 400, "mig"),
         ({"gpus": 2, "memory": "8GiB"}, 400, "gpus"),
         ({"topology": "nvlink"}, 400, "topology"),
@@ -86,7 +88,7 @@ def test_submit_returns_the_pending_job_and_reads_show_it(api, daemon):
     ],
     ids=[
         "too many gpus", "unknown field", "unknown priority", "empty command", "bad size",
-        "more memory than any GPU", "bad duration", "MIG on a machine without MIG", "share of several GPUs",
+        "zero size", "more memory than any GPU", "bad duration", "zero duration", "MIG on a machine without MIG", "share of several GPUs",
         "topology for one GPU", "bad env name",
     ],
 )  # fmt: skip
@@ -127,7 +129,9 @@ def test_tenants_put_and_get_with_usage(api):
     names = [t["name"] for t in api.get("/v1/tenants").json()]
     assert "vision" in names and "default" in names
     bad = api.put("/v1/tenants/vision", json={"max_gpu_memory": "lots"}, headers=AUTH)
-    assert bad.status_code == 400 and bad.json()["field"] == "max_gpu_memory"
+    assert bad.status_code == 422 and bad.json()["field"] == "max_gpu_memory"  # outside the size pattern
+    zero = api.put("/v1/tenants/vision", json={"max_gpu_memory": "0GiB"}, headers=AUTH)
+    assert zero.status_code == 400 and zero.json()["field"] == "max_gpu_memory"
 
 
 def test_logs_return_both_streams(api, daemon, tmp_path):

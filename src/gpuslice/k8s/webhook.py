@@ -212,7 +212,9 @@ def admit(
 
 def create_app(scheduler_name: str = SCHEDULER_NAME, dra: DraRewrite | None = None) -> fastapi.FastAPI:
     """The webhook's ASGI app: POST /mutate (AdmissionReview v1), GET /healthz."""
-    app = fastapi.FastAPI(title="gpuslice admission webhook")
+    # No schema of its own: its body is Kubernetes' AdmissionReview (admission.k8s.io/v1), checked by
+    # pod_shape; a FastAPI schema here would list /mutate with no body at all.
+    app = fastapi.FastAPI(title="gpuslice admission webhook", openapi_url=None, docs_url=None, redoc_url=None)
 
     @app.post("/mutate")
     async def mutate(request: fastapi.Request) -> JSONResponse:

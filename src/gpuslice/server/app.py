@@ -47,12 +47,12 @@ from collections.abc import AsyncIterator, Iterable
 from http import HTTPStatus
 from typing import Annotated, Any, Literal
 
-from fastapi import Depends, FastAPI, Header, Query, Request
+from fastapi import Depends, FastAPI, Header, Path, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from prometheus_client import CONTENT_TYPE_LATEST
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
@@ -64,6 +64,7 @@ from gpuslice.server.daemon import Daemon
 from gpuslice.server.errors import ForbiddenUser, TooManyFollowers, http_status
 from gpuslice.server.guard import Guard, new_sign_in_token
 from gpuslice.server.models import (
+    TENANT_PATTERN,
     ErrorBody,
     FieldError,
     JobOut,
@@ -91,8 +92,19 @@ _CHUNK_BYTES = 64 * 1024
 # connections in a loop.
 MAX_LOG_FOLLOWERS = 1000
 _DICT_FIELDS = frozenset({"env", "response"})  # request fields that are maps with user-chosen keys
-_IDEMPOTENCY_KEY = re.compile(r"^[\x21-\x7e]{1,200}$")
+_IDEMPOTENCY_KEY = r"^[\x21-\x7e]{1,200}$"  # printable ASCII, no spaces: published, and checked (422)
 
+
+
+def _decimal(text: Any) -> Any:
+    """An integer in a URL is written in decimal digits: "3.0" or "1e3" is refused (422), as the schema's
+    ``integer`` is read for text; pydantic alone would take "3.0" and refuse "1e3"."""
+    if isinstance(text, str) and not re.fullmatch(r"-?[0-9]+", text):
+        raise ValueError(f"{text[:40]!r} is not an integer in decimal digits")
+    return text
+
+
+Decimal = BeforeValidator(_decimal)  # last in an Annotated: it runs before what is left of it
 StateName = Literal["PENDING", "RUNNING", "SUCCEEDED", "FAILED", "CANCELLED", "PREEMPTED"]
 
 
@@ -281,7 +293,8 @@ def create_app(
         response: Response,
         idempotency_key: Annotated[
             str | None,
-            Header(max_length=200, description="a retry with the same key and body returns the same job"),
+            Header(max_length=200, pattern=_IDEMPOTENCY_KEY,
+                   description="a retry with the same key and body returns the same job"),
         ] = None,
     ) -> JobOut:
         if body.user is not None and body.user != daemon.user:
@@ -292,8 +305,6 @@ def create_app(
         spec = spec_from_submit(body, daemon.user)
         key = None
         if idempotency_key is not None:
-            if not _IDEMPOTENCY_KEY.match(idempotency_key):
-                raise FieldError("Idempotency-Key", "1 to 200 printable ASCII characters, no spaces")
             digest = hashlib.sha256(json.dumps(body.model_dump(), sort_keys=True).encode()).hexdigest()
             key = (idempotency_key, digest)
         try:
@@ -308,7 +319,7 @@ def create_app(
     def list_jobs(
         state: Annotated[list[StateName] | None, Query()] = None,
         tenant: str | None = None,
-        limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
+        limit: Annotated[int, Query(ge=1, le=10_000), Decimal] = 1000,
     ) -> list[JobOut]:
         states = [JobState(s) for s in state] if state else None
         jobs = daemon.store.jobs(states, tenant=tenant, limit=limit, newest_first=True)
@@ -355,7 +366,7 @@ def create_app(
         return [GpuOut(**g) for g in daemon.gpus()]
 
     @app.post("/v1/gpus/{index}/health", response_model=GpuOut, responses=_ERRORS, dependencies=[Auth])
-    def gpu_health(index: int, body: GpuHealthIn) -> GpuOut:
+    def gpu_health(index: Annotated[int, Decimal], body: GpuHealthIn) -> GpuOut:
         daemon.set_gpu_health(index, body.healthy, body.reason)
         return next(GpuOut(**g) for g in daemon.gpus() if g["index"] == index)
 
@@ -383,15 +394,15 @@ def create_app(
         return [TenantOut(**t) for t in daemon.tenants()]
 
     @app.put("/v1/tenants/{name}", response_model=TenantOut, responses=_ERRORS, dependencies=[Auth])
-    def put_tenant(name: str, body: TenantIn) -> TenantOut:
+    def put_tenant(name: Annotated[str, Path(pattern=TENANT_PATTERN)], body: TenantIn) -> TenantOut:
         daemon.set_tenant(tenant_from_body(name, body))
         return next(TenantOut(**t) for t in daemon.tenants() if t["name"] == name)
 
     @app.get("/v1/events", response_model=list[EventOut], responses=_ERRORS)
     def events(
         job_id: str | None = None,
-        after: Annotated[int, Query(ge=0, le=2**62)] = 0,
-        limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
+        after: Annotated[int, Query(ge=0, le=2**62), Decimal] = 0,
+        limit: Annotated[int, Query(ge=1, le=10_000), Decimal] = 1000,
         kind: Annotated[str | None, Query(max_length=32, description="e.g. transition, policy")] = None,
     ) -> list[EventOut]:
         return [
@@ -410,7 +421,34 @@ def create_app(
 
     dashboard.mount(app)
     app.include_router(policy_router(daemon, authorized))
+
+    def openapi() -> dict[str, Any]:
+        """FastAPI's schema with the bounds of integer fields as integers (it writes ``le=8`` as 8.0)."""
+        if app.openapi_schema is None:
+            app.openapi_schema = _integer_bounds(FastAPI.openapi(app))
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
     return app
+
+
+_BOUNDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
+
+
+def _integer_bounds(node: Any) -> Any:
+    """``node`` (a schema, changed in place) with every whole-number bound of an integer as an int."""
+    if isinstance(node, dict):
+        if node.get("type") == "integer":
+            for key in _BOUNDS:
+                value = node.get(key)
+                if isinstance(value, float) and value.is_integer():
+                    node[key] = int(value)
+        for value in node.values():
+            _integer_bounds(value)
+    elif isinstance(node, list):
+        for value in node:
+            _integer_bounds(value)
+    return node
 
 
 class _BugsAnswered:

@@ -17,6 +17,16 @@ command+env  at most 1 MiB of UTF-8 together (execve's total is 1/4 of the stack
 cwd          at most 4096 bytes (PATH_MAX), without NUL
 sizes        at most 2^60 bytes (1 EiB); SQLite stores 64-bit integers
 ```
+
+The published schema (``/openapi.json``) is the truth about every one of these, and the server answers
+422 exactly when a body does not match it (tests/server/test_openapi_truth.py walks it): bounds of
+integer fields are integers, and an integer field takes ``8.0`` as 8, as JSON Schema counts it an
+integer; the grammar of sizes and durations is published as each field's ``pattern`` (the same regular
+expression the server matches with); a limit in bytes of UTF-8, which no standard keyword can state, is
+published as ``x-maxUtf8Bytes`` beside the ``maxLength`` in characters. What no schema can state is
+answered 400 naming the field: a size of zero bytes or not a whole number of bytes, a duration of zero
+or of ten years or more, command and env over 1 MiB together (422: a documented limit), a topology need
+for one GPU, and what this machine cannot ever run.
 """
 
 from __future__ import annotations
@@ -25,16 +35,19 @@ import math
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
 
 from gpuslice.errors import InvalidRequest, InvalidSize, UserError
 from gpuslice.hardware.node import MAX_GPUS_PER_NODE
 from gpuslice.server.codec import spec_to_json
 from gpuslice.server.store import JobRecord, TenantRecord
-from gpuslice.units import parse_size
+from gpuslice.units import SIZE_PATTERN, parse_size
 from gpuslice.workload.job import DEFAULT_TENANT, JobSpec, Priority, RestartPolicy, TopologyNeed
 
 __all__ = [
+    "DURATION_PATTERN",
+    "MAX_BYTES_KEYWORD",
+    "TENANT_PATTERN",
     "ErrorBody",
     "FaultOut",
     "FieldError",
@@ -55,9 +68,18 @@ __all__ = [
 ]
 
 PriorityName = Literal["realtime", "high", "normal", "low", "idle"]
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*$")
+# A duration's grammar, published as the pattern of max_runtime: ASCII digits and blanks only (Python's
+# \d would read "٢٠" as 20), in the dialect JSON Schema and Python share.
+DURATION_PATTERN = r"^[\t-\r ]*([0-9]+(?:\.[0-9]+)?)[\t-\r ]*([smhd]?)[\t-\r ]*$"
+_DURATION = re.compile(DURATION_PATTERN)
+_SIZE = re.compile(SIZE_PATTERN)
 _SECONDS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
-_NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
+MAX_DURATION_SECONDS = 10 * 365 * 86400
+TENANT_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
+_NAME = TENANT_PATTERN
+# The schema keyword for a limit in bytes of UTF-8 (maxLength counts characters); OpenAPI 3.1 lets a
+# schema carry "x-" keywords, and the server checks this one itself (_bounded).
+MAX_BYTES_KEYWORD = "x-maxUtf8Bytes"
 # JobSpec messages start with its field name; this maps them to the API's field names.
 MAX_ARG_BYTES = 128 * 1024  # Linux MAX_ARG_STRLEN (32 pages of 4 KiB): execve(2)
 MAX_ENV_VARS = 1024
@@ -106,15 +128,55 @@ def _bounded(limit: int) -> AfterValidator:
     return AfterValidator(check)
 
 
-# Text: valid Unicode. Arg/EnvValue: also at most MAX_ARG_BYTES and without NUL; the pattern shows in the
-# schema, the validators add what a pattern cannot say.
+def _whole(value: Any) -> Any:
+    """8.0 as 8: JSON Schema counts a number with no fractional part an integer (Draft 2020-12 §6.1.1
+    of the validation vocabulary), so an integer field takes it; 8.5 stays a float and is refused."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+Whole = BeforeValidator(_whole)
+_NO_NUL = r"^[^\x00]*$"
+# Text: valid Unicode. Arg/EnvValue: also at most MAX_ARG_BYTES of UTF-8 and without NUL; the pattern and
+# the byte limit (MAX_BYTES_KEYWORD) show in the schema, the validators check what a pattern cannot.
 Text = Annotated[str, AfterValidator(_unicode)]
-Arg = Annotated[str, Field(pattern=r"^[^\x00]*$", max_length=MAX_ARG_BYTES), _bounded(MAX_ARG_BYTES)]
-EnvName = Annotated[
-    str, Field(pattern=r"^[^=\x00]+$", max_length=MAX_ENV_NAME_BYTES), _bounded(MAX_ENV_NAME_BYTES)
+_ARG_SCHEMA = {"pattern": _NO_NUL, "maxLength": MAX_ARG_BYTES, MAX_BYTES_KEYWORD: MAX_ARG_BYTES}
+Arg = Annotated[
+    str,
+    Field(pattern=_NO_NUL, max_length=MAX_ARG_BYTES, json_schema_extra={MAX_BYTES_KEYWORD: MAX_ARG_BYTES}),
+    _bounded(MAX_ARG_BYTES),
 ]
+EnvName = Annotated[
+    str,
+    Field(pattern=r"^[^=\x00]+$", max_length=MAX_ENV_NAME_BYTES,
+          json_schema_extra={MAX_BYTES_KEYWORD: MAX_ENV_NAME_BYTES}),
+    _bounded(MAX_ENV_NAME_BYTES),
+]  # fmt: skip
 EnvValue = Arg
+PathText = Annotated[
+    str,
+    Field(pattern=_NO_NUL, max_length=MAX_PATH_BYTES, json_schema_extra={MAX_BYTES_KEYWORD: MAX_PATH_BYTES}),
+    _bounded(MAX_PATH_BYTES),
+]
 ShortText = Annotated[str, Field(max_length=64), _bounded(256)]
+# A size: text in the size grammar (its pattern published, matched by _size), or bytes, at least one.
+SizeText = Annotated[str, Field(max_length=64, json_schema_extra={"pattern": SIZE_PATTERN})]
+SizeBytes = Annotated[int, Field(ge=1, le=MAX_SIZE_BYTES), Whole]  # Whole first: it wraps what is left of it
+
+
+def _names_as_property_names(schema: dict[str, Any]) -> None:
+    """env's schema with the name rule under ``propertyNames`` and the value rule for every entry:
+    pydantic writes the name pattern as ``patternProperties``, which lets a name outside it through."""
+    (pattern, value), *_ = schema.pop("patternProperties").items()
+    schema["propertyNames"] = {**schema.get("propertyNames", {}), "pattern": pattern, "minLength": 1}
+    schema["additionalProperties"] = value
+
+
+def _program_named(command: list[str]) -> list[str]:
+    if not command[0]:
+        raise ValueError("the program name (the first argument) must be non-empty")
+    return command
 
 
 def parse_duration(text: str | float | int, field: str = "max_runtime") -> float:
@@ -126,11 +188,11 @@ def parse_duration(text: str | float | int, field: str = "max_runtime") -> float
         if not math.isfinite(seconds):
             raise FieldError(field, f"duration {text!r} must be a finite number of seconds")
     else:
-        match = _DURATION.match(text)
-        if match is None:
-            raise FieldError(field, f"invalid duration {text!r}; use e.g. 90s, 30m, 1h, 2d")
+        match = _DURATION.fullmatch(text)
+        if match is None:  # 422: the text is not in the grammar the schema publishes as its pattern
+            raise FieldError(field, f"invalid duration {text[:64]!r}; use e.g. 90s, 30m, 1h, 2d", 422)
         seconds = float(match.group(1)) * _SECONDS[match.group(2)]
-    if not 0 < seconds < 10 * 365 * 86400:
+    if not 0 < seconds < MAX_DURATION_SECONDS:
         raise FieldError(field, f"duration {text!r} must be positive and under ten years")
     return seconds
 
@@ -138,8 +200,9 @@ def parse_duration(text: str | float | int, field: str = "max_runtime") -> float
 def _size(value: str | int, field: str) -> int:
     try:
         size = parse_size(value)
-    except InvalidSize as err:
-        raise FieldError(field, str(err)) from None
+    except InvalidSize as err:  # 422 for text outside the published grammar, 400 for zero or a fraction
+        outside = isinstance(value, str) and _SIZE.fullmatch(value) is None
+        raise FieldError(field, str(err), 422 if outside else 400) from None
     except (OverflowError, ValueError):  # "1e400" as digits: a float that is no number of bytes
         raise FieldError(field, f"size {str(value)[:40]!r} is too large; at most 2^60 bytes") from None
     if size > MAX_SIZE_BYTES:
@@ -152,17 +215,21 @@ class SubmitRequest(BaseModel):
 
     model_config = _STRICT
 
-    command: list[Arg] = Field(
+    command: Annotated[list[Arg], AfterValidator(_program_named)] = Field(
         min_length=1,
         max_length=4096,
         description="argv, program first (non-empty); each argument at most 128 KiB of UTF-8, no NUL",
-        json_schema_extra={"prefixItems": [{"type": "string", "minLength": 1}]},
+        json_schema_extra={"prefixItems": [{"type": "string", "minLength": 1, **_ARG_SCHEMA}]},
     )
-    gpus: int = Field(1, ge=0, le=MAX_GPUS_PER_NODE, description="GPUs; a share (memory/compute) is for 1")
-    memory: Annotated[str, Field(max_length=64)] | Annotated[int, Field(ge=0, le=MAX_SIZE_BYTES)] | None = (
-        Field(None, description='GPU memory per GPU: "20GiB", "8000MiB" or bytes (at most 2^60)')
+    gpus: Annotated[int, Whole] = Field(
+        1, ge=0, le=MAX_GPUS_PER_NODE, description="GPUs; a share (memory/compute) is for 1"
     )
-    compute_percent: int = Field(0, ge=0, le=100, description="% of each GPU's SMs; 0 = not given")
+    memory: SizeText | SizeBytes | None = Field(
+        None, description='GPU memory per GPU: "20GiB", "8000MiB" or bytes (at most 2^60)'
+    )
+    compute_percent: Annotated[int, Whole] = Field(
+        0, ge=0, le=100, description="% of each GPU's SMs; 0 = not given"
+    )
     mig: Annotated[str, Field(max_length=32), AfterValidator(_unicode)] = Field(
         "", description='a MIG profile, e.g. "3g.40gb"'
     )
@@ -173,27 +240,26 @@ class SubmitRequest(BaseModel):
     priority: PriorityName = "normal"
     tenant: str = Field(DEFAULT_TENANT, pattern=_NAME)
     preemptible: bool = True
-    max_runtime: Annotated[str, Field(max_length=64)] | float | None = Field(
-        None, description='"90s", "30m", "1h", "2d" or seconds (a finite number)'
-    )
+    max_runtime: (
+        Annotated[str, Field(max_length=64, json_schema_extra={"pattern": DURATION_PATTERN})]
+        | Annotated[float, Field(gt=0, lt=MAX_DURATION_SECONDS)]
+        | None
+    ) = Field(None, description='"90s", "30m", "1h", "2d" or seconds; more than 0, under ten years')
     restart: Literal["never", "on-failure", "always"] = "never"
-    max_restarts: int = Field(3, ge=0, le=1000)
+    max_restarts: Annotated[int, Whole] = Field(3, ge=0, le=1000)
     user: ShortText | None = Field(None, description="must be the server's user, if given")
-    cwd: Annotated[str, Field(pattern=r"^[^\x00]*$", max_length=MAX_PATH_BYTES), _bounded(MAX_PATH_BYTES)] = (
-        Field("", description="working directory; '' = the server's")
-    )
+    cwd: PathText = Field("", description="working directory; '' = the server's")
     env: dict[EnvName, EnvValue] = Field(
         default_factory=dict,
         max_length=MAX_ENV_VARS,
         description="extra environment variables: at most 1024; names without '=' or NUL, values at most "
         "128 KiB; command and env at most 1 MiB together",
+        json_schema_extra=_names_as_property_names,
     )
 
 
 def spec_from_submit(body: SubmitRequest, server_user: str) -> JobSpec:
     """The JobSpec for a submit body; FieldError names the field of any problem."""
-    if not body.command[0]:
-        raise FieldError("command", "the program name (the first argument) must be non-empty")
     total = sum(utf8_bytes(a) + 1 for a in body.command)
     total += sum(utf8_bytes(k) + utf8_bytes(v) + 2 for k, v in body.env.items())
     if total > MAX_COMMAND_ENV_BYTES:
@@ -314,9 +380,9 @@ class TenantIn(BaseModel):
 
     weight: float = Field(1.0, gt=0, le=1e6, description="fair-share weight")
     max_gpus: float | None = Field(None, ge=0, le=MAX_GPUS_PER_NODE, description="GPUs (shares count)")
-    max_gpu_memory: (
-        Annotated[str, Field(max_length=64)] | Annotated[int, Field(ge=0, le=MAX_SIZE_BYTES)] | None
-    ) = Field(None, description='total GPU memory, e.g. "160GiB", or bytes (at most 2^60)')
+    max_gpu_memory: SizeText | SizeBytes | None = Field(
+        None, description='total GPU memory, e.g. "160GiB", or bytes (at most 2^60)'
+    )
     response: dict[Annotated[str, Field(max_length=64)], float | None] = Field(
         default_factory=dict,
         max_length=16,
@@ -341,7 +407,9 @@ class PolicyIn(BaseModel):
 
     model_config = _STRICT
 
-    filename: Text = Field(min_length=1, max_length=4096, description='shown in violations: "file:line: …"')
+    filename: Text = Field(
+        min_length=1, max_length=4096, pattern=_NO_NUL, description='shown in violations: "file:line: …"'
+    )
     source: Text = Field(max_length=1_000_000, description="the file's text; the server verifies it")
 
 

@@ -10,6 +10,7 @@ from typing import Any
 
 import fastapi
 from fastapi.responses import JSONResponse
+from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request as HttpRequest
 from starlette.responses import Response
 
@@ -53,7 +54,12 @@ def create_app(state: ClusterState, events: Iterable[WatchEvent] | None = None) 
             threading.Thread(target=state.follow, args=(events,), daemon=True, name="watch").start()
         yield
 
-    app = fastapi.FastAPI(title="gpuslice scheduler extender", lifespan=lifespan)
+    # No schema of its own: its bodies are kube-scheduler's extender/v1 types, read by extender_wire; a
+    # FastAPI schema here would list /preempt alone, with no body.
+    app = fastapi.FastAPI(
+        title="gpuslice scheduler extender", lifespan=lifespan, openapi_url=None, docs_url=None,
+        redoc_url=None,
+    )  # fmt: skip
 
     # /filter and /prioritize carry every node name both ways, once per pod: plain Starlette routes
     # (no FastAPI parameter handling) with the orjson codec of extender_wire.
@@ -117,17 +123,27 @@ def create_app(state: ClusterState, events: Iterable[WatchEvent] | None = None) 
             }
         )
 
-    @app.post("/bind")
-    def bind(body: dict[str, Any]) -> JSONResponse:
+    async def bind(request: HttpRequest) -> Response:
+        """Every answer is 200 with ``Error``: kube-scheduler reads an extender's body only on a 200
+        (HTTPExtender.send), and turns a non-empty Error into the pod's bind failure, which shows in its
+        FailedScheduling event; on any other status it shows only the code."""
         if starting():
-            return JSONResponse({"Error": NOT_SYNCED})
-        error = state.bind(
+            return Response(wire.encode({"Error": NOT_SYNCED}), media_type=_JSON)
+        try:
+            body = wire.decode(await request.body())
+        except GpusliceError as err:
+            error = f"gpuslice extender: unreadable ExtenderBindingArgs: {err}"
+            return Response(wire.encode({"Error": error}), media_type=_JSON)
+        error = await run_in_threadpool(
+            state.bind,
             str(wire.field(body, "PodNamespace") or "default"),
             str(wire.field(body, "PodName") or ""),
             str(wire.field(body, "PodUID") or ""),
             str(wire.field(body, "Node") or ""),
         )
-        return JSONResponse({"Error": error})
+        return Response(wire.encode({"Error": error}), media_type=_JSON)
+
+    app.add_route("/bind", bind, methods=["POST"])
 
     @app.get("/healthz")
     async def healthz() -> JSONResponse:
