@@ -88,8 +88,8 @@ def test_submit_returns_the_pending_job_and_reads_show_it(api, daemon):
     ],
     ids=[
         "too many gpus", "unknown field", "unknown priority", "empty command", "bad size",
-        "zero size", "more memory than any GPU", "bad duration", "zero duration", "MIG on a machine without MIG", "share of several GPUs",
-        "topology for one GPU", "bad env name",
+        "zero size", "more memory than any GPU", "bad duration", "zero duration",
+        "MIG on a machine without MIG", "share of several GPUs", "topology for one GPU", "bad env name",
     ],
 )  # fmt: skip
 def test_bad_submit_is_a_4xx_naming_the_field_and_stores_nothing(api, body, status, field):
