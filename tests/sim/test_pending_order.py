@@ -38,4 +38,9 @@ def test_kept_order_is_the_order_pending_sort(name: str, steps) -> None:
             gone = sorted(jobs)[(seq * 7) % len(jobs)]
             del jobs[gone]
             pending.remove(gone)
-        assert list(pending.ordered(view)) == order_pending(policy, view, list(jobs.values()))
+        expected = order_pending(policy, view, list(jobs.values()))
+        ordered = pending.ordered(view)
+        assert list(ordered) == expected
+        # the replay reads the order by index and by slice (the jobs after a start)
+        assert [ordered[i] for i in range(len(ordered))] == expected
+        assert list(ordered[seq % 3 :]) == expected[seq % 3 :]

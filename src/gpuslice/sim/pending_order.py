@@ -34,6 +34,8 @@ class _Kept(Sequence[QueuedJob]):
         return len(self._keys)
 
     def __getitem__(self, i):  # type: ignore[no-untyped-def, override]
+        if isinstance(i, slice):  # a slice is the jobs of those keys, as a list's slice would be
+            return [key[-1] for key in self._keys[i]]
         return self._keys[i][-1]
 
 
