@@ -138,7 +138,8 @@ def test_the_cli_clients_read_with_the_token_from_the_state_dir(serve):
     bin_dir = Path(sys.executable).parent  # the venv of this test run
 
     server = serve()
-    job = server.submit(["sleep", "60"])
+    # runs until the fixture kills it: six CLI starts on a loaded machine can take over a minute
+    job = server.submit(["sleep", "3600"])
     where = ["--url", server.url, "--state-dir", str(server.state_dir)]
     for args in (["ps", "-a"], ["show", job["id"]], ["top", "--once"], ["queue"], ["gpus"]):
         done = subprocess.run(
@@ -148,4 +149,4 @@ def test_the_cli_clients_read_with_the_token_from_the_state_dir(serve):
     env = {**os.environ, "GPUSLICE_STATE_DIR": str(server.state_dir), "COLUMNS": "200"}
     top = subprocess.run([str(bin_dir / "gpuslice"), "top", "--once", "--url", server.url], env=env,
                          capture_output=True, text=True, timeout=60)  # fmt: skip
-    assert top.returncode == 0 and "sleep 60" in top.stdout, top.stderr
+    assert top.returncode == 0 and "sleep 3600" in top.stdout, top.stderr
