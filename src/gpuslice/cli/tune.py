@@ -10,6 +10,7 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Annotated, Any
 
+import numpy as np
 import typer
 from rich import box
 from rich.console import Console
@@ -121,7 +122,11 @@ def tune(
         columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
         with Progress(*columns, console=console, transient=True, disable=not console.is_terminal) as progress:
             task = progress.add_task(f"tuning ({objective})", total=trials)
-            seeds = [seed + done_before + i for i in range(trials)]
+            # one sampler seed per trial, from (--seed, trial number): runs with other seeds share none
+            seeds = [
+                int(np.random.SeedSequence([seed, done_before + i]).generate_state(1)[0])
+                for i in range(trials)
+            ]
             if jobs == 1:
                 for s in seeds:
                     run_trial(storage, s, train_traces, setup, workdir)
@@ -142,8 +147,11 @@ def tune(
                 for name, params in (("defaults", DEFAULTS), ("best", best))
             }
         train_best = opened.best_value
+        train_defaults = opened.trials[0].value  # trial 0 of a study is the defaults (open_study)
     write_policy(best, out)
-    summary = _summary(best, scores, train_best, len(opened.trials), objective, holdout_specs)
+    summary = _summary(
+        best, scores, (train_defaults, train_best), len(opened.trials), objective, holdout_specs
+    )
     meta = out.with_name(out.name + ".json")
     meta.write_text(json.dumps(summary, indent=2) + "\n")
     meta.chmod(0o600)
@@ -162,7 +170,7 @@ def _improvement(scores: dict[str, float]) -> float | None:
 def _summary(
     best: dict[str, Any],
     scores: dict[str, float],
-    train_best: float,
+    train: tuple[float | None, float],
     trials: int,
     objective: str,
     holdout: list[str],
@@ -170,7 +178,8 @@ def _summary(
     return {
         "objective": objective,
         "trials": trials,
-        "train_best": train_best,
+        "train_defaults": train[0],
+        "train_best": train[1],
         "holdout": holdout,
         "holdout_defaults": scores["defaults"],
         "holdout_best": scores["best"],
