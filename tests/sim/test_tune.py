@@ -66,7 +66,7 @@ def test_a_second_run_continues_the_study(trace_dir: Path, tmp_path: Path) -> No
     study = tmp_path / "study.sqlite3"
     _tune(trace_dir, tmp_path, "--trials", "2", "--study", str(study))
     assert stat.S_IMODE(study.stat().st_mode) == 0o600
-    _tune(trace_dir, tmp_path, "--trials", "3", "--study", str(study))
+    _tune(trace_dir, tmp_path, "--trials", "3", "--study", str(study), "--jobs", "2")
     loaded = optuna.load_study(study_name=STUDY_NAME, storage=f"sqlite:///{study}")
     assert len(loaded.trials) == 5
     assert loaded.trials[0].params["GPU_WEIGHT"] == 0.5  # the defaults, scored once, in the first run
