@@ -84,7 +84,7 @@ def suggest(trial: Any) -> dict[str, Any]:
 
 def policy_source(params: dict[str, Any]) -> str:
     """The tuned_fit policy file with its constants set to ``params``."""
-    text = TEMPLATE.read_text()
+    text = re.sub(r"^__all__ = .*\n\n", "", TEMPLATE.read_text(), count=1, flags=re.MULTILINE)
     for name in POLICY_PARAMS:
         value = float(params[name])
         if not math.isfinite(value):

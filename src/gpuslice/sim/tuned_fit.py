@@ -8,9 +8,9 @@ Optimises (higher score first):
 
 The defaults (both weights 0.5, SHARE_BONUS 0) are BestFit's leftover without its integer rounding
 and min-max normalisation; a negative weight spreads instead of packing that resource. The GPU choice
-inside the node is the mechanism's default (best fit for a share). This module is a policy file
-(it imports only the policy API): ``gpuslice tune`` writes it with the three constants set to the best
-values it found, and ``sim``, ``serve --placement`` and the extender load that file as any other.
+inside the node is the mechanism's default (best fit for a share). This module is a policy file but for
+its ``__all__`` (it imports only the policy API): ``gpuslice tune`` writes it without that, the constants
+set to the best values found, and ``sim``, ``serve --placement`` and the extender load it as any other.
 Weakness: the weights are fixed for the whole run; a workload whose mix changes over time needs a new
 tune.
 """
@@ -27,6 +27,8 @@ from gpuslice.programs.api import (
     PlacementOps,
     Request,
 )
+
+__all__ = ["TunedFit"]  # dropped from the written file (a module dunder, which policy files may not have)
 
 CPU_WEIGHT = 0.5
 GPU_WEIGHT = 0.5
