@@ -11,7 +11,7 @@ import typer
 from rich.console import Console
 from typer._click import _textwrap  # the formatter's wrapper class: see _WholeWords
 
-from gpuslice.cli import estimate, jobs, k8s, memsim, mig, policy, predict, serve, sim, top, topo
+from gpuslice.cli import estimate, jobs, k8s, memsim, mig, policy, predict, serve, sim, top, topo, tune
 from gpuslice.errors import GpusliceError, exit_code
 
 __all__ = ["app", "build_command", "main", "package_version"]
@@ -57,6 +57,7 @@ app.add_typer(policy.app, name="policy")
 app.command("memsim")(memsim.memsim)
 app.command("estimate")(estimate.estimate)
 app.command("predict")(predict.predict)
+app.command("tune")(tune.tune)
 app.command("serve")(serve.serve)
 for _name in ("submit", "ps", "show", "cancel", "logs", "gpus", "queue"):
     app.command(_name)(getattr(jobs, _name))

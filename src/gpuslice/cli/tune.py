@@ -1,0 +1,208 @@
+"""``gpuslice tune``: search placement weights and queue settings through the timed replay (Optuna);
+score the best on held-out traces; write it as a placement policy file."""
+
+from __future__ import annotations
+
+import json
+import math
+import tempfile
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+from typing import Annotated, Any
+
+import numpy as np
+import typer
+from rich import box
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from gpuslice.cli.replay import check_load
+from gpuslice.errors import UserError
+from gpuslice.inputs import writable_folder
+from gpuslice.sim.trace import DEFAULT_TRACE
+from gpuslice.sim.tune import (
+    DEFAULTS,
+    OBJECTIVES,
+    TuneSetup,
+    best_params,
+    evaluate,
+    open_study,
+    run_trial,
+    tuning_trace,
+    write_policy,
+)
+
+__all__ = ["tune"]
+
+MAX_JOBS = 64
+
+
+def _file_out(path: Path, option: str) -> Path:
+    """A file this process can write: not a folder, its folder writable (InvalidInput otherwise)."""
+    if path.is_dir():
+        raise UserError(f"{option} {path} is a folder: give a file name")
+    writable_folder(path.parent, option)
+    return path
+
+
+def tune(
+    objective: Annotated[str, typer.Option(help=f"What to minimise: {', '.join(OBJECTIVES)}.")] = "mean-jct",
+    train: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="Training trace window NAME@K (jobs K·N..(K+1)·N of NAME), repeatable. "
+            f"Default: {DEFAULT_TRACE}@1.",
+            show_default=False,
+        ),
+    ] = None,
+    holdout: Annotated[
+        list[str] | None,
+        typer.Option(
+            help=f"Held-out trace window, never seen by the search, repeatable. Default: {DEFAULT_TRACE}@2.",
+            show_default=False,
+        ),
+    ] = None,
+    trace_dir: Annotated[
+        Path | None,
+        typer.Option(help="Folder of openb CSVs; default: the bundled data.", exists=True, file_okay=False),
+    ] = None,
+    sample: Annotated[int, typer.Option(help="Jobs per trace window (N).")] = 800,
+    node_stride: Annotated[int, typer.Option(help="Keep every K-th node of the cluster.")] = 20,
+    load: Annotated[float, typer.Option(help="Arrival compression: arrivals at creation_time / LOAD.")] = 1e4,
+    trials: Annotated[int, typer.Option(help="Trials to add to the study in this run.")] = 20,
+    jobs: Annotated[int, typer.Option(help="Trials run in parallel (processes).")] = 1,
+    seed: Annotated[int, typer.Option(help="Seed of the sampler (TPE).")] = 0,
+    study: Annotated[
+        Path | None,
+        typer.Option(help="Optuna sqlite file: a second run continues the study. Default: a temporary one."),
+    ] = None,
+    out: Annotated[Path, typer.Option(help="Where to write the best parameters as a policy file.")] = Path(
+        "tuned_policy.py"
+    ),
+) -> None:
+    """Search the tuned-fit placement policy's weights (CPU and GPU leftover, shared-GPU bonus), EASY
+    backfill on/off and the queue's aging period through the timed replay with Optuna (TPE) on training
+    traces; replay the best and the defaults on held-out traces; write the best as a placement policy file
+    (`sim openb --policy FILE`, `serve --placement FILE`, `k8s extender --policy FILE`). Queue settings
+    (backfill, aging) are printed, written to FILE.json and as a comment at the top of FILE."""
+    if objective not in OBJECTIVES:
+        raise UserError(f"--objective {objective!r}: must be one of {', '.join(OBJECTIVES)}")
+    check_load(load)
+    for value, option, low in (
+        (trials, "--trials", 0),
+        (sample, "--sample", 2),
+        (node_stride, "--node-stride", 1),
+    ):
+        if value < low:
+            raise UserError(f"{option} {value}: must be at least {low}")
+    if not 1 <= jobs <= MAX_JOBS:
+        raise UserError(f"--jobs {jobs}: must be between 1 and {MAX_JOBS}")
+    _file_out(out, "--out")
+    if study is not None:
+        _file_out(study, "--study")
+    train_specs = train or [f"{DEFAULT_TRACE}@1"]
+    holdout_specs = holdout or [f"{DEFAULT_TRACE}@2"]
+    train_traces = [tuning_trace(s, sample, node_stride, trace_dir) for s in train_specs]
+    holdout_traces = [tuning_trace(s, sample, node_stride, trace_dir) for s in holdout_specs]
+    setup = TuneSetup(objective, load)
+    attrs = {
+        "objective": objective,
+        "load": load,
+        "train": train_specs,
+        "sample": sample,
+        "node_stride": node_stride,
+    }
+    console = Console()
+    with tempfile.TemporaryDirectory(prefix="gpuslice-tune-") as tmp:
+        workdir = Path(tmp)
+        storage = study or workdir / "study.sqlite3"
+        opened = open_study(storage, attrs, seed)
+        done_before = len(opened.trials)
+        columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+        with Progress(*columns, console=console, transient=True, disable=not console.is_terminal) as progress:
+            task = progress.add_task(f"tuning ({objective})", total=trials)
+            # one sampler seed per trial, from (--seed, trial number): runs with other seeds share none
+            seeds = [
+                int(np.random.SeedSequence([seed, done_before + i]).generate_state(1)[0])
+                for i in range(trials)
+            ]
+            if jobs == 1:
+                for s in seeds:
+                    run_trial(storage, s, train_traces, setup, workdir)
+                    progress.advance(task)
+            else:
+                with ProcessPoolExecutor(max_workers=jobs) as pool:
+                    futures = [
+                        pool.submit(run_trial, storage, s, train_traces, setup, workdir) for s in seeds
+                    ]
+                    for future in futures:
+                        future.result()
+                        progress.advance(task)
+            opened = open_study(storage, attrs, seed)
+            best = best_params(opened)
+            progress.update(task, description="held-out replay")
+            scores = {
+                name: evaluate(params, holdout_traces, setup, workdir / f"{name}.py")
+                for name, params in (("defaults", DEFAULTS), ("best", best))
+            }
+        train_best = opened.best_value
+        train_defaults = opened.trials[0].value  # trial 0 of a study is the defaults (open_study)
+    write_policy(best, out)
+    summary = _summary(
+        best, scores, (train_defaults, train_best), len(opened.trials), objective, holdout_specs
+    )
+    meta = out.with_name(out.name + ".json")
+    meta.write_text(json.dumps(summary, indent=2) + "\n")
+    meta.chmod(0o600)
+    console.print(_table(best, scores, objective))
+    for line in (f"wrote {out}", f"wrote {meta}"):
+        console.print(line, markup=False, highlight=False, soft_wrap=True)
+
+
+def _improvement(scores: dict[str, float]) -> float | None:
+    base, best = scores["defaults"], scores["best"]
+    if not (math.isfinite(base) and math.isfinite(best)) or base == 0:
+        return None
+    return round(100.0 * (base - best) / base, 3)
+
+
+def _summary(
+    best: dict[str, Any],
+    scores: dict[str, float],
+    train: tuple[float | None, float],
+    trials: int,
+    objective: str,
+    holdout: list[str],
+) -> dict[str, Any]:
+    return {
+        "objective": objective,
+        "trials": trials,
+        "train_defaults": train[0],
+        "train_best": train[1],
+        "holdout": holdout,
+        "holdout_defaults": scores["defaults"],
+        "holdout_best": scores["best"],
+        "holdout_improvement_pct": _improvement(scores),
+        "best": best,
+        "defaults": DEFAULTS,
+    }
+
+
+def _table(best: dict[str, Any], scores: dict[str, float], objective: str) -> Table:
+    table = Table(title=f"tune: held-out {objective} (lower is better)", box=box.SIMPLE_HEAD, show_edge=False)
+    table.add_column("parameter")
+    table.add_column("defaults", justify="right")
+    table.add_column("best", justify="right")
+    for key in DEFAULTS:
+        table.add_row(key, _fmt(DEFAULTS[key]), _fmt(best[key]))
+    table.add_row(f"held-out {objective}", _fmt(scores["defaults"]), _fmt(scores["best"]))
+    gain = _improvement(scores)
+    table.add_row("improvement", "", "—" if gain is None else f"{gain:+.2f} %")
+    return table
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    return f"{value:,.3f}" if isinstance(value, float) else str(value)

@@ -1,0 +1,87 @@
+"""``gpuslice tune``: it finds the clearly better weight, continues a stored study, and the policy file it
+writes loads through the ordinary loader and replays to the score it reported."""
+
+from __future__ import annotations
+
+import json
+import stat
+from pathlib import Path
+
+import optuna
+import pytest
+
+from gpuslice.cli.main import main
+from gpuslice.programs.verify import check_file
+from gpuslice.sim.timed_replay import ReplayConfig, replay_timed
+from gpuslice.sim.trace import NODE_FILE
+from gpuslice.sim.tune import STUDY_NAME, objective_value, tuning_trace
+
+HEADER = (
+    "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase,"
+    "creation_time,deletion_time,scheduled_time"
+)
+
+
+@pytest.fixture
+def trace_dir(tmp_path: Path) -> Path:
+    """Node a: 8 cores, 2 GPUs; node b: 64 cores, 1 GPU. A long 1-GPU pod, then a short 2-GPU pod.
+
+    BestFit's leftover (the defaults, CPU and GPU weighted alike) puts the long pod on a (less CPU left),
+    so the 2-GPU pod waits ~10,000 s for it; a GPU weight above 3.5 × the CPU weight puts it on b and the
+    2-GPU pod starts at once: mean JCT ~10,005 s against ~5,005 s. A CPU pod that runs past the end keeps
+    the first two uncensored."""
+    folder = tmp_path / "traces"
+    folder.mkdir()
+    (folder / NODE_FILE).write_text(
+        "sn,cpu_milli,memory_mib,gpu,model\na,8000,393216,2,V100M16\nb,64000,393216,1,V100M16\n"
+    )
+    rows = [
+        "long,1000,1024,1,1000,,LS,Running,0,10000,0",
+        "wide,1000,1024,2,1000,,LS,Running,1,11,1",
+        "tail,1000,1024,0,0,,BE,Running,20,30000,20",
+    ]
+    (folder / "openb_pod_list_t.csv").write_text(HEADER + "\n" + "\n".join(rows) + "\n")
+    return folder
+
+
+def _tune(trace_dir: Path, tmp_path: Path, *extra: str) -> dict:
+    out = tmp_path / "best.py"
+    args = ["tune", "--trace-dir", str(trace_dir), "--train", "t", "--holdout", "t", "--sample", "3"]
+    args += ["--node-stride", "1", "--load", "1", "--out", str(out), *extra]
+    with pytest.raises(SystemExit) as exit_info:
+        main(args)
+    assert exit_info.value.code in (0, None)
+    return json.loads((tmp_path / "best.py.json").read_text())
+
+
+def test_tune_finds_the_weight_that_lets_the_wide_pod_start(trace_dir: Path, tmp_path: Path) -> None:
+    summary = _tune(trace_dir, tmp_path, "--trials", "8", "--seed", "0")
+    assert summary["holdout_defaults"] == pytest.approx(10_004.5, abs=2)
+    assert summary["holdout_best"] == pytest.approx(5_004.5, abs=2)
+    best = summary["best"]
+    assert best["GPU_WEIGHT"] > 3.5 * best["CPU_WEIGHT"]
+
+
+def test_a_second_run_continues_the_study(trace_dir: Path, tmp_path: Path) -> None:
+    study = tmp_path / "study.sqlite3"
+    _tune(trace_dir, tmp_path, "--trials", "2", "--study", str(study))
+    assert stat.S_IMODE(study.stat().st_mode) == 0o600
+    _tune(trace_dir, tmp_path, "--trials", "3", "--study", str(study), "--jobs", "2")
+    loaded = optuna.load_study(study_name=STUDY_NAME, storage=f"sqlite:///{study}")
+    assert len(loaded.trials) == 5
+    assert loaded.trials[0].params["GPU_WEIGHT"] == 0.5  # the defaults, scored once, in the first run
+
+
+def test_the_written_file_loads_and_replays_to_the_reported_score(trace_dir: Path, tmp_path: Path) -> None:
+    summary = _tune(trace_dir, tmp_path, "--trials", "6", "--objective", "p99-wait")
+    out = tmp_path / "best.py"
+    assert check_file(out).ok
+    assert stat.S_IMODE(out.stat().st_mode) == 0o600
+    trace = tuning_trace("t", 3, 1, trace_dir)
+    best = summary["best"]
+    config = ReplayConfig(
+        str(out), "priority-fair", best["backfill"], 1.0, aging_seconds=best["aging_seconds"]
+    )
+    record = replay_timed(trace, config, [j.duration for j in trace.jobs]).record()
+    assert objective_value(record, "p99-wait") == pytest.approx(summary["holdout_best"])
+    assert summary["holdout_best"] < summary["holdout_defaults"]
