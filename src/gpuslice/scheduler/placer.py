@@ -30,7 +30,7 @@ from gpuslice.policies.gpuset.pick import meets_need, pick_gpu_set
 from gpuslice.workload.job import TopologyNeed
 from gpuslice.workload.request import MILLI_PER_GPU, Request
 
-__all__ = ["Placer", "Unplaced", "default_gpus"]
+__all__ = ["Placer", "Unplaced", "default_gpus", "wants_gpu_set"]
 
 T = TypeVar("T")
 
@@ -143,6 +143,7 @@ class Placer:
         allowed = view.gpu_fits(req, node)
         if usable is not None:
             allowed = allowed & usable
+
         def refusal_of(gpus: tuple[int, ...]) -> str | None:
             refusal = self.ledger.check(node, gpus, req)
             if refusal is not None:
@@ -246,16 +247,17 @@ class Placer:
         self, req: Request, node: int, topology: Topology, later: Sequence[Request]
     ) -> tuple[int, ...] | None:
         """The joint assignment's set for ``req`` on ``node`` beside the later multi-GPU requests."""
-        if not _multi_gpu(req):
+        if not wants_gpu_set(req):
             return None
         view = self.ledger.view
         whole = view.free_gpu_milli[node, : topology.n_gpus] >= MILLI_PER_GPU
         free = [int(g) for g in np.flatnonzero(whole & view.gpu_fits(req, node)[: topology.n_gpus])]
-        others = [BatchJob("", r.num_gpu) for r in later if _multi_gpu(r)]
+        others = [BatchJob("", r.num_gpu) for r in later if wants_gpu_set(r)]
         return first_of_batch(topology, free, BatchJob("", req.num_gpu), others)
 
 
-def _multi_gpu(req: Request) -> bool:
+def wants_gpu_set(req: Request) -> bool:
+    """Two or more whole GPUs: the only requests a joint GPU-set assignment is for."""
     return req.num_gpu >= 2 and req.gpu_milli >= MILLI_PER_GPU
 
 

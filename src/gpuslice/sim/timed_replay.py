@@ -48,7 +48,7 @@ from gpuslice.policies.queue import queue_policy as lookup_queue_policy
 from gpuslice.programs.loader import resolve
 from gpuslice.scheduler.backfill import Shadow
 from gpuslice.scheduler.node_fit import gpus_equivalent
-from gpuslice.scheduler.placer import Placer, Unplaced
+from gpuslice.scheduler.placer import Placer, Unplaced, wants_gpu_set
 from gpuslice.sim.pending_order import PendingOrder
 from gpuslice.sim.queue_adapter import (
     ClusterHolding,
@@ -61,7 +61,7 @@ from gpuslice.sim.queue_adapter import (
 from gpuslice.sim.timed_metrics import TimedResult
 from gpuslice.sim.timed_trace import TimedTrace
 from gpuslice.workload.job import DEFAULT_GRACE_SECONDS
-from gpuslice.workload.request import MILLI_PER_GPU, Request
+from gpuslice.workload.request import Request
 from gpuslice.workload.target import TargetWorkload
 
 __all__ = ["FRAGMENTATION_SAMPLES", "ReplayConfig", "replay_timed"]
@@ -264,7 +264,7 @@ class _Replay:
         arrived = [
             int(j.job_id)
             for j in order
-            if self.queued_since[int(j.job_id)] == now and _multi_gpu(self.jobs[int(j.job_id)].request)
+            if self.queued_since[int(j.job_id)] == now and wants_gpu_set(self.jobs[int(j.job_id)].request)
         ]
         return frozenset(arrived) if len(arrived) >= 2 else frozenset()
 
@@ -273,7 +273,7 @@ class _Replay:
         return [
             self.jobs[int(j.job_id)].request
             for j in order[i:]
-            if self.queued_since.get(int(j.job_id)) == now and _multi_gpu(self.jobs[int(j.job_id)].request)
+            if self.queued_since.get(int(j.job_id)) == now and wants_gpu_set(self.jobs[int(j.job_id)].request)
         ]
 
     def _reservation(self, index: int, req: Request) -> Shadow | None:
@@ -378,10 +378,6 @@ class _Replay:
         view = self.ledger.view
         frag = self.measure(view.free_gpu_milli, view.free_cpu_milli, view.node_model)
         self.fragmentation.append((at, float(frag.sum())))
-
-
-def _multi_gpu(req: Request) -> bool:
-    return req.num_gpu >= 2 and req.gpu_milli >= MILLI_PER_GPU
 
 
 def _wiring(trace: TimedTrace, config: ReplayConfig) -> list[Topology | None] | None:
