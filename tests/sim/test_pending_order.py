@@ -1,4 +1,5 @@
-"""The replay's kept queue order is ``order_pending``'s, job for job, as jobs enqueue and start."""
+"""The replay's walk of its pending queue is ``order_pending``'s order, job for job, as jobs enqueue and
+start and a start changes the tenants' usage (kept, merged and sorted queues alike)."""
 
 from __future__ import annotations
 
@@ -9,38 +10,74 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpuslice.policies.queue import QueuedJob, QueueView, order_pending, queue_policy
+from gpuslice.policies.queue.priority_fair import PriorityFair
 from gpuslice.sim.pending_order import PendingOrder
 from gpuslice.workload.job import JobSpec, Priority
 
 steps = st.lists(
-    st.tuples(st.booleans(), st.sampled_from([None, 5.0, 60.0, 600.0]), st.sampled_from(list(Priority))),
+    st.tuples(
+        st.booleans(),
+        st.sampled_from([None, 5.0, 60.0, 600.0]),
+        st.sampled_from(list(Priority)),
+        st.sampled_from("abc"),
+        st.integers(0, 3),
+    ),
     max_size=40,
 )
 
 
-@pytest.mark.parametrize("name", ["fifo", "sjf", "priority-fair"])
+class Resorted(PriorityFair):
+    """Priority-fair's key with the tenant's usage turned around: no promise about submission order."""
+
+    def order_key(self, view, job):  # type: ignore[no-untyped-def]
+        return (-self.priority(view, job), -view.usage(job.spec.tenant))
+
+
+def _policy(name: str):  # type: ignore[no-untyped-def]
+    return Resorted() if name == "resorted" else queue_policy(name)()
+
+
+@pytest.mark.parametrize("name", ["fifo", "sjf", "priority-fair", "resorted"])
 @settings(max_examples=60, deadline=None)
 @given(steps=steps)
-def test_kept_order_is_the_order_pending_sort(name: str, steps) -> None:
-    policy = queue_policy(name)()
+def test_walk_is_the_order_pending_sort_after_each_start(name: str, steps) -> None:
+    policy = _policy(name)
     pending = PendingOrder(policy, Counter())
-    assert pending.kept == (name != "priority-fair")
+    modes = {"fifo": (True, False), "sjf": (True, False), "priority-fair": (False, True)}
+    assert (pending.kept, pending.merged) == modes.get(name, (False, False))
     jobs: dict[int, QueuedJob] = {}
-    for seq, (add, runtime, priority) in enumerate(steps):
-        view = QueueView(float(seq * 100), tenant_gpus={"a": seq % 3})
+    usage = {"a": 0.0, "b": 2.0, "c": 1.0}
+    for seq, (add, runtime, priority, tenant, starts) in enumerate(steps):
+        now = float(seq * 250)
+        view = QueueView(now, tenant_gpus=usage)
         if add or not jobs:
-            spec = JobSpec(
-                command=("x",), priority=priority, tenant="ab"[seq % 2], max_runtime_seconds=runtime
-            )
-            jobs[seq] = QueuedJob(str(seq), spec, float(seq * 100), seq)
+            spec = JobSpec(command=("x",), priority=priority, tenant=tenant, max_runtime_seconds=runtime)
+            jobs[seq] = QueuedJob(str(seq), spec, now, seq)
             pending.add(seq, jobs[seq], view)
         else:
             gone = sorted(jobs)[(seq * 7) % len(jobs)]
             del jobs[gone]
             pending.remove(gone)
-        expected = order_pending(policy, view, list(jobs.values()))
-        ordered = pending.ordered(view)
-        assert list(ordered) == expected
-        # the replay reads the order by index and by slice (the jobs after a start)
-        assert [ordered[i] for i in range(len(ordered))] == expected
-        assert list(ordered[seq % 3 :]) == expected[seq % 3 :]
+        # one pass: every `starts`-th job walked starts, which moves its tenant's usage
+        walk = pending.walk(view)
+        left = dict(jobs)
+        expected = order_pending(policy, view, list(left.values()))
+        for walked, job in enumerate(walk, start=1):
+            assert job == expected[0]
+            assert walk.after(expected[1:][::-1]) == expected[1:]  # the rest, in the walk's order now
+            del left[int(job.job_id)]
+            if starts and walked % starts == 0:
+                pending.remove(int(job.job_id))
+                del jobs[int(job.job_id)]
+                usage[job.spec.tenant] += 1.5
+                walk.started()
+            expected = order_pending(policy, view, list(left.values()))
+        assert not left
+
+
+def test_merged_queue_refuses_jobs_out_of_submission_order() -> None:
+    pending = PendingOrder(queue_policy("priority-fair")(), Counter())
+    spec = JobSpec(command=("x",), tenant="a")
+    pending.add(0, QueuedJob("0", spec, 10.0, 5), QueueView(10.0))
+    with pytest.raises(ValueError, match="submission order"):
+        pending.add(1, QueuedJob("1", spec, 9.0, 6), QueueView(10.0))

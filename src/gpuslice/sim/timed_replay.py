@@ -6,9 +6,9 @@ are applied first, then arrivals, then one scheduling pass, the node scheduler's
 over the whole cluster:
 
 ```text
-order = order_pending(queue policy, view, pending)    re-sorted after every start (tenant usage moved);
-                                                       kept, not sorted, where no key reads the view
-for job in order:
+walk = pending in order_pending's order                 following the view after every start (tenant
+                                                       usage moved): kept, merged or sorted (pending_order)
+for job in walk:
     a head is blocked and backfill is off              -> everyone after it waits
     Placer.place(request) over the cluster             the same Placer and placement policy as sim openb,
                                                        serve and the extender
@@ -125,6 +125,8 @@ class _Replay:
         self.never_fits = np.zeros(n, dtype=bool)
         self.pending = PendingOrder(self.queue, self.fallbacks)
         self.queued_since: dict[int, float] = {}
+        self.fresh: dict[int, None] = {}  # pods queued at ``fresh_at``, in the order they were
+        self.fresh_at = math.nan
         self.running: dict[int, _Running] = {}
         self.usage: dict[str, float] = {}
         self.events: list[tuple[float, int, int, int, bool]] = []  # (time, seq, job, token, is a stop)
@@ -190,6 +192,9 @@ class _Replay:
     def _enqueue(self, index: int, now: float) -> None:
         self.pending.add(index, QueuedJob(str(index), self.specs[index], now, self.seq), self._view(now))
         self.queued_since[index] = now
+        if self.fresh_at != now:
+            self.fresh_at, self.fresh = now, {}
+        self.fresh[index] = None
         self.seq += 1
 
     def _ended(self, index: int, token: int, stop: bool, now: float) -> None:
@@ -223,20 +228,19 @@ class _Replay:
     def _step(self, now: float) -> None:
         if not self.pending:
             return
-        order = self.pending.ordered(self._view(now))
-        arrived = self._arrived_together(order, now)
+        walk = self.pending.walk(self._view(now))
+        arrived = self._arrived_together(now)
         head: QueuedJob | None = None
         shadow = None
-        i = 0
-        while i < len(order):
-            job = order[i]
-            i += 1
+        for job in walk:
             if head is not None and not self.config.backfill:
                 return  # a strict queue: nobody passes the blocked head
             index = int(job.job_id)
             req = self.jobs[index].request
             shape = self.shape[index]
-            together = self._together(order, i, now) if index in arrived else ()
+            together: list[Request] = []
+            if arrived.pop(index, None) is not None and len(arrived):
+                together = [self.jobs[int(j.job_id)].request for j in walk.after(arrived.values())]
             placed = None if shape in self.unfit else self.placer.place(req, explain=False, later=together)
             if placed is None or isinstance(placed, Unplaced):
                 self.unfit.add(shape)
@@ -255,26 +259,19 @@ class _Replay:
             if head is None:
                 self.starts_ahead += 1
             self._start(index, job, placed, now)
-            order = self.pending.reordered(self._view(now), order, i)
+            walk.started()
 
-    def _arrived_together(self, order: Sequence[QueuedJob], now: float) -> frozenset[int]:
-        """Multi-GPU pods that arrived at ``now``, when two or more did and nodes have wiring."""
-        if self.placer.topologies is None:
-            return frozenset()
-        arrived = [
-            int(j.job_id)
-            for j in order
-            if self.queued_since[int(j.job_id)] == now and wants_gpu_set(self.jobs[int(j.job_id)].request)
-        ]
-        return frozenset(arrived) if len(arrived) >= 2 else frozenset()
-
-    def _together(self, order: Sequence[QueuedJob], i: int, now: float) -> list[Request]:
-        """The requests of the pods that arrived with the one at ``order[i - 1]``, after it in order."""
-        return [
-            self.jobs[int(j.job_id)].request
-            for j in order[i:]
-            if self.queued_since.get(int(j.job_id)) == now and wants_gpu_set(self.jobs[int(j.job_id)].request)
-        ]
+    def _arrived_together(self, now: float) -> dict[int, QueuedJob]:
+        """Multi-GPU pods queued at ``now`` and still pending, when two or more are and nodes have
+        wiring: the pods of this instant only, kept as they enqueue (``_enqueue``)."""
+        if self.placer.topologies is None or self.fresh_at != now:
+            return {}
+        arrived = {
+            i: self.pending.jobs[i]
+            for i in self.fresh
+            if i in self.pending and wants_gpu_set(self.jobs[i].request)
+        }
+        return arrived if len(arrived) >= 2 else {}
 
     def _reservation(self, index: int, req: Request) -> Shadow | None:
         key = (index, self.releases, self.starts_ahead, self.preemptions)

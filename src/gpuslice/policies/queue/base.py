@@ -95,6 +95,12 @@ class QueueOps:
     # changes, and a home may keep the order as jobs come and go instead of sorting at every step.
     # True (the safe answer) for any policy that does not say so, subclasses and policy files included.
     key_reads_view: ClassVar[bool] = True
+    # True where, among waiting jobs of one tenant and one own priority, a job submitted earlier never
+    # gets a larger key than one submitted later, at any view (the key reads the view only through the
+    # time waited, which never lowers a level, and the tenant's usage, which the group shares). A home
+    # may then keep each such group in submission order and merge the groups instead of sorting. Counts
+    # only where the class that defines ``order_key`` / ``priority`` sets it.
+    key_follows_submission: ClassVar[bool] = False
 
     def priority(self, view: QueueView, job: QueuedJob) -> int:
         """The job's level now. Called at every step for every pending job; must be a ``Priority``

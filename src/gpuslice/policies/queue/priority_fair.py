@@ -24,6 +24,9 @@ __all__ = ["PriorityFair"]
 class PriorityFair(QueueOps):
     name = "priority-fair"
     summary = "strict priority with aging, then tenant usage / weight, then FIFO"
+    # aging raises a level with the time waited, and usage / weight is the tenant's: within one tenant and
+    # own priority an earlier job's key is never larger (the queue may be merged from FIFO groups)
+    key_follows_submission = True
 
     def priority(self, view: QueueView, job: QueuedJob) -> int:
         own = int(job.spec.priority)
