@@ -67,4 +67,4 @@ def estimates_for(jobs: Sequence[TimedJob], setup: QueueSetup, seed: int = 0) ->
         from gpuslice.sim.duration_model import cross_fitted  # scikit-learn: only when asked for
 
         return cross_fitted(jobs, seed)
-    return np.array([j.duration for j in jobs], dtype=np.float64)
+    return np.fromiter((j.duration for j in jobs), dtype=np.float64, count=len(jobs))

@@ -23,9 +23,95 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["CSV_COLUMNS", "TimedResult", "latency_stats", "write_timed_results"]
+from gpuslice.sim.timed_trace import TimedJob
+
+__all__ = ["CSV_COLUMNS", "PodArrays", "SampleLog", "TimedResult", "latency_stats", "write_timed_results"]
 
 QUANTILES = (("p50", 50.0), ("p99", 99.0))
+SAMPLES_KEPT = 4096  # at most this many (time, allocation, pending, running) samples are kept for plots
+
+
+class PodArrays:
+    """Per-pod results as flat numeric arrays (about 60 bytes a pod), filled as pods arrive and run;
+    the QoS class is a one-byte code into ``qos_names``."""
+
+    def __init__(self, n: int) -> None:
+        self.arrival = np.full(n, np.nan)
+        self.start = np.full(n, np.nan)
+        self.end = np.full(n, np.nan)
+        self.waited = np.zeros(n)
+        self.duration = np.zeros(n)
+        self.recorded_wait = np.zeros(n)
+        self.preempted = np.zeros(n, dtype=np.int32)
+        self.never_fits = np.zeros(n, dtype=bool)
+        self.censored = np.zeros(n, dtype=bool)
+        self.qos_code = np.zeros(n, dtype=np.uint8)
+        self.codes: dict[str, int] = {}
+
+    def arrived(self, index: int, job: TimedJob, at: float) -> None:
+        code = self.codes.setdefault(job.qos, len(self.codes))
+        if code > 255:
+            raise ValueError("more than 256 QoS classes in one trace")
+        self.arrival[index], self.duration[index] = at, job.duration
+        self.recorded_wait[index], self.censored[index] = job.recorded_wait, job.censored
+        self.qos_code[index] = code
+
+    def fields(self) -> dict[str, object]:
+        """The ``TimedResult`` fields these arrays make."""
+        names = ("arrival", "start", "end", "waited", "duration", "recorded_wait", "censored", "never_fits")
+        return {
+            **{name: getattr(self, name) for name in names},
+            "preempted": self.preempted,
+            "qos_code": self.qos_code,
+            "qos_names": tuple(self.codes),
+        }
+
+
+class SampleLog:
+    """The cluster's state after each event: the time-weighted mean allocation and the peak of pending
+    pods exactly, and at most ``limit`` samples evenly spaced over the events for plots (each time the
+    store fills, every other sample is dropped and only every other event is kept from then on)."""
+
+    def __init__(self, limit: int = SAMPLES_KEPT) -> None:
+        self.limit, self.stride, self.count = limit, 1, 0
+        self.rows: list[tuple[float, int, int, int]] = []
+        self.last: tuple[float, int, int, int] | None = None
+        self.first_time = 0.0
+        self.area = 0.0  # allocated milli-GPU × seconds
+        self.peak_pending = 0
+
+    def add(self, now: float, allocated: int, pending: int, running: int) -> None:
+        row = (now, allocated, pending, running)
+        if self.last is None:
+            self.first_time = now
+        else:
+            self.area += self.last[1] * (now - self.last[0])
+        self.peak_pending = max(self.peak_pending, pending)
+        if self.count % self.stride == 0:
+            self.rows.append(row)
+            if len(self.rows) >= self.limit:
+                del self.rows[1::2]
+                self.stride *= 2
+        self.count += 1
+        self.last = row
+
+    def fields(self) -> dict[str, object]:
+        """The ``TimedResult`` fields of the samples (the last state always among them)."""
+        rows = self.rows if not self.rows or self.rows[-1] is self.last else [*self.rows, self.last]
+        samples = np.array(rows, dtype=np.float64).reshape(-1, 4)
+        span = self.last[0] - self.first_time if self.last is not None else 0.0
+        if self.count < 2:
+            mean = float(samples[-1, 1]) if self.count else 0.0
+        else:
+            mean = self.area / span if span > 0 else 0.0
+        return {
+            "sample_time": samples[:, 0],
+            "allocated_gpu_milli": samples[:, 1],
+            "pending": samples[:, 2],
+            "running": samples[:, 3],
+            "mean_allocated_gpu_milli": mean,
+            "peak_pending": self.peak_pending,
+        }
 
 
 def latency_stats(values: np.ndarray) -> dict[str, float | int | None]:
@@ -40,7 +126,9 @@ def latency_stats(values: np.ndarray) -> dict[str, float | int | None]:
 
 @dataclass
 class TimedResult:
-    """One (trace, placement, queue setup, load, seed) replay; per-pod arrays in trace arrival order."""
+    """One (trace, placement, queue setup, load, seed) replay; per-pod arrays in trace arrival order.
+    The samples are a bounded subset for plots (``SampleLog``); the mean allocation and the peak of
+    pending pods are over every event."""
 
     trace: str
     placement: str
@@ -48,7 +136,8 @@ class TimedResult:
     load: float
     seed: int
     total_gpu_milli: int
-    qos: np.ndarray
+    qos_code: np.ndarray  # index into qos_names
+    qos_names: tuple[str, ...]
     arrival: np.ndarray
     start: np.ndarray  # first start; NaN: never started
     end: np.ndarray  # NaN: never finished
@@ -66,7 +155,14 @@ class TimedResult:
     fragmentation_time: np.ndarray
     fragmented_gpu_milli: np.ndarray
     wall_seconds: float
+    mean_allocated_gpu_milli: float
+    peak_pending: int
     fallbacks: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def qos(self) -> np.ndarray:
+        """Each pod's QoS class name."""
+        return np.array(self.qos_names, dtype=object)[self.qos_code]
 
     @property
     def finished(self) -> np.ndarray:
@@ -95,19 +191,16 @@ class TimedResult:
         return 100.0 * self.fragmented_gpu_milli / self.total_gpu_milli
 
     def mean_allocation_pct(self) -> float:
-        """Allocation % averaged over time (each sample holds until the next)."""
-        if len(self.sample_time) < 2:
-            return float(self.allocation_pct[-1]) if len(self.sample_time) else 0.0
-        spans = np.diff(self.sample_time)
-        total = spans.sum()
-        return float((self.allocation_pct[:-1] * spans).sum() / total) if total > 0 else 0.0
+        """Allocation % averaged over time (each state holds until the next event)."""
+        return 100.0 * self.mean_allocated_gpu_milli / self.total_gpu_milli
 
     def by_qos(self, values: np.ndarray) -> dict[str, dict[str, float | int | None]]:
         """``latency_stats`` of ``values`` over the finished pods, overall ("all") and per QoS class."""
         done = self.finished
         out = {"all": latency_stats(values[done])}
-        for qos in sorted(set(self.qos.tolist())):
-            out[qos] = latency_stats(values[done & (self.qos == qos)])
+        present = set(np.unique(self.qos_code).tolist())
+        for qos, code in sorted((q, c) for c, q in enumerate(self.qos_names) if c in present):
+            out[qos] = latency_stats(values[done & (self.qos_code == code)])
         return out
 
     def record(self) -> dict[str, object]:
@@ -130,7 +223,7 @@ class TimedResult:
             "mean_fragmentation_pct": round(float(self.fragmentation_pct.mean()), 3)
             if len(self.fragmented_gpu_milli)
             else None,
-            "peak_pending": int(self.pending.max()) if len(self.pending) else 0,
+            "peak_pending": self.peak_pending,
             "jct_s": self.by_qos(self.jct),
             "wait_s": self.by_qos(self.waited),
             "recorded_wait_s": self.by_qos(self.recorded_wait),

@@ -58,9 +58,9 @@ from gpuslice.sim.queue_adapter import (
     may_backfill,
     reservation,
 )
-from gpuslice.sim.timed_metrics import TimedResult
-from gpuslice.sim.timed_trace import TimedTrace
-from gpuslice.workload.job import DEFAULT_GRACE_SECONDS
+from gpuslice.sim.timed_metrics import PodArrays, SampleLog, TimedResult
+from gpuslice.sim.timed_trace import TimedJob, TimedTrace
+from gpuslice.workload.job import DEFAULT_GRACE_SECONDS, JobSpec
 from gpuslice.workload.request import Request
 from gpuslice.workload.target import TargetWorkload
 
@@ -87,6 +87,16 @@ class ReplayConfig:
     topology: str | None = None
 
 
+@dataclass(slots=True)
+class _Pod:
+    """What the replay reads of a pod while it is in the system (made at arrival, dropped at its end)."""
+
+    request: Request
+    spec: JobSpec
+    shape: int
+    duration: float
+
+
 @dataclass
 class _Running:
     index: int
@@ -99,10 +109,9 @@ class _Replay:
     def __init__(self, trace: TimedTrace, config: ReplayConfig, estimates: Sequence[float] | None) -> None:
         if not config.load > 0 or not math.isfinite(config.load):
             raise ValueError("load must be a positive finite number")
-        self.trace, self.config = trace, config
-        self.jobs = trace.jobs
+        self.trace, self.config, self.estimates = trace, config, estimates
+        self.jobs = trace.jobs  # only iterated (a stream makes each pod as it is read), never kept
         n = len(self.jobs)
-        self.arrival = np.array([j.arrival for j in self.jobs], dtype=np.float64) / config.load
         policy_seed = np.random.SeedSequence(config.seed)
         self.ledger = Ledger(list(trace.nodes))
         self.empty = Ledger(list(trace.nodes))
@@ -113,16 +122,9 @@ class _Replay:
             self.ledger, factory(self.ledger.view, context), topologies=_wiring(trace, config)
         )
         self.queue: QueueOps = resolve(config.queue, "queue", lookup_queue_policy)()
-        self.specs = [
-            job_spec(str(i), j.request, j.qos, None if estimates is None else float(estimates[i]))
-            for i, j in enumerate(self.jobs)
-        ]
+        self.live: dict[int, _Pod] = {}  # pods from their arrival to their end
         self.fallbacks: Counter[str] = Counter()
-        self.start = np.full(n, np.nan)
-        self.end = np.full(n, np.nan)
-        self.waited = np.zeros(n)
-        self.preempted = np.zeros(n, dtype=np.int64)
-        self.never_fits = np.zeros(n, dtype=bool)
+        self.pods = PodArrays(n)
         self.pending = PendingOrder(self.queue, self.fallbacks)
         self.queued_since: dict[int, float] = {}
         self.fresh: dict[int, None] = {}  # pods queued at ``fresh_at``, in the order they were
@@ -131,8 +133,7 @@ class _Replay:
         self.usage: dict[str, float] = {}
         self.events: list[tuple[float, int, int, int, bool]] = []  # (time, seq, job, token, is a stop)
         self.seq = 0
-        shapes: dict[Request, int] = {}  # each distinct request once: sets of ints hash fast
-        self.shape = [shapes.setdefault(j.request, len(shapes)) for j in self.jobs]
+        self.shapes: dict[Request, int] = {}  # each distinct request once: sets of ints hash fast
         self.unfit: set[int] = set()  # shapes that found no room since the last release
         self.homes: dict[Request, frozenset[int]] = {}  # nodes that can take the shape when empty
         self.releases = 0  # releases so far: a blocked head asks for victims again only after one
@@ -144,22 +145,26 @@ class _Replay:
         self.shadow: Shadow | None = None
         self.in_grace: dict[int, int] = {}  # victim index -> the head index it makes room for
         self.preemptions = 0
-        self.samples: list[tuple[float, int, int, int]] = []  # (time, allocated milli, pending, running)
+        self.samples = SampleLog()  # (time, allocated milli, pending, running), bounded
         self.fragmentation: list[tuple[float, float]] = []
         self.measure = FragmentationMeasure(self.target, self.ledger.models)
 
     # ---- the loop ------------------------------------------------------------------------------------
 
     def run(self, progress: Callable[[int, int], None] | None) -> None:
-        n, a = len(self.jobs), 0
+        n, a, load = len(self.jobs), 0, self.config.load
         # Fragmentation: evenly spaced over the arrivals, then at geometrically growing steps through
         # the tail of long pods (the measure costs a pass over every node).
-        span = float(self.arrival[-1] - self.arrival[0]) if n else 0.0
+        first = self.jobs[0].arrival / load if n else 0.0
+        last_arrival = self.jobs[-1].arrival / load if n else 0.0
+        span = last_arrival - first
         frag_step = span / FRAGMENTATION_SAMPLES if span > 0 else math.inf
-        next_frag = float(self.arrival[0]) if n else math.inf
-        last_arrival = float(self.arrival[-1]) if n else 0.0
-        while a < n or self.events:
-            now = min(self.arrival[a] if a < n else math.inf, self.events[0][0] if self.events else math.inf)
+        next_frag = first if n else math.inf
+        stream = iter(self.jobs)
+        job = next(stream, None)
+        arrival = job.arrival / load if job is not None else math.inf
+        while job is not None or self.events:
+            now = min(arrival, self.events[0][0] if self.events else math.inf)
             while next_frag <= now:  # the state held from the last event until now
                 self._measure_fragmentation(next_frag)
                 next_frag += frag_step
@@ -168,11 +173,13 @@ class _Replay:
             while self.events and self.events[0][0] <= now:
                 _, _, index, token, stop = heapq.heappop(self.events)
                 self._ended(index, token, stop, now)
-            while a < n and self.arrival[a] <= now:
-                self._arrive(a, now)
+            while job is not None and arrival <= now:
+                self._arrive(a, job, now)
                 a += 1
+                job = next(stream, None)
+                arrival = job.arrival / load if job is not None else math.inf
             self._step(now)
-            self.samples.append((now, self.ledger.allocated_gpu_milli, len(self.pending), len(self.running)))
+            self.samples.add(now, self.ledger.allocated_gpu_milli, len(self.pending), len(self.running))
             if progress is not None and a % 1000 == 0:
                 progress(a, n)
         if progress is not None:
@@ -182,15 +189,20 @@ class _Replay:
         heapq.heappush(self.events, (at, self.seq, index, token, stop))
         self.seq += 1
 
-    def _arrive(self, index: int, now: float) -> None:
-        req = self.jobs[index].request
+    def _arrive(self, index: int, job: TimedJob, now: float) -> None:
+        self.pods.arrived(index, job, now)
+        req = job.request
         if not self._homes(req):
-            self.never_fits[index] = True
+            self.pods.never_fits[index] = True
             return
+        estimate = None if self.estimates is None else float(self.estimates[index])
+        shape = self.shapes.setdefault(req, len(self.shapes))
+        self.live[index] = _Pod(req, job_spec(str(index), req, job.qos, estimate), shape, job.duration)
         self._enqueue(index, now)
 
     def _enqueue(self, index: int, now: float) -> None:
-        self.pending.add(index, QueuedJob(str(index), self.specs[index], now, self.seq), self._view(now))
+        spec = self.live[index].spec
+        self.pending.add(index, QueuedJob(str(index), spec, now, self.seq), self._view(now))
         self.queued_since[index] = now
         if self.fresh_at != now:
             self.fresh_at, self.fresh = now, {}
@@ -205,16 +217,17 @@ class _Replay:
         self._release(index, run, now)
         preempted = self.in_grace.pop(index, None) is not None
         if stop and preempted:  # stopped before it finished: back to the queue, its work lost
-            self.preempted[index] += 1
+            self.pods.preempted[index] += 1
             self._enqueue(index, now)
         else:
-            self.end[index] = now
+            self.pods.end[index] = now
+            del self.live[index]
 
     def _release(self, index: int, run: _Running, now: float) -> None:
         del self.running[index]
         placement = run.pod.holding.placement
         self.placer.release(placement)
-        spec = self.specs[index]
+        spec = self.live[index].spec
         self.usage[spec.tenant] -= gpus_equivalent(run.pod.holding)  # type: ignore[arg-type]
         self.unfit.clear()
         self.releases += 1
@@ -236,11 +249,11 @@ class _Replay:
             if head is not None and not self.config.backfill:
                 return  # a strict queue: nobody passes the blocked head
             index = int(job.job_id)
-            req = self.jobs[index].request
-            shape = self.shape[index]
+            pod = self.live[index]
+            req, shape = pod.request, pod.shape
             together: list[Request] = []
             if arrived.pop(index, None) is not None and len(arrived):
-                together = [self.jobs[int(j.job_id)].request for j in walk.after(arrived.values())]
+                together = [self.live[int(j.job_id)].request for j in walk.after(arrived.values())]
             placed = None if shape in self.unfit else self.placer.place(req, explain=False, later=together)
             if placed is None or isinstance(placed, Unplaced):
                 self.unfit.add(shape)
@@ -269,7 +282,7 @@ class _Replay:
         arrived = {
             i: self.pending.jobs[i]
             for i in self.fresh
-            if i in self.pending and wants_gpu_set(self.jobs[i].request)
+            if i in self.pending and wants_gpu_set(self.live[i].request)
         }
         return arrived if len(arrived) >= 2 else {}
 
@@ -293,10 +306,10 @@ class _Replay:
 
     def _start(self, index: int, job: QueuedJob, placement: Placement, now: float) -> None:
         self.pending.remove(index)
-        self.waited[index] += now - self.queued_since.pop(index)
-        if math.isnan(self.start[index]):
-            self.start[index] = now
-        spec = self.specs[index]
+        self.pods.waited[index] += now - self.queued_since.pop(index)
+        if math.isnan(self.pods.start[index]):
+            self.pods.start[index] = now
+        spec = self.live[index].spec
         runtime = spec.max_runtime_seconds
         holding = ClusterHolding(placement)
         pod = RunningPod(
@@ -309,7 +322,7 @@ class _Replay:
         )
         self.running[index] = _Running(index, pod, self.seq, now)
         self.usage[spec.tenant] = self.usage.get(spec.tenant, 0.0) + gpus_equivalent(holding)  # type: ignore[arg-type]
-        self._push(now + self.jobs[index].duration, index, self.seq)
+        self._push(now + self.live[index].duration, index, self.seq)
         self.queue.on_started(self._view(now), job)
 
     def _preempt_for(self, index: int, job: QueuedJob, now: float) -> None:
@@ -319,7 +332,7 @@ class _Replay:
         self.asked = (index, self.releases)  # nothing was freed since: the same search, the same answer
         level = int(job.spec.priority)
         effective_priority(self.queue, self._view(now), job, self.fallbacks)  # checked, as serve does
-        req = self.jobs[index].request
+        req = self.live[index].request
         candidates: dict[int, list[RunningPod]] = {}
         for pod in self._running_pods(req):
             if pod.priority < level and pod.preemptible and int(pod.job_id) not in self.in_grace:
@@ -338,7 +351,6 @@ class _Replay:
             self.preemptions += 1
 
     def result(self, wall_seconds: float) -> TimedResult:
-        samples = np.array(self.samples, dtype=np.float64).reshape(-1, 4)
         frag = np.array(self.fragmentation, dtype=np.float64).reshape(-1, 2)
         return TimedResult(
             trace=self.trace.name,
@@ -347,21 +359,9 @@ class _Replay:
             load=self.config.load,
             seed=self.config.seed,
             total_gpu_milli=self.ledger.total_gpu_milli,
-            qos=np.array([j.qos for j in self.jobs]),
-            arrival=self.arrival,
-            start=self.start,
-            end=self.end,
-            waited=self.waited,
-            duration=np.array([j.duration for j in self.jobs], dtype=np.float64),
-            recorded_wait=np.array([j.recorded_wait for j in self.jobs], dtype=np.float64),
-            censored=np.array([j.censored for j in self.jobs], dtype=bool),
-            never_fits=self.never_fits,
-            preempted=self.preempted,
+            **self.pods.fields(),
             never_scheduled=self.trace.never_scheduled,
-            sample_time=samples[:, 0],
-            allocated_gpu_milli=samples[:, 1],
-            pending=samples[:, 2],
-            running=samples[:, 3],
+            **self.samples.fields(),
             fragmentation_time=frag[:, 0],
             fragmented_gpu_milli=frag[:, 1],
             wall_seconds=wall_seconds,

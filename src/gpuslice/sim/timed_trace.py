@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import csv
 import math
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -32,7 +33,7 @@ from gpuslice.hardware.node import NodeSpec
 from gpuslice.sim.trace import DEFAULT_TRACE, bundled_dir, load_trace
 from gpuslice.workload.request import Request
 
-__all__ = ["TIME_COLUMNS", "TimedJob", "TimedTrace", "load_timed_trace", "repeat_trace"]
+__all__ = ["TIME_COLUMNS", "RepeatedJobs", "TimedJob", "TimedTrace", "load_timed_trace", "repeat_trace"]
 
 TIME_COLUMNS = ("qos", "creation_time", "deletion_time", "scheduled_time")
 
@@ -56,7 +57,7 @@ class TimedTrace:
 
     name: str
     nodes: tuple[NodeSpec, ...]
-    jobs: tuple[TimedJob, ...]
+    jobs: Sequence[TimedJob]  # a tuple, or a stream that makes each pod when read (``RepeatedJobs``)
     end: float  # the trace's last instant (latest time in it)
     never_scheduled: int  # pods production never started: no duration, not replayed
 
@@ -153,15 +154,43 @@ def repeat_trace(trace: TimedTrace, times: int) -> TimedTrace:
     if times == 1:
         return trace
     period = trace.end + 1.0
-    jobs = tuple(
-        replace(j, name=f"{j.name}#{k}", arrival=j.arrival + k * period)
-        for k in range(times)
-        for j in trace.jobs
-    )
     return TimedTrace(
         name=f"{trace.name}x{times}",
         nodes=trace.nodes,
-        jobs=jobs,
+        jobs=RepeatedJobs(tuple(trace.jobs), times, period),
         end=trace.end + (times - 1) * period,
         never_scheduled=trace.never_scheduled * times,
     )
+
+
+class RepeatedJobs(Sequence[TimedJob]):
+    """``times`` copies of ``jobs`` back to back, copy k shifted by k × ``period`` and its pod names
+    suffixed ``#k``. Nothing is stored per copy: each pod is made when it is read, so a replay that
+    iterates it holds only the pods in the system."""
+
+    __slots__ = ("_jobs", "_period", "_times")
+
+    def __init__(self, jobs: tuple[TimedJob, ...], times: int, period: float) -> None:
+        self._jobs, self._times, self._period = jobs, times, period
+
+    def __len__(self) -> int:
+        return len(self._jobs) * self._times
+
+    def _copy(self, k: int, job: TimedJob) -> TimedJob:
+        return replace(job, name=f"{job.name}#{k}", arrival=job.arrival + k * self._period)
+
+    def __iter__(self) -> Iterator[TimedJob]:
+        for k in range(self._times):
+            for job in self._jobs:
+                yield self._copy(k, job)
+
+    def __getitem__(self, i):  # type: ignore[no-untyped-def, override]
+        n = len(self)
+        if isinstance(i, slice):
+            return tuple(self[k] for k in range(*i.indices(n)))
+        if i < 0:
+            i += n
+        if not 0 <= i < n:
+            raise IndexError("pod index out of range")
+        k, r = divmod(i, len(self._jobs))
+        return self._copy(k, self._jobs[r])
