@@ -70,7 +70,14 @@ def replay(
             show_default=False,
         ),
     ] = None,
-    repeat: Annotated[int, typer.Option(min=1, help="Play the trace this many times back to back.")] = 1,
+    repeat: Annotated[
+        int,
+        typer.Option(
+            min=1,
+            help="Play the trace this many times back to back, as a stream: each pod is made when it "
+            "arrives and dropped when it ends (memory stays flat; --repeat 14 is ~100,000 pods).",
+        ),
+    ] = 1,
     seed: Annotated[int, typer.Option(help="Seed of the placement policy's randomness.")] = 42,
     out: Annotated[
         Path, typer.Option(help="Folder for results.csv, results.json, plots.", callback=writable)
