@@ -19,8 +19,6 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
-
 # `--repeat N` is a stream (timed_trace.RepeatedJobs): pods are made as they arrive; NODES copies of
 # the node list (names suffixed) give the same jobs a cluster NODES times as large.
 CHILD = """
@@ -72,22 +70,13 @@ def child(placement: str, setup: str, load: float, repeat: int, copies: int = 1)
 def peak_demand(loads: list[float]) -> list[dict[str, float]]:
     """Peak concurrent GPUs the default trace asks for at each compression, with unlimited GPUs."""
     from gpuslice.sim.timed_trace import load_timed_trace
+    from offered_load import cluster_gpus, peak_gpus
 
     trace = load_timed_trace()
-    gpus = np.array([j.request.total_gpu_milli for j in trace.jobs]) / 1000
-    duration = np.array([j.duration for j in trace.jobs])
-    arrival = np.array([j.arrival for j in trace.jobs])
-    total = sum(n.gpu_count for n in trace.nodes)
-    rows = []
-    for load in loads:
-        start = arrival / load
-        times = np.concatenate([start, start + duration])
-        delta = np.concatenate([gpus, -gpus])
-        order = np.lexsort((delta, times))
-        rows.append(
-            {"load": load, "peak_gpus": round(float(np.cumsum(delta[order]).max())), "cluster_gpus": total}
-        )
-    return rows
+    total = cluster_gpus(trace)
+    return [
+        {"load": load, "peak_gpus": round(peak_gpus(trace, load)), "cluster_gpus": total} for load in loads
+    ]
 
 
 def main() -> None:
