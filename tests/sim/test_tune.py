@@ -14,7 +14,7 @@ from gpuslice.cli.main import main
 from gpuslice.programs.verify import check_file
 from gpuslice.sim.timed_replay import ReplayConfig, replay_timed
 from gpuslice.sim.trace import NODE_FILE
-from gpuslice.sim.tune import STUDY_NAME, objective_value, tuning_trace
+from gpuslice.sim.tune import DEFAULTS, STUDY_NAME, objective_value, tuning_trace, write_policy
 
 HEADER = (
     "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase,"
@@ -85,3 +85,50 @@ def test_the_written_file_loads_and_replays_to_the_reported_score(trace_dir: Pat
     record = replay_timed(trace, config, [j.duration for j in trace.jobs]).record()
     assert objective_value(record, "p99-wait") == pytest.approx(summary["holdout_best"])
     assert summary["holdout_best"] < summary["holdout_defaults"]
+
+
+def _placed(tmp_path: Path, args: list[str]) -> list[dict]:
+    out = tmp_path / f"out-{len(list(tmp_path.iterdir()))}"
+    with pytest.raises(SystemExit) as exit_info:
+        main([*args, "--out", str(out)])
+    assert exit_info.value.code in (0, None)
+    return json.loads((out / "results.json").read_text())
+
+
+def test_sim_openb_and_sim_replay_load_the_written_file_unchanged(trace_dir: Path, tmp_path: Path) -> None:
+    # the file tune wrote (GPU weight > 3.5 x CPU weight) against the same file with the defaults: in both
+    # homes the tuned one lets the wide pod start (openb: no failed pod; replay: mean JCT ~5,005 s)
+    _tune(trace_dir, tmp_path, "--trials", "8", "--seed", "0")
+    defaults = write_policy(DEFAULTS, tmp_path / "defaults.py")
+    where = ["--trace", "t", "--trace-dir", str(trace_dir)]
+    for policy, failed, jct in ((tmp_path / "best.py", 0, 5_004.5), (defaults, 1, 10_004.5)):
+        (openb,) = _placed(tmp_path, ["sim", "openb", *where, "--policy", str(policy), "--seeds", "42"])
+        assert (openb["policy"], openb["failed_pods"]) == (str(policy), failed)
+        (timed,) = _placed(tmp_path, ["sim", "replay", *where, "--policy", str(policy), "--load", "1"])
+        assert timed["placement"] == str(policy)
+        assert timed["jct_s"]["all"]["mean"] == pytest.approx(jct, abs=2)
+
+
+NO_TIMES = (
+    "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase\np,1000,1024,1,1000,,LS,Running\n"
+)
+
+BAD_INPUT = {
+    "unknown objective": (["--objective", "mean-wait"], "--objective 'mean-wait'"),
+    "zero trials": (["--trials", "0"], "--trials 0"),
+    "window not a number": (["--train", "t@x"], "'t@x'"),
+    "window past the end": (["--holdout", "t@5"], "window 5 of 3 jobs is empty"),
+    "trace without timestamps": (["--train", "notimes"], "no timestamps"),
+    "unknown trace": (["--holdout", "nope@1"], "no trace 'nope'"),
+}
+
+
+@pytest.mark.parametrize("args, names", BAD_INPUT.values(), ids=BAD_INPUT.keys())
+def test_bad_input_is_one_error_line_and_exit_2(trace_dir: Path, tmp_path: Path, run_cli, args, names):
+    (trace_dir / "openb_pod_list_notimes.csv").write_text(NO_TIMES)
+    base = ["tune", "--trace-dir", str(trace_dir), "--train", "t", "--holdout", "t", "--sample", "3"]
+    code, _, err = run_cli([*base, "--out", str(tmp_path / "best.py"), *args])
+    assert code == 2, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and names in lines[0], err
+    assert not (tmp_path / "best.py").exists()
