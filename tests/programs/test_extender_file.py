@@ -3,10 +3,15 @@ annotation still names built-in policies only (a pod must not make the extender 
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore")  # starlette asks for its httpx2 fork at import; httpx serves the same
+    from fastapi.testclient import TestClient
 
 from gpuslice.k8s.annotations import (
     ANNOTATION_NODE_INVENTORY,
@@ -14,8 +19,9 @@ from gpuslice.k8s.annotations import (
     InventoryGpu,
     NodeInventory,
 )
-from gpuslice.k8s.extender import ClusterState, WatchEvent
+from gpuslice.k8s.extender import ClusterState, WatchEvent, create_app
 from gpuslice.programs.loader import PolicyRejected
+from gpuslice.sim.tune import DEFAULTS, write_policy
 
 NODES = {"a-0": 8, "a-1": 8, "b-0": 4, "c-0": 2}
 
@@ -92,3 +98,17 @@ def test_a_rejected_policy_file_stops_the_extender_before_it_starts(tmp_path: Pa
     )
     with pytest.raises(PolicyRejected, match=r"bad.py:5: class P-level seen is not a constant"):
         ClusterState(NoApi(), default_policy=str(bad))  # type: ignore[arg-type]
+
+
+def test_the_file_gpuslice_tune_writes_ranks_nodes_by_its_weights(tmp_path: Path) -> None:
+    # through the extender's HTTP app: a negative GPU weight spreads (the emptiest 8-GPU nodes first), the
+    # defaults pack like best fit (the 2-GPU node first)
+    spread = write_policy({**DEFAULTS, "CPU_WEIGHT": 0.0, "GPU_WEIGHT": -1.0}, tmp_path / "spread.py")
+    packing = write_policy(DEFAULTS, tmp_path / "defaults.py")
+    body = {"Pod": pod("p", {"gpuslice.io/gpu": "1"}), "Nodes": None, "NodeNames": list(NODES)}
+    scores = {}
+    for policy in (spread, packing):
+        with TestClient(create_app(state(str(policy)))) as http:
+            scores[policy.name] = {s["Host"]: s["Score"] for s in http.post("/prioritize", json=body).json()}
+    assert scores["spread.py"] == {"a-0": 10, "a-1": 10, "b-0": 3, "c-0": 0}  # GPUs left 7, 7, 3, 1
+    assert scores["defaults.py"] == {"a-0": 0, "a-1": 0, "b-0": 7, "c-0": 10}

@@ -11,6 +11,7 @@ from server_helpers import FakeNode, h100_machine
 from gpuslice.errors import UnknownPolicy, UserError
 from gpuslice.server.daemon import Daemon
 from gpuslice.server.store import Store
+from gpuslice.sim.tune import DEFAULTS, write_policy
 from gpuslice.workload.job import JobSpec
 from gpuslice.workload.request import Request
 from gpuslice.workload.target import TargetWorkload
@@ -125,3 +126,19 @@ def test_serve_with_an_unknown_placement_exits_with_one_error_line(run_cli, tmp_
     )
     assert code == 2
     assert "'nope' is not a placement policy" in err and "Traceback" not in err
+
+
+def test_serve_process_runs_jobs_with_the_file_gpuslice_tune_writes(serve, tmp_path):
+    # One machine is one node, so the tuned node weights cannot change serve's choice: the GPU inside the
+    # node is the mechanism's (best fit packs shares). What this checks is that serve loads the file
+    # tune writes, unchanged, and schedules with it.
+    tuned = {**DEFAULTS, "CPU_WEIGHT": -0.3, "GPU_WEIGHT": 0.9, "SHARE_BONUS": 0.7}
+    policy = write_policy(tuned, tmp_path / "tuned.py")
+    server = serve("--placement", str(policy))
+    first = server.submit(["sleep", "30"], gpus=1, compute_percent=30)
+    second = server.submit(["sleep", "30"], gpus=1, compute_percent=30)
+    running = lambda: all(server.jobs()[j["id"]]["state"] == "RUNNING" for j in (first, second))  # noqa: E731
+    server.wait(running, 15, "both jobs to start")
+    assert [server.jobs()[j["id"]]["gpus"] for j in (first, second)] == [[0], [0]]
+    events = server.http.get("/v1/events", params={"kind": "policy"}).json()
+    assert events == []  # no guard event: the file's hooks ran, none faulted and fell back

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import json
 import stat
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import optuna
@@ -14,7 +17,14 @@ from gpuslice.cli.main import main
 from gpuslice.programs.verify import check_file
 from gpuslice.sim.timed_replay import ReplayConfig, replay_timed
 from gpuslice.sim.trace import NODE_FILE
-from gpuslice.sim.tune import STUDY_NAME, objective_value, tuning_trace
+from gpuslice.sim.tune import (
+    DEFAULTS,
+    STUDY_NAME,
+    objective_value,
+    open_study,
+    tuning_trace,
+    write_policy,
+)
 
 HEADER = (
     "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase,"
@@ -85,3 +95,109 @@ def test_the_written_file_loads_and_replays_to_the_reported_score(trace_dir: Pat
     record = replay_timed(trace, config, [j.duration for j in trace.jobs]).record()
     assert objective_value(record, "p99-wait") == pytest.approx(summary["holdout_best"])
     assert summary["holdout_best"] < summary["holdout_defaults"]
+
+
+def _placed(tmp_path: Path, args: list[str]) -> list[dict]:
+    out = tmp_path / f"out-{len(list(tmp_path.iterdir()))}"
+    with pytest.raises(SystemExit) as exit_info:
+        main([*args, "--out", str(out)])
+    assert exit_info.value.code in (0, None)
+    return json.loads((out / "results.json").read_text())
+
+
+def test_sim_openb_and_sim_replay_load_the_written_file_unchanged(trace_dir: Path, tmp_path: Path) -> None:
+    # the file tune wrote (GPU weight > 3.5 x CPU weight) against the same file with the defaults: in both
+    # homes the tuned one lets the wide pod start (openb: no failed pod; replay: mean JCT ~5,005 s)
+    _tune(trace_dir, tmp_path, "--trials", "8", "--seed", "0")
+    defaults = write_policy(DEFAULTS, tmp_path / "defaults.py")
+    where = ["--trace", "t", "--trace-dir", str(trace_dir)]
+    for policy, failed, jct in ((tmp_path / "best.py", 0, 5_004.5), (defaults, 1, 10_004.5)):
+        (openb,) = _placed(tmp_path, ["sim", "openb", *where, "--policy", str(policy), "--seeds", "42"])
+        assert (openb["policy"], openb["failed_pods"]) == (str(policy), failed)
+        (timed,) = _placed(tmp_path, ["sim", "replay", *where, "--policy", str(policy), "--load", "1"])
+        assert timed["placement"] == str(policy)
+        assert timed["jct_s"]["all"]["mean"] == pytest.approx(jct, abs=2)
+
+
+NO_TIMES = (
+    "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase\np,1000,1024,1,1000,,LS,Running\n"
+)
+
+BAD_INPUT = {
+    "unknown objective": (["--objective", "mean-wait"], "--objective 'mean-wait'"),
+    "zero trials": (["--trials", "0"], "--trials 0"),
+    "window not a number": (["--train", "t@x"], "'t@x'"),
+    "window past the end": (["--holdout", "t@5"], "window 5 of 3 jobs is empty"),
+    "trace without timestamps": (["--train", "notimes"], "no timestamps"),
+    "unknown trace": (["--holdout", "nope@1"], "no trace 'nope'"),
+}
+
+
+@pytest.mark.parametrize("args, names", BAD_INPUT.values(), ids=BAD_INPUT.keys())
+def test_bad_input_is_one_error_line_and_exit_2(trace_dir: Path, tmp_path: Path, run_cli, args, names):
+    (trace_dir / "openb_pod_list_notimes.csv").write_text(NO_TIMES)
+    base = ["tune", "--trace-dir", str(trace_dir), "--train", "t", "--holdout", "t", "--sample", "3"]
+    code, _, err = run_cli([*base, "--out", str(tmp_path / "best.py"), *args])
+    assert code == 2, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and names in lines[0], err
+    assert not (tmp_path / "best.py").exists()
+
+
+def _states(study: Path) -> dict[str, int]:
+    loaded = optuna.load_study(study_name=STUDY_NAME, storage=f"sqlite:///{study}")
+    states = [t.state.name for t in loaded.trials]
+    return {name: states.count(name) for name in ("COMPLETE", "RUNNING", "FAIL", "WAITING")}
+
+
+def test_a_run_killed_inside_the_defaults_trial_scores_them_on_the_rerun(trace_dir: Path, tmp_path: Path):
+    # what a kill during trial 0 leaves: the study with its settings and the defaults asked, never told
+    study = tmp_path / "study.sqlite3"
+    attrs = {"objective": "mean-jct", "load": 1.0, "train": ["t"], "sample": 3, "node_stride": 1}
+    open_study(study, attrs, 0).ask()
+    assert _states(study)["RUNNING"] == 1
+    summary = _tune(trace_dir, tmp_path, "--trials", "2", "--study", str(study))
+    assert _states(study) == {"COMPLETE": 2, "RUNNING": 0, "FAIL": 1, "WAITING": 0}
+    assert summary["train_defaults"] == pytest.approx(10_004.5, abs=2)  # the defaults were scored after all
+
+
+def _in_a_trial_after_two(study: Path) -> bool:
+    if not study.exists():
+        return False
+    try:
+        states = _states(study)
+    except KeyError:  # the file is there, the study not yet
+        return False
+    return states["COMPLETE"] >= 2 and states["RUNNING"] == 1
+
+
+def test_a_killed_run_leaves_a_study_the_rerun_continues(tmp_path: Path):
+    # 200 pods on the two-node cluster: a trial takes long enough that the kill lands inside one
+    folder = tmp_path / "traces"
+    folder.mkdir()
+    (folder / NODE_FILE).write_text(
+        "sn,cpu_milli,memory_mib,gpu,model\na,8000,393216,2,V100M16\nb,64000,393216,1,V100M16\n"
+    )
+    rows = [f"p{i},1000,1024,1,{250 * (1 + i % 4)},,LS,Running,{i},{i + 50 + i % 7},{i}" for i in range(200)]
+    (folder / "openb_pod_list_t.csv").write_text(HEADER + "\n" + "\n".join(rows) + "\n")
+    study = tmp_path / "study.sqlite3"
+    args = ["tune", "--trace-dir", str(folder), "--train", "t", "--holdout", "t", "--sample", "200"]
+    args += ["--node-stride", "1", "--load", "1", "--study", str(study), "--out", str(tmp_path / "best.py")]
+    child = subprocess.Popen([str(Path(sys.executable).with_name("gpuslice")), *args, "--trials", "1000"])
+    try:
+        deadline = time.monotonic() + 120
+        while not _in_a_trial_after_two(study):
+            assert child.poll() is None and time.monotonic() < deadline, "tune ended before the kill"
+            time.sleep(0.05)
+    finally:
+        child.kill()
+        child.wait()
+    killed = _states(study)
+    assert killed["RUNNING"] == 1
+    main_args = [*args, "--trials", "2"]
+    with pytest.raises(SystemExit) as exit_info:
+        main(main_args)
+    assert exit_info.value.code in (0, None)
+    after = _states(study)
+    assert after["COMPLETE"] == killed["COMPLETE"] + 2
+    assert (after["RUNNING"], after["FAIL"]) == (0, killed["FAIL"] + 1)

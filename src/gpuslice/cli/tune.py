@@ -26,7 +26,8 @@ from gpuslice.sim.tune import (
     OBJECTIVES,
     TuneSetup,
     best_params,
-    evaluate,
+    defaults_value,
+    evaluate_each,
     open_study,
     run_trial,
     tuning_trace,
@@ -90,7 +91,7 @@ def tune(
         raise UserError(f"--objective {objective!r}: must be one of {', '.join(OBJECTIVES)}")
     check_load(load)
     for value, option, low in (
-        (trials, "--trials", 0),
+        (trials, "--trials", 1),
         (sample, "--sample", 2),
         (node_stride, "--node-stride", 1),
     ):
@@ -143,25 +144,23 @@ def tune(
             best = best_params(opened)
             progress.update(task, description="held-out replay")
             scores = {
-                name: evaluate(params, holdout_traces, setup, workdir / f"{name}.py")
+                name: evaluate_each(params, holdout_traces, setup, workdir / f"{name}.py")
                 for name, params in (("defaults", DEFAULTS), ("best", best))
             }
-        train_best = opened.best_value
-        train_defaults = opened.trials[0].value  # trial 0 of a study is the defaults (open_study)
+        train = (defaults_value(opened), opened.best_value)
+        done = sum(t.state.name == "COMPLETE" for t in opened.trials)
     write_policy(best, out)
-    summary = _summary(
-        best, scores, (train_defaults, train_best), len(opened.trials), objective, holdout_specs
-    )
+    summary = _summary(best, scores, train, done, objective, holdout_specs)
     meta = out.with_name(out.name + ".json")
     meta.write_text(json.dumps(summary, indent=2) + "\n")
     meta.chmod(0o600)
-    console.print(_table(best, scores, objective))
+    console.print(_table(best, summary))
     for line in (f"wrote {out}", f"wrote {meta}"):
         console.print(line, markup=False, highlight=False, soft_wrap=True)
 
 
-def _improvement(scores: dict[str, float]) -> float | None:
-    base, best = scores["defaults"], scores["best"]
+def _gain(base: float, best: float) -> float | None:
+    """Improvement of ``best`` over ``base`` in % of ``base`` (None when either is not finite)."""
     if not (math.isfinite(base) and math.isfinite(best)) or base == 0:
         return None
     return round(100.0 * (base - best) / base, 3)
@@ -169,35 +168,57 @@ def _improvement(scores: dict[str, float]) -> float | None:
 
 def _summary(
     best: dict[str, Any],
-    scores: dict[str, float],
+    scores: dict[str, list[float]],
     train: tuple[float | None, float],
     trials: int,
     objective: str,
     holdout: list[str],
 ) -> dict[str, Any]:
+    """The run's record (FILE.json): held-out scores per window and on their mean; the spread of the
+    per-window improvement and of the defaults over the windows, to judge a gain against."""
+    base, tuned = float(np.mean(scores["defaults"])), float(np.mean(scores["best"]))
+    windows = [
+        {"window": spec, "defaults": d, "best": b, "improvement_pct": _gain(d, b)}
+        for spec, d, b in zip(holdout, scores["defaults"], scores["best"], strict=True)
+    ]
+    gains = [w["improvement_pct"] for w in windows if w["improvement_pct"] is not None]
     return {
         "objective": objective,
         "trials": trials,
         "train_defaults": train[0],
         "train_best": train[1],
         "holdout": holdout,
-        "holdout_defaults": scores["defaults"],
-        "holdout_best": scores["best"],
-        "holdout_improvement_pct": _improvement(scores),
+        "holdout_defaults": base,
+        "holdout_best": tuned,
+        "holdout_improvement_pct": _gain(base, tuned),
+        "holdout_windows": windows,
+        "holdout_improvement_sd_over_windows": _sd(gains),
+        "holdout_defaults_sd_over_windows": _sd(scores["defaults"]),
         "best": best,
         "defaults": DEFAULTS,
     }
 
 
-def _table(best: dict[str, Any], scores: dict[str, float], objective: str) -> Table:
+def _sd(values: list[float]) -> float | None:
+    finite = [v for v in values if math.isfinite(v)]
+    return round(float(np.std(finite, ddof=1)), 3) if len(finite) > 1 else None
+
+
+def _table(best: dict[str, Any], summary: dict[str, Any]) -> Table:
+    objective = summary["objective"]
     table = Table(title=f"tune: held-out {objective} (lower is better)", box=box.SIMPLE_HEAD, show_edge=False)
     table.add_column("parameter")
     table.add_column("defaults", justify="right")
     table.add_column("best", justify="right")
     for key in DEFAULTS:
         table.add_row(key, _fmt(DEFAULTS[key]), _fmt(best[key]))
-    table.add_row(f"held-out {objective}", _fmt(scores["defaults"]), _fmt(scores["best"]))
-    gain = _improvement(scores)
+    for w in summary["holdout_windows"]:
+        gain = "—" if w["improvement_pct"] is None else f"{w['improvement_pct']:+.2f} %"
+        table.add_row(f"{objective}, {w['window']}", _fmt(w["defaults"]), f"{_fmt(w['best'])} ({gain})")
+    table.add_row(
+        f"held-out {objective}, mean", _fmt(summary["holdout_defaults"]), _fmt(summary["holdout_best"])
+    )
+    gain = summary["holdout_improvement_pct"]
     table.add_row("improvement", "", "—" if gain is None else f"{gain:+.2f} %")
     return table
 

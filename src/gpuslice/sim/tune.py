@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -40,7 +40,9 @@ __all__ = [
     "STUDY_NAME",
     "TuneSetup",
     "best_params",
+    "defaults_value",
     "evaluate",
+    "evaluate_each",
     "objective_value",
     "open_study",
     "policy_source",
@@ -137,14 +139,13 @@ def objective_value(record: dict[str, Any], objective: str) -> float:
     return math.inf if value is None else float(value)
 
 
-def evaluate(
+def evaluate_each(
     params: dict[str, Any],
     traces: Sequence[TimedTrace],
     setup: TuneSetup,
     policy_path: Path,
-    on_replay: Callable[[], None] | None = None,
-) -> float:
-    """Mean objective over ``traces`` with ``params``, replayed through the written policy file."""
+) -> list[float]:
+    """The objective on each of ``traces`` with ``params``, replayed through the written policy file."""
     write_policy(params, policy_path)
     values = []
     for trace in traces:
@@ -159,17 +160,27 @@ def evaluate(
             label="tuned",
         )
         values.append(objective_value(replay_timed(trace, config, estimates).record(), setup.objective))
-        if on_replay is not None:
-            on_replay()
-    return float(np.mean(values))
+    return values
+
+
+def evaluate(
+    params: dict[str, Any], traces: Sequence[TimedTrace], setup: TuneSetup, policy_path: Path
+) -> float:
+    """The training score: the mean of the per-trace objectives (each window counts alike)."""
+    return float(np.mean(evaluate_each(params, traces, setup, policy_path)))
 
 
 STUDY_NAME = "gpuslice-tune"
 
 
 def open_study(storage: Path, attrs: dict[str, Any], seed: int) -> Any:
-    """The study in sqlite file ``storage`` (created 0600, or continued when its settings match)."""
+    """The study in sqlite file ``storage`` (created 0600, or continued when its settings match).
+
+    A run that was killed leaves its trial in progress RUNNING: on opening, such trials are marked
+    FAILED (one ``gpuslice tune`` per study at a time; its ``--jobs`` processes start after this), and
+    the defaults are queued again if they have not been scored yet."""
     import optuna  # only the tune command needs it
+    from optuna.trial import TrialState
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     new = not storage.exists()
@@ -186,13 +197,30 @@ def open_study(storage: Path, attrs: dict[str, Any], seed: int) -> Any:
     if not study.trials and not study.user_attrs:
         for key, value in attrs.items():
             study.set_user_attr(key, value)
-        study.enqueue_trial(DEFAULTS)  # trial 0 scores the defaults: the best is never worse on training
     else:
         old = {k: study.user_attrs.get(k) for k in attrs}
         if old != attrs:
             diff = ", ".join(f"{k} {old[k]!r} (now {attrs[k]!r})" for k in attrs if old[k] != attrs[k])
             raise UserError(f"--study {storage} was tuned with other settings: {diff}; give a new --study")
+    rdb = optuna.storages.RDBStorage(f"sqlite:///{storage.resolve()}")
+    study_id = rdb.get_study_id_from_name(STUDY_NAME)
+    for stale in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        trial_id = rdb.get_trial_id_from_study_id_trial_number(study_id, stale.number)
+        rdb.set_trial_state_values(trial_id, TrialState.FAIL)
+    waiting = study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
+    if defaults_value(study) is None and not waiting:
+        study.enqueue_trial(DEFAULTS)  # the defaults are scored first: the best is never worse on training
     return study
+
+
+def defaults_value(study: Any) -> float | None:
+    """The training score of the defaults in ``study`` (None until that trial has finished)."""
+    from optuna.trial import TrialState
+
+    for trial in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+        if trial.params == DEFAULTS:
+            return float(trial.value)
+    return None
 
 
 def run_trial(
