@@ -1,7 +1,9 @@
 """ledger.ledger under random sequences of reserve and release (hypothesis stateful testing).
 
 Most random reservations are refused, which is the point: a refusal must leave the ledger as it was,
-and no sequence may over-commit a GPU, lose a placement, or let one be released twice.
+and no sequence may over-commit a GPU, lose a placement, or let one be released twice. One GPU is in MIG
+mode: random MIG instances (any profile, any start, with or without columns) go there too, and no two
+held instances may ever overlap.
 """
 
 from __future__ import annotations
@@ -12,8 +14,10 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from gpuslice.errors import LedgerError
+from gpuslice.hardware.mig import MigInstance, mig_gpu
 from gpuslice.hardware.node import MAX_GPUS_PER_NODE, NodeSpec
 from gpuslice.ledger.ledger import Ledger
+from gpuslice.ledger.mig import mig_request
 from gpuslice.ledger.placement import Placement, Refusal
 from gpuslice.policies.base import best_fit_gpus
 from gpuslice.units import GiB
@@ -23,7 +27,10 @@ NODES = [
     NodeSpec("v100-a", 8_000, 16 * GiB, 4, "V100M16"),
     NodeSpec("t4-b", 4_000, 8 * GiB, 2, "T4"),
     NodeSpec("cpu-c", 4_000, 8 * GiB, 0, ""),
+    NodeSpec("a100-d", 4_000, 8 * GiB, 2, "A100-80GB", gpu_memory_bytes=80 * GiB),
 ]
+A100 = mig_gpu("A100-80GB")
+MIG = {(3, 1): A100}  # GPU 1 of a100-d is in MIG mode
 ARRAYS = ("free_cpu_milli", "free_memory_bytes", "free_gpu_milli", "gpu_tasks", "version")
 
 
@@ -45,13 +52,14 @@ def requests(draw: st.DrawFn) -> Request:
 class LedgerMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
-        self.ledger = Ledger(NODES)
+        self.ledger = Ledger(NODES, mig=MIG)
         self.live: dict[int, Placement] = {}
         self.released: list[Placement] = []
 
     def _state(self) -> tuple[object, ...]:
         arrays = tuple(getattr(self.ledger.view, name).copy() for name in ARRAYS)
-        return (*arrays, self.ledger.allocated_gpu_milli, self.ledger.live_placements)
+        layouts = tuple(self.ledger.mig_layout(n, g) for n, g in MIG)
+        return (*arrays, self.ledger.allocated_gpu_milli, self.ledger.live_placements, layouts)
 
     def _assert_unchanged(self, before: tuple[object, ...]) -> None:
         after = self._state()
@@ -84,6 +92,36 @@ class LedgerMachine(RuleBasedStateMachine):
         size = req.num_gpu
         gpus = data.draw(st.lists(st.integers(-1, MAX_GPUS_PER_NODE), min_size=size, max_size=size))
         self.reserve_anywhere(node, gpus, req)
+
+    @rule(
+        node=st.sampled_from([3, 3, 3, 0, -1, len(NODES)]),  # mostly the node with the MIG GPU
+        gpu=st.sampled_from([1, 1, 1, 0, -1, 2]),
+        profile=st.sampled_from(A100.profiles),
+        start=st.integers(0, 7),
+        columns=st.booleans(),
+    )
+    def reserve_mig_anywhere(self, node: int, gpu: int, profile: object, start: int, columns: bool) -> None:
+        instance = MigInstance(profile, start)  # type: ignore[arg-type]
+        req = mig_request(instance.profile, 80 * GiB) if columns else Request(cpu_milli=0)
+        before = self._state()
+        expected = self.ledger.check_mig(node, gpu, instance, req)
+        result = self.ledger.reserve_mig(node, gpu, instance, req)
+        if isinstance(result, Refusal):
+            assert result == expected
+            self._assert_unchanged(before)
+        else:
+            assert expected is None and result.mig is not None
+            self.live[result.id] = result
+
+    @invariant()
+    def held_mig_instances_never_overlap(self) -> None:
+        held = [p.mig.instance for p in self.live.values() if p.mig is not None]
+        mask = 0
+        for instance in held:
+            assert not mask & instance.mask, f"MIG instances overlap: {[str(i) for i in held]}"
+            mask |= instance.mask
+        layout = self.ledger.mig_layout(3, 1)
+        assert layout is not None and layout.mask == mask
 
     @rule(req=requests(), pick=st.integers(0, 10))
     def reserve_where_it_fits(self, req: Request, pick: int) -> None:

@@ -7,25 +7,30 @@ Columns (N nodes, G = MAX_GPUS_PER_NODE GPU slots per node; slots past a node's 
 * ``free_gpu_memory_bytes`` (N, G): GPU memory free on each GPU (capacity from the node's GPU model)
 * ``gpu_tasks`` (N, G): how many placements hold a share of each GPU
 * ``version`` (N,): bumped whenever a node's row changes, so score caches know what went stale
+* MIG (``ledger.mig``): per GPU in MIG mode its geometry and the instances held there, read as a
+  ``MigLayout`` (``mig_layout``); an instance is a placement taken by ``reserve_mig``
 
 Invariants, checked by ``check_invariants`` and kept by construction: 0 <= free <= capacity for every
 column, free GPU milli = capacity − the sum of the live placements' shares, and the live placements are
-exactly those reserved and not yet released. ``reserve`` validates everything before it writes, so a
+exactly those reserved and not yet released, and each MIG GPU's layout holds exactly the live
+placements' instances there. ``reserve`` (and ``reserve_mig``) validates everything before it writes, so a
 refusal (a value, not an exception) leaves every column as it was.
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from itertools import count
 from typing import ClassVar
 
 import numpy as np
 
 from gpuslice.errors import LedgerError
+from gpuslice.hardware.mig import MigGpu, MigInstance, MigLayout
 from gpuslice.hardware.node import MAX_GPUS_PER_NODE, NodeSpec
 from gpuslice.ledger.fit import CHECKS, code_number, fit_codes
+from gpuslice.ledger.mig import MigHold, MigInstances
 from gpuslice.ledger.placement import Placement, Refusal, RefusalCode
 from gpuslice.workload.request import MILLI_PER_GPU, Request
 
@@ -90,11 +95,21 @@ class LedgerView:
     def gpu_fits(self, request: Request, node: int | slice | np.ndarray) -> np.ndarray:
         return self._ledger.gpu_fits(request, node)
 
+    def mig_layout(self, node: int, gpu: int) -> MigLayout | None:
+        return self._ledger.mig_layout(node, gpu)
+
+    @property
+    def mig_gpus(self) -> tuple[tuple[int, int], ...]:
+        return self._ledger.mig_gpus
+
 
 class Ledger:
     """Free CPU, memory and per-GPU milli-GPU of a set of nodes; see the module docstring."""
 
-    def __init__(self, nodes: Sequence[NodeSpec]) -> None:
+    def __init__(
+        self, nodes: Sequence[NodeSpec], mig: Mapping[tuple[int, int], MigGpu] | None = None
+    ) -> None:
+        """``mig``: the GPUs in MIG mode, (node, GPU) -> their MIG table."""
         if not nodes:
             raise ValueError("a ledger needs at least one node")
         n = len(nodes)
@@ -127,6 +142,11 @@ class Ledger:
         self._free_gpu_memory = self._gpu_memory_capacity.copy()
         self._gpu_tasks = np.zeros((n, MAX_GPUS_PER_NODE), dtype=np.int64)
         self._version = np.zeros(n, dtype=np.int64)
+        for node, gpu in mig or {}:
+            if not (0 <= node < n and 0 <= gpu < self._gpu_count[node]):
+                raise ValueError(f"MIG mode given for GPU {gpu} of node {node}, which does not exist")
+        self._mig = MigInstances(mig or {})
+        self.mig_gpus: tuple[tuple[int, int], ...] = tuple(sorted(self._mig.geometries))
         self._live: dict[int, Placement] = {}
         self._ids = count()
         self._model_masks: dict[tuple[tuple[str, ...], tuple[str, ...]], np.ndarray] = {}
@@ -143,6 +163,10 @@ class Ledger:
     @property
     def live_placements(self) -> tuple[Placement, ...]:
         return tuple(self._live.values())
+
+    def mig_layout(self, node: int, gpu: int) -> MigLayout | None:
+        """The MIG instances held on that GPU; None if it is not in MIG mode."""
+        return self._mig.layout(node, gpu)
 
     def model_allowed(self, request: Request) -> np.ndarray:
         """Bool per node: the node's GPU model is one the request accepts (CPU-only nodes: False)."""
@@ -258,6 +282,31 @@ class Ledger:
         self._live[placement.id] = placement
         return placement
 
+    def check_mig(self, node: int, gpu: int, instance: MigInstance, request: Request) -> Refusal | None:
+        """The refusal ``reserve_mig`` would return, or None. Reads only. The MIG check first
+        (``ledger.mig``), then ``request`` on ``(gpu,)`` (or on no GPU when it asks for none)."""
+        if not 0 <= node < self.node_count:
+            return Refusal(RefusalCode.NO_SUCH_NODE, node)
+        refusal = self._mig.check(node, MigHold(gpu, instance))
+        return refusal or self.check(node, (gpu,) if request.num_gpu else (), request)
+
+    def reserve_mig(
+        self, node: int, gpu: int, instance: MigInstance, request: Request
+    ) -> Placement | Refusal:
+        """Hold the MIG ``instance`` on ``gpu`` of ``node``, taking ``request``'s columns there (see
+        ``ledger.mig``); a Refusal, and the ledger unchanged, if the instance or the request does not fit."""
+        node, gpu = int(node), int(gpu)
+        refusal = self.check_mig(node, gpu, instance, request)
+        if refusal is not None:
+            return refusal
+        hold = MigHold(gpu, instance)
+        gpus = (gpu,) if request.num_gpu else ()
+        self._apply(node, gpus, request, sign=-1)
+        self._mig.take(node, hold)
+        placement = Placement(node=node, gpus=gpus, request=request, id=next(self._ids), mig=hold)
+        self._live[placement.id] = placement
+        return placement
+
     def release(self, placement: Placement) -> None:
         """Give back a live placement. Raises LedgerError (and changes nothing) if it is not live."""
         held = self._live.get(placement.id)
@@ -266,6 +315,8 @@ class Ledger:
             raise LedgerError(f"cannot release placement {placement.id} on node {placement.node}: it {state}")
         del self._live[placement.id]
         self._apply(placement.node, placement.gpus, placement.request, sign=+1)
+        if placement.mig is not None:
+            self._mig.give(placement.node, placement.mig)
 
     def _apply(self, node: int, gpus: tuple[int, ...], request: Request, sign: int) -> None:
         self._free_cpu[node] += sign * request.cpu_milli
@@ -303,6 +354,7 @@ class Ledger:
                 ("non-negative", bool((self._free_cpu >= 0).all() and (self._free_memory >= 0).all())),
                 ("GPU in 0..capacity", bool(((gpu >= 0) & (gpu <= self._gpu_capacity)).all())),
                 ("allocated total", self.allocated_gpu_milli == int((self._gpu_capacity - gpu).sum())),
+                ("MIG instances", self._mig.agrees_with(self._live.values())),
             )
             if not ok
         ]

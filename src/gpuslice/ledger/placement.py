@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from gpuslice.workload.request import Request
+
+if TYPE_CHECKING:
+    from gpuslice.ledger.mig import MigHold
 
 __all__ = ["Placement", "Refusal", "RefusalCode"]
 
@@ -14,13 +18,15 @@ __all__ = ["Placement", "Refusal", "RefusalCode"]
 class Placement:
     """``request`` placed on ``node`` (ledger index) using ``gpus`` (indices inside the node).
 
-    ``id`` is given by ``Ledger.reserve``; a placement built by hand has id -1 until then.
+    ``id`` is given by ``Ledger.reserve``; a placement built by hand has id -1 until then. ``mig``: the
+    MIG instance it holds (``Ledger.reserve_mig``), None for shares and whole GPUs.
     """
 
     node: int
     gpus: tuple[int, ...]
     request: Request
     id: int = -1
+    mig: MigHold | None = None
 
 
 class RefusalCode(enum.Enum):

@@ -2,8 +2,9 @@
 creates the instance) and the Kubernetes extender (it picks one the device plugin advertises).
 
 ```text
-candidates: per MIG GPU its layout (instances held), the request's profiles best first, and, where
-            instances cannot be created, the starts of the existing free ones of each profile
+candidates: per MIG GPU the instances the ledger holds there (``Ledger.mig_layout``), the request's
+            profiles best first, and, where instances cannot be created, the existing ones
+            (``mig_candidate``, the one builder every home uses)
 rank:       the smallest profile first, then the fullest GPU (most slices held), then candidate order
 start:      the MIG placement policy's advice on that GPU (``mig_placement.checked_start``: a start that
             is not valid now, or not an existing free instance, falls back to the lowest valid one)
@@ -15,7 +16,7 @@ Pure and deterministic; a fallback is counted in ``fallbacks["mig-placement: <re
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from gpuslice.hardware.mig import MigInstance, MigLayout, MigProfile
@@ -26,7 +27,7 @@ from gpuslice.policies.mig_placement import (
     mig_placement_policy,
 )
 
-__all__ = ["MigCandidate", "choose_mig_instance", "mig_rank"]
+__all__ = ["MigCandidate", "choose_mig_instance", "mig_candidate", "mig_rank"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +49,27 @@ class MigCandidate:
             return valid
         free = self.existing.get(profile.name, frozenset())
         return tuple(s for s in valid if s in free)
+
+
+def mig_candidate(
+    key: Hashable,
+    held: MigLayout,
+    profiles: tuple[MigProfile, ...],
+    existing: Iterable[MigInstance] | None = None,
+) -> MigCandidate:
+    """The candidate of one MIG GPU whose held instances are ``held`` (the ledger's layout there, or a
+    home's what-if copy of it). ``existing``: the instances that exist on a GPU where they cannot be
+    created (Kubernetes: the ones the device plugin advertises); the free ones of other profiles block
+    their slices, and only the free ones of ``profiles`` may be chosen. None: any valid start is
+    created."""
+    if existing is None:
+        return MigCandidate(key, held, profiles, held=held.mask)
+    taken = {i.start for i in held.instances}
+    free = [i for i in existing if i.start not in taken]
+    blocking = tuple(i for i in free if i.profile not in profiles)
+    starts = {p.name: frozenset(i.start for i in free if i.profile == p) for p in profiles}
+    layout = MigLayout(held.gpu, held.instances + blocking)
+    return MigCandidate(key, layout, profiles, held.mask, starts)
 
 
 def mig_rank(candidate: MigCandidate) -> tuple[int, int] | None:

@@ -41,10 +41,11 @@ from gpuslice.hardware.machine import Machine
 from gpuslice.hardware.mig import MigInstance, MigLayout, MigProfile, format_mask, mig_gpu, resolve_request
 from gpuslice.hardware.topology import Topology
 from gpuslice.ledger.fit import FITS, code_of, fit_codes
+from gpuslice.ledger.mig import mig_request
 from gpuslice.ledger.placement import RefusalCode
 from gpuslice.policies.gpuset.pick import meets_need
 from gpuslice.policies.mig_placement import MigPlacementOps
-from gpuslice.scheduler.mig_choice import MigCandidate, choose_mig_instance, mig_rank
+from gpuslice.scheduler.mig_choice import MigCandidate, choose_mig_instance, mig_candidate, mig_rank
 from gpuslice.scheduler.reasons import PendingCode, PendingReason
 from gpuslice.units import format_size
 from gpuslice.workload.job import JobSpec, TopologyNeed
@@ -167,17 +168,6 @@ def gpus_equivalent(h: Holding) -> float:
     return len(h.gpus) * h.milli / MILLI_PER_GPU
 
 
-def mig_request(profile: MigProfile, gpu_memory_bytes: int) -> Request:
-    """The ledger entry of a MIG instance: its compute slices as milli (floor of slices × 1000 / 7, so
-    non-overlapping instances never sum past 1000) and its memory slices' share of the GPU's memory."""
-    return Request(
-        cpu_milli=0,
-        num_gpu=1,
-        gpu_milli=max(1, profile.compute_slices * MILLI_PER_GPU // 7),
-        gpu_memory_bytes=gpu_memory_bytes * profile.memory_slices // 8,
-    )
-
-
 # ---- submit-time resolution -------------------------------------------------------------------------
 
 
@@ -294,13 +284,13 @@ def _usable(demand: Demand, gpus: int) -> np.ndarray:
 
 
 def mig_candidates(demand: Demand, cap: Capacity) -> list[MigCandidate]:
-    """The job's MIG GPUs on ``cap`` as candidates of the one MIG choice (instances are created here)."""
-    out = []
-    for g, profiles in demand.mig_options:
-        layout = cap.layouts[g]
-        if layout is not None:
-            out.append(MigCandidate(g, layout, profiles, held=layout.mask))
-    return out
+    """The job's MIG GPUs on ``cap`` as candidates of the one MIG choice (instances are created here);
+    ``cap``'s layouts are the ledger's (``Ledger.mig_layout``) or a what-if copy of them."""
+    return [
+        mig_candidate(g, layout, profiles)
+        for g, profiles in demand.mig_options
+        if (layout := cap.layouts[g]) is not None
+    ]
 
 
 def refusal(demand: Demand, cap: Capacity, topology: Topology | None) -> RefusalCode | None:

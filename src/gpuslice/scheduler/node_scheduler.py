@@ -1,8 +1,9 @@
 """The node scheduler of ``gpuslice serve``: who starts where on one machine, who is preempted, who waits.
 
 Pure and deterministic: no I/O, no clock (the caller passes ``now``), same calls → same decisions.
-Capacity lives in a one-node ``Ledger``; every start is a validated ``Ledger.reserve``, so no sequence of
-calls can over-commit a GPU. One ``step``:
+Capacity, MIG instances included, lives in a one-node ``Ledger``; every start is a validated
+``Ledger.reserve`` (``reserve_mig`` for a MIG instance), so no sequence of calls can over-commit a GPU.
+One ``step``:
 
 ```text
 order = queue policy order of the pending jobs           (policies/queue; re-sorted after each start)
@@ -38,7 +39,7 @@ from dataclasses import dataclass, field
 
 from gpuslice.errors import InternalError, InvalidRequest, UserError
 from gpuslice.hardware.machine import Machine
-from gpuslice.hardware.mig import MigInstance, MigLayout, format_mask, mig_gpu
+from gpuslice.hardware.mig import MigInstance, format_mask, mig_gpu
 from gpuslice.ledger.ledger import Ledger, LedgerView
 from gpuslice.ledger.placement import Placement, Refusal
 from gpuslice.policies.base import PlacementOps, PolicyContext
@@ -149,12 +150,11 @@ class NodeScheduler:
         self.aging_seconds = aging_seconds
         self.backfill = backfill
         self.fallbacks: Counter[str] = Counter()  # queue-policy and MIG-slot answers replaced by the default
-        self.ledger = Ledger([machine.node_spec()])
+        # MIG instances are held in the ledger too (``Ledger.reserve_mig``), with their share of the GPU.
+        mig = {(0, g.index): mig_gpu(g.mig_model) for g in machine.gpus if g.mig_enabled}
+        self.ledger = Ledger([machine.node_spec()], mig=mig)
         self.gpu_choice = NodeGpuChoice(self.ledger, machine.topology, placement, target)
         self._n = machine.gpu_count
-        self._layouts: list[MigLayout | None] = [
-            MigLayout(mig_gpu(g.mig_model)) if g.mig_enabled else None for g in machine.gpus
-        ]
         self._mig_policy = mig_placement_policy(DEFAULT_MIG_PLACEMENT)()
         self._pending: dict[str, _Pending] = {}
         self._running: dict[str, _Running] = {}
@@ -190,11 +190,6 @@ class NodeScheduler:
             return
         self._preempted_for.pop(job_id, None)
         self.ledger.release(run.placement)
-        if run.holding.mig is not None:
-            g = run.holding.gpus[0]
-            layout = self._layouts[g]
-            assert layout is not None
-            self._layouts[g] = layout.without(run.holding.mig)
         for g in run.holding.gpus:
             self._sync_external(g)
         view = self._view(self._now)
@@ -217,21 +212,21 @@ class NodeScheduler:
         if bad:
             raise InvalidRequest(f"gpus: GPU {bad[0]} does not exist (this machine has 0–{self._n - 1})")
         if demand.kind is DemandKind.MIG:
-            if mig is None or gpus != (mig.gpu,) or self._layouts[mig.gpu] is None:
+            layout = None if mig is None or gpus != (mig.gpu,) else self.ledger.mig_layout(0, mig.gpu)
+            if mig is None or layout is None:
                 raise InvalidRequest(f"mig: job {job_id} is a MIG job; give its MIG GPU, profile and start")
-            layout = self._layouts[mig.gpu]
-            assert layout is not None
             try:
                 profile = layout.gpu.profile(mig.profile)
             except UserError as err:
                 raise InvalidRequest(f"mig: {err}") from None
-            if not layout.can_place(profile, mig.start):
+            request = mig_request(profile, self.machine.gpus[mig.gpu].memory_bytes)
+            instance = MigInstance(profile, mig.start)
+            holding = Holding(gpus, mig=instance, request=request)
+            if self.ledger.check_mig(0, mig.gpu, instance, request) is not None:  # what is recorded wins
                 raise InvalidRequest(
                     f"mig: {profile.name}@{mig.start} does not fit GPU {mig.gpu} "
                     f"(slots {format_mask(layout.mask)})"
                 )
-            request = mig_request(profile, self.machine.gpus[mig.gpu].memory_bytes)
-            holding = Holding(gpus, mig=MigInstance(profile, mig.start), request=request)
         else:
             if len(gpus) != max(demand.count, 0) or set(gpus) - set(demand.eligible):
                 raise InvalidRequest(
@@ -426,7 +421,7 @@ class NodeScheduler:
             used = sum(
                 memory_on(self.machine, r.holding, g) for r in self._running.values() if g in r.holding.gpus
             )
-            layout = self._layouts[g]
+            layout = self.ledger.mig_layout(0, g)
             out.append(
                 GpuUsage(
                     index=g,
@@ -534,7 +529,8 @@ class NodeScheduler:
         milli = [int(x) for x in view.free_gpu_milli[0, : self._n]]
         memory = [int(view.free_gpu_memory_bytes[0, g]) for g in range(self._n)]
         total = [g.memory_bytes for g in self.machine.gpus]
-        return Capacity(milli, memory, self._layouts, self._external, total)
+        layouts = [self.ledger.mig_layout(0, g) for g in range(self._n)]
+        return Capacity(milli, memory, layouts, self._external, total)
 
     def _quota_reason(self, tenant: str, gpus: float, memory: int) -> PendingReason | None:
         held = (r.holding for r in self._running.values() if r.spec.tenant == tenant)
@@ -559,15 +555,14 @@ class NodeScheduler:
         gpus = holding.gpus
         if holding.request is None:
             raise InternalError(f"bug: job {job_id}'s holding carries no ledger request")
-        result = self.ledger.reserve(0, gpus, holding.request)
+        if holding.mig is not None:
+            result = self.ledger.reserve_mig(0, gpus[0], holding.mig, holding.request)
+        else:
+            result = self.ledger.reserve(0, gpus, holding.request)
         if isinstance(result, Refusal):
             what = "adopt" if adopting else "start"
             raise InternalError(f"bug: the ledger refused to {what} job {job_id} on GPU {list(gpus)} "
                                 f"after its fit was checked: {result}")  # fmt: skip
-        if holding.mig is not None:
-            layout = self._layouts[gpus[0]]
-            assert layout is not None
-            self._layouts[gpus[0]] = layout.with_instance(holding.mig)
         self._running[job_id] = _Running(job_id, spec, holding, result, started_at, self._start_seq, mig=mig)
         self._start_seq += 1
 
@@ -578,7 +573,7 @@ class NodeScheduler:
             self.ledger.release(old)
             self._external_placement[g] = None
         want = self._external[g]
-        if not want or self._layouts[g] is not None:
+        if not want or self.ledger.mig_layout(0, g) is not None:
             return
         view = self.ledger.view
         if view.free_gpu_milli[0, g] < 1:

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from gpuslice.errors import InvalidRequest, UnknownPolicy, UserError
-from gpuslice.hardware.mig import MigInstance, MigLayout, mig_gpu
+from gpuslice.hardware.mig import MigGpu, MigInstance, MigLayout, mig_gpu
 from gpuslice.hardware.node import MAX_GPUS_PER_NODE, NodeSpec
 from gpuslice.hardware.topology import Topology, TopologyError, build_topology
 from gpuslice.k8s.annotations import (
@@ -30,16 +30,17 @@ from gpuslice.k8s.annotations import (
 from gpuslice.k8s.extender.bind_lock import DEFAULT_LOCK_WAIT_S, BindLocks
 from gpuslice.k8s.extender.kube import RELISTED, KubeApi, WatchEvent
 from gpuslice.ledger.ledger import Ledger
-from gpuslice.ledger.placement import Placement, Refusal
+from gpuslice.ledger.placement import Placement, Refusal, RefusalCode
 from gpuslice.policies import DEFAULT_PLACEMENT, PolicyContext, placement_policy
 from gpuslice.programs.loader import resolve
-from gpuslice.scheduler.mig_choice import MigCandidate, mig_rank
+from gpuslice.scheduler.mig_choice import MigCandidate, mig_candidate, mig_rank
 from gpuslice.scheduler.placer import Placer
 from gpuslice.units import MiB
 from gpuslice.workload.request import MILLI_PER_GPU, Request
 from gpuslice.workload.target import TargetWorkload
 
 __all__ = [
+    "MIG_POD_REQUEST",
     "BoundPod",
     "ClusterCache",
     "LedgerBuild",
@@ -64,8 +65,7 @@ class BoundPod:
     node: str
     ask: PodGpuRequest
     decision: Decision
-    placement: Placement | None = None  # None while its node has no inventory, or for MIG pods
-    mig_key: tuple[str, int, int] | None = None  # (node, gpu, start)
+    placement: Placement | None = None  # None while its node has no inventory; MIG: ``placement.mig``
     namespace: str = ""
     name: str = ""
     priority: int = 0  # spec.priority, set by the API server's Priority admission from priorityClassName
@@ -116,6 +116,32 @@ def open_slots(built: LedgerBuild, nodes: int | np.ndarray, tasks: np.ndarray) -
     advertised, healthy and not in MIG mode, and holds fewer shares than the node's splitCount (the
     kubelet has only that many share devices per GPU)."""
     return built.healthy[nodes] & (tasks < np.asarray(built.split[nodes])[..., None])
+
+
+MIG_POD_REQUEST = Request(cpu_milli=0)  # a MIG pod's instance: its GPU is held whole already
+
+
+def _mig_geometries(inventories: list[NodeInventory], specs: list[NodeSpec]) -> dict[tuple[int, int], MigGpu]:
+    """(node, GPU) -> MIG table of every GPU in MIG mode whose model has one in gpuslice."""
+    out = {}
+    for i, inv in enumerate(inventories):
+        for gpu in inv.gpus:
+            if gpu.mig and gpu.index < specs[i].gpu_count:
+                try:
+                    out[(i, gpu.index)] = mig_gpu(gpu.model)
+                except UserError:
+                    continue
+    return out
+
+
+def _instance(layout: MigLayout | None, profile: str, start: int) -> MigInstance | None:
+    """A decision's MIG instance on a GPU of that layout; None if the GPU or the profile is unknown."""
+    if layout is None:
+        return None
+    try:
+        return MigInstance(layout.gpu.profile(profile), start)
+    except UserError:
+        return None
 
 
 def pod_meta(pod: Mapping[str, Any]) -> tuple[str, str, str]:
@@ -186,7 +212,6 @@ class ClusterCache:
         # uid -> node of pods whose Binding exists (created here, or seen by the watch): kube-scheduler
         # may retry a bind that timed out but succeeded, and that retry must not choose GPUs again
         self._bound_to: dict[str, str] = {}
-        self._mig_used: dict[tuple[str, int, int], str] = {}  # (node, GPU, start) -> the pod holding it
         self.mig_fallbacks: Counter[str] = Counter()  # MIG placement answers replaced by the default
         self._built: LedgerBuild | None = None
         self._seen: OrderedDict[str, Mapping[str, Any]] = OrderedDict()
@@ -318,8 +343,6 @@ class ClusterCache:
             return
         if bound.placement is not None and self._built is not None:
             self._built.ledger.release(bound.placement)
-        if bound.mig_key is not None:
-            self._mig_used.pop(bound.mig_key, None)
 
     # ---- ledger build -------------------------------------------------------------------------------
 
@@ -347,7 +370,8 @@ class ClusterCache:
             )
             for name, inv in zip(names, inventories, strict=True)
         ] or [NodeSpec("(no gpuslice nodes)", 0, 0, 0, "")]
-        ledger = Ledger(specs)
+        # MIG GPUs with a MIG table: their instances are held in the ledger (the GPU itself held whole)
+        ledger = Ledger(specs, mig=_mig_geometries(inventories, specs))
         healthy = np.zeros((ledger.node_count, MAX_GPUS_PER_NODE), dtype=bool)
         blockers = []
         for i, inv in enumerate(inventories):
@@ -375,26 +399,27 @@ class ClusterCache:
             targets=TargetWorkload.from_requests(shapes) if shapes else None,
             blockers=blockers,
         )
-        self._mig_used.clear()
         for uid, bound in self._pods.items():
-            bound.placement, bound.mig_key = None, None
+            bound.placement = None
             self._hold(built, uid, bound)
         log.info("ledger built: %d nodes, %d pods", len(names), len(self._pods))
         return built
 
     def _hold(self, built: LedgerBuild, uid: str, bound: BoundPod) -> None:
-        """Put an already bound pod into the ledger (or the MIG table) from its decision."""
+        """Put an already bound pod into the ledger from its decision (a MIG pod: its instance)."""
         node = built.index.get(bound.node)
         if node is None:
             return  # its node has no inventory (yet): held when the node appears
-        if bound.decision.mig is not None:
-            key = (bound.node, bound.decision.mig.gpu_index, bound.decision.mig.start)
-            if self._mig_used.setdefault(key, uid) != uid:
-                self.conflicts += 1
-            else:
-                bound.mig_key = key
-            return
-        result = built.ledger.reserve(node, bound.decision.gpu_indices, bound.ask.to_request())
+        mig = bound.decision.mig
+        if mig is not None:
+            instance = _instance(built.ledger.mig_layout(node, mig.gpu_index), mig.profile, mig.start)
+            result: Placement | Refusal = (
+                Refusal(RefusalCode.NO_MIG_SLOT, node, gpu=mig.gpu_index)
+                if instance is None
+                else built.ledger.reserve_mig(node, mig.gpu_index, instance, MIG_POD_REQUEST)
+            )
+        else:
+            result = built.ledger.reserve(node, bound.decision.gpu_indices, bound.ask.to_request())
         if isinstance(result, Refusal):
             self.conflicts += 1
             log.warning(
@@ -408,39 +433,27 @@ class ClusterCache:
             del self._nominations[node]
 
     def _mig_candidates(
-        self,
-        built: LedgerBuild,
-        node: int,
-        profile: str,
-        freed: frozenset[tuple[str, int, int]] = frozenset(),
+        self, built: LedgerBuild, node: int, profile: str, freed: Iterable[Placement] = ()
     ) -> list[MigCandidate]:
-        """The node's healthy MIG GPUs as candidates of the one MIG choice (``scheduler/mig_choice.py``):
-        the instances held by pods (less ``freed``, a what-if) and the other profiles' free instances
-        block their slices; only the existing free instances of ``profile`` may be chosen. A GPU whose
+        """The node's healthy MIG GPUs as candidates of the one MIG choice (``scheduler/mig_choice.py``),
+        from the instances the ledger holds there (less those of ``freed``, a what-if) and the instances
+        the device plugin advertises: only the free ones of ``profile`` may be chosen. A GPU whose
         model has no MIG table in gpuslice, or no such profile, offers none."""
-        name = built.ledger.node_names[node]
+        gone = [p.mig for p in freed if p.mig is not None and p.node == node]
         out = []
         for gpu in built.inventories[node].gpus:
-            if not gpu.mig or not gpu.healthy:
+            held = built.ledger.mig_layout(node, gpu.index)
+            if held is None or not gpu.healthy:
                 continue
             try:
-                geometry = mig_gpu(gpu.model)
-                wanted = geometry.profile(profile)
-                slots = [(s, geometry.profile(s.profile)) for s in gpu.mig]
+                wanted = held.gpu.profile(profile)
+                existing = [MigInstance(held.gpu.profile(s.profile), s.start) for s in gpu.mig]
             except UserError:
                 continue
-            held = [
-                MigInstance(p, s.start)
-                for s, p in slots
-                if (key := (name, gpu.index, s.start)) in self._mig_used and key not in freed
-            ]
-            free = [(s, p) for s, p in slots if (name, gpu.index, s.start) not in self._mig_used or
-                    (name, gpu.index, s.start) in freed]  # fmt: skip
-            blocking = [MigInstance(p, s.start) for s, p in free if p != wanted]
-            starts = frozenset(s.start for s, p in free if p == wanted)
-            held_mask = MigLayout(geometry, tuple(held)).mask
-            layout = MigLayout(geometry, tuple(held + blocking))
-            out.append(MigCandidate((node, gpu.index), layout, (wanted,), held_mask, {wanted.name: starts}))
+            for hold in gone:
+                if hold.gpu == gpu.index and hold.instance in held.instances:
+                    held = held.without(hold.instance)
+            out.append(mig_candidate((node, gpu.index), held, (wanted,), existing))
         return out
 
     def _mig_rank(self, built: LedgerBuild, node: int, profile: str) -> tuple[int, int] | None:

@@ -87,7 +87,7 @@ class Preemption(Verdicts):
             if (b := self._pods.get(u)) is not None and b.node == built.ledger.node_names[node]
         ]
         if ask.mig_profile:
-            freed = frozenset(b.mig_key for b in gone if b.mig_key is not None)
+            freed = [b.placement for b in gone if b.placement is not None]
             candidates = self._mig_candidates(built, node, ask.mig_profile, freed)
             return any(mig_rank(c) is not None for c in candidates)
         view = built.ledger.view
@@ -213,7 +213,7 @@ class Preemption(Verdicts):
 def _victim(uid: str, bound: BoundPod) -> Victim:
     """A bound gpuslice pod as the preemption search sees it; what it frees in GPUs: its GPUs × its share,
     or a MIG instance's compute slices / 7 (read from the profile name, "3g.40gb" → 3/7)."""
-    if bound.placement is not None:
+    if bound.placement is not None and bound.placement.mig is None:
         gpus = len(bound.placement.gpus) * bound.placement.request.gpu_milli / MILLI_PER_GPU
     else:
         gpus = int((bound.ask.mig_profile or "7g").split("g", 1)[0]) / 7

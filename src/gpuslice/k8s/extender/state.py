@@ -21,7 +21,15 @@ from gpuslice.k8s.annotations import (
     MigChoice,
     PodGpuRequest,
 )
-from gpuslice.k8s.extender.cluster import BoundPod, LedgerBuild, open_slots, pod_ask, pod_meta, pod_priority
+from gpuslice.k8s.extender.cluster import (
+    MIG_POD_REQUEST,
+    BoundPod,
+    LedgerBuild,
+    open_slots,
+    pod_ask,
+    pod_meta,
+    pod_priority,
+)
 from gpuslice.k8s.extender.preemption import Preemption
 from gpuslice.k8s.extender.verdicts import (
     CODE_EXCLUDED,
@@ -337,19 +345,23 @@ class ClusterState(Preemption):
         who = {"namespace": namespace, "name": name, "priority": pod_priority(pod)}
         if ask.mig_profile:
             with self._lock:  # the one MIG choice, as serve's: which existing free instance of the node
+                if self._built is not built:  # rebuilt meanwhile: the indices may have moved; let it retry
+                    return None, "the cluster's GPU inventory changed during bind; retry"
                 candidates = self._mig_candidates(built, node, ask.mig_profile)
                 chosen = choose_mig_instance(candidates, fallbacks=self.mig_fallbacks)
                 if chosen is not None:
-                    g, start = chosen[0].key[1], chosen[1].start  # type: ignore[index]
+                    g, instance = chosen[0].key[1], chosen[1]  # type: ignore[index]
+                    held = built.ledger.reserve_mig(node, g, instance, MIG_POD_REQUEST)
+                    if isinstance(held, Refusal):
+                        return None, str(held)
                     gpu = next(x for x in inv.gpus if x.index == g)
-                    slot = next(s for s in gpu.mig if s.start == start and s.profile == ask.mig_profile)
+                    start, name = instance.start, ask.mig_profile
+                    slot = next(s for s in gpu.mig if s.start == start and s.profile == name)
                     mig = MigChoice(gpu.index, slot.profile, slot.start, slot.uuid)
                     decision = Decision(
                         node_name, ask.container, (gpu.index,), (gpu.uuid,), 0, 100, mig, bind_time=now
                     )
-                    key = (node_name, gpu.index, slot.start)
-                    self._mig_used[key] = uid
-                    self._pods[uid] = BoundPod(node_name, ask, decision, mig_key=key, **who)
+                    self._pods[uid] = BoundPod(node_name, ask, decision, placement=held, **who)
                     return decision, ""
             return None, f"{REASON_NO_MIG_INSTANCE} {ask.mig_profile} (taken since filter)"
         req = ask.to_request()
@@ -388,8 +400,9 @@ class ClusterState(Preemption):
     # ---- checks -------------------------------------------------------------------------------------
 
     def check_invariants(self) -> None:
-        """The ledger's own invariants plus: no GPU holds more shares than its splitCount, and every
-        cached verdict that its version says is current equals one computed afresh."""
+        """The ledger's own invariants (MIG instances included) plus: no GPU holds more shares than its
+        splitCount, and every cached verdict that its version says is current equals one computed
+        afresh."""
         built = self._ledgered()
         with self._lock:
             built.ledger.check_invariants()
@@ -402,8 +415,6 @@ class ClusterState(Preemption):
                 stale = current[cache.codes[current] != self._row_codes(built, req, current)]
                 if len(stale):
                     raise AssertionError(f"outdated verdicts cached for {req}: nodes {stale.tolist()}")
-            if len(set(self._mig_used)) != len(self._mig_used):
-                raise AssertionError("a MIG instance is held twice")
 
 
 def _rescale(raw: np.ndarray) -> np.ndarray:

@@ -1,0 +1,53 @@
+"""The extender holds bound MIG pods' instances in its ledger: rebuilt from their decisions, conflicts
+refused and counted, instances given back when pods go."""
+
+from __future__ import annotations
+
+from test_extender import FakeApi, inventory, make_state, node_event, pod_json
+
+from gpuslice.k8s.annotations import Decision, MigChoice, MigSlot
+from gpuslice.k8s.extender import WatchEvent
+
+RESOURCES = {"gpuslice.io/mig-3g.40gb": "1"}
+SLOTS = {1: (MigSlot("3g.40gb", 0, "MIG-a", 1), MigSlot("3g.40gb", 4, "MIG-b", 2))}
+
+
+def bound(name: str, start: int, profile: str = "3g.40gb") -> WatchEvent:
+    mig = MigChoice(1, profile, start, f"MIG-{start}")
+    decision = Decision("n", "train", (1,), ("GPU-A100-80GB-01",), 0, 100, mig)
+    return WatchEvent("Pod", "ADDED", pod_json(name, RESOURCES, decision.to_annotations(), node="n"))
+
+
+def held_starts(state) -> list[int]:
+    layout = state.ledger.mig_layout(0, 1)
+    return sorted(i.start for i in layout.instances)
+
+
+def test_bound_mig_pods_are_held_in_the_ledger_and_a_second_claim_on_one_instance_is_a_conflict():
+    state = make_state(FakeApi(), {"n": inventory(gpus=2, mig=SLOTS)})
+    state.apply(bound("one", 0))
+    state.apply(bound("two", 0))  # the same instance: the ledger refuses it
+    state.apply(bound("odd", 4, profile="9g.99gb"))  # no such profile on an A100: refused too
+    assert held_starts(state) == [0]  # the ledger is built from the pods' decisions on first use
+    assert state.conflicts == 2
+    state.check_invariants()
+    # the next pod gets the other instance; then none is left
+    assert state.filter(pod_json("new", RESOURCES), ["n"]).passed == ["n"]
+    assert state.bind("team-a", "new", "uid-new", "n") == ""
+    assert held_starts(state) == [0, 4]
+    assert state.filter(pod_json("late", RESOURCES), ["n"]).passed == []
+    # a pod that goes gives its instance back
+    state.apply(WatchEvent("Pod", "DELETED", pod_json("one", RESOURCES, node="n")))
+    assert held_starts(state) == [4]
+    state.check_invariants()
+
+
+def test_a_rebuild_holds_the_bound_mig_pods_again_from_their_decisions():
+    state = make_state(FakeApi(), {"n": inventory(gpus=2, mig=SLOTS)})
+    state.apply(bound("one", 4))
+    assert held_starts(state) == [4]
+    state.apply(node_event("n", inventory(gpus=3, mig=SLOTS), kind="MODIFIED"))  # a new inventory
+    assert state.ledger.node_count == 1 and state.ledger.view.gpu_count[0] == 3
+    assert held_starts(state) == [4]
+    assert state.conflicts == 0
+    state.check_invariants()
