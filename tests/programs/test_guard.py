@@ -92,8 +92,13 @@ def test_a_faulty_placement_file_never_stops_the_replay_and_is_detached(
     # every pod was tried; the default (equal scores) decided every score, so the run is the baseline's
     assert len(result.allocated_gpu_milli) == len(baseline.allocated_gpu_milli) > 100
     assert same_replay(result, baseline)
-    # three faults, then detached: the policy's score was never called again
-    assert result.fallbacks == {f"guard.score:{reason}": 3}
+    # three faults, then detached: the policy's score was never called again. A loop past its budget is
+    # abandoned on its worker; until the interrupt lands there (later on a loaded machine) the next calls
+    # get the default at once ("busy"), which counts as a fault too.
+    assert sum(result.fallbacks.values()) == 3
+    assert result.fallbacks[f"guard.score:{reason}"] >= 1
+    allowed = {f"guard.score:{reason}"} | ({"guard.score:busy"} if reason == "timeout" else set())
+    assert set(result.fallbacks) <= allowed
     assert baseline.fallbacks == {}
 
 
