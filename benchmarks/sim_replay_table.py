@@ -135,11 +135,16 @@ def parse_level(text: str) -> tuple[str, float]:
     return name, ratio
 
 
+def run_key(row: dict) -> tuple:
+    """A run's identity, read by field name from its row (or from the fields of a run to start)."""
+    return tuple(row.get(k) for k in KEY)
+
+
 def done_keys(path: Path) -> set[tuple]:
     if not path.exists():
         return set()
     rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    return {tuple(r.get(k) for k in KEY) for r in rows if "queue" in r}
+    return {run_key(r) for r in rows if "queue" in r}
 
 
 def main() -> None:
@@ -161,27 +166,22 @@ def main() -> None:
     scale = Scale(args.trace_dir, args.node_stride, args.window)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     print(json.dumps({"date": time.strftime("%Y-%m-%d"), "load_average": os.getloadavg()}), flush=True)
-    levels = args.offered or [(f"load {load:g}", None) for load in args.loads]
+    # (name, offered ratio, load): a ratio picks copies and compression per trace; else --loads/--repeat
+    levels = (
+        [(n, r, 0.0) for n, r in args.offered]
+        if args.offered
+        else [(f"load {load:g}", None, load) for load in args.loads]
+    )
     done = done_keys(args.out)
     with ProcessPoolExecutor(args.jobs) as pool, args.out.open("a") as out:
         runs = []
-        for trace_name, (level, ratio) in product(args.traces, levels):
-            load = args.loads[[lv for lv, _ in levels].index(level)] if ratio is None else 0.0
+        for trace_name, (level, ratio, load) in product(args.traces, levels):
             info = describe(trace_name, scale, level, ratio, args.repeat, load)
             info["node_stride"], info["window"] = scale.node_stride, scale.window
             print(json.dumps(info), flush=True)
             out.write(json.dumps({"kind": "level", **info}) + "\n")
             for placement, setup in product(args.placements, args.setups):
-                key = (
-                    trace_name,
-                    scale.node_stride,
-                    scale.window,
-                    info["repeat"],
-                    info["load"],
-                    setup,
-                    placement,
-                )
-                if key in done:
+                if run_key({**info, "queue": setup, "placement": placement}) in done:
                     continue
                 runs.append(
                     (
