@@ -11,11 +11,11 @@ NO_MIG_SLOT   the GPU is not in MIG mode, the profile is not one of its table, t
 ```
 
 then the placement's columns are checked as any request's. Which columns a MIG instance takes is the
-home's choice, given as the request: serve and sim take the instance's share of the GPU (``mig_request``:
+home's choice, given as the request: serve takes the instance's share of the GPU (``mig_request``:
 compute slices as milli, memory slices as bytes); the extender holds the whole MIG GPU with one
 placement when it builds the ledger, so shares never land there, and its MIG pods take no column
 (``Request(cpu_milli=0)``). The held instances of one GPU are read as a ``MigLayout``, what the one MIG
-choice's candidates are built from (``scheduler.mig_choice.mig_candidates``).
+choice's candidates are built from (``scheduler.mig_choice.mig_candidate``).
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ class MigHold:
 
 
 def mig_request(profile: MigProfile, gpu_memory_bytes: int) -> Request:
-    """The columns a MIG instance takes where a home counts instances in them (serve, sim): its compute
+    """The columns a MIG instance takes where a home counts instances in them (serve): its compute
     slices as milli (floor of slices × 1000 / 7, so non-overlapping instances never sum past 1000) and
     its memory slices' share of the GPU's memory."""
     return Request(
