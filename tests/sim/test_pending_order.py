@@ -81,3 +81,21 @@ def test_merged_queue_refuses_jobs_out_of_submission_order() -> None:
     pending.add(0, QueuedJob("0", spec, 10.0, 5), QueueView(10.0))
     with pytest.raises(ValueError, match="submission order"):
         pending.add(1, QueuedJob("1", spec, 9.0, 6), QueueView(10.0))
+
+
+def test_merged_walk_reads_the_heads_again_after_a_start_moves_a_tenants_usage() -> None:
+    # a's two jobs lead c's while a uses less; once a's first job starts and a uses more than c, c's job
+    # comes before a's second (a head key read before the start would keep a's second first)
+    policy = queue_policy("priority-fair")()
+    pending = PendingOrder(policy, Counter())
+    usage = {"a": 0.0, "c": 1.0}
+    view = QueueView(0.0, tenant_gpus=usage)
+    for seq, tenant in enumerate("aac"):
+        pending.add(seq, QueuedJob(str(seq), JobSpec(command=("x",), tenant=tenant), 0.0, seq), view)
+    walk = pending.walk(view)
+    first = next(walk)
+    assert first.job_id == "0"
+    pending.remove(0)
+    usage["a"] += 1.5
+    walk.started()
+    assert [j.job_id for j in walk] == ["2", "1"]
