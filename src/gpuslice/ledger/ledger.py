@@ -282,6 +282,19 @@ class Ledger:
         self._live[placement.id] = placement
         return placement
 
+    def hold_whole(self, node: int, gpu: int) -> Placement | Refusal:
+        """Take all of one GPU's compute and memory, so that no request sees it free: how a home sets
+        aside a GPU in MIG mode (its instances are held apart, ``reserve_mig``) or one it cannot use."""
+        if not 0 <= node < self.node_count:
+            return Refusal(RefusalCode.NO_SUCH_NODE, node)
+        whole = Request(
+            0,
+            num_gpu=1,
+            gpu_milli=MILLI_PER_GPU,
+            gpu_memory_bytes=int(self._gpu_memory_capacity[node, gpu]) if 0 <= gpu < MAX_GPUS_PER_NODE else 0,
+        )
+        return self.reserve(node, (gpu,), whole)
+
     def check_mig(self, node: int, gpu: int, instance: MigInstance, request: Request) -> Refusal | None:
         """The refusal ``reserve_mig`` would return, or None. Reads only. The MIG check first
         (``ledger.mig``), then ``request`` on ``(gpu,)`` (or on no GPU when it asks for none)."""

@@ -36,7 +36,7 @@ from gpuslice.programs.loader import resolve
 from gpuslice.scheduler.mig_choice import MigCandidate, mig_candidate, mig_rank
 from gpuslice.scheduler.placer import Placer
 from gpuslice.units import MiB
-from gpuslice.workload.request import MILLI_PER_GPU, Request
+from gpuslice.workload.request import Request
 from gpuslice.workload.target import TargetWorkload
 
 __all__ = [
@@ -382,10 +382,7 @@ class ClusterCache:
                     healthy[i, gpu.index] = True
                     continue
                 # A MIG-mode or unhealthy GPU is held whole, so no share and no score counts it as free.
-                whole = Request(
-                    0, num_gpu=1, gpu_milli=MILLI_PER_GPU, gpu_memory_bytes=specs[i].gpu_memory_bytes
-                )
-                held = ledger.reserve(i, (gpu.index,), whole)
+                held = ledger.hold_whole(i, gpu.index)
                 if isinstance(held, Placement):
                     blockers.append(held)
         shapes = [b.ask.to_request() for b in self._pods.values() if b.ask.gpus]
