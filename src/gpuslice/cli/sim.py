@@ -18,7 +18,7 @@ from gpuslice.errors import UserError
 from gpuslice.policies import PLACEMENT
 from gpuslice.sim.openb import DEFAULT_TUNE, ReplayResult
 from gpuslice.sim.published import FGD_PAPER_POLICIES, published_results
-from gpuslice.sim.report import PolicySummary, summarize, write_results
+from gpuslice.sim.report import PolicySummary, group_runs, summarize, write_results
 from gpuslice.sim.sweep import run_sweep
 from gpuslice.sim.trace import DEFAULT_TRACE, OPENB_TRACES
 
@@ -129,6 +129,8 @@ def openb(
         results = run_sweep(traces, policies, seed_list, trace_dir, jobs, tune, on_result=advance)
     rows = summarize(results, published_results())
     console.print(_summary_table(rows))
+    if any(r.mig is not None for r in results):
+        console.print(_mig_table(results))
     _report_fallbacks(rows, allow_fallbacks)
     written = write_results(results, out)
     if plot:
@@ -156,6 +158,29 @@ def _report_fallbacks(rows: list[PolicySummary], allowed: bool) -> None:
         )
     err = Console(stderr=True, highlight=False, soft_wrap=True)
     err.print(f"warning: policies fell back to the default placement: {what}", markup=False)
+
+
+def _mig_table(results: list[ReplayResult]) -> Table:
+    """Per (trace, policy) with MIG-mode GPUs: MIG pods, those that found no instance, slices held."""
+    table = Table(
+        title="MIG instances (mean over seeds; GPUs in MIG mode are not in the table above)",
+        box=box.SIMPLE_HEAD,
+        padding=(0, 0),
+        show_edge=False,
+    )
+    for header in ("trace", "policy", "MIG pods", "no instance", "slices held %"):
+        table.add_column(header, justify="left" if header in ("trace", "policy") else "right", no_wrap=True)
+    for (trace, policy), runs in group_runs([r for r in results if r.mig is not None]).items():
+        migs = [r.mig for r in runs if r.mig is not None]
+        held = [100.0 * m["slices_held"] / m["slices"] for m in migs]
+        table.add_row(
+            trace,
+            policy,
+            f"{sum(m['pods'] for m in migs) / len(migs):.1f}",
+            f"{sum(m['failed_pods'] for m in migs) / len(migs):.1f}",
+            f"{sum(held) / len(held):.2f}",
+        )
+    return table
 
 
 def _pm(mean: float, sd: float) -> str:

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from gpuslice.errors import InvalidRequest
 from gpuslice.hardware.gpu_models import GPU_MODELS
+from gpuslice.hardware.mig import MigGpu, mig_gpu
 
 __all__ = ["MAX_GPUS_PER_NODE", "NodeSpec"]
 
@@ -20,6 +21,8 @@ class NodeSpec:
     ``gpu_memory_bytes`` is the memory of each GPU; left out, it comes from the GPU model catalogue
     (0 for a model the catalogue does not know, so requests for GPU memory never fit there).
     ``gpu_memory_each`` gives each GPU its own memory instead (a machine with mixed GPUs).
+    ``mig_gpus``: how many of its GPUs, the first ones, are in MIG mode (sim; the model needs a MIG
+    table, ``hardware.mig``): they serve MIG instances only.
     """
 
     name: str
@@ -29,6 +32,7 @@ class NodeSpec:
     gpu_model: str
     gpu_memory_bytes: int | None = None
     gpu_memory_each: tuple[int, ...] | None = None
+    mig_gpus: int = 0
 
     def __post_init__(self) -> None:
         if self.gpu_memory_each is not None:
@@ -51,3 +55,14 @@ class NodeSpec:
             )
         if self.gpu_count > 0 and not self.gpu_model:
             raise InvalidRequest(f"node {self.name!r}: has {self.gpu_count} GPUs but no GPU model")
+        if not 0 <= self.mig_gpus <= self.gpu_count:
+            raise InvalidRequest(
+                f"node {self.name!r}: {self.mig_gpus} GPUs in MIG mode, but it has {self.gpu_count}"
+            )
+        if self.mig_gpus:
+            mig_gpu(self.gpu_model)  # UnknownMigGpu (a user error) names the models that have a table
+
+    @property
+    def mig_geometry(self) -> MigGpu | None:
+        """The MIG table of this node's MIG-mode GPUs; None when it has none."""
+        return mig_gpu(self.gpu_model) if self.mig_gpus else None

@@ -1,10 +1,12 @@
 """The one MIG instance choice, for every home that places MIG requests: serve's node scheduler (it
-creates the instance) and the Kubernetes extender (it picks one the device plugin advertises).
+creates the instance), the Kubernetes extender (it picks one the device plugin advertises) and sim (the
+placer's MIG path over the cluster: ``Placer.place`` of a request with a ``mig_profile``).
 
 ```text
 candidates: per MIG GPU the instances the ledger holds there (``Ledger.mig_layout``), the request's
             profiles best first, and, where instances cannot be created, the existing ones
-            (``mig_candidate``, the one builder every home uses)
+            (``mig_candidate``, the one builder every home uses; ``created_candidates`` for a cluster
+            whose instances are created where chosen)
 rank:       the smallest profile first, then the fullest GPU (most slices held), then candidate order
 start:      the MIG placement policy's advice on that GPU (``mig_placement.checked_start``: a start that
             is not valid now, or not an existing free instance, falls back to the lowest valid one)
@@ -19,7 +21,11 @@ from collections import Counter
 from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
+
+from gpuslice.errors import UserError
 from gpuslice.hardware.mig import MigInstance, MigLayout, MigProfile
+from gpuslice.ledger.ledger import LedgerView
 from gpuslice.policies.mig_placement import (
     DEFAULT_MIG_PLACEMENT,
     MigPlacementOps,
@@ -27,7 +33,7 @@ from gpuslice.policies.mig_placement import (
     mig_placement_policy,
 )
 
-__all__ = ["MigCandidate", "choose_mig_instance", "mig_candidate", "mig_rank"]
+__all__ = ["MigCandidate", "choose_mig_instance", "created_candidates", "mig_candidate", "mig_rank"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +76,23 @@ def mig_candidate(
     starts = {p.name: frozenset(i.start for i in free if i.profile == p) for p in profiles}
     layout = MigLayout(held.gpu, held.instances + blocking)
     return MigCandidate(key, layout, profiles, held.mask, starts)
+
+
+def created_candidates(view: LedgerView, nodes: np.ndarray, profile: str) -> list[MigCandidate]:
+    """Every MIG GPU of the ``nodes`` (bool per ledger node) whose MIG table has ``profile``, as a
+    candidate keyed ``(node, gpu)`` in ledger order, its instance created where chosen (sim, like
+    serve's own GPUs). A GPU whose table lacks the profile offers none, as in the extender."""
+    out = []
+    for node, gpu in view.mig_gpus:
+        held = view.mig_layout(node, gpu)
+        if not nodes[node] or held is None:
+            continue
+        try:
+            wanted = held.gpu.profile(profile)
+        except UserError:
+            continue
+        out.append(mig_candidate((node, gpu), held, (wanted,)))
+    return out
 
 
 def mig_rank(candidate: MigCandidate) -> tuple[int, int] | None:

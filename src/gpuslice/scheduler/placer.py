@@ -9,6 +9,10 @@ Every home decides here: ``gpuslice sim`` calls ``place``; ``gpuslice serve`` (o
 Kubernetes extender (a node kube-scheduler is asking about) call ``pick_gpus`` for the GPUs inside a
 node, with the GPUs they may not use masked out (unhealthy, in MIG mode, a model the job excludes, a
 share count used up) and the node's wiring for multi-GPU sets.
+
+A MIG request (``Request.mig_profile``) is not the placement policy's: ``place`` hands it to the one
+MIG choice (``scheduler/mig_choice.py``) over every MIG GPU of the nodes with room for its CPU and
+memory, with the MIG placement policy's start, and holds the instance with ``Ledger.reserve_mig``.
 """
 
 from __future__ import annotations
@@ -27,6 +31,8 @@ from gpuslice.ledger.placement import Placement, Refusal, RefusalCode
 from gpuslice.policies.base import PlacementOps, TieBreak, best_fit_gpus
 from gpuslice.policies.gpuset.batch import BatchJob, first_of_batch
 from gpuslice.policies.gpuset.pick import meets_need, pick_gpu_set
+from gpuslice.policies.mig_placement import MigPlacementOps
+from gpuslice.scheduler.mig_choice import choose_mig_instance, created_candidates
 from gpuslice.workload.job import TopologyNeed
 from gpuslice.workload.request import MILLI_PER_GPU, Request
 
@@ -65,11 +71,14 @@ class Placer:
         policy: PlacementOps,
         rng: np.random.Generator | None = None,
         topologies: list[Topology | None] | None = None,
+        mig_policy: MigPlacementOps | None = None,
     ) -> None:
         """``topologies`` (one per ledger node, None where unknown) lets the default GPU choice for several
-        whole GPUs follow the wiring; without it the lowest free GPUs are taken."""
+        whole GPUs follow the wiring; without it the lowest free GPUs are taken. ``mig_policy``: where a
+        MIG instance starts on its GPU (None: the MIG family's default)."""
         self.ledger = ledger
         self.policy = policy
+        self.mig_policy = mig_policy
         self.topologies = topologies
         self.rng = rng if rng is not None else policy.context.rng
         self.fallbacks: Counter[tuple[str, str]] = Counter()
@@ -109,7 +118,10 @@ class Placer:
         pods without reading why, and the count costs a pass over every node). ``later``: requests
         waiting after this one (the replay's pods that arrived with it); where the chosen node's wiring
         is known, a multi-GPU request gets the set their joint assignment gives it
-        (``first_of_batch``) in the default's place."""
+        (``first_of_batch``) in the default's place. A MIG request goes to the one MIG choice (module
+        docstring)."""
+        if req.mig_profile:
+            return self._place_mig(req, explain)
         feasible = self.feasible(req)
         if not feasible.any():
             reasons: Counter[RefusalCode] = Counter()
@@ -122,6 +134,35 @@ class Placer:
         node = self.choose_node(req, feasible)
         result = self._reserve_with_advice(req, node, later)
         if isinstance(result, Refusal):  # the ledger said the node fits, so only a broken ledger gets here
+            return Unplaced(req, self.ledger.node_count, Counter({result.code: 1}))
+        self._notify("on_placed", result)
+        return result
+
+    def _place_mig(self, req: Request, explain: bool) -> Placement | Unplaced:
+        """The MIG instance ``choose_mig_instance`` takes among the MIG GPUs of every node with room for
+        the request's CPU and memory (and model, if it names one), held by ``Ledger.reserve_mig``.
+        Unplaced: each node's first failing check, ``NO_MIG_SLOT`` where only the instance is missing."""
+        room = resources = self.ledger.fits(req)
+        if req.gpu_models or req.excluded_gpu_models:
+            room = resources & self.ledger.model_allowed(req)
+        why: Counter[str] = Counter()
+        chosen = choose_mig_instance(created_candidates(self.ledger.view, room, req.mig_profile),
+                                     self.mig_policy, why)  # fmt: skip
+        for key, n in why.items():  # "mig-placement: <reason>", as the other homes count it
+            hook, _, reason = key.partition(": ")
+            self.fallbacks[(hook, reason)] += n
+        if chosen is None:
+            reasons: Counter[RefusalCode] = Counter()
+            if explain:
+                reasons = self.ledger.why_not(req)  # CPU, memory
+                for code, nodes in ((RefusalCode.GPU_MODEL_NOT_ALLOWED, resources & ~room),
+                                    (RefusalCode.NO_MIG_SLOT, room)):  # fmt: skip
+                    if nodes.any():
+                        reasons[code] = int(nodes.sum())
+            return Unplaced(req, self.ledger.node_count, reasons)
+        (node, gpu), instance = chosen[0].key, chosen[1]  # type: ignore[misc]
+        result = self.ledger.reserve_mig(node, gpu, instance, req)
+        if isinstance(result, Refusal):  # the layout said it is free, so only a broken ledger gets here
             return Unplaced(req, self.ledger.node_count, Counter({result.code: 1}))
         self._notify("on_placed", result)
         return result

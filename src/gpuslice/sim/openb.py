@@ -10,6 +10,10 @@ Per seed (the FGD paper's methodology, matching the artifact's ``core.go``; docs
 After every pod we record arrived GPU milli (failed pods included), allocated GPU milli and the
 cluster's fragmentation (Σ_n F_n(M), ``ledger.fragmentation``). The headline figure is the unallocated
 GPU % at 100 % arrival, binned the way the artifact's ``merge_alloc_discrete.py`` does.
+
+A trace with MIG (``sim/trace.py``: nodes' ``mig_gpus``, pods' ``mig_profile``) places its MIG pods through
+the placer's MIG path; the GPU figures cover the GPUs not in MIG mode, and the MIG pods and the compute
+slices their instances hold are reported apart (``sim/cluster_ledger.py``).
 """
 
 from __future__ import annotations
@@ -22,11 +26,12 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from gpuslice.ledger.fragmentation import FragmentationMeasure
-from gpuslice.ledger.ledger import Ledger, LedgerView
+from gpuslice.ledger.ledger import LedgerView
 from gpuslice.policies import PolicyContext, placement_policy
 from gpuslice.programs.guard import GuardConfig
 from gpuslice.programs.loader import resolve
 from gpuslice.scheduler.placer import Placer, Unplaced
+from gpuslice.sim.cluster_ledger import cluster_ledger, mig_slices_held, set_aside_milli
 from gpuslice.sim.trace import OpenbTrace, TracePod
 from gpuslice.workload.target import TargetWorkload
 
@@ -52,6 +57,9 @@ class ReplayResult:
     # Pods whose placement the default policy made, in part or whole, because this policy faulted, gave
     # advice the mechanism refused, or was detached: a run where this is not 0 is partly the default's.
     fell_back_pods: int = 0
+    # MIG (a trace with MIG-mode GPUs only): pods asking for an instance, those that found none, and the
+    # compute slices the instances hold at the end of the run, of all the MIG GPUs' slices.
+    mig: dict[str, int] | None = None
 
     @property
     def pods(self) -> int:
@@ -96,7 +104,7 @@ class ReplayResult:
             "wall_seconds": round(self.wall_seconds, 4),
             "policy_fallbacks": self.fallbacks,
             "fell_back_pods": self.fell_back_pods,
-        }
+        } | ({"mig": self.mig} if self.mig is not None else {})
 
     def _at(self, series: np.ndarray, arrival_pct: int) -> float:
         return _binned_mean(np.round(self.arrived_pct), series, arrival_pct)
@@ -179,7 +187,8 @@ def replay(
     rng = np.random.default_rng(workload_seed)
     arrivals = arrival_order(trace, rng, tune)
     nodes = [trace.nodes[i] for i in rng.permutation(len(trace.nodes))]
-    ledger = Ledger(nodes)
+    ledger = cluster_ledger(nodes)
+    aside = set_aside_milli(ledger)  # MIG-mode GPUs: not in the GPU figures
     target = TargetWorkload.from_requests(p.request for p in trace.pods)
     context = PolicyContext(rng=np.random.default_rng(policy_seed), target=target)
     # a built-in name or a policy file (guarded; its faults join the placer's fallbacks)
@@ -195,7 +204,7 @@ def replay(
     changed = np.full(n, -1, dtype=np.int64)
     gpu_after = np.zeros((n, view.free_gpu_milli.shape[1]), dtype=np.int64)
     cpu_after = np.zeros(n, dtype=np.int64)
-    arrived_milli = failed = fell_back = seen = 0
+    arrived_milli = failed = fell_back = seen = mig_pods = mig_failed = 0
     guard = getattr(placer.policy, "guard", None)  # a policy file's; once detached, it counts no more
     for i, pod in enumerate(arrivals):
         arrived_milli += pod.request.total_gpu_milli
@@ -203,6 +212,9 @@ def replay(
         counted = placer.fallbacks.total() + (guard.faults.total() if guard is not None else 0)
         if counted != seen or (guard is not None and guard.detached):
             fell_back, seen = fell_back + 1, counted
+        if pod.request.mig_profile:
+            mig_pods += 1
+            mig_failed += isinstance(result, Unplaced)
         if isinstance(result, Unplaced):
             failed += 1
         else:
@@ -210,19 +222,23 @@ def replay(
             gpu_after[i] = view.free_gpu_milli[result.node]
             cpu_after[i] = view.free_cpu_milli[result.node]
         arrived[i] = arrived_milli
-        allocated[i] = ledger.allocated_gpu_milli
+        allocated[i] = ledger.allocated_gpu_milli - aside
         if progress is not None and (i + 1) % 500 == 0:
             progress(i + 1, n)
     if progress is not None:
         progress(n, n)
     fragmented = _fragmentation_series(
-        FragmentationMeasure(target, ledger.models), Ledger(nodes).view, changed, gpu_after, cpu_after
+        FragmentationMeasure(target, ledger.models), cluster_ledger(nodes).view, changed, gpu_after, cpu_after
     )
+    mig = None
+    if ledger.mig_gpus:
+        held, slices = mig_slices_held(ledger)
+        mig = {"pods": mig_pods, "failed_pods": mig_failed, "slices_held": held, "slices": slices}
     return ReplayResult(
         trace=trace.name,
         policy=policy,
         seed=seed,
-        total_gpu_milli=ledger.total_gpu_milli,
+        total_gpu_milli=ledger.total_gpu_milli - aside,
         arrived_gpu_milli=arrived,
         allocated_gpu_milli=allocated,
         fragmented_gpu_milli=fragmented,
@@ -230,4 +246,5 @@ def replay(
         wall_seconds=time.perf_counter() - started,
         fallbacks={f"{hook}:{reason}": c for (hook, reason), c in _fallbacks(placer).items()},
         fell_back_pods=fell_back,
+        mig=mig,
     )

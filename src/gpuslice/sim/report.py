@@ -89,9 +89,10 @@ def write_results(results: Sequence[ReplayResult], out_dir: Path) -> list[Path]:
     json_path = out_dir / RESULTS_JSON
     json_path.write_text(json.dumps(records, indent=2) + "\n")
     csv_path = out_dir / RESULTS_CSV
+    fields = list(dict.fromkeys(key for record in records for key in record))  # "mig" only with MIG
     with csv_path.open("w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=list(records[0]) if records else [])
+        writer = csv.DictWriter(handle, fieldnames=fields)
         writer.writeheader()
         for record in records:
-            writer.writerow({**record, "policy_fallbacks": json.dumps(record["policy_fallbacks"])})
+            writer.writerow({k: json.dumps(v) if isinstance(v, dict) else v for k, v in record.items()})
     return [json_path, csv_path]

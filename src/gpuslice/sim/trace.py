@@ -4,6 +4,11 @@ Node CSV: ``sn,cpu_milli,memory_mib,gpu,model``. Pod CSV: ``name,cpu_milli,memor
 then, except in the ``multigpu*`` files, ``gpu_spec,qos,pod_phase,creation_time,deletion_time,
 scheduled_time``. ``gpu_spec`` lists allowed models separated by "|". The default trace and the node list
 ship inside the package; every other trace is read from a directory (``--trace-dir``).
+
+MIG (not in openb; gpuslice's own optional columns): a node's ``mig_gpus`` is how many of its GPUs, the
+first ones, are in MIG mode (its model needs a MIG table: A100, H100, H200); a pod's ``mig_profile``
+asks for one MIG instance of that profile ("1g.10gb"), with ``num_gpu`` 1 (``gpu_milli`` is not read:
+the profile says how much of the GPU it takes). Empty cells mean none.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from importlib import resources
 from pathlib import Path
 
 from gpuslice.errors import GpusliceError, TraceFormatError, UnknownTrace, UserError
+from gpuslice.hardware.mig import MigGpu
 from gpuslice.hardware.node import NodeSpec
 from gpuslice.units import MiB
 from gpuslice.workload.request import MILLI_PER_GPU, Request
@@ -65,7 +71,8 @@ class OpenbTrace:
 
     @property
     def total_gpu_milli(self) -> int:
-        return sum(n.gpu_count for n in self.nodes) * MILLI_PER_GPU
+        """The capacity of the GPUs not in MIG mode (MIG-mode GPUs serve MIG instances only)."""
+        return sum(n.gpu_count - n.mig_gpus for n in self.nodes) * MILLI_PER_GPU
 
 
 def bundled_dir() -> Path:
@@ -87,8 +94,10 @@ def _rows(path: Path, required: tuple[str, ...]) -> Iterator[tuple[int, dict[str
             yield reader.line_num, row
 
 
-def _int(path: Path, line: int, row: dict[str, str], column: str) -> int:
+def _int(path: Path, line: int, row: dict[str, str], column: str, empty: int | None = None) -> int:
     text = row.get(column)
+    if empty is not None and not (text or "").strip():
+        return empty
     try:
         return int(text)  # type: ignore[arg-type]
     except (TypeError, ValueError):
@@ -106,6 +115,7 @@ def load_nodes(path: Path) -> tuple[NodeSpec, ...]:
                     memory_bytes=_int(path, line, row, "memory_mib") * MiB,
                     gpu_count=_int(path, line, row, "gpu"),
                     gpu_model=row["model"] or "",
+                    mig_gpus=_int(path, line, row, "mig_gpus", empty=0),
                 )
             )
         except TraceFormatError:
@@ -125,13 +135,20 @@ def load_pods(path: Path) -> tuple[TracePod, ...]:
         if num_gpu > 0 and gpu_milli > MILLI_PER_GPU:
             gpu_milli = MILLI_PER_GPU  # the artifact's pod_csv_to_yaml.py caps a GPU at 1000 milli
         spec = row.get("gpu_spec") or ""
+        mig = (row.get("mig_profile") or "").strip()
+        if mig and num_gpu != 1:
+            raise TraceFormatError(
+                f"{path}, row {line}: a MIG pod ({mig}) uses one GPU's instance: "
+                f"num_gpu must be 1, not {num_gpu}"
+            )
         try:
             request = Request(
                 cpu_milli=_int(path, line, row, "cpu_milli"),
                 memory_bytes=_int(path, line, row, "memory_mib") * MiB,
-                num_gpu=num_gpu,
-                gpu_milli=gpu_milli,
+                num_gpu=0 if mig else num_gpu,
+                gpu_milli=0 if mig else gpu_milli,
                 gpu_models=tuple(m for m in spec.split("|") if m),
+                mig_profile=mig,
             )
         except GpusliceError as e:
             raise TraceFormatError(f"{path}, row {line}: {e}") from None
@@ -154,7 +171,31 @@ def load_trace(name: str = DEFAULT_TRACE, trace_dir: Path | None = None) -> Open
     node_path = directory / NODE_FILE
     if not node_path.is_file():
         raise UnknownTrace(f"{directory} has no node list {NODE_FILE}")
-    return OpenbTrace(name=name, nodes=load_nodes(node_path), pods=load_pods(pod_path))
+    trace = OpenbTrace(name=name, nodes=load_nodes(node_path), pods=load_pods(pod_path))
+    _check_mig_profiles(trace, pod_path)
+    return trace
+
+
+def _check_mig_profiles(trace: OpenbTrace, pod_path: Path) -> None:
+    """A MIG pod whose profile no MIG-mode GPU of the node list offers could never run: say so at load."""
+    asked = sorted({p.request.mig_profile for p in trace.pods if p.request.mig_profile})
+    if not asked:
+        return
+    tables = {n.mig_geometry.key: n.mig_geometry for n in trace.nodes if n.mig_geometry is not None}
+    for profile in asked:
+        if not any(_has_profile(table, profile) for table in tables.values()):
+            have = f"their MIG tables: {', '.join(sorted(tables))}" if tables else "no node has mig_gpus"
+            raise TraceFormatError(
+                f"{pod_path}: no MIG-mode GPU of the node list offers MIG profile {profile!r} ({have})"
+            )
+
+
+def _has_profile(table: MigGpu, profile: str) -> bool:
+    try:
+        table.profile(profile)
+    except UserError:
+        return False
+    return True
 
 
 def load_target_workload(path: Path, option: str = "--target-workload") -> TargetWorkload:

@@ -1,8 +1,12 @@
-"""What a task asks for: CPU, memory, and one of three GPU shapes.
+"""What a task asks for: CPU, memory, and one of four GPU shapes.
 
 * CPU-only: ``num_gpu == 0``.
 * GPU-sharing: one GPU, ``gpu_milli`` < 1000 of it (milli-GPU: 1000 = one whole GPU's compute and memory).
 * Whole GPUs: ``num_gpu == k`` GPUs on one node, each entirely free (``gpu_milli == 1000``).
+* A MIG instance: ``mig_profile`` names the profile ("1g.10gb"). Its GPU is one in MIG mode, which a
+  home sets aside whole in the ledger's columns (no share or whole-GPU request lands there), so the
+  request takes no GPU column: ``num_gpu == 0``; the instance is held as a ``MigHold``
+  (``Ledger.reserve_mig``), chosen by the one MIG choice (``scheduler/mig_choice.py``).
 
 ``gpu_models`` optionally pins the task to GPU models (openb's ``gpu_spec``, "V100M16|V100M32"); empty
 means any model. ``excluded_gpu_models`` rules models out. ``gpu_memory_bytes`` is GPU memory needed on
@@ -26,6 +30,7 @@ class RequestKind(enum.Enum):
     CPU_ONLY = "cpu-only"
     SHARING = "gpu-sharing"
     WHOLE = "whole-gpu"
+    MIG = "mig-instance"
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,6 +44,7 @@ class Request:
     gpu_models: tuple[str, ...] = ()  # allowed models, sorted; () = any
     gpu_memory_bytes: int = 0  # per GPU used
     excluded_gpu_models: tuple[str, ...] = ()  # sorted
+    mig_profile: str = ""  # a MIG instance of this profile (module docstring); "" = not a MIG request
 
     def __post_init__(self) -> None:
         if self.cpu_milli < 0 or self.memory_bytes < 0:
@@ -58,6 +64,10 @@ class Request:
             raise InvalidRequest(f"{self}: GPU memory cannot be negative")
         if self.gpu_memory_bytes and not self.num_gpu:
             raise InvalidRequest(f"{self}: GPU memory is requested but num_gpu is 0")
+        if self.mig_profile and (self.num_gpu or self.mig_profile != self.mig_profile.strip()):
+            raise InvalidRequest(
+                f"{self}: a MIG instance is asked by its profile alone (num_gpu 0, no blanks around it)"
+            )
         for name in ("gpu_models", "excluded_gpu_models"):
             models = getattr(self, name)
             if tuple(sorted(set(models))) != models:
@@ -68,6 +78,8 @@ class Request:
 
     @property
     def kind(self) -> RequestKind:
+        if self.mig_profile:
+            return RequestKind.MIG
         if self.num_gpu == 0:
             return RequestKind.CPU_ONLY
         return RequestKind.SHARING if self.gpu_milli < MILLI_PER_GPU else RequestKind.WHOLE
@@ -84,6 +96,7 @@ class Request:
             self.gpu_models,
             self.gpu_memory_bytes,
             self.excluded_gpu_models,
+            self.mig_profile,
         )
 
     @property
@@ -93,6 +106,8 @@ class Request:
 
     def __str__(self) -> str:
         gpu = "no GPU" if self.num_gpu == 0 else f"{self.num_gpu}x{self.gpu_milli}m GPU"
+        if self.mig_profile:
+            gpu = f"MIG {self.mig_profile}"
         models = f" on {'|'.join(self.gpu_models)}" if self.gpu_models else ""
         if self.excluded_gpu_models:
             models += f" not on {'|'.join(self.excluded_gpu_models)}"

@@ -1,0 +1,54 @@
+"""The ledger sim places a trace on: the trace's nodes, their MIG-mode GPUs in MIG mode.
+
+A node's first ``mig_gpus`` GPUs (``NodeSpec.mig_gpus``) get their model's MIG table and are set aside
+whole in the ledger's columns (``Ledger.hold_whole``), as the Kubernetes extender sets aside its MIG
+GPUs: no share or whole-GPU request sees them free, and a MIG request takes no column
+(``Request.mig_profile``), only its instance (``Ledger.reserve_mig``). So the GPU figures sim reports
+(allocated, unallocated, fragmentation) are those of the GPUs not in MIG mode, and the MIG GPUs' use is
+reported apart: the compute slices their instances hold (``mig_slices_held``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from gpuslice.errors import InternalError
+from gpuslice.hardware.node import NodeSpec
+from gpuslice.ledger.ledger import Ledger
+from gpuslice.ledger.placement import Refusal
+from gpuslice.workload.request import MILLI_PER_GPU
+
+__all__ = ["cluster_ledger", "mig_slices_held", "set_aside_milli"]
+
+COMPUTE_SLICES = 7  # every MIG table here (A100, H100, H200) has 7 compute slices per GPU
+
+
+def cluster_ledger(nodes: Sequence[NodeSpec]) -> Ledger:
+    """A ledger of ``nodes`` with their MIG-mode GPUs in MIG mode and set aside (module docstring)."""
+    geometry = {
+        (i, g): table
+        for i, node in enumerate(nodes)
+        if (table := node.mig_geometry) is not None
+        for g in range(node.mig_gpus)
+    }
+    ledger = Ledger(nodes, mig=geometry)
+    for node, gpu in ledger.mig_gpus:
+        held = ledger.hold_whole(node, gpu)
+        if isinstance(held, Refusal):  # an empty ledger has room for every GPU it holds
+            raise InternalError(f"bug: cannot set aside MIG GPU {gpu} of node {node}: {held}")
+    return ledger
+
+
+def set_aside_milli(ledger: Ledger) -> int:
+    """The milli-GPU ``cluster_ledger`` set aside: the MIG-mode GPUs, whole."""
+    return len(ledger.mig_gpus) * MILLI_PER_GPU
+
+
+def mig_slices_held(ledger: Ledger) -> tuple[int, int]:
+    """(compute slices the live MIG instances hold, compute slices of every MIG-mode GPU)."""
+    held = 0
+    for node, gpu in ledger.mig_gpus:
+        layout = ledger.mig_layout(node, gpu)
+        if layout is not None:
+            held += sum(i.profile.compute_slices for i in layout.instances)
+    return held, COMPUTE_SLICES * len(ledger.mig_gpus)
