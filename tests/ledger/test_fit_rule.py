@@ -8,6 +8,7 @@ import random
 
 import numpy as np
 
+from gpuslice.hardware.mig import MigInstance, mig_gpu
 from gpuslice.hardware.node import NodeSpec
 from gpuslice.ledger import FITS, Ledger, Placement, RefusalCode, code_number, code_of, fit_codes
 from gpuslice.units import GiB
@@ -88,3 +89,44 @@ def test_check_refuses_for_the_reason_the_fit_rule_gives() -> None:
     rule = code_of(int(ledger.refusal_codes(req, slice(0, 1), usable)[0]))
     refusal = ledger.check(0, (0,), req)
     assert refusal is not None and refusal.code is rule is RefusalCode.INSUFFICIENT_GPU_MEMORY
+
+
+def test_a_mig_request_is_judged_by_the_same_rule_model_slot_cpu_memory() -> None:
+    """MIG requests through the same rule: ``fits`` equals ``refusal_codes == 0``, the codes are the
+    first failing of model, free MIG start (read from each MIG GPU's held instances), CPU, memory, and
+    a node fits exactly when a reservation of some free start there succeeds."""
+    table = mig_gpu("A100-80GB")
+    nodes = [
+        NodeSpec("m", 8000, 64 * GiB, 2, "A100-80GB", gpu_memory_bytes=80 * GiB),
+        NodeSpec("h", 8000, 64 * GiB, 2, "H100", gpu_memory_bytes=80 * GiB),
+        NodeSpec("t", 8000, 64 * GiB, 2, "T4", gpu_memory_bytes=16 * GiB),
+    ]
+    mig = {(0, 0): table, (0, 1): table, (1, 0): mig_gpu("H100")}
+    rng = random.Random(5)
+    seen: set[RefusalCode | None] = set()
+    for _ in range(80):
+        ledger = Ledger(nodes, mig=mig)
+        for _ in range(rng.randint(0, 10)):
+            node, gpu = rng.choice(list(mig))
+            profile = rng.choice(mig[node, gpu].profiles)
+            ledger.reserve_mig(node, gpu, MigInstance(profile, rng.choice(profile.starts)),
+                               Request(rng.choice([0, 2000]), mig_profile=profile.name))  # fmt: skip
+        req = Request(
+            rng.choice([0, 4000, 9000]),
+            rng.choice([0, 80 * GiB]),
+            gpu_models=rng.choice([(), ("H100",)]),
+            mig_profile=rng.choice(["1g.10gb", "3g.40gb", "7g.80gb"]),
+        )
+        codes = ledger.refusal_codes(req)
+        np.testing.assert_array_equal(ledger.fits(req), codes == FITS)
+        for node in range(len(nodes)):
+            reservable = any(
+                ledger.check_mig(node, gpu, MigInstance(p, s), req) is None
+                for (n, gpu), g in mig.items() if n == node
+                for p in g.profiles if p.name == req.mig_profile
+                for s in p.starts
+            )  # fmt: skip
+            assert reservable == (codes[node] == FITS), (node, req, codes)
+        seen |= {code_of(int(c)) for c in codes}
+    assert {None, RefusalCode.NO_MIG_SLOT, RefusalCode.GPU_MODEL_NOT_ALLOWED,
+            RefusalCode.INSUFFICIENT_CPU, RefusalCode.INSUFFICIENT_MEMORY} <= seen  # fmt: skip

@@ -13,8 +13,10 @@ import pytest
 
 from gpuslice.cli.main import main
 from gpuslice.errors import InvalidRequest, TraceFormatError
+from gpuslice.hardware.mig import MigInstance, mig_gpu
 from gpuslice.hardware.node import NodeSpec
-from gpuslice.ledger.placement import Placement, RefusalCode
+from gpuslice.ledger.fit import code_number
+from gpuslice.ledger.placement import Placement, Refusal, RefusalCode
 from gpuslice.policies import PolicyContext, placement_policy
 from gpuslice.scheduler.placer import Placer, Unplaced
 from gpuslice.sim.cluster_ledger import cluster_ledger, mig_slices_held, set_aside_milli
@@ -86,9 +88,19 @@ def test_why_a_mig_pod_waits_names_each_nodes_first_failing_check():
     assert unplaced.reasons == Counter({RefusalCode.INSUFFICIENT_CPU: 1, RefusalCode.NO_MIG_SLOT: 2})
     pinned = placer.place(Request(1000, gpu_models=("H100",), mig_profile="1g.10gb"))
     assert isinstance(pinned, Unplaced)
-    assert pinned.reasons == Counter(
-        {RefusalCode.INSUFFICIENT_CPU: 1, RefusalCode.GPU_MODEL_NOT_ALLOWED: 2}
-    )
+    assert pinned.reasons == Counter({RefusalCode.GPU_MODEL_NOT_ALLOWED: 3})  # the rule's order: model first
+    assert list(placer.ledger.refusal_codes(Request(1000, mig_profile="3g.40gb"))) == [
+        code_number(RefusalCode.INSUFFICIENT_CPU), code_number(RefusalCode.NO_MIG_SLOT),
+        code_number(RefusalCode.NO_MIG_SLOT)]  # fmt: skip
+
+
+def test_a_mig_request_is_held_with_its_instance_only():
+    ledger = cluster_ledger([a100("n0", mig_gpus=1)])
+    req = Request(1000, mig_profile="1g.10gb")
+    assert ledger.reserve(0, (), req) == Refusal(RefusalCode.NO_MIG_SLOT, 0)  # never as columns alone
+    other = MigInstance(mig_gpu("A100-80GB").profile("2g.20gb"), 0)
+    assert ledger.reserve_mig(0, 0, other, req) == Refusal(RefusalCode.NO_MIG_SLOT, 0, gpu=0)
+    assert len(ledger.live_placements) == 1  # only the set-aside GPU
 
 
 NODES = """sn,cpu_milli,memory_mib,gpu,model,mig_gpus

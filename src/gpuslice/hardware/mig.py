@@ -361,6 +361,10 @@ class MigLayout:
             and self.count(profile) < profile.max_count
         )
 
+    def has_start(self, profile_name: str) -> bool:
+        """Whether this GPU's table has a profile called exactly ``profile_name`` with a free start now."""
+        return any(p.name == profile_name and self.placements(p) for p in self.gpu.profiles)
+
     def placements(self, profile: MigProfile) -> tuple[int, ...]:
         """Every start where ``profile`` fits now, lowest first."""
         return tuple(s for s in profile.starts if self.can_place(profile, s))

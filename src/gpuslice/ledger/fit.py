@@ -10,6 +10,7 @@ Checks, in order, per node (``n`` = GPUs asked, each needing ``gpu_milli`` and `
 
 ```text
 GPU_MODEL_NOT_ALLOWED     the node's GPU model is not one the request accepts
+NO_MIG_SLOT               a MIG request: no MIG GPU of the node has a free start for its profile
 NO_USABLE_GPU             fewer than n GPUs the home lets it use (usable mask)
 INSUFFICIENT_GPU_MEMORY   fewer than n usable GPUs with the memory free
 INSUFFICIENT_GPU          fewer than n usable GPUs with the memory and the compute free
@@ -17,7 +18,9 @@ INSUFFICIENT_CPU          not enough free CPU
 INSUFFICIENT_MEMORY       not enough free host memory
 ```
 
-A request with no GPU is judged on CPU and memory only. Codes travel as small integers in arrays
+A request with no GPU is judged on CPU and memory only; a MIG request (no GPU column: its GPU is set
+aside for instances) on its model, the MIG slot (``mig_slot``, per node, from the ledger's layouts) and
+CPU and memory. Codes travel as small integers in arrays
 (``code_number``; 0 = fits) and back (``code_of``).
 """
 
@@ -48,13 +51,14 @@ def code_of(number: int) -> RefusalCode | None:
 # The checks in the order they are made (a node fails at the first; summaries list ties in this order).
 CHECKS: tuple[RefusalCode, ...] = (
     RefusalCode.GPU_MODEL_NOT_ALLOWED,
+    RefusalCode.NO_MIG_SLOT,
     RefusalCode.NO_USABLE_GPU,
     RefusalCode.INSUFFICIENT_GPU_MEMORY,
     RefusalCode.INSUFFICIENT_GPU,
     RefusalCode.INSUFFICIENT_CPU,
     RefusalCode.INSUFFICIENT_MEMORY,
 )
-_MODEL, _USABLE, _GPU_MEMORY, _GPU, _CPU, _MEMORY = (code_number(c) for c in CHECKS)
+_MODEL, _MIG_SLOT, _USABLE, _GPU_MEMORY, _GPU, _CPU, _MEMORY = (code_number(c) for c in CHECKS)
 
 
 def fit_codes(
@@ -65,16 +69,26 @@ def fit_codes(
     free_gpu_memory: np.ndarray,
     free_cpu: np.ndarray | None = None,
     free_memory: np.ndarray | None = None,
+    mig_slot: np.ndarray | None = None,
 ) -> np.ndarray:
     """Per node the number of the first failing check (``FITS`` = 0 when it fits), vectorised.
 
     ``model_ok`` (N,), ``usable``/``free_gpu_milli``/``free_gpu_memory`` (N, G); ``usable`` None means
     every GPU slot. ``free_cpu``/``free_memory`` (N,) None skip those checks (homes where CPU and memory
-    are someone else's: serve's one machine, kube-scheduler's NodeResourcesFit)."""
+    are someone else's: serve's one machine, kube-scheduler's NodeResourcesFit). ``mig_slot`` (N,): for
+    a MIG request, whether a MIG GPU of the node has a free start for its profile."""
     count = len(model_ok)
     conditions: list[np.ndarray] = []
     choices: list[int] = []
     n = request.num_gpu
+    if request.mig_profile:
+        if mig_slot is None:
+            raise ValueError("a MIG request is judged with mig_slot (the node's free MIG starts)")
+        model = request.gpu_models or request.excluded_gpu_models
+        conditions += [~np.asarray(model_ok, dtype=bool)] if model else []
+        choices += [_MODEL] if model else []
+        conditions.append(~np.asarray(mig_slot, dtype=bool))
+        choices.append(_MIG_SLOT)
     if n:
         memory = free_gpu_memory >= request.gpu_memory_bytes
         both = memory & (free_gpu_milli >= request.gpu_milli)

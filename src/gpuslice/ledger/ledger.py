@@ -193,9 +193,23 @@ class Ledger:
             ok &= self._free_gpu_memory[node] >= request.gpu_memory_bytes
         return ok
 
+    def mig_slots(self, profile: str) -> np.ndarray:
+        """Bool per node: a MIG GPU of the node has a free start for ``profile`` now (the GPU's table
+        has the profile, its slices are free, its per-GPU cap not reached)."""
+        ok = np.zeros(self.node_count, dtype=bool)
+        for node, gpu in self.mig_gpus:
+            if not ok[node]:
+                ok[node] = self._mig.has_start(node, gpu, profile)
+        return ok
+
     def fits(self, request: Request) -> np.ndarray:
-        """Bool per node: the request could be reserved there now (one vector expression, no node loop)."""
+        """Bool per node: the request could be reserved there now (one vector expression, no node loop;
+        a MIG request's slot is read from each MIG GPU's layout)."""
         ok = (self._free_cpu >= request.cpu_milli) & (self._free_memory >= request.memory_bytes)
+        if request.mig_profile:
+            if request.gpu_models or request.excluded_gpu_models:
+                ok &= self.model_allowed(request)
+            return ok & self.mig_slots(request.mig_profile)
         if request.num_gpu:
             ok &= self.model_allowed(request)
             ok &= self.gpu_fits(request).sum(axis=1) >= request.num_gpu
@@ -215,6 +229,7 @@ class Ledger:
             self._free_gpu_memory[rows],
             self._free_cpu[rows],
             self._free_memory[rows],
+            self.mig_slots(request.mig_profile)[rows] if request.mig_profile else None,
         )
 
     def why_not(self, request: Request) -> Counter[RefusalCode]:
@@ -228,7 +243,13 @@ class Ledger:
 
     def check(self, node: int, gpus: Sequence[int], request: Request) -> Refusal | None:
         """The refusal ``reserve`` would return, or None if it would succeed. Reads only. The GPU checks
-        run in the fit rule's order (``ledger.fit``: model, memory, compute)."""
+        run in the fit rule's order (``ledger.fit``: model, memory, compute). A MIG request is refused:
+        it is held with its instance (``reserve_mig``), never as columns alone."""
+        if request.mig_profile:
+            return Refusal(RefusalCode.NO_MIG_SLOT, node)
+        return self._check_columns(node, gpus, request)
+
+    def _check_columns(self, node: int, gpus: Sequence[int], request: Request) -> Refusal | None:
         if not 0 <= node < self.node_count:
             return Refusal(RefusalCode.NO_SUCH_NODE, node)
         if self._free_cpu[node] < request.cpu_milli:
@@ -300,8 +321,12 @@ class Ledger:
         (``ledger.mig``), then ``request`` on ``(gpu,)`` (or on no GPU when it asks for none)."""
         if not 0 <= node < self.node_count:
             return Refusal(RefusalCode.NO_SUCH_NODE, node)
+        if request.mig_profile not in ("", instance.profile.name):  # a request for another profile
+            return Refusal(RefusalCode.NO_MIG_SLOT, node, gpu=gpu)
+        if (request.gpu_models or request.excluded_gpu_models) and not self.model_allowed(request)[node]:
+            return Refusal(RefusalCode.GPU_MODEL_NOT_ALLOWED, node)  # the fit rule's first check
         refusal = self._mig.check(node, MigHold(gpu, instance))
-        return refusal or self.check(node, (gpu,) if request.num_gpu else (), request)
+        return refusal or self._check_columns(node, (gpu,) if request.num_gpu else (), request)
 
     def reserve_mig(
         self, node: int, gpu: int, instance: MigInstance, request: Request

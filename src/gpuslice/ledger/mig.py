@@ -12,10 +12,12 @@ NO_MIG_SLOT   the GPU is not in MIG mode, the profile is not one of its table, t
 
 then the placement's columns are checked as any request's. Which columns a MIG instance takes is the
 home's choice, given as the request: serve takes the instance's share of the GPU (``mig_request``:
-compute slices as milli, memory slices as bytes); the extender holds the whole MIG GPU with one
-placement when it builds the ledger, so shares never land there, and its MIG pods take no column
-(``Request(cpu_milli=0)``). The held instances of one GPU are read as a ``MigLayout``, what the one MIG
-choice's candidates are built from (``scheduler.mig_choice.mig_candidate``).
+compute slices as milli, memory slices as bytes); the extender and sim set the whole MIG GPU aside
+(``Ledger.hold_whole``) when they build the ledger, so shares never land there, and their MIG requests
+take no GPU column (the extender's ``Request(cpu_milli=0)``; sim's ``Request(cpu, memory,
+mig_profile=...)``, which the fit rule judges on model, a free start — ``MigInstances.has_start`` — CPU
+and memory). The held instances of one GPU are read as a ``MigLayout``, what the one MIG choice's
+candidates are built from (``scheduler.mig_choice.mig_candidate``).
 """
 
 from __future__ import annotations
@@ -60,6 +62,11 @@ class MigInstances:
     def layout(self, node: int, gpu: int) -> MigLayout | None:
         """The instances held on that GPU (an immutable value); None if it is not in MIG mode."""
         return self._layouts.get((node, gpu))
+
+    def has_start(self, node: int, gpu: int, profile: str) -> bool:
+        """Whether ``profile`` (a name of the GPU's table) has a free start on that GPU now."""
+        layout = self._layouts.get((node, gpu))
+        return layout is not None and layout.has_start(profile)
 
     def check(self, node: int, hold: MigHold) -> Refusal | None:
         layout = self._layouts.get((node, hold.gpu))

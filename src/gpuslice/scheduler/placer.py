@@ -139,12 +139,10 @@ class Placer:
         return result
 
     def _place_mig(self, req: Request, explain: bool) -> Placement | Unplaced:
-        """The MIG instance ``choose_mig_instance`` takes among the MIG GPUs of every node with room for
-        the request's CPU and memory (and model, if it names one), held by ``Ledger.reserve_mig``.
-        Unplaced: each node's first failing check, ``NO_MIG_SLOT`` where only the instance is missing."""
-        room = resources = self.ledger.fits(req)
-        if req.gpu_models or req.excluded_gpu_models:
-            room = resources & self.ledger.model_allowed(req)
+        """The MIG instance ``choose_mig_instance`` takes among the MIG GPUs of every node the fit rule
+        lets it use (model, a free start for the profile, CPU, memory), held by ``Ledger.reserve_mig``.
+        Unplaced: each node's first failing check (``Ledger.why_not``)."""
+        room = self.ledger.fits(req)
         why: Counter[str] = Counter()
         chosen = choose_mig_instance(created_candidates(self.ledger.view, room, req.mig_profile),
                                      self.mig_policy, why)  # fmt: skip
@@ -152,13 +150,7 @@ class Placer:
             hook, _, reason = key.partition(": ")
             self.fallbacks[(hook, reason)] += n
         if chosen is None:
-            reasons: Counter[RefusalCode] = Counter()
-            if explain:
-                reasons = self.ledger.why_not(req)  # CPU, memory
-                for code, nodes in ((RefusalCode.GPU_MODEL_NOT_ALLOWED, resources & ~room),
-                                    (RefusalCode.NO_MIG_SLOT, room)):  # fmt: skip
-                    if nodes.any():
-                        reasons[code] = int(nodes.sum())
+            reasons = self.ledger.why_not(req) if explain else Counter()
             return Unplaced(req, self.ledger.node_count, reasons)
         (node, gpu), instance = chosen[0].key, chosen[1]  # type: ignore[misc]
         result = self.ledger.reserve_mig(node, gpu, instance, req)
