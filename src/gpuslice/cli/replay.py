@@ -121,6 +121,15 @@ def replay(
             results.append(replay_timed(timed, config, estimates[key]))  # type: ignore[arg-type]
             progress.update(task, advance=1)
     console.print(_table(results))
+    for r in results:  # MIG pods: the table's alloc % leaves their GPUs out, so say how they fared
+        mig = r.record().get("mig")
+        if mig is not None:
+            wait = mig["wait_s"]  # type: ignore[index]
+            console.print(
+                f"MIG ({r.trace}, {r.placement}, {r.queue}, load {r.load:g}): {mig['pods']:,} pods, "  # type: ignore[index]
+                f"{mig['started']:,} started, wait mean {_s(wait['mean'])} s, p99 {_s(wait['p99'])} s",
+                markup=False, highlight=False, soft_wrap=True,
+            )  # fmt: skip
     written = write_timed_results(results, out)
     if plot:
         from gpuslice.sim.timed_plot import write_timed_plots  # matplotlib: only load it when asked
@@ -167,7 +176,7 @@ def _table(results: list[TimedResult]) -> Table:
             _s(wait["mean"]),
             _s(wait["p99"]),
             _s(recorded["mean"]),
-            f"{rec['mean_allocation_pct']:.2f}",
+            "—" if rec["mean_allocation_pct"] is None else f"{rec['mean_allocation_pct']:.2f}",
             str(rec["preemptions"]),
             str(rec["never_started"]),
         )

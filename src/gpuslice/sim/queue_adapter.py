@@ -27,9 +27,11 @@ import math
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from types import MappingProxyType
 
 import numpy as np
 
+from gpuslice.hardware.mig import MigInstance, MigLayout
 from gpuslice.ledger.ledger import Ledger
 from gpuslice.ledger.placement import Placement
 from gpuslice.policies.queue.base import JobRef, QueueOps, QueueView
@@ -61,11 +63,13 @@ QOS_PRIORITY: Mapping[str, Priority] = {
 
 
 def job_spec(name: str, request: Request, qos: str, estimate: float | None) -> JobSpec:
-    """What serve's queue policies read of a trace pod (its GPUs, priority, tenant, declared run time)."""
+    """What serve's queue policies read of a trace pod (its GPUs, priority, tenant, declared run time;
+    a MIG pod is one GPU's instance of its profile, as serve's MIG jobs)."""
     share = request.num_gpu == 1 and request.gpu_milli < MILLI_PER_GPU
     return JobSpec(
         command=(name,),
-        gpus=request.num_gpu,
+        gpus=1 if request.mig_profile else request.num_gpu,
+        mig_profile=request.mig_profile,
         compute_percent=max(1, request.gpu_milli * 100 // MILLI_PER_GPU) if share else 0,
         priority=QOS_PRIORITY.get(qos, Priority.NORMAL),
         tenant=qos or "unknown",
@@ -87,8 +91,12 @@ class ClusterHolding:
     def milli(self) -> int:
         return self.placement.request.gpu_milli
 
+    @property
+    def mig(self) -> MigInstance | None:
+        """The MIG instance a MIG pod holds (its GPU share for fair share: compute slices / 7)."""
+        return None if self.placement.mig is None else self.placement.mig.instance
+
     memory_bytes = 0
-    mig = None
 
 
 @dataclass(slots=True)
@@ -103,20 +111,29 @@ class RunningPod:
     preemptible: bool = True
 
 
-_NodeFree = tuple[int, int, np.ndarray]  # free CPU milli, free memory bytes, free milli per GPU
+# free CPU milli, free memory bytes, free milli per GPU, and for a MIG request the node's MIG layouts by GPU
+_NodeFree = tuple[int, int, np.ndarray, Mapping[int, MigLayout]]
+_NO_MIG: Mapping[int, MigLayout] = MappingProxyType({})
 
 
 class ClusterCapacity:
     """The ledger's free capacity when this was made, with what-if changes, bound to one request (module
-    docstring). Later changes of the ledger do not show through: it is a snapshot."""
+    docstring). Later changes of the ledger do not show through: it is a snapshot. For a MIG request
+    the what-ifs also give and take instances on copies of the MIG GPUs' layouts."""
 
-    __slots__ = ("_allowed", "_base", "_changed", "fit_nodes", "request")
+    __slots__ = ("_allowed", "_base", "_changed", "_mig", "fit_nodes", "request")
 
     def __init__(self, ledger: Ledger, request: Request, fit_nodes: set[int] | None = None) -> None:
         view = ledger.view
         self._base = (view.free_cpu_milli.copy(), view.free_memory_bytes.copy(), view.free_gpu_milli.copy())
         self.request = request
-        self._allowed = ledger.model_allowed(request) if request.num_gpu else None
+        # the models the fit rule checks: a GPU request's, a MIG request's when it names any
+        pinned = request.mig_profile and (request.gpu_models or request.excluded_gpu_models)
+        self._allowed = ledger.model_allowed(request) if request.num_gpu or pinned else None
+        self._mig: dict[int, dict[int, MigLayout]] = {}  # node -> GPU -> layout (immutable values)
+        if request.mig_profile:
+            for node, gpu in ledger.mig_gpus:
+                self._mig.setdefault(node, {})[gpu] = ledger.mig_layout(node, gpu)  # type: ignore[assignment]
         self._changed: dict[int, _NodeFree] = {}
         self.fit_nodes = (
             set(np.flatnonzero(ledger.fits(request)).tolist()) if fit_nodes is None else fit_nodes
@@ -125,6 +142,7 @@ class ClusterCapacity:
     def copy(self) -> ClusterCapacity:
         twin = ClusterCapacity.__new__(ClusterCapacity)
         twin._base, twin.request, twin._allowed = self._base, self.request, self._allowed
+        twin._mig = self._mig  # never changed: a what-if's layouts live in ``_changed``
         twin._changed = dict(self._changed)  # node entries are replaced, never changed in place
         twin.fit_nodes = set(self.fit_nodes)
         return twin
@@ -142,16 +160,23 @@ class ClusterCapacity:
         free = self._changed.get(node)
         if free is None:
             cpu, memory, gpu = self._base
-            free = (int(cpu[node]), int(memory[node]), gpu[node])
+            free = (int(cpu[node]), int(memory[node]), gpu[node], self._mig.get(node, _NO_MIG))
         return free
 
     def _apply(self, placement: Placement, sign: int) -> None:
         node, req = placement.node, placement.request
-        cpu, memory, gpu = self._free(node)
+        cpu, memory, gpu, layouts = self._free(node)
         if placement.gpus:
             gpu = gpu.copy()
             gpu[list(placement.gpus)] += sign * req.gpu_milli
-        free = (cpu + sign * req.cpu_milli, memory + sign * req.memory_bytes, gpu)
+        hold = placement.mig
+        if hold is not None and hold.gpu in layouts:  # tracked for a MIG request only
+            layouts = dict(layouts)
+            layout = layouts[hold.gpu]
+            layouts[hold.gpu] = (
+                layout.without(hold.instance) if sign > 0 else layout.with_instance(hold.instance)
+            )
+        free = (cpu + sign * req.cpu_milli, memory + sign * req.memory_bytes, gpu, layouts)
         self._changed[node] = free
         if self._fits(node, free):
             self.fit_nodes.add(node)
@@ -160,35 +185,42 @@ class ClusterCapacity:
 
     def _fits(self, node: int, free: _NodeFree) -> bool:
         """The ledger's fit rule (``Ledger.fits``) for one what-if node row; trace pods ask no GPU memory."""
-        req = self.request
-        cpu, memory, gpu = free
-        if cpu < req.cpu_milli or memory < req.memory_bytes:
+        cpu, memory, gpu, layouts = free
+        return _fits_row(self, node, cpu, memory, gpu.tolist(), layouts.values())
+
+
+def _fits_row(
+    capacity: ClusterCapacity, node: int, cpu: int, memory: int, free: list[int], layouts: Iterable[MigLayout]
+) -> bool:
+    """The fit rule's checks (``ledger.fit``: model, MIG slot or GPUs, CPU, memory) on one what-if row."""
+    req = capacity.request
+    if capacity._allowed is not None and not capacity._allowed[node]:
+        return False
+    if req.mig_profile:
+        if not any(layout.has_start(req.mig_profile) for layout in layouts):
             return False
-        if not req.num_gpu:
-            return True
-        assert self._allowed is not None
-        return bool(self._allowed[node]) and int((gpu >= req.gpu_milli).sum()) >= req.num_gpu
+    elif req.num_gpu and sum(f >= req.gpu_milli for f in free) < req.num_gpu:
+        return False
+    return cpu >= req.cpu_milli and memory >= req.memory_bytes
 
 
 def _fits_without(capacity: ClusterCapacity, node: int, gone: Sequence[Victim]) -> bool:
     """Would the capacity's request fit on ``node`` with the ``gone`` pods' holdings given back? The fit
     rule of ``ClusterCapacity`` (``_fits``) in plain integers, without building a what-if copy: the
     preemption search asks this for many subsets."""
-    cpu, memory, gpu = capacity._free(node)
+    cpu, memory, gpu, layouts = capacity._free(node)
     free = gpu.tolist()
+    freed: dict[int, MigLayout] = {}
     for victim in gone:
         placement = victim.holding.placement
         cpu += placement.request.cpu_milli
         memory += placement.request.memory_bytes
         for g in placement.gpus:
             free[g] += placement.request.gpu_milli
-    req = capacity.request
-    if cpu < req.cpu_milli or memory < req.memory_bytes:
-        return False
-    if not req.num_gpu:
-        return True
-    assert capacity._allowed is not None
-    return bool(capacity._allowed[node]) and sum(f >= req.gpu_milli for f in free) >= req.num_gpu
+        hold = placement.mig
+        if hold is not None and hold.gpu in layouts:
+            freed[hold.gpu] = freed.get(hold.gpu, layouts[hold.gpu]).without(hold.instance)
+    return _fits_row(capacity, node, cpu, memory, free, {**layouts, **freed}.values())
 
 
 def _head_fits(capacity: ClusterCapacity) -> bool:

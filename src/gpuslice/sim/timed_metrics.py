@@ -46,6 +46,7 @@ class PodArrays:
         self.never_fits = np.zeros(n, dtype=bool)
         self.censored = np.zeros(n, dtype=bool)
         self.qos_code = np.zeros(n, dtype=np.uint8)
+        self.mig = np.zeros(n, dtype=bool)  # asks for a MIG instance
         self.codes: dict[str, int] = {}
 
     def arrived(self, index: int, job: TimedJob, at: float) -> None:
@@ -55,6 +56,7 @@ class PodArrays:
         self.arrival[index], self.duration[index] = at, job.duration
         self.recorded_wait[index], self.censored[index] = job.recorded_wait, job.censored
         self.qos_code[index] = code
+        self.mig[index] = bool(job.request.mig_profile)
 
     def fields(self) -> dict[str, object]:
         """The ``TimedResult`` fields these arrays make."""
@@ -64,6 +66,7 @@ class PodArrays:
             "preempted": self.preempted,
             "qos_code": self.qos_code,
             "qos_names": tuple(self.codes),
+            "mig": self.mig,
         }
 
 
@@ -158,6 +161,7 @@ class TimedResult:
     mean_allocated_gpu_milli: float
     peak_pending: int
     fallbacks: dict[str, int] = field(default_factory=dict)
+    mig: np.ndarray | None = None  # per pod: asks for a MIG instance (None: no pod does)
 
     @property
     def qos(self) -> np.ndarray:
@@ -184,15 +188,21 @@ class TimedResult:
 
     @property
     def allocation_pct(self) -> np.ndarray:
-        return 100.0 * self.allocated_gpu_milli / self.total_gpu_milli
+        return self._pct(self.allocated_gpu_milli)
 
     @property
     def fragmentation_pct(self) -> np.ndarray:
-        return 100.0 * self.fragmented_gpu_milli / self.total_gpu_milli
+        return self._pct(self.fragmented_gpu_milli)
 
     def mean_allocation_pct(self) -> float:
         """Allocation % averaged over time (each state holds until the next event)."""
-        return 100.0 * self.mean_allocated_gpu_milli / self.total_gpu_milli
+        return float(self._pct(np.float64(self.mean_allocated_gpu_milli)))
+
+    def _pct(self, milli: np.ndarray) -> np.ndarray:
+        """% of the GPU capacity outside MIG mode; NaN on a cluster whose every GPU is in MIG mode."""
+        if not self.total_gpu_milli:
+            return np.full_like(milli, np.nan, dtype=np.float64)
+        return 100.0 * milli / self.total_gpu_milli
 
     def by_qos(self, values: np.ndarray) -> dict[str, dict[str, float | int | None]]:
         """``latency_stats`` of ``values`` over the finished pods, overall ("all") and per QoS class."""
@@ -219,9 +229,10 @@ class TimedResult:
             "never_scheduled_in_trace": self.never_scheduled,
             "preemptions": int(self.preempted.sum()),
             "makespan_s": round(self.makespan, 1),
-            "mean_allocation_pct": round(self.mean_allocation_pct(), 3),
+            # None on a cluster whose every GPU is in MIG mode (no GPU figures; see "mig")
+            "mean_allocation_pct": round(self.mean_allocation_pct(), 3) if self.total_gpu_milli else None,
             "mean_fragmentation_pct": round(float(self.fragmentation_pct.mean()), 3)
-            if len(self.fragmented_gpu_milli)
+            if len(self.fragmented_gpu_milli) and self.total_gpu_milli
             else None,
             "peak_pending": self.peak_pending,
             "jct_s": self.by_qos(self.jct),
@@ -229,6 +240,21 @@ class TimedResult:
             "recorded_wait_s": self.by_qos(self.recorded_wait),
             "wall_seconds": round(self.wall_seconds, 3),
             "policy_fallbacks": self.fallbacks,
+        } | self._mig_record()
+
+    def _mig_record(self) -> dict[str, object]:
+        """With MIG pods: how many, how many started, their JCT and wait (the GPU figures above leave
+        the MIG-mode GPUs out)."""
+        if self.mig is None or not self.mig.any():
+            return {}
+        done = self.finished & self.mig
+        return {
+            "mig": {
+                "pods": int(self.mig.sum()),
+                "started": int((~np.isnan(self.start) & self.mig).sum()),
+                "jct_s": latency_stats(self.jct[done]),
+                "wait_s": latency_stats(self.waited[done]),
+            }
         }
 
 

@@ -24,6 +24,11 @@ fit no node of the empty cluster never start and are counted as such; so are pod
 no event is left (a head that can never start under a strict queue). Preempted pods go back to the
 queue and run their whole duration again (the trace has no checkpoints); their JCT counts from their
 first arrival. The queue policy's aging is evaluated at event times only (serve steps every second).
+
+MIG (a trace with ``mig_gpus`` and ``mig_profile``, ``sim/trace.py``): a MIG pod waits, starts, is
+preempted and backfilled like any other, its instance chosen by the placer's MIG path and its room in
+what-ifs judged on copies of the MIG GPUs' layouts (``queue_adapter.ClusterCapacity``); the GPU figures
+cover the GPUs not in MIG mode (``sim/cluster_ledger.py``).
 """
 
 from __future__ import annotations
@@ -40,7 +45,6 @@ import numpy as np
 from gpuslice.hardware.topology import Topology
 from gpuslice.hardware.topology_profiles import profile
 from gpuslice.ledger.fragmentation import FragmentationMeasure
-from gpuslice.ledger.ledger import Ledger
 from gpuslice.ledger.placement import Placement
 from gpuslice.policies import PolicyContext, placement_policy
 from gpuslice.policies.queue import QueuedJob, QueueOps, QueueView, effective_priority
@@ -49,6 +53,7 @@ from gpuslice.programs.loader import resolve
 from gpuslice.scheduler.backfill import Shadow
 from gpuslice.scheduler.node_fit import gpus_equivalent
 from gpuslice.scheduler.placer import Placer, Unplaced, wants_gpu_set
+from gpuslice.sim.cluster_ledger import cluster_ledger, set_aside_milli
 from gpuslice.sim.pending_order import PendingOrder
 from gpuslice.sim.queue_adapter import (
     ClusterHolding,
@@ -113,8 +118,9 @@ class _Replay:
         self.jobs = trace.jobs  # only iterated (a stream makes each pod as it is read), never kept
         n = len(self.jobs)
         policy_seed = np.random.SeedSequence(config.seed)
-        self.ledger = Ledger(list(trace.nodes))
-        self.empty = Ledger(list(trace.nodes))
+        self.ledger = cluster_ledger(trace.nodes)  # MIG-mode GPUs set aside for MIG pods' instances
+        self.empty = cluster_ledger(trace.nodes)
+        self.aside = set_aside_milli(self.ledger)  # not in the GPU figures (sim/cluster_ledger.py)
         self.target = TargetWorkload.from_requests(j.request for j in self.jobs)
         context = PolicyContext(rng=np.random.default_rng(policy_seed), target=self.target)
         factory = resolve(config.placement, "placement", placement_policy)
@@ -179,7 +185,8 @@ class _Replay:
                 job = next(stream, None)
                 arrival = job.arrival / load if job is not None else math.inf
             self._step(now)
-            self.samples.add(now, self.ledger.allocated_gpu_milli, len(self.pending), len(self.running))
+            allocated = self.ledger.allocated_gpu_milli - self.aside
+            self.samples.add(now, allocated, len(self.pending), len(self.running))
             if progress is not None and a % 1000 == 0:
                 progress(a, n)
         if progress is not None:
@@ -358,7 +365,7 @@ class _Replay:
             queue=self.config.label or self.config.queue,
             load=self.config.load,
             seed=self.config.seed,
-            total_gpu_milli=self.ledger.total_gpu_milli,
+            total_gpu_milli=self.ledger.total_gpu_milli - self.aside,
             **self.pods.fields(),
             never_scheduled=self.trace.never_scheduled,
             **self.samples.fields(),
