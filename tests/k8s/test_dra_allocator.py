@@ -271,6 +271,22 @@ def test_a_higher_priority_claim_preempts_the_cheapest_lower_priority_holders() 
     assert not api.gated("vip") and len(api.results("vip")) == 2
 
 
+def test_a_second_preemptor_never_evicts_the_pods_going_already() -> None:
+    """Claims whose pods were deleted for one pod are no victims for the next: it evicts others, or none."""
+    api = FakeApi()
+    api.add_node("a", "pcie-4x-l4")  # 4 GPUs
+    for k in range(4):
+        api.add(f"low{k}", spec(CLASS_WHOLE), priority=10 * (k + 1))  # priorities 10, 20, 30, 40
+    allocator = DraAllocator(api)
+    allocator.run_once()
+    api.add("vip", spec(CLASS_WHOLE), priority=100)
+    allocator.run_once()
+    assert api.deleted == ["low0"]
+    api.add("next", spec(CLASS_WHOLE), priority=100)
+    allocator.run_once()
+    assert api.deleted == ["low0", "low1"] and allocator.preemptions == 2  # not low0 a second time
+
+
 def test_no_preemption_for_equal_or_lower_priority() -> None:
     api = FakeApi()
     api.add_node("a", "pcie-4x-l4")

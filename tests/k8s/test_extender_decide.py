@@ -219,6 +219,23 @@ def test_the_room_a_preemption_made_is_held_for_the_preemptor():
     assert state._nominations == {}
 
 
+def test_a_lower_priority_pod_neither_evicts_the_same_victim_again_nor_takes_the_nomination():
+    """While a preemptor waits for its victim to go, a pod of lower priority asking for the same room
+    finds nothing to preempt there: the victim is going already (the one search never counts a pod being
+    preempted), and the node's room is held for the more important pod."""
+    api = FakeApi()
+    state = full_node(api)
+    state.filter(with_priority(pod_json("high", BIG), 100), ["n"])
+    assert api.deleted == [("team-a", "low", "uid-low")]
+    state.filter(with_priority(pod_json("second", BIG), 60), ["n"])  # could evict "mid" (50), but not here
+    assert api.deleted == [("team-a", "low", "uid-low")]
+    assert [h.uid for h in state._nominations.values()] == ["uid-high"]
+    assert state.preemptions == 1
+    # a more important pod may clear the node for itself, but not by evicting the pod already going
+    state.filter(with_priority(pod_json("urgent", BIG), 200), ["n"])
+    assert api.deleted == [("team-a", "low", "uid-low"), ("team-a", "mid", "uid-mid")]
+
+
 def test_a_victim_deleted_before_the_watch_says_so_does_not_hold_up_the_preemptor():
     """kube-scheduler retries the preemptor as soon as it sees the victim deleted; the extender's own
     watch may be later. It asks the API server about the victims instead of refusing the pod."""

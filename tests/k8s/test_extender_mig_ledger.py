@@ -51,3 +51,23 @@ def test_a_rebuild_holds_the_bound_mig_pods_again_from_their_decisions():
     assert held_starts(state) == [4]
     assert state.conflicts == 0
     state.check_invariants()
+
+
+def test_a_higher_priority_mig_pod_evicts_the_least_important_holder_of_an_instance_of_its_profile():
+    """The extender's own preemption for a MIG pod: the what-if gives the victims' instances back in the
+    ledger's layout (``_mig_candidates(..., freed)``), through the one preemption search."""
+    api = FakeApi()
+    state = make_state(api, {"n": inventory(gpus=2, mig=SLOTS)})
+    for name, start, priority in (("keep", 0, 50), ("low", 4, 1)):
+        event = bound(name, start)
+        event.object["spec"]["priority"] = priority  # type: ignore[index]
+        state.apply(event)
+    assert held_starts(state) == [0, 4]
+    high = pod_json("high", RESOURCES)
+    high["spec"]["priority"] = 100
+    assert state.filter(high, ["n"]).passed == []
+    assert api.deleted == [("team-a", "low", "uid-low")]  # one instance is enough: the least important
+    mid = pod_json("mid", RESOURCES)
+    mid["spec"]["priority"] = 40  # below "keep" (50); "low" is going already
+    state.filter(mid, ["n"])
+    assert api.deleted == [("team-a", "low", "uid-low")]  # "keep" is never a victim of 40

@@ -256,13 +256,17 @@ class Inventory:
         except UserError as err:
             return str(err)
 
-    def preemption(self, ask: ClaimAsk, priority: int, node_name: str | None) -> PreemptionPlan | None:
-        """Claims of lower-priority pods whose release makes room for ``ask`` (see ``preempt``)."""
+    def preemption(
+        self, ask: ClaimAsk, priority: int, node_name: str | None, going: frozenset[str] = frozenset()
+    ) -> PreemptionPlan | None:
+        """Claims of lower-priority pods whose release makes room for ``ask`` (see ``preempt``); the
+        claims in ``going`` (their pods are being preempted already) are no victims."""
         req = self.request(ask)
         if isinstance(req, str) or self.ledger is None:
             return None
         nodes = [i for i, n in enumerate(self.nodes) if node_name is None or n == node_name]
-        return plan_preemption(req, priority, self.holders, self.free, nodes)
+        holders = [h for h in self.holders if h.claim_uid not in going]
+        return plan_preemption(req, priority, holders, self.free, nodes)
 
     def place(self, ask: ClaimAsk, node_name: str | None) -> tuple[str, list[_Gpu], int, int] | str:
         """Decide and reserve ``ask``: (node, GPUs, memory MiB each, cores %), or why nothing fits. Memory 0
@@ -446,11 +450,14 @@ class DraAllocator:
         """Evict the cheapest set of lower-priority claim holders that makes room; what was done, or ''."""
         uid = str(pod["metadata"].get("uid", ""))
         priority = int(pod["spec"].get("priority") or 0)
-        waiting = self._preempting.get(uid)
-        if waiting is not None and waiting & {h.claim_uid for h in inventory.holders}:
+        held = {h.claim_uid for h in inventory.holders}
+        # a preemption is over once none of its victims' claims is held any more: forget it
+        self._preempting = {u: claims for u, claims in self._preempting.items() if claims & held}
+        if uid in self._preempting:
             return "; waiting for the pods it preempted to end"
         selector = (pod["spec"].get("nodeSelector") or {}).get("kubernetes.io/hostname")
-        plan = inventory.preemption(ask, priority, selector)
+        going = frozenset().union(*self._preempting.values())  # as in every home: never evicted twice
+        plan = inventory.preemption(ask, priority, selector, going)
         if plan is None:
             return ""
         self._preempting[uid] = {h.claim_uid for h in plan.victims}

@@ -163,7 +163,10 @@ class Preemption(Verdicts):
         the nodes kube-scheduler offered, the cheapest set of lower-priority victims whose removal makes
         the pod fit, found by the one preemption search of every home (``find_preemption``), deleted
         with their own grace period; the node is then held for the pod until it binds
-        (``_reserved_for_others``). Returns the reason the pod waits.
+        (``_reserved_for_others``). Pods being preempted already are no victims (as in every home), and
+        a node being cleared for another pod of at least this priority is left out until that pod binds
+        (one nomination per node: a second would take the first pod's room). Returns the reason the pod
+        waits.
         """
         namespace, name, uid = pod_meta(pod)
         priority = pod_priority(pod)
@@ -172,12 +175,16 @@ class Preemption(Verdicts):
             if waiting is not None:
                 left = sum(1 for v in self._nominations[waiting].victims if v in self._pods)
                 return f"preempted lower-priority pods on {waiting}; waiting for {left} of them to end"
+            cleared = {n for n, h in self._nominations.items() if h.uid != uid and h.priority >= priority}
+            going = {v for h in self._nominations.values() for v in h.victims}
             rows = {
                 node_name: int(idx[k])
                 for k, node_name in enumerate(node_names)
-                if int(idx[k]) >= 0 and codes[k] not in (CODE_NO_INVENTORY, CODE_MODEL, CODE_RESERVED)
+                if int(idx[k]) >= 0
+                and codes[k] not in (CODE_NO_INVENTORY, CODE_MODEL, CODE_RESERVED)
+                and node_name not in cleared
             }
-            running = [_victim(u, b) for u, b in self._pods.items() if b.node in rows]
+            running = [_victim(u, b) for u, b in self._pods.items() if b.node in rows and u not in going]
             plan = find_preemption(
                 JobRef(uid, priority, namespace),
                 running,
@@ -212,9 +219,13 @@ class Preemption(Verdicts):
 
 def _victim(uid: str, bound: BoundPod) -> Victim:
     """A bound gpuslice pod as the preemption search sees it; what it frees in GPUs: its GPUs × its share,
-    or a MIG instance's compute slices / 7 (read from the profile name, "3g.40gb" → 3/7)."""
-    if bound.placement is not None and bound.placement.mig is None:
-        gpus = len(bound.placement.gpus) * bound.placement.request.gpu_milli / MILLI_PER_GPU
+    or a MIG instance's compute slices / 7 (the held instance's profile; a pod not in the ledger, whose
+    node has no inventory yet, by its profile name: "3g.40gb" → 3/7; any other such pod counts one)."""
+    placement = bound.placement
+    if placement is not None and placement.mig is not None:
+        gpus = placement.mig.instance.profile.compute_slices / 7
+    elif placement is not None:
+        gpus = len(placement.gpus) * placement.request.gpu_milli / MILLI_PER_GPU
     else:
         gpus = int((bound.ask.mig_profile or "7g").split("g", 1)[0]) / 7
     return Victim(uid, bound.priority, float(bound.decision.bind_time), gpus, node=bound.node,
