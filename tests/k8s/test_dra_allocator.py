@@ -250,14 +250,20 @@ def test_no_over_commit_over_a_stream_with_deletions() -> None:
     assert all(v <= capacity[k] for k, v in used.items()), [k for k, v in used.items() if v > capacity[k]]
 
 
-def test_a_higher_priority_claim_preempts_the_cheapest_lower_priority_holders() -> None:
+def _four_holders() -> tuple[FakeApi, DraAllocator]:
+    """One 4-GPU node whose GPUs are held whole by pods of priority 10, 20, 30 and 40 (low0..low3)."""
     api = FakeApi()
-    api.add_node("a", "pcie-4x-l4")  # 4 GPUs
+    api.add_node("a", "pcie-4x-l4")
     for k in range(4):
-        api.add(f"low{k}", spec(CLASS_WHOLE), priority=10 * (k + 1))  # priorities 10, 20, 30, 40
+        api.add(f"low{k}", spec(CLASS_WHOLE), priority=10 * (k + 1))
     allocator = DraAllocator(api)
     allocator.run_once()
     assert all(api.results(f"low{k}") for k in range(4))
+    return api, allocator
+
+
+def test_a_higher_priority_claim_preempts_the_cheapest_lower_priority_holders() -> None:
+    api, allocator = _four_holders()
     api.add("vip", spec(CLASS_WHOLE, count=2), priority=35)
     allocator.run_once()
     # the two least important holders go (10 and 20), never the one above the pod's priority (40)
@@ -273,12 +279,7 @@ def test_a_higher_priority_claim_preempts_the_cheapest_lower_priority_holders() 
 
 def test_a_second_preemptor_never_evicts_the_pods_going_already() -> None:
     """Claims whose pods were deleted for one pod are no victims for the next: it evicts others, or none."""
-    api = FakeApi()
-    api.add_node("a", "pcie-4x-l4")  # 4 GPUs
-    for k in range(4):
-        api.add(f"low{k}", spec(CLASS_WHOLE), priority=10 * (k + 1))  # priorities 10, 20, 30, 40
-    allocator = DraAllocator(api)
-    allocator.run_once()
+    api, allocator = _four_holders()
     api.add("vip", spec(CLASS_WHOLE), priority=100)
     allocator.run_once()
     assert api.deleted == ["low0"]
