@@ -11,8 +11,9 @@ node, with the GPUs they may not use masked out (unhealthy, in MIG mode, a model
 share count used up) and the node's wiring for multi-GPU sets.
 
 A MIG request (``Request.mig_profile``) is not the placement policy's: ``place`` hands it to the one
-MIG choice (``scheduler/mig_choice.py``) over every MIG GPU of the nodes with room for its CPU and
-memory, with the MIG placement policy's start, and holds the instance with ``Ledger.reserve_mig``.
+MIG choice (``scheduler/mig_choice.py``) over every MIG GPU of the nodes the fit rule lets it use (model,
+a free start for its profile, CPU, memory), with the MIG placement policy's start, and holds the
+instance with ``Ledger.reserve_mig``.
 """
 
 from __future__ import annotations
