@@ -145,7 +145,7 @@ class Ledger:
         for node, gpu in mig or {}:
             if not (0 <= node < n and 0 <= gpu < self._gpu_count[node]):
                 raise ValueError(f"MIG mode given for GPU {gpu} of node {node}, which does not exist")
-        self._mig = MigInstances(mig or {})
+        self._mig = MigInstances(mig or {}, n)
         self.mig_gpus: tuple[tuple[int, int], ...] = tuple(sorted(self._mig.geometries))
         self._live: dict[int, Placement] = {}
         self._ids = count()
@@ -194,13 +194,10 @@ class Ledger:
         return ok
 
     def mig_slots(self, profile: str) -> np.ndarray:
-        """Bool per node: a MIG GPU of the node has a free start for ``profile`` now (the GPU's table
-        has the profile, its slices are free, its per-GPU cap not reached)."""
-        ok = np.zeros(self.node_count, dtype=bool)
-        for node, gpu in self.mig_gpus:
-            if not ok[node]:
-                ok[node] = self._mig.has_start(node, gpu, profile)
-        return ok
+        """Bool per node (read-only, kept current): a MIG GPU of the node has a free start for
+        ``profile`` now (the GPU's table has the profile, its slices are free, its per-GPU cap not
+        reached)."""
+        return self._mig.slots(profile)
 
     def fits(self, request: Request) -> np.ndarray:
         """Bool per node: the request could be reserved there now (one vector expression, no node loop;

@@ -15,7 +15,7 @@ home's choice, given as the request: serve takes the instance's share of the GPU
 compute slices as milli, memory slices as bytes); the extender and sim set the whole MIG GPU aside
 (``Ledger.hold_whole``) when they build the ledger, so shares never land there, and their MIG requests
 take no GPU column (the extender's ``Request(cpu_milli=0)``; sim's ``Request(cpu, memory,
-mig_profile=...)``, which the fit rule judges on model, a free start — ``MigInstances.has_start`` — CPU
+mig_profile=...)``, which the fit rule judges on model, a free start — ``MigInstances.slots`` — CPU
 and memory). The held instances of one GPU are read as a ``MigLayout``, what the one MIG choice's
 candidates are built from (``scheduler.mig_choice.mig_candidate``).
 """
@@ -24,6 +24,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+
+import numpy as np
 
 from gpuslice.hardware.mig import MigGpu, MigInstance, MigLayout, MigProfile
 from gpuslice.ledger.placement import Placement, Refusal, RefusalCode
@@ -55,18 +57,41 @@ def mig_request(profile: MigProfile, gpu_memory_bytes: int) -> Request:
 class MigInstances:
     """Per (node, GPU) in MIG mode: its geometry and the layout of the instances held there."""
 
-    def __init__(self, geometries: Mapping[tuple[int, int], MigGpu]) -> None:
+    def __init__(self, geometries: Mapping[tuple[int, int], MigGpu], node_count: int) -> None:
         self.geometries: dict[tuple[int, int], MigGpu] = dict(geometries)
         self._layouts = {key: MigLayout(geometry) for key, geometry in self.geometries.items()}
+        self._node_count = node_count
+        self._gpus: dict[int, list[int]] = {}  # node -> its MIG GPUs
+        for node, gpu in sorted(self.geometries):
+            self._gpus.setdefault(node, []).append(gpu)
+        # profile name -> bool per node (a free start there), for the profiles asked so far; a take or a
+        # give refreshes its node only, so the fit rule reads a MIG request's nodes without a GPU loop
+        self._slots: dict[str, np.ndarray] = {}
 
     def layout(self, node: int, gpu: int) -> MigLayout | None:
         """The instances held on that GPU (an immutable value); None if it is not in MIG mode."""
         return self._layouts.get((node, gpu))
 
-    def has_start(self, node: int, gpu: int, profile: str) -> bool:
-        """Whether ``profile`` (a name of the GPU's table) has a free start on that GPU now."""
-        layout = self._layouts.get((node, gpu))
-        return layout is not None and layout.has_start(profile)
+    def slots(self, profile: str) -> np.ndarray:
+        """Bool per node (read-only): a MIG GPU of the node whose table has ``profile`` has a free start
+        for it now."""
+        cached = self._slots.get(profile)
+        if cached is None:
+            cached = np.zeros(self._node_count, dtype=bool)
+            for node in self._gpus:
+                cached[node] = self._node_has_start(node, profile)
+            cached.flags.writeable = False
+            self._slots[profile] = cached
+        return cached
+
+    def _node_has_start(self, node: int, profile: str) -> bool:
+        return any(self._layouts[node, gpu].has_start(profile) for gpu in self._gpus.get(node, ()))
+
+    def _refresh(self, node: int) -> None:
+        for profile, cached in self._slots.items():
+            cached.flags.writeable = True
+            cached[node] = self._node_has_start(node, profile)
+            cached.flags.writeable = False
 
     def check(self, node: int, hold: MigHold) -> Refusal | None:
         layout = self._layouts.get((node, hold.gpu))
@@ -82,10 +107,12 @@ class MigInstances:
     def take(self, node: int, hold: MigHold) -> None:
         key = (node, hold.gpu)
         self._layouts[key] = self._layouts[key].with_instance(hold.instance)
+        self._refresh(node)
 
     def give(self, node: int, hold: MigHold) -> None:
         key = (node, hold.gpu)
         self._layouts[key] = self._layouts[key].without(hold.instance)
+        self._refresh(node)
 
     def agrees_with(self, live: Iterable[Placement]) -> bool:
         """Each GPU's layout holds exactly the live placements' instances there, all on MIG GPUs."""
@@ -96,7 +123,13 @@ class MigInstances:
                 if held is None:
                     return False
                 held.append(p.mig.instance)
-        return all(
+        held = all(
             sorted(map(str, expected[k])) == sorted(map(str, layout.instances))
             for k, layout in self._layouts.items()
         )
+        fresh = all(  # every cached slot answer is what the layouts say now
+            cached[node] == self._node_has_start(node, profile)
+            for profile, cached in self._slots.items()
+            for node in range(self._node_count)
+        )
+        return held and fresh
