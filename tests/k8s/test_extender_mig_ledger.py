@@ -71,3 +71,28 @@ def test_a_higher_priority_mig_pod_evicts_the_least_important_holder_of_an_insta
     mid["spec"]["priority"] = 40  # below "keep" (50); "low" is going already
     state.filter(mid, ["n"])
     assert api.deleted == [("team-a", "low", "uid-low")]  # "keep" is never a victim of 40
+
+
+def test_mig_verdicts_are_rebuilt_only_for_the_nodes_a_bind_changed(monkeypatch):
+    """A MIG pod's filter and prioritize read each node's best instance from a cache kept at the row's
+    ledger version: after a bind on one node of five, only that node's candidates are built again."""
+    names = [f"n{i}" for i in range(5)]
+    state = make_state(FakeApi(), {n: inventory(gpus=2, mig=SLOTS) for n in names})
+    built_for: list[int] = []
+    original = type(state)._mig_candidates
+
+    def counting(self, built, node, profile, freed=()):
+        built_for.append(node)
+        return original(self, built, node, profile, freed)
+
+    monkeypatch.setattr(type(state), "_mig_candidates", counting)
+    assert state.filter(pod_json("a", RESOURCES), names).passed == names
+    assert sorted(built_for) == [0, 1, 2, 3, 4]
+    built_for.clear()
+    state.prioritize(pod_json("a", RESOURCES), names)
+    assert built_for == []  # the filter's answers, still current
+    assert state.bind("team-a", "a", "uid-a", "n2") == ""
+    built_for.clear()
+    scores = dict(state.prioritize(pod_json("b", RESOURCES), names))
+    assert built_for == [2]  # only the bound node's row moved
+    assert scores["n2"] == max(scores.values())  # and it now holds an instance: the fullest GPU

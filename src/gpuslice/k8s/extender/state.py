@@ -154,7 +154,11 @@ class ClusterState(Preemption):
         rows = idx[ok]
         positions = np.flatnonzero(ok)
         if ask.mig_profile:
-            candidates = [c for i in rows.tolist() for c in self._mig_candidates(built, i, ask.mig_profile)]
+            # The one MIG choice over these nodes takes the fullest GPU, the first in order on a tie: so
+            # only the first node whose cached best is the fullest needs its candidates built.
+            fullest = self._mig_fullest(built, ask.mig_profile, rows)
+            first = rows[int(np.argmax(fullest))] if len(rows) and fullest.max() >= 0 else -1
+            candidates = self._mig_candidates(built, int(first), ask.mig_profile) if first >= 0 else []
             chosen = choose_mig_instance(candidates, fallbacks=self.mig_fallbacks)
             if chosen is None:  # the verdicts said one fits: only a rebuild in between gets here
                 return -1
@@ -241,11 +245,8 @@ class ClusterState(Preemption):
         idx = self._prioritize_indices(pod, built, node_names)
         known = idx >= 0
         if ask.mig_profile:  # the one MIG choice's order: smallest profile, then the fullest GPU
-            ranks = [
-                self._mig_rank(built, int(i), ask.mig_profile) if k else None
-                for i, k in zip(idx, known, strict=True)
-            ]
-            raw = np.array([-np.inf if r is None else -float(r[1]) for r in ranks])
+            fullest = self._mig_fullest(built, ask.mig_profile, np.where(known, idx, 0))
+            raw = np.where(known & (fullest >= 0), fullest.astype(np.float64), -np.inf)
         else:
             placer = self._placer(built, ask)
             req = ask.to_request()

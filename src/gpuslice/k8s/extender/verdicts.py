@@ -77,13 +77,7 @@ class Verdicts(ClusterCache):
         known = idx >= 0
         safe = np.where(known, idx, 0)
         if ask.mig_profile:
-            room = np.array(
-                [
-                    k and self._mig_rank(built, int(i), ask.mig_profile) is not None
-                    for i, k in zip(safe.tolist(), known.tolist(), strict=True)
-                ],
-                dtype=bool,
-            )
+            room = known & (self._mig_fullest(built, ask.mig_profile, safe) >= 0)
             codes = np.select([~known, ~room], [CODE_NO_INVENTORY, CODE_NO_MIG], default=0)
         else:
             req = ask.to_request()
