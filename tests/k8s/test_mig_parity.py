@@ -20,6 +20,7 @@ from gpuslice.k8s.annotations import Decision, MigChoice, MigSlot
 from gpuslice.k8s.extender import WatchEvent
 from gpuslice.ledger.placement import Placement
 from gpuslice.policies import PolicyContext, placement_policy
+from gpuslice.scheduler.mig_choice import choose_mig_instance, created_candidates
 from gpuslice.scheduler.node_scheduler import MigAssignment, NodeScheduler, StartJob
 from gpuslice.scheduler.placer import Placer
 from gpuslice.sim.cluster_ledger import cluster_ledger
@@ -92,8 +93,12 @@ def sim_choice(profile: str, held: list[tuple[int, int]], nodes: int = 1) -> tup
         assert isinstance(held_one, Placement)
     context = PolicyContext(rng=np.random.default_rng(0))
     placer = Placer(ledger, placement_policy("bestfit")(ledger.view, context))
+    # the one choice over every MIG GPU of the cluster: what the placer's per-node shortcut must give
+    whole = choose_mig_instance(created_candidates(ledger.view, ledger.mig_gpus, profile))
     placed = placer.place(Request(1000, mig_profile=profile))
     assert isinstance(placed, Placement) and placed.mig is not None, placed
+    assert whole is not None and (placed.node, placed.mig.gpu) == whole[0].key
+    assert placed.mig.instance == whole[1]
     ledger.check_invariants()
     return placed.node, placed.mig.gpu, placed.mig.instance.start
 

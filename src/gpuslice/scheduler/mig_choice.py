@@ -18,7 +18,7 @@ Pure and deterministic; a fallback is counted in ``fallbacks["mig-placement: <re
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Hashable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -33,7 +33,14 @@ from gpuslice.policies.mig_placement import (
     mig_placement_policy,
 )
 
-__all__ = ["MigCandidate", "choose_mig_instance", "created_candidates", "mig_candidate", "mig_rank"]
+__all__ = [
+    "FullestByNode",
+    "MigCandidate",
+    "choose_mig_instance",
+    "created_candidates",
+    "mig_candidate",
+    "mig_rank",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,14 +85,14 @@ def mig_candidate(
     return MigCandidate(key, layout, profiles, held.mask, starts)
 
 
-def created_candidates(view: LedgerView, nodes: np.ndarray, profile: str) -> list[MigCandidate]:
-    """Every MIG GPU of the ``nodes`` (bool per ledger node) whose MIG table has ``profile``, as a
-    candidate keyed ``(node, gpu)`` in ledger order, its instance created where chosen (sim, like
-    serve's own GPUs). A GPU whose table lacks the profile offers none, as in the extender."""
+def created_candidates(view: LedgerView, gpus: Iterable[tuple[int, int]], profile: str) -> list[MigCandidate]:
+    """Each of the MIG ``gpus`` ((node, GPU) pairs of the ledger) whose MIG table has ``profile``, as a
+    candidate keyed ``(node, gpu)``, its instance created where chosen (sim, like serve's own GPUs). A
+    GPU whose table lacks the profile offers none, as in the extender."""
     out = []
-    for node, gpu in view.mig_gpus:
+    for node, gpu in gpus:
         held = view.mig_layout(node, gpu)
-        if not nodes[node] or held is None:
+        if held is None:
             continue
         try:
             wanted = held.gpu.profile(profile)
@@ -93,6 +100,50 @@ def created_candidates(view: LedgerView, nodes: np.ndarray, profile: str) -> lis
             continue
         out.append(mig_candidate((node, gpu), held, (wanted,)))
     return out
+
+
+class FullestByNode:
+    """Per MIG profile and ledger node, the rank of the node's best candidate, read as the slices held
+    on its fullest GPU with a start for the profile (-1: none), kept at the ledger row's version.
+
+    The one MIG choice takes the fullest GPU over all candidates, the first in order on a tie; a node's
+    candidates read only its own row's instances (and, in Kubernetes, its inventory, fixed for a ledger
+    build), and every reserve or release bumps that row's ``Ledger.version``. So a home asks only for the
+    stale rows' candidates (one after a bind, at any cluster size), and builds the full candidates of
+    the first fullest node alone: ``choose_mig_instance`` over them gives what it gives over all."""
+
+    def __init__(self, node_count: int) -> None:
+        self._node_count = node_count
+        self._held: dict[str, np.ndarray] = {}
+        self._version: dict[str, np.ndarray] = {}
+
+    def fullest(
+        self,
+        profile: str,
+        rows: np.ndarray,
+        version: np.ndarray,
+        candidates_of: Callable[[int], Sequence[MigCandidate]],
+    ) -> np.ndarray:
+        """Per node of ``rows`` its best candidate's held slices (-1: none); ``version`` the ledger's."""
+        held = self._held.get(profile)
+        if held is None:
+            held = self._held[profile] = np.full(self._node_count, -1, dtype=np.int8)
+            self._version[profile] = np.full(self._node_count, -1, dtype=np.int64)
+        seen = self._version[profile]
+        stale = rows[seen[rows] != version[rows]]
+        for node in stale.tolist():
+            ranks = [r for c in candidates_of(node) if (r := mig_rank(c)) is not None]
+            held[node] = -min(ranks)[1] if ranks else -1  # one profile asked: the rank is (0, -held)
+        seen[stale] = version[stale]
+        return held[rows]
+
+    @staticmethod
+    def first(rows: np.ndarray, held: np.ndarray) -> int | None:
+        """The node the one MIG choice takes among ``rows`` (its ``fullest`` answer ``held``): the first
+        with the most slices held; None when none has a candidate."""
+        if not len(rows) or held.max() < 0:
+            return None
+        return int(rows[int(np.argmax(held))])
 
 
 def mig_rank(candidate: MigCandidate) -> tuple[int, int] | None:

@@ -33,7 +33,12 @@ from gpuslice.policies.base import PlacementOps, TieBreak, best_fit_gpus
 from gpuslice.policies.gpuset.batch import BatchJob, first_of_batch
 from gpuslice.policies.gpuset.pick import meets_need, pick_gpu_set
 from gpuslice.policies.mig_placement import MigPlacementOps
-from gpuslice.scheduler.mig_choice import choose_mig_instance, created_candidates
+from gpuslice.scheduler.mig_choice import (
+    FullestByNode,
+    MigCandidate,
+    choose_mig_instance,
+    created_candidates,
+)
 from gpuslice.workload.job import TopologyNeed
 from gpuslice.workload.request import MILLI_PER_GPU, Request
 
@@ -80,6 +85,10 @@ class Placer:
         self.ledger = ledger
         self.policy = policy
         self.mig_policy = mig_policy
+        self._mig_gpus: dict[int, list[tuple[int, int]]] = {}  # node -> its MIG GPUs, fixed per ledger
+        for node, gpu in ledger.mig_gpus:
+            self._mig_gpus.setdefault(node, []).append((node, gpu))
+        self._mig_fullest = FullestByNode(ledger.node_count)
         self.topologies = topologies
         self.rng = rng if rng is not None else policy.context.rng
         self.fallbacks: Counter[tuple[str, str]] = Counter()
@@ -143,10 +152,18 @@ class Placer:
         """The MIG instance ``choose_mig_instance`` takes among the MIG GPUs of every node the fit rule
         lets it use (model, a free start for the profile, CPU, memory), held by ``Ledger.reserve_mig``.
         Unplaced: each node's first failing check (``Ledger.why_not``)."""
-        room = self.ledger.fits(req)
+        view, profile = self.ledger.view, req.mig_profile
+        rows = np.flatnonzero(self.ledger.fits(req))
+        gpus = self._mig_gpus
+
+        def candidates_of(node: int) -> list[MigCandidate]:
+            return created_candidates(view, gpus.get(node, ()), profile)
+
+        held = self._mig_fullest.fullest(profile, rows, view.version, candidates_of)
+        first = FullestByNode.first(rows, held)  # the node the one choice takes; its GPUs decide
         why: Counter[str] = Counter()
-        chosen = choose_mig_instance(created_candidates(self.ledger.view, room, req.mig_profile),
-                                     self.mig_policy, why)  # fmt: skip
+        candidates = candidates_of(first) if first is not None else []
+        chosen = choose_mig_instance(candidates, self.mig_policy, why)
         for key, n in why.items():  # "mig-placement: <reason>", as the other homes count it
             hook, _, reason = key.partition(": ")
             self.fallbacks[(hook, reason)] += n

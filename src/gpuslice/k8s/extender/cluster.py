@@ -33,7 +33,7 @@ from gpuslice.ledger.ledger import Ledger
 from gpuslice.ledger.placement import Placement, Refusal, RefusalCode
 from gpuslice.policies import DEFAULT_PLACEMENT, PolicyContext, placement_policy
 from gpuslice.programs.loader import resolve
-from gpuslice.scheduler.mig_choice import MigCandidate, mig_candidate, mig_rank
+from gpuslice.scheduler.mig_choice import FullestByNode, MigCandidate, mig_candidate
 from gpuslice.scheduler.placer import Placer
 from gpuslice.units import MiB
 from gpuslice.workload.request import Request
@@ -108,9 +108,8 @@ class LedgerBuild:
     placers: dict[str, Placer] = field(default_factory=dict)
     blockers: list[Placement] = field(default_factory=list)
     verdicts: dict[Request, VerdictCache] = field(default_factory=dict)  # least recently used first
-    # per MIG profile: each node's best candidate, as the slices held on its fullest GPU with a free
-    # instance of the profile (-1: none), at the row version it was read (``ClusterCache._mig_fullest``)
-    mig_fullest: dict[str, VerdictCache] = field(default_factory=dict)
+    # per MIG profile, each node's best candidate at the row version it was read (``_mig_fullest``)
+    mig_fullest: FullestByNode | None = None
 
 
 def open_slots(built: LedgerBuild, nodes: int | np.ndarray, tasks: np.ndarray) -> np.ndarray:
@@ -456,30 +455,17 @@ class ClusterCache:
             out.append(mig_candidate((node, gpu.index), held, (wanted,), existing))
         return out
 
-    def _mig_rank(self, built: LedgerBuild, node: int, profile: str) -> tuple[int, int] | None:
-        """The node's best MIG candidate's rank (lower is better), None if it has no free instance."""
-        ranks = [r for c in self._mig_candidates(built, node, profile) if (r := mig_rank(c)) is not None]
-        return min(ranks, default=None)
-
     def _mig_fullest(self, built: LedgerBuild, profile: str, rows: np.ndarray) -> np.ndarray:
         """Per node of ``rows`` (ledger indices): the slices held on its fullest GPU that has a free
-        instance of ``profile`` (the one MIG choice ranks candidates by that), -1 where none has one.
-        Cached per profile and node at the ledger row's version, as the share verdicts are: a node's
-        candidates read only its own row's instances and its inventory (fixed for a build), so at 5,000
-        nodes a bind makes one row stale instead of rebuilding every node's candidates."""
+        instance of ``profile``, -1 where none has one (``mig_choice.FullestByNode``: at 5,000 nodes a
+        bind makes one row stale instead of rebuilding every node's candidates)."""
         with self._lock:
-            cache = built.mig_fullest.get(profile)
-            if cache is None:
-                count = built.ledger.node_count
-                cache = VerdictCache(np.full(count, -1, dtype=np.int8), np.full(count, -1, dtype=np.int64))
-                built.mig_fullest[profile] = cache
+            if built.mig_fullest is None:
+                built.mig_fullest = FullestByNode(built.ledger.node_count)
             version = built.ledger.view.version
-            stale = rows[cache.version[rows] != version[rows]]
-            for node in stale.tolist():
-                rank = self._mig_rank(built, node, profile)
-                cache.codes[node] = -1 if rank is None else -rank[1]  # one profile: rank[0] is 0
-            cache.version[stale] = version[stale]
-            return cache.codes[rows]
+            return built.mig_fullest.fullest(
+                profile, rows, version, lambda node: self._mig_candidates(built, node, profile)
+            )
 
     def _placer(self, built: LedgerBuild, ask: PodGpuRequest) -> Placer:
         name = ask.policy or self.default_policy

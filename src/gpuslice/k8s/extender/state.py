@@ -41,7 +41,7 @@ from gpuslice.k8s.extender.verdicts import (
     REASON_RESERVED,
 )
 from gpuslice.ledger.placement import Refusal
-from gpuslice.scheduler.mig_choice import choose_mig_instance
+from gpuslice.scheduler.mig_choice import FullestByNode, choose_mig_instance
 from gpuslice.workload.request import Request
 
 __all__ = ["MAX_EXTENDER_PRIORITY", "ClusterState", "FilterResult"]
@@ -156,9 +156,8 @@ class ClusterState(Preemption):
         if ask.mig_profile:
             # The one MIG choice over these nodes takes the fullest GPU, the first in order on a tie: so
             # only the first node whose cached best is the fullest needs its candidates built.
-            fullest = self._mig_fullest(built, ask.mig_profile, rows)
-            first = rows[int(np.argmax(fullest))] if len(rows) and fullest.max() >= 0 else -1
-            candidates = self._mig_candidates(built, int(first), ask.mig_profile) if first >= 0 else []
+            first = FullestByNode.first(rows, self._mig_fullest(built, ask.mig_profile, rows))
+            candidates = self._mig_candidates(built, first, ask.mig_profile) if first is not None else []
             chosen = choose_mig_instance(candidates, fallbacks=self.mig_fallbacks)
             if chosen is None:  # the verdicts said one fits: only a rebuild in between gets here
                 return -1
