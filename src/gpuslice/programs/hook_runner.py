@@ -4,6 +4,7 @@ threads a hook call runs on so that its caller can abandon it (``programs/guard.
 from __future__ import annotations
 
 import ctypes
+import os
 import queue
 import threading
 import time
@@ -85,6 +86,17 @@ class Watchdog:
         self._clear = ctypes.PYFUNCTYPE(ctypes.c_int, ctypes.c_ulong, ctypes.c_void_p)(
             ("PyThreadState_SetAsyncExc", api)
         )
+        os.register_at_fork(after_in_child=self._after_fork)
+
+    def _after_fork(self) -> None:
+        """In a forked child (``tune --jobs``, ``sim openb --jobs``) only the forking thread lives: a lock
+        the parent's watchdog thread held at the fork would stay taken for ever (the child's first guard
+        hung in ``watch``), and the calls armed and threads seen are the parent's. Start clean."""
+        self.lock = threading.Lock()
+        self.armed = {}
+        self.injected = set()
+        self._clocks = {}
+        self._thread = None
 
     def watch(self, hook_guard: HookGuard) -> None:
         """Start polling (if not yet) at a pace that suits ``hook_guard``'s budget."""
