@@ -141,6 +141,8 @@ def test_the_mig_columns_are_read(tmp_path):
                      id="unknown profile"),
         pytest.param(NODES.replace(",4\n", ",0\n", 1), "p,1,1,1,0,,1g.10gb\n", "no node has mig_gpus",
                      id="no MIG GPU at all"),
+        pytest.param(NODES, "p,1,1,1,0,,19\n", "offers MIG profile '19'",
+                     id="a profile ID, not its name (the placer matches names)"),
     ],
 )  # fmt: skip
 def test_bad_mig_columns_are_one_error_naming_the_row(tmp_path, nodes, pods, message):
@@ -175,3 +177,4 @@ def test_sim_openb_places_mig_pods_and_reports_them_apart(tmp_path, monkeypatch,
 def test_a_trace_without_mig_has_no_mig_record():
     result = replay(load_trace(), "bestfit", seed=42, tune=0.2)
     assert result.mig is None and "mig" not in result.record()
+

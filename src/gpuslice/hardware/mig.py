@@ -119,6 +119,11 @@ class MigGpu:
         """The GPU as output shows it, spelled as the GPU model catalogue does: ``A100-80GB``."""
         return self.key.upper().replace("PCIE", "PCIe")
 
+    def named(self, name: str) -> MigProfile | None:
+        """The profile whose name is exactly ``name`` ("1g.10gb"), None if this table has none: how a
+        request that names its profile (``Request.mig_profile``) is matched, everywhere alike."""
+        return next((p for p in self.profiles if p.name == name), None)
+
     def profile(self, name_or_id: str | int) -> MigProfile:
         """The profile called ``name_or_id`` ("3g.40gb", "MIG 3g.40gb", 9 or "9"); UnknownMigProfile else."""
         text = str(name_or_id).strip().lower().removeprefix("mig ").strip()
@@ -363,7 +368,8 @@ class MigLayout:
 
     def has_start(self, profile_name: str) -> bool:
         """Whether this GPU's table has a profile called exactly ``profile_name`` with a free start now."""
-        return any(p.name == profile_name and self.placements(p) for p in self.gpu.profiles)
+        wanted = self.gpu.named(profile_name)
+        return wanted is not None and bool(self.placements(wanted))
 
     def placements(self, profile: MigProfile) -> tuple[int, ...]:
         """Every start where ``profile`` fits now, lowest first."""

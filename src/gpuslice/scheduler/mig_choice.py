@@ -23,7 +23,6 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from gpuslice.errors import UserError
 from gpuslice.hardware.mig import MigInstance, MigLayout, MigProfile
 from gpuslice.ledger.ledger import LedgerView
 from gpuslice.policies.mig_placement import (
@@ -92,13 +91,9 @@ def created_candidates(view: LedgerView, gpus: Iterable[tuple[int, int]], profil
     out = []
     for node, gpu in gpus:
         held = view.mig_layout(node, gpu)
-        if held is None:
-            continue
-        try:
-            wanted = held.gpu.profile(profile)
-        except UserError:
-            continue
-        out.append(mig_candidate((node, gpu), held, (wanted,)))
+        wanted = None if held is None else held.gpu.named(profile)
+        if held is not None and wanted is not None:
+            out.append(mig_candidate((node, gpu), held, (wanted,)))
     return out
 
 

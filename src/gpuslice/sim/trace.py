@@ -20,7 +20,6 @@ from importlib import resources
 from pathlib import Path
 
 from gpuslice.errors import GpusliceError, TraceFormatError, UnknownTrace, UserError
-from gpuslice.hardware.mig import MigGpu
 from gpuslice.hardware.node import NodeSpec
 from gpuslice.units import MiB
 from gpuslice.workload.request import MILLI_PER_GPU, Request
@@ -183,19 +182,11 @@ def _check_mig_profiles(trace: OpenbTrace, pod_path: Path) -> None:
         return
     tables = {n.mig_geometry.key: n.mig_geometry for n in trace.nodes if n.mig_geometry is not None}
     for profile in asked:
-        if not any(_has_profile(table, profile) for table in tables.values()):
+        if not any(table.named(profile) is not None for table in tables.values()):
             have = f"their MIG tables: {', '.join(sorted(tables))}" if tables else "no node has mig_gpus"
-            raise TraceFormatError(
+            raise TraceFormatError(  # by name, as the placer matches it: "1g.10gb", not its ID
                 f"{pod_path}: no MIG-mode GPU of the node list offers MIG profile {profile!r} ({have})"
             )
-
-
-def _has_profile(table: MigGpu, profile: str) -> bool:
-    try:
-        table.profile(profile)
-    except UserError:
-        return False
-    return True
 
 
 def load_target_workload(path: Path, option: str = "--target-workload") -> TargetWorkload:
