@@ -178,3 +178,10 @@ def test_a_trace_without_mig_has_no_mig_record():
     result = replay(load_trace(), "bestfit", seed=42, tune=0.2)
     assert result.mig is None and "mig" not in result.record()
 
+
+def test_a_cluster_whose_every_gpu_is_in_mig_mode_has_no_gpu_figures_and_no_warning(tmp_path):
+    nodes = "sn,cpu_milli,memory_mib,gpu,model,mig_gpus\na,64000,524288,2,A100-80GB,2\n"
+    pods = "".join(f"m{i},1000,1024,1,0,,3g.40gb\n" for i in range(5))
+    result = replay(load_trace("mig", write(tmp_path, pods, nodes)), "bestfit", seed=1, tune=1.0)
+    assert result.total_gpu_milli == 0 and np.isnan(result.unallocated_pct).all()  # RuntimeWarning fails
+    assert result.mig == {"pods": 5, "failed_pods": 1, "slices_held": 12, "slices": 14}

@@ -102,6 +102,9 @@ class LedgerView:
     def mig_gpus(self) -> tuple[tuple[int, int], ...]:
         return self._ledger.mig_gpus
 
+    def mig_gpus_on(self, node: int) -> tuple[int, ...]:
+        return self._ledger.mig_gpus_on(node)
+
 
 class Ledger:
     """Free CPU, memory and per-GPU milli-GPU of a set of nodes; see the module docstring."""
@@ -192,6 +195,10 @@ class Ledger:
         if request.gpu_memory_bytes:
             ok &= self._free_gpu_memory[node] >= request.gpu_memory_bytes
         return ok
+
+    def mig_gpus_on(self, node: int) -> tuple[int, ...]:
+        """The node's GPUs in MIG mode, lowest first (``mig_gpus`` is every node's)."""
+        return self._mig.gpus_on(node)
 
     def mig_slots(self, profile: str) -> np.ndarray:
         """Bool per node (read-only, kept current): a MIG GPU of the node has a free start for

@@ -61,9 +61,10 @@ class MigInstances:
         self.geometries: dict[tuple[int, int], MigGpu] = dict(geometries)
         self._layouts = {key: MigLayout(geometry) for key, geometry in self.geometries.items()}
         self._node_count = node_count
-        self._gpus: dict[int, list[int]] = {}  # node -> its MIG GPUs
+        gpus: dict[int, list[int]] = {}
         for node, gpu in sorted(self.geometries):
-            self._gpus.setdefault(node, []).append(gpu)
+            gpus.setdefault(node, []).append(gpu)
+        self._gpus = {node: tuple(g) for node, g in gpus.items()}  # node -> its MIG GPUs
         # profile name -> bool per node (a free start there), for the profiles asked so far; a take or a
         # give refreshes its node only, so the fit rule reads a MIG request's nodes without a GPU loop
         self._slots: dict[str, np.ndarray] = {}
@@ -71,6 +72,10 @@ class MigInstances:
     def layout(self, node: int, gpu: int) -> MigLayout | None:
         """The instances held on that GPU (an immutable value); None if it is not in MIG mode."""
         return self._layouts.get((node, gpu))
+
+    def gpus_on(self, node: int) -> tuple[int, ...]:
+        """The node's GPUs in MIG mode, lowest first."""
+        return self._gpus.get(node, ())
 
     def slots(self, profile: str) -> np.ndarray:
         """Bool per node (read-only): a MIG GPU of the node whose table has ``profile`` has a free start
@@ -85,7 +90,7 @@ class MigInstances:
         return cached
 
     def _node_has_start(self, node: int, profile: str) -> bool:
-        return any(self._layouts[node, gpu].has_start(profile) for gpu in self._gpus.get(node, ()))
+        return any(self._layouts[node, gpu].has_start(profile) for gpu in self.gpus_on(node))
 
     def _refresh(self, node: int) -> None:
         for profile, cached in self._slots.items():

@@ -85,9 +85,6 @@ class Placer:
         self.ledger = ledger
         self.policy = policy
         self.mig_policy = mig_policy
-        self._mig_gpus: dict[int, list[tuple[int, int]]] = {}  # node -> its MIG GPUs, fixed per ledger
-        for node, gpu in ledger.mig_gpus:
-            self._mig_gpus.setdefault(node, []).append((node, gpu))
         self._mig_fullest = FullestByNode(ledger.node_count)
         self.topologies = topologies
         self.rng = rng if rng is not None else policy.context.rng
@@ -154,10 +151,9 @@ class Placer:
         Unplaced: each node's first failing check (``Ledger.why_not``)."""
         view, profile = self.ledger.view, req.mig_profile
         rows = np.flatnonzero(self.ledger.fits(req))
-        gpus = self._mig_gpus
 
         def candidates_of(node: int) -> list[MigCandidate]:
-            return created_candidates(view, gpus.get(node, ()), profile)
+            return created_candidates(view, ((node, g) for g in view.mig_gpus_on(node)), profile)
 
         held = self._mig_fullest.fullest(profile, rows, view.version, candidates_of)
         first = FullestByNode.first(rows, held)  # the node the one choice takes; its GPUs decide

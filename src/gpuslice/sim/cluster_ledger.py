@@ -12,13 +12,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
+
 from gpuslice.errors import InternalError
 from gpuslice.hardware.node import NodeSpec
 from gpuslice.ledger.ledger import Ledger
 from gpuslice.ledger.placement import Refusal
 from gpuslice.workload.request import MILLI_PER_GPU
 
-__all__ = ["cluster_ledger", "mig_slices_held", "set_aside_milli"]
+__all__ = ["capacity_pct", "cluster_ledger", "mig_slices_held", "set_aside_milli"]
 
 COMPUTE_SLICES = 7  # every MIG table here (A100, H100, H200) has 7 compute slices per GPU
 
@@ -52,3 +54,11 @@ def mig_slices_held(ledger: Ledger) -> tuple[int, int]:
         if layout is not None:
             held += sum(i.profile.compute_slices for i in layout.instances)
     return held, COMPUTE_SLICES * len(ledger.mig_gpus)
+
+
+def capacity_pct(milli: np.ndarray | float, total_milli: int) -> np.ndarray:
+    """``milli`` as % of the GPU capacity outside MIG mode (``total_milli``); NaN, and no division
+    warning, on a cluster whose every GPU is in MIG mode: it has no such figures."""
+    if not total_milli:
+        return np.full(np.shape(milli), np.nan)
+    return 100.0 * np.asarray(milli) / total_milli

@@ -31,7 +31,7 @@ from gpuslice.policies import PolicyContext, placement_policy
 from gpuslice.programs.guard import GuardConfig
 from gpuslice.programs.loader import resolve
 from gpuslice.scheduler.placer import Placer, Unplaced
-from gpuslice.sim.cluster_ledger import cluster_ledger, mig_slices_held, set_aside_milli
+from gpuslice.sim.cluster_ledger import capacity_pct, cluster_ledger, mig_slices_held, set_aside_milli
 from gpuslice.sim.trace import OpenbTrace, TracePod
 from gpuslice.workload.target import TargetWorkload
 
@@ -67,17 +67,17 @@ class ReplayResult:
 
     @property
     def arrived_pct(self) -> np.ndarray:
-        return 100.0 * self.arrived_gpu_milli / self.total_gpu_milli
+        return capacity_pct(self.arrived_gpu_milli, self.total_gpu_milli)
 
     @property
     def unallocated_pct(self) -> np.ndarray:
         """Unallocated GPU % after each pod (100 − allocated milli-GPU / capacity)."""
-        return 100.0 - 100.0 * self.allocated_gpu_milli / self.total_gpu_milli
+        return 100.0 - capacity_pct(self.allocated_gpu_milli, self.total_gpu_milli)
 
     @property
     def fragmentation_pct(self) -> np.ndarray:
         """Fragmentation amount after each pod, % of cluster GPU capacity."""
-        return 100.0 * self.fragmented_gpu_milli / self.total_gpu_milli
+        return capacity_pct(self.fragmented_gpu_milli, self.total_gpu_milli)
 
     @property
     def fragmentation_rate_pct(self) -> np.ndarray:
@@ -125,7 +125,7 @@ def unallocated_pct_at(
 ) -> float:
     """Unallocated GPU % at an arrival level: arrivals rounded to whole percent, allocation ratios
     rounded to 0.01 % and averaged within the bin (``merge_alloc_discrete.py`` of the artifact)."""
-    allocated = np.round(100.0 * allocated_gpu_milli / total_gpu_milli, 2)
+    allocated = np.round(capacity_pct(allocated_gpu_milli, total_gpu_milli), 2)
     return 100.0 - _binned_mean(np.round(arrived_pct), allocated, arrival_pct)
 
 

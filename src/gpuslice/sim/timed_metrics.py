@@ -23,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
+from gpuslice.sim.cluster_ledger import capacity_pct
 from gpuslice.sim.timed_trace import TimedJob
 
 __all__ = ["CSV_COLUMNS", "PodArrays", "SampleLog", "TimedResult", "latency_stats", "write_timed_results"]
@@ -199,10 +200,7 @@ class TimedResult:
         return float(self._pct(np.float64(self.mean_allocated_gpu_milli)))
 
     def _pct(self, milli: np.ndarray) -> np.ndarray:
-        """% of the GPU capacity outside MIG mode; NaN on a cluster whose every GPU is in MIG mode."""
-        if not self.total_gpu_milli:
-            return np.full_like(milli, np.nan, dtype=np.float64)
-        return 100.0 * milli / self.total_gpu_milli
+        return capacity_pct(milli, self.total_gpu_milli)
 
     def by_qos(self, values: np.ndarray) -> dict[str, dict[str, float | int | None]]:
         """``latency_stats`` of ``values`` over the finished pods, overall ("all") and per QoS class."""
