@@ -237,6 +237,16 @@ CATALOGUE: list[tuple[str, str, str]] = [
         "'except BaseException' would swallow",
     ),
     (
+        "except_tuple_naming_base_exception",
+        hook("try:\n    pass\nexcept (ValueError, BaseException):  # <-\n    pass"),
+        "'except (ValueError, BaseException)' would swallow",
+    ),
+    (
+        "except_nested_tuple_naming_base_exception",
+        hook("try:\n    pass\nexcept (ValueError, (KeyError, BaseException)):  # <-\n    pass"),
+        "'except (ValueError, (KeyError, BaseException))' would swallow",
+    ),
+    (
         "del_method_runs_at_garbage_collection",
         hook("", extra="def __del__(self):  # <-\n    pass\n"),
         "method __del__ is not allowed",
