@@ -260,11 +260,17 @@ class Daemon(Recovery, GpuWatch, PolicyAdmin, DaemonViews):
             return self.store.get(job_id)
 
     def set_tenant(self, tenant: TenantRecord) -> None:
-        """Store a tenant's weight, quotas and graded response; the scheduler uses them from the next step."""
+        """Store a tenant's weight, quotas and graded response; the scheduler uses them from the next step.
+        A waiting job the new quota can never admit is kept, marked: its reason says so from now on and
+        an event records it (the owner raises the quota or cancels the job; nothing drops it)."""
         self.node.check_response(tenant.response)
         with self._lock:
-            self.store.put_tenant(tenant, self.clock())
-            self.scheduler.tenants = _quotas(self.store.tenants())
+            now, before = self.clock(), dict(self.scheduler.tenants)
+            with self.store.transaction():
+                self.store.put_tenant(tenant, now)
+                marked = self.scheduler.set_tenants(_quotas(self.store.tenants()))
+                self.store.on_rollback(lambda: self.scheduler.set_tenants(before))
+                self._record_never_runs(marked, now)
             self._wake.set()
 
     def queue(self) -> list[tuple[JobRecord, str]]:
@@ -355,7 +361,7 @@ class Daemon(Recovery, GpuWatch, PolicyAdmin, DaemonViews):
         except Exception:  # not stored (a full disk): the scheduler must not hold its GPUs either
             self.scheduler.finished(job.id)
             with contextlib.suppress(InvalidRequest):
-                self.scheduler.submit(job.id, job.spec, job.submitted_at)
+                self.scheduler.submit(job.id, job.spec, job.submitted_at, admitted=True)
             raise
         try:
             env = self.node.job_env(job.spec, action.gpus, action.mig)
@@ -387,7 +393,7 @@ class Daemon(Recovery, GpuWatch, PolicyAdmin, DaemonViews):
         self.scheduler.finished(job.id)
         self.node.forget(job.id)
         with contextlib.suppress(InvalidRequest):  # it was placed here a moment ago; it can wait here
-            self.scheduler.submit(job.id, job.spec, job.submitted_at)
+            self.scheduler.submit(job.id, job.spec, job.submitted_at, admitted=True)
 
     def _preempt(self, action: PreemptJob, now: float) -> None:
         job = self.store.get(action.job_id)
@@ -506,7 +512,7 @@ class Daemon(Recovery, GpuWatch, PolicyAdmin, DaemonViews):
         self._usage.pop(job.id, None)
         if again is not None:
             with contextlib.suppress(InvalidRequest):  # it ran here before; it can run again
-                self.scheduler.submit(job.id, job.spec, job.submitted_at)
+                self.scheduler.submit(job.id, job.spec, job.submitted_at, admitted=True)
         self._wake.set()
         return again is not None
 

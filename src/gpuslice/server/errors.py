@@ -1,7 +1,8 @@
 """The server's own user errors, each under its family in ``gpuslice.errors``, and their HTTP status.
 
 ```text
-JobNotFound, GpuNotFound, PolicyNotFound   NotFound          404  no job, GPU, policy family or map key
+JobNotFound, GpuNotFound, PolicyNotFound,  NotFound          404  no job, GPU, policy family, map key or
+TenantNotFound                                                   tenant
 JobConflict                                Conflict          409  the job's state does not allow the action
 JobDamaged                                 Conflict          409  the job's stored row cannot be read
 NotAuthenticated (gpuslice.errors)                           401  no bearer token, or the wrong one
@@ -39,6 +40,7 @@ __all__ = [
     "ServerUnavailable",
     "StoreDamaged",
     "StoreFull",
+    "TenantNotFound",
     "TooManyFollowers",
     "http_status",
 ]
@@ -50,6 +52,10 @@ class JobNotFound(NotFound):
 
 class GpuNotFound(NotFound):
     """No GPU has the index that was asked for."""
+
+
+class TenantNotFound(NotFound):
+    """No tenant of that name is set, nor has jobs (nor is the default tenant)."""
 
 
 class JobConflict(Conflict):
