@@ -199,6 +199,7 @@ class Daemon(Recovery, GpuWatch, PolicyAdmin, DaemonViews):
         self._gpu_jobs: list[frozenset[str]] = [frozenset()] * machine.gpu_count
         self.anomalies = anomaly_detector(machine)
         self._published: GpuSnapshot | None = None  # GPU state at the end of the last tick (metrics)
+        self._waiting: dict[str, str] = {}  # why each pending job waits, as of the last tick (job lists)
         self.metrics = ServeMetrics(self.snapshot)
 
     def _new_scheduler(self) -> NodeScheduler:
@@ -271,6 +272,7 @@ class Daemon(Recovery, GpuWatch, PolicyAdmin, DaemonViews):
                 marked = self.scheduler.set_tenants(_quotas(self.store.tenants()))
                 self.store.on_rollback(lambda: self.scheduler.set_tenants(before))
                 self._record_never_runs(marked, now)
+            self._waiting = dict(self.scheduler.queue())  # the marks show at once
             self._wake.set()
 
     def queue(self) -> list[tuple[JobRecord, str]]:
@@ -327,6 +329,7 @@ class Daemon(Recovery, GpuWatch, PolicyAdmin, DaemonViews):
                     self._each(self._preempt, action, now)
             self.metrics.pending_reasons(self.scheduler.pending_codes())
             self._published = self._gpu_state()
+            self._waiting = dict(self.scheduler.queue())
             self._flush_policy_events(now)
 
     def _each(self, step: Callable[[Any, float], None], item: Any, now: float) -> None:

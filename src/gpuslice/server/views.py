@@ -53,6 +53,7 @@ class DaemonViews:
     _external: dict[int, int]
     _readings: dict[int, GpuReading]
     _published: GpuSnapshot | None
+    _waiting: dict[str, str]
 
     def gpus(self) -> list[dict[str, Any]]:
         with self._lock:
@@ -189,9 +190,9 @@ class DaemonViews:
         return rows
 
     def pending_reasons(self) -> dict[str, str]:
-        """Why each pending job waits now (the scheduler's reason, which the stored one only starts)."""
-        with self._lock:
-            return dict(self.scheduler.queue())
+        """Why each pending job waits (the scheduler's reason; the stored one only says how it entered the
+        queue), as of the last tick: a job list never waits for a scheduling pass."""
+        return self._waiting
 
     def tenant(self, name: str) -> dict[str, Any]:
         """One row of ``tenants``; TenantNotFound for a name that is neither set nor used."""
