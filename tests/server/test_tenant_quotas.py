@@ -84,13 +84,15 @@ def test_four_memory_only_shares_under_max_gpus_1_only_one_runs_and_usage_is_the
     assert ml["gpu_memory_in_use_bytes"] == int(gib * GiB)
 
 
-def test_a_submit_that_can_never_fit_its_quota_is_422_with_the_quota_and_the_need(dgx, api):
+def test_a_submit_that_can_never_fit_its_quota_is_422_with_the_quota_and_the_need(dgx, api, cli):
     dgx.set_tenant(TenantRecord("ml", max_gpus=0.5))
     need = int(0.75 * gpu_bytes(dgx))
     r = api.post("/v1/jobs", json={"command": ["x"], "memory": need, "tenant": "ml"})
     assert r.status_code == 422, r.text
     detail = r.json()["detail"]
     assert "0.75 GPUs" in detail and "tenant ml's quota is 0.5 GPUs" in detail
+    code, out = cli("submit", "--mem", f"{need}B", "--tenant", "ml", "--", "x")
+    assert code == 2 and "tenant ml's quota is 0.5 GPUs" in out, out
     assert dgx.store.jobs() == []
 
 

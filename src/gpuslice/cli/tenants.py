@@ -71,8 +71,11 @@ def _print(row: dict[str, Any]) -> None:
         _out.print(f"[bold]{key:>17}[/bold]  {escape(value)}")
 
 
+Name = Annotated[str, typer.Argument(help="the tenant (team), as jobs name it with --tenant")]
+
+
 @app.command("show")
-def show(name: str, url: Url = None, state_dir: StateDir = None) -> None:
+def show(name: Name, url: Url = None, state_dir: StateDir = None) -> None:
     """One tenant: weight, quota, usage now, and its pending jobs that can never fit the quota."""
     with job_cli._client(url, state_dir) as client:  # the jobs commands' one client
         _print(client.tenant(name))
@@ -90,7 +93,7 @@ def _gpus(text: str) -> float | None:
 
 @app.command("set")
 def set_tenant(
-    name: str,
+    name: Name,
     weight: Annotated[float | None, typer.Option(help="fair-share weight, > 0 (default 1)")] = None,
     max_gpus: Annotated[
         str | None,
