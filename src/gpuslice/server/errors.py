@@ -1,8 +1,8 @@
 """The server's own user errors, each under its family in ``gpuslice.errors``, and their HTTP status.
 
 ```text
-JobNotFound, GpuNotFound, PolicyNotFound,  NotFound          404  no job, GPU, policy family, map key or
-TenantNotFound                                                   tenant
+JobNotFound, GpuNotFound, PolicyNotFound   NotFound          404  no job, GPU, policy family or map key
+TenantNotFound                             NotFound          404  no tenant set or used of that name
 JobConflict                                Conflict          409  the job's state does not allow the action
 JobDamaged                                 Conflict          409  the job's stored row cannot be read
 NotAuthenticated (gpuslice.errors)                           401  no bearer token, or the wrong one
@@ -13,8 +13,9 @@ StoreFull                                  Unavailable       503  the disk is fu
 StoreDamaged                               Unavailable       (serve) the state file is not a database
 ```
 
-Every other user error keeps its family's status (``gpuslice.errors``): InvalidRequest 400, NoSuchMap
-and NoPolicyLoaded (programs.slot) 404, PolicyRejected (programs.loader) 422.
+Every other user error keeps its family's status (``gpuslice.errors``): InvalidRequest 400 (its
+QuotaNeverFits, scheduler.quota, 422), NoSuchMap and NoPolicyLoaded (programs.slot) 404, PolicyRejected
+(programs.loader) 422.
 """
 
 from __future__ import annotations
