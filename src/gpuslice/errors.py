@@ -5,6 +5,7 @@ GpusliceError
 ├─ UserError                CLI exit 2 · HTTP 400   the input is wrong; the message says how to fix it
 │  ├─ InvalidSize                a size string such as "8GB?" cannot be parsed
 │  ├─ InvalidRequest             a request asks for something impossible (0 GPUs at 500 milli, 9 GPUs …)
+│  │  └─ QuotaNeverFits (scheduler.quota)   HTTP 422   a job needs more than its tenant's whole quota
 │  ├─ UnknownName                a name that is not in its catalogue; the message lists the known ones
 │  │  ├─ UnknownPolicy                a policy name
 │  │  │  └─ UnknownMemoryPolicy (memory.policies)
@@ -17,7 +18,7 @@ GpusliceError
 │  ├─ TraceFormatError           a trace CSV has a malformed row (names the file and the row)
 │  ├─ InvalidInput (inputs)        a number out of range, a file that is not text, an unwritable folder
 │  ├─ NotFound                   HTTP 404   no such job, GPU, policy or map
-│  │  ├─ JobNotFound, GpuNotFound, PolicyNotFound (server.errors)
+│  │  ├─ JobNotFound, GpuNotFound, PolicyNotFound, TenantNotFound (server.errors)
 │  │  └─ NoSuchMap, NoPolicyLoaded (programs.slot)
 │  ├─ Conflict                   HTTP 409   the state does not allow the action
 │  │  └─ JobConflict, JobDamaged (server.errors)

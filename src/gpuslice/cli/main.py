@@ -11,7 +11,21 @@ import typer
 from rich.console import Console
 from typer._click import _textwrap  # the formatter's wrapper class: see _WholeWords
 
-from gpuslice.cli import estimate, jobs, k8s, memsim, mig, policy, predict, serve, sim, top, topo, tune
+from gpuslice.cli import (
+    estimate,
+    jobs,
+    k8s,
+    memsim,
+    mig,
+    policy,
+    predict,
+    serve,
+    sim,
+    tenants,
+    top,
+    topo,
+    tune,
+)
 from gpuslice.errors import GpusliceError, exit_code
 
 __all__ = ["app", "build_command", "main", "package_version"]
@@ -54,6 +68,7 @@ app.add_typer(topo.app, name="topo")
 app.add_typer(mig.app, name="mig")
 app.add_typer(k8s.app, name="k8s")
 app.add_typer(policy.app, name="policy")
+app.add_typer(tenants.app, name="tenants")
 app.command("memsim")(memsim.memsim)
 app.command("estimate")(estimate.estimate)
 app.command("predict")(predict.predict)

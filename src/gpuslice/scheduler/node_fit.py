@@ -41,13 +41,16 @@ from gpuslice.hardware.machine import Machine
 from gpuslice.hardware.mig import MigInstance, MigLayout, MigProfile, format_mask, mig_gpu, resolve_request
 from gpuslice.hardware.topology import Topology
 from gpuslice.ledger.fit import FITS, code_of, fit_codes
+from gpuslice.ledger.ledger import Ledger
 from gpuslice.ledger.mig import mig_request
 from gpuslice.ledger.placement import RefusalCode
 from gpuslice.policies.gpuset.pick import meets_need
 from gpuslice.policies.mig_placement import MigPlacementOps
 from gpuslice.scheduler.mig_choice import MigCandidate, choose_mig_instance, mig_candidate, mig_rank
+from gpuslice.scheduler.node_decisions import MigAssignment
 from gpuslice.scheduler.reasons import PendingCode, PendingReason
 from gpuslice.units import format_size
+from gpuslice.workload.equivalent import gpu_equivalent
 from gpuslice.workload.job import JobSpec, TopologyNeed
 from gpuslice.workload.request import MILLI_PER_GPU, Request
 
@@ -57,6 +60,7 @@ __all__ = [
     "Demand",
     "DemandKind",
     "Holding",
+    "adopted_holding",
     "choose_mig",
     "demand_for",
     "fits",
@@ -160,12 +164,53 @@ class Capacity:
             self.layouts[h.gpus[0]] = layout.with_instance(h.mig) if sign < 0 else layout.without(h.mig)
 
 
-def gpus_equivalent(h: Holding) -> float:
-    """GPUs a holding counts as for quotas and fair share: whole = 1 each, a share its compute fraction,
-    a MIG instance its compute slices / 7."""
+def gpus_equivalent(h: Holding, gpu_memory_bytes: int) -> float:
+    """GPUs a holding counts as for quotas, fair share and preemption (``workload.equivalent``: whole = 1
+    each, a share max(compute, memory) fraction of its GPU, which has ``gpu_memory_bytes``, a MIG
+    instance its compute slices / 7)."""
     if h.mig is not None:
-        return h.mig.profile.compute_slices / 7
-    return len(h.gpus) * h.milli / MILLI_PER_GPU
+        return gpu_equivalent(1, mig_slices=h.mig.profile.compute_slices)
+    return gpu_equivalent(len(h.gpus), h.milli, h.memory_bytes, gpu_memory_bytes)
+
+
+def adopted_holding(
+    job_id: str,
+    demand: Demand,
+    gpus: tuple[int, ...],
+    mig: MigAssignment | None,
+    ledger: Ledger,
+    machine: Machine,
+) -> Holding:
+    """What a job found running after a restart holds on ``gpus`` (and ``mig``): InvalidRequest when it
+    conflicts with what ``ledger`` has recorded already (what is recorded wins) or with the machine."""
+    n = machine.gpu_count
+    bad = [g for g in gpus if not 0 <= g < n]
+    if bad:
+        raise InvalidRequest(f"gpus: GPU {bad[0]} does not exist (this machine has 0–{n - 1})")
+    if demand.kind is DemandKind.MIG:
+        layout = None if mig is None or gpus != (mig.gpu,) else ledger.mig_layout(0, mig.gpu)
+        if mig is None or layout is None:
+            raise InvalidRequest(f"mig: job {job_id} is a MIG job; give its MIG GPU, profile and start")
+        try:
+            profile = layout.gpu.profile(mig.profile)
+        except UserError as err:
+            raise InvalidRequest(f"mig: {err}") from None
+        request = mig_request(profile, machine.gpus[mig.gpu].memory_bytes)
+        instance = MigInstance(profile, mig.start)
+        if ledger.check_mig(0, mig.gpu, instance, request) is not None:
+            raise InvalidRequest(
+                f"mig: {profile.name}@{mig.start} does not fit GPU {mig.gpu} "
+                f"(slots {format_mask(layout.mask)})"
+            )
+        return Holding(gpus, mig=instance, request=request)
+    if len(gpus) != max(demand.count, 0) or set(gpus) - set(demand.eligible):
+        raise InvalidRequest(
+            f"gpus: job {job_id} needs {demand.count} of GPU {list(demand.eligible)}, got {list(gpus)}"
+        )
+    refused = ledger.check(0, gpus, demand.request)
+    if refused is not None:  # the ledger's own fit rule
+        raise InvalidRequest(f"gpus: cannot adopt job {job_id} on GPU {list(gpus)}: {refused}")
+    return Holding(gpus, demand.milli, demand.memory_bytes, request=demand.request)
 
 
 # ---- submit-time resolution -------------------------------------------------------------------------

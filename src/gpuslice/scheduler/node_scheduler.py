@@ -37,9 +37,9 @@ from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from gpuslice.errors import InternalError, InvalidRequest, UserError
+from gpuslice.errors import InternalError, InvalidRequest
 from gpuslice.hardware.machine import Machine
-from gpuslice.hardware.mig import MigInstance, format_mask, mig_gpu
+from gpuslice.hardware.mig import format_mask, mig_gpu
 from gpuslice.ledger.ledger import Ledger, LedgerView
 from gpuslice.ledger.placement import Placement, Refusal
 from gpuslice.policies.base import PlacementOps, PolicyContext
@@ -62,11 +62,10 @@ from gpuslice.scheduler.node_fit import (
     Demand,
     DemandKind,
     Holding,
+    adopted_holding,
     choose_mig,
     demand_for,
     fits,
-    gpus_equivalent,
-    mig_request,
     why_not,
 )
 from gpuslice.scheduler.node_gpu_choice import NodeGpuChoice
@@ -74,10 +73,14 @@ from gpuslice.scheduler.preemption import Victim, find_preemption
 from gpuslice.scheduler.quota import (
     TenantQuota,
     check_fits_quota,
+    held_gpus,
     least_use,
     memory_of,
     memory_on,
+    most_gpus,
+    never_reason,
     quota_reason,
+    tenant_usage,
 )
 from gpuslice.scheduler.reasons import PendingCode, PendingReason
 from gpuslice.workload.job import DEFAULT_GRACE_SECONDS, JobSpec
@@ -170,13 +173,32 @@ class NodeScheduler:
 
     # ---- changes from the daemon ---------------------------------------------------------------------
 
-    def submit(self, job_id: str, spec: JobSpec, now: float) -> None:
-        """Queue a job; InvalidRequest (naming the field) if it can never run on this machine."""
+    def submit(self, job_id: str, spec: JobSpec, now: float, *, admitted: bool = False) -> None:
+        """Queue a job; InvalidRequest (naming the field) if it can never run on this machine, and
+        QuotaNeverFits if it needs more than its tenant's whole quota. A job ``admitted`` before (a
+        requeue, a server restart) is queued whatever the quota says now: a quota lowered under it makes
+        it wait with "can never run under quota …" (``set_tenants``), it is never dropped."""
         self._check_new(job_id)
         demand = demand_for(spec, self.machine)
-        check_fits_quota(self.tenants.get(spec.tenant), spec.tenant, self.machine, demand)
-        self._pending[job_id] = _Pending(QueuedJob(job_id, spec, now, self._seq), demand)
+        if not admitted:
+            check_fits_quota(self.tenants.get(spec.tenant), spec.tenant, self.machine, demand)
+        pending = _Pending(QueuedJob(job_id, spec, now, self._seq), demand)
+        pending.reason = self._never_reason(pending) or SUBMITTED_REASON
+        self._pending[job_id] = pending
         self._seq += 1
+
+    def set_tenants(self, tenants: Mapping[str, TenantQuota]) -> list[str]:
+        """Replace the tenants' weights and quotas; the pending jobs their quota now never admits (and did
+        before) are returned, each waiting with that reason from now on."""
+        before = set(self.never_runs())
+        self.tenants = dict(tenants)
+        for job_id, reason in (now := self.never_runs()).items():
+            self._pending[job_id].reason = reason
+        return [job_id for job_id in now if job_id not in before]
+
+    def never_runs(self) -> dict[str, PendingReason]:
+        """Pending jobs their tenant's quota can never admit, with the reason they show."""
+        return {i: why for i, j in self._pending.items() if (why := self._never_reason(j)) is not None}
 
     def cancel(self, job_id: str) -> None:
         """Drop a pending job. A running or unknown job is left alone (the daemon stops running ones)."""
@@ -207,36 +229,7 @@ class NodeScheduler:
         changed, when its GPUs or MIG slot conflict with what is already recorded."""
         self._check_new(job_id)
         demand = demand_for(spec, self.machine)
-        gpus = tuple(int(g) for g in gpus)
-        bad = [g for g in gpus if not 0 <= g < self._n]
-        if bad:
-            raise InvalidRequest(f"gpus: GPU {bad[0]} does not exist (this machine has 0–{self._n - 1})")
-        if demand.kind is DemandKind.MIG:
-            layout = None if mig is None or gpus != (mig.gpu,) else self.ledger.mig_layout(0, mig.gpu)
-            if mig is None or layout is None:
-                raise InvalidRequest(f"mig: job {job_id} is a MIG job; give its MIG GPU, profile and start")
-            try:
-                profile = layout.gpu.profile(mig.profile)
-            except UserError as err:
-                raise InvalidRequest(f"mig: {err}") from None
-            request = mig_request(profile, self.machine.gpus[mig.gpu].memory_bytes)
-            instance = MigInstance(profile, mig.start)
-            holding = Holding(gpus, mig=instance, request=request)
-            if self.ledger.check_mig(0, mig.gpu, instance, request) is not None:  # what is recorded wins
-                raise InvalidRequest(
-                    f"mig: {profile.name}@{mig.start} does not fit GPU {mig.gpu} "
-                    f"(slots {format_mask(layout.mask)})"
-                )
-        else:
-            if len(gpus) != max(demand.count, 0) or set(gpus) - set(demand.eligible):
-                raise InvalidRequest(
-                    f"gpus: job {job_id} needs {demand.count} of GPU {list(demand.eligible)}, "
-                    f"got {list(gpus)}"
-                )
-            holding = Holding(gpus, demand.milli, demand.memory_bytes, request=demand.request)
-            refused = self.ledger.check(0, gpus, demand.request)
-            if refused is not None:  # the ledger's own fit rule; what is recorded already wins
-                raise InvalidRequest(f"gpus: cannot adopt job {job_id} on GPU {list(gpus)}: {refused}")
+        holding = adopted_holding(job_id, demand, tuple(int(g) for g in gpus), mig, self.ledger, self.machine)
         self._reserve(job_id, spec, holding, started_at, mig, adopting=True)
 
     def set_external_usage(self, gpu: int, memory_bytes: int) -> None:
@@ -281,7 +274,8 @@ class NodeScheduler:
 
     def _consider(self, job: _Pending, now: float, p: _Pass) -> bool:
         spec = job.queued.spec
-        quota = self._quota_reason(spec.tenant, *least_use(self.machine, job.demand))
+        least = least_use(self.machine, job.demand)
+        quota = self._never_reason(job) or self._quota_reason(spec.tenant, *least)
         if quota is not None:
             job.reason = quota
             return False
@@ -298,7 +292,7 @@ class NodeScheduler:
             job.reason = reason
             return False
         exact = self._quota_reason(
-            spec.tenant, gpus_equivalent(choice.holding), memory_of(self.machine, choice.holding)
+            spec.tenant, held_gpus(self.machine, choice.holding), memory_of(self.machine, choice.holding)
         )
         if exact is not None:
             job.reason = exact
@@ -330,7 +324,7 @@ class NodeScheduler:
                 f"waiting for preempted job(s) {', '.join(mine)} to stop (grace {self.grace_seconds:g} s)",
             )
         else:
-            victims = self._victims(job, now, p.cap)
+            victims = self._victims(job, now, p.cap) if self._may_preempt(job) else None
             if victims:
                 for v in victims:
                     run = self._running[v.job_id]
@@ -350,7 +344,7 @@ class NodeScheduler:
         """``find_preemption`` over the running jobs on GPUs the head may use, not preempted already."""
         spec, demand = job.queued.spec, self._usable(job.demand)
         running = [
-            Victim(r.job_id, int(r.spec.priority), r.started_at, gpus_equivalent(r.holding),
+            Victim(r.job_id, int(r.spec.priority), r.started_at, held_gpus(self.machine, r.holding),
                    tenant=r.spec.tenant, preemptible=r.spec.preemptible, holding=r.holding)
             for r in self._by_start()
             if r.preempt_at is None and set(demand.eligible) & set(r.holding.gpus)
@@ -404,6 +398,10 @@ class NodeScheduler:
         except KeyError:
             raise KeyError(f"job {job_id!r} is not pending") from None
 
+    def tenant_usage(self) -> dict[str, tuple[float, int]]:
+        """Per tenant with running jobs: the GPUs and GPU memory they hold, as the quotas count them."""
+        return tenant_usage(self.machine, ((r.spec.tenant, r.holding) for r in self._running.values()))
+
     def running(self) -> dict[str, tuple[int, ...]]:
         """Running job ids (including those being preempted) and their GPUs, in start order."""
         return {r.job_id: r.holding.gpus for r in self._by_start()}
@@ -413,29 +411,19 @@ class NodeScheduler:
         return {r.job_id: (r.spec, r.mig) for r in self._by_start()}
 
     def gpu_usage(self) -> list[GpuUsage]:
-        view = self.ledger.view
-        out = []
+        view, out = self.ledger.view, []
         for gpu in self.machine.gpus:
-            g = gpu.index
-            jobs = tuple(r.job_id for r in self._by_start() if g in r.holding.gpus)
-            used = sum(
-                memory_on(self.machine, r.holding, g) for r in self._running.values() if g in r.holding.gpus
-            )
+            g, held = gpu.index, [r for r in self._by_start() if gpu.index in r.holding.gpus]
+            used = sum(memory_on(self.machine, r.holding, g) for r in held)
             layout = self.ledger.mig_layout(0, g)
-            out.append(
-                GpuUsage(
-                    index=g,
-                    model=gpu.model,
-                    memory_total_bytes=gpu.memory_bytes,
-                    memory_free_bytes=max(0, gpu.memory_bytes - used - self._external[g]),
-                    compute_free_milli=int(view.free_gpu_milli[0, g]),
-                    job_ids=jobs,
-                    external_bytes=self._external[g],
-                    mig_enabled=gpu.mig_enabled,
-                    mig_slots=format_mask(layout.mask) if layout is not None else "",
-                    unhealthy_reason=self._unhealthy.get(g, ""),
-                )
-            )
+            out.append(GpuUsage(
+                index=g, model=gpu.model, memory_total_bytes=gpu.memory_bytes,
+                memory_free_bytes=max(0, gpu.memory_bytes - used - self._external[g]),
+                compute_free_milli=int(view.free_gpu_milli[0, g]), job_ids=tuple(r.job_id for r in held),
+                external_bytes=self._external[g], mig_enabled=gpu.mig_enabled,
+                mig_slots=format_mask(layout.mask) if layout is not None else "",
+                unhealthy_reason=self._unhealthy.get(g, ""),
+            ))  # fmt: skip
         return out
 
     # ---- helpers -------------------------------------------------------------------------------------
@@ -453,7 +441,7 @@ class NodeScheduler:
     def _view(self, now: float) -> QueueView:
         usage: dict[str, float] = {}
         for r in self._running.values():
-            usage[r.spec.tenant] = usage.get(r.spec.tenant, 0.0) + gpus_equivalent(r.holding)
+            usage[r.spec.tenant] = usage.get(r.spec.tenant, 0.0) + held_gpus(self.machine, r.holding)
         weights = {name: q.weight for name, q in self.tenants.items()}
         return QueueView(now, self.aging_seconds, weights, usage)
 
@@ -531,6 +519,15 @@ class NodeScheduler:
         total = [g.memory_bytes for g in self.machine.gpus]
         layouts = [self.ledger.mig_layout(0, g) for g in range(self._n)]
         return Capacity(milli, memory, layouts, self._external, total)
+
+    def _never_reason(self, job: _Pending) -> PendingReason | None:
+        tenant = job.queued.spec.tenant
+        return never_reason(self.tenants.get(tenant), tenant, self.machine, job.demand)
+
+    def _may_preempt(self, job: _Pending) -> bool:
+        """The quota has room for the most the job could count as (quota.py: never evict, then wait)."""
+        gpus, memory = most_gpus(self.machine, job.demand), least_use(self.machine, job.demand)[1]
+        return self._quota_reason(job.queued.spec.tenant, gpus, memory) is None
 
     def _quota_reason(self, tenant: str, gpus: float, memory: int) -> PendingReason | None:
         held = (r.holding for r in self._running.values() if r.spec.tenant == tenant)

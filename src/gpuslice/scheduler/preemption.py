@@ -10,7 +10,7 @@ and whose own priority is strictly lower than the preemptor's own priority (agin
 never makes a job preempt). The queue policy's ``may_preempt`` hook may then protect any of them.
 
 Cost of a set, compared as a tuple, lowest wins (docs/serve-design.md):
-1. GPUs it frees (whole = 1, shares and MIG instances their fraction);
+1. GPUs it frees (whole = 1, shares and MIG instances their GPU-equivalent);
 2. the highest priority in the set, then the sum of priorities (take LOW before NORMAL);
 3. GPU-seconds of work lost (run time so far × GPUs): the most recently started go first;
 4. the job ids, so equal costs still give one answer.
@@ -40,9 +40,10 @@ MAX_SUBSETS = 2048
 
 @dataclass(frozen=True, slots=True)
 class Victim:
-    """A running job that could be preempted. ``gpus`` is what it frees (whole GPU 1, a share its
-    compute fraction, a MIG instance its slices / 7); ``holding`` is the home's own record of what it
-    holds, handed back to ``fits_without`` and never read by the search."""
+    """A running job that could be preempted. ``gpus`` is what it frees, its GPU-equivalent
+    (``workload/equivalent.py``: whole GPU 1, a share the larger of its compute and memory fractions, a
+    MIG instance its slices / 7); ``holding`` is the home's own record of what it holds, handed back to
+    ``fits_without`` and never read by the search."""
 
     job_id: str
     priority: int

@@ -14,6 +14,7 @@ POST /v1/gpus/{index}/health   🔑   mark a GPU unhealthy ({"healthy": false, "
 GET  /metrics                       Prometheus text exposition (observe/metrics.py; docs/metrics.md)
 GET  /v1/queue                      pending jobs in start order, each with why it waits
 GET  /v1/tenants                    tenants: weight, quotas, graded-response settings, usage now
+GET  /v1/tenants/{name}             one tenant (404 if neither set nor used)
 PUT  /v1/tenants/{name}        🔑   set a tenant's weight, quotas and graded response
 GET  /v1/events?job_id=&after=&limit=&kind=   the event log (kind=policy: loads, faults, detaches)
 POST /v1/policies              🔑   verify a policy file's source, then swap it in (server/policy_api.py)
@@ -161,8 +162,14 @@ class TenantOut(BaseModel):
     response: dict[str, Any]
     running_jobs: int
     pending_jobs: int
-    gpus_in_use: float
+    gpus_in_use: float = Field(
+        description="GPUs its running jobs hold as quotas count them: whole GPUs 1 each, a share the "
+        "larger of its memory and compute fractions of its GPU, a MIG instance its compute slices / 7"
+    )
     gpu_memory_in_use_bytes: int
+    never_fit_jobs: list[str] = Field(
+        default_factory=list, description="its pending jobs that need more than its whole quota"
+    )
 
 
 class EventOut(BaseModel):
@@ -323,11 +330,12 @@ def create_app(
     ) -> list[JobOut]:
         states = [JobState(s) for s in state] if state else None
         jobs = daemon.store.jobs(states, tenant=tenant, limit=limit, newest_first=True)
-        return [job_out(j) for j in jobs]
+        waiting = daemon.pending_reasons()  # a pending job's reason is why it waits now
+        return [job_out(j, waiting.get(j.id)) for j in jobs]
 
     @app.get("/v1/jobs/{job_id}", response_model=JobOut, responses=_ERRORS)
     def get_job(job_id: str) -> JobOut:
-        return job_out(daemon.store.get(job_id))
+        return job_out(daemon.store.get(job_id), daemon.pending_reasons().get(job_id))
 
     @app.post("/v1/jobs/{job_id}/cancel", response_model=JobOut, responses=_ERRORS, dependencies=[Auth])
     def cancel(job_id: str) -> JobOut:
@@ -393,10 +401,14 @@ def create_app(
     def tenants() -> list[TenantOut]:
         return [TenantOut(**t) for t in daemon.tenants()]
 
+    @app.get("/v1/tenants/{name}", response_model=TenantOut, responses=_ERRORS)
+    def get_tenant(name: Annotated[str, Path(pattern=TENANT_PATTERN)]) -> TenantOut:
+        return TenantOut(**daemon.tenant(name))
+
     @app.put("/v1/tenants/{name}", response_model=TenantOut, responses=_ERRORS, dependencies=[Auth])
     def put_tenant(name: Annotated[str, Path(pattern=TENANT_PATTERN)], body: TenantIn) -> TenantOut:
         daemon.set_tenant(tenant_from_body(name, body))
-        return next(TenantOut(**t) for t in daemon.tenants() if t["name"] == name)
+        return TenantOut(**daemon.tenant(name))
 
     @app.get("/v1/events", response_model=list[EventOut], responses=_ERRORS)
     def events(

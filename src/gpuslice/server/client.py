@@ -174,8 +174,11 @@ class ServeClient:
     def tenants(self) -> list[dict[str, Any]]:
         return self._send("GET", "/v1/tenants")
 
+    def tenant(self, name: str) -> dict[str, Any]:
+        return self._send("GET", f"/v1/tenants/{quote(name, safe='')}")
+
     def put_tenant(self, name: str, body: dict[str, Any]) -> dict[str, Any]:
-        return self._send("PUT", f"/v1/tenants/{name}", auth=True, json=body)
+        return self._send("PUT", f"/v1/tenants/{quote(name, safe='')}", auth=True, json=body)
 
     def events(
         self, job_id: str | None = None, after: int = 0, kind: str | None = None, limit: int = 1000

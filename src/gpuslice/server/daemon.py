@@ -199,6 +199,7 @@ class Daemon(Recovery, GpuWatch, PolicyAdmin, DaemonViews):
         self._gpu_jobs: list[frozenset[str]] = [frozenset()] * machine.gpu_count
         self.anomalies = anomaly_detector(machine)
         self._published: GpuSnapshot | None = None  # GPU state at the end of the last tick (metrics)
+        self._waiting: dict[str, str] = {}  # why each pending job waits, as of the last tick (job lists)
         self.metrics = ServeMetrics(self.snapshot)
 
     def _new_scheduler(self) -> NodeScheduler:
@@ -260,11 +261,18 @@ class Daemon(Recovery, GpuWatch, PolicyAdmin, DaemonViews):
             return self.store.get(job_id)
 
     def set_tenant(self, tenant: TenantRecord) -> None:
-        """Store a tenant's weight, quotas and graded response; the scheduler uses them from the next step."""
+        """Store a tenant's weight, quotas and graded response; the scheduler uses them from the next step.
+        A waiting job the new quota can never admit is kept, marked: its reason says so from now on and
+        an event records it (the owner raises the quota or cancels the job; nothing drops it)."""
         self.node.check_response(tenant.response)
         with self._lock:
-            self.store.put_tenant(tenant, self.clock())
-            self.scheduler.tenants = _quotas(self.store.tenants())
+            now, before = self.clock(), dict(self.scheduler.tenants)
+            with self.store.transaction():
+                self.store.put_tenant(tenant, now)
+                marked = self.scheduler.set_tenants(_quotas(self.store.tenants()))
+                self.store.on_rollback(lambda: self.scheduler.set_tenants(before))
+                self._record_never_runs(marked, now)
+            self._waiting = dict(self.scheduler.queue())  # the marks show at once
             self._wake.set()
 
     def queue(self) -> list[tuple[JobRecord, str]]:
@@ -321,6 +329,7 @@ class Daemon(Recovery, GpuWatch, PolicyAdmin, DaemonViews):
                     self._each(self._preempt, action, now)
             self.metrics.pending_reasons(self.scheduler.pending_codes())
             self._published = self._gpu_state()
+            self._waiting = dict(self.scheduler.queue())
             self._flush_policy_events(now)
 
     def _each(self, step: Callable[[Any, float], None], item: Any, now: float) -> None:
@@ -355,7 +364,7 @@ class Daemon(Recovery, GpuWatch, PolicyAdmin, DaemonViews):
         except Exception:  # not stored (a full disk): the scheduler must not hold its GPUs either
             self.scheduler.finished(job.id)
             with contextlib.suppress(InvalidRequest):
-                self.scheduler.submit(job.id, job.spec, job.submitted_at)
+                self.scheduler.submit(job.id, job.spec, job.submitted_at, admitted=True)
             raise
         try:
             env = self.node.job_env(job.spec, action.gpus, action.mig)
@@ -387,7 +396,7 @@ class Daemon(Recovery, GpuWatch, PolicyAdmin, DaemonViews):
         self.scheduler.finished(job.id)
         self.node.forget(job.id)
         with contextlib.suppress(InvalidRequest):  # it was placed here a moment ago; it can wait here
-            self.scheduler.submit(job.id, job.spec, job.submitted_at)
+            self.scheduler.submit(job.id, job.spec, job.submitted_at, admitted=True)
 
     def _preempt(self, action: PreemptJob, now: float) -> None:
         job = self.store.get(action.job_id)
@@ -506,7 +515,7 @@ class Daemon(Recovery, GpuWatch, PolicyAdmin, DaemonViews):
         self._usage.pop(job.id, None)
         if again is not None:
             with contextlib.suppress(InvalidRequest):  # it ran here before; it can run again
-                self.scheduler.submit(job.id, job.spec, job.submitted_at)
+                self.scheduler.submit(job.id, job.spec, job.submitted_at, admitted=True)
         self._wake.set()
         return again is not None
 

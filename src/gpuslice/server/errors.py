@@ -2,6 +2,7 @@
 
 ```text
 JobNotFound, GpuNotFound, PolicyNotFound   NotFound          404  no job, GPU, policy family or map key
+TenantNotFound                             NotFound          404  no tenant set or used of that name
 JobConflict                                Conflict          409  the job's state does not allow the action
 JobDamaged                                 Conflict          409  the job's stored row cannot be read
 NotAuthenticated (gpuslice.errors)                           401  no bearer token, or the wrong one
@@ -12,8 +13,9 @@ StoreFull                                  Unavailable       503  the disk is fu
 StoreDamaged                               Unavailable       (serve) the state file is not a database
 ```
 
-Every other user error keeps its family's status (``gpuslice.errors``): InvalidRequest 400, NoSuchMap
-and NoPolicyLoaded (programs.slot) 404, PolicyRejected (programs.loader) 422.
+Every other user error keeps its family's status (``gpuslice.errors``): InvalidRequest 400 (its
+QuotaNeverFits, scheduler.quota, 422), NoSuchMap and NoPolicyLoaded (programs.slot) 404, PolicyRejected
+(programs.loader) 422.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ __all__ = [
     "ServerUnavailable",
     "StoreDamaged",
     "StoreFull",
+    "TenantNotFound",
     "TooManyFollowers",
     "http_status",
 ]
@@ -50,6 +53,10 @@ class JobNotFound(NotFound):
 
 class GpuNotFound(NotFound):
     """No GPU has the index that was asked for."""
+
+
+class TenantNotFound(NotFound):
+    """No tenant of that name is set, nor has jobs (nor is the default tenant)."""
 
 
 class JobConflict(Conflict):

@@ -42,7 +42,7 @@ from gpuslice.hardware.node import MAX_GPUS_PER_NODE
 from gpuslice.server.codec import spec_to_json
 from gpuslice.server.store import JobRecord, TenantRecord
 from gpuslice.units import SIZE_PATTERN, parse_size
-from gpuslice.workload.job import DEFAULT_TENANT, JobSpec, Priority, RestartPolicy, TopologyNeed
+from gpuslice.workload.job import DEFAULT_TENANT, JobSpec, JobState, Priority, RestartPolicy, TopologyNeed
 
 __all__ = [
     "DURATION_PATTERN",
@@ -297,8 +297,8 @@ def named(err: InvalidRequest) -> UserError:
     """An InvalidRequest from JobSpec or the scheduler as a FieldError naming the API's field, when its
     message starts with a field name ("gpu_memory_bytes: …" becomes field "memory")."""
     head, sep, rest = str(err).partition(": ")
-    if sep and head.isidentifier():
-        return FieldError(_SPEC_FIELD.get(head, head), rest)
+    if sep and head.isidentifier():  # keeps the error's status (a quota never met is 422)
+        return FieldError(_SPEC_FIELD.get(head, head), rest, err.http_status)
     return err
 
 
@@ -347,13 +347,14 @@ def _valid_text(value: Any) -> Any:
     return value
 
 
-def job_out(job: JobRecord) -> JobOut:
+def job_out(job: JobRecord, waiting: str | None = None) -> JobOut:
+    """``waiting``: why a pending job waits now (the scheduler's reason), shown instead of the stored one."""
     spec = spec_to_json(job.spec)
     spec["env"] = {name: ENV_MASK for name in spec["env"]}
     return JobOut(
         id=job.id,
         state=job.state.value,
-        reason=_valid_text(job.reason),
+        reason=_valid_text(waiting if waiting is not None and job.state is JobState.PENDING else job.reason),
         user=job.user,
         tenant=job.spec.tenant,
         priority=job.spec.priority.name.lower(),
@@ -379,7 +380,11 @@ class TenantIn(BaseModel):
     model_config = _STRICT
 
     weight: float = Field(1.0, gt=0, le=1e6, description="fair-share weight")
-    max_gpus: float | None = Field(None, ge=0, le=MAX_GPUS_PER_NODE, description="GPUs (shares count)")
+    max_gpus: float | None = Field(
+        None, ge=0, le=MAX_GPUS_PER_NODE,
+        description="GPUs its running jobs may hold; a share counts the larger of its memory and compute "
+        "fractions of its GPU, a MIG instance its compute slices / 7",
+    )  # fmt: skip
     max_gpu_memory: SizeText | SizeBytes | None = Field(
         None, description='total GPU memory, e.g. "160GiB", or bytes (at most 2^60)'
     )

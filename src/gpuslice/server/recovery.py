@@ -7,7 +7,9 @@ recover (once, before the first tick):
     RUNNING that no longer fits the machine (fewer GPUs, MIG off)           -> stopped, CANCELLED at exit
     RUNNING whose supervisor never started (stored, then the server died) -> PENDING, no attempt counted
     RUNNING with neither                 -> FAILED "lost while the server was down", requeued per policy
-    PENDING                              -> scheduler.submit again, in submission order
+    PENDING                              -> scheduler.submit again, in submission order; one its
+        tenant's quota (lowered meanwhile) can never admit stays PENDING, marked, with a "quota" event
+        that says so; only one the machine can no longer run is CANCELLED, its transition saying why
 ```
 
 Before that, the store is checked against the launch records (records/<id>/job.json, written at each
@@ -50,6 +52,7 @@ class RecoveryReport:
     lost: list[str] = field(default_factory=list)
     requeued: list[str] = field(default_factory=list)
     refused: list[str] = field(default_factory=list)
+    over_quota: list[str] = field(default_factory=list)  # kept waiting: their quota can never admit them
 
 
 class Recovery:
@@ -102,12 +105,20 @@ class Recovery:
             for job in self.store.jobs([JobState.PENDING]):
                 if job.id in report.requeued:  # _end queued it already
                     continue
-                try:
-                    self.scheduler.submit(job.id, job.spec, job.submitted_at)
-                except InvalidRequest as err:
+                try:  # accepted before: a quota lowered since keeps it waiting, marked, never cancelled
+                    self.scheduler.submit(job.id, job.spec, job.submitted_at, admitted=True)
+                except InvalidRequest as err:  # the machine changed under it: the transition says why
                     self.store.transition(job.id, JobState.CANCELLED, f"can no longer run here: {err}", now)
                     report.refused.append(job.id)
+            report.over_quota = sorted(self.scheduler.never_runs(), key=_number)
+            self._record_never_runs(report.over_quota, now, "; kept waiting after a server restart")
         return report
+
+    def _record_never_runs(self, job_ids: list[str], now: float, after: str = "") -> None:
+        """An event for each pending job its tenant's quota can never admit (``quota`` kind)."""
+        reasons = self.scheduler.never_runs()
+        for job_id in job_ids:
+            self.store.event(job_id, "quota", reasons[job_id].text + after, now)
 
     def _restore_lost(self, now: float) -> list[str]:
         """Jobs the launch records know better than the store (see the module doc); their ids."""

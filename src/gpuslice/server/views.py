@@ -12,12 +12,14 @@ from typing import Any, NamedTuple
 
 import gpuslice
 from gpuslice.hardware.machine import Machine
-from gpuslice.hardware.mig import COMPUTE_SLICES, mig_gpu
+from gpuslice.hardware.mig import mig_gpu
 from gpuslice.node.telemetry import GpuReading
 from gpuslice.observe.health import GpuHealth, HealthBook
 from gpuslice.observe.metrics import GpuState, PendingState, ServeSnapshot, SliceState
 from gpuslice.scheduler.node_scheduler import GpuUsage, MigAssignment, NodeScheduler
+from gpuslice.server.errors import TenantNotFound
 from gpuslice.server.store import JobRecord, Store, TenantRecord
+from gpuslice.workload.equivalent import gpu_equivalent
 from gpuslice.workload.job import DEFAULT_TENANT, JobSpec, JobState, Priority
 
 __all__ = ["DaemonViews", "GpuSnapshot"]
@@ -51,6 +53,7 @@ class DaemonViews:
     _external: dict[int, int]
     _readings: dict[int, GpuReading]
     _published: GpuSnapshot | None
+    _waiting: dict[str, str]
 
     def gpus(self) -> list[dict[str, Any]]:
         with self._lock:
@@ -83,7 +86,7 @@ class DaemonViews:
                 if mig is not None and spec.mig_profile:  # an instance holds its slices, not the GPU
                     profile = mig_gpu(self.machine.gpus[gpu.index].mig_model).profile(mig.profile)
                     memory = profile.memory_bytes
-                    compute = round(100 * profile.compute_slices / COMPUTE_SLICES)
+                    compute = round(100 * gpu_equivalent(1, mig_slices=profile.compute_slices))
                 jobs.append(
                     {
                         "id": job_id,
@@ -156,13 +159,20 @@ class DaemonViews:
         return ServeSnapshot(gpus, slices, pending, counts, info)
 
     def tenants(self) -> list[dict[str, Any]]:
+        """Every tenant stored, with active jobs, or the default: settings, quotas and usage now. GPUs
+        in use count as the quotas count them (``scheduler/quota.py``: a share the larger of its memory
+        and compute fractions of its GPU), read from the scheduler that enforces them."""
         stored = self.store.tenants()
         active = self.store.jobs([JobState.PENDING, JobState.RUNNING])
+        with self._lock:
+            usage = self.scheduler.tenant_usage()
+            never = self.scheduler.never_runs()
         names = sorted(set(stored) | {j.spec.tenant for j in active} | {DEFAULT_TENANT})
         rows = []
         for name in names:
             t = stored.get(name, TenantRecord(name))
-            running = [j for j in active if j.spec.tenant == name and j.state is JobState.RUNNING]
+            mine = [j for j in active if j.spec.tenant == name]
+            gpus, memory = usage.get(name, (0.0, 0))
             rows.append(
                 {
                     "name": name,
@@ -170,15 +180,30 @@ class DaemonViews:
                     "max_gpus": t.max_gpus,
                     "max_gpu_memory_bytes": t.max_gpu_memory_bytes,
                     "response": {**self.node.response_defaults(), **t.response},
-                    "running_jobs": len(running),
-                    "pending_jobs": sum(
-                        1 for j in active if j.spec.tenant == name and j.state is JobState.PENDING
-                    ),
-                    "gpus_in_use": round(sum(_gpus_held(j) for j in running), 3),
-                    "gpu_memory_in_use_bytes": sum(self._memory_held(j) for j in running),
+                    "running_jobs": sum(1 for j in mine if j.state is JobState.RUNNING),
+                    "pending_jobs": sum(1 for j in mine if j.state is JobState.PENDING),
+                    "gpus_in_use": round(gpus, 3),
+                    "gpu_memory_in_use_bytes": memory,
+                    "never_fit_jobs": sorted((j.id for j in mine if j.id in never), key=_job_number),
                 }
             )
         return rows
+
+    def pending_reasons(self) -> dict[str, str]:
+        """Why each pending job waits (the scheduler's reason; the stored one only says how it entered the
+        queue), as of the last tick: a job list never waits for a scheduling pass."""
+        return self._waiting
+
+    def tenant(self, name: str) -> dict[str, Any]:
+        """One row of ``tenants``; TenantNotFound for a name that is neither set nor used."""
+        rows = self.tenants()
+        for row in rows:
+            if row["name"] == name:
+                return row
+        known = ", ".join(r["name"] for r in rows)
+        raise TenantNotFound(
+            f"no tenant {name!r} (known: {known}); `gpuslice tenants set {name} …` creates one"
+        )
 
     def _memory_limit(self, job: JobRecord) -> int:
         """GPU memory a job may hold on each of its GPUs: its slice, or the whole GPU."""
@@ -188,10 +213,6 @@ class DaemonViews:
             return int(job.mig.get("memory_bytes", 0))
         return min((self.machine.gpus[g].memory_bytes for g in job.gpus), default=0)
 
-    def _memory_held(self, job: JobRecord) -> int:
-        return self._memory_limit(job) * max(1, len(job.gpus))
 
-
-def _gpus_held(job: JobRecord) -> float:
-    request = job.spec.request()
-    return request.num_gpu * request.gpu_milli / 1000
+def _job_number(job_id: str) -> tuple[int, str]:
+    return (int(job_id), "") if job_id.isdigit() else (0, job_id)

@@ -96,6 +96,8 @@ class ClusterHolding:
         """The MIG instance a MIG pod holds (its GPU share for fair share: compute slices / 7)."""
         return None if self.placement.mig is None else self.placement.mig.instance
 
+    # sim's pods hold milli-GPU only (openb has no GPU memory column), so their GPU-equivalent is their
+    # compute fraction and callers pass 0 as the GPU's memory size
     memory_bytes = 0
 
 
@@ -256,7 +258,7 @@ def cheapest_victims(
     empty = ClusterCapacity(ledger, head, fit_nodes=set())  # the head fits on no node now
     pods = {r.job_id: r for running in by_node.values() for r in running}
     victims = [
-        Victim(r.job_id, r.priority, r.started_at, gpus_equivalent(r.holding),  # type: ignore[arg-type]
+        Victim(r.job_id, r.priority, r.started_at, gpus_equivalent(r.holding, 0),  # type: ignore[arg-type]
                node=node, preemptible=r.preemptible, holding=r.holding)
         for node, running in by_node.items()
         for r in running

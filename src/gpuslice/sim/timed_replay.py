@@ -235,7 +235,7 @@ class _Replay:
         placement = run.pod.holding.placement
         self.placer.release(placement)
         spec = self.live[index].spec
-        self.usage[spec.tenant] -= gpus_equivalent(run.pod.holding)  # type: ignore[arg-type]
+        self.usage[spec.tenant] -= gpus_equivalent(run.pod.holding, 0)  # type: ignore[arg-type]
         self.unfit.clear()
         self.releases += 1
         self.queue.on_finished(self._view(now), QueuedJob(str(index), spec, run.started_at, run.token))
@@ -328,7 +328,7 @@ class _Replay:
             spec.preemptible,
         )
         self.running[index] = _Running(index, pod, self.seq, now)
-        self.usage[spec.tenant] = self.usage.get(spec.tenant, 0.0) + gpus_equivalent(holding)  # type: ignore[arg-type]
+        self.usage[spec.tenant] = self.usage.get(spec.tenant, 0.0) + gpus_equivalent(holding, 0)  # type: ignore[arg-type]
         self._push(now + self.live[index].duration, index, self.seq)
         self.queue.on_started(self._view(now), job)
 

@@ -10,7 +10,8 @@ pods are deleted (their claims are freed by the resource claim controller when t
 the pod waits for the room.
 
 ```text
-holders on every node -> Victim(job_id=claim uid, priority, node, holding=Holding(gpus, milli, memory))
+holders on every node -> Victim(job_id=claim uid, priority, node, holding=Holding(gpus, milli, memory));
+                         what it frees counts as its GPU-equivalent (workload/equivalent.py)
 free GPUs of a node   -> Capacity(free milli, free memory), given the victims' holdings in the what-if
 find_preemption(...)  -> the node and the cheapest set of victims there
 ```
@@ -72,8 +73,10 @@ def plan_preemption(
     pods all have a lower priority may be victims."""
     wanted = set(nodes)
     by_uid = {h.claim_uid: h for h in holders if h.node in wanted}
+    total = {node: free(node)[2] for node in {h.node for h in by_uid.values()}}  # GPU memory, per GPU
     running = [
-        Victim(h.claim_uid, h.priority, 0.0, gpus_equivalent(hold), node=h.node, holding=hold)
+        Victim(h.claim_uid, h.priority, 0.0, gpus_equivalent(hold, total[h.node][h.gpus[0]] if h.gpus else 0),
+               node=h.node, holding=hold)
         for h in by_uid.values()
         for hold in (Holding(h.gpus, h.milli, h.memory_bytes),)
     ]  # fmt: skip

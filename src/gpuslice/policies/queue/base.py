@@ -69,9 +69,9 @@ class JobRef:
 class QueueView:
     """What a queue policy may read at one step: the time, tenants' weights and current GPU usage.
 
-    ``tenant_gpus`` counts GPUs held by running jobs: a whole GPU is 1, a share its compute fraction
-    (milli / 1000), a MIG instance its compute slices / 7. Tenants missing from a map have weight 1 and
-    usage 0.
+    ``tenant_gpus`` counts GPUs held by running jobs as quotas do (``workload/equivalent.py``): a whole
+    GPU is 1, a share the larger of its compute and memory fractions of its GPU, a MIG instance its
+    compute slices / 7. Tenants missing from a map have weight 1 and usage 0.
     """
 
     now: float
