@@ -27,9 +27,9 @@ class ApiError(GpusliceError):
 
 
 @contextmanager
-def api_errors(doing: str) -> Iterator[None]:
-    """Turn the client's ApiException into an ``ApiError`` that says what was being done, the HTTP
-    status and the Status object's message. The client's own text carries the raw HTTP response
+def api_errors() -> Iterator[None]:
+    """Turn the client's ApiException into an ``ApiError`` that says the HTTP status and the Status
+    object's message (the caller says what it was doing). The client's own text carries the raw HTTP response
     headers (and the body as JSON), which is not for a pod's events or a scheduler's log."""
     from kubernetes.client.exceptions import ApiException
 
@@ -44,7 +44,7 @@ def api_errors(doing: str) -> Iterator[None]:
             pass
         status = int(err.status or 0)
         said = f"{status} {err.reason or ''}".strip() + (f": {message}" if message else "")
-        raise ApiError(f"{doing}: the API server answered {said}", status) from None
+        raise ApiError(f"the API server answered {said}", status) from None
 
 
 def kubernetes_client_module() -> ModuleType:

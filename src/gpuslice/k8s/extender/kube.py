@@ -76,12 +76,12 @@ class KubernetesApi:
         return self._core.api_client.sanitize_for_serialization(obj)
 
     def get_pod(self, namespace: str, name: str) -> Mapping[str, Any]:
-        with api_errors(f"reading pod {namespace}/{name}"):
+        with api_errors():
             return self._plain(self._core.read_namespaced_pod(name, namespace))
 
     def patch_pod_annotations(self, namespace: str, name: str, annotations: Mapping[str, str]) -> None:
         body = {"metadata": {"annotations": dict(annotations)}}
-        with api_errors(f"annotating pod {namespace}/{name}"):
+        with api_errors():
             self._core.patch_namespaced_pod(name, namespace, body)
 
     def create_binding(self, namespace: str, name: str, uid: str, node: str) -> None:
@@ -93,7 +93,7 @@ class KubernetesApi:
         # _preload_content=False: the client cannot decode the Binding the server answers with
         # (a known kubernetes-client/python bug: "Invalid value for `target`, must not be `None`").
         try:
-            with api_errors(f"binding pod {namespace}/{name} to node {node}"):
+            with api_errors():
                 self._core.create_namespaced_binding(namespace, body, _preload_content=False)
         except ApiError as err:
             if err.status == 409 and "already assigned" in str(err):
