@@ -351,8 +351,10 @@ class ClusterState(Preemption):
         """The API server had bound the pod before this Binding (an earlier bind whose answer was lost):
         the pod runs where that bind sent it, so nothing is given back while it may still be there and
         nothing is marked failed. Bound to this node: the decision just written is the one the device
-        plugin reads, and its hold stays. Bound elsewhere: this node's hold goes (the watch holds the
-        pod where it is). Unknown (the pod cannot be read): the hold stays, an over-count at worst."""
+        plugin reads, and its hold stays. Bound elsewhere: this node's hold goes; the pod's annotations
+        now carry this bind's decision, for a node it is not on, and are left as they are: only a second
+        scheduler binding the same pods gets here, and that case is not repaired. Unknown (the pod cannot
+        be read): the hold stays, an over-count at worst."""
         try:
             winner = str((self.api.get_pod(namespace, name).get("spec") or {}).get("nodeName") or "")
         except Exception:
