@@ -85,8 +85,20 @@ def node_names(body: Mapping[str, Any]) -> list[str]:
         return names
     if names is not None:
         raise InvalidRequest("NodeNames must be a list of node names (strings) or null")
-    nodes = field(body, "Nodes") or {}
-    return [str((item.get("metadata") or {}).get("name", "")) for item in nodes.get("items") or []]
+    nodes = field(body, "Nodes")
+    if nodes is None:
+        return []
+    items = field(nodes, "items") if isinstance(nodes, dict) else None
+    if not isinstance(nodes, dict) or not isinstance(items, list | None):
+        raise InvalidRequest('Nodes must be a NodeList object ({"items": [Node, ...]}) or null')
+    out = []
+    for i, item in enumerate(items or []):
+        meta = item.get("metadata") if isinstance(item, dict) else None
+        name = meta.get("name") if isinstance(meta, dict) else None
+        if not isinstance(name, str):
+            raise InvalidRequest(f"Nodes.items[{i}] must be a Node object with metadata.name")
+        out.append(name)
+    return out
 
 
 class ArgsReader:

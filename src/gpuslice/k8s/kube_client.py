@@ -6,12 +6,45 @@ Configuration order: ``kubeconfig`` if given, else the pod's service account (in
 
 from __future__ import annotations
 
+import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from types import ModuleType
 from typing import Any
 
-from gpuslice.errors import UserError
+from gpuslice.errors import GpusliceError, UserError
 
-__all__ = ["api_client", "kubernetes_client_module"]
+__all__ = ["ApiError", "api_client", "api_errors", "kubernetes_client_module"]
+
+
+class ApiError(GpusliceError):
+    """An API call failed; the message is the API server's status and its own words (``status``: the
+    HTTP code, 0 when no answer came)."""
+
+    def __init__(self, message: str, status: int = 0) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+@contextmanager
+def api_errors() -> Iterator[None]:
+    """Turn the client's ApiException into an ``ApiError`` that says the HTTP status and the Status
+    object's message (the caller says what it was doing). The client's own text carries the raw HTTP response
+    headers (and the body as JSON), which is not for a pod's events or a scheduler's log."""
+    from kubernetes.client.exceptions import ApiException
+
+    try:
+        yield
+    except ApiException as err:
+        message = ""
+        try:
+            body = json.loads(err.body or "")
+            message = str(body.get("message") or "") if isinstance(body, dict) else ""
+        except (TypeError, ValueError):
+            pass
+        status = int(err.status or 0)
+        said = f"{status} {err.reason or ''}".strip() + (f": {message}" if message else "")
+        raise ApiError(f"the API server answered {said}", status) from None
 
 
 def kubernetes_client_module() -> ModuleType:

@@ -29,6 +29,7 @@ pending-pod Event say that); it refuses what no node could ever satisfy.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 from collections.abc import Mapping
@@ -65,6 +66,10 @@ __all__ = [
 ]
 
 DEFAULT_SCHEDULER = "default-scheduler"  # what the API server fills in when a pod names none
+# A TLS handshake not finished this long after the connection is dropped. The API server gives a webhook
+# call 10 s at most (timeoutSeconds' default and ceiling is 30 s), so a slower handshake serves no one;
+# a client that connects and sends nothing holds one connection only this long.
+TLS_HANDSHAKE_TIMEOUT_S = 10.0
 
 
 class TemplateUnavailable(UserError):
@@ -240,14 +245,35 @@ def run(
     scheduler_name: str = SCHEDULER_NAME,
     dra: DraRewrite | None = None,
 ) -> None:
-    """Serve the webhook over HTTPS until interrupted (the API server only calls webhooks over TLS)."""
+    """Serve the webhook over HTTPS until interrupted (the API server only calls webhooks over TLS);
+    a TLS handshake unfinished after ``TLS_HANDSHAKE_TIMEOUT_S`` drops its connection."""
     import uvicorn
 
-    uvicorn.run(
+    class BoundedHandshakes(uvicorn.Server):
+        """uvicorn passes no handshake timeout to the event loop's ``create_server``: its listener is
+        made here with one (the asyncio loop, whose methods can be wrapped; a webhook needs no uvloop)."""
+
+        async def startup(self, sockets: Any = None) -> None:
+            loop = asyncio.get_running_loop()
+            create = loop.create_server
+
+            async def bounded(*args: Any, **kwargs: Any) -> Any:
+                kwargs["ssl_handshake_timeout"] = TLS_HANDSHAKE_TIMEOUT_S
+                return await create(*args, **kwargs)
+
+            loop.create_server = bounded  # type: ignore[method-assign]
+            try:
+                await super().startup(sockets)
+            finally:
+                del loop.create_server  # the class's method again
+
+    config = uvicorn.Config(
         create_app(scheduler_name, dra),
         host=host,
         port=port,
         ssl_certfile=cert,
         ssl_keyfile=key,
         log_level="info",
+        loop="asyncio",
     )
+    BoundedHandshakes(config).run()

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import os
+import secrets
 from concurrent import futures
 from pathlib import Path
 
@@ -118,10 +119,39 @@ class _RegistrationServicer(reg_grpc.RegistrationServicer):
         return reg.RegistrationStatusResponse()
 
 
-def _listen(server: grpc.Server, path: Path) -> None:
+def _listen(server: grpc.Server, path: Path) -> Path:
+    """Bind ``server`` to a private name beside ``path`` (a dot file, which the kubelet's plugin watcher
+    ignores); ``_publish`` moves it to ``path`` once the server runs. Why not bind ``path`` itself: gRPC
+    unlinks a server's socket path when the server stops, whoever's socket is there by then, so an
+    old instance stopping after a new one started (a rolling update with surge) would take the new
+    one's socket away. The private name is gone from the directory by then, so gRPC removes nothing."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.unlink(missing_ok=True)  # a socket left by a killed predecessor
-    server.add_insecure_port(f"unix://{path}")
+    private = path.with_name(f".{path.name}.{secrets.token_hex(3)}")  # 8 bytes more than path (107 at most)
+    server.add_insecure_port(f"unix://{private}")
+    return private
+
+
+def _publish(private: Path, path: Path) -> tuple[int, int]:
+    """Move the running server's socket to ``path``, replacing in one step a socket left by a killed
+    predecessor or the live one of the instance this one replaces; (device, inode) of it, by which
+    ``_unlink_own`` later knows it."""
+    os.chmod(private, 0o600)  # before it has its public name: never reachable by others
+    os.replace(private, path)
+    st = os.lstat(path)
+    return (st.st_dev, st.st_ino)
+
+
+def _unlink_own(path: Path, own: tuple[int, int] | None) -> None:
+    """Remove ``path`` only if it is still the socket this instance published: after a newer instance
+    published its own there, removing it would leave the kubelet nothing to connect to. (A newer
+    instance publishing between this check and the unlink is not guarded against; its window is
+    microseconds, at its start.)"""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if own is not None and (st.st_dev, st.st_ino) == own:
+        path.unlink(missing_ok=True)
 
 
 class KubeletPlugin:
@@ -137,6 +167,7 @@ class KubeletPlugin:
         self._registration = _RegistrationServicer(self.endpoint)
         self._dra_server: grpc.Server | None = None
         self._reg_server: grpc.Server | None = None
+        self._own: dict[Path, tuple[int, int]] = {}  # socket path -> (device, inode) published
 
     @property
     def registered(self) -> bool | None:
@@ -145,15 +176,15 @@ class KubeletPlugin:
     def start(self) -> None:
         dra_server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
         dra_grpc.add_DRAPluginServicer_to_server(_DraServicer(self.preparer), dra_server)
-        _listen(dra_server, self.endpoint)
+        private = _listen(dra_server, self.endpoint)
         dra_server.start()
-        os.chmod(self.endpoint, 0o600)
+        self._own[self.endpoint] = _publish(private, self.endpoint)
         # Registration last: the kubelet may call the endpoint as soon as it sees this socket.
         reg_server = grpc.server(futures.ThreadPoolExecutor(max_workers=1))
         reg_grpc.add_RegistrationServicer_to_server(self._registration, reg_server)
-        _listen(reg_server, self.registration_path)
+        private = _listen(reg_server, self.registration_path)
         reg_server.start()
-        os.chmod(self.registration_path, 0o600)
+        self._own[self.registration_path] = _publish(private, self.registration_path)
         self._dra_server, self._reg_server = dra_server, reg_server
         log.info(
             "DRA driver %s serving %s, registration at %s", DRIVER, self.endpoint, self.registration_path
@@ -164,5 +195,5 @@ class KubeletPlugin:
             if server is not None:
                 server.stop(grace=2).wait()
         self._dra_server = self._reg_server = None
-        self.registration_path.unlink(missing_ok=True)
-        self.endpoint.unlink(missing_ok=True)
+        for path in (self.registration_path, self.endpoint):
+            _unlink_own(path, self._own.pop(path, None))

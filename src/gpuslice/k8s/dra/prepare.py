@@ -9,6 +9,10 @@ prepare(claim ns/name/uid)
 unprepare(uid)                  -> remove the spec and the checkpoint entry; unknown uid: done already
 ```
 
+The checkpoint is read entry by entry at start (``entry_problem``): an entry that is not what
+``prepare`` writes is logged and dropped, and its claim is prepared afresh when the kubelet asks again.
+A claim's own lock covers its API read; the node-wide lock covers only local work (MIG instances, files).
+
 The kubelet API passes no pod and no share: the CDI device name carries the claim UID, the device
 and, for a share, its shareID (``<uid>-<device>[-<shareID>]``), so two shares of one GPU are two CDI
 devices. Claim-wide edits (environment, mounts, control devices) sit at the spec's top level, applied
@@ -34,8 +38,9 @@ import json
 import logging
 import os
 import threading
+import weakref
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from decimal import Decimal
 from pathlib import Path
 from typing import Any, Protocol
@@ -108,6 +113,39 @@ class PreparedDevice:
     share_id: str = ""
 
 
+# A checkpoint entry, as ``prepare`` writes it: these keys, each a string, and ``devices`` a non-empty
+# list of PreparedDevice fields (``share_id`` may be left out).
+_ENTRY_KEYS = frozenset({"namespace", "name", "cdi_spec", "devices"})
+_DEVICE_KEYS = frozenset(f.name for f in fields(PreparedDevice))
+_DEVICE_OPTIONAL = frozenset({"share_id"})
+
+
+def entry_problem(entry: Any) -> str:
+    """What is wrong with one checkpoint entry ('' if nothing): a hand edit, a newer or older writer,
+    or a bug must cost that one claim a fresh prepare, never wedge it (a KeyError on every prepare and
+    unprepare, retried by the kubelet forever)."""
+    if not isinstance(entry, dict):
+        return f"not an object but {type(entry).__name__}"
+    keys = set(entry)
+    if keys != _ENTRY_KEYS:
+        return f"fields {sorted(keys)}, not {sorted(_ENTRY_KEYS)}"
+    for key in ("namespace", "name", "cdi_spec"):
+        if not isinstance(entry[key], str):
+            return f"{key} is not a string"
+    devices = entry["devices"]
+    if not isinstance(devices, list) or not devices:
+        return "devices is not a non-empty list"
+    for i, device in enumerate(devices):
+        if not isinstance(device, dict):
+            return f"devices[{i}] is not an object"
+        keys = set(device)
+        if not _DEVICE_KEYS - _DEVICE_OPTIONAL <= keys <= _DEVICE_KEYS:
+            return f"devices[{i}] has fields {sorted(keys)}, not {sorted(_DEVICE_KEYS)}"
+        if not all(isinstance(v, str) for v in device.values()):
+            return f"devices[{i}] has a field that is not a string"
+    return ""
+
+
 def cdi_spec_path(cdi_dir: Path, uid: str) -> Path:
     return cdi_dir / f"gpuslice.io-claim_{uid}.json"
 
@@ -165,7 +203,12 @@ class Preparer:
             mig = MigManager(machine, self.state_dir, nvml=nvml)
         self.mig = mig
         self.checkpoint_path = self.state_dir / "dra-checkpoint.json"
+        # Two levels: a claim's own lock is held across its API read, so a slow read holds up only
+        # that claim (a second prepare of it waits and then answers from the checkpoint); the node's
+        # ``_lock`` guards the devices, the MIG instances, the files and the checkpoint, and is never
+        # held across an API call.
         self._lock = threading.Lock()
+        self._claim_locks: weakref.WeakValueDictionary[str, Any] = weakref.WeakValueDictionary()
         self._prepared: dict[str, dict[str, Any]] = self._load()
 
     # -- checkpoint ----------------------------------------------------------------------------------
@@ -181,7 +224,20 @@ class Preparer:
             log.error("DRA checkpoint %s unreadable (%s); starting with none", self.checkpoint_path, err)
             return {}
         claims = data.get("claims") if isinstance(data, dict) else None
-        return dict(claims) if isinstance(claims, dict) else {}
+        if not isinstance(claims, dict):
+            log.error("DRA checkpoint %s has no claims object; starting with none", self.checkpoint_path)
+            return {}
+        kept = {}
+        for uid, entry in claims.items():
+            problem = entry_problem(entry)
+            if problem:
+                log.error(
+                    "DRA checkpoint %s: claim %s dropped (%s); it is prepared afresh when the kubelet "
+                    "asks again", self.checkpoint_path, uid, problem,
+                )  # fmt: skip
+                continue
+            kept[uid] = entry
+        return kept
 
     def _save(self) -> None:
         _atomic_write(self.checkpoint_path, json.dumps({"version": 1, "claims": self._prepared}, indent=1))
@@ -193,10 +249,19 @@ class Preparer:
 
     # -- prepare / unprepare -------------------------------------------------------------------------
 
+    def _claim_lock(self, uid: str) -> Any:
+        """The lock of one claim, shared by every prepare and unprepare of it that runs now."""
+        with self._lock:
+            lock = self._claim_locks.get(uid)
+            if lock is None:
+                lock = self._claim_locks[uid] = threading.Lock()
+            return lock
+
     def prepare(self, ref: ClaimRef) -> list[PreparedDevice]:
         """The claim's devices, its CDI spec written; PrepareRefused says why not (nothing is written)."""
-        with self._lock:
-            done = self._prepared.get(ref.uid)
+        with self._claim_lock(ref.uid):
+            with self._lock:
+                done = self._prepared.get(ref.uid)
             if done is not None:
                 return [PreparedDevice(**d) for d in done["devices"]]
             try:
@@ -209,31 +274,34 @@ class Preparer:
                     f"ResourceClaim {ref.namespace}/{ref.name} has UID {uid}, not {ref.uid}: it was deleted "
                     "and created again; the pod must be recreated"
                 )
-            path = cdi_spec_path(self.cdi_dir, ref.uid)
-            try:
-                devices, spec = self._plan(ref, claim)
-                _atomic_write(path, json.dumps(spec, indent=1))
-                self._prepared[ref.uid] = {
-                    "namespace": ref.namespace,
-                    "name": ref.name,
-                    "cdi_spec": str(path),
-                    "devices": [asdict(d) for d in devices],
-                }
-                self._save()
-            except BaseException:
-                self._prepared.pop(ref.uid, None)
-                path.unlink(missing_ok=True)
-                if self.mig is not None:
-                    self.mig.release(ref.uid)  # an instance created for this claim goes again
-                raise
-            log.info(
-                "prepared claim %s/%s: %s", ref.namespace, ref.name, ", ".join(d.cdi_id for d in devices)
-            )
-            return devices
+            with self._lock:
+                return self._prepare_read(ref, claim)
+
+    def _prepare_read(self, ref: ClaimRef, claim: Mapping[str, Any]) -> list[PreparedDevice]:
+        """Under both locks, the claim read: plan its devices, write its spec and the checkpoint."""
+        path = cdi_spec_path(self.cdi_dir, ref.uid)
+        try:
+            devices, spec = self._plan(ref, claim)
+            _atomic_write(path, json.dumps(spec, indent=1))
+            self._prepared[ref.uid] = {
+                "namespace": ref.namespace,
+                "name": ref.name,
+                "cdi_spec": str(path),
+                "devices": [asdict(d) for d in devices],
+            }
+            self._save()
+        except BaseException:
+            self._prepared.pop(ref.uid, None)
+            path.unlink(missing_ok=True)
+            if self.mig is not None:
+                self.mig.release(ref.uid)  # an instance created for this claim goes again
+            raise
+        log.info("prepared claim %s/%s: %s", ref.namespace, ref.name, ", ".join(d.cdi_id for d in devices))
+        return devices
 
     def unprepare(self, uid: str) -> None:
         """Undo ``prepare``: its CDI spec and checkpoint entry go. A UID never prepared is a success."""
-        with self._lock:
+        with self._claim_lock(uid), self._lock:
             entry = self._prepared.get(uid)
             Path(entry["cdi_spec"] if entry else cdi_spec_path(self.cdi_dir, uid)).unlink(missing_ok=True)
             if entry is None:

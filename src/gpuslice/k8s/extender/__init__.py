@@ -13,10 +13,12 @@ POST /prioritize  {Pod, NodeNames}  -> [{Host, Score 0..10}]      placement poli
                   (0 where filter's verdict refuses the node)
 POST /preempt     {Pod, NodeNameToMetaVictims} -> the candidates where evicting those victims frees a GPU
                   the pod fits on (a what-if over one ledger row)
-POST /bind        {PodName, PodNamespace, PodUID, Node}
+POST /bind        {PodName, PodNamespace, PodUID, Node}      answered within BIND_BUDGET_S of arrival
+                  per-pod claim: one bind of a pod at a time (a retry reads the first one's outcome)
                   per-node lock: choose GPUs (policy advice, topology), Ledger.reserve   (microseconds)
                   no lock:       patch decision annotations, create the Binding  -> {Error}
                   API failure -> the reservation is released; kube-scheduler retries the pod
+                  409 "already assigned" -> bound by an earlier bind: its hold stays, nothing marked failed
 watch             Node inventory annotation changed -> ledger rebuilt lazily on the next call (with new,
                   empty verdict caches)
                   Pod bound elsewhere / after a restart -> reserved from its decision annotations
@@ -42,7 +44,7 @@ kube.py        the API server: KubeApi (what the extender needs), KubernetesApi,
 cluster.py     ClusterCache: nodes' inventories and bound pods from the watch, the ledger built over them
 verdicts.py    Verdicts: the ledger's fit codes per node (cached per request shape), in Kubernetes words
 preemption.py  Preemption: the preempt verb's what-if, and evictions the extender starts itself
-bind_lock.py   BindLocks: the node lock taken at bind (waiting a little for a locked node)
+bind_lock.py   PodBinds: one bind per pod; BindLocks: the node lock taken at bind (waiting a little)
 state.py       ClusterState: filter, prioritize, bind; GPUs chosen by Placer.pick_gpus
 app.py         create_app: the HTTP verbs over a ClusterState
 ```

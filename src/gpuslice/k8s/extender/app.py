@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Iterable
 from contextlib import asynccontextmanager
 from typing import Any
@@ -16,6 +17,7 @@ from starlette.responses import Response
 
 from gpuslice.errors import GpusliceError, InvalidRequest
 from gpuslice.k8s import extender_wire as wire
+from gpuslice.k8s.extender.bind_lock import BIND_BUDGET_S
 from gpuslice.k8s.extender.cluster import pod_meta
 from gpuslice.k8s.extender.kube import WatchEvent
 from gpuslice.k8s.extender.state import ClusterState
@@ -126,7 +128,9 @@ def create_app(state: ClusterState, events: Iterable[WatchEvent] | None = None) 
     async def bind(request: HttpRequest) -> Response:
         """Every answer is 200 with ``Error``: kube-scheduler reads an extender's body only on a 200
         (HTTPExtender.send), and turns a non-empty Error into the pod's bind failure, which shows in its
-        FailedScheduling event; on any other status it shows only the code."""
+        FailedScheduling event; on any other status it shows only the code. The answer is due
+        ``BIND_BUDGET_S`` after arrival, however long the request queues for a worker thread."""
+        deadline = time.monotonic() + BIND_BUDGET_S
         if starting():
             return Response(wire.encode({"Error": NOT_SYNCED}), media_type=_JSON)
         try:
@@ -140,6 +144,7 @@ def create_app(state: ClusterState, events: Iterable[WatchEvent] | None = None) 
             str(wire.field(body, "PodName") or ""),
             str(wire.field(body, "PodUID") or ""),
             str(wire.field(body, "Node") or ""),
+            deadline,
         )
         return Response(wire.encode({"Error": error}), media_type=_JSON)
 

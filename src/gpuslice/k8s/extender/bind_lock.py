@@ -1,4 +1,9 @@
-"""The extender's side of the node lock (``k8s.node_lock``): take it at bind, wait a little for it.
+"""Who may bind now: one bind per pod at a time (``PodBinds``), and the extender's side of the node lock
+(``k8s.node_lock``): take it at bind, wait a little for it (``BindLocks``).
+
+Every bind answers within ``BIND_BUDGET_S`` of reaching the HTTP app, queueing for a worker thread
+included, well inside kube-scheduler's httpTimeout: a bind that would wait longer for its pod's other
+bind or for a locked node answers an error instead, and kube-scheduler retries the pod with its backoff.
 
 One bind per node at a time in this process tries the lock (the others queue on an in-process mutex, so
 a node released wakes one reader of the Node, not every waiting bind). A node locked by a pod that still
@@ -18,22 +23,60 @@ from typing import Any
 from gpuslice.k8s.annotations import ANNOTATION_BIND_PHASE, ANNOTATION_NODE, BIND_PHASE_ALLOCATING
 from gpuslice.k8s.node_lock import LockHolder, NodeLockApi, NodeLockError, release, take
 
-__all__ = ["DEFAULT_LOCK_WAIT_S", "BindLocks"]
+__all__ = ["BIND_BUDGET_S", "DEFAULT_LOCK_WAIT_S", "BindLocks", "PodBinds"]
 
 log = logging.getLogger(__name__)
 
-# kube-scheduler waits for an extender's bind up to its httpTimeout (10 s in deploy/); a bind
-# waits for a locked node well inside it, then answers so the pod is retried instead of timing out.
-DEFAULT_LOCK_WAIT_S = 5.0
+# kube-scheduler waits for an extender's bind up to its httpTimeout (10 s in deploy/) and then binds the
+# pod again while the first bind may still run. A bind answers within BIND_BUDGET_S of its arrival (its
+# API calls, about 2 x 10 ms, come after the waits); it waits for a locked node at most
+# DEFAULT_LOCK_WAIT_S of that, then answers so the pod is retried instead of timing out.
+BIND_BUDGET_S = 3.0
+DEFAULT_LOCK_WAIT_S = 2.0
 POLL_S = 1.0  # re-read a locked Node this often even without a watch event for it
 
 
+class PodBinds:
+    """One bind per pod UID at a time in this process.
+
+    A second bind of a pod (kube-scheduler's retry after its timeout) waits until the first has ended,
+    so it reads the first one's outcome (bound: ``_bound_to``; failed: nothing held) instead of racing it
+    for the pod's decision, hold and annotations; at its deadline it gives up and answers an error."""
+
+    def __init__(self) -> None:
+        self._ended = threading.Condition()
+        self._running: set[str] = set()
+
+    def claim(self, uid: str, deadline: float) -> bool:
+        """Start ``uid``'s bind; False if another bind of it still runs at ``deadline`` (time.monotonic)."""
+        with self._ended:
+            while uid in self._running:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._ended.wait(left)
+            self._running.add(uid)
+            return True
+
+    def end(self, uid: str) -> None:
+        """``uid``'s bind has answered (its annotations now say whether it waits for Allocate)."""
+        with self._ended:
+            self._running.discard(uid)
+            self._ended.notify_all()
+
+    def running(self, uid: str) -> bool:
+        with self._ended:
+            return uid in self._running
+
+
 class BindLocks:
-    """Node locks for binds. ``api`` reads pods (``get_pod``) and the Node (``NodeLockApi``)."""
+    """Node locks for binds. ``api`` reads pods (``get_pod``) and the Node (``NodeLockApi``); ``binds``
+    says which pods' binds run in this process (their locks are live whatever the API says)."""
 
     def __init__(
         self,
         api: Any,
+        binds: PodBinds,
         *,
         timeout_s: float,
         wait_s: float = DEFAULT_LOCK_WAIT_S,
@@ -47,7 +90,7 @@ class BindLocks:
         self._guard = threading.Lock()
         self._changed = threading.Condition(self._guard)
         self._per_node: dict[str, threading.Lock] = {}
-        self._binding: set[str] = set()  # pod UIDs whose bind runs in this process (lock taken or taking)
+        self._binds = binds
         self.refused = 0  # binds answered "node locked" after waiting
 
     def changed(self, node_name: str) -> None:
@@ -55,16 +98,15 @@ class BindLocks:
         with self._changed:
             self._changed.notify_all()
 
-    def acquire(self, node_name: str, namespace: str, name: str, uid: str) -> str:
-        """Take ``node_name``'s lock for the pod; '' once held, else why not (bind answers it)."""
-        deadline = time.monotonic() + self.wait_s
+    def acquire(self, node_name: str, namespace: str, name: str, uid: str, deadline: float) -> str:
+        """Take ``node_name``'s lock for the pod; '' once held, else why not (bind answers it). Waits
+        ``wait_s`` at most, and never past ``deadline`` (time.monotonic)."""
+        deadline = min(deadline, time.monotonic() + self.wait_s)
         with self._guard:
             mutex = self._per_node.setdefault(node_name, threading.Lock())
         if not mutex.acquire(timeout=max(0.0, deadline - time.monotonic())):
             return self._refusal(node_name, None)
         try:
-            with self._guard:
-                self._binding.add(uid)
             holder = LockHolder(uid, namespace, name, self._now())
             while True:
                 try:
@@ -77,23 +119,16 @@ class BindLocks:
                         now=self._now,
                     )
                 except NodeLockError as err:
-                    self.done(uid)
                     return str(err)
                 if blocker is None:
                     return ""
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    self.done(uid)
                     return self._refusal(node_name, blocker)
                 with self._changed:
                     self._changed.wait(min(left, POLL_S))
         finally:
             mutex.release()
-
-    def done(self, uid: str) -> None:
-        """The pod's bind has ended (its annotations now say whether it waits for Allocate)."""
-        with self._guard:
-            self._binding.discard(uid)
 
     def release(self, node_name: str, uid: str) -> None:
         """Give the lock back after a failed bind (the device plugin releases it after Allocate)."""
@@ -113,9 +148,8 @@ class BindLocks:
     def _alive(self, holder: LockHolder) -> bool:
         """Does the holder's pod still wait for an allocation? Its bind runs here, or the API server has
         it Pending with bind-phase "allocating". When the API cannot say, it is taken as waiting."""
-        with self._guard:
-            if holder.uid in self._binding:
-                return True
+        if self._binds.running(holder.uid):
+            return True
         try:
             pod = self._pods.get_pod(holder.namespace, holder.name)
         except Exception:

@@ -27,7 +27,7 @@ from gpuslice.k8s.annotations import (
     PodGpuRequest,
     pod_gpu_request,
 )
-from gpuslice.k8s.extender.bind_lock import DEFAULT_LOCK_WAIT_S, BindLocks
+from gpuslice.k8s.extender.bind_lock import DEFAULT_LOCK_WAIT_S, BindLocks, PodBinds
 from gpuslice.k8s.extender.kube import RELISTED, KubeApi, WatchEvent
 from gpuslice.ledger.ledger import Ledger
 from gpuslice.ledger.placement import Placement, Refusal, RefusalCode
@@ -237,9 +237,10 @@ class ClusterCache:
         self.target = target
         # The node lock (k8s/node_lock.py): one pod per node from bind to Allocate, so the device
         # plugin can tell whom an Allocate is for. The CLI always turns it on; None leaves it off.
+        self.binds = PodBinds()  # one bind per pod at a time: a retry reads the first one's outcome
         self.bind_locks: BindLocks | None = None
         if lock_timeout_s is not None:
-            self.bind_locks = BindLocks(api, timeout_s=lock_timeout_s, wait_s=lock_wait_s)
+            self.bind_locks = BindLocks(api, self.binds, timeout_s=lock_timeout_s, wait_s=lock_wait_s)
 
     # ---- watch --------------------------------------------------------------------------------------
 

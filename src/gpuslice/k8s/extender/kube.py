@@ -12,12 +12,18 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from gpuslice.k8s import kube_client, node_lock
+from gpuslice.k8s.kube_client import ApiError, api_errors
 
-__all__ = ["RELISTED", "KubeApi", "KubernetesApi", "WatchEvent"]
+__all__ = ["RELISTED", "AlreadyBound", "KubeApi", "KubernetesApi", "WatchEvent"]
 
 log = logging.getLogger(__name__)
 
 RELISTED = "RELISTED"  # WatchEvent.type after a full list: object {"items": [...]}, everything that exists
+
+
+class AlreadyBound(ApiError):
+    """``create_binding``: the pod is already bound to a node (the API server's 409, "already assigned");
+    the first Binding of a pod is the only one."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,10 +76,13 @@ class KubernetesApi:
         return self._core.api_client.sanitize_for_serialization(obj)
 
     def get_pod(self, namespace: str, name: str) -> Mapping[str, Any]:
-        return self._plain(self._core.read_namespaced_pod(name, namespace))
+        with api_errors():
+            return self._plain(self._core.read_namespaced_pod(name, namespace))
 
     def patch_pod_annotations(self, namespace: str, name: str, annotations: Mapping[str, str]) -> None:
-        self._core.patch_namespaced_pod(name, namespace, {"metadata": {"annotations": dict(annotations)}})
+        body = {"metadata": {"annotations": dict(annotations)}}
+        with api_errors():
+            self._core.patch_namespaced_pod(name, namespace, body)
 
     def create_binding(self, namespace: str, name: str, uid: str, node: str) -> None:
         c = self._client
@@ -83,7 +92,13 @@ class KubernetesApi:
         )
         # _preload_content=False: the client cannot decode the Binding the server answers with
         # (a known kubernetes-client/python bug: "Invalid value for `target`, must not be `None`").
-        self._core.create_namespaced_binding(namespace, body, _preload_content=False)
+        try:
+            with api_errors():
+                self._core.create_namespaced_binding(namespace, body, _preload_content=False)
+        except ApiError as err:
+            if err.status == 409 and "already assigned" in str(err):
+                raise AlreadyBound(str(err), err.status) from None
+            raise
 
     def create_event(self, namespace: str, pod_name: str, pod_uid: str, reason: str, message: str) -> None:
         c = self._client

@@ -21,6 +21,7 @@ from gpuslice.k8s.annotations import (
     MigChoice,
     PodGpuRequest,
 )
+from gpuslice.k8s.extender.bind_lock import BIND_BUDGET_S
 from gpuslice.k8s.extender.cluster import (
     MIG_POD_REQUEST,
     BoundPod,
@@ -30,6 +31,7 @@ from gpuslice.k8s.extender.cluster import (
     pod_meta,
     pod_priority,
 )
+from gpuslice.k8s.extender.kube import AlreadyBound
 from gpuslice.k8s.extender.preemption import Preemption
 from gpuslice.k8s.extender.verdicts import (
     CODE_EXCLUDED,
@@ -259,8 +261,25 @@ class ClusterState(Preemption):
 
     # ---- bind ---------------------------------------------------------------------------------------
 
-    def bind(self, namespace: str, name: str, uid: str, node: str) -> str:
-        """Choose GPUs on ``node``, write the decision, create the Binding; '' or the error text."""
+    def bind(self, namespace: str, name: str, uid: str, node: str, deadline: float | None = None) -> str:
+        """Choose GPUs on ``node``, write the decision, create the Binding; '' or the error text.
+
+        ``deadline`` (time.monotonic, default ``BIND_BUDGET_S`` from now; the HTTP app sets it when the
+        request arrives): no wait, for another bind of the pod or for a locked node, goes past it. One
+        bind per pod runs at a time, so a retry sees what the first one did: the check of ``_bound_to``
+        and the reservation are never interleaved with another bind's of the same pod."""
+        if deadline is None:
+            deadline = time.monotonic() + BIND_BUDGET_S
+        if not self.binds.claim(uid, deadline):
+            return (
+                f"pod {namespace}/{name}: another bind of this pod is still running; kube-scheduler retries"
+            )
+        try:
+            return self._bind_claimed(namespace, name, uid, node, deadline)
+        finally:
+            self.binds.end(uid)
+
+    def _bind_claimed(self, namespace: str, name: str, uid: str, node: str, deadline: float) -> str:
         pod = self._seen.get(uid)
         try:
             if pod is None:
@@ -276,14 +295,13 @@ class ClusterState(Preemption):
             return "" if bound_to == node else f"pod {namespace}/{name} is already bound to {bound_to}"
         if not ask.wants_gpu or self.bind_locks is None:
             return self._bind(namespace, name, uid, node, pod, ask)
-        problem = self.bind_locks.acquire(node, namespace, name, uid)
+        problem = self.bind_locks.acquire(node, namespace, name, uid, deadline)
         if problem:
             return f"pod {namespace}/{name} on {node}: {problem}"
         error = "bind raised"
         try:
             error = self._bind(namespace, name, uid, node, pod, ask)
         finally:
-            self.bind_locks.done(uid)
             if error:  # not bound: nothing for the device plugin to release the lock after
                 self.bind_locks.release(node, uid)
         return error
@@ -312,6 +330,8 @@ class ClusterState(Preemption):
             if decision is not None:
                 self.api.patch_pod_annotations(namespace, name, decision.to_annotations())
             self.api.create_binding(namespace, name, uid, node)
+        except AlreadyBound as err:
+            return self._bound_before(namespace, name, uid, node, err)
         except Exception as err:
             with self._lock:
                 self._forget(uid)
@@ -326,6 +346,28 @@ class ClusterState(Preemption):
         with self._lock:
             self._bound_to[uid] = node
         return ""
+
+    def _bound_before(self, namespace: str, name: str, uid: str, node: str, err: AlreadyBound) -> str:
+        """The API server had bound the pod before this Binding (an earlier bind whose answer was lost):
+        the pod runs where that bind sent it, so nothing is given back while it may still be there and
+        nothing is marked failed. Bound to this node: the decision just written is the one the device
+        plugin reads, and its hold stays. Bound elsewhere: this node's hold goes; the pod's annotations
+        now carry this bind's decision, for a node it is not on, and are left as they are: only a second
+        scheduler binding the same pods gets here, and that case is not repaired. Unknown (the pod cannot
+        be read): the hold stays, an over-count at worst."""
+        try:
+            winner = str((self.api.get_pod(namespace, name).get("spec") or {}).get("nodeName") or "")
+        except Exception:
+            winner = ""
+        with self._lock:
+            if winner == node:
+                self._bound_to[uid] = node
+                return ""
+            if winner:
+                self._forget(uid)
+                self._bound_to[uid] = winner
+                return f"pod {namespace}/{name} is already bound to {winner}"
+        return f"binding {namespace}/{name} to {node} refused: {err}"
 
     def _reserve(
         self, uid: str, node_name: str, ask: PodGpuRequest, pod: Mapping[str, Any]
