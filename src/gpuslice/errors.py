@@ -20,7 +20,7 @@ GpusliceError
 │  │  ├─ JobNotFound, GpuNotFound, PolicyNotFound (server.errors)
 │  │  └─ NoSuchMap, NoPolicyLoaded (programs.slot)
 │  ├─ Conflict                   HTTP 409   the state does not allow the action
-│  │  └─ JobConflict, JobDamaged (server.errors)
+│  │  └─ JobConflict, JobDamaged, JobLogRefused (server.errors)
 │  ├─ NotAuthenticated           HTTP 401   no bearer token, or the wrong one
 │  ├─ Forbidden                  HTTP 403   the caller may not do this
 │  │  └─ ForbiddenUser (server.errors)
