@@ -3,6 +3,7 @@ ordinary hostile things a job does to its own folder, and a restarted supervisor
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -186,3 +187,40 @@ def test_a_relaunch_writes_nothing_through_links_the_last_attempt_left(tmp_path)
     with pytest.raises(UnsafeFile, match="symbolic link"):
         launcher.launch("j1", python_job("pass"), {}, tmp_path, attempt=2)
     assert (outside / launcher.REPORT_FILE).exists()
+
+
+@pytest.mark.parametrize("kind", ["fifo", "link to the token"])
+def test_a_fake_load_report_that_is_a_fifo_or_a_link_does_not_stall_or_feed_the_monitor(tmp_path, kind):
+    """Any process named like a fake load may point GPUSLICE_REPORT_FILE anywhere: a FIFO used to block
+    the daemon's monitor pass for ever, a link made it read the token."""
+    import threading
+
+    from gpuslice.node.discovery import discover
+    from gpuslice.node.monitor import usage
+
+    report = tmp_path / "report.json"
+    if kind == "fifo":
+        os.mkfifo(report)
+    else:
+        report.symlink_to(tmp_path / "token")
+    env = {**os.environ, "GPUSLICE_REPORT_FILE": str(report)}
+    impostor = subprocess.Popen(["bash", "-c", "exec -a gpuslice-fake-load sleep 60"], env=env)
+    # a file that would pass for its report (its PID, one byte on GPU 0) where the link points
+    (tmp_path / "token").write_text(json.dumps({"pid": impostor.pid, "memory_bytes": {"0": 1}}))
+    try:
+        from node_helpers import wait_for
+
+        wait_for(lambda: "fake-load" in " ".join(__import__("psutil").Process(impostor.pid).cmdline()))
+        result: list[object] = []
+        worker = threading.Thread(target=lambda: result.append(usage(discover("dgx-h100"), {})), daemon=True)
+        worker.start()
+        worker.join(timeout=20)
+        assert result, "the monitor's pass did not return: it is blocked on the report"
+        _, external = result[0]
+        assert external.get(0) != 1, "the monitor read the report through the link"
+    finally:
+        impostor.kill()
+        impostor.wait()
+        if kind == "fifo":
+            with contextlib.suppress(OSError):  # a reader left blocked on the FIFO (old code) is freed
+                os.close(os.open(report, os.O_WRONLY | os.O_NONBLOCK))

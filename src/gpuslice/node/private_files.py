@@ -15,6 +15,8 @@ open_for_reading(p)   p's folder as above, then p's name relative to that descri
 open_for_append(p)    the same checks, O_WRONLY | O_CREAT | O_APPEND, mode 0600. A name that fails them (a
                       link the job put there) is removed — the name only, never what it points to — and
                       a new file is made in its place (O_EXCL: a name put back meanwhile is refused)
+read_regular(p, n)    at most n bytes of p, which must be a regular file (not a link at its last name, not a
+                      FIFO that would block the reader): a report any process may point anywhere
 private_folder(path)  made 0700 if missing; if it exists, it must pass open_folder's checks (then it is
                       narrowed to 0700)
 ```
@@ -32,7 +34,14 @@ import stat
 from pathlib import Path
 from typing import BinaryIO
 
-__all__ = ["UnsafeFile", "open_folder", "open_for_append", "open_for_reading", "private_folder"]
+__all__ = [
+    "UnsafeFile",
+    "open_folder",
+    "open_for_append",
+    "open_for_reading",
+    "private_folder",
+    "read_regular",
+]
 
 _FOLDER_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
@@ -155,6 +164,22 @@ def _replace(folder: int, path: Path, refusal: UnsafeFile) -> int:
     with contextlib.suppress(OSError):
         os.write(fd, f"gpuslice: {refusal}; replaced by this new file\n".encode())
     return fd
+
+
+def read_regular(path: Path | str, max_bytes: int) -> bytes:
+    """At most ``max_bytes`` of the regular file ``path``; UnsafeFile for a link at its last name, a FIFO,
+    a device or a folder (a FIFO would block the open, /dev/zero the read); OSError if it cannot be read."""
+    try:
+        fd = os.open(path, _READ_FLAGS)
+    except OSError as err:
+        raise _link_error(err, path) or err from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise UnsafeFile(f"{path} is not a regular file")
+        os.set_blocking(fd, True)
+        return os.read(fd, max_bytes)
+    finally:
+        os.close(fd)
 
 
 def private_folder(path: Path | str) -> Path:
