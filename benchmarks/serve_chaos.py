@@ -71,10 +71,12 @@ def free_port() -> int:
 
 
 class Server:
-    """The server process, restarted on the same state dir and port after each kill."""
+    """The server process, restarted on the same state dir and port after each kill; ``extra``: more
+    ``gpuslice serve`` options (e.g. --public-reads)."""
 
-    def __init__(self, state_dir: Path) -> None:
+    def __init__(self, state_dir: Path, *extra: str) -> None:
         self.state_dir = state_dir
+        self.extra = extra
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc: subprocess.Popen[bytes] | None = None
@@ -93,6 +95,7 @@ class Server:
             str(self.port),
             "--grace",
             "1s",
+            *self.extra,
         ]
         log = open(self.state_dir.parent / "server.log", "ab")  # noqa: SIM115 (the child keeps it)
         self.proc = subprocess.Popen(command, stdout=log, stderr=log, start_new_session=True)

@@ -23,6 +23,7 @@ OUTSIDE_THE_TREE = {
     "gpuslice.node.fake_load.OutOfMemory",
     "gpuslice.server.run._Stop",
     "gpuslice.k8s.node_lock.NodeLockConflict",
+    "gpuslice.node.private_files.UnsafeFile",
 }
 
 

@@ -21,7 +21,7 @@ GpusliceError
 │  │  ├─ JobNotFound, GpuNotFound, PolicyNotFound, TenantNotFound (server.errors)
 │  │  └─ NoSuchMap, NoPolicyLoaded (programs.slot)
 │  ├─ Conflict                   HTTP 409   the state does not allow the action
-│  │  └─ JobConflict, JobDamaged (server.errors)
+│  │  └─ JobConflict, JobDamaged, JobLogRefused (server.errors)
 │  ├─ NotAuthenticated           HTTP 401   no bearer token, or the wrong one
 │  ├─ Forbidden                  HTTP 403   the caller may not do this
 │  │  └─ ForbiddenUser (server.errors)
@@ -68,8 +68,9 @@ never reach a user stay outside the tree: a hook's timeout (``programs.hook_runn
 BaseException so that policy code cannot catch it), the shim's ``RegionError`` (a file that is not a
 job region; the monitor skips it), fake_load's simulated ``OutOfMemory`` (caught where it is raised),
 ``shim.build.BuildError``, which setup.py loads by path at install time, before this package can
-be imported, and the node lock's ``k8s.node_lock.NodeLockConflict`` (a 409 on the Node, always caught
-there and read again).
+be imported, the node lock's ``k8s.node_lock.NodeLockConflict`` (a 409 on the Node, always caught
+there and read again), and ``node.private_files.UnsafeFile`` (standard library only, for the supervisor
+that loads it by path; its callers word it: JobLogRefused, MpsUnavailable, a failed launch).
 """
 
 from __future__ import annotations

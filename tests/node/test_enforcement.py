@@ -4,6 +4,7 @@ and MpsDaemon's clear error when the MPS control program is missing."""
 from __future__ import annotations
 
 import os
+import shutil
 import stat
 from types import SimpleNamespace
 
@@ -94,6 +95,7 @@ def test_a_deep_state_dir_gets_a_short_mps_pipe_dir(tmp_path):
     pipe, log = mps_dirs(deep)
     assert len(str(pipe)) <= 100 and pipe.parent == log.parent
     assert mps_dirs(deep) == (pipe, log)  # the same every time: server and jobs agree
+    shutil.rmtree(pipe.parent)  # made outside tmp_path (a short name under the temp dir)
 
 
 def test_mig_job_sees_its_mig_device_and_the_instance_memory(tmp_path):

@@ -15,6 +15,7 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
+from gpuslice.cli import terminal
 from gpuslice.estimate import BUNDLED, RECOMPUTE, WEIGHT_DTYPES, EstimateOptions, fit_slice, run_estimate
 from gpuslice.estimate.fit import SliceFit
 from gpuslice.estimate.result import Estimate
@@ -91,7 +92,7 @@ def estimate(
     if as_json:
         typer.echo(json.dumps({**result.as_dict(), "slice": fit.as_dict()}, indent=2))
     else:
-        print_estimate(Console(), result, fit)
+        print_estimate(terminal.console(), result, fit)
 
 
 def print_estimate(console: Console, result: Estimate, fit: SliceFit) -> None:

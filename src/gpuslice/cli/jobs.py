@@ -13,11 +13,11 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
 from gpuslice.cli import estimate as est
+from gpuslice.cli import terminal
 from gpuslice.errors import UserError
 from gpuslice.estimate import EstimateOptions, estimate_request_bytes
 from gpuslice.server.client import ServeClient
@@ -26,7 +26,7 @@ from gpuslice.workload.job import DEFAULT_TENANT
 
 __all__ = ["cancel", "gpus", "logs", "ps", "queue", "show", "submit"]
 
-_out = Console(highlight=False, soft_wrap=True)
+_out = terminal.console(highlight=False, soft_wrap=True)  # controls made visible, no emoji codes
 _ACTIVE = ["PENDING", "RUNNING", "PREEMPTED"]
 
 Url = Annotated[
@@ -137,7 +137,7 @@ def submit(
         mem_bytes, why = estimate_request_bytes(estimate_model, options, params=params, margin=margin)
         mem = f"{mem_bytes}B"
         gpus = gpus if train else tp  # an inference estimate is per GPU over its tensor-parallel GPUs
-        _out.print(f"memory from estimate: {why}")
+        _out.print(f"memory from estimate: {terminal.shown(why)}")
     body: dict[str, Any] = {
         "command": command, "gpus": gpus, "memory": mem, "compute_percent": cores or 0, "mig": mig,
         "gpu_models": gpu_model or [], "excluded_gpu_models": exclude_model or [], "exclusive": exclusive,
@@ -240,14 +240,29 @@ def logs(
     job_id: str,
     follow: Annotated[bool, typer.Option("--follow", "-f", help="keep printing until the job ends")] = False,
     stream: Annotated[str, typer.Option(help="stdout, stderr or both")] = "both",
+    raw: Annotated[
+        bool,
+        typer.Option(
+            "--raw",
+            help="the bytes exactly as the job wrote them, escape sequences included (for a file: "
+            "gpuslice logs 3 --raw > out.log)",
+        ),
+    ] = False,
     url: Url = None,
     state_dir: StateDir = None,
 ) -> None:
-    """Print a job's output."""
+    """Print a job's output, with its control characters written out: an escape sequence shows as \\x1b[…,
+    a carriage return as \\x0d, so the output cannot retitle, clear or copy into your terminal. The
+    same when the output is a pipe or a file (gpuslice logs 3 | grep x still ends on your terminal);
+    --raw gives the bytes."""
+    shown = None if raw else terminal.VisibleBytes()
     with _client(url, state_dir) as client:
         for chunk in client.logs(job_id, follow=follow, stream=stream):
-            sys.stdout.buffer.write(chunk)
+            sys.stdout.buffer.write(chunk if shown is None else shown.feed(chunk))
             sys.stdout.buffer.flush()
+    if shown is not None:
+        sys.stdout.buffer.write(shown.end())
+        sys.stdout.buffer.flush()
 
 
 def gpus(

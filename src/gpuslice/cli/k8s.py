@@ -13,9 +13,8 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 
-from gpuslice.cli import k8s_device_plugin, k8s_dra, k8s_dra_allocator
+from gpuslice.cli import k8s_device_plugin, k8s_dra, k8s_dra_allocator, terminal
 from gpuslice.cli.options import KubeconfigOption, target_workload_option
 from gpuslice.errors import UserError
 from gpuslice.k8s.annotations import SCHEDULER_NAME
@@ -27,7 +26,7 @@ __all__ = ["app", "extender", "probe", "webhook"]
 app = typer.Typer(
     help="Kubernetes: scheduler extender, admission webhook, device plugin.", no_args_is_help=True
 )
-_out = Console(highlight=False, soft_wrap=True)
+_out = terminal.console(highlight=False, soft_wrap=True)
 
 
 @app.command()

@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 
+from gpuslice.cli import terminal
 from gpuslice.cli.options import KubeconfigOption, NodeNameOption, SimulateOption
 from gpuslice.errors import UserError
 from gpuslice.k8s.annotations import DEFAULT_SPLIT_COUNT, DEFAULT_STATE_DIR
@@ -22,7 +22,7 @@ from gpuslice.node.enforcement import DEFAULT_SHARING
 
 __all__ = ["device_plugin"]
 
-_out = Console(highlight=False, soft_wrap=True)
+_out = terminal.console(highlight=False, soft_wrap=True)
 
 
 def device_plugin(

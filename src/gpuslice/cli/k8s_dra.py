@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
-from rich.console import Console
 
+from gpuslice.cli import terminal
 from gpuslice.cli.options import KubeconfigOption, NodeNameOption, SimulateOption
 from gpuslice.errors import UserError
 from gpuslice.k8s.annotations import DEFAULT_STATE_DIR
@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 
 __all__ = ["dra_driver"]
 
-_out = Console(highlight=False, soft_wrap=True)
+_out = terminal.console(highlight=False, soft_wrap=True)
 
 
 def dra_driver(

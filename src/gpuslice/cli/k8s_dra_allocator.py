@@ -12,14 +12,14 @@ import threading
 from typing import Annotated
 
 import typer
-from rich.console import Console
 
+from gpuslice.cli import terminal
 from gpuslice.cli.options import KubeconfigOption, target_workload_option
 from gpuslice.policies import DEFAULT_PLACEMENT, PLACEMENT
 
 __all__ = ["dra_allocator"]
 
-_out = Console(highlight=False, soft_wrap=True)
+_out = terminal.console(highlight=False, soft_wrap=True)
 
 
 def dra_allocator(

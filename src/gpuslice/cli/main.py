@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import Annotated, Any, get_args, get_origin
 
 import typer
-from rich.console import Console
 from typer._click import _textwrap  # the formatter's wrapper class: see _WholeWords
 
 from gpuslice.cli import (
@@ -26,6 +25,7 @@ from gpuslice.cli import (
     topo,
     tune,
 )
+from gpuslice.cli.terminal import console
 from gpuslice.errors import GpusliceError, exit_code
 
 __all__ = ["app", "build_command", "main", "package_version"]
@@ -78,7 +78,7 @@ for _name in ("submit", "ps", "show", "cancel", "logs", "gpus", "queue"):
     app.command(_name)(getattr(jobs, _name))
 app.command("top")(top.top)
 
-_stderr = Console(stderr=True)
+_stderr = console(stderr=True)  # an error echoing input shows its controls and :x: as they are
 
 # What --help shows after an option that takes a value, by Python type (as click names them); a flag
 # shows nothing. typer's own labels (<bool>, <list[str]>, <float range>) read as Python, not as a CLI.

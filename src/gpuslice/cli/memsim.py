@@ -8,10 +8,10 @@ from typing import Annotated
 
 import typer
 from rich import box
-from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 from rich.table import Table
 
+from gpuslice.cli import terminal
 from gpuslice.cli.options import finite_between
 from gpuslice.errors import UserError
 from gpuslice.inputs import writable_folder
@@ -130,7 +130,7 @@ def memsim(
             f"{r.estimated_seconds:.4f}",
             f"{base.estimated_seconds / r.estimated_seconds:.2f}×",
         )
-    Console().print(table)
+    terminal.console().print(table)
     if plot:
         _plot(shown, base, out / "memsim.png", f"{data.name} ×{oversub}")
 
@@ -177,4 +177,4 @@ def _plot(results, base, path: Path, title: str) -> None:
     fig = _figure(results, base, title)
     fig.savefig(path, dpi=120)
     plt.close(fig)
-    Console().print(f"wrote {path}")
+    terminal.console().print(f"wrote {path}")

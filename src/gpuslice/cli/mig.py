@@ -14,6 +14,7 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
+from gpuslice.cli import terminal
 from gpuslice.errors import UserError
 from gpuslice.hardware.mig import MEMORY_SLICES, MIG_GPUS, MigGpu, MigLayout, mig_gpu, parse_layout
 from gpuslice.policies.mig_placement import DEFAULT_MIG_PLACEMENT, MIG_PLACEMENT, mig_placement_policy
@@ -81,7 +82,7 @@ def plan(
         if layout.gpu != model:
             raise UserError(f"GPU {gpu_index} is a {layout.gpu.name}, not a {model.name}: fix --gpu")
     result = make_plan(model, request, chosen, layout, gpu_index)
-    _print_plan(Console(), result)
+    _print_plan(terminal.console(), result)
     if result.rejected:
         raise typer.Exit(REJECTED_EXIT)
 
@@ -150,4 +151,4 @@ def profiles(
             str(p.max_count),
             str(p.sm_count),
         )
-    Console().print(table)
+    terminal.console().print(table)

@@ -21,18 +21,18 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from gpuslice.cli import terminal
 from gpuslice.cli.jobs import StateDir, Url
 from gpuslice.errors import UserError
 from gpuslice.server.client import ServeClient, ServerError
 
 __all__ = ["app", "map_app"]
 
-_out = Console(highlight=False, soft_wrap=True)
-_err = Console(stderr=True, highlight=False, soft_wrap=True)
+_out = terminal.console(highlight=False, soft_wrap=True)
+_err = terminal.console(stderr=True, highlight=False, soft_wrap=True)
 
 app = typer.Typer(
     help="Policies as programs: verify a policy file (check), write a built-in as a file (export), hot-swap "

@@ -9,9 +9,9 @@ from typing import Annotated
 
 import typer
 from rich import box
-from rich.console import Console
 from rich.table import Table
 
+from gpuslice.cli import terminal
 from gpuslice.errors import UserError
 from gpuslice.sim.timed_trace import load_timed_trace
 from gpuslice.sim.trace import DEFAULT_TRACE
@@ -53,7 +53,7 @@ def predict(
     table.add_row("median abs error (s)", f"{errors.median_ae_s:,.0f}", f"{errors.baseline_median_ae_s:,.0f}")
     table.add_row("mean |log ratio|", f"{errors.log_mae:.2f}", f"{errors.baseline_log_mae:.2f}")
     table.add_row("rank correlation", f"{errors.rank_correlation:.3f}", "—")
-    console = Console()
+    console = terminal.console()
     console.print(table)
     console.print(f"trained on {errors.train_pods} pods, judged on {errors.test_pods} later ones")
     out.mkdir(parents=True, exist_ok=True)

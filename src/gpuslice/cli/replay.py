@@ -9,10 +9,10 @@ from typing import Annotated
 
 import typer
 from rich import box
-from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from gpuslice.cli import terminal
 from gpuslice.cli.options import writable
 from gpuslice.errors import UserError
 from gpuslice.hardware.topology_profiles import profile
@@ -103,7 +103,7 @@ def replay(
     if out.exists() and not out.is_dir():
         raise UserError(f"--out {out} is a file: give a folder for the results")
     traces = [repeat_trace(load_timed_trace(t, trace_dir), repeat) for t in (trace or [DEFAULT_TRACE])]
-    console = Console()
+    console = terminal.console()
     runs = list(product(traces, setups, policies, loads))
     results: list[TimedResult] = []
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())

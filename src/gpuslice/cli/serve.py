@@ -6,8 +6,8 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 
+from gpuslice.cli import terminal
 from gpuslice.cli.options import target_workload_option
 from gpuslice.errors import UserError
 from gpuslice.inputs import writable_folder
@@ -19,7 +19,7 @@ from gpuslice.workload.job import DEFAULT_GRACE_SECONDS
 
 __all__ = ["serve"]
 
-_out = Console(highlight=False, soft_wrap=True)
+_out = terminal.console(highlight=False, soft_wrap=True, markup=False)  # paths are text, never markup
 
 
 def serve(

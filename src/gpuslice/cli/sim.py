@@ -8,10 +8,10 @@ from typing import Annotated
 
 import typer
 from rich import box
-from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from gpuslice.cli import terminal
 from gpuslice.cli.options import finite_between, writable
 from gpuslice.cli.replay import REPLAY_EPILOG, replay
 from gpuslice.errors import UserError
@@ -117,7 +117,7 @@ def openb(
     """The FGD paper's openb experiment: unallocated GPU % as the inflated trace arrives, per policy."""
     traces, policies = trace or [DEFAULT_TRACE], policy or list(FGD_PAPER_POLICIES)
     seed_list = parse_seeds(seeds)  # policy and trace names: run_sweep checks them all before any run
-    console = Console()
+    console = terminal.console()
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     # Off when stdout is not a terminal: a log gets the table, not a bar's last frame.
     with Progress(*columns, console=console, transient=True, disable=not console.is_terminal) as progress:
@@ -156,7 +156,7 @@ def _report_fallbacks(rows: list[PolicySummary], allowed: bool) -> None:
             "default's; fix the policy (`gpuslice policy check FILE`) or pass --allow-fallbacks to keep "
             "them, marked; nothing was written"
         )
-    err = Console(stderr=True, highlight=False, soft_wrap=True)
+    err = terminal.console(stderr=True, highlight=False, soft_wrap=True)
     err.print(f"warning: policies fell back to the default placement: {what}", markup=False)
 
 

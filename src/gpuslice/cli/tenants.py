@@ -11,12 +11,12 @@ import math
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
 from gpuslice.cli import jobs as job_cli
 from gpuslice.cli.jobs import StateDir, Url
+from gpuslice.cli.terminal import console
 from gpuslice.errors import UserError
 from gpuslice.hardware.node import MAX_GPUS_PER_NODE
 from gpuslice.inputs import finite_float
@@ -29,7 +29,7 @@ app = typer.Typer(
     help="Tenants (teams) of gpuslice serve: fair-share weight, GPU and GPU-memory quotas, usage now.",
     no_args_is_help=True,
 )
-_out = Console(highlight=False, soft_wrap=True)
+_out = console(highlight=False, soft_wrap=True)
 _UNLIMITED = "none"
 
 

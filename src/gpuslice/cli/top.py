@@ -15,19 +15,20 @@ from dataclasses import dataclass
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console, Group, RenderableType
+from rich.console import Group, RenderableType
 from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
 from gpuslice.cli import jobs as job_cli
+from gpuslice.cli import terminal
 from gpuslice.errors import GpusliceError
 from gpuslice.server.client import ServeClient
 from gpuslice.units import format_size
 
 __all__ = ["Snapshot", "memory_bar", "next_frame", "render", "snapshot", "top"]
 
-_out = Console(highlight=False)
+_out = terminal.console(highlight=False)
 BAR_WIDTH = 20
 WIDE_COLUMNS = 120  # from this terminal width on, the GPU table lists each GPU's slices too
 # A job keeps its colour on the memory bar, in the slice list and in the job table.
@@ -67,11 +68,12 @@ def _job_id(job_id: str) -> Text:
 
 
 def _command(job: dict[str, Any] | None) -> Text:
-    """The program's file name and its arguments, as plain text (commands are user input, not markup)."""
+    """The program's file name and its arguments, as plain text (commands are user input, not markup;
+    their control characters are written out)."""
     if job is None:
         return Text("")
     program, *args = job["command"]
-    return Text(" ".join([program.rsplit("/", 1)[-1], *args]))
+    return Text(terminal.visible(" ".join([program.rsplit("/", 1)[-1], *args])))
 
 
 def memory_bar(gpu: dict[str, Any], width: int = BAR_WIDTH) -> Text:
@@ -121,7 +123,7 @@ def _slices(gpu: dict[str, Any], jobs: dict[str, dict[str, Any]]) -> Text:
 
 def _unhealthy_lines(gpus: list[dict[str, Any]]) -> list[Text]:
     return [
-        Text(f"GPU {g['index']} is unhealthy: {g.get('unhealthy_reason') or 'no reason given'}; "
+        Text(f"GPU {g['index']} is unhealthy: {terminal.visible(g.get('unhealthy_reason') or 'no reason')}; "
              "no new jobs are placed there", style="bold red")
         for g in gpus
         if not g.get("healthy", True)
@@ -180,8 +182,8 @@ def _running_table(snap: Snapshot) -> Table | Text:
     for j in running:
         note = " stopping" if j["stopping"] else " suspended" if j["suspended"] else ""
         table.add_row(_job_id(j["id"]), job_cli.slice_text(j), ",".join(map(str, j["gpus"])),
-                      Text(j["tenant"]), j["priority"], job_cli._ago(j["started_at"]) + note,
-                      _command(j))  # fmt: skip
+                      Text(terminal.visible(j["tenant"])), j["priority"],
+                      job_cli._ago(j["started_at"]) + note, _command(j))  # fmt: skip
     return table
 
 
@@ -196,8 +198,8 @@ def _queue_table(snap: Snapshot, jobs: dict[str, dict[str, Any]]) -> Table | Tex
     for q in snap.queue:
         job = jobs.get(q["id"])
         table.add_row(str(q["position"]), _job_id(q["id"]), job_cli.slice_text(job) if job else "",
-                      q["priority"], Text(q["tenant"]), job_cli._ago(q["submitted_at"]),
-                      Text(q["reason"], style="yellow"), _command(job))  # fmt: skip
+                      q["priority"], Text(terminal.visible(q["tenant"])), job_cli._ago(q["submitted_at"]),
+                      Text(terminal.visible(q["reason"]), style="yellow"), _command(job))  # fmt: skip
     return table
 
 

@@ -11,10 +11,10 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from gpuslice.cli import terminal
 from gpuslice.cli.topo_assign import assign
 from gpuslice.errors import UserError
 from gpuslice.hardware.topology import LinkType, Topology
@@ -108,7 +108,7 @@ def show(
 ) -> None:
     """Print the link matrix, NVLink groups and pair bandwidth of one machine."""
     topo = _load(system, from_file, local)
-    console = Console()
+    console = terminal.console()
     for table in _tables(topo):
         console.print(table)
     if topo.source:
@@ -155,7 +155,7 @@ def pick(
         f"{topo.hop_cost(chosen):g}",
         ", ".join(inner) or "—",
     )
-    Console().print(table)
+    terminal.console().print(table)
 
 
 app.command("assign")(assign)

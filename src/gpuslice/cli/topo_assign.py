@@ -13,9 +13,9 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
+from gpuslice.cli import terminal
 from gpuslice.errors import UserError
 from gpuslice.hardware.topology import Topology
 from gpuslice.hardware.topology_profiles import PROFILES, profile
@@ -132,7 +132,7 @@ def assign(
     total: dict[str, float] = report["total"]  # type: ignore[assignment]
     sums = [_cell(total[f"{k}_allreduce_ms"]) for k in ("batch", "greedy", "round_robin")]
     table.add_row("total", *[""] * 6, sums[0], "", sums[1], "", sums[2])
-    console = Console()
+    console = terminal.console()
     console.print(table)
     for row in rows:
         if row["waits"]:

@@ -13,10 +13,10 @@ from typing import Annotated, Any
 import numpy as np
 import typer
 from rich import box
-from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from gpuslice.cli import terminal
 from gpuslice.cli.replay import check_load
 from gpuslice.errors import UserError
 from gpuslice.inputs import writable_folder
@@ -114,7 +114,7 @@ def tune(
         "sample": sample,
         "node_stride": node_stride,
     }
-    console = Console()
+    console = terminal.console()
     with tempfile.TemporaryDirectory(prefix="gpuslice-tune-") as tmp:
         workdir = Path(tmp)
         storage = study or workdir / "study.sqlite3"

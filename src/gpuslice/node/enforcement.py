@@ -33,11 +33,12 @@ GPUSLICE_JOB_ID, GPUSLICE_JOB_DIR and GPUSLICE_REPORT_FILE are set by the launch
 
 from __future__ import annotations
 
+import contextlib
 import enum
-import hashlib
 import os
 import shutil
 import subprocess
+import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -47,7 +48,7 @@ from gpuslice import shim
 from gpuslice.errors import InternalError, InvalidRequest, Unavailable
 from gpuslice.hardware.machine import Machine
 from gpuslice.hardware.mig import mig_gpu
-from gpuslice.node import softcap
+from gpuslice.node import private_files, softcap
 from gpuslice.units import MiB
 from gpuslice.workload.job import JobSpec
 
@@ -67,9 +68,10 @@ __all__ = [
 
 MPS_CONTROL = "nvidia-cuda-mps-control"
 # MPS talks over Unix sockets in the pipe directory; a socket path longer than sun_path (108 bytes on
-# Linux, less the socket's own name) fails at connect time with an unhelpful error. Deep state dirs fall
-# back to a short directory under /tmp derived from the state dir.
+# Linux, less the socket's own name) fails at connect time with an unhelpful error. Deep state dirs get a
+# short folder of random name instead (mps_dirs), recorded in the state dir under this name.
 _MAX_PIPE_DIR_CHARS = 80
+_MPS_RECORD = "mps-dir"
 
 
 class SharingMode(enum.StrEnum):
@@ -90,12 +92,49 @@ class MpsUnavailable(Unavailable):
 
 
 def mps_dirs(state_dir: Path) -> tuple[Path, Path]:
-    """(pipe dir, log dir) of the MPS control daemon for ``state_dir``; the server and every job agree."""
-    base = Path(state_dir).resolve() / "mps"
+    """(pipe dir, log dir) of the MPS control daemon for ``state_dir``; the server and every job agree.
+
+    Normally under state_dir/mps. A state dir too deep for a socket path gets a folder that mkdtemp
+    makes (a random name, 0700: no other user can have made it first, as with a name derived from the
+    state dir) under $XDG_RUNTIME_DIR, else the temp dir; its name is recorded in state_dir/mps-dir,
+    so a restarted server finds the daemon its jobs still use. ``MpsDaemon.start`` checks the folders."""
+    state_dir = Path(state_dir).resolve()
+    base = state_dir / "mps"
     if len(str(base / "pipe")) > _MAX_PIPE_DIR_CHARS:
-        digest = hashlib.sha1(str(base).encode()).hexdigest()[:12]
-        base = Path("/tmp") / f"gpuslice-mps-{os.getuid()}-{digest}"
+        base = _recorded_mps_base(state_dir) or _new_mps_base(state_dir)
     return base / "pipe", base / "log"
+
+
+def _recorded_mps_base(state_dir: Path) -> Path | None:
+    """The short MPS folder recorded for ``state_dir``, if it is still there, ours and private."""
+    with contextlib.suppress(OSError, ValueError, private_files.UnsafeFile):
+        file = private_files.open_for_reading(state_dir / _MPS_RECORD)
+        if file is None:
+            return None
+        with file:
+            base = Path(file.read(4096).decode("utf-8").strip())
+        if base.is_absolute() and len(str(base / "pipe")) <= _MAX_PIPE_DIR_CHARS:
+            os.close(private_files.open_folder(base))
+            return base
+    return None  # gone (a reboot emptied /tmp), damaged, or not private: a new one is made
+
+
+def _new_mps_base(state_dir: Path) -> Path:
+    runtime: str | None = os.environ.get("XDG_RUNTIME_DIR") or None
+    if runtime is not None:
+        try:  # the user's own runtime folder (freedesktop base-directory spec: 0700, theirs alone)
+            os.close(private_files.open_folder(runtime))
+        except (OSError, private_files.UnsafeFile):
+            runtime = None
+    if runtime is not None and len(runtime) > _MAX_PIPE_DIR_CHARS // 2:
+        runtime = None
+    base = Path(tempfile.mkdtemp(prefix="gpuslice-mps-", dir=runtime))
+    state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    tmp = state_dir / f".{_MPS_RECORD}.{os.getpid()}.tmp"
+    with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600), "w") as f:
+        f.write(str(base))
+    os.replace(tmp, state_dir / _MPS_RECORD)
+    return base
 
 
 def softcap_dir(state_dir: Path) -> Path:
@@ -274,10 +313,17 @@ class MpsDaemon:
     def start(self) -> None:
         """Start the daemon (nothing to do if it already runs); MpsUnavailable says why it cannot."""
         program = self._program()
+        for folder in (self.pipe_dir.parent, self.pipe_dir, self.log_dir):
+            # Before asking a daemon there: whoever can write the pipe folder can pose as our daemon.
+            try:
+                private_files.private_folder(folder)
+            except private_files.UnsafeFile as err:
+                raise MpsUnavailable(
+                    f"the MPS folder is not private: {err}. Remove it (or make it your own, mode 0700) "
+                    "and start again"
+                ) from None
         if self.is_running():
             return
-        self.pipe_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        self.log_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         done = subprocess.run(
             [program, "-d"],
             env=self._env(),

@@ -38,6 +38,7 @@ from pathlib import Path
 import psutil
 
 from gpuslice.errors import InternalError
+from gpuslice.node import private_files
 from gpuslice.node import supervisor as _supervisor
 from gpuslice.node.supervisor import (
     EXIT_FILE,
@@ -221,6 +222,9 @@ def launch(
     for folder in (directory, records):
         folder.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         folder.mkdir(exist_ok=True, mode=0o700)  # the job's output and its env are its user's alone
+    # An earlier attempt may have swapped its folder for a link: refused (UnsafeFile) before anything
+    # in it is removed or written.
+    os.close(private_files.open_folder(directory))
     (directory / REPORT_FILE).unlink(missing_ok=True)
     for stale in (EXIT_FILE, STOP_FILE, RESERVE_FILE):
         (records / stale).unlink(missing_ok=True)
@@ -237,7 +241,7 @@ def launch(
     # record anything, and end "lost" instead of preempted.
     previous = signal.pthread_sigmask(signal.SIG_BLOCK, SUPERVISOR_DEFERRED_SIGNALS)
     try:
-        log_fd = os.open(directory / SUPERVISOR_LOG, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        log_fd = private_files.open_for_append(directory / SUPERVISOR_LOG)  # never through the job's link
         with open(log_fd, "ab") as log:
             process = subprocess.Popen(
                 command,

@@ -33,6 +33,7 @@ import psutil
 
 from gpuslice.errors import InvalidRequest
 from gpuslice.hardware.machine import Machine
+from gpuslice.node import private_files
 from gpuslice.node.discovery import gpu_processes, is_simulated
 from gpuslice.node.fake_load import REPORT_ENV
 from gpuslice.shim import read_region, region_path
@@ -102,6 +103,9 @@ def _resolve(device: str, index: dict[str, int]) -> int | None:
     return None
 
 
+_REPORT_MAX_BYTES = 1 << 20  # a fake load's report is a few hundred bytes
+
+
 def _simulated_usage(
     machine: Machine, owner: dict[int, str], jobs: Mapping[str, int]
 ) -> tuple[Usage, External]:
@@ -120,11 +124,12 @@ def _simulated_usage(
         if not report or Path(report) in seen:
             continue
         try:
-            data = json.loads(Path(report).read_text(encoding="utf-8"))
+            # Any process may name any path here: a FIFO or /dev/zero must not stall the daemon's loop.
+            data = json.loads(private_files.read_regular(report, _REPORT_MAX_BYTES))
             if int(data["pid"]) != p.pid:
                 continue  # written by another process: the reporter itself, or an earlier run
             memory = {str(k): int(v) for k, v in data["memory_bytes"].items()}
-        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        except (OSError, ValueError, KeyError, TypeError, AttributeError, private_files.UnsafeFile):
             continue
         seen.add(Path(report))
         target = per_job[owner[p.pid]] if p.pid in owner else external

@@ -41,6 +41,16 @@ import sys
 import time
 from pathlib import Path
 
+if __package__:
+    from gpuslice.node import private_files
+else:  # run by path with ``python -I`` (see above): the sibling file, without importing the package
+    import importlib.util
+
+    _path = Path(__file__).with_name("private_files.py")
+    _spec = importlib.util.spec_from_file_location("private_files", _path)
+    private_files = importlib.util.module_from_spec(_spec)  # type: ignore[arg-type]
+    _spec.loader.exec_module(private_files)  # type: ignore[union-attr]
+
 __all__ = [
     "EXIT_FILE",
     "LEFTOVER_GRACE_SECONDS",
@@ -232,9 +242,9 @@ class Supervisor:
         self.record_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         reserve(self.record_dir)
         started_at = time.time()
-        flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND
-        out = os.open(self.job_dir / STDOUT_LOG, flags, 0o600)
-        err = os.open(self.job_dir / STDERR_LOG, flags, 0o600)
+        # Never through a link the job left in its folder (a restart would append to what it points at).
+        out = private_files.open_for_append(self.job_dir / STDOUT_LOG)
+        err = private_files.open_for_append(self.job_dir / STDERR_LOG)
         try:
             failed_start = self._start(out, err)
             returncode = failed_start if failed_start is not None else self._wait()

@@ -37,7 +37,6 @@ with another body is 409.
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import json
 import logging
@@ -59,7 +58,7 @@ from starlette.routing import Match
 
 import gpuslice
 from gpuslice.errors import InvalidRequest, UserError
-from gpuslice.server import dashboard
+from gpuslice.server import dashboard, job_logs
 from gpuslice.server.auth import check_bearer
 from gpuslice.server.daemon import Daemon
 from gpuslice.server.errors import ForbiddenUser, TooManyFollowers, http_status
@@ -78,7 +77,7 @@ from gpuslice.server.models import (
     tenant_from_body,
 )
 from gpuslice.server.policy_api import policy_router
-from gpuslice.workload.job import TERMINAL_STATES, JobState
+from gpuslice.workload.job import JobState
 
 __all__ = ["create_app"]
 
@@ -87,8 +86,6 @@ _bearer = HTTPBearer(auto_error=False, description="the token in the server's st
 _ERRORS: dict[int | str, dict[str, Any]] = {
     code: {"model": ErrorBody} for code in (400, 401, 403, 404, 409, 422)
 }
-_FOLLOW_POLL_SECONDS = 0.2
-_CHUNK_BYTES = 64 * 1024
 # Followers are coroutines, not threads (a few KiB each); the cap only bounds a client that opens
 # connections in a loop.
 MAX_LOG_FOLLOWERS = 1000
@@ -351,18 +348,18 @@ def create_app(
         that goes away cancels it at once (Starlette watches for the disconnect)."""
         nonlocal followers
         daemon.store.get(job_id)  # 404 before streaming starts
-        names = ("stdout", "stderr") if stream == "both" else (stream,)
-        paths = [daemon.log_path(job_id, name) for name in names]
-        if not follow:
-            return StreamingResponse(_tail(daemon, job_id, paths, None), media_type="text/plain")
-        if followers >= MAX_LOG_FOLLOWERS:
+        if follow and followers >= MAX_LOG_FOLLOWERS:
             raise TooManyFollowers(f"{followers} clients follow logs already; try again later")
+        # Opened now, never through a link: a refused log is a 409 before any byte is sent.
+        logs = job_logs.open_logs(daemon, job_id, ("stdout", "stderr") if stream == "both" else (stream,))
+        if not follow:
+            return StreamingResponse(job_logs.follow(daemon, job_id, logs, None), media_type="text/plain")
         followers += 1
 
         async def counted() -> AsyncIterator[bytes]:
             nonlocal followers
             try:
-                async for chunk in _tail(daemon, job_id, paths, app.state.stopping):
+                async for chunk in job_logs.follow(daemon, job_id, logs, app.state.stopping):
                     yield chunk
             finally:
                 followers -= 1
@@ -502,45 +499,3 @@ def _field_path(loc: Iterable[Any]) -> list[Any]:
     if parts[0] in _DICT_FIELDS:
         return parts[:3]
     return [parts[0], *[p for p in parts[1:] if isinstance(p, int)]]
-
-
-async def _tail(
-    daemon: Daemon, job_id: str, paths: list[Any], follow: threading.Event | None
-) -> AsyncIterator[bytes]:
-    """The files' bytes; with ``follow`` (the server's stopping event), keep reading until the job is
-    finished and nothing is new, or the server stops (the client follows again after its restart).
-
-    Both streams are read in turns, a chunk at a time, so a follower sees stderr lines as they come;
-    without ``follow`` stdout comes whole, then stderr.
-    """
-    offsets = [0] * len(paths)
-    while True:
-        got = False
-        for i, path in enumerate(paths):
-            try:
-                with open(path, "rb") as f:
-                    f.seek(offsets[i])
-                    while chunk := f.read(_CHUNK_BYTES):
-                        offsets[i] += len(chunk)
-                        got = True
-                        yield chunk
-                        if follow is not None:
-                            break
-            except FileNotFoundError:
-                continue
-        if follow is None or follow.is_set():
-            return
-        if not got:
-            if daemon.store.get(job_id).state in TERMINAL_STATES and _drained(paths, offsets):
-                return
-            await asyncio.sleep(_FOLLOW_POLL_SECONDS)
-
-
-def _drained(paths: list[Any], offsets: list[int]) -> bool:
-    for path, offset in zip(paths, offsets, strict=True):
-        try:
-            if path.stat().st_size > offset:
-                return False
-        except FileNotFoundError:
-            continue
-    return True

@@ -156,10 +156,10 @@ class ServeClient:
         return self._send("GET", "/v1/jobs", params={"state": states or [], "limit": limit})
 
     def job(self, job_id: str) -> dict[str, Any]:
-        return self._send("GET", f"/v1/jobs/{job_id}")
+        return self._send("GET", _job_path(job_id))
 
     def cancel(self, job_id: str) -> dict[str, Any]:
-        return self._send("POST", f"/v1/jobs/{job_id}/cancel", auth=True)
+        return self._send("POST", f"{_job_path(job_id)}/cancel", auth=True)
 
     def gpus(self) -> list[dict[str, Any]]:
         return self._send("GET", "/v1/gpus")
@@ -219,7 +219,7 @@ class ServeClient:
         """The job's output as it comes; with ``follow`` until the job ends."""
         params = {"follow": follow, "stream": stream}
         try:
-            path = f"/v1/jobs/{job_id}/logs"
+            path = f"{_job_path(job_id)}/logs"
             headers = self._read_headers()
             with self._http.stream("GET", path, params=params, headers=headers, timeout=None) as r:
                 if r.status_code >= 400:
@@ -228,6 +228,11 @@ class ServeClient:
                 yield from r.iter_bytes()
         except httpx.TransportError as err:
             raise self._unavailable(err) from None
+
+
+def _job_path(job_id: str) -> str:
+    """The job's URL path: whatever the id holds ('/', spaces, control characters) stays one segment."""
+    return f"/v1/jobs/{quote(job_id, safe='')}"
 
 
 def _map_path(family: str, name: str) -> str:

@@ -5,6 +5,7 @@ JobNotFound, GpuNotFound, PolicyNotFound   NotFound          404  no job, GPU, p
 TenantNotFound                             NotFound          404  no tenant set or used of that name
 JobConflict                                Conflict          409  the job's state does not allow the action
 JobDamaged                                 Conflict          409  the job's stored row cannot be read
+JobLogRefused                              Conflict          409  the job's log is a link or not its file
 NotAuthenticated (gpuslice.errors)                           401  no bearer token, or the wrong one
 ForbiddenUser                              Forbidden         403  a request claims another user
 TooManyFollowers                           TooManyRequests   429  the cap on clients following logs is reached
@@ -35,6 +36,7 @@ __all__ = [
     "GpuNotFound",
     "JobConflict",
     "JobDamaged",
+    "JobLogRefused",
     "JobNotFound",
     "NotAuthenticated",
     "PolicyNotFound",
@@ -65,6 +67,10 @@ class JobConflict(Conflict):
 
 class JobDamaged(Conflict):
     """The job's stored record cannot be read (a row changed by hand or damaged); the message says so."""
+
+
+class JobLogRefused(Conflict):
+    """The job's log file is not what gpuslice made there (a link, a FIFO, a hard link): it is not read."""
 
 
 class ForbiddenUser(Forbidden):

@@ -22,18 +22,31 @@ const state = {
 
 // ---- small DOM helpers: text only -------------------------------------------------------------------
 
+// What a person reads must be what runs: control characters and the bidirectional overrides (which can
+// show a command's characters in another order) are written out as \xNN / \uNNNN, as the CLI does
+// (cli/terminal.py): C0 but tab and newline, DEL, C1, U+202A-U+202E, U+2066-U+2069.
+const CONTROLS = /[\u0000-\u0008\u000b-\u001f\u007f-\u009f\u202a-\u202e\u2066-\u2069]/g;
+
+function visible(text) {
+  return String(text).replace(CONTROLS, (c) => {
+    const code = c.charCodeAt(0);
+    const hex = code.toString(16);
+    return code < 0x100 ? `\\x${hex.padStart(2, "0")}` : `\\u${hex.padStart(4, "0")}`;
+  });
+}
+
 function el(tag, className, ...children) {
   const node = document.createElement(tag);
   if (className) node.className = className;
   for (const child of children) {
     if (child === null || child === undefined) continue;
-    node.append(child instanceof Node ? child : document.createTextNode(String(child)));
+    node.append(child instanceof Node ? child : document.createTextNode(visible(child)));
   }
   return node;
 }
 
 function withTitle(node, title) {
-  node.setAttribute("title", title);
+  node.setAttribute("title", visible(title));
   return node;
 }
 
