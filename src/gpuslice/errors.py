@@ -55,6 +55,8 @@ GpusliceError
 │  ├─ GpuSetUnavailable (policies.gpuset.base)
 │  ├─ MalformedModelConfig, InvalidEstimateOptions (estimate.errors)
 │  └─ CostProfileError (memory.cost)
+├─ ApiError (k8s.kube_client)   a Kubernetes API call failed; the message is the API server's words
+│  └─ AlreadyBound (k8s.extender.kube)   a Binding for a pod that is bound already (its 409)
 └─ InternalError            CLI exit 1 · HTTP 500   a bug: the message says so; the server logs it
    └─ LedgerError                a release of a placement the ledger does not hold, or a broken invariant
 ```
