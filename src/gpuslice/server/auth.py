@@ -110,6 +110,7 @@ class TokenFile:
         self._seen: tuple[int, ...] | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._seen_once = False  # the first read is the start, not a change worth a log line
         self.reload()
 
     @property
@@ -125,9 +126,9 @@ class TokenFile:
             token, problem = None, f"the token file {self.path} is missing"
         except InvalidRequest as err:
             token, problem = None, str(err)
-        if token != self._current or problem != self.problem:
+        if self._seen_once and (token != self._current or problem != self.problem):
             _log.warning("token: %s", problem or f"read again from {self.path}; the previous one is refused")
-        self._current, self.problem = token, problem
+        self._current, self.problem, self._seen_once = token, problem, True
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._watch, name="gpuslice-token", daemon=True)

@@ -298,7 +298,8 @@ class Daemon(Recovery, GpuWatch, PolicyAdmin, DaemonViews):
             try:
                 self.tick()
             except StoreUnavailable:  # locked or failing: the store logs it once a minute; next pass retries
-                pass
+                with contextlib.suppress(StoreUnavailable):  # what the pass did commit, for /v1/health
+                    self.publish_counts()
             except Exception:  # a bug in one tick must not stop the queue; it is logged with its traceback
                 _log.exception("daemon tick failed")
             self._wake.wait(self.tick_seconds)
