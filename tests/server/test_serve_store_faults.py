@@ -24,8 +24,7 @@ from server_helpers import free_port
 
 BIN = Path(sys.executable).parent
 HEALTH_SECONDS = 3  # "at once" on a loaded machine; the benchmark measures the real figure (ms)
-BUSY = "1s"
-BOUND_SECONDS = 15  # busy timeout 1 s, a few waits of it at most; the old code waited 30 s
+BOUND_SECONDS = 20  # a few waits of the 2 s busy timeout at most; the old code waited 30 s, then 500
 
 
 def poll(until, timeout: float, what: str):
@@ -39,7 +38,7 @@ def poll(until, timeout: float, what: str):
 
 
 def test_a_locked_state_file_answers_health_at_once_and_503_within_the_bound_then_recovers(serve):
-    server = serve("--busy-timeout", BUSY)
+    server = serve()  # the default busy timeout, 2 s
     first = server.submit(["sh", "-c", "echo one"])
     server.wait(lambda: server.jobs()[first["id"]]["state"] == "SUCCEEDED", 60, "the first job")
     other = sqlite3.connect(server.state_dir / "gpuslice.db", isolation_level=None)
@@ -84,8 +83,9 @@ def test_a_state_file_on_a_disk_that_answers_eio_makes_health_degraded_and_write
         port, log = free_port(), tmp_path / "server.log"
         with open(log, "wb") as out:  # outside the failing disk, and started patiently: every file
             proc = subprocess.Popen(  # operation of a server on it goes through the FUSE process
-                [str(BIN / "gpuslice"), "serve", "--simulate", "dgx-h100", "--state-dir", str(mount / "state"),
-                 "--port", str(port)], stdout=out, stderr=out, start_new_session=True)  # fmt: skip
+                [str(BIN / "gpuslice"), "serve", "--simulate", "dgx-h100", "--state-dir",
+                 str(mount / "state"), "--port", str(port)], stdout=out, stderr=out, start_new_session=True,
+            )  # fmt: skip
         http = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60)
         try:
             poll(lambda: _answers(http), 180, f"the server on the failing disk to start: {log.read_text()}")

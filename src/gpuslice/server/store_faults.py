@@ -68,7 +68,7 @@ def classify(err: sqlite3.DatabaseError, path: Path) -> Exception:
     if primary in _FAILING_CODES or (primary is None and any(w in text for w in _FAILING_WORDS)):
         return StoreFailing(
             f"the state file {path} cannot be used ({err}): nothing was changed; check the disk "
-            "(dmesg), then restart the server"
+            "(dmesg): the server goes on by itself once a write works again"
         )
     if type(err) is sqlite3.DatabaseError:  # no finer class: SQLite met something it cannot read
         return StoreFailing(f"the state file {path} cannot be read ({err}); check the disk (dmesg)")
