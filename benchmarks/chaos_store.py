@@ -103,7 +103,7 @@ def locked_store(root: Path, rounds: int) -> Outcome:
             waiting.join()
             other.rollback()
             other.close()
-            (seconds, r) = answers
+            ((seconds, r),) = answers
             submit_s.append(seconds)
             if r.status_code != 503 or "Retry-After" not in r.headers:
                 result.failures.append(f"round {i}: the submit got {r.status_code} {r.text[:120]}")
