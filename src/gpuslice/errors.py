@@ -34,7 +34,10 @@ GpusliceError
 │  │  ├─ MigNotEnabled (hardware.mig_nvml)
 │  │  ├─ ShimUnavailable (shim)
 │  │  ├─ NodeLockError (k8s.node_lock)
-│  │  └─ ServerUnavailable, StoreFull, StoreDamaged (server.errors)   StoreFull: HTTP 503
+│  │  ├─ ServerUnavailable, StoreFull, StoreDamaged (server.errors)   StoreFull: HTTP 503
+│  │  ├─ PortTaken (server.errors)   CLI exit 3
+│  │  └─ StoreUnavailable (server.errors)   HTTP 503
+│  │     └─ StoreBusy, StoreFailing (server.errors)
 │  ├─ PolicyRejected (programs.loader)   HTTP 422
 │  ├─ PolicyFamilyMismatch, PolicyInitError (programs.loader)
 │  ├─ BuiltinNotExportable (programs.export)
@@ -191,5 +194,7 @@ class LedgerError(InternalError):
 
 
 def exit_code(error: BaseException) -> int:
-    """CLI exit status for an error: 2 for user errors, 1 for everything else."""
-    return 2 if isinstance(error, UserError) else 1
+    """CLI exit status for an error: its class's ``exit_status`` if it has one (PortTaken: 3, as uvicorn
+    exits when it cannot bind), else 2 for user errors, 1 for everything else."""
+    own = getattr(error, "exit_status", None)
+    return own if isinstance(own, int) else 2 if isinstance(error, UserError) else 1

@@ -8,7 +8,7 @@ import stat
 import pytest
 
 from gpuslice.errors import InvalidRequest
-from gpuslice.server.auth import check_bearer, load_or_create_token, read_token
+from gpuslice.server.auth import TokenFile, bearer_problem, check_bearer, load_or_create_token, read_token
 from gpuslice.server.errors import NotAuthenticated
 
 
@@ -44,3 +44,37 @@ def test_bad_bearer_is_refused(header):
 
 def test_right_bearer_passes():
     assert check_bearer("Bearer secret", "secret") is None
+
+
+def test_a_token_file_that_is_a_link_or_a_fifo_is_refused_without_following_or_blocking(tmp_path):
+    real = tmp_path / "elsewhere"
+    real.write_text("secret\n")
+    os.chmod(real, 0o600)
+    (tmp_path / "token").symlink_to(real)
+    with pytest.raises(InvalidRequest, match="symbolic link"):
+        read_token(tmp_path)
+    (tmp_path / "token").unlink()
+    os.mkfifo(tmp_path / "token", 0o600)  # a reader of a FIFO would wait for a writer for ever
+    with pytest.raises(InvalidRequest, match="not a regular file"):
+        read_token(tmp_path)
+
+
+def test_the_token_file_is_followed_as_it_changes_and_none_while_it_is_gone(tmp_path):
+    load_or_create_token(tmp_path)
+    watched = TokenFile(tmp_path)
+    first = watched.current
+    (tmp_path / "token").unlink()
+    watched.reload()
+    assert watched.current is None and "missing" in watched.problem
+    assert bearer_problem(f"Bearer {first}", watched.current).startswith("token rejected")
+    fd = os.open(tmp_path / "token", os.O_WRONLY | os.O_CREAT, 0o600)
+    os.write(fd, b"second\n")
+    os.close(fd)
+    watched.reload()
+    assert watched.current == "second" and watched.problem == ""
+
+
+def test_no_bearer_and_a_wrong_bearer_are_told_apart():
+    assert "needs 'Authorization: Bearer <token>'" in bearer_problem(None, "secret")
+    assert bearer_problem("Bearer nope", "secret").startswith("token rejected")
+    assert bearer_problem("Bearer secret", "secret") is None

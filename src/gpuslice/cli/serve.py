@@ -15,6 +15,7 @@ from gpuslice.node.enforcement import DEFAULT_SHARING
 from gpuslice.policies import DEFAULT_PLACEMENT, PLACEMENT
 from gpuslice.policies.queue import DEFAULT_QUEUE_POLICY, QUEUE
 from gpuslice.server.client import DEFAULT_PORT, default_state_dir
+from gpuslice.server.store import DEFAULT_BUSY_SECONDS
 from gpuslice.workload.job import DEFAULT_GRACE_SECONDS
 
 __all__ = ["serve"]
@@ -45,6 +46,13 @@ def serve(
     grace: Annotated[
         str, typer.Option(help="SIGTERM-to-SIGKILL grace when stopping a job: 30s, 2m")
     ] = f"{DEFAULT_GRACE_SECONDS:g}s",
+    busy_timeout: Annotated[
+        str,
+        typer.Option(
+            help="how long a call waits while another process holds the state file's lock (an sqlite3 "
+            "shell, a backup) before it is answered 503 with Retry-After: 0.5s, 2s"
+        ),
+    ] = f"{DEFAULT_BUSY_SECONDS:g}s",
     queue_policy: Annotated[
         str,
         typer.Option(
@@ -76,12 +84,21 @@ def serve(
         ),
     ] = None,
 ) -> None:
-    """Serve the GPU job queue on this machine until Ctrl-C; jobs keep running across restarts."""
+    """Serve the GPU job queue on this machine until Ctrl-C; jobs keep running across restarts.
+
+    The token is STATE_DIR/token (made at the first start, mode 0600). The server reads it again on
+    SIGHUP and within a second of a change: replace the file to rotate the token, and the old one is
+    refused from then on. While the file is missing or unusable (not a regular 0600 file of yours), every
+    call that needs the token is refused, until a good file is back.
+    """
     # Imported here: FastAPI and uvicorn take ~1 s to import, which the client commands should not pay.
     from gpuslice.server.models import parse_duration
     from gpuslice.server.run import ServeOptions, run
     from gpuslice.sim.trace import load_target_workload
 
+    busy_seconds = parse_duration(busy_timeout, "busy-timeout")
+    if busy_seconds <= 0:
+        raise UserError(f"--busy-timeout {busy_timeout}: use a positive duration, e.g. 2s")
     state_dir = writable_folder(state_dir or default_state_dir(), "--state-dir")  # before anything is made
     if sharing == "mig":
         _check_mig(simulate)
@@ -92,6 +109,7 @@ def serve(
         simulate=simulate,
         sharing=sharing,
         grace_seconds=parse_duration(grace, "grace"),
+        busy_seconds=busy_seconds,
         queue_policy=queue_policy,
         placement=placement,
         target=load_target_workload(target_workload) if target_workload is not None else None,

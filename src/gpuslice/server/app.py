@@ -28,7 +28,9 @@ Host check, token before body, body cap, sign-in). Env values are never returned
 Every error is ``ErrorBody`` JSON: 400/404/405/409 for user errors (``detail`` says how to fix it;
 ``field`` names the field), 401 without the token, 403 when a request claims another user, 413 for a
 body over the cap, 422 when the body does not match the schema, 429 when too many follow one log, 503
-(with Retry-After) when the state file's disk is full and nothing was changed, 500 only for bugs.
+(with Retry-After) when the state file's disk is full or failing, or another process holds its lock
+past the busy timeout, and nothing was changed; 500 only for bugs. ``/v1/health`` never touches the
+state file: it says ``degraded`` and why while the file is locked or failing.
 
 ``POST /v1/jobs`` takes an ``Idempotency-Key`` header (1–200 printable ASCII characters): a retry with
 the same key and body answers 200 with the job the first try made, never a second job; the same key
@@ -43,7 +45,7 @@ import logging
 import re
 import threading
 import time
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 from http import HTTPStatus
 from typing import Annotated, Any, Literal
 
@@ -181,7 +183,8 @@ class EventOut(BaseModel):
 
 
 class Health(BaseModel):
-    status: str
+    status: Literal["ok", "degraded"]
+    reason: str | None = Field(None, description="why degraded: the state file is locked or its disk fails")
     version: str
     machine: str
     gpus: int
@@ -194,15 +197,17 @@ class Health(BaseModel):
 
 def create_app(
     daemon: Daemon,
-    token: str,
+    token: str | Callable[[], str | None],
     *,
     public_reads: bool = False,
     hosts: Iterable[str] | None = None,
     sign_in_token: str | None = None,
 ) -> FastAPI:
     """The FastAPI app serving ``daemon``; writes need ``token`` as a bearer, and so do reads unless
-    ``public_reads``. ``hosts``: the Host names accepted (None: any, for in-process clients);
-    ``sign_in_token``: the one-time token of the dashboard URL (``app.state.sign_in_token``)."""
+    ``public_reads``. ``token`` may be a function, asked at each request (the token file as it is now;
+    None: no token, every call that needs one is refused). ``hosts``: the Host names accepted (None:
+    any, for in-process clients); ``sign_in_token``: the one-time token of the dashboard URL
+    (``app.state.sign_in_token``)."""
     app = FastAPI(
         title="gpuslice serve",
         version=gpuslice.__version__,
@@ -221,7 +226,7 @@ def create_app(
 
     def authorized(credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]) -> None:
         header = f"{credentials.scheme} {credentials.credentials}" if credentials else None
-        check_bearer(header, token)
+        check_bearer(header, token() if callable(token) else token)
 
     Auth = Depends(authorized)
 
@@ -230,8 +235,8 @@ def create_app(
         field = err.field if isinstance(err, FieldError) else None
         body = ErrorBody(detail=str(err), field=field, type=type(err).__name__)
         headers = {"WWW-Authenticate": "Bearer"} if http_status(err) == 401 else None
-        if http_status(err) == 503:  # the server lacks room (a full disk): the same request works later
-            headers = {"Retry-After": "5"}
+        if http_status(err) == 503:  # the state file is full, locked or failing: the request works later
+            headers = {"Retry-After": str(getattr(err, "retry_after_seconds", 5))}
         return JSONResponse(body.model_dump(), status_code=http_status(err), headers=headers)
 
     @app.exception_handler(RequestValidationError)
@@ -272,9 +277,12 @@ def create_app(
 
     @app.get("/v1/health", response_model=Health)
     def health() -> Health:
-        counts = {s.value: daemon.store.count(s) for s in JobState}
+        """From memory only (job counts as of the daemon's last pass): it answers at once while the state
+        file is locked or failing, and then says so."""
+        store = daemon.store.condition
         return Health(
-            status="ok",
+            status="ok" if store.ok else "degraded",
+            reason=None if store.ok else f"state file {store.kind}: {store.reason}",
             version=gpuslice.__version__,
             machine=daemon.machine.name,
             gpus=daemon.machine.gpu_count,
@@ -282,13 +290,14 @@ def create_app(
             user=daemon.user,
             simulated=daemon.simulated,
             uptime_seconds=time.time() - started,
-            jobs=counts,
+            jobs=dict(daemon.job_counts),
         )
 
     answers: dict[int | str, dict[str, Any]] = {
         **_ERRORS,
         200: {"model": JobOut, "description": "a retry with the same Idempotency-Key and body: its job"},
-        503: {"model": ErrorBody, "description": "the disk is full: nothing was stored; retry later"},
+        503: {"model": ErrorBody, "description": "the state file is full, locked or failing: nothing was "
+              "stored; retry after Retry-After seconds"},
     }
 
     @app.post("/v1/jobs", status_code=201, response_model=JobOut, responses=answers, dependencies=[Auth])

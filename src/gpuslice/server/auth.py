@@ -3,23 +3,44 @@
 Every state-changing call (submit, cancel, tenant quotas) must carry ``Authorization: Bearer <token>``,
 and so does every read but /v1/health and /metrics unless the server runs with ``--public-reads``
 (guard.py applies both, and the dashboard's read-only cookie).
+
+The server reads the file again on SIGHUP and when it changes (``TokenFile``: its inode, size or mtime,
+looked at every ``POLL_SECONDS``): a replaced token takes effect within a second and the old one is
+refused from then on, dashboard cookies made from it too. While the file is missing, or is not a
+regular file of the server's user with mode 0600 (read without following a link), the server has no
+token and refuses every call that needs one, until a good file is back. A call without a bearer is told
+it needs one; a call with a wrong one is told "token rejected".
 """
 
 from __future__ import annotations
 
+import errno
 import hmac
+import logging
 import os
 import secrets
 import stat
+import threading
 from pathlib import Path
 
 from gpuslice.errors import InvalidRequest
 from gpuslice.server.errors import NotAuthenticated
 
-__all__ = ["TOKEN_FILE", "check_bearer", "load_or_create_token", "read_token"]
+__all__ = [
+    "POLL_SECONDS", "TOKEN_FILE", "TokenFile", "bearer_problem", "check_bearer", "load_or_create_token",
+    "read_token",
+]  # fmt: skip
+
+_log = logging.getLogger("gpuslice.server")
 
 TOKEN_FILE = "token"
 _TOKEN_BYTES = 32  # 256 bits, as urlsafe base64 (43 characters)
+_MAX_FILE_BYTES = 4096  # a token is 43 characters; a bigger file is not a token file
+POLL_SECONDS = 0.5  # how often the server looks at the token file: a replaced token is refused within this
+NEEDS_BEARER = (
+    "this call needs 'Authorization: Bearer <token>'; the token is in the server's state directory "
+    "(file 'token') or GPUSLICE_TOKEN"
+)
 
 
 def load_or_create_token(state_dir: Path) -> str:
@@ -36,30 +57,116 @@ def load_or_create_token(state_dir: Path) -> str:
 
 
 def read_token(state_dir: Path) -> str:
-    """The token of an existing state directory; refuses a file others can read."""
+    """The token of an existing state directory, read safely (``_read_token_file``)."""
     path = Path(state_dir) / TOKEN_FILE
     try:
-        mode = path.stat().st_mode
+        return _read_token_file(path)
     except FileNotFoundError:
         raise InvalidRequest(
             f"no token at {path}: start the server with `gpuslice serve --state-dir {state_dir}` "
             "or set GPUSLICE_TOKEN"
         ) from None
-    if mode & (stat.S_IRWXG | stat.S_IRWXO):
-        raise InvalidRequest(f"token file {path} is readable by others; run `chmod 600 {path}`")
-    token = path.read_text().strip()
-    if not token:
-        raise InvalidRequest(f"token file {path} is empty; delete it and restart the server")
+
+
+def _read_token_file(path: Path) -> str:
+    """The token in ``path``: opened without following a link, and only from a regular file of this
+    user that others cannot read or write; FileNotFoundError when there is none, InvalidRequest when it
+    is unusable."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as err:
+        if err.errno == errno.ELOOP:
+            raise InvalidRequest(f"token file {path} is a symbolic link; write the token into it") from None
+        if err.errno == errno.ENOENT:
+            raise FileNotFoundError(errno.ENOENT, "no token file", str(path)) from None
+        raise InvalidRequest(f"token file {path} cannot be read ({err.strerror})") from None
+    with os.fdopen(fd, "rb") as f:
+        info = os.fstat(f.fileno())
+        if not stat.S_ISREG(info.st_mode):
+            raise InvalidRequest(f"token file {path} is not a regular file")
+        if info.st_uid != os.geteuid():
+            raise InvalidRequest(f"token file {path} belongs to user id {info.st_uid}, not to you")
+        if info.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
+            raise InvalidRequest(f"token file {path} is readable by others; run `chmod 600 {path}`")
+        data = f.read(_MAX_FILE_BYTES + 1)
+    try:
+        token = data.decode("ascii").strip()
+    except UnicodeDecodeError:
+        token = ""
+    if len(data) > _MAX_FILE_BYTES or not token or any(c.isspace() for c in token):
+        raise InvalidRequest(f"token file {path} does not hold one token; delete it and restart the server")
     return token
 
 
-def check_bearer(authorization: str | None, token: str) -> None:
-    """Raise NotAuthenticated unless ``authorization`` is ``Bearer <token>`` (constant-time compare)."""
+class TokenFile:
+    """The server's token as its file holds it now; None while there is no usable file (every call that
+    needs the token is then refused). ``reload`` reads it again (SIGHUP); ``start`` watches the file."""
+
+    def __init__(self, state_dir: Path, poll_seconds: float = POLL_SECONDS) -> None:
+        self.path = Path(state_dir) / TOKEN_FILE
+        self.poll_seconds = poll_seconds
+        self.problem = ""  # why there is no token now, for the refusal's message
+        self._current: str | None = None
+        self._seen: tuple[int, ...] | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._seen_once = False  # the first read is the start, not a change worth a log line
+        self.reload()
+
+    @property
+    def current(self) -> str | None:
+        return self._current
+
+    def reload(self) -> None:
+        """Read the file now; a change is logged (never the token)."""
+        self._seen = self._stamp()
+        try:
+            token, problem = _read_token_file(self.path), ""
+        except FileNotFoundError:
+            token, problem = None, f"the token file {self.path} is missing"
+        except InvalidRequest as err:
+            token, problem = None, str(err)
+        if self._seen_once and (token != self._current or problem != self.problem):
+            _log.warning("token: %s", problem or f"read again from {self.path}; the previous one is refused")
+        self._current, self.problem, self._seen_once = token, problem, True
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._watch, name="gpuslice-token", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+    def _stamp(self) -> tuple[int, ...] | None:
+        try:
+            info = os.stat(self.path, follow_symlinks=False)
+        except OSError:
+            return None
+        return (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns, info.st_mode, info.st_uid)
+
+    def _watch(self) -> None:
+        while not self._stop.wait(self.poll_seconds):
+            if self._stamp() != self._seen:
+                self.reload()
+
+
+def bearer_problem(authorization: str | None, token: str | None) -> str | None:
+    """Why ``authorization`` does not carry ``token`` (constant-time compare), or None when it does:
+    no bearer at all, a wrong one ("token rejected"), or no token on the server now."""
     scheme, _, given = (authorization or "").partition(" ")
-    if scheme.lower() != "bearer" or not given:
-        raise NotAuthenticated(
-            "this call changes state and needs 'Authorization: Bearer <token>'; the token is in "
-            "the server's state directory (file 'token') or GPUSLICE_TOKEN"
-        )
+    if scheme.lower() != "bearer" or not given.strip():
+        return NEEDS_BEARER
+    if token is None:
+        return "token rejected: the server has no usable token file now; write one (mode 0600) or restart it"
     if not hmac.compare_digest(given.strip().encode(), token.encode()):
-        raise NotAuthenticated("wrong bearer token; read it again from the server's state directory")
+        return "token rejected: read it again from the server's state directory (file 'token')"
+    return None
+
+
+def check_bearer(authorization: str | None, token: str | None) -> None:
+    """Raise NotAuthenticated unless ``authorization`` is ``Bearer <token>`` (``bearer_problem``)."""
+    problem = bearer_problem(authorization, token)
+    if problem is not None:
+        raise NotAuthenticated(problem)

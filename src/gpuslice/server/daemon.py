@@ -65,7 +65,7 @@ from gpuslice.scheduler.node_scheduler import (
     TenantQuota,
 )
 from gpuslice.server.codec import spec_to_json
-from gpuslice.server.errors import JobConflict
+from gpuslice.server.errors import JobConflict, StoreUnavailable
 from gpuslice.server.gpu_health import GpuWatch, anomaly_detector, anomaly_text, restored_health
 from gpuslice.server.policy_admin import PolicyAdmin, queue_slot
 from gpuslice.server.recovery import Recovery, RecoveryReport
@@ -201,6 +201,7 @@ class Daemon(Recovery, GpuWatch, PolicyAdmin, DaemonViews):
         self._published: GpuSnapshot | None = None  # GPU state at the end of the last tick (metrics)
         self._waiting: dict[str, str] = {}  # why each pending job waits, as of the last tick (job lists)
         self.metrics = ServeMetrics(self.snapshot)
+        self.publish_counts()
 
     def _new_scheduler(self) -> NodeScheduler:
         scheduler = NodeScheduler(
@@ -289,6 +290,7 @@ class Daemon(Recovery, GpuWatch, PolicyAdmin, DaemonViews):
     def start(self) -> None:
         """Recover, then run the loop in a background thread until ``stop``."""
         self.recover()
+        self.publish_counts()
         self._thread = threading.Thread(target=self._run, name="gpuslice-daemon", daemon=True)
         self._thread.start()
 
@@ -303,14 +305,21 @@ class Daemon(Recovery, GpuWatch, PolicyAdmin, DaemonViews):
         while not self._stop.is_set():
             try:
                 self.tick()
+            except StoreUnavailable:  # locked or failing: the store logs it once a minute; next pass retries
+                with contextlib.suppress(StoreUnavailable):  # what the pass did commit, for /v1/health
+                    self.publish_counts()
             except Exception:  # a bug in one tick must not stop the queue; it is logged with its traceback
                 _log.exception("daemon tick failed")
             self._wake.wait(self.tick_seconds)
             self._wake.clear()
 
     def tick(self) -> None:
-        """One pass: exits, limits, monitor, then the scheduler's decisions."""
+        """One pass: exits, limits, monitor, then the scheduler's decisions. While the state file is
+        locked or failing, a probe write that waits for nobody comes first, and nothing else until it
+        works: no decision can be stored, so none is made (StoreUnavailable ends the pass)."""
         with self._lock:
+            if not self.store.condition.ok:
+                self.store.probe()
             now = self.clock()
             for job in self.store.jobs([JobState.RUNNING]):
                 self._each(self._check_exit, job, now)
@@ -331,12 +340,15 @@ class Daemon(Recovery, GpuWatch, PolicyAdmin, DaemonViews):
             self._published = self._gpu_state()
             self._waiting = dict(self.scheduler.queue())
             self._flush_policy_events(now)
+            self.publish_counts()
 
     def _each(self, step: Callable[[Any, float], None], item: Any, now: float) -> None:
         """One job's part of a pass; an error about it (its files, a full disk) is logged and the pass
         goes on with the next job. The next pass tries again: every step reads its state afresh."""
         try:
             step(item, now)
+        except StoreUnavailable:  # not this job's fault: the whole pass ends and is retried
+            raise
         except Exception:
             _log.exception("job %s: %s failed; the other jobs go on", getattr(item, "id", None) or
                            getattr(item, "job_id", "?"), step.__name__.lstrip("_"))  # fmt: skip

@@ -11,7 +11,10 @@ ForbiddenUser                              Forbidden         403  a request clai
 TooManyFollowers                           TooManyRequests   429  the cap on clients following logs is reached
 ServerUnavailable                          Unavailable       (client) the server does not answer at its URL
 StoreFull                                  Unavailable       503  the disk is full; nothing changed
+StoreBusy                                  StoreUnavailable  503  another process holds the state file's lock
+StoreFailing                               StoreUnavailable  503  the state file's disk fails (EIO, damage)
 StoreDamaged                               Unavailable       (serve) the state file is not a database
+PortTaken                                  Unavailable       (serve, exit 3) another process listens there
 ```
 
 Every other user error keeps its family's status (``gpuslice.errors``): InvalidRequest 400 (its
@@ -40,9 +43,13 @@ __all__ = [
     "JobNotFound",
     "NotAuthenticated",
     "PolicyNotFound",
+    "PortTaken",
     "ServerUnavailable",
+    "StoreBusy",
     "StoreDamaged",
+    "StoreFailing",
     "StoreFull",
+    "StoreUnavailable",
     "TenantNotFound",
     "TooManyFollowers",
     "http_status",
@@ -94,10 +101,35 @@ class StoreFull(Unavailable):
     with Retry-After: the server itself lacks room, the request was fine)."""
 
     http_status = 503
+    retry_after_seconds = 5
+
+
+class StoreUnavailable(Unavailable):
+    """The state file cannot be used for now: nothing was changed (503, with Retry-After). The daemon
+    skips its passes until a probe write works again (server/store_faults.py)."""
+
+    http_status = 503
+    retry_after_seconds = 2
+
+
+class StoreBusy(StoreUnavailable):
+    """Another process held the state file's write lock past the busy timeout; retry shortly."""
+
+
+class StoreFailing(StoreUnavailable):
+    """The disk under the state file fails (an I/O error, a damaged page); /v1/health says degraded."""
+
+    retry_after_seconds = 30
 
 
 class StoreDamaged(Unavailable):
     """The state file cannot be read as the server's database; the message says what to do with it."""
+
+
+class PortTaken(Unavailable):
+    """Another process (another server) listens on the port ``serve`` was given; exit 3, nothing written."""
+
+    exit_status = 3
 
 
 def http_status(error: UserError) -> int:

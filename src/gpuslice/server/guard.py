@@ -6,7 +6,8 @@ every request   Host not one of the server's own names (and not in --allow-host)
 GET /?token=T   T the one-time sign-in token printed by `serve` (or the API token) -> 303 to / with a
                 read-only cookie (HttpOnly, SameSite=Strict); a wrong T -> 401
 writes          POST/PUT/PATCH/DELETE need ``Authorization: Bearer <token>``, checked *before* the body
-                is read -> 401; a body over the cap -> 413, never buffered past the cap
+                is read -> 401 (no bearer: "needs 'Authorization: Bearer <token>'"; a wrong one, or none
+                on the server now: "token rejected"); a body over the cap -> 413, never buffered past it
 reads           GET /v1/* (except /v1/health) need the bearer or the dashboard cookie -> 401, unless the
                 server runs with --public-reads; /metrics, /v1/health, the schema and the dashboard's
                 static files stay open (they hold no job's data)
@@ -15,7 +16,9 @@ reads           GET /v1/* (except /v1/health) need the bearer or the dashboard c
 This is Jupyter's model: the token proves you are the server's user, the Host check stops DNS rebinding
 (a page on evil.example that resolves to 127.0.0.1 arrives with ``Host: evil.example``), and the cookie
 lets a browser read without ever holding the write token. The cookie is an HMAC of the token, so it
-survives a restart of the server and cannot be turned back into the token.
+survives a restart of the server and cannot be turned back into the token. The token is asked for at
+each request (``token`` may be a function: auth.TokenFile's, re-read when the file changes), so a
+replaced token, and every cookie made from it, is refused from then on.
 """
 
 from __future__ import annotations
@@ -27,6 +30,8 @@ import secrets
 from collections.abc import Awaitable, Callable, Iterable, MutableMapping
 from typing import Any
 from urllib.parse import parse_qs
+
+from gpuslice.server.auth import NEEDS_BEARER, bearer_problem
 
 __all__ = ["MAX_BODY_BYTES", "Guard", "cookie_value", "host_name", "new_sign_in_token"]
 
@@ -69,15 +74,15 @@ class Guard:
         self,
         app: ASGIApp,
         *,
-        token: str,
+        token: str | Callable[[], str | None],
         sign_in_token: str,
         hosts: Iterable[str] | None,
         public_reads: bool = False,
         max_body_bytes: int = MAX_BODY_BYTES,
     ) -> None:
         self.app = app
-        self.token = token.encode()
-        self.cookie = cookie_value(token).encode()
+        self._token = token if callable(token) else lambda: token
+        self._cookies: dict[str, bytes] = {}  # token -> its cookie (one HMAC per token, not per request)
         self._sign_in: bytes | None = sign_in_token.encode()  # one use, then None
         self.hosts = None if hosts is None else frozenset(h.lower() for h in hosts)
         self.public_reads = public_reads
@@ -98,7 +103,9 @@ class Guard:
                 why = f"Host {host[:100]!r} is not a name of this server; behind a proxy or under another "
                 await _error(send, 400, "HostNotAllowed", why + "name, start it with --allow-host NAME")
                 return
-        bearer = self._bearer(headers.get("authorization", ""))
+        authorization = headers.get("authorization", "")
+        problem = bearer_problem(authorization, self._token())
+        bearer = problem is None
         if method in _SAFE_METHODS:
             if path in _SIGN_IN_PATHS and scope.get("query_string"):
                 given = parse_qs(scope["query_string"].decode("latin-1")).get("token")
@@ -106,14 +113,13 @@ class Guard:
                     await self._sign_in_with(given[0], scope, send)
                     return
             if self._read_needs_token(path) and not (bearer or self._has_cookie(scope, headers)):
-                await _error(send, 401, "NotAuthenticated", _READ_HINT, {"WWW-Authenticate": "Bearer"})
+                why = _READ_HINT if problem == NEEDS_BEARER else problem  # a wrong bearer is told so
+                await _error(send, 401, "NotAuthenticated", why, {"WWW-Authenticate": "Bearer"})
                 return
             await self.app(scope, receive, send)
             return
-        if not bearer:
-            await _error(send, 401, "NotAuthenticated", "this call changes state and needs 'Authorization: "
-                         "Bearer <token>'; the token is in the server's state directory (file 'token') or "
-                         "GPUSLICE_TOKEN", {"WWW-Authenticate": "Bearer"})  # fmt: skip
+        if problem is not None:
+            await _error(send, 401, "NotAuthenticated", problem, {"WWW-Authenticate": "Bearer"})
             return
         length = headers.get("content-length")
         if length is not None and (not length.isdigit() or int(length) > self.max_body_bytes):
@@ -141,9 +147,14 @@ class Guard:
 
         await self.app(scope, replay, send)
 
-    def _bearer(self, authorization: str) -> bool:
-        scheme, _, given = authorization.partition(" ")
-        return scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), self.token)
+    def _cookie(self) -> bytes | None:
+        """The cookie of the current token; None while the server has no token."""
+        token = self._token()
+        if token is None:
+            return None
+        if token not in self._cookies:
+            self._cookies = {token: cookie_value(token).encode()}  # the old token's cookie is forgotten
+        return self._cookies[token]
 
     def _read_needs_token(self, path: str) -> bool:
         return not self.public_reads and path.startswith("/v1/") and path not in _OPEN_READS
@@ -154,17 +165,18 @@ class Guard:
         return f"gpuslice_{server[1]}"
 
     def _has_cookie(self, scope: Scope, headers: dict[str, str]) -> bool:
-        wanted = self._cookie_name(scope)
+        wanted, cookie = self._cookie_name(scope), self._cookie()
         for part in headers.get("cookie", "").split(";"):
             name, _, value = part.strip().partition("=")
-            if name == wanted and hmac.compare_digest(value.encode(), self.cookie):
+            if cookie is not None and name == wanted and hmac.compare_digest(value.encode(), cookie):
                 return True
         return False
 
     async def _sign_in_with(self, given: str, scope: Scope, send: Send) -> None:
-        candidate = given.encode()
+        candidate, token, cookie = given.encode(), self._token(), self._cookie()
         one_time = self._sign_in is not None and hmac.compare_digest(candidate, self._sign_in)
-        if not (one_time or hmac.compare_digest(candidate, self.token)):
+        right = token is not None and (one_time or hmac.compare_digest(candidate, token.encode()))
+        if not right or cookie is None:
             why = (
                 "this sign-in link is used up or wrong; open the dashboard URL that `gpuslice serve` printed"
             )
@@ -172,7 +184,7 @@ class Guard:
             return
         if one_time:
             self._sign_in = None
-        cookie = f"{self._cookie_name(scope)}={self.cookie.decode()}; Path=/; HttpOnly; SameSite=Strict"
+        cookie = f"{self._cookie_name(scope)}={cookie.decode()}; Path=/; HttpOnly; SameSite=Strict"
         await send({"type": "http.response.start", "status": 303, "headers": [
             (b"location", scope["path"].encode()), (b"set-cookie", cookie.encode()),
             (b"cache-control", b"no-store"), (b"referrer-policy", b"no-referrer"), (b"content-length", b"0"),

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import fcntl
 import logging
 import os
@@ -50,12 +51,13 @@ from gpuslice.node.enforcement import DEFAULT_SHARING
 from gpuslice.policies import DEFAULT_PLACEMENT
 from gpuslice.policies.queue import DEFAULT_QUEUE_POLICY
 from gpuslice.server.app import create_app
-from gpuslice.server.auth import TOKEN_FILE, load_or_create_token
+from gpuslice.server.auth import TOKEN_FILE, TokenFile, load_or_create_token
 from gpuslice.server.client import DEFAULT_PORT
 from gpuslice.server.daemon import DEFAULT_TICK_SECONDS, Daemon
+from gpuslice.server.errors import PortTaken, StoreUnavailable
 from gpuslice.server.guard import new_sign_in_token
 from gpuslice.server.local_node import LocalNode
-from gpuslice.server.store import Store
+from gpuslice.server.store import DEFAULT_BUSY_SECONDS, Store
 from gpuslice.server.url_file import write_url
 from gpuslice.workload.job import DEFAULT_GRACE_SECONDS, JobState
 from gpuslice.workload.target import TargetWorkload
@@ -66,6 +68,7 @@ __all__ = [
     "SHUTDOWN_GRACE_SECONDS",
     "ServeOptions",
     "connection_cap",
+    "listen",
     "own_names",
     "run",
     "secure_state_dir",
@@ -170,6 +173,7 @@ class ServeOptions:
     sharing: str = DEFAULT_SHARING.value
     grace_seconds: float = DEFAULT_GRACE_SECONDS
     tick_seconds: float = DEFAULT_TICK_SECONDS
+    busy_seconds: float = DEFAULT_BUSY_SECONDS  # the longest a call waits for the state file's lock
     queue_policy: str = DEFAULT_QUEUE_POLICY
     placement: str = DEFAULT_PLACEMENT  # a placement policy name or file
     target: TargetWorkload | None = None  # what FGD-style placement keeps room for
@@ -242,17 +246,27 @@ def state_lock(state_dir: Path) -> Iterator[None]:
         os.close(fd)
 
 
-def _check_port(host: str, port: int) -> None:
+def listen(host: str, port: int) -> socket.socket:
+    """The server's listening socket, bound now: before the URL file is written or "listening" printed,
+    so that of two servers started on one port the loser learns it first, says so in one line (exit 3)
+    and announces nothing. SO_REUSEADDR as uvicorn sets it (a restart binds past TIME_WAIT); Linux still
+    refuses a port that another socket listens on."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((host, port))
-        except OSError as err:
-            raise InvalidRequest(
-                f"cannot listen on {host}:{port} ({err.strerror}); is a server already running there? "
-                "pick another --port"
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+        sock.listen(2048)
+    except OSError as err:
+        sock.close()
+        if err.errno == errno.EADDRINUSE:
+            raise PortTaken(
+                f"port {port} on {host} is held by another process (another gpuslice serve?); nothing was "
+                "started or written: stop that one, or pick another --port"
             ) from None
+        raise InvalidRequest(f"cannot listen on {host}:{port} ({err.strerror}); pick another --port or --host"
+                             ) from None  # fmt: skip
+    return sock
 
 
 class _Stop(Exception):
@@ -279,12 +293,12 @@ def run(options: ServeOptions, on_ready: Callable[[str, Path, str], None] = lamb
 
 
 def _run(options: ServeOptions, state_dir: Path, on_ready: Callable[[str, Path, str], None]) -> None:
-    with state_lock(state_dir):
-        _check_port(options.host, options.port)
-        token = load_or_create_token(state_dir)
-        write_url(state_dir, options.url)  # clients that find the state dir find the server too
+    with state_lock(state_dir), contextlib.closing(listen(options.host, options.port)) as sock:
+        load_or_create_token(state_dir)
+        token = TokenFile(state_dir)  # read again on SIGHUP and when the file changes
+        write_url(state_dir, options.url)  # the port is ours: clients that find the state dir find us
         node = LocalNode.open(state_dir, options.simulate, options.sharing)
-        store = Store(state_dir / STORE_FILE)
+        store = Store(state_dir / STORE_FILE, busy_seconds=options.busy_seconds)
         telemetry = node.open_telemetry()
         daemon = Daemon(
             store,
@@ -301,21 +315,28 @@ def _run(options: ServeOptions, state_dir: Path, on_ready: Callable[[str, Path, 
             telemetry=telemetry,
         )
         daemon.start()
+        hangup = signal.getsignal(signal.SIGHUP)
         try:
             sign_in = new_sign_in_token()
             hosts = None if "*" in options.allow_hosts else own_names(options.host) | set(options.allow_hosts)
-            app = create_app(
-                daemon, token, public_reads=options.public_reads, hosts=hosts, sign_in_token=sign_in
-            )
+            app = create_app(daemon, lambda: token.current, public_reads=options.public_reads, hosts=hosts,
+                             sign_in_token=sign_in)  # fmt: skip
+            token.start()
+            signal.signal(signal.SIGHUP, lambda _s, _f: token.reload())
             config = server_config(app, options.host, options.port)
             on_ready(options.url, state_dir / TOKEN_FILE, f"{options.url}/?token={sign_in}")
             # uvicorn handles SIGTERM itself (graceful HTTP shutdown) and then raises it again, which would
             # end the process before the clean-up below; once it has served, that echo is ignored.
             signal.signal(signal.SIGTERM, lambda _s, _f: None)
-            _Server(config, app.state.stopping).run()
+            _Server(config, app.state.stopping).run(sockets=[sock])
         finally:
             signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM must not cut the clean-up
+            token.stop()
+            signal.signal(signal.SIGHUP, hangup)
             daemon.stop()
             telemetry.close()
-            node.close(jobs_running=store.count(JobState.RUNNING) > 0)
+            running = True  # unless the store says otherwise: a locked or failing one keeps MPS up
+            with contextlib.suppress(StoreUnavailable):
+                running = store.count(JobState.RUNNING) > 0
+            node.close(jobs_running=running)
             store.close()

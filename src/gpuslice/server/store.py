@@ -22,7 +22,6 @@ The last two tables came after version 1 and are created when missing, so an old
 
 from __future__ import annotations
 
-import errno
 import json
 import logging
 import os
@@ -36,12 +35,14 @@ from typing import Any
 
 from gpuslice.errors import InternalError, InvalidRequest, UserError
 from gpuslice.server.codec import spec_from_json, spec_to_json
-from gpuslice.server.errors import JobConflict, JobDamaged, JobNotFound, StoreDamaged, StoreFull
+from gpuslice.server.errors import JobConflict, JobDamaged, JobNotFound, StoreFailing, StoreFull
+from gpuslice.server.store_faults import StoreCondition, classify, opening_error, queue_busy
 from gpuslice.workload.job import JobEvent, JobSpec, JobState, check_transition
 
-__all__ = ["SCHEMA_VERSION", "JobRecord", "Store", "StoreFull", "TenantRecord"]
+__all__ = ["DEFAULT_BUSY_SECONDS", "SCHEMA_VERSION", "JobRecord", "Store", "StoreFull", "TenantRecord"]
 
 SCHEMA_VERSION = 1
+DEFAULT_BUSY_SECONDS = 2.0  # the longest wait for a lock, then StoreBusy (503): the client retries
 _log = logging.getLogger("gpuslice.server")
 
 _SCHEMA = """
@@ -114,14 +115,6 @@ _MUTABLE = frozenset(
 _JSON_FIELDS = frozenset({"gpus", "mig"})
 
 
-def _translated(err: sqlite3.OperationalError, path: Path) -> Exception:
-    """SQLite's "disk is full" as StoreFull (the change was not made, retrying later works)."""
-    if getattr(err, "sqlite_errorcode", None) == sqlite3.SQLITE_FULL or "full" in str(err).lower():
-        return StoreFull(f"the disk holding {path} is full ({os.strerror(errno.ENOSPC)}): nothing was "
-                         "changed; free some space and retry")  # fmt: skip
-    return err
-
-
 @dataclass(frozen=True, slots=True)
 class JobRecord:
     """One job as stored: its spec plus everything the daemon has learned about it."""
@@ -160,10 +153,14 @@ class TenantRecord:
 
 
 class Store:
-    """SQLite under ``path`` in WAL mode. Thread-safe: one connection behind one lock."""
+    """SQLite under ``path`` in WAL mode. Thread-safe: one connection behind one lock. A call waits at
+    most ``busy_seconds`` for that lock and as long for SQLite's (another process's write), then raises
+    StoreBusy; a failing disk raises StoreFailing; ``condition`` keeps the last in memory (store_faults)."""
 
-    def __init__(self, path: Path | str) -> None:
+    def __init__(self, path: Path | str, busy_seconds: float = DEFAULT_BUSY_SECONDS) -> None:
         self.path = Path(path)
+        self.busy_seconds = busy_seconds
+        self.condition = StoreCondition()
         self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         # 0600 before SQLite opens it: SQLite gives the -wal and -shm files the database file's mode.
         os.close(os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600))
@@ -173,19 +170,14 @@ class Store:
         self._undo: list[Callable[[], None]] = []  # what to take back elsewhere if this one rolls back
         self._damaged: set[int] = set()  # rows already reported as unreadable
         # isolation_level=None: we issue BEGIN/COMMIT ourselves, so a transaction is exactly what we say.
-        self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None, timeout=30)
+        self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None,
+                                   timeout=busy_seconds)  # fmt: skip
         self._db.row_factory = sqlite3.Row
         try:
             self._open()
-        except sqlite3.DatabaseError as err:
+        except (sqlite3.DatabaseError, StoreFailing) as err:
             self._db.close()
-            if isinstance(err, sqlite3.OperationalError) and "full" in str(err).lower():
-                raise _translated(err, self.path) from None
-            raise StoreDamaged(
-                f"state file {self.path} is damaged ({err}); stop the server, move it aside "
-                f"(mv {self.path} {self.path}.damaged) and start again: running jobs are re-adopted from "
-                "their records, their logs are kept, the history of ended jobs stays in the moved file"
-            ) from None
+            raise opening_error(err, self.path) from None
 
     def _open(self) -> None:
         mode = self._db.execute("PRAGMA journal_mode=WAL").fetchone()[0]
@@ -208,12 +200,12 @@ class Store:
                 )
 
     def close(self) -> None:
-        with self._lock:
+        with self._lock:  # closing waits as long as it must
             self._db.close()
 
     @property
     def journal_mode(self) -> str:
-        with self._lock:
+        with self._locked():
             return str(self._db.execute("PRAGMA journal_mode").fetchone()[0])
 
     @contextmanager
@@ -221,7 +213,7 @@ class Store:
         """One atomic change; nested uses join the outermost. An exception rolls everything back, and so
         does a COMMIT that fails (a full disk): then the ``on_rollback`` actions run, newest first, and
         the error is raised (StoreFull for a full disk)."""
-        with self._lock:
+        with self._locked():
             if self._depth:
                 self._depth += 1
                 try:
@@ -231,12 +223,13 @@ class Store:
                 return
             try:
                 self._db.execute("BEGIN IMMEDIATE")
-            except sqlite3.OperationalError as err:
-                raise _translated(err, self.path) from err
+            except sqlite3.DatabaseError as err:
+                raise self._failed(err) from err
             self._depth = 1
             try:
                 yield
                 self._db.execute("COMMIT")
+                self.condition.worked()
             except BaseException as err:
                 # SQLite keeps a transaction whose COMMIT failed open: end it, or every later BEGIN fails
                 with suppress(sqlite3.Error):
@@ -244,17 +237,48 @@ class Store:
                 undo, self._undo = self._undo, []
                 for action in reversed(undo):
                     action()
-                if isinstance(err, sqlite3.OperationalError):
-                    raise _translated(err, self.path) from err
+                if isinstance(err, sqlite3.DatabaseError):
+                    raise self._failed(err) from err
                 raise
             finally:
                 self._depth = 0
                 self._undo = []
 
+    def probe(self) -> None:
+        """One page written, waiting for nobody: "ok" again if it commits, else StoreBusy/StoreFailing."""
+        with self._locked():
+            self._db.execute("PRAGMA busy_timeout = 0")
+            try:
+                with self.transaction():  # a changed byte (SQLite skips a write that changes none): the
+                    # header's user_version, which gpuslice does not use otherwise, counts the probes
+                    n = self._db.execute("PRAGMA user_version").fetchone()[0]
+                    self._db.execute(f"PRAGMA user_version = {(int(n) + 1) % 2**31}")
+            finally:
+                with suppress(sqlite3.Error):
+                    self._db.execute(f"PRAGMA busy_timeout = {int(self.busy_seconds * 1000)}")
+
+    @contextmanager
+    def _locked(self) -> Iterator[None]:
+        """The lock, waited for at most ``busy_seconds``; SQLite's errors under it classified."""
+        if not self._lock.acquire(timeout=self.busy_seconds):  # this server's own calls queue: not the file
+            raise queue_busy(self.busy_seconds)
+        try:
+            yield
+        except sqlite3.DatabaseError as err:
+            if self._depth:  # within a transaction, which classifies it as it rolls back
+                raise
+            raise self._failed(err) from err
+        finally:
+            self._lock.release()
+
+    def _failed(self, err: sqlite3.DatabaseError) -> Exception:
+        self.condition.failed(error := classify(err, self.path))
+        return error
+
     def on_rollback(self, action: Callable[[], None]) -> None:
         """Run ``action`` if the transaction under way does not commit: what was changed outside the
         store along with it (the scheduler's queue) is taken back, so the two change together or not."""
-        with self._lock:
+        with self._lock:  # within a transaction: already held
             if not self._depth:
                 raise InternalError("on_rollback outside a transaction")
             self._undo.append(action)
@@ -286,7 +310,7 @@ class Store:
     def job_for_key(self, key: str, digest: str) -> JobRecord | None:
         """The job a submit with this Idempotency-Key made, or None; JobConflict when the key was used
         with another body."""
-        with self._lock:
+        with self._locked():
             row = self._db.execute("SELECT digest, job_id FROM idempotency WHERE key = ?", (key,)).fetchone()
         if row is None:
             return None
@@ -302,7 +326,7 @@ class Store:
 
     def gpu_health(self) -> list[tuple[int, str, bool, str, str, float]]:
         """Stored GPU health marks: (gpu, uuid, healthy, reason, kind, since)."""
-        with self._lock:
+        with self._locked():
             rows = self._db.execute("SELECT * FROM gpu_health ORDER BY gpu").fetchall()
         return [(r["gpu"], r["uuid"], bool(r["healthy"]), r["reason"], r["kind"], r["since"]) for r in rows]
 
@@ -316,7 +340,7 @@ class Store:
             )
 
     def get(self, job_id: str) -> JobRecord:
-        with self._lock:
+        with self._locked():
             row = self._db.execute("SELECT * FROM jobs WHERE id = ?", (job_id,)).fetchone()
         if row is None:
             raise JobNotFound(f"no job {job_id!r}; `gpuslice ps` lists the jobs")
@@ -344,7 +368,7 @@ class Store:
         if limit is not None:
             sql += " LIMIT ?"
             args.append(limit)
-        with self._lock:
+        with self._locked():
             rows = self._db.execute(sql, args).fetchall()
         found = []
         for row in rows:
@@ -358,7 +382,7 @@ class Store:
 
     def highest_id(self) -> int:
         """The highest job number ever given (deleted rows included): the next one is above it."""
-        with self._lock:
+        with self._locked():
             row = self._db.execute("SELECT seq FROM sqlite_sequence WHERE name = 'jobs'").fetchone()
         return int(row[0]) if row else 0
 
@@ -390,13 +414,13 @@ class Store:
         return self.get(job_id)
 
     def count(self, state: JobState) -> int:
-        with self._lock:
+        with self._locked():
             row = self._db.execute("SELECT COUNT(*) FROM jobs WHERE state = ?", (state.value,)).fetchone()
         return int(row[0])
 
     def counts(self) -> dict[JobState, int]:
         """Jobs per state (every state, 0 when none), in one query: the metrics read it at each scrape."""
-        with self._lock:
+        with self._locked():
             rows = self._db.execute("SELECT state, COUNT(*) FROM jobs GROUP BY state").fetchall()
         found = {JobState(r[0]): int(r[1]) for r in rows}
         return {s: found.get(s, 0) for s in JobState}
@@ -409,7 +433,7 @@ class Store:
             "SELECT tenant, priority, COUNT(*), MIN(CASE WHEN attempts > 0 AND finished_at IS NOT NULL "
             "THEN finished_at ELSE submitted_at END) FROM jobs WHERE state = ? GROUP BY tenant, priority"
         )
-        with self._lock:
+        with self._locked():
             rows = self._db.execute(sql, (JobState.PENDING.value,)).fetchall()
         return [(str(r[0]), int(r[1]), int(r[2]), float(r[3])) for r in rows]
 
@@ -483,28 +507,18 @@ class Store:
             args.append(kind)
         sql += " ORDER BY id LIMIT ?"
         args.append(limit)
-        with self._lock:
+        with self._locked():
             rows = self._db.execute(sql, args).fetchall()
-        return [
-            (
-                int(r["id"]),
-                JobEvent(
-                    job_id=r["job_id"] or "",
-                    time=r["time"],
-                    kind=r["kind"],
-                    old_state=JobState(r["old_state"]) if r["old_state"] else None,
-                    new_state=JobState(r["new_state"]) if r["new_state"] else None,
-                    reason=r["reason"],
-                    detail=json.loads(r["detail"]),
-                ),
-            )
-            for r in rows
-        ]
+        return [(int(r["id"]), JobEvent(
+            job_id=r["job_id"] or "", time=r["time"], kind=r["kind"], reason=r["reason"],
+            old_state=JobState(r["old_state"]) if r["old_state"] else None,
+            new_state=JobState(r["new_state"]) if r["new_state"] else None, detail=json.loads(r["detail"]),
+        )) for r in rows]  # fmt: skip
 
     # -- tenants ------------------------------------------------------------------------------------
 
     def tenants(self) -> dict[str, TenantRecord]:
-        with self._lock:
+        with self._locked():
             rows = self._db.execute("SELECT * FROM tenants ORDER BY name").fetchall()
         return {
             r["name"]: TenantRecord(

@@ -54,6 +54,12 @@ class DaemonViews:
     _readings: dict[int, GpuReading]
     _published: GpuSnapshot | None
     _waiting: dict[str, str]
+    job_counts: dict[str, int]  # jobs per state as of the last pass (``publish_counts``)
+
+    def publish_counts(self) -> None:
+        """Count jobs per state for ``/v1/health``, which reads them from memory: a health check never
+        waits on the state file (another process may hold its lock, its disk may fail)."""
+        self.job_counts = {state.value: n for state, n in self.store.counts().items()}
 
     def gpus(self) -> list[dict[str, Any]]:
         with self._lock:
