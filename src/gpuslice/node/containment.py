@@ -6,11 +6,11 @@ to empty; stopping a job kills the whole container at once. Five ways, best firs
 
 ```text
 mode       needs                                 members             atomic kill          host limits
-cgroup2    a writable cgroup v2 hierarchy        cgroup.procs,       cgroup.kill          memory.max, pids.max,
+cgroup2    a writable cgroup v2 hierarchy        cgroup.procs,       cgroup.kill          memory.max pids.max
            (mkdir beside the server's cgroup)    cgroup.events                            cpu.max where the
                                                                                           parent delegates
-cgroup1    root, the v1 freezer (+ pids, memory, freezer procs       FROZEN, SIGKILL all, memory.limit_in_bytes,
-           cpu for limits)                                           THAWED (in a loop)   pids.max, cfs_quota
+cgroup1    root, the v1 freezer (+ pids, memory, freezer procs       FROZEN, SIGKILL all, memory limit,
+           cpu for limits)                                           THAWED (in a loop)   pids.max, cfs quota
 systemd    systemd as PID 1: systemd-run --user  the scope's cgroup  cgroup.kill on it    MemoryMax TasksMax
            --scope (delegation, no root)                                                  CPUQuota
 subreaper  nothing (any user):                   descendants of the  SIGSTOP every one    none
