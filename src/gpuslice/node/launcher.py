@@ -114,7 +114,7 @@ class Containment:
     (``containment.detect``), the grace leftovers get once a job's main process has ended, and the
     most processes and threads one job may have (0: no limit)."""
 
-    mode: str = "pgroup"
+    mode: str = containment.AUTO  # auto: each supervisor takes the best mode that works (a probe per job)
     grace_seconds: float = _supervisor.DEFAULT_GRACE_SECONDS
     pids_max: int = 0
 
@@ -256,8 +256,8 @@ def launch(
     GPUSLICE_REPORT_FILE. A leftover exit, stop or reserve record from an earlier run of the same job id
     is removed first, and the supervisor writes ``attempt`` into its exit record, so ``poll`` only ever
     reports this run. ``about`` (JSON-able) is written to the record folder first, as job.json, for
-    ``launch_records``. ``contain`` says how its processes are kept together (default: the process group,
-    as before containers); the spec's host limits go to that container.
+    ``launch_records``. ``contain`` says how its processes are kept together (default: the best mode that
+    works here); the spec's host limits go to that container.
     """
     contain = contain or Containment()
     directory = job_dir(state_dir, job_id)
