@@ -81,7 +81,7 @@ class ServerProcess:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc: subprocess.Popen[bytes] | None = None
-        self.http = httpx.Client(base_url=self.url, timeout=10)
+        self.http = httpx.Client(base_url=self.url, timeout=60)  # a loaded machine answers slowly
 
     def start(self) -> ServerProcess:
         where = ["--state-dir", str(self.state_dir), "--port", str(self.port)]
