@@ -4,6 +4,7 @@ containers) is run through the same tests, expected to fail: it shows that each 
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from pathlib import Path
@@ -149,3 +150,68 @@ def test_a_host_limit_that_the_mode_cannot_enforce_fails_the_start_saying_why(tm
     status = _end(tmp_path)
     assert status.exit_code == 126
     assert "cannot enforce host limits" in launcher.log_paths(tmp_path, "e")[1].read_text()
+
+
+@pytest.mark.parametrize("mode", _limited("cpus"))
+def test_cpus_become_the_cgroups_cpu_quota(tmp_path, cleanup, mode):
+    spec = JobSpec(command=(PY, "-c", "import time; time.sleep(60)"), cpus=0.5)
+    job = launcher.launch("e", spec, {}, tmp_path, contain=Containment(mode, 1.0))
+    cleanup.append(job.pgid)
+    record = wait_for(lambda: (launcher.record_dir(tmp_path, "e") / containment.RECORD_FILE).exists())
+    assert record
+    data = json.loads((launcher.record_dir(tmp_path, "e") / containment.RECORD_FILE).read_text())
+    paths = data["paths"]
+    if isinstance(paths, dict):  # v1: cpu.cfs_quota_us over a 100 ms period
+        assert (Path(paths["cpu"]) / "cpu.cfs_quota_us").read_text().strip() == "50000"
+    else:  # v2: "quota period"
+        assert (Path(paths[0]) / "cpu.max").read_text().split() == ["50000", "100000"]
+    wait_for(lambda: containment.from_record(data, supervisor_alive=True).members())  # the job is in it
+    launcher.kill(job.pgid, tmp_path)
+    _end(tmp_path)
+
+
+def test_systemd_is_refused_where_pid_1_is_not_systemd_saying_so():
+    if Path("/proc/1/comm").read_text().strip() == "systemd":
+        pytest.skip("systemd is PID 1 here")
+    with pytest.raises(containment.ContainmentUnavailable, match="PID 1 is not systemd"):
+        containment.detect("systemd")
+
+
+def test_a_systemd_scope_wraps_the_command_in_systemd_run_with_the_limits():
+    """What can be checked without systemd: the systemd-run command line (systemd-run(1)); the scope's
+    cgroup itself is not exercised on a machine whose PID 1 is not systemd."""
+    scope = containment.from_record({"mode": "systemd", "supervisor": 1, "marker": "7-ab"}, True)
+    scope.setup(containment.Limits(memory_bytes=2**30, cpus=1.5, pids_max=64))
+    argv = scope.wrap(["python", "train.py"])
+    assert argv[0] == "systemd-run" and "--scope" in argv and "--collect" in argv
+    assert "--unit=gpuslice-7-ab" in argv
+    assert {"MemoryMax=1073741824", "CPUQuota=150%", "TasksMax=64"} <= set(argv)
+    assert argv[-3:] == ["--", "python", "train.py"]
+    assert ("--user" in argv) == (os.geteuid() != 0)
+
+
+def test_an_unknown_mode_is_refused_naming_the_known_ones():
+    with pytest.raises(containment.ContainmentUnavailable, match="known: auto, cgroup2"):
+        containment.detect("docker")
+
+
+def test_serve_help_says_what_each_mode_guarantees():
+    from typer.testing import CliRunner
+
+    from gpuslice.cli.main import app
+
+    result = CliRunner().invoke(app, ["serve", "--help"], env={"COLUMNS": "200"})
+    assert result.exit_code == 0
+    for mode in (*containment.MODES, "--containment", "--pids-max", "last process"):
+        assert mode in result.output, mode
+
+
+def test_a_server_refuses_a_host_limit_its_mode_cannot_enforce_naming_the_field(tmp_path):
+    from gpuslice.errors import InvalidRequest
+    from gpuslice.node.discovery import discover
+    from gpuslice.server.local_node import LocalNode
+
+    node = LocalNode(discover("dgx-h100"), tmp_path, "soft", contain=Containment("subreaper"))
+    with pytest.raises(InvalidRequest, match=r"^host_memory_bytes: .*subreaper"):
+        node.check_host_limits(JobSpec(command=("x",), host_memory_bytes=MiB))
+    node.check_host_limits(JobSpec(command=("x",)))  # none asked: fine

@@ -38,6 +38,7 @@ class FakeNode:
         self.records: dict[str, dict[str, Any]] = {}  # job -> its last launch record (launch_records)
         self.ran: dict[float, float] = {}  # start_time -> seconds its process has run (running_seconds)
         self.stopped_supervisors: set[int] = set()  # supervisors SIGSTOPped (supervisor_stopped)
+        self.containment = ""  # the mode launches report (LaunchedJob.containment)
         self._pid = 1000
 
     def launch(
@@ -58,7 +59,7 @@ class FakeNode:
         self.started.add(job_id)
         self.records[job_id] = {"attempt": attempt, **(about or {})}
         self._pid += 1
-        job = LaunchedJob(self._pid, self._pid, float(self._pid))
+        job = LaunchedJob(self._pid, self._pid, float(self._pid), self.containment)
         self.launched[job_id] = job
         self.envs[job_id] = dict(env)
         self.alive.add(job.pid)
