@@ -127,10 +127,11 @@ class LocalNode:
 
     def check_host_limits(self, spec: JobSpec) -> None:
         """InvalidRequest naming the field when the containment mode cannot enforce a host limit asked."""
-        supported = containment.limits_supported(self.contain.mode)
-        for name, field, value in (("memory", "host_memory_bytes", spec.host_memory_bytes),
-                                   ("cpus", "cpus", spec.cpus)):  # fmt: skip
-            if value and name not in supported:
+        limits = (("memory", "host_memory_bytes", spec.host_memory_bytes), ("cpus", "cpus", spec.cpus))
+        asked = [(name, field) for name, field, value in limits if value]
+        supported = containment.limits_supported(self.contain.mode) if asked else frozenset()
+        for name, field in asked:
+            if name not in supported:
                 raise InvalidRequest(
                     f"{field}: this server keeps jobs together by {self.contain.mode}, which cannot enforce "
                     f"a {name} limit here; start it with a cgroup mode (gpuslice serve --help) or drop it"
