@@ -1,20 +1,24 @@
 """The per-job supervisor (like slurmstepd or conmon): runs one command and records how it ended.
 
 Run as ``python -m gpuslice.node.supervisor --job-dir DIR [--record-dir DIR] [--attempt N] [--cwd DIR]
-[--grace S] -- CMD…`` (the
+[--grace S] [--containment MODE] [--host-memory B] [--cpus N] [--pids-max N] -- CMD…`` (the
 launcher runs this file by path with ``python -I``, which is the same program without importing
 the gpuslice package, so a job start costs ~60 ms and ~10 MB instead of numpy's import).
 
 ```text
 launcher (start_new_session) ─► supervisor: session + process-group leader, same user, same env
-   supervisor ─► CMD in the supervisor's process group; stdout/stderr appended to DIR/{stdout,stderr}.log
-   SIGTERM/SIGINT to the supervisor ─► forwarded to every other process of the group, then SIGCONT
-       (a suspended job must be able to act on it); after the grace period (DIR/stop.json, else
-       --grace) every process left in the group but the supervisor gets SIGKILL
+   supervisor ─► the job's container (containment.py: a cgroup, a systemd scope, or the supervisor as
+       child subreaper), recorded in RECORDS/containment.json, then CMD in it (entered before its first
+       exec); stdout/stderr appended to DIR/{stdout,stderr}.log
+   SIGTERM/SIGINT to the supervisor ─► forwarded to every process of the container, which is then
+       thawed and continued (a suspended job must be able to act on it); after the grace period
+       (RECORDS/stop.json, else --grace) the whole container is killed at once
    start ───► RECORDS/.exit.reserve: the exit record's space, taken before CMD runs (RECORDS is
               --record-dir, the job dir when not given)
-   CMD ends ─► leftovers in the group get SIGTERM, then SIGKILL after 2 s (they would hold GPU memory)
-           ─► RECORDS/exit.json {"exit_code", "signal", "finished_at", "started_at", "attempt"} written
+   CMD ends ─► processes left in the container (a setsid daemon, a double fork) get SIGTERM, and the
+              container is killed after --grace: the job ends with its last process (they hold GPUs)
+           ─► RECORDS/exit.json {"exit_code", "signal", "finished_at", "started_at", "attempt",
+              "containment", "leftovers", "leftovers_killed", "stop_forwarded", "oom_kills"} written
               atomically from the reserved space; if that fails too (disk full, no file descriptors)
               the supervisor keeps trying every second and stays alive meanwhile, so the job is seen
               running, never lost, until its true end is on disk
@@ -22,7 +26,7 @@ launcher (start_new_session) ─► supervisor: session + process-group leader, 
 
 Its deadlines (the grace before SIGKILL) run on the monotonic clock: a wall-clock step changes nothing.
 
-The supervisor is never stopped or killed by the launcher (``launcher.suspend``/``kill`` skip it), so
+The supervisor is outside its job's container, never stopped or killed by the launcher, so
 an exit is recorded even when the job is killed, and it is in its own session, so it outlives a
 server that is killed: the server finds exit.json when it comes back.
 
