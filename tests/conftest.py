@@ -12,10 +12,12 @@ The cluster (ledger order; ``ledger.models`` is ("T4", "V100M16")):
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -28,6 +30,34 @@ from gpuslice.scheduler.placer import Placer
 from gpuslice.units import GiB
 from gpuslice.workload.request import Request
 from gpuslice.workload.target import TargetWorkload
+
+
+def _job_cgroups() -> set[Path]:
+    """Every job cgroup on this machine (node/containment: gpuslice-<supervisor pid>-<hex>)."""
+    found: set[Path] = set()
+    root = Path("/sys/fs/cgroup")
+    with contextlib.suppress(OSError):
+        for hierarchy in [root, *root.iterdir()]:
+            for parent in (hierarchy, *hierarchy.glob("*/*")):  # beside the test's own cgroup (v1 memory)
+                found.update(parent.glob("gpuslice-[0-9]*-*"))
+    return found
+
+
+@pytest.fixture(autouse=True)
+def no_cgroup_left_behind():
+    """A test leaves no job cgroup behind whose supervisor has ended (each is removed by its supervisor
+    or, once that is gone, by the kill that empties it). One that is left is removed and named."""
+    before = _job_cgroups()
+    yield
+    left = []
+    for path in _job_cgroups() - before:
+        supervisor = int(path.name.split("-")[1])
+        if not Path(f"/proc/{supervisor}").exists():
+            left.append(path)
+            with contextlib.suppress(OSError):
+                path.rmdir()
+    assert not left, f"job cgroups left behind: {sorted(map(str, left))}"
+
 
 V100 = "V100M16"
 T4 = "T4"

@@ -81,7 +81,7 @@ class ServerProcess:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc: subprocess.Popen[bytes] | None = None
-        self.http = httpx.Client(base_url=self.url, timeout=10)
+        self.http = httpx.Client(base_url=self.url, timeout=60)  # a loaded machine answers slowly
 
     def start(self) -> ServerProcess:
         where = ["--state-dir", str(self.state_dir), "--port", str(self.port)]
@@ -147,7 +147,8 @@ class ServerProcess:
 
 
 def _kill_jobs(state_dir: Path) -> None:
-    """SIGKILL the process groups of jobs the test's servers started (by their recorded pgid)."""
+    """SIGKILL the jobs the test's servers started: their containers, then their process groups (by their
+    recorded pgid)."""
     db = state_dir / "gpuslice.db"
     if not db.exists():
         return
@@ -155,6 +156,7 @@ def _kill_jobs(state_dir: Path) -> None:
     try:
         for job in store.jobs():
             if job.pgid and job.proc_start_time and launcher.is_alive(job.pgid, job.proc_start_time):
+                launcher.kill(job.pgid, state_dir)  # its container (a setsid child too), then the group
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(job.pgid, signal.SIGKILL)
     finally:

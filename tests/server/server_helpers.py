@@ -37,6 +37,8 @@ class FakeNode:
         self.started: set[str] = set()  # jobs whose supervisor started (was_started)
         self.records: dict[str, dict[str, Any]] = {}  # job -> its last launch record (launch_records)
         self.ran: dict[float, float] = {}  # start_time -> seconds its process has run (running_seconds)
+        self.stopped_supervisors: set[int] = set()  # supervisors SIGSTOPped (supervisor_stopped)
+        self.containment = ""  # the mode launches report (LaunchedJob.containment)
         self._pid = 1000
 
     def launch(
@@ -57,7 +59,7 @@ class FakeNode:
         self.started.add(job_id)
         self.records[job_id] = {"attempt": attempt, **(about or {})}
         self._pid += 1
-        job = LaunchedJob(self._pid, self._pid, float(self._pid))
+        job = LaunchedJob(self._pid, self._pid, float(self._pid), self.containment)
         self.launched[job_id] = job
         self.envs[job_id] = dict(env)
         self.alive.add(job.pid)
@@ -101,6 +103,12 @@ class FakeNode:
     def kill(self, pgid: int) -> bool:
         self.signals.append(("kill", pgid))
         return True
+
+    def supervisor_stopped(self, pid: int) -> bool:
+        return pid in self.stopped_supervisors
+
+    def check_host_limits(self, spec: JobSpec) -> None:
+        return None
 
     def job_env(self, spec: JobSpec, gpus: tuple[int, ...], mig: Any) -> dict[str, str]:
         return {"CUDA_VISIBLE_DEVICES": ",".join(f"GPU-{g}" for g in gpus)}

@@ -93,6 +93,27 @@ def test_ps_gpus_queue_show_cancel_and_logs(cli, daemon, node, tmp_path):
     assert code == 2 and "no job '99'" in missing
 
 
+def test_host_limits_are_sent_stored_and_shown_with_the_containment_mode(cli, daemon, node):
+    node.containment = "cgroup1"
+    code, _ = cli("submit", "--host-memory", "8GiB", "--cpus", "1.5", "--", "train")
+    assert code == 0
+    spec = daemon.store.get("1").spec
+    assert (spec.host_memory_bytes, spec.cpus) == (8 * 2**30, 1.5)
+    daemon.tick()
+    code, show = cli("show", "1")
+    assert code == 0 and "8 GiB RAM · 1.5 CPUs" in show
+    assert "containment  cgroup1" in show
+
+
+@pytest.mark.parametrize(
+    ("flag", "value", "said"), [("--cpus", "-1", "--cpus"), ("--host-memory", "8", "--host-memory")]
+)
+def test_a_bad_host_limit_is_refused_naming_its_flag(cli, daemon, flag, value, said):
+    code, out = cli("submit", flag, value, "--", "x")
+    assert code == 2 and said in out
+    assert daemon.store.jobs() == []
+
+
 def test_without_a_server_the_error_says_how_to_start_one(tmp_path):
     port_nobody_uses = "http://127.0.0.1:9"
     result = CliRunner().invoke(app, ["ps", "--url", port_nobody_uses])

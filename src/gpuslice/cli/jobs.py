@@ -61,6 +61,16 @@ def slice_text(job: dict[str, Any]) -> str:
     return " · ".join(parts)
 
 
+def host_limits_text(spec: dict[str, Any]) -> str:
+    """'8 GiB RAM · 1.5 CPUs' for a job's host limits, or 'none'."""
+    parts = []
+    if spec.get("host_memory_bytes"):
+        parts.append(f"{format_size(spec['host_memory_bytes'])} RAM")
+    if spec.get("cpus"):
+        parts.append(f"{spec['cpus']:g} CPUs")
+    return " · ".join(parts) or "none"
+
+
 _COMMAND_WIDTH = 40  # characters of a job's command in `ps`; `show` prints it whole
 
 
@@ -104,6 +114,19 @@ def submit(
     preemptible: Annotated[bool, typer.Option(help="may be stopped for a higher priority job")] = True,
     max_runtime: Annotated[str | None, typer.Option(help="stop after this long: 90s, 30m, 1h, 2d")] = None,
     restart: Annotated[str, typer.Option(help="never, on-failure or always")] = "never",
+    host_memory: Annotated[
+        str | None,
+        typer.Option(
+            help="host RAM the job may use, e.g. 8GiB; beyond it the kernel OOM-kills inside the job "
+            "(needs a cgroup containment mode: see gpuslice serve --help)"
+        ),
+    ] = None,
+    cpus: Annotated[
+        float | None,
+        typer.Option(
+            help="CPU time the job may use, in CPUs (1.5 = one and a half cores), enforced by its cgroup"
+        ),
+    ] = None,
     estimate_model: Annotated[
         str | None,
         typer.Option(
@@ -143,6 +166,7 @@ def submit(
         "gpu_models": gpu_model or [], "excluded_gpu_models": exclude_model or [], "exclusive": exclusive,
         "topology": topology, "priority": priority, "tenant": tenant, "preemptible": preemptible,
         "max_runtime": max_runtime, "restart": restart, "cwd": str(Path.cwd()),
+        "host_memory": host_memory, "cpus": cpus or 0.0,
     }  # fmt: skip
     check_submit(body)  # every argument before the token is looked for
     with _client(url, state_dir) as client:
@@ -160,6 +184,7 @@ _FLAGS = {
     "mig": "--mig", "gpu_models": "--gpu-model", "excluded_gpu_models": "--exclude-model",
     "exclusive": "--exclusive", "topology": "--topology", "priority": "--priority", "tenant": "--tenant",
     "preemptible": "--preemptible", "max_runtime": "--max-runtime", "restart": "--restart",
+    "host_memory": "--host-memory", "cpus": "--cpus",
 }  # fmt: skip
 
 
@@ -220,7 +245,13 @@ def show(job_id: str, url: Url = None, state_dir: StateDir = None) -> None:
         ("pid", str(job["pid"] or "—")),
         ("exit code", "—" if job["exit_code"] is None else str(job["exit_code"])),
         ("attempts", str(job["attempts"])),
+        ("host limits", host_limits_text(job["spec"])),
     ]
+    if job["stopping"]:
+        rows.insert(1, ("stopping", f"{job['stopping']} requested; the job ends when its last process has"))
+    contained = [e for e in events if e["kind"] == "containment"]
+    if contained:  # the mode its supervisor kept the latest attempt's processes in
+        rows.append(("containment", contained[-1]["reason"]))
     for key, value in rows:
         _out.print(f"[bold]{key:>17}[/bold]  {escape(value)}")
     for e in events:

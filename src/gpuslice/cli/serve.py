@@ -76,6 +76,23 @@ def serve(
             "values stay masked); only for a machine whose every user may see every job",
         ),
     ] = False,
+    containment: Annotated[
+        str,
+        typer.Option(
+            envvar="GPUSLICE_CONTAINMENT",
+            help="how each job's processes are kept together: auto (the first that works of cgroup2, "
+            "cgroup1 as root, systemd when not root), cgroup2, cgroup1, systemd, subreaper, or pgroup "
+            "(none: only to compare); see above",
+        ),
+    ] = "auto",
+    pids_max: Annotated[
+        int,
+        typer.Option(
+            min=0,
+            help="processes and threads one job may have (its cgroup's pids.max; a fork "
+            "bomb stops there); 0: no limit",
+        ),
+    ] = 0,
     allow_host: Annotated[
         list[str] | None,
         typer.Option(
@@ -90,6 +107,25 @@ def serve(
     SIGHUP and within a second of a change: replace the file to rotate the token, and the old one is
     refused from then on. While the file is missing or unusable (not a regular 0600 file of yours), every
     call that needs the token is refused, until a good file is back.
+
+    Each job runs in a container that its supervisor makes before the job's first exec; the job ends,
+    and its GPUs are given back, only when its last process has ended (a setsid daemon too: processes
+    left when the main one exits get SIGTERM, then SIGKILL after --grace). --containment:
+
+    cgroup2: a cgroup v2 per job; cancel and max runtime kill it at once (cgroup.kill); host limits
+    (--host-memory, --cpus, --pids-max) where the server's cgroup delegates those controllers.
+
+    cgroup1 (root): freezer cgroup per job; a kill freezes, SIGKILLs every member, thaws; host limits
+    through the memory, cpu and pids controllers.
+
+    systemd (not root, systemd as PID 1): a transient scope (systemd-run --user --scope) per job,
+    killed as a cgroup; host limits as MemoryMax, CPUQuota, TasksMax.
+
+    subreaper (anywhere): the supervisor is the child subreaper of the job and finds every descendant,
+    and, once it is gone, every process carrying the job's GPUSLICE_JOB_SCOPE; a kill stops them all
+    first. No host limits. A process that wipes its environment is found only while its supervisor lives.
+
+    pgroup: no containment (a setsid child escapes and keeps its GPUs); only to measure the others.
     """
     # Imported here: FastAPI and uvicorn take ~1 s to import, which the client commands should not pay.
     from gpuslice.server.models import parse_duration
@@ -102,6 +138,12 @@ def serve(
     state_dir = writable_folder(state_dir or default_state_dir(), "--state-dir")  # before anything is made
     if sharing == "mig":
         _check_mig(simulate)
+    from gpuslice.node import containment as contain
+
+    try:
+        mode = contain.detect(containment)
+    except contain.ContainmentUnavailable as err:
+        raise UserError(f"--containment: {err}") from None
     options = ServeOptions(
         state_dir=state_dir,
         host=host,
@@ -115,12 +157,15 @@ def serve(
         target=load_target_workload(target_workload) if target_workload is not None else None,
         public_reads=public_reads,
         allow_hosts=tuple(allow_host or ()),
+        containment=mode,
+        pids_max=pids_max,
     )
 
     def ready(url: str, token_path: Path, sign_in_url: str) -> None:
         _out.print(
             f"gpuslice serve: listening on {url}  (machine: {simulate or 'this one'}, sharing: {sharing})"
         )
+        _out.print(f"containment: {mode}: {contain.describe(mode)}")
         _out.print(f"token: {token_path}  (clients read it from there or from GPUSLICE_TOKEN)")
         _out.print(f"dashboard: {sign_in_url}  (works once; it leaves a cookie in your browser)")
         _out.print(

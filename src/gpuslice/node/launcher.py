@@ -6,10 +6,16 @@ launch ──► python -I supervisor.py --job-dir state_dir/jobs/<id> --record-
 poll ────► state_dir/records/<id>/exit.json, written by the supervisor when CMD ends (server up or not)
 is_alive ► same PID *and* same start, in clock ticks since boot: a recycled PID never passes for a
            running job, and a step of the wall clock (NTP, a VM resumed) changes nothing
-terminate(pgid, grace) ► stop.json + SIGTERM to the supervisor; it forwards, waits, then SIGKILLs
-suspend / resume / kill ► SIGSTOP / SIGCONT / SIGKILL to the job's processes; the supervisor itself is
-                          never stopped or killed, so it can still record the exit
+terminate(pgid, grace) ► stop.json + SIGTERM to the supervisor; it forwards, waits, then kills the job's
+                          container (every process, at once)
+suspend / resume / kill ► freeze / thaw / kill the job's container (``containment``: its cgroup, or the
+                          supervisor's descendants), found through records/<id>/containment.json, so
+                          it works after a server restart and after the supervisor died; the supervisor
+                          itself is outside it, never stopped or killed, so it can still record the exit
 ```
+
+The supervisor makes the container before the job's first exec and ends only when it is empty: a job's
+GPUs are held until its last process has ended, a ``setsid`` daemon included.
 
 The job is told its job folder (GPUSLICE_JOB_DIR: its logs, its report file) and nothing of the record
 folder, which holds what the supervisor says about it (exit.json, stop.json, the space reserved for the
@@ -38,7 +44,7 @@ from pathlib import Path
 import psutil
 
 from gpuslice.errors import InternalError
-from gpuslice.node import private_files
+from gpuslice.node import containment, private_files
 from gpuslice.node import supervisor as _supervisor
 from gpuslice.node.supervisor import (
     EXIT_FILE,
@@ -54,9 +60,11 @@ from gpuslice.workload.job import JobSpec
 __all__ = [
     "LAUNCH_FILE",
     "REPORT_FILE",
+    "Containment",
     "ExitStatus",
     "LaunchedJob",
     "is_alive",
+    "is_stopped",
     "job_dir",
     "kill",
     "launch",
@@ -97,6 +105,18 @@ class LaunchedJob:
     pid: int
     pgid: int
     start_time: float  # process_start: seconds since boot, from the kernel's start ticks
+    containment: str = ""  # the mode its processes are kept together in (``containment.MODES``)
+
+
+@dataclass(frozen=True, slots=True)
+class Containment:
+    """How a server keeps its jobs' processes together: the mode it resolved at its start
+    (``containment.detect``), the grace leftovers get once a job's main process has ended, and the
+    most processes and threads one job may have (0: no limit)."""
+
+    mode: str = containment.AUTO  # auto: each supervisor takes the best mode that works (a probe per job)
+    grace_seconds: float = _supervisor.DEFAULT_GRACE_SECONDS
+    pids_max: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,10 +132,30 @@ class ExitStatus:
     # when the supervisor started: tells this attempt's record from an older attempt's (older records)
     started_at: float | None = None
     attempt: int | None = None  # the attempt the supervisor was started for (None: an older record)
+    stop_forwarded: bool = True  # a stop reached the main process before it ended (older records: yes)
+    leftovers: int = 0  # processes still running when the main one ended
+    leftovers_killed: int = 0  # of those, killed at the end of the grace
+    containment: str = ""
+    oom_kills: int = 0  # processes the kernel's OOM killer took for the job's host memory limit
 
     @property
     def succeeded(self) -> bool:
         return self.exit_code == 0 and self.signal is None
+
+    def text(self) -> str:
+        """'exit code 137 (signal 9)', and what the kernel's OOM killer did, for a job's end reason."""
+        code = f"exit code {self.exit_code}" + (f" (signal {self.signal})" if self.signal else "")
+        if self.oom_kills:
+            code += f"; the kernel OOM-killed {self.oom_kills} process(es) over its host memory limit"
+        return code
+
+    def leftover_text(self) -> str:
+        """What became of the processes left running when the main one ended ('' for none)."""
+        if not self.leftovers:
+            return ""
+        killed = f"{self.leftovers_killed} killed after the grace" if self.leftovers_killed else "none killed"
+        return (f"its main process ended with {self.leftovers} process(es) still running: the job ended with "
+                f"its last one (SIGTERM, {killed})")  # fmt: skip
 
 
 def job_dir(state_dir: Path, job_id: str) -> Path:
@@ -207,6 +247,7 @@ def launch(
     *,
     attempt: int = 0,
     about: Mapping[str, object] | None = None,
+    contain: Containment | None = None,
 ) -> LaunchedJob:
     """Start ``spec.command`` under a supervisor in a new session; returns at once.
 
@@ -215,8 +256,10 @@ def launch(
     GPUSLICE_REPORT_FILE. A leftover exit, stop or reserve record from an earlier run of the same job id
     is removed first, and the supervisor writes ``attempt`` into its exit record, so ``poll`` only ever
     reports this run. ``about`` (JSON-able) is written to the record folder first, as job.json, for
-    ``launch_records``.
+    ``launch_records``. ``contain`` says how its processes are kept together (default: the best mode that
+    works here); the spec's host limits go to that container.
     """
+    contain = contain or Containment()
     directory = job_dir(state_dir, job_id)
     records = record_dir(state_dir, job_id)
     for folder in (directory, records):
@@ -226,12 +269,15 @@ def launch(
     # in it is removed or written.
     os.close(private_files.open_folder(directory))
     (directory / REPORT_FILE).unlink(missing_ok=True)
-    for stale in (EXIT_FILE, STOP_FILE, RESERVE_FILE):
+    for stale in (EXIT_FILE, STOP_FILE, RESERVE_FILE, containment.RECORD_FILE):
         (records / stale).unlink(missing_ok=True)
     if about is not None:
         write_json_atomic(records / LAUNCH_FILE, {"attempt": attempt, **about})
     command = [sys.executable, "-I", str(_SUPERVISOR_PATH), "--job-dir", str(directory),
                "--record-dir", str(records), "--attempt", str(attempt)]  # fmt: skip
+    command += ["--containment", contain.mode, "--grace", repr(contain.grace_seconds)]
+    limits = {"--host-memory": spec.host_memory_bytes, "--cpus": spec.cpus, "--pids-max": contain.pids_max}
+    command += [str(part) for flag, value in limits.items() if value for part in (flag, value)]
     if spec.cwd:
         command += ["--cwd", spec.cwd]
     command += ["--", *spec.command]
@@ -258,7 +304,7 @@ def launch(
     start_time = process_start(process.pid)
     if start_time is None:  # cannot happen: an unreaped child keeps its /proc entry until we wait
         raise InternalError(f"the supervisor of job {job_id} (pid {process.pid}) has no /proc entry")
-    return LaunchedJob(pid=process.pid, pgid=process.pid, start_time=start_time)
+    return LaunchedJob(pid=process.pid, pgid=process.pid, start_time=start_time, containment=contain.mode)
 
 
 def poll(job_id: str, state_dir: Path) -> ExitStatus | None:
@@ -273,6 +319,11 @@ def poll(job_id: str, state_dir: Path) -> ExitStatus | None:
             finished_at=float(data["finished_at"]),
             started_at=None if data.get("started_at") is None else float(data["started_at"]),
             attempt=None if data.get("attempt") is None else int(data["attempt"]),
+            stop_forwarded=bool(data.get("stop_forwarded", True)),
+            leftovers=int(data.get("leftovers", 0)),
+            leftovers_killed=int(data.get("leftovers_killed", 0)),
+            containment=str(data.get("containment", "")),
+            oom_kills=int(data.get("oom_kills", 0)),
         )
     except FileNotFoundError:
         return None
@@ -370,15 +421,37 @@ def _signal_workers(pgid: int, sig: int) -> bool:
     return sent
 
 
-def terminate(pgid: int, grace_seconds: float) -> bool:
+def _container(pgid: int, state_dir: Path | None) -> containment.Container | None:
+    """The container of the job whose supervisor is (or was) ``pgid``: from the live supervisor's record
+    folder, else from the state dir's records (the supervisor died; then nothing is found through its
+    PID, which may be another process's now). None for a job started before containers."""
+    records = _supervisor_records(pgid)
+    alive = records is not None
+    candidates = [records] if records is not None else []
+    if records is None and state_dir is not None:
+        candidates = sorted((Path(state_dir) / "records").glob("*"))
+    for folder in candidates:
+        with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+            data = json.loads((folder / containment.RECORD_FILE).read_text(encoding="utf-8"))
+            if int(data["supervisor"]) == pgid:
+                return containment.from_record(data, supervisor_alive=alive)
+    return None
+
+
+def terminate(pgid: int, grace_seconds: float, state_dir: Path | None = None) -> bool:
     """Ask the job to stop: SIGTERM now, SIGKILL after ``grace_seconds``; returns at once.
 
-    The supervisor does the waiting and the SIGKILL (it reads the grace from stop.json), so the
-    escalation happens even if the server dies meanwhile. Without a supervisor (it died), the group
-    gets SIGTERM and SIGCONT directly and the caller must ``kill`` it later."""
+    The supervisor does the waiting and the kill (it reads the grace from stop.json), so the
+    escalation happens even if the server dies meanwhile. Without a supervisor (it died), the job's
+    processes get SIGTERM and SIGCONT directly and the caller must ``kill`` them later."""
     directory = _supervisor_records(pgid)
     try:
         if directory is None:
+            found = _container(pgid, state_dir)
+            if found is not None:
+                found.signal(signal.SIGTERM)
+                found.freeze(False)
+                return True
             os.killpg(pgid, signal.SIGTERM)
             os.killpg(pgid, signal.SIGCONT)
             return True
@@ -391,20 +464,46 @@ def terminate(pgid: int, grace_seconds: float) -> bool:
         return False
 
 
-def suspend(pgid: int) -> bool:
-    """SIGSTOP the job's processes (the supervisor keeps running, to forward a later SIGTERM)."""
-    return _signal_workers(pgid, signal.SIGSTOP)
+def is_stopped(pid: int) -> bool:
+    """Whether process ``pid`` is stopped (SIGSTOP, or a debugger): it acts on no signal until continued."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return False
+    return stat[stat.rindex(b")") + 2 : stat.rindex(b")") + 3] in (b"T", b"t")
 
 
-def resume(pgid: int) -> bool:
-    """SIGCONT the whole group."""
+def suspend(pgid: int, state_dir: Path | None = None) -> bool:
+    """Freeze the job's processes (the supervisor keeps running, to forward a later SIGTERM)."""
+    found = _container(pgid, state_dir)
+    if found is None:
+        return _signal_workers(pgid, signal.SIGSTOP)
+    found.freeze(True)
+    return True
+
+
+def resume(pgid: int, state_dir: Path | None = None) -> bool:
+    """Thaw the job's processes and SIGCONT them."""
+    found = _container(pgid, state_dir)
+    if found is not None:
+        found.freeze(False)
     try:
         os.killpg(pgid, signal.SIGCONT)
         return True
     except ProcessLookupError:
-        return False
+        return found is not None
 
 
-def kill(pgid: int) -> bool:
-    """SIGKILL the job's processes now; the supervisor survives them and writes exit.json (signal 9)."""
-    return _signal_workers(pgid, signal.SIGKILL)
+def kill(pgid: int, state_dir: Path | None = None) -> bool:
+    """Kill the job's processes now, all at once; the supervisor survives them and writes exit.json
+    (signal 9). With the supervisor gone, its container is removed too once empty."""
+    found = _container(pgid, state_dir)
+    if found is None:
+        return _signal_workers(pgid, signal.SIGKILL)
+    had = found.populated()
+    found.kill()
+    if found.supervisor <= 0:  # nobody else will remove it
+        with contextlib.suppress(OSError):
+            found.remove()
+    return had

@@ -1,20 +1,24 @@
 """The per-job supervisor (like slurmstepd or conmon): runs one command and records how it ended.
 
 Run as ``python -m gpuslice.node.supervisor --job-dir DIR [--record-dir DIR] [--attempt N] [--cwd DIR]
-[--grace S] -- CMD…`` (the
+[--grace S] [--containment MODE] [--host-memory B] [--cpus N] [--pids-max N] -- CMD…`` (the
 launcher runs this file by path with ``python -I``, which is the same program without importing
 the gpuslice package, so a job start costs ~60 ms and ~10 MB instead of numpy's import).
 
 ```text
 launcher (start_new_session) ─► supervisor: session + process-group leader, same user, same env
-   supervisor ─► CMD in the supervisor's process group; stdout/stderr appended to DIR/{stdout,stderr}.log
-   SIGTERM/SIGINT to the supervisor ─► forwarded to every other process of the group, then SIGCONT
-       (a suspended job must be able to act on it); after the grace period (DIR/stop.json, else
-       --grace) every process left in the group but the supervisor gets SIGKILL
+   supervisor ─► the job's container (containment.py: a cgroup, a systemd scope, or the supervisor as
+       child subreaper), recorded in RECORDS/containment.json, then CMD in it (entered before its first
+       exec); stdout/stderr appended to DIR/{stdout,stderr}.log
+   SIGTERM/SIGINT to the supervisor ─► forwarded to every process of the container, which is then
+       thawed and continued (a suspended job must be able to act on it); after the grace period
+       (RECORDS/stop.json, else --grace) the whole container is killed at once
    start ───► RECORDS/.exit.reserve: the exit record's space, taken before CMD runs (RECORDS is
               --record-dir, the job dir when not given)
-   CMD ends ─► leftovers in the group get SIGTERM, then SIGKILL after 2 s (they would hold GPU memory)
-           ─► RECORDS/exit.json {"exit_code", "signal", "finished_at", "started_at", "attempt"} written
+   CMD ends ─► processes left in the container (a setsid daemon, a double fork) get SIGTERM, and the
+              container is killed after --grace: the job ends with its last process (they hold GPUs)
+           ─► RECORDS/exit.json {"exit_code", "signal", "finished_at", "started_at", "attempt",
+              "containment", "leftovers", "leftovers_killed", "stop_forwarded", "oom_kills"} written
               atomically from the reserved space; if that fails too (disk full, no file descriptors)
               the supervisor keeps trying every second and stays alive meanwhile, so the job is seen
               running, never lost, until its true end is on disk
@@ -22,7 +26,7 @@ launcher (start_new_session) ─► supervisor: session + process-group leader, 
 
 Its deadlines (the grace before SIGKILL) run on the monotonic clock: a wall-clock step changes nothing.
 
-The supervisor is never stopped or killed by the launcher (``launcher.suspend``/``kill`` skip it), so
+The supervisor is outside its job's container, never stopped or killed by the launcher, so
 an exit is recorded even when the job is killed, and it is in its own session, so it outlives a
 server that is killed: the server finds exit.json when it comes back.
 
@@ -42,18 +46,14 @@ import time
 from pathlib import Path
 
 if __package__:
-    from gpuslice.node import private_files
-else:  # run by path with ``python -I`` (see above): the sibling file, without importing the package
-    import importlib.util
-
-    _path = Path(__file__).with_name("private_files.py")
-    _spec = importlib.util.spec_from_file_location("private_files", _path)
-    private_files = importlib.util.module_from_spec(_spec)  # type: ignore[arg-type]
-    _spec.loader.exec_module(private_files)  # type: ignore[union-attr]
+    from gpuslice.node import containment, private_files
+else:  # run by path with ``python -I`` (see above): its sibling files, still without the package
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import containment  # type: ignore[no-redef]
+    import private_files  # type: ignore[no-redef]
 
 __all__ = [
     "EXIT_FILE",
-    "LEFTOVER_GRACE_SECONDS",
     "RESERVE_FILE",
     "STOP_FILE",
     "SUPERVISOR_DEFERRED_SIGNALS",
@@ -74,7 +74,6 @@ STDERR_LOG = "stderr.log"
 # workload.job.DEFAULT_GRACE_SECONDS, copied: this file imports only the standard library (see above);
 # tests/test_defaults.py checks that the two agree.
 DEFAULT_GRACE_SECONDS = 30.0
-LEFTOVER_GRACE_SECONDS = 2.0
 _POLL_SECONDS = 0.05
 # Shell conventions for a command that cannot be started (bash: 126 not executable, 127 not found).
 _EXIT_NOT_EXECUTABLE = 126
@@ -125,24 +124,17 @@ def reserve(directory: Path) -> None:
             os.close(fd)
 
 
-def _group_members(pgid: int) -> list[int]:
-    """PIDs in process group ``pgid`` (Linux /proc scan; empty where /proc does not exist)."""
-    members = []
-    try:
-        entries = os.listdir("/proc")
-    except OSError:
-        return []
-    for entry in entries:
-        if not entry.isdigit():
-            continue
-        with contextlib.suppress(OSError):  # the process ended while we looked
-            if os.getpgid(int(entry)) == pgid:
-                members.append(int(entry))
-    return members
+def _reap_orphans() -> None:
+    """Reap children that are not the main process (orphans a subreaper inherits), once the main process
+    is reaped: before that, waiting for any child could take the main one's status from Popen."""
+    with contextlib.suppress(ChildProcessError):
+        while os.waitpid(-1, os.WNOHANG)[0] > 0:
+            pass
 
 
 class Supervisor:
-    """Runs one command in this process's group; ``run()`` returns the exit record it wrote."""
+    """Runs one command in a container of its own (``containment``); ``run()`` returns the exit record
+    it wrote, once the command's last process has ended."""
 
     def __init__(
         self,
@@ -153,6 +145,8 @@ class Supervisor:
         grace_seconds: float = DEFAULT_GRACE_SECONDS,
         record_dir: Path | None = None,
         attempt: int | None = None,
+        mode: str = containment.AUTO,
+        limits: containment.Limits | None = None,
     ) -> None:
         self.job_dir = job_dir
         self.record_dir = record_dir or job_dir
@@ -160,6 +154,8 @@ class Supervisor:
         self.command = command
         self.cwd = cwd
         self.grace_seconds = grace_seconds
+        self.mode = mode
+        self.limits = limits or containment.Limits()
         if os.getpgrp() != os.getpid():
             # Started by hand rather than by the launcher: lead a group of our own, so that signalling
             # "the job's group" can never reach whoever started us.
@@ -167,69 +163,104 @@ class Supervisor:
         self.pgid = os.getpgrp()
         self._requests: list[int] = []  # signals received, handled in the main loop
         self._kill_at: float | None = None
+        self._forwarded = False  # a stop reached the job while its main process still ran
         self.child: subprocess.Popen[bytes] | None = None
+        self.container: containment.Container | None = None
 
     def _on_signal(self, signum: int, _frame: object) -> None:
         self._requests.append(signum)  # no work in the handler: the loop acts within _POLL_SECONDS
 
-    def _others(self) -> list[int]:
-        return [pid for pid in _group_members(self.pgid) if pid != os.getpid()]
-
-    def _signal_others(self, sig: int) -> None:
-        for pid in self._others():
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, sig)
-
     def _forward(self, signum: int) -> None:
-        """Send ``signum`` to the group but not to ourselves, then SIGCONT; start the grace clock."""
+        """Send ``signum`` to every process of the job (never to ourselves: we are outside its container),
+        then continue them (a suspended job must be able to act on it); start the grace clock."""
         grace = self.grace_seconds
         with contextlib.suppress(OSError, ValueError, TypeError, KeyError):
             grace = float(json.loads((self.record_dir / STOP_FILE).read_text())["grace_seconds"])
-        # Each other member by PID rather than killpg: killpg would echo the signal back to us, and with
-        # ``-m`` numpy's threads are here too, so a blocked-and-consumed echo cannot be relied on. A
-        # process forked between the listing and the signal is missed; its parent got the signal.
-        self._signal_others(signum)
-        self._signal_others(signal.SIGCONT)
+        if self.child is not None and self.child.poll() is None:
+            self._forwarded = True
+        if self.container is not None:
+            self.container.signal(signum)
+            self.container.freeze(False)
         deadline = time.monotonic() + max(0.0, grace)
         self._kill_at = deadline if self._kill_at is None else min(self._kill_at, deadline)
 
+    def _contain(self, err: int) -> int | None:
+        """Make the job's container and record it; on failure say why in stderr.log, return 126."""
+        try:
+            # the server passes the mode it resolved at its start; by hand, the best one here
+            mode = containment.detect() if self.mode == containment.AUTO else self.mode
+            self.container = containment.create(mode, self.limits)
+        except (containment.ContainmentUnavailable, OSError) as e:
+            os.write(err, f"gpuslice: cannot contain the job: {e}\n".encode())
+            return _EXIT_NOT_EXECUTABLE
+        # before the job's first process: a server that finds this record finds every process of the job
+        write_json_atomic(self.record_dir / containment.RECORD_FILE, self.container.record())
+        return None
+
     def _start(self, out: int, err: int) -> int | None:
         """Start the command; on failure write why to stderr.log and return the shell's exit code."""
+        failed = self._contain(err)
+        if failed is not None:
+            return failed
+        assert self.container is not None
+        env = {**os.environ, containment.MARKER_ENV: self.container.marker}
         try:
             self.child = subprocess.Popen(
-                self.command, stdin=subprocess.DEVNULL, stdout=out, stderr=err, cwd=self.cwd, close_fds=True
-            )
+                self.container.wrap(self.command), stdin=subprocess.DEVNULL, stdout=out, stderr=err,
+                cwd=self.cwd, close_fds=True, env=env,
+                preexec_fn=self.container.enter,  # in the container before the first exec: nothing escapes
+            )  # fmt: skip
         except FileNotFoundError as e:
             missing = self.cwd if self.cwd and not os.path.isdir(self.cwd) else self.command[0]
             os.write(err, f"gpuslice: cannot start the job: {missing!r} not found ({e.strerror})\n".encode())
             return _EXIT_NOT_FOUND
-        except (PermissionError, OSError) as e:
+        except (PermissionError, OSError, subprocess.SubprocessError) as e:
             os.write(err, f"gpuslice: cannot start {self.command[0]!r}: {e}\n".encode())
             return _EXIT_NOT_EXECUTABLE
+        self.container.adopt_main(self.child.pid)
+        if self.container.mode != "subreaper":
+            record = self.container.record()  # systemd: the scope's cgroup is known only now
+            write_json_atomic(self.record_dir / containment.RECORD_FILE, record)
         return None
+
+    def _handle_requests(self) -> None:
+        while self._requests:
+            self._forward(self._requests.pop(0))
+        if self._kill_at is not None and time.monotonic() >= self._kill_at and self.container is not None:
+            self.container.kill()  # every process of the job at once
+            self._kill_at = None
 
     def _wait(self) -> int:
         assert self.child is not None
         while True:
-            while self._requests:
-                self._forward(self._requests.pop(0))
-            if self._kill_at is not None and time.monotonic() >= self._kill_at:
-                self._signal_others(signal.SIGKILL)
-                self._kill_at = None
+            self._handle_requests()
             try:
                 return self.child.wait(timeout=_POLL_SECONDS * 4)
             except subprocess.TimeoutExpired:
                 continue
 
-    def _clean_leftovers(self) -> None:
-        if not self._others():
-            return
-        self._signal_others(signal.SIGTERM)
-        self._signal_others(signal.SIGCONT)
-        deadline = time.monotonic() + LEFTOVER_GRACE_SECONDS
-        while self._others() and time.monotonic() < deadline:
+    def _wait_leftovers(self) -> tuple[int, int]:
+        """The main process ended: the job ends when its last process has. Leftovers get SIGTERM now and
+        SIGKILL (all at once) after the grace, or at the stop's deadline. Returns (left, killed)."""
+        if self.container is None:
+            return 0, 0
+        left = self.container.members()
+        if not left:
+            return 0, 0
+        self.container.signal(signal.SIGTERM)
+        self.container.freeze(False)
+        deadline = time.monotonic() + max(0.0, self.grace_seconds)
+        self._kill_at = deadline if self._kill_at is None else min(self._kill_at, deadline)
+        while self.container.populated():
+            _reap_orphans()
+            if self._kill_at is not None and time.monotonic() >= self._kill_at:
+                killed = len(self.container.members())
+                self.container.kill()
+                return len(left), killed
+            while self._requests:
+                self._forward(self._requests.pop(0))
             time.sleep(_POLL_SECONDS)
-        self._signal_others(signal.SIGKILL)
+        return len(left), 0
 
     def run(self) -> dict[str, object]:
         for sig in SUPERVISOR_DEFERRED_SIGNALS:
@@ -251,14 +282,25 @@ class Supervisor:
         finally:
             os.close(out)
             os.close(err)
-        self._clean_leftovers()
+        left, killed = self._wait_leftovers()
+        _reap_orphans()
         sig = -returncode if returncode < 0 else None
         record: dict[str, object] = {
             "exit_code": 128 + sig if sig is not None else returncode,  # shell convention for a signal
             "signal": sig,
             "finished_at": time.time(),
             "started_at": started_at,
+            # whether a stop (cancel, preemption, limit) reached the main process before it ended: one
+            # that exited 0 on its own is a success, whatever was asked of it meanwhile
+            "stop_forwarded": self._forwarded,
+            "leftovers": left,  # processes still running when the main one ended
+            "leftovers_killed": killed,  # of those, still running at the end of the grace: SIGKILL
         }
+        if self.container is not None:
+            record["containment"] = self.container.mode
+            record["oom_kills"] = self.container.oom_kills()
+            with contextlib.suppress(OSError):
+                self.container.remove()
         if self.attempt is not None:
             record["attempt"] = self.attempt
         self._record(record)
@@ -295,6 +337,12 @@ def main(argv: list[str] | None = None) -> int:
         default=DEFAULT_GRACE_SECONDS,
         help="seconds between SIGTERM and SIGKILL when stop.json does not say",
     )
+    parser.add_argument("--containment", default=os.environ.get(containment.ENV_MODE, containment.AUTO),
+                        choices=(containment.AUTO, *containment.MODES),
+                        help="how the job's processes are kept together (see containment.py)")  # fmt: skip
+    parser.add_argument("--host-memory", type=int, default=0, help="bytes of host memory (cgroup), 0: none")
+    parser.add_argument("--cpus", type=float, default=0.0, help="CPUs of time per period (cgroup), 0: none")
+    parser.add_argument("--pids-max", type=int, default=0, help="processes and threads at most, 0: none")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- then the command and its arguments")
     args = parser.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
@@ -307,6 +355,8 @@ def main(argv: list[str] | None = None) -> int:
         grace_seconds=args.grace,
         record_dir=args.record_dir,
         attempt=args.attempt,
+        mode=args.containment,
+        limits=containment.Limits(args.host_memory, args.cpus, args.pids_max),
     ).run()
     return int(record["exit_code"])  # type: ignore[call-overload]
 

@@ -32,6 +32,8 @@ def spec_to_json(spec: JobSpec) -> dict[str, Any]:
         "user": spec.user,
         "cwd": spec.cwd,
         "env": {k: v for k, v in spec.env},
+        "host_memory_bytes": spec.host_memory_bytes,
+        "cpus": spec.cpus,
     }
 
 
@@ -56,4 +58,6 @@ def spec_from_json(data: dict[str, Any]) -> JobSpec:
         user=data["user"],
         cwd=data["cwd"],
         env=tuple(sorted(data["env"].items())),
+        host_memory_bytes=int(data.get("host_memory_bytes", 0)),  # absent in records made before limits
+        cpus=float(data.get("cpus", 0.0)),
     )

@@ -119,6 +119,8 @@ class NodeOps(Protocol):
     def suspend(self, pgid: int) -> bool: ...
     def resume(self, pgid: int) -> bool: ...
     def kill(self, pgid: int) -> bool: ...
+    def supervisor_stopped(self, pid: int) -> bool: ...
+    def check_host_limits(self, spec: JobSpec) -> None: ...
     def job_env(self, spec: JobSpec, gpus: tuple[int, ...], mig: MigAssignment | None) -> dict[str, str]: ...
     def usage(self, jobs: Mapping[str, int]) -> tuple[dict[str, dict[int, int]], dict[int, int]]: ...
     def respond(
@@ -220,6 +222,7 @@ class Daemon(Recovery, GpuWatch, PolicyAdmin, DaemonViews):
 
     def submit(self, spec: JobSpec) -> JobRecord:
         """Store a new job and queue it; InvalidRequest (nothing stored) if it can never run here."""
+        self.node.check_host_limits(spec)
         with self._lock:
             now = self.clock()
             with self.store.transaction():
@@ -259,6 +262,9 @@ class Daemon(Recovery, GpuWatch, PolicyAdmin, DaemonViews):
             if job.stop == "cancel":
                 return job
             self._stop_job(job, "cancel", self.grace_seconds, "cancel requested by user", now)
+            if job.pid is not None and self.node.supervisor_stopped(job.pid):  # SIGSTOPped: it cannot act
+                self.store.event(job_id, "signal", f"its supervisor (pid {job.pid}) is stopped, no answer: "
+                                 "the job is stopping; its end is recorded when it comes", now)  # fmt: skip
             return self.store.get(job_id)
 
     def set_tenant(self, tenant: TenantRecord) -> None:
@@ -396,6 +402,8 @@ class Daemon(Recovery, GpuWatch, PolicyAdmin, DaemonViews):
                       failure=FailureCode.LAUNCH)  # fmt: skip
             return
         self.store.update(job.id, pid=launched.pid, pgid=launched.pgid, proc_start_time=launched.start_time)
+        if launched.containment:  # `gpuslice show` says what keeps this attempt's processes together
+            self.store.event(job.id, "containment", launched.containment, now)
 
     def _unstart(self, job: JobRecord, reason: str, now: float) -> None:
         """A RUNNING job whose process never started goes back to the queue as it was: no attempt
@@ -476,9 +484,13 @@ class Daemon(Recovery, GpuWatch, PolicyAdmin, DaemonViews):
                       requeue=True, failure=FailureCode.LOST)  # fmt: skip
 
     def _finished(self, job: JobRecord, status: ExitStatus, now: float) -> None:
-        code = f"exit code {status.exit_code}" + (f" (signal {status.signal})" if status.signal else "")
-        fields = {"exit_code": status.exit_code, "exit_signal": status.signal}
-        if job.stop == "cancel":
+        code, fields = status.text(), {"exit_code": status.exit_code, "exit_signal": status.signal}
+        if status.leftovers:  # the job ended with its last process, not its first
+            self.store.event(job.id, "containment", status.leftover_text(), now, {"left": status.leftovers})
+        if job.stop and status.succeeded and not status.stop_forwarded:  # it ended on its own, stop or not
+            self._end(job, JobState.SUCCEEDED, f"exited 0 before the {job.stop} reached it", now, fields,
+                      requeue=True)  # fmt: skip
+        elif job.stop == "cancel":
             self._end(job, JobState.CANCELLED, f"cancelled by user ({code})", now, fields, requeue=False)
         elif job.stop == "preempt":
             self._end(job, JobState.PREEMPTED, f"preempted ({code})", now, fields, requeue=True)

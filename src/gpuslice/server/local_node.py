@@ -5,7 +5,10 @@ memory per job from ``node.monitor`` (NVML, or the fake-load reports on a ``--si
 the graded response (warn → suspend → kill) from ``monitor.GradedResponse``, one per tenant setting.
 With ``--sharing mig`` on a real machine, ``node.mig_manager`` creates a job's MIG instance before its
 environment is built (``job_env``), ties it to the job at ``launch``, and destroys it at ``forget``
-(the daemon calls it whenever a job ends). With ``--sharing shim`` jobs run under the native shim
+(the daemon calls it whenever a job ends). Every job runs in a container (``node.containment``: its
+cgroup, or its supervisor's descendants) of the mode the server resolved at its start; signals and kills
+reach the whole container, found from the job's records, so they work after a restart. With
+``--sharing shim`` jobs run under the native shim
 (``gpuslice.shim``), and their memory is read from the shim's regions. ``open_telemetry`` gives the
 daemon its GPU readings: the simulated model on a ``--simulate`` machine, NVML otherwise, with
 ``node.gpu_faults``'s NVML XID source for faults (the same source the device plugin uses; it imports nothing
@@ -27,7 +30,7 @@ import psutil
 from gpuslice import shim
 from gpuslice.errors import InvalidRequest
 from gpuslice.hardware.machine import Machine
-from gpuslice.node import enforcement, launcher, monitor
+from gpuslice.node import containment, enforcement, launcher, monitor
 from gpuslice.node.discovery import discover, is_simulated
 from gpuslice.node.gpu_faults import NvmlHealthSource
 from gpuslice.node.launcher import ExitStatus, LaunchedJob
@@ -47,7 +50,7 @@ class LocalNode:
 
     def __init__(self, machine: Machine, state_dir: Path, sharing: str,
                  mps: enforcement.MpsDaemon | None = None, *, mig: MigManager | None = None,
-                 nvml: Any | None = None) -> None:  # fmt: skip
+                 nvml: Any | None = None, contain: launcher.Containment | None = None) -> None:  # fmt: skip
         self.machine = machine
         self.state_dir = Path(state_dir)
         self.sharing = enforcement.SharingMode(sharing)
@@ -55,12 +58,15 @@ class LocalNode:
         self._mig = mig  # None: MIG instances must exist already (simulated machine, or not --sharing mig)
         self._nvml = nvml  # a pynvml-like module for tests; None: the real one
         self._responses: dict[str, monitor.GradedResponse] = {}
+        self.contain = contain or launcher.Containment()
 
     @classmethod
-    def open(cls, state_dir: Path, simulate: str | None, sharing: str) -> LocalNode:
+    def open(cls, state_dir: Path, simulate: str | None, sharing: str,
+             contain: launcher.Containment | None = None) -> LocalNode:  # fmt: skip
         """Discover the machine (or simulate it) and start what the sharing mode needs (the MPS daemon).
 
-        On a simulated machine there is no MPS to start: jobs get the MPS variables all the same."""
+        On a simulated machine there is no MPS to start: jobs get the MPS variables all the same.
+        ``contain`` (its mode already resolved by ``containment.detect``) is how jobs are kept together."""
         try:
             mode = enforcement.SharingMode(sharing)
         except ValueError:
@@ -79,7 +85,7 @@ class LocalNode:
         if mode is enforcement.SharingMode.MIG and not is_simulated(machine):
             mig = MigManager(machine, state_dir)
             mig.destroy_idle()  # leftovers of a crash between create and launch
-        return cls(machine, state_dir, mode.value, mps, mig=mig)
+        return cls(machine, state_dir, mode.value, mps, mig=mig, contain=contain)
 
     def open_telemetry(self) -> Telemetry:
         """GPU readings for the daemon; the caller closes it."""
@@ -115,7 +121,24 @@ class LocalNode:
         visible = env.get("CUDA_VISIBLE_DEVICES", "")
         if self._mig is not None and visible.startswith("MIG-"):
             self._mig.claim(job_id, visible)  # before the process: a failed launch still releases it
-        return launcher.launch(job_id, spec, env, state_dir, attempt=attempt, about=about)
+        return launcher.launch(
+            job_id, spec, env, state_dir, attempt=attempt, about=about, contain=self.contain
+        )
+
+    def check_host_limits(self, spec: JobSpec) -> None:
+        """InvalidRequest naming the field when the containment mode cannot enforce a host limit asked."""
+        limits = (("memory", "host_memory_bytes", spec.host_memory_bytes), ("cpus", "cpus", spec.cpus))
+        asked = [(name, field) for name, field, value in limits if value]
+        supported = containment.limits_supported(self.contain.mode) if asked else frozenset()
+        for name, field in asked:
+            if name not in supported:
+                raise InvalidRequest(
+                    f"{field}: this server keeps jobs together by {self.contain.mode}, which cannot enforce "
+                    f"a {name} limit here; start it with a cgroup mode (gpuslice serve --help) or drop it"
+                )
+
+    def supervisor_stopped(self, pid: int) -> bool:
+        return launcher.is_stopped(pid)
 
     def launch_records(self, state_dir: Path) -> dict[str, dict[str, Any]]:
         return launcher.launch_records(state_dir)
@@ -146,16 +169,16 @@ class LocalNode:
         return None
 
     def terminate(self, pgid: int, grace_seconds: float) -> bool:
-        return launcher.terminate(pgid, grace_seconds)
+        return launcher.terminate(pgid, grace_seconds, self.state_dir)
 
     def suspend(self, pgid: int) -> bool:
-        return launcher.suspend(pgid)
+        return launcher.suspend(pgid, self.state_dir)
 
     def resume(self, pgid: int) -> bool:
-        return launcher.resume(pgid)
+        return launcher.resume(pgid, self.state_dir)
 
     def kill(self, pgid: int) -> bool:
-        return launcher.kill(pgid)
+        return launcher.kill(pgid, self.state_dir)
 
     # -- enforcement ----------------------------------------------------------------------------------
 

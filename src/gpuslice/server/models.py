@@ -94,6 +94,7 @@ _SPEC_FIELD = {
     "max_runtime_seconds": "max_runtime",
     "mig_profile": "mig",
     "compute_percent": "compute_percent",
+    "host_memory_bytes": "host_memory",
 }
 
 
@@ -256,6 +257,13 @@ class SubmitRequest(BaseModel):
         "128 KiB; command and env at most 1 MiB together",
         json_schema_extra=_names_as_property_names,
     )
+    host_memory: SizeText | SizeBytes | None = Field(
+        None,
+        description='host RAM the job may use, "8GiB" or bytes; beyond it the kernel OOM-kills in the job',
+    )
+    cpus: float = Field(
+        0.0, ge=0, le=4096, description="CPU time per period, 1.5 = one and a half cores; 0: no limit"
+    )
 
 
 def spec_from_submit(body: SubmitRequest, server_user: str) -> JobSpec:
@@ -268,6 +276,7 @@ def spec_from_submit(body: SubmitRequest, server_user: str) -> JobSpec:
         )
     memory = 0 if body.memory is None else _size(body.memory, "memory")
     runtime = None if body.max_runtime is None else parse_duration(body.max_runtime)
+    host_memory = 0 if body.host_memory is None else _size(body.host_memory, "host_memory")
     try:
         return JobSpec(
             command=tuple(body.command),
@@ -288,6 +297,8 @@ def spec_from_submit(body: SubmitRequest, server_user: str) -> JobSpec:
             user=server_user,
             cwd=body.cwd,
             env=tuple(sorted(body.env.items())),
+            host_memory_bytes=host_memory,
+            cpus=body.cpus,
         )
     except InvalidRequest as err:
         raise named(err) from None

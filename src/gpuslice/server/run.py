@@ -47,7 +47,9 @@ import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from gpuslice.errors import InvalidRequest
+from gpuslice.node import containment
 from gpuslice.node.enforcement import DEFAULT_SHARING
+from gpuslice.node.launcher import Containment
 from gpuslice.policies import DEFAULT_PLACEMENT
 from gpuslice.policies.queue import DEFAULT_QUEUE_POLICY
 from gpuslice.server.app import create_app
@@ -179,6 +181,8 @@ class ServeOptions:
     target: TargetWorkload | None = None  # what FGD-style placement keeps room for
     public_reads: bool = False  # reads without the token, as before (a machine with one trusted user)
     allow_hosts: tuple[str, ...] = ()  # Host names accepted besides the server's own ("*": any)
+    containment: str = containment.AUTO  # how jobs' processes are kept together (node/containment.py)
+    pids_max: int = 0  # processes and threads one job may have (its cgroup's pids.max); 0: no limit
 
     @property
     def url(self) -> str:
@@ -294,10 +298,20 @@ def run(options: ServeOptions, on_ready: Callable[[str, Path, str], None] = lamb
 
 def _run(options: ServeOptions, state_dir: Path, on_ready: Callable[[str, Path, str], None]) -> None:
     with state_lock(state_dir), contextlib.closing(listen(options.host, options.port)) as sock:
+        try:
+            mode = containment.detect(options.containment)
+        except containment.ContainmentUnavailable as err:  # the mode asked for cannot work here: why
+            raise InvalidRequest(f"--containment: {err}") from None
+        if options.pids_max and "pids" not in containment.limits_supported(mode):
+            raise InvalidRequest(
+                f"--pids-max needs a cgroup with the pids controller; containment {mode} has none"
+            )
         load_or_create_token(state_dir)
         token = TokenFile(state_dir)  # read again on SIGHUP and when the file changes
         write_url(state_dir, options.url)  # the port is ours: clients that find the state dir find us
-        node = LocalNode.open(state_dir, options.simulate, options.sharing)
+        _log.info("containment: %s (%s)", mode, containment.describe(mode))
+        contain = Containment(mode, options.grace_seconds, options.pids_max)
+        node = LocalNode.open(state_dir, options.simulate, options.sharing, contain)
         store = Store(state_dir / STORE_FILE, busy_seconds=options.busy_seconds)
         telemetry = node.open_telemetry()
         daemon = Daemon(

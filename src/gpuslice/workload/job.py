@@ -129,6 +129,10 @@ class JobSpec:
     user: str = ""
     cwd: str = ""
     env: tuple[tuple[str, str], ...] = ()
+    # Host limits, enforced by the kernel through the job's cgroup (0: none): RAM in bytes (the OOM killer
+    # acts inside the job beyond it) and CPUs of time per period (1.5 = one and a half cores).
+    host_memory_bytes: int = 0
+    cpus: float = 0.0
 
     def __post_init__(self) -> None:
         if not self.command:
@@ -155,6 +159,12 @@ class JobSpec:
             raise InvalidRequest("max_restarts: cannot be negative")
         if not self.tenant:
             raise InvalidRequest("tenant: cannot be empty")
+        if self.host_memory_bytes < 0:
+            raise InvalidRequest("host_memory_bytes: cannot be negative")
+        if not 0 <= self.cpus <= 4096 or self.cpus != self.cpus:
+            raise InvalidRequest(f"cpus: {self.cpus} is not 0..4096 (0: no limit)")
+        if 0 < self.cpus < 0.01:
+            raise InvalidRequest(f"cpus: {self.cpus} is below the kernel's least quota (0.01 CPU)")
         self.request()  # model include/exclude conflicts surface here, at submit time
 
     @property
