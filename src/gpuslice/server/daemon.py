@@ -42,13 +42,13 @@ import time
 from collections import deque
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from gpuslice.errors import InternalError, InvalidRequest
 from gpuslice.hardware.machine import Machine
 from gpuslice.hardware.mig import mig_gpu
 from gpuslice.node.enforcement import DEFAULT_SHARING
-from gpuslice.node.launcher import ExitStatus, LaunchedJob
+from gpuslice.node.launcher import ExitStatus
 from gpuslice.node.mig_manager import MigCommandFailed
 from gpuslice.node.telemetry import GpuReading, Telemetry
 from gpuslice.observe.metrics import ServeMetrics
@@ -58,7 +58,6 @@ from gpuslice.policies.queue import DEFAULT_QUEUE_POLICY
 from gpuslice.programs.guard import GuardConfig
 from gpuslice.programs.loader import resolve
 from gpuslice.scheduler.node_scheduler import (
-    MigAssignment,
     NodeScheduler,
     PreemptJob,
     StartJob,
@@ -67,6 +66,7 @@ from gpuslice.scheduler.node_scheduler import (
 from gpuslice.server.codec import spec_to_json
 from gpuslice.server.errors import JobConflict, StoreUnavailable
 from gpuslice.server.gpu_health import GpuWatch, anomaly_detector, anomaly_text, restored_health
+from gpuslice.server.node_ops import NodeOps
 from gpuslice.server.policy_admin import PolicyAdmin, queue_slot
 from gpuslice.server.recovery import Recovery, RecoveryReport
 from gpuslice.server.store import JobRecord, Store, TenantRecord
@@ -94,41 +94,6 @@ _KILL_SLACK_SECONDS = 5.0
 # space): the job did not start, it waits for its next turn instead of failing.
 _TRANSIENT_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOSPC, errno.EDQUOT, errno.EAGAIN,
                                errno.ENOMEM})  # fmt: skip
-
-
-class NodeOps(Protocol):
-    """What the daemon asks of the node (``gpuslice.node``); tests pass a fake with the same methods."""
-
-    def launch(
-        self,
-        job_id: str,
-        spec: JobSpec,
-        env: Mapping[str, str],
-        state_dir: Path,
-        *,
-        attempt: int,
-        about: Mapping[str, Any] | None = None,
-    ) -> LaunchedJob: ...
-    def launch_records(self, state_dir: Path) -> dict[str, dict[str, Any]]: ...
-    def poll(self, job_id: str, state_dir: Path) -> ExitStatus | None: ...
-    def was_started(self, job_id: str, state_dir: Path) -> bool: ...
-    def running_seconds(self, start_time: float) -> float | None: ...
-    def is_alive(self, pid: int, start_time: float) -> bool: ...
-    def find_supervisor(self, job_id: str, state_dir: Path) -> LaunchedJob | None: ...
-    def terminate(self, pgid: int, grace_seconds: float) -> bool: ...
-    def suspend(self, pgid: int) -> bool: ...
-    def resume(self, pgid: int) -> bool: ...
-    def kill(self, pgid: int) -> bool: ...
-    def supervisor_stopped(self, pid: int) -> bool: ...
-    def check_host_limits(self, spec: JobSpec) -> None: ...
-    def job_env(self, spec: JobSpec, gpus: tuple[int, ...], mig: MigAssignment | None) -> dict[str, str]: ...
-    def usage(self, jobs: Mapping[str, int]) -> tuple[dict[str, dict[int, int]], dict[int, int]]: ...
-    def respond(
-        self, job_id: str, tenant: TenantRecord | None, used: int, limit: int, now: float
-    ) -> tuple[str, str] | None: ...
-    def check_response(self, settings: Mapping[str, Any]) -> None: ...
-    def response_defaults(self) -> dict[str, Any]: ...
-    def forget(self, job_id: str) -> None: ...
 
 
 class Daemon(Recovery, GpuWatch, PolicyAdmin, DaemonViews):
