@@ -479,8 +479,16 @@ def main() -> None:
     parser.add_argument("--time-limit", type=float, default=300, help="seconds for the chaos loop")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--faults", action="store_true", help="also the machine's faults (serve_faults.py)")
+    parser.add_argument(
+        "--trust", type=int, default=0, metavar="N",
+        help="also each trust scenario (serve_trust.py) N times (20 for the record)",
+    )  # fmt: skip
+    parser.add_argument("--trust-only", action="store_true", help="only the trust scenarios (needs --trust)")
     parser.add_argument("--markdown", type=Path, default=Path(__file__).parent / "out" / "serve_chaos.md")
     args = parser.parse_args()
+    if args.trust_only:
+        trust_main(args)
+        return
     with tempfile.TemporaryDirectory(prefix="gpuslice-chaos-") as tmp:
         root = Path(tmp)
         out.print("crash campaign …")
@@ -535,9 +543,44 @@ def main() -> None:
         table.add_row(check.strip(), result.strip())
     out.print(table)
     out.print(f"markdown: {args.markdown}")
+    if args.trust:
+        failures += trust_main(args, exit_on_failure=False)
     if failures:
         out.print(f"[red]{failures} check(s) failed[/red]")
         sys.exit(1)
+
+
+def trust_main(args: argparse.Namespace, exit_on_failure: bool = True) -> int:
+    """The trust scenarios, ``args.trust`` runs each: a table, and ``args.markdown`` with -trust added."""
+    from serve_trust import trust_rows  # imports the scenario modules, which import this one
+
+    if args.trust < 1:
+        sys.exit("error: --trust N needs N >= 1")
+    with tempfile.TemporaryDirectory(prefix="gpuslice-trust-") as tmp:
+        rows, failures = trust_rows(args.trust, Path(tmp))
+    load = os.getloadavg()
+    lines = [
+        f"Machine: {platform.node()}, {os.cpu_count()} CPUs, load average {load[0]:.1f}/{load[1]:.1f}/"
+        f"{load[2]:.1f} at the end; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}.",
+        "",
+        "| scenario | runs | failures | note |",
+        "|---|---:|---:|---|",
+        *[f"| {name} | {runs} | {failed} | {note} |" for name, runs, failed, note in rows],
+    ]
+    path = args.markdown.with_name(args.markdown.stem + "-trust.md")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(lines) + "\n")
+    table = Table(title="serve trust scenarios")
+    for column in ("scenario", "runs", "failures", "note"):
+        table.add_column(column)
+    for name, runs, failed, note in rows:
+        table.add_row(name, str(runs), str(failed), note)
+    out.print(table)
+    out.print(f"markdown: {path}")
+    if failures and exit_on_failure:
+        out.print(f"[red]{failures} run(s) broke a promise[/red]")
+        sys.exit(1)
+    return failures
 
 
 if __name__ == "__main__":
