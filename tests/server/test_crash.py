@@ -4,6 +4,7 @@ the right state and exit code, and none is lost or run twice."""
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import pytest
 
@@ -20,12 +21,19 @@ def sh(script: str) -> list[str]:
 
 def test_kill_9_with_jobs_running_and_finishing_loses_and_duplicates_nothing(serve, tmp_path):
     first = serve("--grace", "2s")
+    # Jobs run until the test lets them go, not for a fixed time: on a loaded machine the jobs may take
+    # longer to all start, and the second server longer to come up, than any fixed sleep would last.
+    down, release = tmp_path / "down", tmp_path / "release"
+
+    def until(gate: Path, then: str = "") -> list[str]:
+        return sh(f"echo run; while [ ! -e {gate} ]; do sleep 0.1; done; {then}")
+
     plan = {
         # name: (command, body, expected state, expected exit code)
-        "ends-ok-while-down": (sh("echo run; sleep 2"), {}, "SUCCEEDED", 0),
-        "fails-while-down": (sh("echo run; sleep 2; exit 3"), {}, "FAILED", 3),
-        "outlives-the-restart": (sh("echo run; sleep 15"), {}, "SUCCEEDED", 0),
-        "restarts-after-failing": (sh("echo run; sleep 2; exit 5"), RESTART_ONCE, "FAILED", 5),
+        "ends-ok-while-down": (until(down), {}, "SUCCEEDED", 0),
+        "fails-while-down": (until(down, "exit 3"), {}, "FAILED", 3),
+        "outlives-the-restart": (until(release), {}, "SUCCEEDED", 0),
+        "restarts-after-failing": (until(down, "exit 5"), RESTART_ONCE, "FAILED", 5),
         # Runs when cancelled: the command's own exit code, 128 + SIGTERM (shell convention).
         "cancelled-while-running": (sh("echo run; sleep 30"), {}, "CANCELLED", 143),
         "waits-for-all-gpus": (sh("echo run"), {"gpus": 8}, "SUCCEEDED", 0),
@@ -44,12 +52,14 @@ def test_kill_9_with_jobs_running_and_finishing_loses_and_duplicates_nothing(ser
     pids = {n: first.jobs()[ids[n]]["pid"] for n in running}
 
     first.kill9()
+    down.touch()
     time.sleep(3.5)  # three jobs end while no server is there to see it
 
     second = serve("--grace", "2s", state_dir=first.state_dir)
     back = second.jobs()
     assert back[ids["outlives-the-restart"]]["state"] == "RUNNING"
     assert back[ids["outlives-the-restart"]]["pid"] == pids["outlives-the-restart"]  # adopted, not relaunched
+    release.touch()
     second.wait(lambda: all(j["state"] in ENDED for j in second.jobs().values()), 30, "every job to end")
 
     final = second.jobs()
