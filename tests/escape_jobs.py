@@ -21,8 +21,27 @@ import time
 from pathlib import Path
 
 import psutil
+import pytest
 
-__all__ = ["ESCAPER", "alive", "beating", "escaper_pid", "release"]
+from gpuslice.node import containment
+
+__all__ = ["ESCAPER", "ESCAPES", "MODES", "alive", "beating", "escaper_pid", "release", "works"]
+
+
+def works(mode: str) -> bool:
+    """Whether containment ``mode`` can run on this machine."""
+    try:
+        containment.detect(mode)
+        return True
+    except containment.ContainmentUnavailable:
+        return False
+
+
+ESCAPES = pytest.mark.xfail(
+    strict=True, reason="a process group is escaped by setsid: kept to show the test fails"
+)
+# Every containment mode that works here, and the process group, which each escape test must fail.
+MODES = [m for m in ("cgroup2", "cgroup1", "subreaper") if works(m)] + [pytest.param("pgroup", marks=ESCAPES)]
 
 ESCAPER = r"""
 import os, signal, sys, time

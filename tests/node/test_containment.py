@@ -12,33 +12,17 @@ from pathlib import Path
 import pytest
 from node_helpers import PY, wait_for
 
-from escape_jobs import ESCAPER, alive, beating, escaper_pid, release
+from escape_jobs import ESCAPER, ESCAPES, MODES, alive, beating, escaper_pid, release, works
 from gpuslice.node import containment, launcher
 from gpuslice.node.launcher import Containment
 from gpuslice.units import MiB
 from gpuslice.workload.job import JobSpec
 
 
-def _works(mode: str) -> bool:
-    try:
-        containment.detect(mode)
-        return True
-    except containment.ContainmentUnavailable:
-        return False
-
-
-ESCAPES = pytest.mark.xfail(
-    strict=True, reason="a process group is escaped by setsid: kept to show the test fails"
-)
-MODES = [m for m in ("cgroup2", "cgroup1", "subreaper") if _works(m)] + [
-    pytest.param("pgroup", marks=ESCAPES)
-]
-
-
 def _limited(name: str) -> list:
     """The modes that enforce host limit ``name`` here, plus pgroup (which cannot: expected to fail)."""
     here = [
-        m for m in ("cgroup2", "cgroup1", "systemd") if _works(m) and name in containment.limits_supported(m)
+        m for m in ("cgroup2", "cgroup1", "systemd") if works(m) and name in containment.limits_supported(m)
     ]
     return [*here, pytest.param("pgroup", marks=ESCAPES)]
 

@@ -12,24 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from escape_jobs import ESCAPER, alive, escaper_pid, release
-from gpuslice.node import containment
-
-
-def _works(mode: str) -> bool:
-    try:
-        containment.detect(mode)
-        return True
-    except containment.ContainmentUnavailable:
-        return False
-
-
-ESCAPES = pytest.mark.xfail(
-    strict=True, reason="a process group is escaped by setsid: kept to show the test fails"
-)
-MODES = [m for m in ("cgroup2", "cgroup1", "subreaper") if _works(m)] + [
-    pytest.param("pgroup", marks=ESCAPES)
-]
+from escape_jobs import ESCAPER, MODES, alive, escaper_pid, release
 
 
 @pytest.fixture
