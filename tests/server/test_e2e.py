@@ -36,8 +36,11 @@ def starts(server, job_id: str) -> list[tuple[float, list[int]]]:
     return [(e["time"], e["detail"].get("gpus", [])) for e in events if e["new_state"] == "RUNNING"]
 
 
-def test_fifty_mixed_jobs_never_overcommit_and_keep_priorities_quotas_and_gangs(serve):
+def test_fifty_mixed_jobs_never_overcommit_and_keep_priorities_quotas_and_gangs(serve, tmp_path):
     server = serve("--grace", "2s")
+    # The capped tenant's jobs run until the test has seen two of them at once, then end: on a loaded
+    # machine a fixed 1.5 s job could end between two samples, and "two at once" would go unseen.
+    capped_gate = tmp_path / "capped-seen"
     r = server.http.put("/v1/tenants/capped", json={"max_gpus": 2}, headers=server.auth)
     assert r.status_code == 200
     blocker = server.submit(["sleep", "3"], gpus=8, preemptible=False)
@@ -53,7 +56,8 @@ def test_fifty_mixed_jobs_never_overcommit_and_keep_priorities_quotas_and_gangs(
     for i in range(8):  # gangs: 2 or 4 GPUs joined by NVLink, all at once or not at all
         jobs.append(server.submit(["sleep", "1"], gpus=2 + 2 * (i % 2), topology="nvlink"))
     for _ in range(6):  # a tenant capped at 2 GPUs
-        jobs.append(server.submit(["sleep", "1.5"], gpus=1, tenant="capped"))
+        gated = f"while [ ! -e {capped_gate} ]; do sleep 0.1; done; sleep 0.5"
+        jobs.append(server.submit(["sh", "-c", gated], gpus=1, tenant="capped"))
     for _ in range(8):  # whole single GPUs, exclusive
         jobs.append(server.submit(["sleep", "1"], gpus=1, exclusive=True))
     for _ in range(6):  # fail, restart once, fail again
@@ -62,7 +66,7 @@ def test_fifty_mixed_jobs_never_overcommit_and_keep_priorities_quotas_and_gangs(
     jobs.append(server.submit(["sleep", "0.5"], gpus=1, priority="realtime"))
     assert len(jobs) + 1 == 50 + 1  # the blocker plus fifty mixed jobs
 
-    deadline = time.monotonic() + 90  # ~25 s on an idle 2-CPU machine
+    deadline = time.monotonic() + 180  # ~25 s on an idle 2-CPU machine
     capped_running_max = 0
     while time.monotonic() < deadline:
         check_not_overcommitted(server.http.get("/v1/gpus").json())
@@ -70,6 +74,8 @@ def test_fifty_mixed_jobs_never_overcommit_and_keep_priorities_quotas_and_gangs(
         capped = [j for j in now.values() if j["tenant"] == "capped" and j["state"] == "RUNNING"]
         capped_running_max = max(capped_running_max, len(capped))
         assert sum(1 for j in capped for _ in j["gpus"]) <= 2, capped
+        if capped_running_max == 2:
+            capped_gate.touch()
         if all(j["state"] in TERMINAL for j in now.values()):
             break
         time.sleep(0.2)
