@@ -177,7 +177,9 @@ def test_map_update_from_the_cli_changes_the_order_and_survives_a_swap_with_the_
     # The blocker holds every GPU, so the two jobs after it queue. (Memory that processes outside this
     # server hold, e.g. other test runs' fake loads, may keep even the blocker waiting: then all three
     # queue, which serves as well. It is not preemptible, so a boosted job cannot push it out.)
-    blocker = server.submit(["sleep", "60"], gpus=8, preemptible=False)["id"]
+    # 600 s, cancelled at the end: under a load of 25 the CLI calls below took over 60 s, and a 60 s
+    # blocker ended, emptying the queue the test reads.
+    blocker = server.submit(["sleep", "600"], gpus=8, preemptible=False)["id"]
     ml = server.submit(["true"], gpus=8, tenant="ml")["id"]
     vision = server.submit(["true"], gpus=8, tenant="vision")["id"]
 
