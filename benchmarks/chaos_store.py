@@ -77,11 +77,17 @@ def _timed_submit(server: Server, answers: list[tuple[float, httpx.Response]]) -
     answers.append((time.monotonic() - began, r))
 
 
-def locked_store(root: Path, rounds: int) -> Outcome:
-    result = Outcome("locked store")
-    server = Server(root / "locked" / "state")
+def _started(state_dir: Path) -> Server:
+    """A real server on a fresh state folder, up and answering."""
+    server = Server(state_dir)
     server.state_dir.mkdir(parents=True)
     server.start()
+    return server
+
+
+def locked_store(root: Path, rounds: int) -> Outcome:
+    result = Outcome("locked store")
+    server = _started(root / "locked" / "state")
     health_ms: list[float] = []
     submit_s: list[float] = []
     recovery_s: list[float] = []
@@ -238,9 +244,7 @@ def _refused_after(server: Server, old: str, began: float) -> float | None:
 
 def token_rotation(root: Path, rotations: int) -> Outcome:
     result = Outcome("token rotation")
-    server = Server(root / "token" / "state")
-    server.state_dir.mkdir(parents=True)
-    server.start()
+    server = _started(root / "token" / "state")
     refused_s: list[float] = []
     try:
         old = server.token
