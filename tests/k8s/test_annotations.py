@@ -105,7 +105,7 @@ def test_pod_without_decision_has_none_and_a_malformed_one_is_refused():
         ({"gpuslice.io/gpu": "1"}, 1, 1000, 0),
         ({"gpuslice.io/gpu": 4}, 4, 1000, 0),
         ({"gpuslice.io/gpu": "1", "gpuslice.io/gpucores": "25"}, 1, 250, 0),
-        ({"gpuslice.io/gpu": "1", "gpuslice.io/gpumem": "2Ki"}, 1, 1, 2048),  # memory-only share: 1 milli
+        ({"gpuslice.io/gpu": "1", "gpuslice.io/gpumem": "2048"}, 1, 1, 2048),  # memory-only share: 1 milli
         ({"gpuslice.io/gpu": "1", "gpuslice.io/gpumem": "8000", "gpuslice.io/gpucores": "50"}, 1, 500, 8000),
     ],
     ids=["whole", "four whole", "cores only", "memory only", "memory and cores"],

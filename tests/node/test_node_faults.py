@@ -55,7 +55,7 @@ def test_a_wall_clock_step_does_not_make_a_running_job_look_dead(tmp_path, clean
 
     assert abs(float(shifted_create_time) - psutil.Process(job.pid).create_time() - shift) < 1  # it stepped
     assert alive == "True"
-    os.killpg(job.pgid, signal.SIGKILL)
+    launcher.kill(job.pgid)  # the job, then its supervisor records the exit and removes its cgroup
     wait_for(lambda: not launcher.is_alive(job.pid, job.start_time))
 
 

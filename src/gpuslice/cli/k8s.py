@@ -112,8 +112,13 @@ def webhook(
     ] = "off",
     kubeconfig: KubeconfigOption = None,
 ) -> None:
-    """Serve the mutating admission webhook over HTTPS (AdmissionReview v1 at /mutate)."""
+    """Serve the mutating admission webhook over HTTPS (AdmissionReview v1 at /mutate).
+
+    It lists the cluster's nodes and DRA ResourceSlices (cached 30 s) to admit a MIG pod only when some
+    GPU here offers its profile; without API access it checks against every MIG table it knows."""
     from gpuslice.k8s.dra.rewrite import DraClaims
+    from gpuslice.k8s.kube_client import api_client
+    from gpuslice.k8s.mig_inventory import from_api
     from gpuslice.k8s.webhook import DraRewrite, run
 
     try:
@@ -126,10 +131,16 @@ def webhook(
         from gpuslice.k8s.dra.kube import DraApi
 
         dra = DraRewrite(mode, DraApi(str(kubeconfig) if kubeconfig else None))
+    try:
+        mig = from_api(api_client(str(kubeconfig) if kubeconfig else None))
+        inventory = "MIG profiles from this cluster's GPUs"
+    except UserError as err:
+        mig, inventory = None, f"MIG profiles from every known table (no API access: {err})"
     _out.print(
-        f"gpuslice webhook on https://{host}:{port}/mutate, scheduler {scheduler_name}, DRA {mode.value}"
+        f"gpuslice webhook on https://{host}:{port}/mutate, scheduler {scheduler_name}, DRA {mode.value}; "
+        f"{inventory}"
     )
-    run(str(cert), str(key), host=host, port=port, scheduler_name=scheduler_name, dra=dra)
+    run(str(cert), str(key), host=host, port=port, scheduler_name=scheduler_name, dra=dra, mig=mig)
 
 
 @app.command()

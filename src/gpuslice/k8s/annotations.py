@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpuslice.errors import InvalidRequest
+from gpuslice.k8s import quantity
 from gpuslice.units import MiB
 from gpuslice.workload.request import MILLI_PER_GPU, Request
 
@@ -308,18 +309,6 @@ class PodGpuRequest:
         return self.request
 
 
-def _quantity(value: Any, name: str) -> int:
-    """A non-negative whole Kubernetes quantity ("2", 2, "1k"); extended resources must be integers."""
-    text = str(value).strip()
-    suffixes = {"k": 10**3, "M": 10**6, "G": 10**9, "Ki": 2**10, "Mi": 2**20, "Gi": 2**30}
-    for suffix, factor in sorted(suffixes.items(), key=lambda kv: -len(kv[0])):
-        if text.endswith(suffix) and text[: -len(suffix)].isdigit():
-            return int(text[: -len(suffix)]) * factor
-    if not text.isdigit():
-        raise InvalidRequest(f"{name}: {value!r} is not a whole non-negative number")
-    return int(text)
-
-
 def _models(text: str | None) -> tuple[str, ...]:
     return tuple(sorted({m.strip() for m in (text or "").split(",") if m.strip()}))
 
@@ -328,7 +317,11 @@ def _container_resources(container: Mapping[str, Any]) -> dict[str, int]:
     resources = container.get("resources") or {}
     merged = {**(resources.get("requests") or {}), **(resources.get("limits") or {})}
     try:
-        return {k: _quantity(v, k) for k, v in merged.items() if k.startswith(f"{DOMAIN}/")}
+        return {
+            k: (quantity.mib_count if k == RESOURCE_GPUMEM else quantity.whole_count)(v, k)
+            for k, v in merged.items()
+            if k.startswith(f"{DOMAIN}/")
+        }
     except InvalidRequest as err:
         raise InvalidRequest(f"container {container.get('name', '')!r}: {err}") from None
 

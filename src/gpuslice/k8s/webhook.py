@@ -22,9 +22,11 @@ a claim from the template and the DRA allocator's scheduling gate come, the sche
 as it is (kube-scheduler binds DRA pods). That is the webhook's one side effect: it creates the
 template when missing (not on a dry run); a failure to create it refuses the pod with the reason.
 
-Only pod CREATE is mutated; anything else is allowed unchanged. The webhook otherwise reads no
-cluster state, so it cannot say whether a GPU of that size exists today (the extender's filter and its
-pending-pod Event say that); it refuses what no node could ever satisfy.
+Only pod CREATE is mutated; anything else is allowed unchanged. The one piece of cluster state it reads
+is which MIG profiles the cluster's GPUs offer (``k8s/mig_inventory.py``: node inventories and DRA
+slices, cached): a MIG pod no GPU here could run is refused, naming the profiles there are. Whether a GPU
+of that size is free today is the extender's filter and its pending-pod Event to say; the webhook refuses
+what no node could ever satisfy.
 """
 
 from __future__ import annotations
@@ -52,6 +54,7 @@ from gpuslice.k8s.annotations import (
     pod_gpu_request,
 )
 from gpuslice.k8s.dra.rewrite import DraClaims, TemplateStore, claim_template, rewrite_ops, wants_rewrite
+from gpuslice.k8s.mig_inventory import InventoryUnavailable, MigInventory
 from gpuslice.k8s.pod_shape import check_pod, check_review, strict_json
 from gpuslice.policies import placement_policy
 
@@ -81,8 +84,9 @@ def _escape(key: str) -> str:
     return key.replace("~", "~0").replace("/", "~1")
 
 
-def _mig_profiles() -> set[str]:
-    return {p.name for gpu in MIG_GPUS.values() for p in gpu.profiles}
+def _every_mig_profile() -> frozenset[str]:
+    """Without API access: every profile of every MIG table gpuslice knows (not this cluster's)."""
+    return frozenset(p.name for gpu in MIG_GPUS.values() for p in gpu.profiles)
 
 
 @dataclass(frozen=True)
@@ -100,9 +104,11 @@ def mutate_pod(
     dra: DraRewrite | None = None,
     namespace: str = "",
     dry_run: bool = False,
+    mig: MigInventory | None = None,
 ) -> list[dict[str, Any]]:
     """The JSONPatch operations for ``pod``; InvalidRequest (with the fix in its message) if impossible.
-    With ``dra`` a chosen pod is rewritten into a claim template created in ``namespace``."""
+    With ``dra`` a chosen pod is rewritten into a claim template created in ``namespace``. A MIG profile
+    is checked against ``mig`` (this cluster's GPUs), or every known MIG table without it."""
     if not asks_for_gpuslice(pod):
         return []
     spec = pod.get("spec") or {}
@@ -112,11 +118,14 @@ def mutate_pod(
             ops += _container_defaults(f"/spec/{group}/{i}", container)
     patched = _apply(pod, ops)
     ask = pod_gpu_request(patched)  # raises with a message that names the container and the fix
-    if ask.mig_profile and ask.mig_profile not in _mig_profiles():
-        known = ", ".join(sorted(_mig_profiles()))
-        raise InvalidRequest(
-            f"{DOMAIN}/mig-{ask.mig_profile}: no GPU has MIG profile {ask.mig_profile!r}; known: {known}"
-        )
+    if ask.mig_profile:
+        offered = mig.profiles() if mig is not None else _every_mig_profile()
+        if ask.mig_profile not in offered:
+            where = "no GPU in this cluster offers" if mig is not None else "no GPU has"
+            known = ", ".join(sorted(offered)) or "none (no GPU here is in MIG mode)"
+            raise InvalidRequest(
+                f"{DOMAIN}/mig-{ask.mig_profile}: {where} MIG profile {ask.mig_profile!r}; offered: {known}"
+            )
     if ask.policy:
         try:
             placement_policy(ask.policy)
@@ -182,7 +191,10 @@ def _apply(pod: Mapping[str, Any], ops: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def admit(
-    review: Mapping[str, Any], scheduler_name: str = SCHEDULER_NAME, dra: DraRewrite | None = None
+    review: Mapping[str, Any],
+    scheduler_name: str = SCHEDULER_NAME,
+    dra: DraRewrite | None = None,
+    mig: MigInventory | None = None,
 ) -> dict[str, Any]:
     """An AdmissionReview v1 response for ``review`` (the API server's request, as JSON)."""
     request = review.get("request") or {}
@@ -197,11 +209,12 @@ def admit(
                 dra=dra,
                 namespace=str(request.get("namespace") or ""),
                 dry_run=request.get("dryRun") is True,
+                mig=mig,
             )
         except InvalidRequest as err:
             response["allowed"] = False
             response["status"] = {"code": 400, "reason": "BadRequest", "message": f"gpuslice: {err}"}
-        except TemplateUnavailable as err:
+        except (TemplateUnavailable, InventoryUnavailable) as err:
             response["allowed"] = False
             response["status"] = {"code": 503, "reason": "ServiceUnavailable", "message": f"gpuslice: {err}"}
         else:
@@ -215,7 +228,9 @@ def admit(
     }
 
 
-def create_app(scheduler_name: str = SCHEDULER_NAME, dra: DraRewrite | None = None) -> fastapi.FastAPI:
+def create_app(
+    scheduler_name: str = SCHEDULER_NAME, dra: DraRewrite | None = None, mig: MigInventory | None = None
+) -> fastapi.FastAPI:
     """The webhook's ASGI app: POST /mutate (AdmissionReview v1), GET /healthz."""
     # No schema of its own: its body is Kubernetes' AdmissionReview (admission.k8s.io/v1), checked by
     # pod_shape; a FastAPI schema here would list /mutate with no body at all.
@@ -228,7 +243,8 @@ def create_app(scheduler_name: str = SCHEDULER_NAME, dra: DraRewrite | None = No
             check_review(review)
         except InvalidRequest as err:
             return JSONResponse({"error": f"gpuslice: {err}"}, status_code=400)
-        return JSONResponse(admit(review, scheduler_name, dra))
+        # admit may list the cluster's nodes (a blocking call): off the event loop
+        return JSONResponse(await asyncio.to_thread(admit, review, scheduler_name, dra, mig))
 
     @app.get("/healthz")
     async def healthz() -> dict[str, bool]:
@@ -244,6 +260,7 @@ def run(
     port: int = 8443,
     scheduler_name: str = SCHEDULER_NAME,
     dra: DraRewrite | None = None,
+    mig: MigInventory | None = None,
 ) -> None:
     """Serve the webhook over HTTPS until interrupted (the API server only calls webhooks over TLS);
     a TLS handshake unfinished after ``TLS_HANDSHAKE_TIMEOUT_S`` drops its connection."""
@@ -268,7 +285,7 @@ def run(
                 del loop.create_server  # the class's method again
 
     config = uvicorn.Config(
-        create_app(scheduler_name, dra),
+        create_app(scheduler_name, dra, mig),
         host=host,
         port=port,
         ssl_certfile=cert,

@@ -43,6 +43,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 if __package__:
@@ -193,8 +194,13 @@ class Supervisor:
         except (containment.ContainmentUnavailable, OSError) as e:
             os.write(err, f"gpuslice: cannot contain the job: {e}\n".encode())
             return _EXIT_NOT_EXECUTABLE
-        # before the job's first process: a server that finds this record finds every process of the job
-        write_json_atomic(self.record_dir / containment.RECORD_FILE, self.container.record())
+        # before the job's first process: a server that finds this record finds every process of the job.
+        # On a full disk the job waits for room (a job started unrecorded could not be found after a restart).
+        container = self.container
+        self._retry(
+            "the container record",
+            lambda: write_json_atomic(self.record_dir / containment.RECORD_FILE, container.record()),
+        )
         return None
 
     def _start(self, out: int, err: int) -> int | None:
@@ -220,7 +226,10 @@ class Supervisor:
         self.container.adopt_main(self.child.pid)
         if self.container.mode != "subreaper":
             record = self.container.record()  # systemd: the scope's cgroup is known only now
-            write_json_atomic(self.record_dir / containment.RECORD_FILE, record)
+            self._retry(
+                "the container record",
+                lambda: write_json_atomic(self.record_dir / containment.RECORD_FILE, record),
+            )
         return None
 
     def _handle_requests(self) -> None:
@@ -307,18 +316,23 @@ class Supervisor:
         return record
 
     def _record(self, record: dict[str, object]) -> None:
-        """Write the exit record, retrying while the disk is full or descriptors are out: until it is on
-        disk this process lives, so the job is running to whoever looks, not lost."""
+        """Write the exit record; until it is on disk this process lives, so the job is running to whoever
+        looks, not lost."""
+        self._retry("the exit record", lambda: write_exit_record(self.record_dir, record))
+
+    def _retry(self, what: str, write: Callable[[], None]) -> None:
+        """``write()`` until it succeeds, every second while the disk is full or descriptors are out;
+        the first failure is said once on stderr."""
         complained = False
         while True:
             try:
-                write_exit_record(self.record_dir, record)
+                write()
                 return
             except OSError as err:
                 if not complained:
                     complained = True
                     with contextlib.suppress(OSError):
-                        sys.stderr.write(f"gpuslice supervisor: cannot write the exit record yet ({err}); "
+                        sys.stderr.write(f"gpuslice supervisor: cannot write {what} yet ({err}); "
                                          "retrying every second\n")  # fmt: skip
                         sys.stderr.flush()
                 time.sleep(_RETRY_SECONDS)

@@ -33,13 +33,13 @@ import time
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from decimal import Decimal
 from typing import Any, Protocol
 
 import numpy as np
 
-from gpuslice.errors import UserError
+from gpuslice.errors import InvalidRequest, UserError
 from gpuslice.hardware.node import MAX_GPUS_PER_NODE, NodeSpec
+from gpuslice.k8s import quantity
 from gpuslice.k8s.dra.classes import CLASS_SHARED, CLASS_WHOLE
 from gpuslice.k8s.dra.preempt import Holder, PreemptionPlan, plan_preemption
 from gpuslice.k8s.dra.slices import (
@@ -78,12 +78,6 @@ class AllocatorApi(Protocol):
     def pod_event(self, pod: Mapping[str, Any], reason: str, message: str) -> None: ...
 
 
-def _quantity(value: Any) -> Decimal:
-    from kubernetes.utils import parse_quantity
-
-    return Decimal(parse_quantity(str(value)))
-
-
 @dataclass(frozen=True, slots=True)
 class ClaimAsk:
     """What one claim asks gpuslice for: ``count`` GPUs, each ``memory_mib`` (0: all) and ``cores`` %."""
@@ -97,7 +91,8 @@ class ClaimAsk:
 
 
 def claim_ask(claim: Mapping[str, Any]) -> ClaimAsk | None:
-    """The claim as a gpuslice request, or None when gpuslice does not decide it (see module doc)."""
+    """The claim as a gpuslice request, or None when gpuslice does not decide it (see module doc);
+    InvalidRequest when its capacity request is not a quantity gpuslice can allocate (``k8s.quantity``)."""
     devices = (claim.get("spec") or {}).get("devices") or {}
     requests = devices.get("requests") or []
     if len(requests) != 1 or devices.get("config"):
@@ -114,8 +109,12 @@ def claim_ask(claim: Mapping[str, Any]) -> ClaimAsk | None:
     asked = (exactly.get("capacity") or {}).get("requests") or {}
     if set(asked) - {CAPACITY_MEMORY, CAPACITY_CORES}:
         return None
-    memory = int(_quantity(asked[CAPACITY_MEMORY]) / MiB) if CAPACITY_MEMORY in asked else 0
-    cores = int(_quantity(asked[CAPACITY_CORES])) if CAPACITY_CORES in asked else 100
+    where = f"request {requests[0].get('name')}: capacity"
+    memory = cores = None
+    if CAPACITY_MEMORY in asked:
+        memory = quantity.bytes_as_mib(asked[CAPACITY_MEMORY], f"{where} {CAPACITY_MEMORY}")
+    if CAPACITY_CORES in asked:
+        cores = quantity.whole_count(asked[CAPACITY_CORES], f"{where} {CAPACITY_CORES}")
     attribute = ""
     for constraint in devices.get("constraints") or []:
         if constraint.get("distinctAttribute") or attribute:
@@ -123,7 +122,12 @@ def claim_ask(claim: Mapping[str, Any]) -> ClaimAsk | None:
         attribute = str(constraint.get("matchAttribute") or "")
     exclusive = exactly["deviceClassName"] == CLASS_WHOLE
     return ClaimAsk(
-        str(requests[0]["name"]), int(exactly.get("count", 1)), memory, cores, exclusive, attribute
+        str(requests[0]["name"]),
+        int(exactly.get("count", 1)),
+        0 if memory is None else memory,
+        100 if cores is None else cores,
+        exclusive,
+        attribute,
     )
 
 
@@ -168,7 +172,7 @@ class Inventory:
             for d in spec.get("devices") or []:
                 attrs = d.get("attributes") or {}
                 if (attrs.get("type") or {}).get("string") == TYPE_GPU and d.get("allowMultipleAllocations"):
-                    mib = int(_quantity(d["capacity"][CAPACITY_MEMORY]["value"]) / MiB)
+                    mib = quantity.bytes_as_mib(d["capacity"][CAPACITY_MEMORY]["value"], CAPACITY_MEMORY)
                     gpus[spec["pool"]["name"]].append(_Gpu(d["name"], mib, attrs))
         self.nodes = [n for n, g in gpus.items() if g and len(g) <= MAX_GPUS_PER_NODE]
         self.gpus = [sorted(gpus[n], key=lambda g: g.device) for n in self.nodes]
@@ -198,8 +202,11 @@ class Inventory:
                 used = r.get("consumedCapacity") or {}
                 node, gpu = where
                 full = self.gpus[node][gpu].memory_mib
-                mib = int(_quantity(used[CAPACITY_MEMORY]) / MiB) if CAPACITY_MEMORY in used else full
-                cores = int(_quantity(used[CAPACITY_CORES])) if CAPACITY_CORES in used else 100
+                mib, cores = full, 100
+                if CAPACITY_MEMORY in used:
+                    mib = quantity.bytes_as_mib(used[CAPACITY_MEMORY], CAPACITY_MEMORY)
+                if CAPACITY_CORES in used:
+                    cores = quantity.whole_count(used[CAPACITY_CORES], CAPACITY_CORES)
                 req = Request(
                     0, num_gpu=1, gpu_milli=max(1, min(cores, 100)) * 10, gpu_memory_bytes=mib * MiB
                 )
@@ -420,7 +427,11 @@ class DraAllocator:
         if any(c is None for c in wanted):
             return 0  # a claim not created yet (from a template: by kube-controller-manager): wait
         pending = [c for c in wanted if c is not None and not (c.get("status") or {}).get("allocation")]
-        ours = [(c, a) for c in pending if (a := claim_ask(c)) is not None]
+        try:
+            ours = [(c, a) for c in pending if (a := claim_ask(c)) is not None]
+        except InvalidRequest as err:  # a quantity no one can allocate: said on the pod, once
+            self._tell(pod, f"claim refused: {err}")
+            return 0
         if len(ours) > 1:
             self.api.pod_event(
                 pod, "GpusliceUnplaced", "gpuslice decides one claim per pod; split the claims"

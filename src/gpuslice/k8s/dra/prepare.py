@@ -41,12 +41,12 @@ import threading
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, fields
-from decimal import Decimal
 from pathlib import Path
 from typing import Any, Protocol
 
-from gpuslice.errors import UserError
+from gpuslice.errors import InvalidRequest, UserError
 from gpuslice.hardware.machine import Machine
+from gpuslice.k8s import quantity
 from gpuslice.k8s.container_slice import CONTROL_DEVICES, ContainerSlice, container_slice
 from gpuslice.k8s.device_plugin.devices import stand_in_device_node
 from gpuslice.k8s.dra.classes import CONFIG_API_VERSION, CONFIG_KIND
@@ -159,12 +159,6 @@ def _atomic_write(path: Path, text: str) -> None:
         out.flush()
         os.fsync(out.fileno())
     os.replace(tmp, path)
-
-
-def _quantity(value: Any) -> Decimal:
-    from kubernetes.utils import parse_quantity
-
-    return Decimal(parse_quantity(str(value)))
 
 
 class Preparer:
@@ -345,8 +339,16 @@ class Preparer:
                 consumed = r.get("consumedCapacity") or {}
                 info = self.machine.gpus[gpu]
                 full = memory_default_mib(info.memory_bytes)
-                mib = int(_quantity(consumed[CAPACITY_MEMORY]) / MiB) if CAPACITY_MEMORY in consumed else full
-                pct = int(_quantity(consumed[CAPACITY_CORES])) if CAPACITY_CORES in consumed else 100
+                mib = (
+                    quantity.bytes_as_mib(consumed[CAPACITY_MEMORY], CAPACITY_MEMORY)
+                    if CAPACITY_MEMORY in consumed
+                    else full
+                )
+                pct = (
+                    quantity.whole_count(consumed[CAPACITY_CORES], CAPACITY_CORES)
+                    if CAPACITY_CORES in consumed
+                    else 100
+                )
                 if r.get("request") in exclusive and (mib < full or pct < 100):
                     raise PrepareRefused(
                         f"{where}: request {r.get('request')} is for a whole GPU but consumes {mib} MiB and "
@@ -413,9 +415,9 @@ class Preparer:
             for sub in [request.get("exactly") or {}, *(request.get("firstAvailable") or [])]:
                 for key, value in ((sub.get("capacity") or {}).get("requests") or {}).items():
                     try:
-                        amount = _quantity(value)
-                    except (ValueError, ArithmeticError):
-                        amount = Decimal(-1)
+                        amount = quantity.parse(value, key)
+                    except InvalidRequest:
+                        amount = -1
                     if amount <= 0:
                         raise PrepareRefused(
                             f"{where}: request {request.get('name')} asks for {value} {key}; capacity "
