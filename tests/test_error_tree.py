@@ -24,6 +24,7 @@ OUTSIDE_THE_TREE = {
     "gpuslice.server.run._Stop",
     "gpuslice.k8s.node_lock.NodeLockConflict",
     "gpuslice.node.private_files.UnsafeFile",
+    "gpuslice.node.proctree.ContainmentUnavailable",
 }
 
 

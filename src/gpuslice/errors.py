@@ -55,6 +55,7 @@ GpusliceError
 │  ├─ AllocationRefused (k8s.device_plugin.allocation)
 │  ├─ PrepareRefused (k8s.dra.prepare)
 │  ├─ TemplateUnavailable (k8s.webhook)
+│  ├─ InventoryUnavailable (k8s.mig_inventory)
 │  ├─ GpuSetUnavailable (policies.gpuset.base)
 │  ├─ MalformedModelConfig, InvalidEstimateOptions (estimate.errors)
 │  └─ CostProfileError (memory.cost)
@@ -74,8 +75,10 @@ BaseException so that policy code cannot catch it), the shim's ``RegionError`` (
 job region; the monitor skips it), fake_load's simulated ``OutOfMemory`` (caught where it is raised),
 ``shim.build.BuildError``, which setup.py loads by path at install time, before this package can
 be imported, the node lock's ``k8s.node_lock.NodeLockConflict`` (a 409 on the Node, always caught
-there and read again), and ``node.private_files.UnsafeFile`` (standard library only, for the supervisor
-that loads it by path; its callers word it: JobLogRefused, MpsUnavailable, a failed launch).
+there and read again), ``node.private_files.UnsafeFile`` (standard library only, for the supervisor
+that loads it by path; its callers word it: JobLogRefused, MpsUnavailable, a failed launch), and
+``node.proctree.ContainmentUnavailable`` (standard library only, for the same supervisor; serve words it as
+an InvalidRequest naming ``--containment``, the supervisor as the job's exit 126 with the reason).
 """
 
 from __future__ import annotations

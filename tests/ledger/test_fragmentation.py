@@ -136,3 +136,21 @@ def test_node_fragmentation_is_the_one_off_form_of_the_measure() -> None:
         node_fragmentation(target, MODELS, free, cpu, model),
         FragmentationMeasure(target, MODELS)(free, cpu, model),
     )
+
+
+def test_a_state_measures_the_same_to_the_last_bit_whatever_is_measured_beside_it() -> None:
+    """FGD floors its score: a gain of -1e-12 scores 49 where 0 scores 50. A state's F(M) that moved in
+    its last bits with the batch's size made a decision depend on which other nodes were scored in the
+    same call (the DRA allocator, which rebuilds its ledger every pass, parted from its offline replay)."""
+    from gpuslice.sim.trace import bundled_dir, load_target_workload
+
+    target = load_target_workload(bundled_dir() / "openb_pod_list_default.csv")  # 30 uneven shapes
+    measure = FragmentationMeasure(
+        target, [*MODELS, *sorted({m for s in target.shapes for m in s.gpu_models})]
+    )
+    free, cpu, model = _random_states(np.random.default_rng(5), 257)
+    cpu = cpu * 100  # openb's shapes ask for up to 96 cores
+    batch = measure(free, cpu, model)
+    for k in range(257):
+        assert batch[k] == measure(free[k : k + 1], cpu[k : k + 1], model[k : k + 1])[0], k
+        assert batch[k] == measure(free[: k + 1], cpu[: k + 1], model[: k + 1])[k], k

@@ -57,7 +57,11 @@ class FragmentationMeasure:
         runnable = (
             self.usable[node_model] & (fitting_gpus >= self.num_gpu) & (free_cpu[..., None] >= self.cpu_milli)
         )
-        return total - (runnable * usable_milli) @ self.probability
+        # An elementwise product summed per row, not a matrix product: BLAS blocks a product by the
+        # batch's size, so one state's F(M) would differ in its last bits with the states measured
+        # beside it, and FGD's floored score of a zero gain (-1e-12 → 49, not 50) with it: a decision
+        # would depend on which other nodes were scored in the same call.
+        return total - (runnable * usable_milli * self.probability).sum(axis=-1)
 
 
 def node_fragmentation(
