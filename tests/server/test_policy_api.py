@@ -284,9 +284,10 @@ def test_swaps_land_between_scheduling_passes_never_inside_one(make_daemon, node
     from start to end, the mechanism never falls back, and every job starts exactly once."""
     programs = [load_source(BY_TENANT_NAME, "a.py"), load_source(NEWEST_FIRST, "b.py")]
     daemon = make_daemon(tick_seconds=0.002)
-    # A long queue makes each pass long (hundreds of guarded hook calls), so a swap that did not wait
-    # for the pass to end would land inside one.
-    ids = [daemon.submit(JobSpec(command=("x",), gpus=1, tenant=f"t{i % 5}")).id for i in range(300)]
+    # A queue long enough that each pass makes dozens of guarded hook calls, so a swap that did not wait
+    # for the pass to end would land inside one (with the switch interval below, many times a pass); not
+    # so long that a loaded machine takes minutes: every hook call is a thread hand-off, at 1e-5 s turns.
+    ids = [daemon.submit(JobSpec(command=("x",), gpus=1, tenant=f"t{i % 5}")).id for i in range(80)]
     daemon.start()
     real_step = daemon.scheduler.step
     passes, mixed = [], []
@@ -330,7 +331,10 @@ def test_swaps_land_between_scheduling_passes_never_inside_one(make_daemon, node
         # a liveness bound, not a speed target: policy hooks run on worker threads, slow on a busy machine
         deadline = time.monotonic() + 300
         while any(daemon.store.get(i).state is not JobState.SUCCEEDED for i in ids):
-            assert time.monotonic() < deadline, "jobs did not all finish within 300 s"
+            assert time.monotonic() < deadline, (
+                f"jobs did not all finish within 300 s: {len(passes)} passes, {swaps} swaps, "
+                f"{threading.active_count()} threads in this process"
+            )
             time.sleep(0.01)
     finally:
         stop.set()

@@ -42,7 +42,6 @@ from dataclasses import dataclass, field
 from itertools import combinations
 
 import numpy as np
-from scipy.optimize import linear_sum_assignment
 
 from gpuslice.hardware.topology import Topology, mask_of
 from gpuslice.policies.gpuset.exact import Exact
@@ -264,6 +263,9 @@ class _Search:
                 m, cost = self.options[j][i]
                 matrix[r, col[m]] = min(matrix[r, col[m]], cost.total)
             matrix[r, len(masks) + r] = self.wait[j]
+        # imported here: scipy.optimize costs ~0.6 s to import, which every CLI command would pay
+        from scipy.optimize import linear_sum_assignment
+
         rows, cols = linear_sum_assignment(matrix)
         self.solves += 1
         bound = fixed_cost + float(matrix[rows, cols].sum())
