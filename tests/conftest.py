@@ -43,6 +43,16 @@ def _job_cgroups() -> set[Path]:
     return found
 
 
+def _running(pid: int) -> bool:
+    """Whether ``pid`` runs: a zombie has ended (where PID 1 reaps orphans, as on CI, it is soon gone;
+    where it does not, it would hide a supervisor that died)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_bytes()
+    except OSError:
+        return False
+    return stat[stat.rindex(b")") + 2 : stat.rindex(b")") + 3] not in (b"Z", b"X")
+
+
 @pytest.fixture(autouse=True)
 def no_cgroup_left_behind():
     """A test leaves no job cgroup behind whose supervisor has ended (each is removed by its supervisor
@@ -51,8 +61,7 @@ def no_cgroup_left_behind():
     yield
     left = []
     for path in _job_cgroups() - before:
-        supervisor = int(path.name.split("-")[1])
-        if not Path(f"/proc/{supervisor}").exists():
+        if not _running(int(path.name.split("-")[1])):
             left.append(path)
             with contextlib.suppress(OSError):
                 path.rmdir()

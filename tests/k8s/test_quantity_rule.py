@@ -37,7 +37,7 @@ def _refusal(body: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
 
 @pytest.mark.parametrize(
     ("written", "meant_mib"),
-    [("8Gi", "8,192"), ("8G", "7,630"), ("1.5Mi", "2"), ("512Ki", "1")],
+    [("8Gi", "8,192"), ("8G", "7,630"), ("1.5Mi", "2"), ("512Ki", "1"), ("8589934592", "8,192")],
 )
 def test_a_byte_quantity_on_gpumem_is_refused_by_the_webhook_and_the_extender_with_the_conversion(
     written: str, meant_mib: str
@@ -46,7 +46,7 @@ def test_a_byte_quantity_on_gpumem_is_refused_by_the_webhook_and_the_extender_wi
     status = _refusal(body)
     assert status["code"] == 400
     assert f"counts MiB: {written!r} asks for" in status["message"]
-    assert f"write a plain number of MiB ({meant_mib} for {written})" in status["message"]
+    assert f"write a plain number of MiB ({meant_mib} if {written} was bytes)" in status["message"]
     with pytest.raises(InvalidRequest, match="counts MiB") as refused:  # the extender reads it the same
         pod_gpu_request(body)
     assert str(refused.value) in status["message"]
@@ -72,6 +72,9 @@ def test_counts_are_whole_bounded_quantities(resource: str, written: str, reason
 def test_plain_mib_and_si_counts_are_accepted() -> None:
     ask = pod_gpu_request(pod({"limits": {"gpuslice.io/gpu": "1", "gpuslice.io/gpumem": "8192"}}))
     assert ask.memory_mib == 8192
+    # the API server stores a plain 10000 as "10k" (its canonical form): that is 10,000 MiB
+    ask = pod_gpu_request(pod({"limits": {"gpuslice.io/gpu": "1", "gpuslice.io/gpumem": "10k"}}))
+    assert ask.memory_mib == 10_000
     assert quantity.whole_count("1k", "n") == 1000 and quantity.mib_count("1e3", "m") == 1000
 
 

@@ -146,7 +146,7 @@ def test_a_dry_run_creates_no_template() -> None:
     ("limits", "annotations", "reason"),
     [
         ({"gpuslice.io/gpu": "1", "gpuslice.io/gpumem": "-5"}, {}, "not a whole non-negative number"),
-        ({"gpuslice.io/gpu": "1", "gpuslice.io/gpumem": "4.5Gi"}, {}, "counts MiB: '4.5Gi' asks for 4,831,838,208 MiB"),
+        ({"gpuslice.io/gpu": "1", "gpuslice.io/gpumem": "4.5Gi"}, {}, "'4.5Gi' asks for 4,831,838,208 MiB"),
         ({"gpuslice.io/gpu": "one"}, {}, "not a Kubernetes quantity"),
         ({"gpuslice.io/gpu": "1", "gpuslice.io/gpucores": "250"}, {}, "1..100"),
         ({"gpuslice.io/gpu": "2", "gpuslice.io/gpumem": "1024"}, {}, "a share of a GPU is for one GPU"),

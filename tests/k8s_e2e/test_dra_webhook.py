@@ -141,7 +141,10 @@ def test_a_pod_asking_for_gpuslice_resources_gets_a_claim_that_gpuslice_allocate
     [
         ({"gpuslice.io/gpu": "1", "gpuslice.io/gpumem": "-5"}, "not a whole non-negative number"),
         ({"gpuslice.io/gpu": "1", "gpuslice.io/gpucores": "250"}, "1..100"),
-        ({"gpuslice.io/mig-9g.99gb": "1"}, "no GPU has MIG profile"),
+        ({"gpuslice.io/mig-9g.99gb": "1"}, "no GPU in this cluster offers MIG profile '9g.99gb'"),
+        # an H200's profile: gpuslice knows it, but no GPU of this cluster (its nodes' inventories) has it
+        ({"gpuslice.io/mig-1g.18gb": "1"}, "no GPU in this cluster offers MIG profile '1g.18gb'"),
+        ({"gpuslice.io/gpu": "1", "gpuslice.io/gpumem": "8Gi"}, "write a plain number of MiB (8,192 if 8Gi"),
     ],
 )
 def test_a_bad_quantity_is_refused_at_admission_with_the_reason(

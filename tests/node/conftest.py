@@ -2,17 +2,13 @@
 
 from __future__ import annotations
 
-import contextlib
-import os
-import signal
-import time
 from types import ModuleType
 
 import pytest
 from node_helpers import fake_pynvml
 
-from gpuslice.node import launcher
 from gpuslice.units import MiB
+from job_cleanup import end_job
 
 
 @pytest.fixture
@@ -32,11 +28,4 @@ def cleanup():
     groups: list[int] = []
     yield groups
     for pgid in groups:
-        # the job's container first (its supervisor then records the exit and removes its cgroup)
-        start = launcher.process_start(pgid)
-        launcher.kill(pgid)
-        deadline = time.monotonic() + 10
-        while start is not None and launcher.is_alive(pgid, start) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(pgid, signal.SIGKILL)
+        end_job(pgid)

@@ -18,6 +18,7 @@ from node_helpers import PY, python_job, wait_for
 from gpuslice.errors import InternalError
 from gpuslice.node import launcher
 from gpuslice.node.launcher import LaunchedJob
+from job_cleanup import end_job
 
 # A job that says it is ready, then sleeps; with IGNORE_TERM it ignores SIGTERM (needs the SIGKILL).
 SLEEPER = textwrap.dedent("""
@@ -236,8 +237,7 @@ def test_the_job_survives_the_server_being_killed_and_its_exit_is_recorded(tmp_p
         status = wait_for(lambda: launcher.poll("orphan", tmp_path), timeout=15)
         assert status.succeeded
     finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(pgid, signal.SIGKILL)
+        end_job(pgid, tmp_path)
 
 
 def test_a_job_id_that_is_not_a_file_name_is_refused(tmp_path):

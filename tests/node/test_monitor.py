@@ -3,7 +3,6 @@ memory, and the graded response escalating warn → suspend → kill over time."
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import os
 import signal
@@ -22,6 +21,7 @@ from gpuslice.node.enforcement import job_env
 from gpuslice.node.monitor import ActionKind, GradedResponse, ResponseConfig, job_processes, usage
 from gpuslice.units import GiB, MiB
 from gpuslice.workload.job import JobSpec
+from job_cleanup import end_job
 
 FAKE_LOAD = (PY, "-m", "gpuslice.node.fake_load")
 # A job whose work runs in a grandchild: the monitor must follow the tree below the supervisor.
@@ -33,8 +33,7 @@ def groups():
     started: list[int] = []
     yield started
     for pgid in started:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(pgid, signal.SIGKILL)
+        end_job(pgid)
 
 
 def test_job_processes_maps_the_whole_tree_to_its_job(tmp_path, groups):

@@ -8,8 +8,6 @@ and ``decisions`` (what the graded response answers).
 from __future__ import annotations
 
 import contextlib
-import os
-import signal
 import subprocess
 import sys
 import time
@@ -24,6 +22,7 @@ from server_helpers import FakeNode, free_port, h100_machine
 from gpuslice.node import launcher
 from gpuslice.server.daemon import Daemon
 from gpuslice.server.store import Store
+from job_cleanup import end_job
 
 
 class Clock:
@@ -156,9 +155,7 @@ def _kill_jobs(state_dir: Path) -> None:
     try:
         for job in store.jobs():
             if job.pgid and job.proc_start_time and launcher.is_alive(job.pgid, job.proc_start_time):
-                launcher.kill(job.pgid, state_dir)  # its container (a setsid child too), then the group
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(job.pgid, signal.SIGKILL)
+                end_job(job.pgid, state_dir)  # its container (a setsid child too), then the group
     finally:
         store.close()
 

@@ -8,7 +8,6 @@ twice, no id or job folder is reused.
 from __future__ import annotations
 
 import contextlib
-import os
 import signal
 import sqlite3
 import subprocess
@@ -135,7 +134,9 @@ def test_sigterm_ends_the_server_within_its_grace_while_logs_are_followed(serve)
         c.close()
     again = serve(state_dir=server.state_dir)  # the job outlived the server and is adopted
     assert again.jobs()[job["id"]]["state"] == "RUNNING"
-    os.killpg(again.jobs()[job["id"]]["pid"], signal.SIGKILL)
+    r = again.http.post(f"/v1/jobs/{job['id']}/cancel", headers=again.auth)  # its container, its cgroup too
+    assert r.status_code == 200, r.text
+    again.wait(lambda: again.jobs()[job["id"]]["state"] == "CANCELLED", 30, "the cancel")
 
 
 def test_a_second_sigterm_cuts_the_grace_short(serve):

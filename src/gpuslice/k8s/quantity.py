@@ -6,10 +6,12 @@ client's ``kubernetes.utils.parse_quantity``. What it counts depends on where it
 =============================================  =========================================================
 ``gpuslice.io/gpu``, ``/gpucores``, ``/mig-*``  a whole count (extended resources are integers): ``2``,
                                                 ``1k``; a fraction (``500m``, ``0.5``) is refused
-``gpuslice.io/gpumem``                          whole **MiB**, written as a plain number (``8192``). A
-                                                byte suffix is refused with the conversion in the
-                                                message: ``8Gi`` there would ask the kubelet for
-                                                8,589,934,592 MiB, a pod that waits forever
+``gpuslice.io/gpumem``                          whole **MiB** (``8192``; the API server stores 10000
+                                                as ``10k``, so decimal multipliers count). A binary
+                                                suffix is refused with the conversion in the message:
+                                                ``8Gi`` there would ask the kubelet for 8,589,934,592
+                                                MiB, a pod that waits forever; so is more MiB than any
+                                                GPU has (``8G``: bytes, surely)
 DRA capacity ``memory``                         **bytes**, as upstream DRA writes it (``8Gi``); gpuslice
                                                 rounds up to whole MiB
 DRA capacity ``cores``                          a whole percent of one GPU
@@ -29,9 +31,12 @@ from gpuslice.units import MiB
 
 __all__ = ["bytes_as_mib", "mib_count", "parse", "whole_count"]
 
-# Kubernetes' suffixes that scale up (apimachinery resource.Quantity): binary, then decimal SI. On a MiB
-# resource they are someone writing bytes ("8Gi" meaning 8 GiB); "m", "u" and "n" make a fraction.
-_BYTE_SUFFIX = re.compile(r"(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)$")
+# Kubernetes' binary suffixes (apimachinery resource.Quantity). On a MiB resource they are someone
+# writing bytes ("8Gi" meaning 8 GiB). The decimal ones are not refused: the API server writes a plain
+# 10000 back as "10k" (its canonical form), so "10k" may be what the user wrote as 10000.
+_BINARY_SUFFIX = re.compile(r"(Ki|Mi|Gi|Ti|Pi|Ei)$")
+# More MiB than any GPU has (1 TiB; the largest today have 141-288 GB): bytes written where MiB count.
+MAX_GPU_MIB = 1 << 20
 # A quantity's longest text the API server accepts is far below this; refusing early keeps a hostile
 # "1" * 10**6 from costing a Decimal parse of a megabyte.
 _MAX_CHARS = 64
@@ -64,17 +69,19 @@ def whole_count(value: Any, name: str) -> int:
 
 
 def mib_count(value: Any, name: str) -> int:
-    """Whole MiB written as a plain number; a suffixed quantity is refused with what it would have meant
-    and the number to write instead (the kubelet counts this resource in MiB, not bytes)."""
+    """Whole MiB; a binary-suffixed quantity, or more MiB than any GPU has, is refused with what it
+    would have meant and the number to write instead (the kubelet counts this resource in MiB)."""
     text = str(value).strip() if isinstance(value, (str, int)) and not isinstance(value, bool) else ""
-    if text and len(text) <= _MAX_CHARS and _BYTE_SUFFIX.search(text):
-        amount = parse(value, name)
-        meant = max(_ceil_mib(amount), 1)  # what it is as bytes, in whole MiB
+    binary = bool(text) and len(text) <= _MAX_CHARS and bool(_BINARY_SUFFIX.search(text))
+    amount = parse(value, name) if binary else Decimal(whole_count(value, name))
+    if binary or amount > MAX_GPU_MIB:
+        as_bytes = max(_ceil_mib(amount), 1)  # what it is as bytes, in whole MiB
+        said = f"not {text} of memory" if binary else "more than any GPU has"
         raise InvalidRequest(
-            f"{name} counts MiB: {text!r} asks for {amount:,.0f} MiB, not {text} of memory; "
-            f"write a plain number of MiB ({meant:,.0f} for {text})"
+            f"{name} counts MiB: {text!r} asks for {amount:,.0f} MiB, {said}; write a plain number of "
+            f"MiB ({as_bytes:,} if {text} was bytes)"
         )
-    return whole_count(value, name)
+    return int(amount)
 
 
 def bytes_as_mib(value: Any, name: str) -> int:

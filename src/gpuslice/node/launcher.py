@@ -500,6 +500,11 @@ def kill(pgid: int, state_dir: Path | None = None) -> bool:
     (signal 9). With the supervisor gone, its container is removed too once empty."""
     found = _container(pgid, state_dir)
     if found is None:
+        if _supervisor_records(pgid) is not None:
+            # a live supervisor that has not recorded its container yet has not started the job: a stop
+            # with no grace makes it kill the job as soon as it has (signalling the group now would hit
+            # a process between fork and exec, or the supervisor itself before it leads the group)
+            return terminate(pgid, 0.0)
         return _signal_workers(pgid, signal.SIGKILL)
     had = found.populated()
     found.kill()
