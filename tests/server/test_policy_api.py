@@ -5,6 +5,7 @@ policies with the guard, and refuses changes without the token."""
 from __future__ import annotations
 
 import hashlib
+import random
 import sys
 import threading
 import time
@@ -308,14 +309,22 @@ def test_swaps_land_between_scheduling_passes_never_inside_one(make_daemon, node
     sys.setswitchinterval(1e-5)  # threads take turns ~500 times as often: a swap inside a pass would show
 
     def swapper() -> None:
+        # one swap after each pass that ran since the last one, 60 in all: every swap arrives while the
+        # daemon schedules (with the switch interval below, inside a pass if the daemon let it), and
+        # passes always get to run between swaps, so the jobs finish on any machine
         nonlocal swaps
-        while not stop.is_set():
+        seen = len(passes)
+        while not stop.is_set() and swaps < 60:
+            if len(passes) == seen:
+                stop.wait(0.0005)
+                continue
+            seen = len(passes)
+            stop.wait(random.uniform(0, 0.002))  # at any point of the next pass, or between passes
             if swaps % 3 == 2:
                 daemon.unload_policy("queue")
             else:
                 daemon.load_policy(programs[swaps % 3])
             swaps += 1
-            stop.wait(0.0005)
 
     def finisher() -> None:
         while not stop.is_set():
@@ -330,10 +339,12 @@ def test_swaps_land_between_scheduling_passes_never_inside_one(make_daemon, node
     try:
         # a liveness bound, not a speed target: policy hooks run on worker threads, slow on a busy machine
         deadline = time.monotonic() + 300
-        while any(daemon.store.get(i).state is not JobState.SUCCEEDED for i in ids):
+        while swaps < 60 or any(daemon.store.get(i).state is not JobState.SUCCEEDED for i in ids):
             assert time.monotonic() < deadline, (
                 f"jobs did not all finish within 300 s: {len(passes)} passes, {swaps} swaps, "
-                f"{threading.active_count()} threads in this process"
+                f"{threading.active_count()} threads in this process; states "
+                f"{Counter(daemon.store.get(i).state.value for i in ids)}, {len(node.launched)} launched, "
+                f"{len(node.exits)} exited"
             )
             time.sleep(0.01)
     finally:
@@ -342,7 +353,7 @@ def test_swaps_land_between_scheduling_passes_never_inside_one(make_daemon, node
             t.join()
         daemon.stop()
         sys.setswitchinterval(switch)
-    assert swaps > 10 and len(set(map(id, passes))) > 1  # passes really ran under different policies
+    assert swaps == 60 and len(set(map(id, passes))) > 1  # passes really ran under different policies
     assert mixed == [] and daemon.scheduler.fallbacks["order_key"] == 0
     starts = Counter(
         e.job_id
