@@ -167,6 +167,7 @@ class Supervisor:
         self._forwarded = False  # a stop reached the job while its main process still ran
         self.child: subprocess.Popen[bytes] | None = None
         self.container: containment.Container | None = None
+        self._recorded: dict[str, object] = {}  # the container record on disk
 
     def _on_signal(self, signum: int, _frame: object) -> None:
         self._requests.append(signum)  # no work in the handler: the loop acts within _POLL_SECONDS
@@ -196,10 +197,10 @@ class Supervisor:
             return _EXIT_NOT_EXECUTABLE
         # before the job's first process: a server that finds this record finds every process of the job.
         # On a full disk the job waits for room (a job started unrecorded could not be found after a restart).
-        container = self.container
+        self._recorded = self.container.record()
         self._retry(
             "the container record",
-            lambda: write_json_atomic(self.record_dir / containment.RECORD_FILE, container.record()),
+            lambda: write_json_atomic(self.record_dir / containment.RECORD_FILE, self._recorded),
         )
         return None
 
@@ -224,12 +225,14 @@ class Supervisor:
             os.write(err, f"gpuslice: cannot start {self.command[0]!r}: {e}\n".encode())
             return _EXIT_NOT_EXECUTABLE
         self.container.adopt_main(self.child.pid)
-        if self.container.mode != "subreaper":
-            record = self.container.record()  # systemd: the scope's cgroup is known only now
-            self._retry(
-                "the container record",
-                lambda: write_json_atomic(self.record_dir / containment.RECORD_FILE, record),
-            )
+        record = self.container.record()
+        if record != self._recorded:  # systemd: the scope's cgroup is known only now
+            # best effort: the job runs already, and a disk it filled must not stop us waiting for it;
+            # a restart then finds the scope by the job marker in its processes' environment
+            try:
+                write_json_atomic(self.record_dir / containment.RECORD_FILE, record)
+            except OSError as e:
+                os.write(err, f"gpuslice: cannot update the container record: {e}\n".encode())
         return None
 
     def _handle_requests(self) -> None:
