@@ -1,7 +1,7 @@
 """Ending a test's jobs the way the product does, so that nothing is left behind: the job's container
-first (``launcher.kill``), then its supervisor records the exit and removes its cgroup and ends; only a
-supervisor that has not ended after ``grace_s`` is killed (SIGKILL to its group). Killing the supervisor
-first would leave its job cgroup behind (the ``no_cgroup_left_behind`` fixture names it)."""
+first (``launcher.kill``), then its supervisor records the exit, removes its cgroup (waiting up to 10 s for
+it to empty) and ends; only a supervisor still there after ``grace_s`` is killed (SIGKILL to its group).
+Killing the supervisor first would leave its job cgroup behind (``no_cgroup_left_behind`` names it)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from pathlib import Path
 from gpuslice.node import launcher
 
 
-def end_job(pgid: int, state_dir: Path | None = None, grace_s: float = 10.0) -> None:
+def end_job(pgid: int, state_dir: Path | None = None, grace_s: float = 30.0) -> None:
     start = launcher.process_start(pgid)
     with contextlib.suppress(ProcessLookupError, PermissionError):
         launcher.kill(pgid, state_dir)

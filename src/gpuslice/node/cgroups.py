@@ -367,8 +367,9 @@ class CgroupV1(Container):
 
 
 def _rmdir(path: Path) -> None:
-    """Remove an emptied cgroup; its last members may take a moment to leave it after their death."""
-    deadline = time.monotonic() + 2.0
+    """Remove an emptied cgroup; its last members may take a moment to leave it after their death (on a
+    loaded machine, seconds: a SIGKILLed process is gone from the cgroup only once it has exited)."""
+    deadline = time.monotonic() + 10.0
     while True:
         try:
             path.rmdir()
