@@ -20,6 +20,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
+import psutil
 import pytest
 
 from gpuslice.hardware.node import NodeSpec
@@ -47,10 +48,9 @@ def _running(pid: int) -> bool:
     """Whether ``pid`` runs: a zombie has ended (where PID 1 reaps orphans, as on CI, it is soon gone;
     where it does not, it would hide a supervisor that died)."""
     try:
-        stat = Path(f"/proc/{pid}/stat").read_bytes()
-    except OSError:
+        return psutil.Process(pid).status() not in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD)
+    except psutil.Error:
         return False
-    return stat[stat.rindex(b")") + 2 : stat.rindex(b")") + 3] not in (b"Z", b"X")
 
 
 @pytest.fixture(autouse=True)

@@ -97,12 +97,11 @@ def from_api(client: Any, ttl_s: float = DEFAULT_TTL_S, timeout_s: float = 5.0) 
     """A ``MigInventory`` over a ``kubernetes`` ApiClient (``kube_client.api_client``). It needs ``list``
     on nodes and, where the DRA API is served, on resourceslices; a cluster without the DRA API has
     no slices. Each list is bounded by ``timeout_s`` so an admission never waits on a stalled read."""
-    from gpuslice.k8s.dra.kube import GROUP, VERSION
-    from gpuslice.k8s.dra.slices import DRIVER
+    from gpuslice.k8s.dra.kube import DraApi
     from gpuslice.k8s.kube_client import kubernetes_client_module
 
     module = kubernetes_client_module()
-    core, objects = module.CoreV1Api(client), module.CustomObjectsApi(client)
+    core, dra = module.CoreV1Api(client), DraApi(client=client)
 
     def nodes() -> list[dict[str, Any]]:
         listed = core.list_node(_request_timeout=timeout_s).items
@@ -110,14 +109,10 @@ def from_api(client: Any, ttl_s: float = DEFAULT_TTL_S, timeout_s: float = 5.0) 
 
     def slices() -> list[dict[str, Any]]:
         try:
-            found = objects.list_cluster_custom_object(
-                GROUP, VERSION, "resourceslices", field_selector=f"spec.driver={DRIVER}",
-                _request_timeout=timeout_s,
-            )  # fmt: skip
+            return dra.list_slices(timeout_s)
         except module.ApiException as err:
             if err.status == 404:  # no resource.k8s.io/v1 on this API server: no DRA pools
                 return []
             raise
-        return list(found.get("items") or [])
 
     return MigInventory(nodes, slices, ttl_s)

@@ -49,6 +49,7 @@ from gpuslice.k8s.dra.slices import (
     MEMORY_MIN_MIB,
     MEMORY_STEP_MIB,
     TYPE_GPU,
+    consumed_share,
 )
 from gpuslice.ledger.ledger import Ledger
 from gpuslice.ledger.placement import Refusal
@@ -110,7 +111,7 @@ def claim_ask(claim: Mapping[str, Any]) -> ClaimAsk | None:
     if set(asked) - {CAPACITY_MEMORY, CAPACITY_CORES}:
         return None
     where = f"request {requests[0].get('name')}: capacity"
-    memory = cores = None
+    memory, cores = 0, 100  # no memory asked: all of it; no cores: the whole GPU's
     if CAPACITY_MEMORY in asked:
         memory = quantity.bytes_as_mib(asked[CAPACITY_MEMORY], f"{where} {CAPACITY_MEMORY}")
     if CAPACITY_CORES in asked:
@@ -124,8 +125,8 @@ def claim_ask(claim: Mapping[str, Any]) -> ClaimAsk | None:
     return ClaimAsk(
         str(requests[0]["name"]),
         int(exactly.get("count", 1)),
-        0 if memory is None else memory,
-        100 if cores is None else cores,
+        memory,
+        cores,
         exclusive,
         attribute,
     )
@@ -199,14 +200,8 @@ class Inventory:
                 where = index.get((r.get("pool"), r.get("device")))
                 if r.get("driver") != DRIVER or where is None:
                     continue
-                used = r.get("consumedCapacity") or {}
                 node, gpu = where
-                full = self.gpus[node][gpu].memory_mib
-                mib, cores = full, 100
-                if CAPACITY_MEMORY in used:
-                    mib = quantity.bytes_as_mib(used[CAPACITY_MEMORY], CAPACITY_MEMORY)
-                if CAPACITY_CORES in used:
-                    cores = quantity.whole_count(used[CAPACITY_CORES], CAPACITY_CORES)
+                mib, cores = consumed_share(r.get("consumedCapacity") or {}, self.gpus[node][gpu].memory_mib)
                 req = Request(
                     0, num_gpu=1, gpu_milli=max(1, min(cores, 100)) * 10, gpu_memory_bytes=mib * MiB
                 )

@@ -53,9 +53,14 @@ class DraApi:
 
     # -- the allocator -------------------------------------------------------------------------------
 
-    def list_slices(self) -> list[dict[str, Any]]:
+    def list_slices(self, timeout_s: float | None = None) -> list[dict[str, Any]]:
+        """gpuslice's driver's ResourceSlices; ``timeout_s`` bounds the call (None: the client's own)."""
         found = self._objects.list_cluster_custom_object(
-            GROUP, VERSION, "resourceslices", field_selector=f"spec.driver={DRIVER}"
+            GROUP,
+            VERSION,
+            "resourceslices",
+            field_selector=f"spec.driver={DRIVER}",
+            _request_timeout=timeout_s,
         )
         return list(found.get("items") or [])
 

@@ -51,9 +51,8 @@ from gpuslice.k8s.container_slice import CONTROL_DEVICES, ContainerSlice, contai
 from gpuslice.k8s.device_plugin.devices import stand_in_device_node
 from gpuslice.k8s.dra.classes import CONFIG_API_VERSION, CONFIG_KIND
 from gpuslice.k8s.dra.slices import (
-    CAPACITY_CORES,
-    CAPACITY_MEMORY,
     DRIVER,
+    consumed_share,
     gpu_device_name,
     memory_default_mib,
     parse_mig_device_name,
@@ -336,19 +335,8 @@ class Preparer:
                 gpu = mig.gpu
             else:
                 gpu = self._shared_gpu(where, device)
-                consumed = r.get("consumedCapacity") or {}
-                info = self.machine.gpus[gpu]
-                full = memory_default_mib(info.memory_bytes)
-                mib = (
-                    quantity.bytes_as_mib(consumed[CAPACITY_MEMORY], CAPACITY_MEMORY)
-                    if CAPACITY_MEMORY in consumed
-                    else full
-                )
-                pct = (
-                    quantity.whole_count(consumed[CAPACITY_CORES], CAPACITY_CORES)
-                    if CAPACITY_CORES in consumed
-                    else 100
-                )
+                full = memory_default_mib(self.machine.gpus[gpu].memory_bytes)
+                mib, pct = consumed_share(r.get("consumedCapacity") or {}, full)
                 if r.get("request") in exclusive and (mib < full or pct < 100):
                     raise PrepareRefused(
                         f"{where}: request {r.get('request')} is for a whole GPU but consumes {mib} MiB and "

@@ -30,6 +30,7 @@ from typing import Any
 
 from gpuslice.hardware.machine import GpuInfo, Machine
 from gpuslice.hardware.mig import MEMORY_SLICES, MigProfile, mig_gpu
+from gpuslice.k8s import quantity
 from gpuslice.k8s.dra.identity import GpuIdentity
 from gpuslice.units import MiB
 
@@ -118,6 +119,17 @@ def memory_default_mib(memory_bytes: int) -> int:
     """The most memory a claim can take on one GPU: min + n steps, at most the GPU's memory."""
     total = memory_bytes // MiB
     return MEMORY_MIN_MIB + (total - MEMORY_MIN_MIB) // MEMORY_STEP_MIB * MEMORY_STEP_MIB
+
+
+def consumed_share(consumed: Mapping[str, Any], full_mib: int) -> tuple[int, int]:
+    """(MiB, cores %) an allocation result's ``consumedCapacity`` takes of a shared GPU: what it names,
+    else all of the memory (``full_mib``) and 100 %. InvalidRequest for a value that is no quantity."""
+    mib, cores = full_mib, 100
+    if CAPACITY_MEMORY in consumed:
+        mib = quantity.bytes_as_mib(consumed[CAPACITY_MEMORY], CAPACITY_MEMORY)
+    if CAPACITY_CORES in consumed:
+        cores = quantity.whole_count(consumed[CAPACITY_CORES], CAPACITY_CORES)
+    return mib, cores
 
 
 def _attributes(
