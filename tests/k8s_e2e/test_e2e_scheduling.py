@@ -330,7 +330,13 @@ def test_the_node_lock_lets_one_pod_per_node_from_bind_to_allocate_and_each_gets
     decisions = {n: Decision.from_annotations(p.metadata.annotations) for n, p in pods.items()}
     assert {d.node for d in decisions.values()} == {"gpu-h200"}
     assert decisions["alloc-a"].gpu_indices != decisions["alloc-b"].gpu_indices
-    order = [name for ns, name in standin.allocated if ns == namespace]
+    # The pod is marked allocated inside Allocate, before it releases the node lock and returns: wait
+    # for the stand-in to see both calls return (reading at once raced the second call's last step).
+    def returned() -> list[str] | None:
+        order = [name for ns, name in standin.allocated if ns == namespace]
+        return order if len(order) >= 2 else None
+
+    order = wait_for(returned, 60, "both Allocate calls returned")
     assert sorted(order) == ["alloc-a", "alloc-b"]  # each allocated once
     assert not [r for r in standin.refused if namespace in r]
     node = core.read_node("gpu-h200")
