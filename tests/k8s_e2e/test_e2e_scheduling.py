@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 from e2e_helpers import RegisteredNode, Stack, gpu_pod, register_node, wait_for
-from kubelet_standin import KubeletStandIn
+from kubelet_standin import KubeletStandIn  # e2e/k8s, on the path e2e_helpers sets
 
 from gpuslice.k8s.annotations import (
     ANNOTATION_BIND_PHASE,
@@ -330,6 +330,7 @@ def test_the_node_lock_lets_one_pod_per_node_from_bind_to_allocate_and_each_gets
     decisions = {n: Decision.from_annotations(p.metadata.annotations) for n, p in pods.items()}
     assert {d.node for d in decisions.values()} == {"gpu-h200"}
     assert decisions["alloc-a"].gpu_indices != decisions["alloc-b"].gpu_indices
+
     # The pod is marked allocated inside Allocate, before it releases the node lock and returns: wait
     # for the stand-in to see both calls return (reading at once raced the second call's last step).
     def returned() -> list[str] | None:
