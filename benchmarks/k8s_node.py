@@ -80,16 +80,15 @@ class LockWatch:
         self._thread.start()
 
     def _run(self) -> None:
-        from gpuslice.k8s.node_lock import ANNOTATION_NODE_LOCK, parse_holder
+        from gpuslice.k8s.node_lock import ANNOTATION_NODE_LOCK, parse_holders
 
         while not self._stop.wait(LOCK_POLL_S):
             try:
                 node = self.core.read_node(NODE_NAME)
             except Exception:
                 continue
-            holder = parse_holder((node.metadata.annotations or {}).get(ANNOTATION_NODE_LOCK))
-            if holder is not None:
-                now = time.monotonic()
+            now = time.monotonic()
+            for holder in parse_holders((node.metadata.annotations or {}).get(ANNOTATION_NODE_LOCK)):
                 self.seen.setdefault(holder.uid, [now, now])[1] = now
 
     def summary(self) -> dict[str, Any]:

@@ -470,6 +470,48 @@ def test_allocate_while_two_pods_wait_on_the_node_refuses_and_gives_neither_slic
     assert preferred(stub, all_shares(machine), 1) != []
 
 
+def test_pods_waiting_for_different_allocate_keys_each_get_their_own_slice(make_plugin, kubelet, api):
+    """A 1-GPU share pod and a 2-GPU pod wait together (the node lock lets one pod per allocate key
+    through): an Allocate call's device count tells them apart, so each call answers its own pod, the
+    preference steers the kubelet to that pod's GPUs, and each pod's lock entry is released."""
+    machine = dgx1_machine()
+    make_plugin(machine)
+    stub = kubelet.dial(kubelet.next_request().endpoint)
+    uuids = [g.uuid for g in machine.gpus]
+    api.bind("a", "share", Decision(NODE, "main", (2,), (uuids[2],), memory_mib=1000, cores_percent=30))
+    api.bind("b", "pair", Decision(NODE, "main", (4, 5), (uuids[4], uuids[5])))
+    assert sorted(preferred(stub, all_shares(machine), 2)) == sorted(
+        [share(machine, 4, 0), share(machine, 5, 0)]
+    )
+    assert [d.split("::")[0] for d in preferred(stub, all_shares(machine), 1)] == [uuids[2]]
+    (pair,) = allocate(stub, [share(machine, 4, 0), share(machine, 5, 0)]).container_responses
+    assert api.pod_annotations[("b", "pair")][ANNOTATION_BIND_PHASE] == BIND_PHASE_ALLOCATED
+    assert api.pod_annotations[("a", "share")][ANNOTATION_BIND_PHASE] == "allocating"
+    (single,) = allocate(stub, [share(machine, 2, 3)]).container_responses
+    assert api.pod_annotations[("a", "share")][ANNOTATION_BIND_PHASE] == BIND_PHASE_ALLOCATED
+    assert api.lock_releases == [(NODE, "uid-pair"), (NODE, "uid-share")]
+    visible = [dict(r.envs).get("NVIDIA_VISIBLE_DEVICES", "") for r in (pair, single)]
+    assert uuids[4] in visible[0] and uuids[5] in visible[0] and uuids[2] not in visible[0]
+    assert visible[1] == uuids[2]
+
+
+def test_two_pods_with_one_allocate_key_still_refuse_beside_a_pod_of_another_key(make_plugin, kubelet, api):
+    """Pods of another key do not make the call ambiguous, but two of the call's own key still do."""
+    machine = dgx1_machine()
+    make_plugin(machine)
+    stub = kubelet.dial(kubelet.next_request().endpoint)
+    uuids = [g.uuid for g in machine.gpus]
+    api.bind("a", "one", Decision(NODE, "main", (2,), (uuids[2],), cores_percent=30))
+    api.bind("a", "two", Decision(NODE, "main", (3,), (uuids[3],), cores_percent=30))
+    api.bind("b", "pair", Decision(NODE, "main", (4, 5), (uuids[4], uuids[5])))
+    with pytest.raises(grpc.RpcError) as caught:
+        allocate(stub, [share(machine, 2, 0)])
+    assert "2 pods wait for an allocation of gpuslice.io/gpu*1" in caught.value.details()
+    assert "b/pair" not in caught.value.details()
+    allocate(stub, [share(machine, 4, 0), share(machine, 5, 0)])  # the pair's call is not ambiguous
+    assert api.pod_annotations[("b", "pair")][ANNOTATION_BIND_PHASE] == BIND_PHASE_ALLOCATED
+
+
 def test_allocate_counts_a_waiting_pod_without_a_decision(make_plugin, kubelet, api):
     """A pod that reached the node without the extender (nodeName set by hand) also waits for an
     allocation: the decided pod's slice must not go to it."""

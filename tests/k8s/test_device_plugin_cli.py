@@ -239,10 +239,10 @@ def test_kube_api_lists_only_pods_waiting_in_bind_phase_allocating(tmp_path, api
 
 
 def test_kube_api_releases_only_its_pods_node_lock_with_the_resource_version(tmp_path, apiserver):
-    from gpuslice.k8s.node_lock import ANNOTATION_NODE_LOCK, LockHolder
+    from gpuslice.k8s.node_lock import ANNOTATION_NODE_LOCK, LockHolder, holders_text
 
     api = KubeApi(str(kubeconfig(tmp_path / "kc.json", apiserver.url)))
-    apiserver.node_annotations[ANNOTATION_NODE_LOCK] = LockHolder("uid-a", "ns", "a", 100.0).to_text()
+    apiserver.node_annotations[ANNOTATION_NODE_LOCK] = holders_text([LockHolder("uid-a", "ns", "a", 100.0)])
     apiserver.node_annotations["other"] = "kept"
     assert not api.release_node_lock(NODE, "uid-b")  # someone else's lock stays
     assert ANNOTATION_NODE_LOCK in apiserver.node_annotations

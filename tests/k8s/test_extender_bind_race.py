@@ -22,7 +22,7 @@ from gpuslice.k8s.annotations import (
 )
 from gpuslice.k8s.extender import ClusterState
 from gpuslice.k8s.extender.kube import AlreadyBound
-from gpuslice.k8s.node_lock import ANNOTATION_NODE_LOCK, LockHolder, NodeLockConflict, parse_holder, release
+from gpuslice.k8s.node_lock import ANNOTATION_NODE_LOCK, LockHolder, NodeLockConflict, parse_holders, release
 
 WHOLE = {"gpuslice.io/gpu": "1"}
 NODES = ("n0", "n1")
@@ -57,7 +57,9 @@ class BindingApi(LockingApi):
             self.nodes[node_name] = (merged, version + 1)
 
     def lock_of(self, node_name: str) -> LockHolder | None:
-        return parse_holder(self.nodes[node_name][0].get(ANNOTATION_NODE_LOCK))
+        holders = parse_holders(self.nodes[node_name][0].get(ANNOTATION_NODE_LOCK))
+        assert len(holders) <= 1, holders  # these pods all have one allocate key
+        return holders[0] if holders else None
 
     def allocate(self, name: str, node_name: str) -> None:
         """What the device plugin does after Allocate: mark the pod, release its node lock."""

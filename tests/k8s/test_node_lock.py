@@ -16,7 +16,8 @@ from gpuslice.k8s.node_lock import (
     ANNOTATION_NODE_LOCK,
     LockHolder,
     NodeLockConflict,
-    parse_holder,
+    holders_text,
+    parse_holders,
     release,
     take,
 )
@@ -61,12 +62,18 @@ class LockingApi(FakeApi):
         return pod
 
     def holder(self) -> LockHolder | None:
-        return parse_holder(self.node.get(ANNOTATION_NODE_LOCK))
+        return only_holder(self.node.get(ANNOTATION_NODE_LOCK))
 
     def allocated(self, name: str) -> None:
         """What the device plugin does after Allocate: mark the pod, release its lock."""
         self.patch_pod_annotations("team-a", name, {ANNOTATION_BIND_PHASE: BIND_PHASE_ALLOCATED})
         assert release(self, NODE, f"uid-{name}")
+
+
+def only_holder(text: str | None) -> LockHolder | None:
+    holders = parse_holders(text)
+    assert len(holders) <= 1, holders
+    return holders[0] if holders else None
 
 
 class Clock:
@@ -143,7 +150,7 @@ def test_a_node_change_between_read_and_write_is_read_again_never_overwritten():
         def read_node_annotations(self, node_name):
             seen = super().read_node_annotations(node_name)
             if ANNOTATION_NODE_LOCK not in self.node:  # another extender takes it right after our read
-                self.node[ANNOTATION_NODE_LOCK] = LockHolder("rival", "ns", "rival", 1000.0).to_text()
+                self.node[ANNOTATION_NODE_LOCK] = holders_text([LockHolder("rival", "ns", "rival", 1000.0)])
                 self.version += 1
             return seen
 
@@ -156,13 +163,54 @@ def test_a_node_change_between_read_and_write_is_read_again_never_overwritten():
 
 @pytest.mark.parametrize(
     "text", ["", "not json", "[]", '{"uid": 5, "pod": "a/b", "since": 1}', '{"uid": "u", "pod": "a/b"}',
-             '{"uid": "u", "pod": "a/b", "since": NaN}', '{"uid": "u", "pod": "", "since": 1}'],
+             '{"uid": "u", "pod": "a/b", "since": NaN}', '{"uid": "u", "pod": "", "since": 1}', "[5]",
+             '[{"uid": "u", "pod": "a/b", "since": 1, "key": 7}]', '[{"uid": "u"}]', '"text"', "null"],
 )  # fmt: skip
 def test_a_malformed_lock_is_free(text):
     api = LockingApi()
     api.node[ANNOTATION_NODE_LOCK] = text
-    assert parse_holder(text) is None
+    assert parse_holders(text) == ()
     assert take(api, NODE, LockHolder("u1", "ns", "one", 0), timeout_s=300, alive=lambda h: True) is None
+
+
+def test_holders_of_different_allocate_keys_share_the_node_and_one_key_is_one_pod():
+    api, clock = LockingApi(), Clock()
+    share = LockHolder("u1", "ns", "share", clock(), "gpuslice.io/gpu*1")
+    pair = LockHolder("u2", "ns", "pair", clock(), "gpuslice.io/gpu*2")
+    mig = LockHolder("u3", "ns", "mig", clock(), "gpuslice.io/mig-1g.10gb*1")
+    again = LockHolder("u4", "ns", "again", clock(), "gpuslice.io/gpu*1")
+    for holder in (share, pair, mig):
+        assert take(api, NODE, holder, timeout_s=300, alive=lambda h: True, now=clock) is None
+    assert parse_holders(api.node[ANNOTATION_NODE_LOCK]) == (share, pair, mig)
+    assert take(api, NODE, again, timeout_s=300, alive=lambda h: True, now=clock) == share
+    assert release(api, NODE, "u1")
+    assert parse_holders(api.node[ANNOTATION_NODE_LOCK]) == (pair, mig)  # the others' entries stay
+    assert take(api, NODE, again, timeout_s=300, alive=lambda h: True, now=clock) is None
+    for uid in ("u2", "u3", "u4"):
+        assert release(api, NODE, uid)
+    assert ANNOTATION_NODE_LOCK not in api.node
+
+
+def test_an_entry_without_a_key_holds_the_whole_node_either_way():
+    """The single object an older extender wrote locks every key, and a keyless holder waits for all."""
+    api, clock = LockingApi(), Clock()
+    api.node[ANNOTATION_NODE_LOCK] = '{"uid": "old", "pod": "ns/old", "since": 1000.0}'
+    keyed = LockHolder("u1", "ns", "one", clock(), "gpuslice.io/gpu*2")
+    assert take(api, NODE, keyed, timeout_s=300, alive=lambda h: True, now=clock).uid == "old"
+    assert release(api, NODE, "old")
+    assert take(api, NODE, keyed, timeout_s=300, alive=lambda h: True, now=clock) is None
+    whole = LockHolder("u2", "ns", "two", clock())
+    assert take(api, NODE, whole, timeout_s=300, alive=lambda h: True, now=clock) == keyed
+
+
+def test_an_expired_entry_of_another_key_is_dropped_when_the_lock_is_taken():
+    api, clock = LockingApi(), Clock()
+    stale = LockHolder("u1", "ns", "stale", clock(), "gpuslice.io/gpu*2")
+    take(api, NODE, stale, timeout_s=300, alive=lambda h: True, now=clock)
+    clock.now += 301
+    fresh = LockHolder("u2", "ns", "fresh", clock(), "gpuslice.io/gpu*1")
+    assert take(api, NODE, fresh, timeout_s=300, alive=lambda h: True, now=clock) is None
+    assert parse_holders(api.node[ANNOTATION_NODE_LOCK]) == (fresh,)
 
 
 # ---- the extender's bind -----------------------------------------------------------------------------
@@ -177,11 +225,32 @@ def test_bind_takes_the_lock_and_a_second_bind_on_the_node_is_refused_until_allo
     assert (holder.uid, str(holder)) == ("uid-thirty", "team-a/thirty")
     refused = bind(state, "seventy")
     assert "node a100-0 is locked by pod team-a/thirty" in refused and "retries" in refused
+    assert "allocate key gpuslice.io/gpu*1" in refused
     assert [b[1] for b in api.bindings] == ["thirty"]
     assert "seventy" not in {p[1] for p in api.patches}  # no decision written for the refused pod
     api.allocated("thirty")
     assert bind(state, "seventy") == ""
     assert api.holder().uid == "uid-seventy"
+    state.check_invariants()
+
+
+def test_a_share_pod_and_a_two_gpu_pod_bind_together_but_a_second_share_pod_waits():
+    """The device plugin tells a 1-device Allocate call from a 2-device one, so the lock lets one pod
+    of each through at once; a second 1-GPU pod still waits for the first one's Allocate."""
+    api = LockingApi()
+    state = locking_state(api)
+    add(api, "share"), add(api, "share-2")
+    api.pods[("team-a", "pair")] = pod_json("pair", {"gpuslice.io/gpu": "2"})
+    assert bind(state, "share") == ""
+    assert bind(state, "pair") == ""
+    assert {(h.name, h.key) for h in parse_holders(api.node[ANNOTATION_NODE_LOCK])} == {
+        ("share", "gpuslice.io/gpu*1"),
+        ("pair", "gpuslice.io/gpu*2"),
+    }
+    refused = bind(state, "share-2")
+    assert "locked by pod team-a/share," in refused and "(allocate key gpuslice.io/gpu*1)" in refused
+    api.allocated("share")
+    assert bind(state, "share-2") == ""
     state.check_invariants()
 
 

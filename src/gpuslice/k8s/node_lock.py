@@ -1,26 +1,34 @@
-"""The node lock: one pod at a time per node between the extender's bind and the device plugin's Allocate.
+"""The node lock: between the extender's bind and the device plugin's Allocate, one pod at a time per
+node for each kind of Allocate call.
 
-The kubelet's Allocate names device IDs, not a pod, so the device plugin can tell which pod it is
-allocating for only while a single pod on the node waits for an allocation. The extender's bind takes
-this lock on the Node before it writes a decision and binds; the device plugin releases it once Allocate
-has answered (or refused) that pod. A bind that finds the node locked by a live pod waits a little, then
-answers an error and kube-scheduler retries the pod later.
+The kubelet's Allocate names device IDs, not a pod, and the device IDs are the kubelet's choice (guided
+by the plugin's preferred allocation, which is asked without a pod either). What an Allocate call does
+tell the device plugin is its *allocate key*: the resource (``gpuslice.io/gpu`` or one
+``gpuslice.io/mig-<profile>``) and how many of its devices the container asks for. So the device plugin
+can tell which pod it is allocating for only while a single pod on the node with that key waits for an
+allocation. The extender's bind takes this lock on the Node for its pod's key before it writes a decision
+and binds; the device plugin releases it once Allocate has answered (or refused) that pod. Pods whose
+keys differ (a 1-GPU share pod and a 2-GPU pod, a share pod and a MIG pod) go through together. A bind
+that finds its key held by a live pod waits a little, then answers an error and kube-scheduler retries
+the pod later.
 
-The lock is one annotation on the Node, ``gpuslice.io/node-lock``, whose value is JSON::
+The lock is one annotation on the Node, ``gpuslice.io/node-lock``, whose value is a JSON list with one
+entry per pod that holds it::
 
-    {"uid": "<pod uid>", "pod": "<namespace>/<name>", "since": <unix seconds>}
+    [{"uid": "<pod uid>", "pod": "<namespace>/<name>", "since": <unix seconds>, "key": "gpuslice.io/gpu*1"}]
 
-It is taken and released by a read of the Node and a patch that carries the resourceVersion read, so
-the API server refuses the patch (409 Conflict) if anyone changed the Node in between: two extenders, or
-an extender and the device plugin, can never both believe they hold or cleared it. A lock older than the
+An entry without a key (the single object an older extender wrote) holds the whole node. The lock is
+taken and released by a read of the Node and a patch that carries the resourceVersion read, so the API
+server refuses the patch (409 Conflict) if anyone changed the Node in between: two extenders, or an
+extender and the device plugin, can never both believe they hold or cleared it. An entry older than the
 timeout, or whose pod is no longer waiting (deleted, running, failed), is taken over, so a lost pod does
 not wedge its node. Correctness does not rest on the lock: the device plugin itself refuses Allocate
-while more than one pod waits on the node (see ``device_plugin.allocation``); the lock is what keeps
-that from happening.
+while more than one pod with the call's key waits on the node (see ``device_plugin.allocation``); the
+lock is what keeps that from happening.
 
-HAMi serialises its binds the same way (Project-HAMi/HAMi ``pkg/util/nodelock``: an annotation with
-time and owner pod, patched with the resourceVersion, 5-minute expiry, an owner that no longer exists
-releases it); this is gpuslice's own version of that idea.
+HAMi serialises its binds the same way, per node (Project-HAMi/HAMi ``pkg/util/nodelock``: an annotation
+with time and owner pod, patched with the resourceVersion, 5-minute expiry, an owner that no longer
+exists releases it); this is gpuslice's own version of that idea, with the finer key.
 """
 
 from __future__ import annotations
@@ -28,12 +36,12 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from gpuslice.errors import Unavailable
-from gpuslice.k8s.annotations import DOMAIN
+from gpuslice.k8s.annotations import DOMAIN, RESOURCE_GPU, Decision, PodGpuRequest, mig_resource
 
 __all__ = [
     "ANNOTATION_NODE_LOCK",
@@ -42,7 +50,11 @@ __all__ = [
     "NodeLockApi",
     "NodeLockConflict",
     "NodeLockError",
-    "parse_holder",
+    "allocate_key",
+    "ask_key",
+    "decision_key",
+    "holders_text",
+    "parse_holders",
     "read_node_annotations",
     "release",
     "take",
@@ -66,39 +78,83 @@ class NodeLockError(Unavailable):
     """The node lock could not be read or written (the API server did not answer, or kept changing)."""
 
 
+def allocate_key(resource: str, devices: int) -> str:
+    """What one Allocate call tells apart: its resource and how many of its devices it asks for."""
+    return f"{resource}*{devices}"
+
+
+def decision_key(decision: Decision) -> str:
+    """The allocate key of the Allocate call that will come for ``decision``'s pod."""
+    if decision.mig is not None:
+        return allocate_key(mig_resource(decision.mig.profile), 1)
+    return allocate_key(RESOURCE_GPU, len(decision.gpu_uuids or decision.gpu_indices))
+
+
+def ask_key(ask: PodGpuRequest) -> str:
+    """The allocate key of a pod, from its request (the same as its decision's, which comes later)."""
+    if ask.mig_profile:
+        return allocate_key(mig_resource(ask.mig_profile), max(1, ask.mig_count))
+    return allocate_key(RESOURCE_GPU, ask.gpus)
+
+
 @dataclass(frozen=True, slots=True)
 class LockHolder:
-    """The pod a node's lock is held for, and since when (unix seconds, the taker's clock)."""
+    """A pod that holds a node's lock for its allocate key ("": the whole node), and since when (unix
+    seconds, the taker's clock)."""
 
     uid: str
     namespace: str
     name: str
     since: float
+    key: str = ""
 
-    def to_text(self) -> str:
-        return json.dumps({"uid": self.uid, "pod": f"{self.namespace}/{self.name}", "since": self.since})
+    def to_json(self) -> dict[str, Any]:
+        return {"uid": self.uid, "pod": f"{self.namespace}/{self.name}", "since": self.since, "key": self.key}
+
+    def blocks(self, other: LockHolder) -> bool:
+        """Would ``other``'s pod wait for an allocation beside this one with Allocate unable to tell them
+        apart? Always when either holds the whole node."""
+        return not self.key or not other.key or self.key == other.key
 
     def __str__(self) -> str:
         return f"{self.namespace}/{self.name}"
 
 
-def parse_holder(text: str | None) -> LockHolder | None:
-    """The holder in a lock annotation; None when there is none or it is malformed (then it is free:
-    nobody can be waiting on a lock nobody could have written)."""
+def holders_text(holders: Sequence[LockHolder]) -> str:
+    return json.dumps([h.to_json() for h in holders])
+
+
+def parse_holders(text: str | None) -> tuple[LockHolder, ...]:
+    """The holders in a lock annotation. A malformed entry is left out (nobody can be waiting on an entry
+    nobody could have written); a single object is one holder of the whole node."""
     if not text:
-        return None
+        return ()
     try:
         value = json.loads(text)
-        namespace, _, name = str(value["pod"]).partition("/")
-        since = float(value["since"])
-        uid = value["uid"]
-    except (ValueError, TypeError, KeyError):
-        log.warning("malformed %s %r: treated as free", ANNOTATION_NODE_LOCK, text[:200])
+    except ValueError:
+        value = None
+    entries = value if isinstance(value, list) else [value]
+    holders = []
+    for entry in entries:
+        holder = _holder(entry)
+        if holder is None:
+            log.warning("malformed %s entry in %r: treated as free", ANNOTATION_NODE_LOCK, text[:200])
+        else:
+            holders.append(holder)
+    return tuple(holders)
+
+
+def _holder(entry: Any) -> LockHolder | None:
+    try:
+        namespace, _, name = str(entry["pod"]).partition("/")
+        since = float(entry["since"])
+        uid = entry["uid"]
+        key = entry.get("key", "")
+    except (ValueError, TypeError, KeyError, AttributeError):
         return None
-    if not isinstance(uid, str) or not uid or not name or since != since:  # since != since: NaN
-        log.warning("malformed %s %r: treated as free", ANNOTATION_NODE_LOCK, text[:200])
-        return None
-    return LockHolder(uid, namespace, name, since)
+    if not isinstance(uid, str) or not uid or not name or since != since or not isinstance(key, str):
+        return None  # since != since: NaN
+    return LockHolder(uid, namespace, name, since, key)
 
 
 class NodeLockApi(Protocol):
@@ -125,21 +181,31 @@ def take(
     alive: Callable[[LockHolder], bool],
     now: Callable[[], float] = time.time,
 ) -> LockHolder | None:
-    """Take ``node_name``'s lock for ``holder``: None once taken, else the live holder in the way.
+    """Take ``node_name``'s lock for ``holder`` (its pod and allocate key): None once taken, else the live
+    holder in the way.
 
-    The lock is free when absent, malformed, held by ``holder``'s own pod (a retried bind), older than
-    ``timeout_s``, or held by a pod ``alive`` says no longer waits for its allocation."""
+    Only holders that ``block`` it stand in the way, and not when held by ``holder``'s own pod (a retried
+    bind), older than ``timeout_s``, or held by a pod ``alive`` says no longer waits for its allocation:
+    those entries are taken over. Entries of other keys stay; the expired ones are dropped."""
     for _ in range(CONFLICT_RETRIES):
         annotations, version = _read(api, node_name)
-        current = parse_holder(annotations.get(ANNOTATION_NODE_LOCK))
-        if current is not None and current.uid != holder.uid:
+        keep = []
+        for current in parse_holders(annotations.get(ANNOTATION_NODE_LOCK)):
+            if current.uid == holder.uid:
+                continue
             age = now() - current.since
+            if not current.blocks(holder):
+                if age < timeout_s:
+                    keep.append(current)
+                continue
             if age < timeout_s and alive(current):
                 return current
             why = f"older than {timeout_s:g} s" if age >= timeout_s else "its pod no longer waits"
             log.info("node %s: taking over the lock of pod %s (%s) for %s", node_name, current, why, holder)
         try:
-            api.write_node_annotations(node_name, {ANNOTATION_NODE_LOCK: holder.to_text()}, version)
+            api.write_node_annotations(
+                node_name, {ANNOTATION_NODE_LOCK: holders_text([*keep, holder])}, version
+            )
         except NodeLockConflict:
             continue
         except Exception as err:
@@ -149,14 +215,17 @@ def take(
 
 
 def release(api: NodeLockApi, node_name: str, uid: str) -> bool:
-    """Clear ``node_name``'s lock if pod ``uid`` holds it; True if it was cleared by this call."""
+    """Remove pod ``uid``'s entry from ``node_name``'s lock; True if this call removed it."""
     for _ in range(CONFLICT_RETRIES):
         annotations, version = _read(api, node_name)
-        current = parse_holder(annotations.get(ANNOTATION_NODE_LOCK))
-        if current is None or current.uid != uid:
+        holders = parse_holders(annotations.get(ANNOTATION_NODE_LOCK))
+        rest = [h for h in holders if h.uid != uid]
+        if len(rest) == len(holders):
             return False  # free already, or taken over since: not ours to clear
         try:
-            api.write_node_annotations(node_name, {ANNOTATION_NODE_LOCK: None}, version)
+            api.write_node_annotations(
+                node_name, {ANNOTATION_NODE_LOCK: holders_text(rest) if rest else None}, version
+            )
         except NodeLockConflict:
             continue
         except Exception as err:

@@ -26,6 +26,7 @@ from gpuslice.k8s.device_plugin.devices import (
     stand_in_device_node,
 )
 from gpuslice.k8s.device_plugin.kube import PendingPod, PodSource
+from gpuslice.k8s.node_lock import allocate_key, decision_key
 from gpuslice.k8s.proto import deviceplugin_pb2 as pb
 from gpuslice.node.enforcement import SharingMode
 from gpuslice.policies.gpuset import GpuSetOps
@@ -64,15 +65,17 @@ class Allocation:
     _simulated: bool  # no NVIDIA driver: device nodes are stand-ins (``stand_in_device_node``)
 
     def _only_waiting(self, fits: Callable[[Decision], bool]) -> Decision | None:
-        """The decision of the one pod waiting on this node, if it fits; None if none or several wait
-        (Allocate refuses then, and the preference does not matter)."""
+        """The decision of the one pod waiting on this node that ``fits`` this call (pods waiting for
+        another kind of Allocate call do not count); None if none or several wait (Allocate refuses
+        then, and the preference does not matter)."""
         try:
             pods = self.pods.allocating_pods(self.node_name)
         except Exception as err:
             log.error("could not list pods bound to %s: %s", self.node_name, err)
             return None
-        decision = pods[0].decision if len(pods) == 1 else None
-        if decision is None or decision.phase != BIND_PHASE_ALLOCATING or not fits(decision):
+        candidates = [p for p in pods if not _placed(p) or fits(p.decision)]
+        decision = candidates[0].decision if len(candidates) == 1 else None
+        if decision is None or not _placed(candidates[0]):
             return None
         return decision
 
@@ -190,7 +193,15 @@ class Allocation:
             pods = self.pods.allocating_pods(self.node_name)
         except Exception as err:
             raise AllocationRefused(f"cannot list the pods bound to node {self.node_name}: {err}") from None
-        waiting = [p for p in pods if (p.namespace, p.name) not in taken]
+        # Pods that wait for another kind of Allocate call (another resource, another device count) are
+        # not this call's: the extender's node lock lets one pod per kind through (``k8s.node_lock``).
+        # A pod without a decision to tell its kind by could be this call's.
+        key = allocate_key(resource.name, len(device_ids))
+        waiting = [
+            p
+            for p in pods
+            if (p.namespace, p.name) not in taken and (not _placed(p) or decision_key(p.decision) == key)
+        ]
         if not waiting:
             raise AllocationRefused(
                 f"no pod bound to node {self.node_name} is waiting for {resource.name} devices "
@@ -200,10 +211,11 @@ class Allocation:
         if len(waiting) > 1:
             names = ", ".join(sorted(f"{p.namespace}/{p.name}" for p in waiting)[:5])
             raise AllocationRefused(
-                f"{len(waiting)} pods wait for an allocation on node {self.node_name} at once ({names}); "
-                "Allocate names no pod, so it cannot tell which one the kubelet admits, and refuses rather "
-                "than give one the other's slice (the extender's node lock lets one pod at a time through: "
-                "see docs/kubernetes.md, the node lock)"
+                f"{len(waiting)} pods wait for an allocation of {key} on node {self.node_name} at once "
+                f"({names}); Allocate names no pod, so it cannot tell which one the kubelet admits, and "
+                "refuses rather than give one the other's slice (the extender's node lock lets one pod "
+                "at a time through for each resource and device count: see docs/kubernetes.md, the node "
+                "lock)"
             )
         (pod,) = waiting
         decision = pod.decision
@@ -305,3 +317,8 @@ class Allocation:
             raise AllocationRefused(
                 f"cannot make the stand-in for {path} of this simulated node: {err}"
             ) from None
+
+
+def _placed(pod: PendingPod) -> bool:
+    """Does ``pod`` carry a decision waiting for Allocate (so its allocate key is known)?"""
+    return pod.decision is not None and pod.decision.phase == BIND_PHASE_ALLOCATING

@@ -5,11 +5,11 @@ Every bind answers within ``BIND_BUDGET_S`` of reaching the HTTP app, queueing f
 included, well inside kube-scheduler's httpTimeout: a bind that would wait longer for its pod's other
 bind or for a locked node answers an error instead, and kube-scheduler retries the pod with its backoff.
 
-One bind per node at a time in this process tries the lock (the others queue on an in-process mutex, so
-a node released wakes one reader of the Node, not every waiting bind). A node locked by a pod that still
-waits for its allocation is waited on for up to ``wait_s``, woken by the Node watch (the device plugin's
-release is a Node change) or every ``POLL_S``; then bind answers an error and kube-scheduler retries the
-pod with its usual backoff.
+One bind per node and allocate key at a time in this process tries the lock (the others queue on an
+in-process mutex, so a node released wakes one reader of the Node, not every waiting bind). A node
+locked for the bind's key by a pod that still waits for its allocation is waited on for up to
+``wait_s``, woken by the Node watch (the device plugin's release is a Node change) or every ``POLL_S``;
+then bind answers an error and kube-scheduler retries the pod with its usual backoff.
 """
 
 from __future__ import annotations
@@ -89,7 +89,7 @@ class BindLocks:
         self._now = now
         self._guard = threading.Lock()
         self._changed = threading.Condition(self._guard)
-        self._per_node: dict[str, threading.Lock] = {}
+        self._per_key: dict[tuple[str, str], threading.Lock] = {}  # (node, allocate key)
         self._binds = binds
         self.refused = 0  # binds answered "node locked" after waiting
 
@@ -98,16 +98,17 @@ class BindLocks:
         with self._changed:
             self._changed.notify_all()
 
-    def acquire(self, node_name: str, namespace: str, name: str, uid: str, deadline: float) -> str:
-        """Take ``node_name``'s lock for the pod; '' once held, else why not (bind answers it). Waits
-        ``wait_s`` at most, and never past ``deadline`` (time.monotonic)."""
+    def acquire(self, node_name: str, namespace: str, name: str, uid: str, key: str, deadline: float) -> str:
+        """Take ``node_name``'s lock for the pod and its allocate ``key`` (``node_lock.ask_key``); '' once
+        held, else why not (bind answers it). Waits ``wait_s`` at most, and never past ``deadline``
+        (time.monotonic)."""
         deadline = min(deadline, time.monotonic() + self.wait_s)
         with self._guard:
-            mutex = self._per_node.setdefault(node_name, threading.Lock())
+            mutex = self._per_key.setdefault((node_name, key), threading.Lock())
         if not mutex.acquire(timeout=max(0.0, deadline - time.monotonic())):
-            return self._refusal(node_name, None)
+            return self._refusal(node_name, key, None)
         try:
-            holder = LockHolder(uid, namespace, name, self._now())
+            holder = LockHolder(uid, namespace, name, self._now(), key)
             while True:
                 try:
                     blocker = take(
@@ -124,7 +125,7 @@ class BindLocks:
                     return ""
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    return self._refusal(node_name, blocker)
+                    return self._refusal(node_name, key, blocker)
                 with self._changed:
                     self._changed.wait(min(left, POLL_S))
         finally:
@@ -137,12 +138,12 @@ class BindLocks:
         except NodeLockError as err:
             log.warning("%s; it frees itself once the pod is seen not waiting", err)
 
-    def _refusal(self, node_name: str, blocker: LockHolder | None) -> str:
+    def _refusal(self, node_name: str, key: str, blocker: LockHolder | None) -> str:
         self.refused += 1
         who = f"pod {blocker}, waiting for Allocate since {blocker.since:.0f}" if blocker else "another bind"
         return (
-            f"node {node_name} is locked by {who}: one pod at a time per node goes from bind to Allocate; "
-            "kube-scheduler retries"
+            f"node {node_name} is locked by {who} (allocate key {key}): one pod at a time per node and "
+            "allocate key (resource, device count) goes from bind to Allocate; kube-scheduler retries"
         )
 
     def _alive(self, holder: LockHolder) -> bool:

@@ -42,6 +42,7 @@ from gpuslice.k8s.extender.verdicts import (
     REASON_NO_MIG_INSTANCE,
     REASON_RESERVED,
 )
+from gpuslice.k8s.node_lock import ask_key
 from gpuslice.ledger.placement import Refusal
 from gpuslice.scheduler.mig_choice import FullestByNode, choose_mig_instance
 from gpuslice.workload.request import Request
@@ -295,7 +296,7 @@ class ClusterState(Preemption):
             return "" if bound_to == node else f"pod {namespace}/{name} is already bound to {bound_to}"
         if not ask.wants_gpu or self.bind_locks is None:
             return self._bind(namespace, name, uid, node, pod, ask)
-        problem = self.bind_locks.acquire(node, namespace, name, uid, deadline)
+        problem = self.bind_locks.acquire(node, namespace, name, uid, ask_key(ask), deadline)
         if problem:
             return f"pod {namespace}/{name} on {node}: {problem}"
         error = "bind raised"
