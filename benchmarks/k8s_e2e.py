@@ -82,7 +82,6 @@ class Run:
     load: float = 0.0
     allocated: int = 0  # Allocate answered (the kubelet stand-in)
     refused: int = 0  # Allocate refused: the pod failed admission
-    bind_order: list[str] = field(default_factory=list)  # pod names in the order their binds were heard
 
 
 def sample(pods: tuple[TracePod, ...], count: int, seed: int) -> list[TracePod]:
@@ -259,7 +258,6 @@ def run_mode(
         result.bound = sum(1 for p in listed if p.spec.node_name)
         result.allocated = len(kubelets.allocated)
         result.refused = len(kubelets.refused)
-        result.bind_order = [name for _, name in kubelets.heard]
         result.wall_s = last_bind - first
         result.mapping = {p.metadata.name: p.spec.node_name for p in listed if p.spec.node_name}
         allocated = 0
@@ -362,15 +360,6 @@ def main() -> None:
             "load_avg_1m": round(run.load, 1),
         }
         if run.mode != "default":
-            # in bind order too: a bind refused at a locked node sends its pod back to kube-scheduler,
-            # which decides it again later, after pods created behind it
-            by_name = {p.name: p for p in pods}
-            heard = [by_name[n] for n in run.bind_order if n in by_name]
-            in_bind_order = heard + [p for p in pods if p.name not in set(run.bind_order)]
-            bind_mapping, _ = sim_mapping(trace, in_bind_order, run.mode, target)
-            row["sim_in_bind_order_same_node"] = sum(
-                1 for name, node in run.mapping.items() if bind_mapping.get(name) == node
-            )
             mapping, sim_unallocated = sim_mapping(trace, pods, run.mode, target)
             same = sum(1 for name, node in run.mapping.items() if mapping.get(name) == node)
             differ = {
