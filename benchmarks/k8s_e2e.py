@@ -82,6 +82,7 @@ class Run:
     load: float = 0.0
     allocated: int = 0  # Allocate answered (the kubelet stand-in)
     refused: int = 0  # Allocate refused: the pod failed admission
+    binds_refused: int = 0  # binds the extender answered with an error (a locked node, mostly)
 
 
 def sample(pods: tuple[TracePod, ...], count: int, seed: int) -> list[TracePod]:
@@ -277,6 +278,8 @@ def run_mode(
             result.extender_ms[verb] = histogram_quantiles(
                 ours, "gpuslice_extender_request_duration_seconds", f'verb="{verb}"'
             )
+        refused = re.search(r'gpuslice_extender_decisions_total\{result="refused",verb="bind"\} (\S+)', ours)
+        result.binds_refused = int(float(refused.group(1))) if refused else -1
         result.load = os.getloadavg()[0]
         return result
     finally:
@@ -355,6 +358,7 @@ def main() -> None:
             "unallocated_gpu_pct": round(run.unallocated_pct, 2),
             "scheduling_algorithm_ms_p50_p99": [round(x, 2) for x in run.algorithm_ms],
             "extender_ms_p50_p99": {v: [round(x, 2) for x in q] for v, q in run.extender_ms.items()},
+            "binds_refused": run.binds_refused,
             "allocated": run.allocated,
             "allocate_refused": run.refused,
             "load_avg_1m": round(run.load, 1),

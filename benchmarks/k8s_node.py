@@ -103,19 +103,14 @@ class LockWatch:
         }
 
 
-def pod_gpus(i: int, pair_every: int) -> int:
-    """GPUs of the i-th start-latency pod: 2 for every ``pair_every``-th one (0: never), else 1."""
-    return 2 if pair_every and i % pair_every == pair_every - 1 else 1
-
-
-def pod_start_latency(core: Any, namespace: str, count: int, pair_every: int = 0) -> dict[str, Any]:
+def pod_start_latency(core: Any, namespace: str, count: int) -> dict[str, Any]:
+    resources = {GPU: 1, "gpuslice.io/gpumem": 100, "gpuslice.io/gpucores": 1}
     created: dict[str, float] = {}
     running: dict[str, float] = {}
     locks = LockWatch(core)
     start = time.monotonic()
     for i in range(count):
         name = f"p{i:04d}"
-        resources = {GPU: pod_gpus(i, pair_every), "gpuslice.io/gpumem": 100, "gpuslice.io/gpucores": 1}
         core.create_namespaced_pod(namespace, node_pod(name, "sleep 3600", resources=resources))
         created[name] = time.monotonic()
         if i % 20 == 19:
@@ -134,7 +129,6 @@ def pod_start_latency(core: Any, namespace: str, count: int, pair_every: int = 0
     latency = np.array([running[n] - created[n] for n in running])
     return {
         "pods": count,
-        "two_gpu_pods": sum(pod_gpus(i, pair_every) == 2 for i in range(count)),
         "running": len(running),
         "pods_per_s": round(len(running) / (max(running.values()) - start), 2) if running else 0.0,
         "p50_s": round(float(np.percentile(latency, 50)), 2),
@@ -208,19 +202,12 @@ def main() -> None:
     parser.add_argument("--pods", type=int, default=200, help="share pods for the start latency")
     parser.add_argument("--share-runs", type=int, default=3, help="30/70 pairs to measure")
     parser.add_argument(
-        "--pair-every",
-        type=int,
-        default=0,
-        help="make every N-th start-latency pod ask for 2 GPUs (another allocate key than the 1-GPU "
-        "pods, so the node lock lets one of each through at once); 0: all ask for 1",
-    )
-    parser.add_argument(
         "--start-only", action="store_true", help="measure the pod starts only (no restart, no 30/70 pairs)"
     )
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "out" / "k8s_node.json")
     args = parser.parse_args()
-    if args.pods < 1 or args.share_runs < 1 or args.pair_every < 0:
-        parser.error("--pods and --share-runs must be at least 1, --pair-every 0 or more")
+    if args.pods < 1 or args.share_runs < 1:
+        parser.error("--pods and --share-runs must be at least 1")
     folder = binaries_dir()
     if folder is None or not (folder / "kubelet").is_file():
         parser.error("set GPUSLICE_K8S_BIN to the binaries scripts/k8s-e2e built (the kubelet among them)")
@@ -235,14 +222,11 @@ def main() -> None:
         plane.start_scheduler(scheduler_config(port))
         print("starting the node ...", file=sys.stderr)
         node = start_node(plane, core)
-        # enough shares on four GPUs for every pod at once
-        split = max(10, -(-sum(pod_gpus(i, args.pair_every) for i in range(args.pods)) // 4))
+        split = max(10, -(-args.pods // 4))  # enough shares on four GPUs for every pod at once
         plugin = start_device_plugin(plane, core, split_count=split)
         results: dict[str, Any] = {"load_before": os.getloadavg()[0]}
         print(f"{args.pods} share pods ...", file=sys.stderr)
-        results["pod_start"] = pod_start_latency(
-            core, _namespace(core, "bench-start"), args.pods, args.pair_every
-        )
+        results["pod_start"] = pod_start_latency(core, _namespace(core, "bench-start"), args.pods)
         if args.start_only:
             return finish(args.out, results)
         print("kubelet restart ...", file=sys.stderr)

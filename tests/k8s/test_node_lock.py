@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from test_extender import GPU1_8G, FakeApi, inventory, node_event, pod_json
 
-from gpuslice.k8s.annotations import ANNOTATION_BIND_PHASE, BIND_PHASE_ALLOCATED, Decision
+from gpuslice.k8s.annotations import ANNOTATION_BIND_PHASE, BIND_PHASE_ALLOCATED
 from gpuslice.k8s.extender import ClusterState
 from gpuslice.k8s.node_lock import (
     ANNOTATION_NODE_LOCK,
@@ -350,44 +350,3 @@ def test_a_retried_bind_of_a_bound_pod_keeps_its_decision_and_its_lock():
     assert "already bound to a100-0" in state.bind("team-a", "slow", "uid-slow", "a100-1")
     state.check_invariants()
     assert int(state.ledger.view.gpu_tasks[0].sum()) == 1  # held once
-
-
-def test_a_pod_refused_at_a_locked_node_keeps_its_hold_when_kube_scheduler_retries_it():
-    """The retry's filter answers the node decided in the pod's turn, with the same hold (deciding again
-    after the pods created behind it would place it as if it came last), and the bind after the lock
-    frees uses those GPUs."""
-    api = LockingApi()
-    state = locking_state(api)
-    state.apply(node_event("a100-1", inventory()))
-    state.narrow = True
-    first, second = add(api, "first"), add(api, "second")
-    nodes = [NODE, "a100-1"]
-    assert state.filter(first, nodes).passed == [NODE] and bind(state, "first") == ""
-    assert state.filter(second, nodes).passed == [NODE]  # bestfit: the fuller node
-    held = state._pods["uid-second"]
-    assert "locked by pod team-a/first" in bind(state, "second")
-    again = state.filter(second, nodes)
-    assert again.passed == [NODE] and "held since its first filter" in again.failed["a100-1"]
-    assert state._pods["uid-second"] is held
-    api.allocated("first")
-    assert bind(state, "second") == ""
-    assert Decision.from_annotations(api.annotations_of("second")).gpu_indices == held.decision.gpu_indices
-    state.check_invariants()
-
-
-def test_a_hold_past_its_time_or_on_a_node_no_longer_offered_is_decided_again():
-    from gpuslice.k8s.extender.state import ASSUMED_S
-
-    api = LockingApi()
-    state = locking_state(api)
-    state.apply(node_event("a100-1", inventory()))
-    state.narrow = True
-    pod = add(api, "late")
-    assert state.filter(pod, [NODE, "a100-1"]).passed == [NODE]
-    held = state._pods["uid-late"]
-    assert state.filter(pod, ["a100-1"]).passed == ["a100-1"]  # kube-scheduler no longer offers NODE
-    assert state._pods["uid-late"].node == "a100-1"
-    state._assumed["uid-late"] -= ASSUMED_S + 1
-    assert state.filter(pod, [NODE, "a100-1"]).passed == [NODE]
-    assert state._pods["uid-late"] is not held
-    state.check_invariants()

@@ -103,11 +103,8 @@ class ClusterState(Preemption):
         if not ask.wants_gpu:
             return FilterResult(list(node_names), {}, {})
         uid = pod_meta(pod)[2]
-        if uid in self._assumed:  # filtered again without a bind
-            kept = self._kept_hold(pod, uid, node_names, ask)
-            if kept is not None:
-                return kept
-            with self._lock:  # its own hold must not count against it
+        if uid in self._assumed:  # filtered again without a bind: its own hold must not count against it
+            with self._lock:
                 self._forget(uid)
             self._remember(pod)
         self._catch_up_on_victims(uid)
@@ -153,31 +150,6 @@ class ClusterState(Preemption):
                 why = Counter({preempting: len(node_names)})
             self._explain(pod, len(node_names), why)
         return result
-
-    def _kept_hold(
-        self, pod: Mapping[str, Any], uid: str, node_names: list[str], ask: PodGpuRequest
-    ) -> FilterResult | None:
-        """A pod filtered again while its hold lives (kube-scheduler retrying a bind refused at a node
-        locked for its allocate key, ``k8s.node_lock``) keeps the node and GPUs decided in its turn:
-        deciding again after the pods created behind it would place them all as if it came last. Not
-        past ``ASSUMED_S`` from the first hold (a node whose lock never frees is left then), nor when
-        kube-scheduler no longer offers the node or a preempting pod has it reserved."""
-        with self._lock:
-            since = self._assumed.get(uid)
-            held = self._pods.get(uid)
-        if since is None or held is None or time.monotonic() - since > ASSUMED_S:
-            return None
-        if (
-            held.node not in node_names
-            or self._reserved_for_others(pod, [held.node], np.zeros(1, np.int64))[0]
-        ):
-            return None
-        built = self._ledgered()
-        self._keep_passed(pod, built, [held.node], self._indices(built, [held.node]))
-        why = (
-            f"gpuslice ({ask.policy or self.default_policy}) chose {held.node} (held since its first filter)"
-        )
-        return FilterResult([held.node], {n: why for n in node_names if n != held.node}, {})
 
     def _choose(self, built: LedgerBuild, ask: PodGpuRequest, idx: np.ndarray, ok: np.ndarray) -> int:
         """Position in ``idx`` of the node the policy chooses among the ``ok`` ones; -1 if its filter
