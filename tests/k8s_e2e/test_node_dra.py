@@ -184,3 +184,65 @@ def test_a_driver_killed_while_the_pod_runs_still_unprepares_it(
     core.delete_namespaced_pod("survivor", namespace)
     wait_for(lambda: uid not in driver.prepared(), 180, "the kubelet to unprepare through the new driver")
     assert not cdi_spec_path(driver.cdi_dir, uid).exists()
+
+
+def test_a_rolling_update_with_surge_leaves_the_new_driver_serving(
+    driver: KubeletDriver, allocator: Process, api_client: Any, core: Any, namespace: str
+) -> None:
+    """A DaemonSet with maxSurge starts the new driver before it stops the old one, on the same sockets
+    and checkpoint. The old one's stop must leave the new one's sockets in place, so the kubelet still
+    prepares the next claim (through the new driver) and unprepares it."""
+    old = driver.proc
+    new = driver.plane.spawn("dra-driver-kubelet-surge", driver.argv)
+    driver.proc = new  # the fixture stops whichever runs last
+    wait_for(driver.registered, 120, "the kubelet to register the new driver beside the old one")
+    old.stop()  # SIGTERM: the old instance's clean stop, after the new one took the sockets
+    driver.plane.forget(old)
+    assert new.popen.poll() is None
+    stored, pod = start_share(api_client, core, namespace, "after-surge")
+    uid = stored["metadata"]["uid"]
+    assert pod.status.phase == "Running" and uid in driver.prepared()
+    assert f"prepared claim {namespace}/after-surge" in new.tail(400)
+    core.delete_namespaced_pod("after-surge", namespace)
+    wait_for(lambda: uid not in driver.prepared(), 180, "the kubelet to unprepare through the new driver")
+
+
+def test_one_slow_api_read_in_a_prepare_does_not_hold_up_another_claims_prepare(
+    driver: KubeletDriver, allocator: Process, api_client: Any, core: Any, namespace: str, tmp_path: Path
+) -> None:
+    """The driver reads each claim from the API server when the kubelet asks it to prepare it. With that
+    read of one claim taking 20 s (a proxy in front of the API server holds it), the kubelet's prepare
+    of another pod's claim, asked meanwhile, is answered without waiting for it."""
+    import yaml
+    from slow_proxy import SlowProxy
+
+    config = yaml.safe_load(driver.plane.kubeconfig.read_text())
+    cluster = config["clusters"][0]["cluster"]
+    proxy = SlowProxy(
+        cluster["server"], Path(cluster["certificate-authority"]), ["/resourceclaims/slow"], 20.0
+    )
+    proxy.start()
+    try:
+        config["clusters"][0]["cluster"] = {"server": proxy.url}
+        through_proxy = tmp_path / "kubeconfig"
+        through_proxy.write_text(yaml.safe_dump(config))
+        argv = list(driver.argv)
+        argv[argv.index("--kubeconfig") + 1] = str(through_proxy)
+        driver.proc.stop()
+        driver.plane.forget(driver.proc)
+        driver.argv, driver.proc = argv, driver.plane.spawn("dra-driver-kubelet-slow-api", argv)
+        wait_for(driver.registered, 120, "the kubelet to register the driver reading through the proxy")
+        for name in ("slow", "quick"):
+            body = claim(name, CLASS_SHARED, capacity={"memory": "4Gi", "cores": "30"})
+            objects(api_client).create_namespaced_custom_object(
+                GROUP, VERSION, namespace, "resourceclaims", body
+            )
+            core.create_namespaced_pod(namespace, dra_pod(name, name, "sleep 3600"))
+        wait_phase(core, namespace, "quick", ("Running",), timeout_s=240)
+        wait_phase(core, namespace, "slow", ("Running",), timeout_s=240)
+        log = driver.proc.tail(400)
+        quick, slow = (log.index(f"prepared claim {namespace}/{n}") for n in ("quick", "slow"))
+        assert proxy.delayed and proxy.delayed[0][0].endswith("/resourceclaims/slow")
+        assert quick < slow, "the quick claim's prepare waited for the slow claim's read"
+    finally:
+        proxy.stop()
