@@ -35,6 +35,7 @@ GpusliceError
 │  │  ├─ ShimUnavailable (shim)
 │  │  ├─ NodeLockError (k8s.node_lock)
 │  │  ├─ ServerUnavailable, StoreFull, StoreDamaged (server.errors)   StoreFull: HTTP 503
+│  │  ├─ OutcomeUnknown (server.errors)   CLI exit 4: a change was sent, its answer never came
 │  │  ├─ PortTaken (server.errors)   CLI exit 3
 │  │  └─ StoreUnavailable (server.errors)   HTTP 503
 │  │     └─ StoreBusy, StoreFailing (server.errors)
@@ -198,6 +199,7 @@ class LedgerError(InternalError):
 
 def exit_code(error: BaseException) -> int:
     """CLI exit status for an error: its class's ``exit_status`` if it has one (PortTaken: 3, as uvicorn
-    exits when it cannot bind), else 2 for user errors, 1 for everything else."""
+    exits when it cannot bind; OutcomeUnknown: 4, a change sent whose answer never came), else 2 for
+    user errors, 1 for everything else."""
     own = getattr(error, "exit_status", None)
     return own if isinstance(own, int) else 2 if isinstance(error, UserError) else 1

@@ -12,10 +12,14 @@ policy events                      loaded / unloaded / fault / detached, the new
 policy map dump|get|update|delete   a loaded policy's maps; `map update boost 3 2` ~ bpftool's `key 3 value 2`
 ```
 Server address and token as for the job commands (--url / GPUSLICE_URL, --state-dir / GPUSLICE_TOKEN).
+The commands that change the server (load, unload, map update, map delete) wait --wait seconds for its
+answer; without one they exit 4 and say that the request was sent and may still be applied, and which
+command shows whether it was (the client decides this: server/client.py).
 """
 
 from __future__ import annotations
 
+import math
 import time
 from pathlib import Path
 from typing import Annotated, Any
@@ -27,7 +31,9 @@ from rich.table import Table
 from gpuslice.cli import terminal
 from gpuslice.cli.jobs import StateDir, Url
 from gpuslice.errors import UserError
+from gpuslice.inputs import InvalidInput
 from gpuslice.server.client import ServeClient, ServerError
+from gpuslice.server.errors import OutcomeUnknown
 
 __all__ = ["app", "map_app"]
 
@@ -50,6 +56,27 @@ _PAGE = 10_000  # the most events one GET /v1/events returns
 
 Family = Annotated[str, typer.Option("--family", help="the policy family whose map it is")]
 MapName = Annotated[str, typer.Argument(help="the map's name in the policy file", show_default=False)]
+
+_MAX_WAIT = 86_400.0  # a day; beyond it a socket timeout no longer fits
+
+
+def _wait_seconds(value: float) -> float:
+    """--wait: a positive, finite number of seconds, up to a day."""
+    if not (math.isfinite(value) and 0 < value <= _MAX_WAIT):
+        raise InvalidInput(f"invalid --wait {value:g}: use a positive number of seconds up to 86400, e.g. 30")
+    return value
+
+
+Wait = Annotated[
+    float,
+    typer.Option(
+        "--wait",
+        callback=_wait_seconds,
+        help="seconds to wait for the server's answer; with none by then the command exits "
+        f"{OutcomeUnknown.exit_status}: the request was sent and the server may still apply it, and the "
+        "error names the command that shows whether it did",
+    ),
+]
 
 
 def _client(url: str | None, state_dir: Path | None) -> ServeClient:
@@ -116,6 +143,7 @@ def load(
     file: Annotated[Path, typer.Argument(help="the policy file (.py)", show_default=False)],
     url: Url = None,
     state_dir: StateDir = None,
+    wait: Wait = 30.0,
 ) -> None:
     """Verify and hot-swap a policy file into a running server.
 
@@ -125,7 +153,7 @@ def load(
     source = _read(file)
     with _client(url, state_dir) as client:
         try:
-            info = client.load_policy(str(file), source)
+            info = client.load_policy(str(file), source, wait=wait)
         except ServerError as err:
             if err.status != 422:
                 raise
@@ -172,10 +200,11 @@ def unload(
     family: Annotated[str, typer.Argument(help="the policy family, e.g. queue", show_default=False)],
     url: Url = None,
     state_dir: StateDir = None,
+    wait: Wait = 30.0,
 ) -> None:
     """Unload FAMILY's policy file: the server's built-in policy decides again."""
     with _client(url, state_dir) as client:
-        info = client.unload_policy(family)
+        info = client.unload_policy(family, wait=wait)
     _out.print(f"{info['family']}: built-in policy {info['name']} restored", markup=False)
 
 
@@ -239,13 +268,14 @@ def map_update(
     family: Family = "queue",
     url: Url = None,
     state_dir: StateDir = None,
+    wait: Wait = 30.0,
 ) -> None:
     """Set one entry of a loaded policy's map; the policy reads it from its next decision on.
 
     The counterpart of `bpftool map update … key 3 value 128`: `gpuslice policy map update boost 3 128`.
     KEY and VALUE are parsed as the map's types (int, float, str; bool as true/false/1/0)."""
     with _client(url, state_dir) as client:
-        entry = client.policy_map_update(family, name, key, value)
+        entry = client.policy_map_update(family, name, key, value, wait=wait)
     was = "" if entry.get("previous") is None else f" (was {entry['previous']})"
     _out.print(f"{name}[{entry['key']!r}] = {entry['value']!r}{was}", markup=False)
 
@@ -257,10 +287,11 @@ def map_delete(
     family: Family = "queue",
     url: Url = None,
     state_dir: StateDir = None,
+    wait: Wait = 30.0,
 ) -> None:
     """Remove one entry of a loaded policy's map (`bpftool map delete`); exit 2 if it is not there."""
     with _client(url, state_dir) as client:
-        entry = client.policy_map_delete(family, name, key)
+        entry = client.policy_map_delete(family, name, key, wait=wait)
     _out.print(f"{name}[{entry['key']!r}] deleted (was {entry['value']!r})", markup=False)
 
 

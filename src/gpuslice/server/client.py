@@ -4,11 +4,19 @@ Finds the server through ``url`` / ``GPUSLICE_URL``, else the URL the server wro
 directory (server/url_file.py), else http://127.0.0.1:8787; and the token through ``GPUSLICE_TOKEN`` or
 the state directory (``state_dir`` / ``GPUSLICE_STATE_DIR`` / the default one).
 An error answer becomes a UserError carrying the server's one-line ``detail``.
+
+A request that fails in transport is told apart by whether it reached a server (``_transport_failed``,
+the one place that decides): refused, or no connection within the connect timeout, is ServerUnavailable
+("no gpuslice server at …"); a connection that took the request but gave no answer (a read timeout, a
+reset, a close) is OutcomeUnknown for a request that changes state (it was sent; the server may still
+apply it; the message names the command that shows what happened; exit 4), and ServerUnavailable saying
+the server is there but did not answer for a read.
 """
 
 from __future__ import annotations
 
 import os
+import shlex
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,7 +27,7 @@ import httpx
 
 from gpuslice.errors import InternalError, UserError
 from gpuslice.server.auth import TOKEN_FILE, read_token
-from gpuslice.server.errors import ServerUnavailable
+from gpuslice.server.errors import OutcomeUnknown, ServerUnavailable
 from gpuslice.server.url_file import read_url
 
 __all__ = ["DEFAULT_PORT", "DEFAULT_URL", "ServeClient", "ServerError", "default_state_dir"]
@@ -27,6 +35,11 @@ __all__ = ["DEFAULT_PORT", "DEFAULT_URL", "ServeClient", "ServerError", "default
 DEFAULT_PORT = 8787
 DEFAULT_URL = f"http://127.0.0.1:{DEFAULT_PORT}"
 _RETRY_SECONDS = 1.0
+_CONNECT_SECONDS = 5.0  # the least time given to open the connection, however short the wait for the answer
+# Transport errors after the connection was open: the request (or part of it) went to a server.
+_AFTER_CONNECT = (httpx.ReadTimeout, httpx.WriteTimeout, httpx.ReadError, httpx.WriteError,
+                  httpx.RemoteProtocolError)  # fmt: skip
+_READS = ("GET", "HEAD")
 
 
 class ServerError(UserError):
@@ -76,7 +89,8 @@ class ServeClient:
         self._token = token or os.environ.get("GPUSLICE_TOKEN") or None
         # ``http``: an httpx.Client to use instead (tests pass one bound to the app in-process).
         self._owns_http = http is None
-        self._http = http or httpx.Client(base_url=self.url, timeout=timeout)
+        self.timeout = timeout
+        self._http = http or httpx.Client(base_url=self.url, timeout=_timeouts(timeout))
 
     def close(self) -> None:
         if self._owns_http:
@@ -107,7 +121,21 @@ class ServeClient:
         except UserError:
             return {}
 
-    def _send(self, method: str, path: str, *, auth: bool = False, **kw: Any) -> Any:
+    def _send(
+        self,
+        method: str,
+        path: str,
+        *,
+        auth: bool = False,
+        wait: float | None = None,
+        see: str | None = None,
+        **kw: Any,
+    ) -> Any:
+        """One request. ``wait``: seconds to wait for its answer (default: the client's timeout; an
+        ``http`` client given to the constructor keeps its own); ``see``: the gpuslice command that shows
+        whether a change was applied, for when its answer never comes."""
+        if wait is not None and self._owns_http:
+            kw["timeout"] = _timeouts(wait)
         if auth:
             headers = {"Authorization": f"Bearer {self.token}"}
         else:
@@ -117,10 +145,40 @@ class ServeClient:
         try:
             response = self._http.request(method, path, headers=headers, **kw)
         except httpx.TransportError as err:
-            unavailable = self._unavailable(err)
-            unavailable.transport_error = err  # submit() tells a refused connection from a lost answer
-            raise unavailable from None
+            raise self._transport_failed(method, path, err, wait, see) from None
         return _answer(response)
+
+    def _transport_failed(
+        self, method: str, path: str, err: httpx.TransportError, wait: float | None, see: str | None
+    ) -> ServerUnavailable | OutcomeUnknown:
+        """What a failed request tells the user: no server only when none took the connection."""
+        if not isinstance(err, _AFTER_CONNECT):
+            return self._unavailable(err)
+        waited = wait if wait is not None and self._owns_http else self.timeout
+        what = (
+            f"no answer came within {waited:g} s" if isinstance(err, httpx.TimeoutException)
+            else f"the connection broke before the answer ({type(err).__name__})"
+        )  # fmt: skip
+        if method in _READS:
+            return ServerUnavailable(
+                f"the gpuslice server at {self.url} took the connection, but {what} to {method} {path}; "
+                "it may be busy: try again"
+            )
+        check = f"`{see}{self._where()}`" if see else "the server's state"
+        return OutcomeUnknown(
+            f"the request was sent to the gpuslice server at {self.url} ({method} {path}), but {what}: "
+            f"the server may still apply it, so the outcome is unknown; check with {check} before "
+            "trying again"
+        )
+
+    def _where(self) -> str:
+        """The options a follow-up command needs to reach the same server, as the user gave them."""
+        where = ""
+        if self._state_dir_origin == "given with --state-dir":
+            where += f" --state-dir {shlex.quote(str(self.state_dir))}"
+        if self._url_origin == "given with --url":
+            where += f" --url {shlex.quote(self.url)}"
+        return where
 
     def _unavailable(self, err: Exception) -> ServerUnavailable:
         return ServerUnavailable(
@@ -138,17 +196,23 @@ class ServeClient:
         """Submit a job. With ``idempotency_key``, a submit whose answer was lost (sent, then the
         connection broke: the server crashed) is sent again up to ``retries`` times, 1 s apart: the
         server returns the job the first try made, if it made one, so a retry never makes a second job.
-        No server at all (connection refused at the first try) is an error at once."""
+        No server at all (connection refused at the first try) is an error at once; once a try has reached
+        the server, the last error is OutcomeUnknown, whatever the later tries met."""
+        see = "gpuslice ps --all"
         if idempotency_key is None:
-            return self._send("POST", "/v1/jobs", auth=True, json=body)
-        lost = False
+            return self._send("POST", "/v1/jobs", auth=True, json=body, see=see)
+        lost: OutcomeUnknown | None = None
         for attempt in range(retries + 1):
             try:
-                return self._send("POST", "/v1/jobs", auth=True, json=body, idempotency_key=idempotency_key)
-            except ServerUnavailable as err:
-                lost = lost or not isinstance(getattr(err, "transport_error", None), httpx.ConnectError)
-                if not lost or attempt == retries:
-                    raise
+                return self._send(
+                    "POST", "/v1/jobs", auth=True, json=body, idempotency_key=idempotency_key, see=see
+                )
+            except (ServerUnavailable, OutcomeUnknown) as err:
+                lost = err if isinstance(err, OutcomeUnknown) else lost
+                if lost is None:
+                    raise  # never reached a server: nothing was sent
+                if attempt == retries:
+                    raise lost from None  # sent once at least: whatever the last try met, unknown
                 time.sleep(_RETRY_SECONDS)
         raise AssertionError("unreachable")
 
@@ -159,14 +223,15 @@ class ServeClient:
         return self._send("GET", _job_path(job_id))
 
     def cancel(self, job_id: str) -> dict[str, Any]:
-        return self._send("POST", f"{_job_path(job_id)}/cancel", auth=True)
+        see = f"gpuslice show {shlex.quote(job_id)}"
+        return self._send("POST", f"{_job_path(job_id)}/cancel", auth=True, see=see)
 
     def gpus(self) -> list[dict[str, Any]]:
         return self._send("GET", "/v1/gpus")
 
     def set_gpu_health(self, index: int, healthy: bool, reason: str = "") -> dict[str, Any]:
         body = {"healthy": healthy, "reason": reason}
-        return self._send("POST", f"/v1/gpus/{index}/health", auth=True, json=body)
+        return self._send("POST", f"/v1/gpus/{index}/health", auth=True, json=body, see="gpuslice gpus")
 
     def queue(self) -> list[dict[str, Any]]:
         return self._send("GET", "/v1/queue")
@@ -178,7 +243,8 @@ class ServeClient:
         return self._send("GET", f"/v1/tenants/{quote(name, safe='')}")
 
     def put_tenant(self, name: str, body: dict[str, Any]) -> dict[str, Any]:
-        return self._send("PUT", f"/v1/tenants/{quote(name, safe='')}", auth=True, json=body)
+        see = f"gpuslice tenants show {shlex.quote(name)}"
+        return self._send("PUT", f"/v1/tenants/{quote(name, safe='')}", auth=True, json=body, see=see)
 
     def events(
         self, job_id: str | None = None, after: int = 0, kind: str | None = None, limit: int = 1000
@@ -195,12 +261,14 @@ class ServeClient:
     def policies(self) -> list[dict[str, Any]]:
         return self._send("GET", "/v1/policies")
 
-    def load_policy(self, filename: str, source: str) -> dict[str, Any]:
+    def load_policy(self, filename: str, source: str, *, wait: float | None = None) -> dict[str, Any]:
         """The server verifies ``source`` itself; a rejection is a ServerError listing the violations."""
-        return self._send("POST", "/v1/policies", auth=True, json={"filename": filename, "source": source})
+        body = {"filename": filename, "source": source}
+        return self._send("POST", "/v1/policies", auth=True, json=body, wait=wait, see=_POLICY_LIST)
 
-    def unload_policy(self, family: str) -> dict[str, Any]:
-        return self._send("DELETE", f"/v1/policies/{quote(family, safe='')}", auth=True)
+    def unload_policy(self, family: str, *, wait: float | None = None) -> dict[str, Any]:
+        path = f"/v1/policies/{quote(family, safe='')}"
+        return self._send("DELETE", path, auth=True, wait=wait, see=_POLICY_LIST)
 
     def policy_map(self, family: str, name: str) -> dict[str, Any]:
         return self._send("GET", _map_path(family, name))
@@ -208,12 +276,18 @@ class ServeClient:
     def policy_map_get(self, family: str, name: str, key: str) -> dict[str, Any]:
         return self._send("GET", f"{_map_path(family, name)}/{quote(key, safe='')}")
 
-    def policy_map_update(self, family: str, name: str, key: str, value: str) -> dict[str, Any]:
+    def policy_map_update(
+        self, family: str, name: str, key: str, value: str, *, wait: float | None = None
+    ) -> dict[str, Any]:
         path = f"{_map_path(family, name)}/{quote(key, safe='')}"
-        return self._send("PUT", path, auth=True, json={"value": value})
+        see = _map_get_command(family, name, key)
+        return self._send("PUT", path, auth=True, json={"value": value}, wait=wait, see=see)
 
-    def policy_map_delete(self, family: str, name: str, key: str) -> dict[str, Any]:
-        return self._send("DELETE", f"{_map_path(family, name)}/{quote(key, safe='')}", auth=True)
+    def policy_map_delete(
+        self, family: str, name: str, key: str, *, wait: float | None = None
+    ) -> dict[str, Any]:
+        path = f"{_map_path(family, name)}/{quote(key, safe='')}"
+        return self._send("DELETE", path, auth=True, wait=wait, see=_map_get_command(family, name, key))
 
     def logs(self, job_id: str, follow: bool = False, stream: str = "both") -> Iterator[bytes]:
         """The job's output as it comes; with ``follow`` until the job ends."""
@@ -227,7 +301,7 @@ class ServeClient:
                     _answer(r)
                 yield from r.iter_bytes()
         except httpx.TransportError as err:
-            raise self._unavailable(err) from None
+            raise self._transport_failed("GET", path, err, None, None) from None
 
 
 def _job_path(job_id: str) -> str:
@@ -237,6 +311,20 @@ def _job_path(job_id: str) -> str:
 
 def _map_path(family: str, name: str) -> str:
     return f"/v1/policies/{quote(family, safe='')}/maps/{quote(name, safe='')}"
+
+
+_POLICY_LIST = "gpuslice policy list"  # shows whether a load or an unload took
+
+
+def _map_get_command(family: str, name: str, key: str) -> str:
+    """The command that shows one map entry as it is now (after an update or delete of unknown outcome)."""
+    return f"gpuslice policy map get {shlex.quote(name)} {shlex.quote(key)} --family {shlex.quote(family)}"
+
+
+def _timeouts(wait: float) -> httpx.Timeout:
+    """``wait`` seconds for the answer (and to send the request); the connection itself gets at least
+    _CONNECT_SECONDS, so that a short wait never reads a slow connect as no server."""
+    return httpx.Timeout(wait, connect=max(wait, _CONNECT_SECONDS))
 
 
 def _answer(response: httpx.Response) -> Any:

@@ -10,6 +10,7 @@ NotAuthenticated (gpuslice.errors)                           401  no bearer toke
 ForbiddenUser                              Forbidden         403  a request claims another user
 TooManyFollowers                           TooManyRequests   429  the cap on clients following logs is reached
 ServerUnavailable                          Unavailable       (client) the server does not answer at its URL
+OutcomeUnknown                             Unavailable       (client, exit 4) a change sent, its answer lost
 StoreFull                                  Unavailable       503  the disk is full; nothing changed
 StoreBusy                                  StoreUnavailable  503  another process holds the state file's lock
 StoreFailing                               StoreUnavailable  503  the state file's disk fails (EIO, damage)
@@ -42,6 +43,7 @@ __all__ = [
     "JobLogRefused",
     "JobNotFound",
     "NotAuthenticated",
+    "OutcomeUnknown",
     "PolicyNotFound",
     "PortTaken",
     "ServerUnavailable",
@@ -94,6 +96,14 @@ class PolicyNotFound(NotFound):
 
 class ServerUnavailable(Unavailable):
     """The client cannot reach ``gpuslice serve`` at its URL."""
+
+
+class OutcomeUnknown(Unavailable):
+    """A request that changes the server's state reached it, but no answer came back (none within the
+    client's wait, or the connection broke first): the server may still apply it. The message says so and
+    names the command that shows what happened; exit 4, where "no server at all" is 2."""
+
+    exit_status = 4
 
 
 class StoreFull(Unavailable):
