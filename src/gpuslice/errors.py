@@ -40,7 +40,9 @@ GpusliceError
 │  │  └─ StoreUnavailable (server.errors)   HTTP 503
 │  │     └─ StoreBusy, StoreFailing (server.errors)
 │  ├─ PolicyRejected (programs.loader)   HTTP 422
-│  ├─ PolicyFamilyMismatch, PolicyInitError (programs.loader)
+│  ├─ PolicyFamilyMismatch (programs.loader)
+│  ├─ PolicyInitError (programs.loader)
+│  │  └─ PolicyStartError (programs.policy_process)   a policy file's worker process could not build it
 │  ├─ BuiltinNotExportable (programs.export)
 │  ├─ MapError (programs.maps)
 │  │  └─ MapFull (programs.maps)

@@ -19,6 +19,7 @@ refusal (a value, not an exception) leaves every column as it was.
 
 from __future__ import annotations
 
+import weakref
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from itertools import count
@@ -156,6 +157,45 @@ class Ledger:
         self.total_gpu_milli = int(self._gpu_capacity.sum())
         self.allocated_gpu_milli = 0
         self.view = LedgerView(self)
+        # Placements taken (+1) and given back (-1), kept only while someone follows them (``follow``):
+        # a policy in a worker process keeps a copy of this ledger equal by replaying them.
+        self._journal: list[tuple[int, Placement]] = []
+        self._journal_base = 0  # the position of _journal[0] since the ledger was built
+        self._followers: weakref.WeakKeyDictionary[object, int] = weakref.WeakKeyDictionary()
+
+    def __getstate__(self) -> dict[str, object]:
+        """A copy (pickle) has the ledger's state, not its followers; its view is bound again on load."""
+        next_id = next(self._ids)  # itertools.count does not pickle on every Python: its next value does
+        self._ids = count(next_id)
+        state = dict(self.__dict__)
+        state.update(_journal=[], _journal_base=0, _followers=None, view=None, _ids=next_id)
+        return state
+
+    def __setstate__(self, state: dict[str, object]) -> None:
+        self.__dict__.update(state)
+        self._ids = count(state["_ids"])  # type: ignore[call-overload]
+        self._followers = weakref.WeakKeyDictionary()
+        self.view = LedgerView(self)
+
+    def follow(self, follower: object) -> None:
+        """Record takes and gives from now on for ``follower`` (held weakly); ``changes`` reads them."""
+        self._followers[follower] = self._journal_base + len(self._journal)
+
+    def changes(self, follower: object) -> list[tuple[int, Placement]]:
+        """The takes (+1) and gives (-1) since ``follower`` last asked, oldest first; entries every
+        follower has read are dropped."""
+        start = self._followers[follower] - self._journal_base
+        entries = self._journal[start:]
+        self._followers[follower] = self._journal_base + len(self._journal)
+        oldest = min(self._followers.values()) - self._journal_base
+        if oldest > 0:
+            del self._journal[:oldest]
+            self._journal_base += oldest
+        return entries
+
+    def _record(self, sign: int, placement: Placement) -> None:
+        if self._followers:
+            self._journal.append((sign, placement))
 
     # ---- queries -------------------------------------------------------------------------------------
 
@@ -305,6 +345,7 @@ class Ledger:
         self._apply(node, gpus, request, sign=-1)
         placement = Placement(node=node, gpus=gpus, request=request, id=next(self._ids))
         self._live[placement.id] = placement
+        self._record(+1, placement)
         return placement
 
     def hold_whole(self, node: int, gpu: int) -> Placement | Refusal:
@@ -347,6 +388,7 @@ class Ledger:
         self._mig.take(node, hold)
         placement = Placement(node=node, gpus=gpus, request=request, id=next(self._ids), mig=hold)
         self._live[placement.id] = placement
+        self._record(+1, placement)
         return placement
 
     def release(self, placement: Placement) -> None:
@@ -359,6 +401,7 @@ class Ledger:
         self._apply(placement.node, placement.gpus, placement.request, sign=+1)
         if placement.mig is not None:
             self._mig.give(placement.node, placement.mig)
+        self._record(-1, placement)
 
     def _apply(self, node: int, gpus: tuple[int, ...], request: Request, sign: int) -> None:
         self._free_cpu[node] += sign * request.cpu_milli

@@ -4,7 +4,10 @@
 a file without running it; ``loader`` runs a verified file in a restricted namespace; ``maps`` holds the
 bounded typed state a policy declares; ``guard`` (and ``guard_memory`` for the memory families) times
 and validates every hook call and detaches a faulty policy; ``slot`` holds the active policy of one
-family in a running system and swaps it atomically; ``export`` writes a built-in policy as a file. See
+family in a running system and swaps it atomically; ``export`` writes a built-in policy as a file.
+``policy_process`` (the server's side) and ``policy_worker`` (the worker's) run a placement or queue
+file in a worker process with a memory limit, killed past its budget; ``guard_isolated`` puts the guard
+in front of it. See
 docs/policy-authors-guide.md.
 """
 

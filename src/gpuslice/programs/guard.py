@@ -46,7 +46,7 @@ import threading
 import time
 from collections import Counter, deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import MappingProxyType
 from typing import Any
 
@@ -97,12 +97,20 @@ class GuardConfig:
     # and the extender decide under a lock), no for memory policies (a simulator calls them per fault,
     # microseconds each, and nobody waits on them). A replay may say False (no daemon waits there).
     abandon: bool | None = None
+    # A policy *file* of an isolated family (``guard_isolated.ISOLATED_FAMILIES``) runs in a worker process
+    # with this address-space limit; False keeps it in the server's process (tests of the thread guard).
+    isolate: bool = True
+    memory_limit_bytes: int = 512 * 2**20
 
     def budget_for(self, family: str) -> float:
         return DEFAULT_BUDGETS[family] if self.budget_seconds is None else self.budget_seconds
 
     def abandon_for(self, family: str) -> bool:
         return self.interrupt and (family in ("placement", "queue") if self.abandon is None else self.abandon)
+
+    def without_interrupt(self) -> GuardConfig:
+        """The same limits for a guard whose calls are bounded elsewhere (a worker process is killed)."""
+        return replace(self, interrupt=False)
 
 
 _MISSING = object()
@@ -131,6 +139,9 @@ class HookGuard:
         self.calls = 0
         self.slowest: dict[str, float] = {}  # hook -> longest call that returned, wall seconds
         self._recent: deque[float] = deque()
+        self._recent_kinds: deque[str] = (
+            deque()
+        )  # the kind of each fault in ``_recent``, for the detach event
         self._idle: list[Worker] = []  # worker threads waiting for a call (abandon mode)
         self._abandon = self.config.abandon_for(family)
         self._stuck: list[Job] = []  # abandoned calls still running (at most one: see ``call``)
@@ -215,13 +226,16 @@ class HookGuard:
         self._emit(f"policy {self.name} ({self.family}): {hook} {reason}; the default decided")
         now = time.monotonic()
         self._recent.append(now)
+        self._recent_kinds.append(kind)
         while self._recent and now - self._recent[0] > self.config.window_seconds:
             self._recent.popleft()
+            self._recent_kinds.popleft()
         if not self.detached and len(self._recent) >= self.config.max_faults:
             self.detached = True
+            why = ", ".join(f"{kind} x{n}" for kind, n in Counter(self._recent_kinds).most_common())
             self._emit(
                 f"policy {self.name} ({self.family}) detached after {len(self._recent)} faults within "
-                f"{self.config.window_seconds:g} s; the default is restored"
+                f"{self.config.window_seconds:g} s ({why}); the default is restored"
             )
             if self.on_detach is not None:
                 self.on_detach()
@@ -465,6 +479,15 @@ def guarded_factory(
 ) -> Callable[..., Any]:
     """A factory with the family's constructor arguments that builds ``loaded`` guarded, with the
     family's base ops as the default (``resolve`` uses it for ``--policy FILE``)."""
+    config = config or GuardConfig()
+    if config.isolate:
+        from gpuslice.programs.guard_isolated import (  # imports this module
+            ISOLATED_FAMILIES,
+            isolated_factory,
+        )
+
+        if loaded.family in ISOLATED_FAMILIES:
+            return isolated_factory(loaded, config, on_event)
     default_factory = family_default(loaded.family)
 
     def build(*args: Any) -> Any:

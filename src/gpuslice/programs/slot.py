@@ -26,8 +26,10 @@ from typing import Any
 
 from gpuslice.errors import InternalError, NotFound
 from gpuslice.programs.guard import GuardConfig, guard
+from gpuslice.programs.guard_isolated import ISOLATED_FAMILIES, isolated
 from gpuslice.programs.loader import LoadedPolicy, PolicyFamilyMismatch
 from gpuslice.programs.maps import Map
+from gpuslice.programs.policy_process import PolicyProcess
 from gpuslice.programs.verify import FAMILIES
 
 __all__ = ["NoPolicyLoaded", "NoSuchMap", "PolicySlot"]
@@ -94,13 +96,32 @@ class PolicySlot:
         carried = [n for n, m in previous.items() if n in maps and m.spec() == maps[n].spec()]
         for name in carried:
             maps[name] = previous[name]
-        policy = loaded.instantiate(*self._args, maps=maps)
-        guarded = guard(
-            self.family, policy, self._default, self._guard_config, self._on_event, self._detached
-        )
+        if self._guard_config.isolate and self.family in ISOLATED_FAMILIES:
+            # the policy's __init__ and every hook run in its worker process (PolicyStartError here)
+            process = PolicyProcess(loaded, self._guard_config.memory_limit_bytes)
+            try:
+                guarded = isolated(
+                    process,
+                    self._args,
+                    maps,
+                    self._default,
+                    self._guard_config,
+                    self._on_event,
+                    self._detached,
+                )
+            except BaseException:
+                process.close()
+                raise
+        else:
+            policy = loaded.instantiate(*self._args, maps=maps)
+            guarded = guard(
+                self.family, policy, self._default, self._guard_config, self._on_event, self._detached
+            )
         with self.lock:
+            previous_guarded = self._guarded
             self._current, self._guarded, self._loaded = guarded, guarded, loaded
             self._maps, self._loaded_at = maps, time.time()
+        _stop_worker(previous_guarded)
         kept = f"; maps carried over: {', '.join(carried)}" if carried else ""
         self._emit(
             f"policy {loaded.name} ({self.family}) loaded from {loaded.path}, "
@@ -112,7 +133,7 @@ class PolicySlot:
         with self.lock:
             if self._loaded is None:
                 raise NoPolicyLoaded(f"no {self.family} policy is loaded; the built-in default is active")
-            name = self._loaded.name
+            name, previous_guarded = self._loaded.name, self._guarded
             self._current, self._guarded, self._loaded, self._maps, self._loaded_at = (
                 self._default,
                 None,
@@ -120,6 +141,7 @@ class PolicySlot:
                 {},
                 None,
             )
+        _stop_worker(previous_guarded)
         self._emit(f"policy {name} ({self.family}) unloaded; the built-in default is active")
 
     def _detached(self) -> None:
@@ -169,15 +191,37 @@ class PolicySlot:
         with self.lock:
             m = self._map(name)
             m.update(_as(m.parse_key, m.spec().key, key), _as(m.parse_value, m.spec().value, value))
+            self._maps_changed()
 
     def map_delete(self, name: str, key: Any) -> bool:
         with self.lock:
             m = self._map(name)
-            return m.delete(_as(m.parse_key, m.spec().key, key))
+            deleted = m.delete(_as(m.parse_key, m.spec().key, key))
+            self._maps_changed()
+            return deleted
+
+    def _maps_changed(self) -> None:
+        """A policy in a worker process gets the slot's maps with its next call."""
+        remote = getattr(getattr(self._guarded, "guard", None), "remote", None)
+        if remote is not None:
+            remote.push_maps()
+
+    def close(self) -> None:
+        """Stop a loaded policy's worker process (the server is shutting down)."""
+        with self.lock:
+            guarded = self._guarded
+        _stop_worker(guarded)
 
     def map_dump(self, name: str) -> list[tuple[Any, Any]]:
         with self.lock:
             return self._map(name).dump()
+
+
+def _stop_worker(guarded: Any) -> None:
+    """Stop the worker process of a policy being replaced or unloaded (none for in-process policies)."""
+    process = getattr(getattr(guarded, "guard", None), "process", None)
+    if process is not None:
+        process.close()
 
 
 def _as(parse: Callable[[str], Any], tp: type, item: Any) -> Any:

@@ -271,6 +271,11 @@ class Daemon(Recovery, GpuWatch, PolicyAdmin, DaemonViews):
         self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout=10)
+        for slot in self.policy_slots.values():
+            slot.close()  # a policy file's worker process (it would also die with this process)
+        process = getattr(self._placement_factory, "process", None)
+        if process is not None:
+            process.close()
 
     def _run(self) -> None:
         while not self._stop.is_set():

@@ -165,7 +165,9 @@ def order_pending(
     compare, the default order (own priority, then FIFO) is used and ``fallbacks["order_key"]`` counted."""
 
     def advised() -> list[QueuedJob]:  # a key of the wrong shape, or keys that do not compare, raise here
-        keyed = [((*policy.order_key(view, j), j.seq), j) for j in jobs]
+        batch = getattr(policy, "order_keys", None)  # a policy in a worker process: one round trip
+        keys = batch(view, list(jobs)) if batch is not None else [policy.order_key(view, j) for j in jobs]
+        keyed = [((*key, j.seq), j) for key, j in zip(keys, jobs, strict=True)]
         keyed.sort(key=lambda pair: pair[0])
         return [j for _, j in keyed]
 

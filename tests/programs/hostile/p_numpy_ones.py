@@ -1,0 +1,17 @@
+"""Placement: numpy allocating 2 GB per call.
+
+expect: memory
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from gpuslice.programs.api import LedgerView, PlacementOps, Request
+
+
+class Hostile(PlacementOps):
+    name = "p-numpy-ones"
+
+    def score(self, view: LedgerView, req: Request, nodes: np.ndarray) -> np.ndarray:
+        return np.ones(250_000_000)[: len(nodes)]

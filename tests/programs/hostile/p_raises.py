@@ -1,0 +1,17 @@
+"""Placement: a score hook that raises.
+
+expect: exception
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from gpuslice.programs.api import LedgerView, PlacementOps, Request
+
+
+class Hostile(PlacementOps):
+    name = "p-raises"
+
+    def score(self, view: LedgerView, req: Request, nodes: np.ndarray) -> np.ndarray:
+        raise ValueError("policy bug")

@@ -1,0 +1,17 @@
+"""Placement: one score too many.
+
+expect: invalid
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from gpuslice.programs.api import LedgerView, PlacementOps, Request
+
+
+class Hostile(PlacementOps):
+    name = "p-wrong-shape"
+
+    def score(self, view: LedgerView, req: Request, nodes: np.ndarray) -> np.ndarray:
+        return np.zeros(len(nodes) + 1)

@@ -1,0 +1,138 @@
+"""The hostile corpus (``tests/programs/hostile/``): policy files that try to hurt the process running
+them. Each file says what should happen in its docstring (``expect: timeout``, ``memory``, ``invalid``,
+``exception`` or ``rejected``; "or" between two when either can come first on a busy machine).
+
+A file the verifier should refuse is refused. Every other file runs in its worker process: in a policy
+slot (queue files), in ``sim openb``'s replay (placement files) and in a real ``gpuslice serve``
+(``test_serve_hostile.py``). The assertions: the built-in decides instead (the same order, the same
+replay as with a harmless file), the fault is counted with the kind the file provokes, and this process
+neither froze nor grew.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpuslice.policies.queue import QUEUE
+from gpuslice.policies.queue.base import QueuedJob, QueueView, order_pending
+from gpuslice.programs.guard import GuardConfig
+from gpuslice.programs.loader import PolicyRejected, load_file
+from gpuslice.programs.slot import PolicySlot
+from gpuslice.sim.openb import replay
+from gpuslice.workload.job import JobSpec, Priority
+
+HOSTILE = Path(__file__).parent / "hostile"
+FILES = sorted(HOSTILE.glob("*.py"))
+SLACK_BYTES = 100 * 2**20  # what this process may grow by while a hostile file runs
+HARMLESS = """\
+from gpuslice.programs.api import PlacementOps
+
+
+class Harmless(PlacementOps):
+    name = "harmless"
+"""
+
+
+def expected(path: Path) -> set[str]:
+    """The fault kinds the file's docstring names (``expect: memory or timeout``)."""
+    (line,) = [line for line in path.read_text().splitlines() if line.startswith("expect:")]
+    return {word for word in line.split()[1:] if word != "or"}
+
+
+def of_kind(kind: str, prefix: str) -> list[Any]:
+    return [
+        pytest.param(p, id=p.stem) for p in FILES if p.stem.startswith(prefix) and kind not in expected(p)
+    ]
+
+
+def rss_bytes() -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError("no VmRSS in /proc/self/status")
+
+
+def test_the_corpus_has_at_least_thirty_files_each_with_an_expectation() -> None:
+    assert len(FILES) >= 30
+    kinds = {"timeout", "memory", "invalid", "exception", "rejected"}
+    for path in FILES:
+        assert expected(path) and expected(path) <= kinds, path.name
+
+
+@pytest.mark.parametrize("path", [p for p in FILES if "rejected" in expected(p)], ids=lambda p: p.stem)
+def test_a_file_that_reaches_outside_is_refused_by_the_verifier(path: Path) -> None:
+    with pytest.raises(PolicyRejected):
+        load_file(path)
+
+
+class Ticker:
+    """A thread that wakes every 10 ms and records how late it woke: a hook holding the GIL in this
+    process would show here as a gap of its whole run."""
+
+    def __init__(self) -> None:
+        self.worst = 0.0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            started = time.perf_counter()
+            time.sleep(0.01)
+            self.worst = max(self.worst, time.perf_counter() - started - 0.01)
+
+    def __enter__(self) -> Ticker:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+@pytest.mark.parametrize("path", of_kind("rejected", "q_"))
+def test_a_hostile_queue_file_costs_a_fault_and_the_builtin_orders_the_queue(path: Path) -> None:
+    events: list[str] = []
+    slot = PolicySlot("queue", QUEUE["priority-fair"], GuardConfig(budget_seconds=0.2), events.append)
+    slot.swap(load_file(path))
+    jobs = [
+        QueuedJob(f"j{i}", JobSpec(command=("x",), priority=Priority(i % 3)), float(i), i) for i in range(6)
+    ]
+    default_order = order_pending(QUEUE["priority-fair"](), QueueView(now=10.0), jobs)
+    before = rss_bytes()
+    try:
+        with Ticker() as ticker, slot.lock:
+            order = order_pending(slot.current, QueueView(now=10.0), jobs)
+    finally:
+        slot.close()
+    assert order == default_order
+    faults = slot.info()["faults"]
+    assert {key.partition(":")[2] for key in faults} & expected(path), faults
+    assert any("the default decided" in e for e in events)
+    # The hook ran elsewhere: this process's threads kept running, and its memory stayed.
+    assert ticker.worst < 1.0, f"this process stalled {ticker.worst:.2f} s while the hook ran"
+    assert rss_bytes() - before < SLACK_BYTES
+
+
+@pytest.mark.parametrize("path", of_kind("rejected", "p_"))
+def test_a_hostile_placement_file_in_a_replay_leaves_every_decision_to_the_builtin(
+    path: Path, small: Any, same_replay: Any, tmp_path: Path
+) -> None:
+    config = GuardConfig(budget_seconds=0.3, max_faults=3, abandon=False)
+    before = rss_bytes()
+    with Ticker() as ticker:
+        result = replay(small, str(path), 42, guard_config=config)
+    harmless = tmp_path / "harmless.py"  # the base class's hooks only: what the guard falls back to
+    harmless.write_text(HARMLESS)
+    baseline = replay(small, str(harmless), 42, guard_config=config)
+    assert same_replay(result, baseline)  # the default decided every pod
+    kinds = {key.rpartition(":")[2] for key in result.fallbacks}
+    assert kinds & expected(path), result.fallbacks
+    assert kinds <= expected(path) | {"restarting"}, result.fallbacks
+    assert result.fell_back_pods > 0
+    assert ticker.worst < 1.0, f"this process stalled {ticker.worst:.2f} s while the hook ran"
+    assert rss_bytes() - before < SLACK_BYTES
