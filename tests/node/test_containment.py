@@ -42,7 +42,9 @@ def escape(tmp_path, cleanup):
             "e", JobSpec(command=command, **spec), {}, tmp_path, contain=Containment(mode, grace, pids_max)
         )
         cleanup.append(job.pgid)
-        wait_for(lambda: escaper_pid(out), timeout=30)
+        # the job's main process writes its pid after the escaper's: a test that kills at once (a loaded
+        # machine's worst moment) must not kill it before it said who it is
+        wait_for(lambda: escaper_pid(out) and (main != "stay" or (out / "main").exists()), timeout=30)
         return job, out
 
     yield start
