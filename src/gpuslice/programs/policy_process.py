@@ -174,8 +174,7 @@ class PolicyProcess:
         self._ids = itertools.count()
         self._forget: list[int] = []  # instances dropped in the parent, told to the worker with the next call
         self.generation = 0  # bumped by every (re)start: an instance built in an older one is built again
-        self.restarts = 0
-        self.on_start_failed: Callable[[str], None] | None = None  # a background restart failed: why
+        self._start_failed: str | None = None  # why the last background restart failed; None once one works
         self._worker: _Worker | None = self._start()  # PolicyStartError if the file cannot start
 
     def instance(self, args: tuple[Any, ...], maps: dict[str, Map], budget: float) -> RemoteInstance:
@@ -212,14 +211,14 @@ class PolicyProcess:
             try:
                 worker = self._start()
             except (PolicyStartError, OSError) as err:
-                if self.on_start_failed is not None:  # counted as a fault: one that never starts is detached
-                    self.on_start_failed(f"crash (restart failed: {err})")
-                return  # the next call tries again
+                # the next call answers this as a fault (one that never starts is detached) and tries again
+                self._start_failed = f"crash (restart failed: {err})"
+                return
             with self._lock:
                 if self._closed:
                     worker.kill()
                 else:
-                    self._worker, self.restarts = worker, self.restarts + 1
+                    self._worker, self._start_failed = worker, None
 
         self._restarting = threading.Thread(target=run, name="gpuslice-policy-restart", daemon=True)
         self._restarting.start()
@@ -233,9 +232,10 @@ class PolicyProcess:
         with self._lock:
             worker = self._worker
             if worker is None or self._closed:
+                failed, self._start_failed = self._start_failed, None
                 if not self._closed and (self._restarting is None or not self._restarting.is_alive()):
                     self._restart_later()
-                return {}, "restarting"
+                return {}, failed or "restarting"
             sent = message(self.generation)
             if sent is None:
                 return {"ok": None}, None
