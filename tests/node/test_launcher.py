@@ -9,6 +9,7 @@ import signal
 import subprocess
 import textwrap
 import time
+from functools import partial
 from pathlib import Path
 
 import psutil
@@ -196,6 +197,19 @@ def test_kill_kills_every_process_of_the_job_and_the_supervisor_records_it(tmp_p
     status = wait_for(lambda: launcher.poll("k1", tmp_path))
     assert status.signal == 9
     wait_for(lambda: not grandchildren[0].is_running() or grandchildren[0].status() == psutil.STATUS_ZOMBIE)
+
+
+def test_a_kill_as_the_supervisor_forks_the_job_still_ends_it_at_once(tmp_path, cleanup):
+    """The job's first process is forked before it enters its container; a kill that lands in that
+    window must not miss it (the job would run on, for an hour here, holding its GPUs)."""
+    for job_id in (f"early{attempt}" for attempt in range(12)):
+        supervisor = launcher.launch(job_id, python_job("import time; time.sleep(3600)"), {}, tmp_path)
+        cleanup.append(supervisor.pgid)
+        # forked, but maybe not inside its container yet
+        wait_for(psutil.Process(supervisor.pid).children, interval=0.0005)
+        launcher.kill(supervisor.pgid)
+        status = wait_for(partial(launcher.poll, job_id, tmp_path), timeout=60)
+        assert status.signal == 9
 
 
 def test_processes_left_behind_when_the_command_ends_are_cleaned_up(tmp_path, cleanup):

@@ -438,12 +438,13 @@ def _container(pgid: int, state_dir: Path | None) -> containment.Container | Non
     return None
 
 
-def terminate(pgid: int, grace_seconds: float, state_dir: Path | None = None) -> bool:
+def terminate(pgid: int, grace_seconds: float, state_dir: Path | None = None, *, kill: bool = False) -> bool:
     """Ask the job to stop: SIGTERM now, SIGKILL after ``grace_seconds``; returns at once.
 
     The supervisor does the waiting and the kill (it reads the grace from stop.json), so the
     escalation happens even if the server dies meanwhile. Without a supervisor (it died), the job's
-    processes get SIGTERM and SIGCONT directly and the caller must ``kill`` them later."""
+    processes get SIGTERM and SIGCONT directly and the caller must ``kill`` them later. With ``kill`` a
+    live supervisor skips the SIGTERM and kills the job's container as soon as it has one."""
     directory = _supervisor_records(pgid)
     try:
         if directory is None:
@@ -456,7 +457,7 @@ def terminate(pgid: int, grace_seconds: float, state_dir: Path | None = None) ->
             os.killpg(pgid, signal.SIGCONT)
             return True
         write_json_atomic(
-            directory / STOP_FILE, {"grace_seconds": grace_seconds, "requested_at": time.time()}
+            directory / STOP_FILE, {"grace_seconds": grace_seconds, "requested_at": time.time(), "kill": kill}
         )
         os.kill(pgid, signal.SIGTERM)
         return True
@@ -504,11 +505,16 @@ def kill(pgid: int, state_dir: Path | None = None) -> bool:
             # a live supervisor that has not recorded its container yet has not started the job: a stop
             # with no grace makes it kill the job as soon as it has (signalling the group now would hit
             # a process between fork and exec, or the supervisor itself before it leads the group)
-            return terminate(pgid, 0.0)
+            return terminate(pgid, 0.0, kill=True)
         return _signal_workers(pgid, signal.SIGKILL)
     had = found.populated()
     found.kill()
     if found.supervisor <= 0:  # nobody else will remove it
         with contextlib.suppress(OSError):
             found.remove()
+    else:
+        # A process the supervisor has forked but that has not entered the container yet escaped that
+        # kill (on a loaded machine the window is wide enough to hit): a stop with no grace makes the
+        # supervisor kill the container again once its child runs inside it.
+        terminate(pgid, 0.0, kill=True)
     return had

@@ -69,7 +69,9 @@ _RESERVE_BYTES = 4096
 _RETRY_SECONDS = 1.0
 # Stop requests the supervisor handles itself; blocked from its start until its handlers are in place.
 SUPERVISOR_DEFERRED_SIGNALS = frozenset({signal.SIGTERM, signal.SIGINT})
-STOP_FILE = "stop.json"  # written by launcher.terminate: {"grace_seconds": float, "requested_at": float}
+# written by launcher.terminate: {"grace_seconds": float, "requested_at": float, "kill": bool}; with
+# "kill" the job gets no SIGTERM, only the SIGKILL, at once (launcher.kill asks this of a live supervisor)
+STOP_FILE = "stop.json"
 STDOUT_LOG = "stdout.log"
 STDERR_LOG = "stderr.log"
 # workload.job.DEFAULT_GRACE_SECONDS, copied: this file imports only the standard library (see above);
@@ -175,12 +177,15 @@ class Supervisor:
     def _forward(self, signum: int) -> None:
         """Send ``signum`` to every process of the job (never to ourselves: we are outside its container),
         then continue them (a suspended job must be able to act on it); start the grace clock."""
-        grace = self.grace_seconds
-        with contextlib.suppress(OSError, ValueError, TypeError, KeyError):
-            grace = float(json.loads((self.record_dir / STOP_FILE).read_text())["grace_seconds"])
+        grace, kill_now = self.grace_seconds, False
+        with contextlib.suppress(OSError, ValueError, TypeError, KeyError, AttributeError):
+            stop = json.loads((self.record_dir / STOP_FILE).read_text())
+            grace, kill_now = float(stop["grace_seconds"]), stop.get("kill") is True
         if self.child is not None and self.child.poll() is None:
             self._forwarded = True
-        if self.container is not None:
+        if kill_now and signum == signal.SIGTERM:
+            grace = 0.0  # the SIGKILL follows in the loop; no SIGTERM first
+        elif self.container is not None:
             self.container.signal(signum)
             self.container.freeze(False)
         deadline = time.monotonic() + max(0.0, grace)
