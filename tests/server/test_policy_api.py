@@ -72,7 +72,7 @@ def policy_events(api) -> list[str]:
 
 
 def queue_policy(api) -> dict:
-    (info,) = api.get("/v1/policies").json()
+    (info,) = [p for p in api.get("/v1/policies").json() if p["family"] == "queue"]
     return info
 
 
@@ -155,7 +155,8 @@ def test_a_policy_whose_init_fails_is_refused_and_the_running_one_stays(api, dae
 def test_serve_queue_policy_file_starts_with_it_and_unload_gives_the_builtin(make_daemon, tmp_path):
     path = write(tmp_path, "boost.py", BOOST)
     daemon = make_daemon(queue_policy=str(path))
-    (info,) = daemon.policies()
+    info, placement = daemon.policies()
+    assert placement == {**placement, "family": "placement", "builtin": True}
     assert (info["name"], info["source"], info["builtin"]) == ("tenant-boost", str(path), False)
     assert daemon.scheduler.policy is daemon.policy_slots["queue"].current
     assert daemon.unload_policy("queue")["name"] == "priority-fair"
@@ -173,7 +174,7 @@ class Spread(PlacementOps):
     assert r.status_code == 400 and "queue" in r.json()["detail"]
     assert queue_policy(api)["builtin"] is True
     r = api.delete("/v1/policies/placement", headers=AUTH)
-    assert r.status_code == 404 and "runs no placement policy" in r.json()["detail"]
+    assert r.status_code == 404 and "fixed at the server's start" in r.json()["detail"]
 
 
 def test_a_map_update_changes_the_order_on_the_running_server(api, daemon):

@@ -40,7 +40,7 @@ def load(server, source: str, filename: str) -> dict:
 
 
 def queue_policy(server) -> dict:
-    (info,) = server.http.get("/v1/policies").json()
+    (info,) = [p for p in server.http.get("/v1/policies").json() if p["family"] == "queue"]
     return info
 
 

@@ -67,6 +67,13 @@ def serve(
             "(.py; verified and guarded): the same policies as sim and the Kubernetes extender",
         ),
     ] = DEFAULT_PLACEMENT,
+    policy_memory: Annotated[
+        str,
+        typer.Option(
+            help="address-space limit of each policy file's worker process (queue and placement files run "
+            "in one of their own; a hook past it costs a fault, never the server's memory): 512MiB, 1GiB",
+        ),
+    ] = "512MiB",
     target_workload: target_workload_option("the shapes of the jobs the server knows") = None,
     public_reads: Annotated[
         bool,
@@ -135,6 +142,7 @@ def serve(
     busy_seconds = parse_duration(busy_timeout, "busy-timeout")
     if busy_seconds <= 0:
         raise UserError(f"--busy-timeout {busy_timeout}: use a positive duration, e.g. 2s")
+    policy_memory_bytes = _policy_memory(policy_memory)
     state_dir = writable_folder(state_dir or default_state_dir(), "--state-dir")  # before anything is made
     if sharing == "mig":
         _check_mig(simulate)
@@ -159,6 +167,7 @@ def serve(
         allow_hosts=tuple(allow_host or ()),
         containment=mode,
         pids_max=pids_max,
+        policy_memory_bytes=policy_memory_bytes,
     )
 
     def ready(url: str, token_path: Path, sign_in_url: str) -> None:
@@ -182,6 +191,24 @@ def serve(
         _out.print(f"try:   gpuslice submit --state-dir {options.state_dir} --mem 8GiB -- {example}")
 
     run(options, on_ready=ready)
+
+
+def _policy_memory(text: str) -> int:
+    """--policy-memory in bytes. Below what the worker itself needs every call would fail, so such a
+    limit is refused here rather than met as faults later."""
+    from gpuslice.programs.guard import MIN_MEMORY_LIMIT_BYTES
+    from gpuslice.units import format_size, parse_size
+
+    try:
+        limit = parse_size(text)
+    except UserError as err:
+        raise UserError(f"--policy-memory: {err}") from None
+    if limit < MIN_MEMORY_LIMIT_BYTES:
+        raise UserError(
+            f"--policy-memory {text}: a policy worker needs about {format_size(MIN_MEMORY_LIMIT_BYTES)} of "
+            "address space for Python and the policy API alone; give at least that, e.g. 512MiB"
+        )
+    return limit
 
 
 def _check_mig(simulate: str | None) -> None:

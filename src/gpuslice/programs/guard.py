@@ -68,7 +68,9 @@ from gpuslice.workload.job import Priority
 __all__ = [
     "DEFAULT_BUDGETS",
     "FAMILY_GUARDS",
+    "MIN_MEMORY_LIMIT_BYTES",
     "GuardConfig",
+    "GuardedFactory",
     "GuardedPlacement",
     "GuardedQueue",
     "HookGuard",
@@ -112,6 +114,10 @@ class GuardConfig:
         """The same limits for a guard whose calls are bounded elsewhere (a worker process is killed)."""
         return replace(self, interrupt=False)
 
+
+# A worker's own address space (Python, numpy, the policy API; measured at about 115 MiB) and room for
+# a policy's state: a smaller limit would make every call a memory fault.
+MIN_MEMORY_LIMIT_BYTES = 256 * 2**20
 
 _MISSING = object()
 
@@ -494,5 +500,24 @@ def guarded_factory(
         policy = loaded.instantiate(*args)
         return guard(loaded.family, policy, default_factory(*args), config, on_event)
 
-    build.name = loaded.name  # type: ignore[attr-defined]
-    return build
+    return GuardedFactory(loaded, build)
+
+
+class GuardedFactory:
+    """Builds guarded instances of one loaded file with the family's constructor arguments. Its
+    instances share one fault record (each new one carries on the last one's), so that the file is
+    detached after its faults however often a caller builds it anew (serve's placer is rebuilt when the
+    shapes it knows change; the extender builds one per ledger). ``guard``: the newest instance's."""
+
+    def __init__(self, loaded: Any, make: Callable[..., Any], process: Any = None) -> None:
+        self.loaded, self.name, self.process = loaded, loaded.name, process
+        self.loaded_at = time.time()
+        self._make = make
+        self.guard: HookGuard | None = None
+
+    def __call__(self, *args: Any) -> Any:
+        wrapper = self._make(*args)
+        if self.guard is not None:
+            wrapper.guard.continue_from(self.guard)
+        self.guard = wrapper.guard
+        return wrapper

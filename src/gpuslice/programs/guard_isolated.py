@@ -24,6 +24,7 @@ from gpuslice.policies.queue.base import QueuedJob, QueueView
 from gpuslice.programs.guard import (
     _MISSING,
     GuardConfig,
+    GuardedFactory,
     GuardedPlacement,
     GuardedQueue,
     HookGuard,
@@ -130,6 +131,4 @@ def isolated_factory(
     def build(*args: Any) -> Any:
         return isolated(process, args, loaded.new_maps(), default_factory(*args), config, on_event)
 
-    build.name = loaded.name  # type: ignore[attr-defined]
-    build.process = process  # type: ignore[attr-defined]
-    return build
+    return GuardedFactory(loaded, build, process)

@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from gpuslice.policies.queue import DEFAULT_QUEUE_POLICY, queue_policy
-from gpuslice.programs.guard import GuardConfig
+from gpuslice.programs.guard import GuardConfig, GuardedFactory
 from gpuslice.programs.loader import LoadedPolicy, PolicyFamilyMismatch, is_policy_path, load_file
 from gpuslice.programs.maps import MAP_TYPES, Map
 from gpuslice.programs.slot import PolicySlot
@@ -55,12 +55,32 @@ class PolicyAdmin:
     _lock: threading.RLock
     _wake: threading.Event
     _policy_events: deque[tuple[str, str]]
+    placement: str  # the placement policy's name, or the file given at start
+    _placement_factory: Any  # a GuardedFactory for a file
 
     def policies(self) -> list[dict[str, Any]]:
-        """Each family's slot as the API shows it (``PolicyOut``): what runs, its faults, its maps."""
+        """Each family's slot as the API shows it (``PolicyOut``): what runs, its faults, its maps; then
+        the placement policy (fixed at start, so not a slot: its file's faults and detach show here)."""
         with self._lock:
             self._flush_policy_events(self.clock())
-            return [_policy_out(slot.info()) for slot in self.policy_slots.values()]
+            return [*(_policy_out(slot.info()) for slot in self.policy_slots.values()), self._placement_out()]
+
+    def _placement_out(self) -> dict[str, Any]:
+        factory = self._placement_factory
+        if not isinstance(factory, GuardedFactory):
+            built_in = {"family": "placement", "name": self.placement, "builtin": True, "detached": False}
+            return _policy_out(built_in)
+        guard = factory.guard  # None until the first job is placed
+        return _policy_out({
+            "family": "placement",
+            "name": factory.name,
+            "builtin": False,
+            "sha256": factory.loaded.sha256,
+            "path": factory.loaded.path,
+            "loaded_at": factory.loaded_at,
+            "faults": guard.fault_counts() if guard is not None else {},
+            "detached": guard is not None and guard.detached,
+        })  # fmt: skip
 
     def load_policy(self, loaded: LoadedPolicy) -> dict[str, Any]:
         """Swap a verified policy in for its family; maps of the same name and spec keep their entries."""
@@ -132,6 +152,11 @@ class PolicyAdmin:
 
     def _slot(self, family: str) -> PolicySlot:
         slot = self.policy_slots.get(family)
+        if slot is None and family == "placement":
+            raise PolicyNotFound(
+                f"the placement policy ({self.placement}) is fixed at the server's start: restart it with "
+                "serve --placement NAME|FILE to change it; it has no maps to read or write here"
+            )
         if slot is None:
             served = ", ".join(sorted(self.policy_slots))
             raise PolicyNotFound(f"this server runs no {family} policy; its policy families: {served}")

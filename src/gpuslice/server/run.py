@@ -52,6 +52,7 @@ from gpuslice.node.enforcement import DEFAULT_SHARING
 from gpuslice.node.launcher import Containment
 from gpuslice.policies import DEFAULT_PLACEMENT
 from gpuslice.policies.queue import DEFAULT_QUEUE_POLICY
+from gpuslice.programs.guard import GuardConfig
 from gpuslice.server.app import create_app
 from gpuslice.server.auth import TOKEN_FILE, TokenFile, load_or_create_token
 from gpuslice.server.client import DEFAULT_PORT
@@ -183,6 +184,7 @@ class ServeOptions:
     allow_hosts: tuple[str, ...] = ()  # Host names accepted besides the server's own ("*": any)
     containment: str = containment.AUTO  # how jobs' processes are kept together (node/containment.py)
     pids_max: int = 0  # processes and threads one job may have (its cgroup's pids.max); 0: no limit
+    policy_memory_bytes: int = GuardConfig.memory_limit_bytes  # each policy file's worker: RLIMIT_AS
 
     @property
     def url(self) -> str:
@@ -327,6 +329,7 @@ def _run(options: ServeOptions, state_dir: Path, on_ready: Callable[[str, Path, 
             tick_seconds=options.tick_seconds,
             simulated=options.simulate is not None,
             telemetry=telemetry,
+            guard=GuardConfig(memory_limit_bytes=options.policy_memory_bytes),
         )
         daemon.start()
         hangup = signal.getsignal(signal.SIGHUP)

@@ -15,3 +15,6 @@ class Hostile(PlacementOps):
 
     def score(self, view: LedgerView, req: Request, nodes: np.ndarray) -> np.ndarray:
         return np.full(len(nodes), float(len([0] * 200_000_000)))
+
+    def pick_gpus(self, view: LedgerView, req: Request, node: int) -> tuple[int, ...] | None:
+        return (len([0] * 200_000_000) % 1,)

@@ -15,3 +15,6 @@ class Hostile(PlacementOps):
 
     def score(self, view: LedgerView, req: Request, nodes: np.ndarray) -> np.ndarray:
         return np.full(len(nodes), np.nan)
+
+    def pick_gpus(self, view: LedgerView, req: Request, node: int) -> tuple[int, ...] | None:
+        return (float("nan"),)  # type: ignore[return-value]

@@ -15,3 +15,6 @@ class Hostile(PlacementOps):
 
     def score(self, view: LedgerView, req: Request, nodes: np.ndarray) -> np.ndarray:
         return np.ones(250_000_000)[: len(nodes)]
+
+    def pick_gpus(self, view: LedgerView, req: Request, node: int) -> tuple[int, ...] | None:
+        return (int(np.ones(250_000_000)[0]) - 1,)

@@ -15,3 +15,6 @@ class Hostile(PlacementOps):
 
     def score(self, view: LedgerView, req: Request, nodes: np.ndarray) -> np.ndarray:
         raise ValueError("policy bug")
+
+    def pick_gpus(self, view: LedgerView, req: Request, node: int) -> tuple[int, ...] | None:
+        raise ValueError("policy bug")

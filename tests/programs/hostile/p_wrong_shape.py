@@ -15,3 +15,6 @@ class Hostile(PlacementOps):
 
     def score(self, view: LedgerView, req: Request, nodes: np.ndarray) -> np.ndarray:
         return np.zeros(len(nodes) + 1)
+
+    def pick_gpus(self, view: LedgerView, req: Request, node: int) -> tuple[int, ...] | None:
+        return [[0]]  # type: ignore[return-value]
