@@ -121,6 +121,29 @@ def test_detached_policy_is_not_called_again_and_events_say_why() -> None:
     assert events[-1].startswith("policy bad (placement) detached after 2 faults within 60 s")
 
 
+@pytest.mark.parametrize("isolate", [False, True], ids=["in-process", "worker"])
+def test_a_file_rebuilt_for_a_new_ledger_keeps_its_faults_and_stays_detached(tmp_path, isolate) -> None:
+    """serve rebuilds its placer when the shapes it knows change, the extender once per ledger: a file
+    that faults once per instance must still be detached after its faults, not start afresh each time."""
+    factory = resolve(
+        placement_file(tmp_path, "raise ValueError('policy bug')"),
+        "placement",
+        placement_policy,
+        GuardConfig(max_faults=2, isolate=isolate),
+    )
+    built = []
+    for cpu in (1000, 1100, 1200):  # one placement per instance, as after each rebuild
+        ledger = Ledger([NodeSpec(f"n{i}", 16000, 65536 * 2**20, 2, "V100M16") for i in range(4)])
+        built.append(factory(ledger.view, PolicyContext(rng=np.random.default_rng(0))))
+        placed = Placer(ledger, built[-1]).place(Request(cpu_milli=cpu, num_gpu=1, gpu_milli=100))
+        assert not isinstance(placed, Unplaced)
+    if factory.process is not None:
+        factory.process.close()
+    assert built[1].guard.detached and built[2].guard.detached
+    assert built[2].guard.faults == {("score", "exception"): 2}  # the third never called the file
+    assert factory.guard is built[2].guard
+
+
 def burn(seconds: float) -> int:
     """Busy until this thread has used ``seconds`` of CPU (however long a busy machine makes that)."""
     end = time.thread_time() + seconds

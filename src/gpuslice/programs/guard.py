@@ -225,6 +225,13 @@ class HookGuard:
             return _MISSING, "overrun"
         return answer, None
 
+    def continue_from(self, previous: HookGuard) -> None:
+        """Carry on ``previous``'s record: a factory built a new instance of the same file (another
+        ledger, another target workload), and the file's faults, not the instance's, lead to its detach."""
+        self.faults, self.events = previous.faults, previous.events
+        self._recent, self._recent_kinds = previous._recent, previous._recent_kinds
+        self.detached, self.calls = previous.detached, previous.calls
+
     def fault(self, hook: str, reason: str) -> None:
         """Count one fault, record the event, and detach after ``max_faults`` within the window."""
         kind = reason.split(" ", 1)[0]  # "exception ValueError" is counted as "exception"
