@@ -136,3 +136,48 @@ def test_a_hostile_placement_file_in_a_replay_leaves_every_decision_to_the_built
     assert result.fell_back_pods > 0
     assert ticker.worst < 1.0, f"this process stalled {ticker.worst:.2f} s while the hook ran"
     assert rss_bytes() - before < SLACK_BYTES
+
+
+FAILS_TO_RESTART = """\
+from gpuslice.programs.api import Map, QueueOps
+
+
+class FailsToRestart(QueueOps):
+    name = "fails-to-restart"
+    seen = Map(key=str, value=int, max_entries=4)
+
+    def __init__(self) -> None:
+        super().__init__()
+        if self.seen.get("calls", 0) > 0:
+            raise ValueError("cannot start again")
+
+    def order_key(self, view, job):
+        if self.seen.get("calls", 0) > 0:
+            return (sum(range(10**10)),)
+        self.seen.update("calls", 1)
+        return (0,)
+"""
+
+
+def test_a_worker_that_cannot_build_the_policy_again_after_a_kill_is_a_fault_and_detaches(tmp_path) -> None:
+    """The first call leaves a map entry and succeeds; the second runs past its budget and the worker is
+    killed; the fresh worker builds the policy with the maps as the server holds them, and its
+    ``__init__`` now raises. That failed restart must count (a crash fault) until the file is detached,
+    not pass as "restarting" for ever while the built-in silently decides."""
+    path = tmp_path / "fails_to_restart.py"
+    path.write_text(FAILS_TO_RESTART)
+    slot = PolicySlot("queue", QUEUE["priority-fair"], GuardConfig(budget_seconds=0.2), lambda _: None)
+    slot.swap(load_file(path))
+    job = [QueuedJob("j", JobSpec(command=("x",)), 0.0, 0)]
+    try:
+        deadline = time.monotonic() + 120
+        while not slot.info()["detached"]:
+            assert time.monotonic() < deadline, slot.info()["faults"]
+            with slot.lock:
+                order_pending(slot.current, QueueView(now=10.0), job)
+            time.sleep(0.05)
+        faults = slot.info()["faults"]
+    finally:
+        slot.close()
+    assert faults.get("order_key:timeout") == 1, faults
+    assert faults.get("order_key:crash", 0) >= 4, faults  # each try to build it again, until detached
