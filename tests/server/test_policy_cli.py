@@ -101,12 +101,20 @@ def test_a_rejected_file_prints_each_violation_and_exits_2(cli, daemon, tmp_path
     ("args", "words"),
     [
         (("policy", "unload", "queue"), "no queue policy is loaded"),
-        (("policy", "unload", "placement"), "runs no placement policy"),
+        (("policy", "unload", "placement"), "placement policy (bestfit) is fixed at the server's start"),
+        (("policy", "unload", "prefetch"), "runs no prefetch policy; its policy families: queue"),
         (("policy", "map", "dump", "boost"), "no queue policy is loaded"),
         (("policy", "map", "get", "boost", "ml"), "no queue policy is loaded"),
         (("policy", "load", "/nonexistent/p.py"), "cannot read policy file /nonexistent/p.py"),
     ],
-    ids=["unload with nothing loaded", "unknown family", "dump", "get", "missing file"],
+    ids=[
+        "unload with nothing loaded",
+        "placement fixed at start",
+        "unknown family",
+        "dump",
+        "get",
+        "missing file",
+    ],
 )
 def test_refusals_are_one_error_line_and_exit_2(cli, args, words):
     code, out, err = cli(*args)
