@@ -25,7 +25,7 @@ from collections.abc import Callable
 from typing import Any
 
 from gpuslice.errors import InternalError, NotFound
-from gpuslice.programs.guard import GuardConfig, guard
+from gpuslice.programs.guard import GuardConfig, file_info, guard
 from gpuslice.programs.guard_isolated import ISOLATED_FAMILIES, isolated
 from gpuslice.programs.loader import LoadedPolicy, PolicyFamilyMismatch
 from gpuslice.programs.maps import Map
@@ -159,17 +159,8 @@ class PolicySlot:
             loaded, guarded = self._loaded, self._guarded
             if loaded is None:
                 return {"family": self.family, "name": self._default.name, "builtin": True, "detached": False}
-            return {
-                "family": self.family,
-                "name": loaded.name,
-                "builtin": False,
-                "sha256": loaded.sha256,
-                "path": loaded.path,
-                "loaded_at": self._loaded_at,
-                "faults": guarded.guard.fault_counts(),
-                "detached": guarded.guard.detached,
-                "maps": {n: m.spec().as_dict() | {"entries": len(m)} for n, m in self._maps.items()},
-            }
+            maps = {n: m.spec().as_dict() | {"entries": len(m)} for n, m in self._maps.items()}
+            return file_info(loaded, self._loaded_at, guarded.guard) | {"maps": maps}
 
     # -- maps -----------------------------------------------------------------------------------------
     def _map(self, name: str) -> Map:

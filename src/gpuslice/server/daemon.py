@@ -55,7 +55,7 @@ from gpuslice.observe.metrics import ServeMetrics
 from gpuslice.observe.reasons import FailureCode
 from gpuslice.policies import DEFAULT_PLACEMENT, placement_policy
 from gpuslice.policies.queue import DEFAULT_QUEUE_POLICY
-from gpuslice.programs.guard import GuardConfig
+from gpuslice.programs.guard import GuardConfig, GuardedFactory
 from gpuslice.programs.loader import resolve
 from gpuslice.scheduler.node_scheduler import (
     NodeScheduler,
@@ -273,9 +273,8 @@ class Daemon(Recovery, GpuWatch, PolicyAdmin, DaemonViews):
             self._thread.join(timeout=10)
         for slot in self.policy_slots.values():
             slot.close()  # a policy file's worker process (it would also die with this process)
-        process = getattr(self._placement_factory, "process", None)
-        if process is not None:
-            process.close()
+        if isinstance(self._placement_factory, GuardedFactory):
+            self._placement_factory.close()
 
     def _run(self) -> None:
         while not self._stop.is_set():

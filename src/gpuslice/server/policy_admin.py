@@ -70,17 +70,7 @@ class PolicyAdmin:
         if not isinstance(factory, GuardedFactory):
             built_in = {"family": "placement", "name": self.placement, "builtin": True, "detached": False}
             return _policy_out(built_in)
-        guard = factory.guard  # None until the first job is placed
-        return _policy_out({
-            "family": "placement",
-            "name": factory.name,
-            "builtin": False,
-            "sha256": factory.loaded.sha256,
-            "path": factory.loaded.path,
-            "loaded_at": factory.loaded_at,
-            "faults": guard.fault_counts() if guard is not None else {},
-            "detached": guard is not None and guard.detached,
-        })  # fmt: skip
+        return _policy_out(factory.info())
 
     def load_policy(self, loaded: LoadedPolicy) -> dict[str, Any]:
         """Swap a verified policy in for its family; maps of the same name and spec keep their entries."""
