@@ -50,6 +50,12 @@ def of_kind(kind: str, prefix: str) -> list[Any]:
     ]
 
 
+def fault_kinds(fallbacks: dict[str, int]) -> set[str]:
+    """The kinds of a run's faults, an overrun (a call that kept the GIL past its budget and then returned,
+    judged when it returned) counted as the timeout it is (a call stuck longer is killed: "timeout")."""
+    return {"timeout" if kind == "overrun" else kind for kind in (k.rpartition(":")[2] for k in fallbacks)}
+
+
 def rss_bytes() -> int:
     for line in Path("/proc/self/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
@@ -130,7 +136,7 @@ def test_a_hostile_placement_file_in_a_replay_leaves_every_decision_to_the_built
     harmless.write_text(HARMLESS)
     baseline = replay(small, str(harmless), 42, guard_config=config)
     assert same_replay(result, baseline)  # the default decided every pod
-    kinds = {key.rpartition(":")[2] for key in result.fallbacks}
+    kinds = fault_kinds(result.fallbacks)
     assert kinds & expected(path), result.fallbacks
     assert kinds <= expected(path) | {"restarting"}, result.fallbacks
     assert result.fell_back_pods > 0
@@ -181,3 +187,46 @@ def test_a_worker_that_cannot_build_the_policy_again_after_a_kill_is_a_fault_and
         slot.close()
     assert faults.get("order_key:timeout") == 1, faults
     assert faults.get("order_key:crash", 0) >= 4, faults  # each try to build it again, until detached
+
+
+HARMLESS_QUEUE = """\
+from gpuslice.programs.api import QueueOps
+
+
+class Harmless(QueueOps):
+    name = "harmless"
+"""
+TIMED_HEADER = (
+    "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase,"
+    "creation_time,deletion_time,scheduled_time"
+)
+# One of each way a queue file misbehaves: a C call holding the GIL (the worker is killed), memory, a
+# garbage answer, an exception, recursion.
+TIMED_FILES = ["q_sum_range", "q_numpy_ones", "q_garbage", "q_raises", "q_deep_recursion_by_nesting"]
+
+
+@pytest.mark.parametrize("stem", TIMED_FILES)
+def test_a_hostile_queue_file_in_a_timed_replay_leaves_the_order_to_the_builtin(
+    stem: str, tmp_path: Path
+) -> None:
+    from gpuslice.sim.timed_replay import ReplayConfig, replay_timed
+    from gpuslice.sim.timed_trace import load_timed_trace
+    from gpuslice.sim.trace import NODE_FILE
+
+    (tmp_path / NODE_FILE).write_text("sn,cpu_milli,memory_mib,gpu,model\nn0,96000,393216,2,V100M16\n")
+    rows = [f"p{i},1000,1024,1,1000,,LS,Running,{i},{i + 50 + 10 * i},{i}" for i in range(12)]
+    (tmp_path / "openb_pod_list_t.csv").write_text(TIMED_HEADER + "\n" + "\n".join(rows) + "\n")
+    trace = load_timed_trace("t", tmp_path)
+    config = GuardConfig(budget_seconds=0.3, max_faults=3)
+    path = HOSTILE / f"{stem}.py"
+    before = rss_bytes()
+    with Ticker() as ticker:
+        result = replay_timed(trace, ReplayConfig("bestfit", str(path), "none", 1.0), guard_config=config)
+    harmless = tmp_path / "harmless.py"
+    harmless.write_text(HARMLESS_QUEUE)
+    baseline = replay_timed(trace, ReplayConfig("bestfit", str(harmless), "none", 1.0), guard_config=config)
+    assert result.start.tolist() == baseline.start.tolist()  # the default ordered every queue
+    kinds = fault_kinds({k: n for k, n in result.fallbacks.items() if k.startswith("guard.")})
+    assert kinds & expected(path), result.fallbacks
+    assert ticker.worst < 1.0, f"this process stalled {ticker.worst:.2f} s while the hook ran"
+    assert rss_bytes() - before < SLACK_BYTES

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated
 
@@ -19,8 +20,11 @@ from gpuslice.memory import EVICTION, PREFETCH, SimConfig, make_workload, simula
 from gpuslice.memory.cost import CostModel, load_cost_profile
 from gpuslice.memory.hooks import PRIORITY_HIGH, PRIORITY_LOW, VISIBILITIES
 from gpuslice.memory.policies import DEFAULT_EVICTION, DEFAULT_PREFETCH
-from gpuslice.memory.workloads import WORKLOADS, read_trace_csv
-from gpuslice.programs.loader import memory_ops
+from gpuslice.memory.simulator import SimResult
+from gpuslice.memory.workloads import WORKLOADS, Trace, read_trace_csv
+from gpuslice.programs.guard import GuardConfig
+from gpuslice.programs.loader import is_policy_path, memory_ops
+from gpuslice.programs.run_isolation import isolated_run
 
 __all__ = ["MAX_OVERSUB", "MAX_SCALE", "app", "memsim"]
 
@@ -99,8 +103,7 @@ def memsim(
     ) as bar:
         task = bar.add_task(f"{data.name} ×{oversub}", total=len(pairs) * len(data))
         for e, p in dict.fromkeys(pairs):
-            ops = memory_ops(e, p)  # a file's result is labelled with its path
-            results[(e, p)] = simulate(data, ops, cfg, e, p, progress=lambda k: bar.advance(task, k))
+            results[(e, p)] = _simulate(data, e, p, cfg, lambda k: bar.advance(task, k))
     shown = [results[(e, prefetch)] for e in evicts]
     if compare and ("belady", prefetch) not in [(r.evict, r.prefetch) for r in shown]:
         shown.append(results[("belady", prefetch)])
@@ -133,6 +136,32 @@ def memsim(
     terminal.console().print(table)
     if plot:
         _plot(shown, base, out / "memsim.png", f"{data.name} ×{oversub}")
+
+
+def _simulate(
+    data: Trace, evict: str, prefetch: str, cfg: SimConfig, advance: Callable[[int], None]
+) -> SimResult:
+    """One pair's run; with a policy file, the whole run in a worker process (``run_isolation``)."""
+    if not (is_policy_path(evict) or is_policy_path(prefetch)):
+        return simulate(data, memory_ops(evict, prefetch), cfg, evict, prefetch, progress=advance)
+
+    def run(child: GuardConfig, relay: Callable[[int, int], None]) -> SimResult:
+        sent = [0]  # accesses done, in the worker process
+
+        def progress(k: int) -> None:
+            sent[0] += k
+            relay(sent[0], 0)
+
+        ops = memory_ops(evict, prefetch, child)  # a file's result is labelled with its path
+        return simulate(data, ops, cfg, evict, prefetch, progress=progress)
+
+    shown = [0]  # accesses the bar shows, here
+
+    def relayed(total: int, _: int) -> None:
+        advance(total - shown[0])
+        shown[0] = total
+
+    return isolated_run(run, GuardConfig(), relayed)
 
 
 def _parse_tenants(text: str) -> dict[int, str]:

@@ -76,6 +76,7 @@ __all__ = [
     "HookGuard",
     "HookTimeout",
     "family_default",
+    "file_info",
     "guard",
     "guarded_factory",
 ]
@@ -121,6 +122,9 @@ MIN_MEMORY_LIMIT_BYTES = 256 * 2**20
 
 _MISSING = object()
 
+# Set only in a batch run's worker process (``run_isolation.CallMonitor``): numbers each guarded call.
+CALL_MONITOR: Any = None
+
 
 class HookGuard:
     """Timing, fault counting and detaching for one loaded policy; the family wrappers call ``call``."""
@@ -155,12 +159,30 @@ class HookGuard:
             WATCHDOG.watch(self)
 
     def call(self, hook: str, fn: Callable[..., Any], args: tuple[Any, ...]) -> tuple[Any, str | None]:
-        """Run ``fn(*args)`` timed; (answer, None) or (_MISSING, fault reason).
+        """Run ``fn(*args)`` timed; (answer, None) or (_MISSING, fault reason). In a batch run's worker
+        process (``CALL_MONITOR`` set) the call is numbered and shown to the parent, which kills the run
+        if the call holds the GIL past its budget, and may have marked it as a fault that does not run."""
+        monitor = CALL_MONITOR
+        if monitor is None:
+            return self._call(hook, fn, args)
+        forced = monitor.begin(self.budget)
+        if forced is not None:
+            self.calls += 1
+            return _MISSING, forced
+        overran = True
+        try:
+            answer, reason = self._call(hook, fn, args)
+        finally:
+            overran = monitor.end()
+        # a call that kept the GIL throughout is one the watchdog never saw: the monitor's clock judges it
+        return (_MISSING, "overrun") if reason is None and overran else (answer, reason)
 
-        With the watchdog, the call runs on one of this guard's worker threads and the caller waits for
-        it: a hook stuck in one long C call (numpy releases the GIL there, so the caller can wake) is
-        abandoned once it burned ``ABANDON_CPU_SHARE`` budgets of CPU, and the default decides at once;
-        the worker finishes the call on its own and its answer is dropped."""
+    def _call(self, hook: str, fn: Callable[..., Any], args: tuple[Any, ...]) -> tuple[Any, str | None]:
+        """``call`` in this process. With the watchdog, the call runs on one of this guard's worker
+        threads and the caller waits for it: a hook stuck in one long C call (numpy releases the GIL
+        there, so the caller can wake) is abandoned once it burned ``ABANDON_CPU_SHARE`` budgets of CPU,
+        and the default decides at once; the worker finishes the call on its own and its answer is
+        dropped."""
         self.calls += 1
         started = time.perf_counter()
         if not self.config.interrupt:
@@ -216,6 +238,8 @@ class HookGuard:
         cpu = time.thread_time()
         try:
             answer = fn(*args)
+        except MemoryError:
+            return _MISSING, "memory"
         except Exception as err:
             return _MISSING, f"exception {type(err).__name__}"
         elapsed = time.perf_counter() - started
@@ -510,6 +534,21 @@ def guarded_factory(
     return GuardedFactory(loaded, build)
 
 
+def file_info(loaded: Any, loaded_at: float, guard: HookGuard | None) -> dict[str, Any]:
+    """A loaded policy file as ``policy list`` shows it: its family, name, hash, path, when it was loaded,
+    its guard's faults and whether it is detached (none and no while nothing has built it)."""
+    return {
+        "family": loaded.family,
+        "name": loaded.name,
+        "builtin": False,
+        "sha256": loaded.sha256,
+        "path": loaded.path,
+        "loaded_at": loaded_at,
+        "faults": guard.fault_counts() if guard is not None else {},
+        "detached": guard is not None and guard.detached,
+    }
+
+
 class GuardedFactory:
     """Builds guarded instances of one loaded file with the family's constructor arguments. Its
     instances share one fault record (each new one carries on the last one's), so that the file is
@@ -521,6 +560,15 @@ class GuardedFactory:
         self.loaded_at = time.time()
         self._make = make
         self.guard: HookGuard | None = None
+
+    def close(self) -> None:
+        """Stop the file's worker process, if it has one (a server's shutdown)."""
+        if self.process is not None:
+            self.process.close()
+
+    def info(self) -> dict[str, Any]:
+        """The file as ``policy list`` shows it (``file_info``); no faults until the first instance."""
+        return file_info(self.loaded, self.loaded_at, self.guard)
 
     def __call__(self, *args: Any) -> Any:
         wrapper = self._make(*args)

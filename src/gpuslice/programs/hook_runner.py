@@ -28,6 +28,7 @@ __all__ = [
     "Job",
     "Watchdog",
     "Worker",
+    "process_cpu_seconds",
     "run_job",
 ]
 
@@ -45,6 +46,19 @@ ABANDON_CPU_SHARE = 2.0
 # polling gains nothing.
 WATCHDOG_POLL_MIN_SECONDS = 0.005
 WATCHDOG_POLL_MAX_SECONDS = 0.25
+
+
+_CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def process_cpu_seconds(pid: int) -> float | None:
+    """User + system CPU of process ``pid`` (Linux ``/proc/PID/stat``); None once it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS  # utime, stime: fields 14 and 15 of stat
 
 
 class HookTimeout(BaseException):
@@ -252,6 +266,8 @@ def run_job(job: Job, ident: int, clocks: bool = True) -> None:
     except HookTimeout:
         WATCHDOG.forget(token)
         job.reason = "timeout"
+    except MemoryError:  # in a worker process, its address-space limit (run_isolation.py)
+        job.reason = "memory"
     except Exception as err:  # the policy's bug: counted, the default decides (STYLE.md habit 5)
         job.reason = f"exception {type(err).__name__}"
     if clocks:

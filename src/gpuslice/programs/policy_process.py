@@ -49,7 +49,7 @@ from typing import Any
 
 from gpuslice.errors import UserError
 from gpuslice.ledger.ledger import LedgerView
-from gpuslice.programs.hook_runner import CPU_SHARE
+from gpuslice.programs.hook_runner import CPU_SHARE, process_cpu_seconds
 from gpuslice.programs.loader import LoadedPolicy, PolicyInitError
 from gpuslice.programs.maps import Map
 from gpuslice.programs.policy_worker import UNREPRESENTABLE, decode
@@ -70,22 +70,11 @@ WALL_CAP = 10.0  # budgets of wall time after which a call is killed whatever CP
 # An answer larger than this is a bad answer, not a reason to grow: decoded, it would take several times
 # its size of the server's memory. A score per node of a 6,000-node cluster is about 120 KB.
 _MAX_ANSWER_BYTES = 4 * 2**20
-_CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 MISSING = UNREPRESENTABLE  # one sentinel: no answer, or one no check accepts
 
 
 class PolicyStartError(PolicyInitError):
     """The worker could not start the policy (its ``__init__`` failed, ran too long, or ran out of memory)."""
-
-
-def _cpu_seconds(pid: int) -> float | None:
-    """User + system CPU of process ``pid`` (Linux ``/proc/PID/stat``); None once it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            fields = f.read().rsplit(b")", 1)[1].split()
-    except OSError:
-        return None
-    return (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS  # utime, stime: fields 14 and 15 of stat
 
 
 _SPAWNER: list[ThreadPoolExecutor] = []
@@ -260,11 +249,11 @@ class PolicyProcess:
         """The worker's reply, or why none came: "timeout" (past the budget, see the module docstring),
         "crash" (it died), "invalid" (a reply that is not what the worker sends)."""
         started = time.perf_counter()
-        cpu_started = _cpu_seconds(worker.popen.pid) or 0.0
+        cpu_started = process_cpu_seconds(worker.popen.pid) or 0.0
         wait = budget
         while not worker.from_worker.poll(wait):
             elapsed = time.perf_counter() - started
-            cpu = _cpu_seconds(worker.popen.pid)
+            cpu = process_cpu_seconds(worker.popen.pid)
             if cpu is None or worker.popen.poll() is not None:
                 return {}, worker.exit_reason()
             if cpu - cpu_started >= CPU_SHARE * budget or elapsed >= wall_cap:

@@ -29,7 +29,8 @@ from gpuslice.ledger.fragmentation import FragmentationMeasure
 from gpuslice.ledger.ledger import LedgerView
 from gpuslice.policies import PolicyContext, placement_policy
 from gpuslice.programs.guard import GuardConfig
-from gpuslice.programs.loader import resolve
+from gpuslice.programs.loader import is_policy_path, resolve
+from gpuslice.programs.run_isolation import isolated_run
 from gpuslice.scheduler.placer import Placer, Unplaced
 from gpuslice.sim.cluster_ledger import capacity_pct, cluster_ledger, mig_slices_held, set_aside_milli
 from gpuslice.sim.trace import OpenbTrace, TracePod
@@ -181,7 +182,16 @@ def replay(
     guard_config: GuardConfig | None = None,
 ) -> ReplayResult:
     """Run the experiment once; ``progress(done, total)`` is called every 500 pods if given.
-    ``policy`` is a built-in name or a policy file, guarded with ``guard_config`` (default budgets)."""
+    ``policy`` is a built-in name or a policy file, guarded with ``guard_config`` (default budgets); a
+    file's run goes whole to a worker process unless the config says ``isolate=False``
+    (``programs/run_isolation.py``)."""
+    config = guard_config or GuardConfig(abandon=False)
+    if config.isolate and is_policy_path(policy):
+        return isolated_run(
+            lambda child, relay: replay(trace, policy, seed, tune, relay if progress else None, child),
+            config,
+            progress,
+        )
     started = time.perf_counter()
     workload_seed, policy_seed = np.random.SeedSequence(seed).spawn(2)
     rng = np.random.default_rng(workload_seed)
@@ -192,7 +202,7 @@ def replay(
     target = TargetWorkload.from_requests(p.request for p in trace.pods)
     context = PolicyContext(rng=np.random.default_rng(policy_seed), target=target)
     # a built-in name or a policy file (guarded; its faults join the placer's fallbacks)
-    factory = resolve(policy, "placement", placement_policy, guard_config or GuardConfig(abandon=False))
+    factory = resolve(policy, "placement", placement_policy, config)
     placer = Placer(ledger, factory(ledger.view, context))
     view = ledger.view
 

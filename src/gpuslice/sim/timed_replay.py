@@ -49,7 +49,9 @@ from gpuslice.ledger.placement import Placement
 from gpuslice.policies import PolicyContext, placement_policy
 from gpuslice.policies.queue import QueuedJob, QueueOps, QueueView, effective_priority
 from gpuslice.policies.queue import queue_policy as lookup_queue_policy
-from gpuslice.programs.loader import resolve
+from gpuslice.programs.guard import GuardConfig
+from gpuslice.programs.loader import is_policy_path, resolve
+from gpuslice.programs.run_isolation import isolated_run
 from gpuslice.scheduler.backfill import Shadow
 from gpuslice.scheduler.node_fit import gpus_equivalent
 from gpuslice.scheduler.placer import Placer, Unplaced, wants_gpu_set
@@ -111,7 +113,13 @@ class _Running:
 
 
 class _Replay:
-    def __init__(self, trace: TimedTrace, config: ReplayConfig, estimates: Sequence[float] | None) -> None:
+    def __init__(
+        self,
+        trace: TimedTrace,
+        config: ReplayConfig,
+        estimates: Sequence[float] | None,
+        guard_config: GuardConfig | None = None,
+    ) -> None:
         if not config.load > 0 or not math.isfinite(config.load):
             raise ValueError("load must be a positive finite number")
         self.trace, self.config, self.estimates = trace, config, estimates
@@ -123,11 +131,11 @@ class _Replay:
         self.aside = set_aside_milli(self.ledger)  # not in the GPU figures (sim/cluster_ledger.py)
         self.target = TargetWorkload.from_requests(j.request for j in self.jobs)
         context = PolicyContext(rng=np.random.default_rng(policy_seed), target=self.target)
-        factory = resolve(config.placement, "placement", placement_policy)
+        factory = resolve(config.placement, "placement", placement_policy, guard_config)
         self.placer = Placer(
             self.ledger, factory(self.ledger.view, context), topologies=_wiring(trace, config)
         )
-        self.queue: QueueOps = resolve(config.queue, "queue", lookup_queue_policy)()
+        self.queue: QueueOps = resolve(config.queue, "queue", lookup_queue_policy, guard_config)()
         self.live: dict[int, _Pod] = {}  # pods from their arrival to their end
         self.fallbacks: Counter[str] = Counter()
         self.pods = PodArrays(n)
@@ -375,6 +383,13 @@ class _Replay:
             fallbacks={
                 **{f"queue.{k}": v for k, v in self.fallbacks.items()},
                 **{f"{hook}:{reason}": c for (hook, reason), c in self.placer.fallbacks.items()},
+                # a policy file's faults, as in sim openb (``guard.<hook>:<reason>``)
+                **{
+                    f"guard.{key}": n
+                    for ops in (self.placer.policy, self.queue)
+                    if (guard := getattr(ops, "guard", None)) is not None
+                    for key, n in guard.fault_counts().items()
+                },
             },
         )
 
@@ -397,9 +412,19 @@ def replay_timed(
     config: ReplayConfig,
     estimates: Sequence[float] | None = None,
     progress: Callable[[int, int], None] | None = None,
+    guard_config: GuardConfig | None = None,
 ) -> TimedResult:
-    """Replay ``trace`` under ``config``; ``progress(arrived, total)`` is called every 1000 arrivals."""
+    """Replay ``trace`` under ``config``; ``progress(arrived, total)`` is called every 1000 arrivals. A
+    policy file (placement or queue) is guarded with ``guard_config`` (default budgets), and the run goes
+    whole to a worker process unless it says ``isolate=False`` (``programs/run_isolation.py``)."""
+    guard = guard_config or GuardConfig()
+    if guard.isolate and (is_policy_path(config.placement) or is_policy_path(config.queue)):
+        return isolated_run(
+            lambda child, relay: replay_timed(trace, config, estimates, relay if progress else None, child),
+            guard,
+            progress,
+        )
     started = time.perf_counter()
-    replay = _Replay(trace, config, estimates)
+    replay = _Replay(trace, config, estimates, guard)
     replay.run(progress)
     return replay.result(time.perf_counter() - started)
