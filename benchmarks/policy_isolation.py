@@ -4,11 +4,12 @@
     .venv/bin/python benchmarks/policy_isolation.py --part sim     # only the side-by-side replay
     .venv/bin/python benchmarks/policy_isolation.py --part serve   # only the hostile corpus in serve
 
-1. ``sim openb`` on the default trace with ``examples/policies/least_loaded.py``, in process (the thread
-   guard, ``GuardConfig(isolate=False)``) and in its worker process, alternating, ``--rounds`` each: wall
-   time of the replay and the wall time of each guarded hook call (p50/p99), measured around
-   ``HookGuard.call`` (in process) and ``IsolatedGuard.call`` (a round trip to the worker). The two
-   replays must place every pod alike (checked).
+1. ``sim openb`` on the default trace with ``examples/policies/least_loaded.py`` three ways, alternating,
+   ``--rounds`` each: in process (the thread guard, ``GuardConfig(isolate=False)``), with a worker
+   process per call (what serve and the extender do: ``policy_process.py``), and the whole run in a
+   worker (what a replay does: ``run_isolation.py``). Wall time of the replay, and of each guarded hook
+   call (p50/p99) where the calls are made in this process: around ``HookGuard.call`` (in process) and
+   ``IsolatedGuard.call`` (a round trip to the worker). All replays must place every pod alike (checked).
 2. Each file of ``tests/programs/hostile/`` in a real ``gpuslice serve --simulate dgx-h100`` (queue
    files loaded through ``POST /v1/policies`` while three jobs wait; placement files given at start,
    one job submitted every 0.3 s), until it is detached: ``/v1/health`` p50/p99/max asked every 20 ms
@@ -38,6 +39,7 @@ sys.path.insert(0, str(REPO / "tests"))
 from gpuslice.programs import guard as guard_module  # noqa: E402
 from gpuslice.programs import guard_isolated  # noqa: E402
 from gpuslice.programs.guard import GuardConfig  # noqa: E402
+from gpuslice.sim import openb  # noqa: E402
 from gpuslice.sim.openb import replay  # noqa: E402
 from gpuslice.sim.trace import load_trace  # noqa: E402
 
@@ -55,37 +57,64 @@ def _timed(calls: list[float], original: Callable[..., Any]) -> Callable[..., An
     return call
 
 
+# (label, GuardConfig, the guard class whose ``call`` is one guarded hook call there)
+MODES = (
+    ("in process (thread guard)", GuardConfig(abandon=False, isolate=False), guard_module.HookGuard),
+    ("a worker per call (as serve)", GuardConfig(abandon=False), guard_isolated.IsolatedGuard),
+    ("the whole run in a worker", GuardConfig(abandon=False), None),
+)
+
+
+def _one_replay(trace: Any, mode: int) -> tuple[float, list[float], Any]:
+    label, config, owner = MODES[mode]
+    calls: list[float] = []
+    saved = owner.call if owner is not None else None
+    if owner is not None:
+        owner.call = _timed(calls, saved)  # type: ignore[method-assign]
+    # "a worker per call" is what serve and the extender do; a replay sends its file's whole run to a
+    # worker instead, so here the replay is told the file is none of its business (its guard config
+    # still builds the per-call worker).
+    is_path = openb.is_policy_path
+    if mode == 1:
+        openb.is_policy_path = lambda _: False  # type: ignore[assignment]
+    try:
+        started = time.perf_counter()
+        result = replay(trace, POLICY, 42, guard_config=config)
+        wall = time.perf_counter() - started
+    finally:
+        openb.is_policy_path = is_path  # type: ignore[assignment]
+        if owner is not None:
+            owner.call = saved  # type: ignore[method-assign]
+    print(f"  {label}: {wall:.2f} s, {len(calls)} calls", file=sys.stderr, flush=True)
+    return wall, calls, tuple(a.tobytes() for a in (result.allocated_gpu_milli, result.fragmented_gpu_milli))
+
+
 def sim_part(rounds: int) -> None:
     trace = load_trace()
-    rows: dict[bool, list[tuple[float, list[float]]]] = {False: [], True: []}
-    placements: dict[bool, Any] = {}
+    rows: dict[int, list[tuple[float, list[float]]]] = {m: [] for m in range(len(MODES))}
+    placed = set()
     for _ in range(rounds):
-        for isolate in (False, True):
-            calls: list[float] = []
-            owner = guard_isolated.IsolatedGuard if isolate else guard_module.HookGuard
-            original = owner.call
-            owner.call = _timed(calls, original)  # type: ignore[method-assign]
-            try:
-                started = time.perf_counter()
-                result = replay(trace, POLICY, 42, guard_config=GuardConfig(abandon=False, isolate=isolate))
-                wall = time.perf_counter() - started
-            finally:
-                owner.call = original  # type: ignore[method-assign]
-            rows[isolate].append((wall, calls))
-            placed = (result.allocated_gpu_milli, result.fragmented_gpu_milli)
-            placements[isolate] = tuple(a.tobytes() for a in placed)
-            print(f"  isolate={isolate}: {wall:.2f} s, {len(calls)} calls", file=sys.stderr, flush=True)
-    assert placements[False] == placements[True], "the two replays placed pods differently"
+        for mode in range(len(MODES)):
+            wall, calls, placement = _one_replay(trace, mode)
+            rows[mode].append((wall, calls))
+            placed.add(placement)
+    assert len(placed) == 1, "the replays placed pods differently"
     print("| where the file runs | replay wall s (each round) | guarded calls | per call p50 µs | p99 µs |")
     print("|---|---|---:|---:|---:|")
-    for isolate, label in ((False, "in process (thread guard)"), (True, "worker process")):
-        walls = ", ".join(f"{w:.2f}" for w, _ in rows[isolate])
-        every = np.array([c for _, calls in rows[isolate] for c in calls]) * 1e6
-        n = len(rows[isolate][0][1])
+    for mode, (label, _, owner) in enumerate(MODES):
+        walls = ", ".join(f"{w:.2f}" for w, _ in rows[mode])
+        if owner is None:  # the calls ran in the child, timed by nobody here
+            print(f"| {label} | {walls} | as in process | - | - |")
+            continue
+        every = np.array([c for _, calls in rows[mode] for c in calls]) * 1e6
+        n = len(rows[mode][0][1])
         p50, p99 = np.percentile(every, 50), np.percentile(every, 99)
         print(f"| {label} | {walls} | {n:,} | {p50:.0f} | {p99:.0f} |")
-    ratio = min(w for w, _ in rows[True]) / min(w for w, _ in rows[False])
-    print(f"\nworker / in process, best round each: {ratio:.2f}x")
+    best = [min(w for w, _ in rows[m]) for m in range(len(MODES))]
+    print(
+        f"\nbest round each, against in process: a worker per call {best[1] / best[0]:.2f}x, "
+        f"the whole run in a worker {best[2] / best[0]:.2f}x"
+    )
 
 
 def serve_part() -> None:
