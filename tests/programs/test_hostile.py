@@ -230,3 +230,35 @@ def test_a_hostile_queue_file_in_a_timed_replay_leaves_the_order_to_the_builtin(
     assert kinds & expected(path), result.fallbacks
     assert ticker.worst < 1.0, f"this process stalled {ticker.worst:.2f} s while the hook ran"
     assert rss_bytes() - before < SLACK_BYTES
+
+
+EVICT_HOLDS_GIL = """\
+from gpuslice.programs.api import DecisionContext, MemoryOps, MemoryView
+
+
+class HoldsTheGil(MemoryOps):
+    name = "holds-the-gil"
+    summary = "every activation sums a huge range in one C call"
+    kind = "evict"
+
+    def block_activate(self, view: MemoryView, block: int, ctx: DecisionContext) -> None:
+        sum(range(10**11))
+"""
+
+
+def test_a_memory_hook_that_holds_the_gil_leaves_memsim_to_the_driver(tmp_path: Path) -> None:
+    """Memory hooks are called per page fault, in the run's worker process with ``memsim`` too: a hook
+    stuck in one C call is killed there, the driver's policy decides, and the file is detached."""
+    from gpuslice.cli.memsim import _simulate
+    from gpuslice.memory import SimConfig, make_workload, simulate
+    from gpuslice.programs.loader import memory_ops
+
+    path = tmp_path / "holds_the_gil.py"
+    path.write_text(EVICT_HOLDS_GIL)
+    data = make_workload("llm-moe-decode", scale=0.25)
+    with Ticker() as ticker:
+        result = _simulate(data, str(path), "tree", SimConfig(oversub=1.5), lambda k: None)
+    driver = simulate(data, memory_ops("default", "tree"), SimConfig(oversub=1.5))
+    assert (result.faults, result.evictions) == (driver.faults, driver.evictions)
+    assert fault_kinds(result.policy_faults) == {"timeout"}, result.policy_faults
+    assert ticker.worst < 1.0, f"this process stalled {ticker.worst:.2f} s while the hook ran"

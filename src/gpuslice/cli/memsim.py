@@ -104,6 +104,14 @@ def memsim(
         task = bar.add_task(f"{data.name} ×{oversub}", total=len(pairs) * len(data))
         for e, p in dict.fromkeys(pairs):
             results[(e, p)] = _simulate(data, e, p, cfg, lambda k: bar.advance(task, k))
+    faulty = "; ".join(
+        f"{r.evict} + {r.prefetch}: " + ", ".join(f"{k} ×{n:,}" for k, n in r.policy_faults.items())
+        for r in results.values()
+        if r.policy_faults
+    )
+    if faulty:  # a file's row is partly the driver's: say so, as sim openb does
+        err = terminal.console(stderr=True, highlight=False, soft_wrap=True)
+        err.print(f"warning: policy files faulted and the driver decided instead ({faulty})", markup=False)
     shown = [results[(e, prefetch)] for e in evicts]
     if compare and ("belady", prefetch) not in [(r.evict, r.prefetch) for r in shown]:
         shown.append(results[("belady", prefetch)])

@@ -86,6 +86,8 @@ class SimResult:
     tenant_seconds: tuple[float, ...]
     requests: dict[str, int]
     wall_seconds: float
+    # A policy file's faults (``hook:reason``), where the driver's policy decided instead
+    policy_faults: dict[str, int] = field(default_factory=dict)
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -299,4 +301,16 @@ def simulate(
         tenant_seconds=tuple(float(x) for x in run.tenant_s),
         requests={k: int(v) for k, v in run.counts.items()},
         wall_seconds=wall,
+        policy_faults=_policy_faults(ops),
     )
+
+
+def _policy_faults(ops: MemoryOps) -> dict[str, int]:
+    """The guard's faults of each half that is a policy file (``programs/guard_memory.py``)."""
+    halves = (ops.evict, ops.prefetch) if isinstance(ops, Composed) else (ops,)
+    faults: dict[str, int] = {}
+    for half in dict.fromkeys(halves):
+        guard = getattr(half, "guard", None)
+        if guard is not None:
+            faults.update(guard.fault_counts())
+    return faults
