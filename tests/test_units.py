@@ -24,6 +24,11 @@ HINT = "use a number and a unit, e.g. 8GiB, 8000MiB, 8G"
         pytest.param("3 mb", 3 * 1000**2, id="space and lower case"),
         pytest.param("  16g ", 16 * GiB, id="surrounding blanks"),
         pytest.param("100B", 100, id="explicit bytes"),
+        pytest.param("1TB", 10**12, id="terabytes are decimal"),
+        pytest.param("2kB", 2000, id="kilobytes are decimal"),
+        pytest.param("1T", TiB, id="a single T means tebibytes"),
+        pytest.param("3K", 3 * KiB, id="a single K means kibibytes"),
+        pytest.param("5M", 5 * MiB, id="a single M means mebibytes"),
     ],
 )
 def test_parse_size_reads_number_and_unit_as_bytes(text: str, expected: int) -> None:

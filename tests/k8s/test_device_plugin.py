@@ -420,6 +420,20 @@ def test_allocate_under_shim_preloads_the_library_and_mounts_it_with_the_pods_re
     }
 
 
+def test_allocate_goes_by_the_decisions_gpu_uuids_when_its_indices_disagree(make_plugin, kubelet, api):
+    """GPU indices can change (a reboot, a driver reload); UUIDs do not. A decision whose index says GPU 5
+    and whose UUID says GPU 2 gives the container GPU 2."""
+    machine = dgx1_machine()
+    make_plugin(machine)
+    stub = kubelet.dial(kubelet.next_request().endpoint)
+    uuid = machine.gpus[2].uuid
+    api.bind("ml", "moved", Decision(NODE, "main", (5,), (uuid,), memory_mib=1024, cores_percent=20))
+    container = allocate(stub, [share(machine, 2)]).container_responses[0]
+    env = dict(container.envs)
+    assert env["CUDA_VISIBLE_DEVICES"] == uuid and env["GPUSLICE_GPUS"] == "2"
+    assert [c.name for c in container.cdi_devices] == [f"nvidia.com/gpu={uuid}"]
+
+
 def test_allocate_whole_gpus_sets_every_uuid_and_no_mps_limits(make_plugin, kubelet, api):
     machine = dgx1_machine()
     make_plugin(machine)

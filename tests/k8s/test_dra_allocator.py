@@ -140,6 +140,19 @@ def test_a_share_gets_node_gpu_share_id_and_consumed_capacity_and_is_ungated() -
     assert not api.gated("s")
 
 
+def test_a_shares_memory_is_rounded_up_to_the_256_mib_step_never_down() -> None:
+    """The request policy's valid values are 256 MiB steps from 256 MiB: an ask between two steps gets the
+    step above (what the kubelet's device sees), never less than it asked for."""
+    api = FakeApi()
+    api.add_node("a", "dgx-h100")
+    for name, asked, given in (("s1", "300Mi", 512), ("s2", "100Mi", 256), ("s3", "768Mi", 768),
+                               ("s4", "1025Mi", 1280)):  # fmt: skip
+        api.add(name, spec(CLASS_SHARED, capacity={"memory": asked, "cores": "10"}))
+        assert DraAllocator(api).run_once() == 1
+        (r,) = api.results(name)
+        assert q(r["consumedCapacity"]["memory"]) == given * 2**20, (asked, r["consumedCapacity"])
+
+
 def test_bestfit_packs_shares_onto_one_gpu_where_first_fit_would_too_but_respects_what_is_taken() -> None:
     api = FakeApi()
     api.add_node("a", "dgx-h100")

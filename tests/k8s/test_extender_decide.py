@@ -19,7 +19,12 @@ from test_extender import (
     pod_json,
 )
 
-from gpuslice.k8s.annotations import ANNOTATION_GPU_MODELS, ANNOTATION_PLACEMENT_POLICY, pod_gpu_request
+from gpuslice.k8s.annotations import (
+    ANNOTATION_GPU_MODELS,
+    ANNOTATION_PLACEMENT_POLICY,
+    Decision,
+    pod_gpu_request,
+)
 from gpuslice.k8s.extender import REASON_RESERVED, ClusterState, WatchEvent
 from gpuslice.k8s.extender import preemption as extender_preemption
 from gpuslice.policies import PolicyContext, placement_policy
@@ -108,6 +113,25 @@ def test_bind_keeps_the_hold_from_filter_so_no_other_filter_can_take_it_in_betwe
     assert state.bind("team-a", "first", "uid-first", "a") == ""
     assert released == [] and state._pods["uid-first"].placement is held
     assert state.filter(pod_json("second", whole), ["a"]).passed == []
+
+
+def test_a_bind_to_another_node_than_filter_held_decides_on_that_node_and_gives_the_hold_back():
+    """kube-scheduler may bind elsewhere than the extender's filter assumed (another filter's verdict, a
+    retry after the cluster changed): the decision the device plugin reads must name the bind's node and
+    GPUs there, and the hold on the filter's node must go."""
+    api = FakeApi()
+    state = narrow_state(api, {"a": inventory(gpus=1), "b": inventory(gpus=1)})
+    whole = {"gpuslice.io/gpu": "1"}
+    pod = pod_json("first", whole)
+    assert state.filter(pod, ["a", "b"]).passed == ["a"]
+    api.pods[("team-a", "first")] = pod
+    assert state.bind("team-a", "first", "uid-first", "b") == ""
+    (_, _, written), *_ = api.patches
+    decision = Decision.from_annotations(written)
+    assert decision is not None and decision.node == "b"
+    assert state._pods["uid-first"].node == "b"
+    assert state.filter(pod_json("second", whole), ["a"]).passed == ["a"]  # a's GPU is free again
+    state.check_invariants()
 
 
 def test_a_pod_filtered_again_does_not_count_its_own_hold():

@@ -208,6 +208,9 @@ def test_reads_need_the_token_but_health_metrics_and_the_page_do_not(api, path):
     submit(api)
     r = api.get(path, headers=NO_AUTH)
     assert r.status_code == 401 and r.json()["type"] == "NotAuthenticated" and "token" in r.json()["detail"]
+    for wrong in (f"Bearer {TOKEN}x", "Bearer x", f"Basic {TOKEN}"):  # any token is not the token
+        r = api.get(path, headers={"Authorization": wrong})
+        assert r.status_code == 401 and r.json()["type"] == "NotAuthenticated", wrong
     assert api.get(path).status_code == 200
     for open_path in ("/v1/health", "/metrics", "/", "/dashboard/dashboard.js", "/openapi.json"):
         assert api.get(open_path, headers=NO_AUTH).status_code == 200, open_path
