@@ -13,6 +13,7 @@ from gpuslice.hardware.mig import (
     MigRequestTooLarge,
     UnknownMigGpu,
     UnknownMigProfile,
+    compute_slices_by_name,
     format_mask,
     mig_gpu,
     parse_layout,
@@ -172,3 +173,20 @@ def test_without_removes_one_instance_and_refuses_a_stranger():
     assert format_mask(layout.without(first).mask) == "....####"
     with pytest.raises(InvalidMigLayout):
         layout.without(MigInstance(A100.profile("1g.10gb"), 0))
+
+
+@pytest.mark.parametrize(
+    ("name", "slices"),
+    [("1g.10gb", 1), ("3g.40gb", 3), ("7g.80gb", 7), ("1g.10gb+me", 1), ("2g.35gb", 2), ("", 7), ("19", 7),
+     ("9g.1gb", 7)],
+)  # fmt: skip
+def test_a_profiles_compute_slices_by_name_alone_and_a_whole_gpu_when_the_name_is_not_a_profile(
+    name: str, slices: int
+) -> None:
+    assert compute_slices_by_name(name) == slices
+
+
+def test_every_known_profile_has_the_slices_its_name_says() -> None:
+    for gpu in MIG_GPUS.values():
+        for profile in gpu.profiles:
+            assert compute_slices_by_name(profile.name) == profile.compute_slices, profile.name

@@ -81,3 +81,11 @@ def test_without_memory_keeps_the_shape_and_drops_the_memory() -> None:
     assert req.without_memory() == Request(cpu_milli=100, num_gpu=1, gpu_milli=500, gpu_models=("T4",))
     no_memory = Request(cpu_milli=100)
     assert no_memory.without_memory() is no_memory
+
+
+def test_a_slices_milli_is_its_percent_times_ten_a_memory_only_share_one_and_neither_the_gpu() -> None:
+    from gpuslice.workload.request import share_milli
+
+    assert [share_milli(p, True) for p in (1, 30, 99, 100)] == [10, 300, 990, 1000]
+    assert share_milli(0, True) == 1  # memory only: marked shared, no compute guaranteed
+    assert share_milli(0, False) == 1000

@@ -39,6 +39,7 @@ __all__ = [
     "MigRequestTooLarge",
     "UnknownMigGpu",
     "UnknownMigProfile",
+    "compute_slices_by_name",
     "format_mask",
     "mig_gpu",
     "parse_layout",
@@ -50,6 +51,15 @@ __all__ = [
 MEMORY_SLICES = 8  # NVIDIA MIG user guide, "Concepts": 8 memory slices
 COMPUTE_SLICES = 7  # and 7 SM (GPC) slices per MIG-capable GPU
 FULL_MASK = (1 << MEMORY_SLICES) - 1
+
+
+def compute_slices_by_name(profile: str) -> int:
+    """A GPU instance profile's compute slices from its name alone: NVIDIA names every one
+    ``<compute slices>g.<memory>gb`` (``3g.40gb`` → 3, ``1g.10gb+me`` → 1; MIG user guide, "Supported MIG
+    Profiles"). For a profile whose GPU's table is not known yet; a name not of that form counts all 7."""
+    head = profile.split("g", 1)[0]
+    slices = int(head) if head.isdigit() else COMPUTE_SLICES
+    return slices if 1 <= slices <= COMPUTE_SLICES else COMPUTE_SLICES
 
 
 class UnknownMigGpu(UnknownName):

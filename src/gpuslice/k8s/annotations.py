@@ -38,7 +38,7 @@ from typing import Any
 from gpuslice.errors import InvalidRequest
 from gpuslice.k8s import quantity
 from gpuslice.units import MiB
-from gpuslice.workload.request import MILLI_PER_GPU, Request
+from gpuslice.workload.request import Request, share_milli
 
 __all__ = [
     "ANNOTATION_ALLOCATED",
@@ -300,9 +300,7 @@ class PodGpuRequest:
     @property
     def gpu_milli(self) -> int:
         """Per-GPU compute in milli-GPU: cores x 10; a memory-only share takes 1; neither: a whole GPU."""
-        if self.cores_percent:
-            return self.cores_percent * 10
-        return 1 if self.memory_mib else MILLI_PER_GPU
+        return share_milli(self.cores_percent, self.memory_mib > 0)
 
     def to_request(self) -> Request:
         """The ledger request (CPU and memory are left to kube-scheduler's own NodeResourcesFit)."""

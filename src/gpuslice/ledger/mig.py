@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from gpuslice.hardware.mig import MigGpu, MigInstance, MigLayout, MigProfile
+from gpuslice.hardware.mig import COMPUTE_SLICES, MEMORY_SLICES, MigGpu, MigInstance, MigLayout, MigProfile
 from gpuslice.ledger.placement import Placement, Refusal, RefusalCode
 from gpuslice.workload.request import MILLI_PER_GPU, Request
 
@@ -49,8 +49,8 @@ def mig_request(profile: MigProfile, gpu_memory_bytes: int) -> Request:
     return Request(
         cpu_milli=0,
         num_gpu=1,
-        gpu_milli=max(1, profile.compute_slices * MILLI_PER_GPU // 7),
-        gpu_memory_bytes=gpu_memory_bytes * profile.memory_slices // 8,
+        gpu_milli=max(1, profile.compute_slices * MILLI_PER_GPU // COMPUTE_SLICES),
+        gpu_memory_bytes=gpu_memory_bytes * profile.memory_slices // MEMORY_SLICES,
     )
 
 

@@ -28,6 +28,7 @@ from gpuslice.scheduler.node_scheduler import NodeScheduler
 from gpuslice.server.errors import GpuNotFound
 from gpuslice.server.store import JobRecord, Store
 from gpuslice.units import format_size
+from gpuslice.workload.equivalent import gpu_equivalent
 
 __all__ = ["GpuWatch", "anomaly_detector", "anomaly_text", "restored_health"]
 
@@ -131,7 +132,8 @@ class GpuWatch:
         spec = job.spec
         if job.mig is not None:
             model = self.machine.gpus[gpu].mig_model
-            return mig_gpu(model).profile(str(job.mig["profile"])).compute_slices / 7
+            profile = mig_gpu(model).profile(str(job.mig["profile"]))
+            return gpu_equivalent(1, mig_slices=profile.compute_slices)
         if not spec.is_share:
             return 1.0
         if spec.compute_percent:

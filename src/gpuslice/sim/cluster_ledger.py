@@ -15,14 +15,13 @@ from collections.abc import Sequence
 import numpy as np
 
 from gpuslice.errors import InternalError
+from gpuslice.hardware.mig import COMPUTE_SLICES
 from gpuslice.hardware.node import NodeSpec
 from gpuslice.ledger.ledger import Ledger
 from gpuslice.ledger.placement import Refusal
 from gpuslice.workload.request import MILLI_PER_GPU
 
 __all__ = ["capacity_pct", "cluster_ledger", "mig_slices_held", "set_aside_milli"]
-
-COMPUTE_SLICES = 7  # every MIG table here (A100, H100, H200) has 7 compute slices per GPU
 
 
 def cluster_ledger(nodes: Sequence[NodeSpec]) -> Ledger:

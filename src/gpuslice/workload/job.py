@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 from gpuslice.errors import InvalidRequest
 from gpuslice.hardware.node import MAX_GPUS_PER_NODE
-from gpuslice.workload.request import MILLI_PER_GPU, Request
+from gpuslice.workload.request import MILLI_PER_GPU, Request, share_milli
 
 __all__ = [
     "DEFAULT_GRACE_SECONDS",
@@ -182,8 +182,7 @@ class JobSpec:
         guarantee, but the GPU is marked shared so no whole-GPU job lands on it."""
         if self.gpus == 0:
             return Request(cpu_milli=0)
-        share_milli = max(1, self.compute_percent * MILLI_PER_GPU // 100)
-        milli = share_milli if self.is_share else MILLI_PER_GPU
+        milli = share_milli(self.compute_percent, True) if self.is_share else MILLI_PER_GPU
         return Request(
             cpu_milli=0,
             num_gpu=self.gpus,

@@ -21,9 +21,19 @@ from dataclasses import dataclass
 from gpuslice.errors import InvalidRequest
 from gpuslice.hardware.node import MAX_GPUS_PER_NODE
 
-__all__ = ["MILLI_PER_GPU", "Request", "RequestKind"]
+__all__ = ["MILLI_PER_GPU", "Request", "RequestKind", "share_milli"]
 
 MILLI_PER_GPU = 1000
+
+
+def share_milli(compute_percent: int, has_memory: bool) -> int:
+    """A slice's compute on each of its GPUs, in milli-GPU, for every home (serve, the webhook and the
+    extender, DRA): its compute percent × 10, at least 1; with no percent, a memory-only share reserves 1
+    milli (no compute guarantee, but the GPU is marked shared so no whole-GPU job lands on it), and a
+    slice with neither takes the whole GPU."""
+    if compute_percent:
+        return max(1, compute_percent * MILLI_PER_GPU // 100)
+    return 1 if has_memory else MILLI_PER_GPU
 
 
 class RequestKind(enum.Enum):

@@ -56,7 +56,7 @@ from gpuslice.ledger.placement import Refusal
 from gpuslice.policies import DEFAULT_PLACEMENT, PolicyContext, make_policy
 from gpuslice.scheduler.placer import Placer, Unplaced
 from gpuslice.units import MiB
-from gpuslice.workload.request import MILLI_PER_GPU, Request
+from gpuslice.workload.request import MILLI_PER_GPU, Request, share_milli
 from gpuslice.workload.target import TargetWorkload
 
 __all__ = ["GATE", "AllocatorApi", "ClaimAsk", "DraAllocator", "Inventory", "claim_ask"]
@@ -252,7 +252,7 @@ class Inventory:
             return Request(
                 0,
                 num_gpu=ask.count,
-                gpu_milli=MILLI_PER_GPU if whole else ask.cores * 10,
+                gpu_milli=MILLI_PER_GPU if whole else share_milli(ask.cores, True),
                 gpu_memory_bytes=0 if whole else (mib or biggest) * MiB,
             )
         except UserError as err:

@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 
 from gpuslice.errors import InvalidRequest
+from gpuslice.hardware.mig import compute_slices_by_name
 from gpuslice.k8s.annotations import PodGpuRequest
 from gpuslice.k8s.extender.cluster import (
     BoundPod,
@@ -25,6 +26,7 @@ from gpuslice.ledger.fit import FITS, fit_codes
 from gpuslice.policies.queue import JobRef
 from gpuslice.scheduler.mig_choice import mig_rank
 from gpuslice.scheduler.preemption import Victim, find_preemption
+from gpuslice.workload.equivalent import gpu_equivalent
 from gpuslice.workload.request import MILLI_PER_GPU
 
 __all__ = ["NOMINATION_S", "Preemption"]
@@ -223,10 +225,10 @@ def _victim(uid: str, bound: BoundPod) -> Victim:
     node has no inventory yet, by its profile name: "3g.40gb" → 3/7; any other such pod counts one)."""
     placement = bound.placement
     if placement is not None and placement.mig is not None:
-        gpus = placement.mig.instance.profile.compute_slices / 7
+        gpus = gpu_equivalent(1, mig_slices=placement.mig.instance.profile.compute_slices)
     elif placement is not None:
         gpus = len(placement.gpus) * placement.request.gpu_milli / MILLI_PER_GPU
     else:
-        gpus = int((bound.ask.mig_profile or "7g").split("g", 1)[0]) / 7
+        gpus = gpu_equivalent(1, mig_slices=compute_slices_by_name(bound.ask.mig_profile or ""))
     return Victim(uid, bound.priority, float(bound.decision.bind_time), gpus, node=bound.node,
                   tenant=bound.namespace, holding=bound)  # fmt: skip
