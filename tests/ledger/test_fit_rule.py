@@ -130,3 +130,26 @@ def test_a_mig_request_is_judged_by_the_same_rule_model_slot_cpu_memory() -> Non
         seen |= {code_of(int(c)) for c in codes}
     assert {None, RefusalCode.NO_MIG_SLOT, RefusalCode.GPU_MODEL_NOT_ALLOWED,
             RefusalCode.INSUFFICIENT_CPU, RefusalCode.INSUFFICIENT_MEMORY} <= seen  # fmt: skip
+
+
+def test_reserve_names_the_fit_rules_first_reason_for_a_node_that_fails_several_checks() -> None:
+    """A node lacking both the GPU model and the CPU: the rule says the model (it is checked first), and
+    so must ``reserve``, or a pending reason and a refused placement would disagree about one node."""
+    rng = random.Random(5)
+    for _ in range(300):
+        ledger = Ledger(NODES)
+        request = _random_request(rng)
+        codes = ledger.refusal_codes(request)
+        for node, spec in enumerate(NODES):
+            if request.num_gpu > spec.gpu_count:
+                continue  # no GPU set of that size to name on this node
+            gpus = tuple(range(request.num_gpu))
+            refusal = ledger.check(node, gpus, request)
+            if codes[node] in (code_number(c) for c in (RefusalCode.GPU_MODEL_NOT_ALLOWED,
+                                                        RefusalCode.INSUFFICIENT_CPU,
+                                                        RefusalCode.INSUFFICIENT_MEMORY)):  # fmt: skip
+                assert refusal is not None and refusal.code == code_of(codes[node]), (node, request)
+    mixed = Request(cpu_milli=9000, num_gpu=1, gpu_milli=1000, gpu_models=("T4",))
+    assert code_of(Ledger(NODES).refusal_codes(mixed)[0]) == RefusalCode.GPU_MODEL_NOT_ALLOWED
+    refusal = Ledger(NODES).check(0, (0,), mixed)
+    assert refusal is not None and refusal.code == RefusalCode.GPU_MODEL_NOT_ALLOWED

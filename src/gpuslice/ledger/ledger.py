@@ -294,8 +294,39 @@ class Ledger:
         return self._check_columns(node, gpus, request)
 
     def _check_columns(self, node: int, gpus: Sequence[int], request: Request) -> Refusal | None:
+        """The caller's own mistakes first (no such node, the wrong GPU count, a GPU twice; a GPU the node
+        lacks once its model is allowed), then the fit rule's checks in its order (``ledger.fit.CHECKS``:
+        model, GPU memory, GPU, CPU, memory), so that ``reserve`` and ``refusal_codes`` name the same
+        first reason."""
         if not 0 <= node < self.node_count:
             return Refusal(RefusalCode.NO_SUCH_NODE, node)
+        if len(gpus) != request.num_gpu:
+            return Refusal(RefusalCode.WRONG_GPU_COUNT, node, need=request.num_gpu, free=len(gpus))
+        if len(set(gpus)) != len(gpus):
+            return Refusal(RefusalCode.DUPLICATE_GPU, node)
+        if request.num_gpu and not self.model_allowed(request)[node]:
+            return Refusal(RefusalCode.GPU_MODEL_NOT_ALLOWED, node)  # also a node with no GPUs at all
+        for gpu in gpus:
+            if not 0 <= gpu < self._gpu_count[node]:
+                return Refusal(RefusalCode.NO_SUCH_GPU, node, gpu=gpu)
+        for gpu in gpus:
+            if self._free_gpu_memory[node, gpu] < request.gpu_memory_bytes:
+                return Refusal(
+                    RefusalCode.INSUFFICIENT_GPU_MEMORY,
+                    node,
+                    gpu=gpu,
+                    need=request.gpu_memory_bytes,
+                    free=int(self._free_gpu_memory[node, gpu]),
+                )
+        for gpu in gpus:
+            if self._free_gpu[node, gpu] < request.gpu_milli:
+                return Refusal(
+                    RefusalCode.INSUFFICIENT_GPU,
+                    node,
+                    gpu=gpu,
+                    need=request.gpu_milli,
+                    free=int(self._free_gpu[node, gpu]),
+                )
         if self._free_cpu[node] < request.cpu_milli:
             return Refusal(
                 RefusalCode.INSUFFICIENT_CPU, node, need=request.cpu_milli, free=int(self._free_cpu[node])
@@ -307,33 +338,6 @@ class Ledger:
                 need=request.memory_bytes,
                 free=int(self._free_memory[node]),
             )
-        if len(gpus) != request.num_gpu:
-            return Refusal(RefusalCode.WRONG_GPU_COUNT, node, need=request.num_gpu, free=len(gpus))
-        if request.num_gpu == 0:
-            return None
-        if not self.model_allowed(request)[node]:
-            return Refusal(RefusalCode.GPU_MODEL_NOT_ALLOWED, node)
-        if len(set(gpus)) != len(gpus):
-            return Refusal(RefusalCode.DUPLICATE_GPU, node)
-        for gpu in gpus:
-            if not 0 <= gpu < self._gpu_count[node]:
-                return Refusal(RefusalCode.NO_SUCH_GPU, node, gpu=gpu)
-            if self._free_gpu_memory[node, gpu] < request.gpu_memory_bytes:
-                return Refusal(
-                    RefusalCode.INSUFFICIENT_GPU_MEMORY,
-                    node,
-                    gpu=gpu,
-                    need=request.gpu_memory_bytes,
-                    free=int(self._free_gpu_memory[node, gpu]),
-                )
-            if self._free_gpu[node, gpu] < request.gpu_milli:
-                return Refusal(
-                    RefusalCode.INSUFFICIENT_GPU,
-                    node,
-                    gpu=gpu,
-                    need=request.gpu_milli,
-                    free=int(self._free_gpu[node, gpu]),
-                )
         return None
 
     def reserve(self, node: int, gpus: Sequence[int], request: Request) -> Placement | Refusal:
