@@ -53,7 +53,7 @@ from kubelet_standin import KubeletStandIn  # noqa: E402
 from gpuslice.hardware.machine import GpuInfo, Machine  # noqa: E402
 from gpuslice.hardware.node import NodeSpec  # noqa: E402
 from gpuslice.k8s.annotations import ANNOTATION_NODE_INVENTORY, Decision, InventoryGpu, NodeInventory  # noqa: E402
-from gpuslice.k8s.device_plugin import DevicePlugin, KubeApi  # noqa: E402
+from gpuslice.k8s.device_plugin import DevicePlugin, NodeKubeClient  # noqa: E402
 from gpuslice.ledger.ledger import Ledger  # noqa: E402
 from gpuslice.ledger.placement import Placement  # noqa: E402
 from gpuslice.node.discovery import SIMULATED_UUID_PREFIX  # noqa: E402
@@ -116,7 +116,7 @@ def pod_manifest(pod: TracePod) -> dict[str, Any]:
     }
 
 
-def node_plugin(spec: NodeSpec, kube: KubeApi, state_root: Path) -> DevicePlugin:
+def node_plugin(spec: NodeSpec, kube: NodeKubeClient, state_root: Path) -> DevicePlugin:
     """The device plugin a GPU node of the trace would run (simulated GPUs: its Allocate answers with
     stand-in device nodes under ``state_root``)."""
     machine = Machine(
@@ -220,7 +220,7 @@ def run_mode(
         core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name="bench")))
         started = time.perf_counter()
         state_root = Path(tempfile.mkdtemp(prefix="gpuslice-k8s-e2e-bench-"))
-        kube = KubeApi(api_client=client.ApiClient(cfg))
+        kube = NodeKubeClient(api_client=client.ApiClient(cfg))
         plugins = {n.name: node_plugin(n, kube, state_root) for n in trace.nodes if n.gpu_count}
         register_nodes(core, trace.nodes, plugins)
         print(

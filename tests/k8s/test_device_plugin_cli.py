@@ -29,7 +29,7 @@ from gpuslice.k8s.annotations import (
     NodeInventory,
     mig_resource,
 )
-from gpuslice.k8s.device_plugin import KubeApi, parse_mig_layouts, serve
+from gpuslice.k8s.device_plugin import NodeKubeClient, parse_mig_layouts, serve
 from gpuslice.k8s.proto import deviceplugin_pb2 as pb
 from gpuslice.node.discovery import discover
 
@@ -179,7 +179,7 @@ def kubelet(tmp_path: Path) -> Iterator[FakeKubelet]:
 
 
 def test_cli_serves_the_kubelet_and_allocates_from_the_api_servers_pod(tmp_path, kubelet, apiserver):
-    """The whole path: discover(simulate) -> KubeApi over HTTP -> Register -> Allocate -> pod patched."""
+    """The whole path: discover(simulate) -> NodeKubeClient over HTTP -> Register -> Allocate -> patch."""
     script = (
         "import typer; from gpuslice.cli.k8s_device_plugin import device_plugin; typer.run(device_plugin)"
     )
@@ -222,7 +222,7 @@ def test_cli_serves_the_kubelet_and_allocates_from_the_api_servers_pod(tmp_path,
 
 
 def test_kube_api_lists_only_pods_waiting_in_bind_phase_allocating(tmp_path, apiserver):
-    api = KubeApi(str(kubeconfig(tmp_path / "kc.json", apiserver.url)))
+    api = NodeKubeClient(str(kubeconfig(tmp_path / "kc.json", apiserver.url)))
     apiserver.add_pod("a", "waiting", Decision(NODE, "main", (0,), ("GPU-x",)).to_annotations())
     apiserver.add_pod(
         "a", "done", Decision(NODE, "main", (1,), ("GPU-y",), phase="allocated").to_annotations()
@@ -241,7 +241,7 @@ def test_kube_api_lists_only_pods_waiting_in_bind_phase_allocating(tmp_path, api
 def test_kube_api_releases_only_its_pods_node_lock_with_the_resource_version(tmp_path, apiserver):
     from gpuslice.k8s.node_lock import ANNOTATION_NODE_LOCK, LockHolder, holders_text
 
-    api = KubeApi(str(kubeconfig(tmp_path / "kc.json", apiserver.url)))
+    api = NodeKubeClient(str(kubeconfig(tmp_path / "kc.json", apiserver.url)))
     apiserver.node_annotations[ANNOTATION_NODE_LOCK] = holders_text([LockHolder("uid-a", "ns", "a", 100.0)])
     apiserver.node_annotations["other"] = "kept"
     assert not api.release_node_lock(NODE, "uid-b")  # someone else's lock stays

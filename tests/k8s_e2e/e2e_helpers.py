@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 import yaml
 
-from gpuslice.k8s.device_plugin import DevicePlugin, KubeApi, default_mig_layouts
+from gpuslice.k8s.device_plugin import DevicePlugin, NodeKubeClient, default_mig_layouts
 from gpuslice.node.discovery import discover
 
 REPO = Path(__file__).resolve().parents[2]
@@ -210,7 +210,7 @@ def register_node(
 
     machine = discover(simulate)
     layouts = default_mig_layouts(machine)
-    kube = KubeApi(api_client=api_client)
+    kube = NodeKubeClient(api_client=api_client)
     plugin = DevicePlugin(
         machine,
         name,

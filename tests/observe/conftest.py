@@ -29,7 +29,7 @@ def exported() -> dict[str, tuple[str, frozenset[str]]]:
     serve = ServeMetrics(full_snapshot)
     serve.started("normal", 1.0)
     serve.preempted("ml", "low")
-    serve.pending_reasons([("1", PendingCode.INSUFFICIENT_MEMORY)])
+    serve.pending_reasons([("1", PendingCode.INSUFFICIENT_GPU_MEMORY)])
     serve.job_failed(FailureCode.EXIT_CODE)
     serve.enforced("warn", "ml")
     serve.fault(0, "GPU-a", "H100", "xid")

@@ -98,7 +98,7 @@ def test_event_counters_and_the_latency_histogram():
 
 def test_a_pending_job_counts_as_a_scheduling_failure_once_per_reason_code():
     m = ServeMetrics(snapshot)
-    memory = PendingCode.INSUFFICIENT_MEMORY
+    memory = PendingCode.INSUFFICIENT_GPU_MEMORY
     m.pending_reasons([("1", PendingCode.NOT_TRIED)])  # not tried yet
     for _ in range(5):  # the same wait over many passes is one failure
         m.pending_reasons([("1", memory), ("2", memory)])
@@ -106,7 +106,7 @@ def test_a_pending_job_counts_as_a_scheduling_failure_once_per_reason_code():
     m.pending_reasons([])  # both started or left
     m.pending_reasons([("1", memory)])  # back in the queue (requeued): counts again
     s = samples(m)
-    assert s[("gpuslice_scheduling_failures_total", (("reason", "insufficient_memory"),))] == 3
+    assert s[("gpuslice_scheduling_failures_total", (("reason", "insufficient_gpu_memory"),))] == 3
     assert s[("gpuslice_scheduling_failures_total", (("reason", "quota"),))] == 1
     assert ("gpuslice_scheduling_failures_total", (("reason", "not_tried"),)) not in s
 

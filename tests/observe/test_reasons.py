@@ -44,7 +44,7 @@ def busy(n: int = 2, **options) -> NodeScheduler:
 
 
 def test_memory_shortage():
-    assert (code_after(busy(), "j", spec(gpu_memory_bytes=30 * GiB))) == "insufficient_memory"
+    assert (code_after(busy(), "j", spec(gpu_memory_bytes=30 * GiB))) == "insufficient_gpu_memory"
 
 
 def test_compute_shortage():

@@ -241,7 +241,7 @@ def _read(api: NodeLockApi, node_name: str) -> tuple[dict[str, str], str]:
         raise NodeLockError(f"cannot read node {node_name}: {err}") from None
 
 
-# ---- over the official client (both KubeApi classes delegate here) -----------------------------------
+# ---- over the official client (the extender's KubernetesApi and NodeKubeClient delegate here) ---------
 
 
 def read_node_annotations(core: Any, node_name: str) -> tuple[dict[str, str], str]:

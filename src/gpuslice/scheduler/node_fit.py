@@ -449,7 +449,7 @@ def _share_reason(demand: Demand, cap: Capacity, code: RefusalCode | None) -> Pe
         )
         if cap.external[best_mem]:
             text += f" ({format_size(cap.external[best_mem])} there is used outside gpuslice)"
-        return PendingReason(PendingCode.INSUFFICIENT_MEMORY, text)
+        return PendingReason(PendingCode.INSUFFICIENT_GPU_MEMORY, text)
     if cap.free_milli[best_milli] < demand.milli:
         if demand.milli == 1:  # a memory-only share: only a whole-GPU job can block it
             return PendingReason(

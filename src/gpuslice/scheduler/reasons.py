@@ -24,7 +24,7 @@ class PendingCode(enum.Enum):
     BEHIND_QUEUE_HEAD = "behind_queue_head"
     NO_MIG_SLOT = "no_mig_slot"
     TOPOLOGY = "topology"
-    INSUFFICIENT_MEMORY = "insufficient_memory"
+    INSUFFICIENT_GPU_MEMORY = "insufficient_gpu_memory"  # host memory: RefusalCode.INSUFFICIENT_MEMORY
     INSUFFICIENT_COMPUTE = "insufficient_compute"
     INSUFFICIENT_GPUS = "insufficient_gpus"
 

@@ -44,12 +44,12 @@ per-GPU pipe folders (NVIDIA runs a separate DaemonSet for it); none of that is 
 plugin refuses ``--sharing mps`` instead of shipping a mode that cannot work.
 
 The API server is reached through two small interfaces, ``PodSource`` and ``NodePublisher``, so tests
-swap in fakes; ``KubeApi`` implements both with the official ``kubernetes`` client.
+swap in fakes; ``NodeKubeClient`` implements both with the official ``kubernetes`` client.
 
 Modules, one job each:
 
 ```text
-kube.py        PodSource, NodePublisher and KubeApi: the pods bound to this node, the node itself
+kube.py        PodSource, NodePublisher and NodeKubeClient: the pods bound to this node, the node itself
 devices.py     the devices advertised (shares, MIG instances), the node inventory and labels, device nodes
 allocation.py  GetPreferredAllocation (pick_gpu_set when no decision names GPUs) and Allocate
 plugin.py      DevicePlugin: gRPC servers, kubelet registration and its watch, health, inventory
@@ -79,7 +79,7 @@ from gpuslice.k8s.device_plugin.devices import (
     node_labels,
     parse_mig_layouts,
 )
-from gpuslice.k8s.device_plugin.kube import KubeApi, NodePublisher, PendingPod, PodSource
+from gpuslice.k8s.device_plugin.kube import NodeKubeClient, NodePublisher, PendingPod, PodSource
 from gpuslice.k8s.device_plugin.plugin import (
     API_VERSION,
     DEVICE_PLUGIN_PATH,
@@ -106,7 +106,7 @@ __all__ = [
     "UNHEALTHY",
     "AllocationRefused",
     "DevicePlugin",
-    "KubeApi",
+    "NodeKubeClient",
     "NodePublisher",
     "PendingPod",
     "PluginDevice",

@@ -18,7 +18,7 @@ from gpuslice.k8s.annotations import (
 )
 
 __all__ = [
-    "KubeApi",
+    "NodeKubeClient",
     "NodePublisher",
     "PendingPod",
     "PodSource",
@@ -67,7 +67,7 @@ class NodePublisher(Protocol):
         ...
 
 
-class KubeApi:
+class NodeKubeClient:
     """``PodSource`` and ``NodePublisher`` over the official ``kubernetes`` client.
 
     Configuration: ``kubeconfig`` if given, else the in-cluster service account (the DaemonSet), else

@@ -16,7 +16,7 @@ from gpuslice.k8s.annotations import (
     DEFAULT_STATE_DIR,
 )
 from gpuslice.k8s.device_plugin.devices import default_mig_layouts, mig_health_keys, nvml_mig_layouts
-from gpuslice.k8s.device_plugin.kube import KubeApi, NodePublisher, PodSource
+from gpuslice.k8s.device_plugin.kube import NodeKubeClient, NodePublisher, PodSource
 from gpuslice.k8s.device_plugin.plugin import DEVICE_PLUGIN_PATH, DevicePlugin
 from gpuslice.node.enforcement import SharingMode
 from gpuslice.node.gpu_faults import (
@@ -55,14 +55,14 @@ def serve(
 
     A simulated machine (``discover(simulate=…)``) gets its MIG layouts from ``default_mig_layouts``,
     no NVML health checks; a real one reads its MIG layouts and XID events through NVML. Without
-    ``pods``, ``KubeApi(kubeconfig)`` serves as
+    ``pods``, ``NodeKubeClient(kubeconfig)`` serves as
     both the pod source and the node publisher. With ``metrics_port``, Prometheus metrics (device and
     GPU health, observe/k8s_metrics.py) are served at ``http://metrics_host:metrics_port/metrics``."""
     if mig_layouts is None:
         mig_layouts = default_mig_layouts(machine) if simulated else nvml_mig_layouts(machine)
-    owned: KubeApi | None = None
+    owned: NodeKubeClient | None = None
     if pods is None:
-        pods = node = owned = KubeApi(kubeconfig)
+        pods = node = owned = NodeKubeClient(kubeconfig)
     health: HealthSource
     if simulated:
         health = FakeHealthSource()  # nothing breaks on a simulated node
