@@ -15,9 +15,8 @@ from typing import Any
 
 from gpuslice.hardware.machine import Machine
 from gpuslice.k8s.shim_mounts import HostMount, container_setup
-from gpuslice.node.enforcement import SharingMode, job_env, mig_device_uuid, softcap_dir
-from gpuslice.scheduler.node_scheduler import MigAssignment
-from gpuslice.workload.job import JobSpec
+from gpuslice.node.enforcement import SharingMode, SliceLimits, job_env, mig_device_uuid, softcap_dir
+from gpuslice.scheduler.node_decisions import MigAssignment
 
 __all__ = ["CONTROL_DEVICES", "ContainerSlice", "HostMount", "container_slice", "device_nodes"]
 
@@ -62,16 +61,15 @@ def container_slice(
     ``compute_percent`` of their SMs (0 or 100: no cap), or the MIG instance ``mig``. ``minors`` maps a
     GPU index to its /dev/nvidia<minor>. Writes the soft-cap file and, under shim sharing, the pod's
     shim folder (see ``shim_mounts``). ``nvml`` is a pynvml-like module for tests (a MIG UUID lookup)."""
-    spec_args = {"command": (f"pod {namespace}/{pod}",), "tenant": namespace}
     if mig is not None:
-        spec = JobSpec(**spec_args, gpus=1, mig_profile=mig.profile)
+        limits = SliceLimits(mig_profile=mig.profile, tenant=namespace)
         gpus = (mig.gpu,)
         uuids: tuple[str, ...] = (mig_device_uuid(machine, mig.gpu, mig.profile, mig.start, nvml),)
     else:
         cores = compute_percent if 0 < compute_percent < 100 else 0
-        spec = JobSpec(**spec_args, gpus=len(gpus), gpu_memory_bytes=memory_bytes, compute_percent=cores)
+        limits = SliceLimits(gpu_memory_bytes=memory_bytes, compute_percent=cores, tenant=namespace)
         uuids = tuple(machine.gpus[g].uuid for g in gpus)
-    env = job_env(sharing, spec, gpus, machine, state_dir, mig=mig, nvml=nvml)
+    env = job_env(sharing, limits, gpus, machine, state_dir, mig=mig, nvml=nvml)
     # NVIDIA's container runtime reads NVIDIA_VISIBLE_DEVICES to mount the devices; the device nodes
     # and CDI names do the same without it (a runtime with CDI, containerd 1.7+ / CRI-O 1.23+).
     env["NVIDIA_VISIBLE_DEVICES"] = env["CUDA_VISIBLE_DEVICES"]

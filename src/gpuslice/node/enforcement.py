@@ -41,6 +41,7 @@ import subprocess
 import tempfile
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -50,7 +51,7 @@ from gpuslice.hardware.machine import Machine
 from gpuslice.hardware.mig import mig_gpu
 from gpuslice.node import private_files, softcap
 from gpuslice.units import MiB
-from gpuslice.workload.job import JobSpec
+from gpuslice.workload.job import DEFAULT_TENANT, JobSpec
 
 __all__ = [
     "DEFAULT_SHARING",
@@ -58,6 +59,7 @@ __all__ = [
     "MpsDaemon",
     "MpsUnavailable",
     "SharingMode",
+    "SliceLimits",
     "job_env",
     "mig_device_uuid",
     "mps_dirs",
@@ -182,9 +184,38 @@ def mig_device_uuid(machine: Machine, gpu: int, profile: str, start: int, nvml: 
     return find_mig_device_uuid(gpu, profile, start, nvml=nvml)
 
 
+@dataclass(frozen=True, slots=True)
+class SliceLimits:
+    """What enforcement holds one slice to, whichever home asked (a serve job, a pod's container): memory
+    on each GPU (0: all of it), the percent of each GPU's compute (0 or 100: no cap) or a MIG profile,
+    whether the GPUs are its alone, and who it is for (the shim and the metrics read the tenant and the
+    priority's name)."""
+
+    gpu_memory_bytes: int = 0
+    compute_percent: int = 0
+    mig_profile: str = ""
+    exclusive: bool = False
+    tenant: str = DEFAULT_TENANT
+    priority: str = "normal"
+
+    @property
+    def is_share(self) -> bool:
+        """A share of one GPU rather than whole GPUs (as ``JobSpec.is_share``)."""
+        return (
+            not self.exclusive
+            and not self.mig_profile
+            and (self.gpu_memory_bytes > 0 or 0 < self.compute_percent < 100)
+        )
+
+    @classmethod
+    def of_job(cls, spec: JobSpec) -> SliceLimits:
+        return cls(spec.gpu_memory_bytes, spec.compute_percent, spec.mig_profile, spec.exclusive,
+                   spec.tenant, spec.priority.name.lower())  # fmt: skip
+
+
 def job_env(
     mode: SharingMode | str,
-    spec: JobSpec,
+    spec: JobSpec | SliceLimits,
     gpus: Sequence[int],
     machine: Machine,
     state_dir: Path,
@@ -196,7 +227,9 @@ def job_env(
 
     ``mig`` is the scheduler's ``MigAssignment`` (gpu, profile, start) for a MIG job; ``nvml`` a
     pynvml-like module for tests. Pure apart from (re)writing the soft-cap file and reading NVML for
-    a real MIG instance's UUID."""
+    a real MIG instance's UUID. ``spec``: a serve job's, or a pod container's ``SliceLimits``."""
+    if isinstance(spec, JobSpec):
+        spec = SliceLimits.of_job(spec)
     try:
         mode = SharingMode(mode)
     except ValueError:
@@ -231,7 +264,7 @@ def job_env(
         "GPUSLICE_COMPUTE_PERCENT": str(compute_percent),
         "GPUSLICE_MIG_PROFILE": spec.mig_profile,
         "GPUSLICE_TENANT": spec.tenant,
-        "GPUSLICE_PRIORITY": spec.priority.name.lower(),
+        "GPUSLICE_PRIORITY": spec.priority,
     }
     memory_share = spec.is_share and spec.gpu_memory_bytes > 0
     if memory_share:

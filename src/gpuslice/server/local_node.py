@@ -36,7 +36,7 @@ from gpuslice.node.gpu_faults import NvmlHealthSource
 from gpuslice.node.launcher import ExitStatus, LaunchedJob
 from gpuslice.node.mig_manager import MigManager
 from gpuslice.node.telemetry import NvmlTelemetry, SimulatedTelemetry, Telemetry
-from gpuslice.scheduler.node_scheduler import MigAssignment
+from gpuslice.scheduler.node_decisions import MigAssignment
 from gpuslice.server.store import TenantRecord
 from gpuslice.workload.job import JobSpec
 

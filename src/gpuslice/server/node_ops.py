@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from gpuslice.node.launcher import ExitStatus, LaunchedJob
-from gpuslice.scheduler.node_scheduler import MigAssignment
+from gpuslice.scheduler.node_decisions import MigAssignment
 from gpuslice.server.store import TenantRecord
 from gpuslice.workload.job import JobSpec
 

@@ -31,7 +31,7 @@ from gpuslice.k8s.proto import deviceplugin_pb2 as pb
 from gpuslice.node.enforcement import SharingMode
 from gpuslice.policies.gpuset import GpuSetOps
 from gpuslice.policies.gpuset.pick import pick_gpu_set
-from gpuslice.scheduler.node_scheduler import MigAssignment
+from gpuslice.scheduler.node_decisions import MigAssignment
 from gpuslice.units import MiB
 
 __all__ = [

@@ -60,7 +60,7 @@ from gpuslice.k8s.dra.slices import (
 from gpuslice.node.discovery import is_simulated
 from gpuslice.node.enforcement import SharingMode
 from gpuslice.node.mig_manager import MigManager
-from gpuslice.scheduler.node_scheduler import MigAssignment
+from gpuslice.scheduler.node_decisions import MigAssignment
 from gpuslice.units import MiB
 
 __all__ = [
