@@ -4,13 +4,9 @@ score the best on held-out traces; write it as a placement policy file."""
 from __future__ import annotations
 
 import json
-import math
-import tempfile
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Annotated, Any
 
-import numpy as np
 import typer
 from rich import box
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -21,18 +17,8 @@ from gpuslice.cli.replay import check_load
 from gpuslice.errors import UserError
 from gpuslice.inputs import writable_folder
 from gpuslice.sim.trace import DEFAULT_TRACE
-from gpuslice.sim.tune import (
-    DEFAULTS,
-    OBJECTIVES,
-    TuneSetup,
-    best_params,
-    defaults_value,
-    evaluate_each,
-    open_study,
-    run_trial,
-    tuning_trace,
-    write_policy,
-)
+from gpuslice.sim.tune import DEFAULTS, OBJECTIVES, TuneSetup, tuning_trace, write_policy
+from gpuslice.sim.tune_study import run_study
 
 __all__ = ["tune"]
 
@@ -115,93 +101,29 @@ def tune(
         "node_stride": node_stride,
     }
     console = terminal.console()
-    with tempfile.TemporaryDirectory(prefix="gpuslice-tune-") as tmp:
-        workdir = Path(tmp)
-        storage = study or workdir / "study.sqlite3"
-        opened = open_study(storage, attrs, seed)
-        done_before = len(opened.trials)
-        columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-        with Progress(*columns, console=console, transient=True, disable=not console.is_terminal) as progress:
-            task = progress.add_task(f"tuning ({objective})", total=trials)
-            # one sampler seed per trial, from (--seed, trial number): runs with other seeds share none
-            seeds = [
-                int(np.random.SeedSequence([seed, done_before + i]).generate_state(1)[0])
-                for i in range(trials)
-            ]
-            if jobs == 1:
-                for s in seeds:
-                    run_trial(storage, s, train_traces, setup, workdir)
-                    progress.advance(task)
-            else:
-                with ProcessPoolExecutor(max_workers=jobs) as pool:
-                    futures = [
-                        pool.submit(run_trial, storage, s, train_traces, setup, workdir) for s in seeds
-                    ]
-                    for future in futures:
-                        future.result()
-                        progress.advance(task)
-            opened = open_study(storage, attrs, seed)
-            best = best_params(opened)
-            progress.update(task, description="held-out replay")
-            scores = {
-                name: evaluate_each(params, holdout_traces, setup, workdir / f"{name}.py")
-                for name, params in (("defaults", DEFAULTS), ("best", best))
-            }
-        train = (defaults_value(opened), opened.best_value)
-        done = sum(t.state.name == "COMPLETE" for t in opened.trials)
-    write_policy(best, out)
-    summary = _summary(best, scores, train, done, objective, holdout_specs)
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=console, transient=True, disable=not console.is_terminal) as progress:
+        task = progress.add_task(f"tuning ({objective})", total=trials)
+        run = run_study(
+            setup=setup,
+            train=train_traces,
+            holdout=holdout_traces,
+            holdout_names=holdout_specs,
+            attrs=attrs,
+            seed=seed,
+            trials=trials,
+            jobs=jobs,
+            study=study,
+            on_trial=lambda: progress.advance(task),
+            on_phase=lambda phase: progress.update(task, description=phase),
+        )
+    write_policy(run.best, out)
     meta = out.with_name(out.name + ".json")
-    meta.write_text(json.dumps(summary, indent=2) + "\n")
+    meta.write_text(json.dumps(run.summary, indent=2) + "\n")
     meta.chmod(0o600)
-    console.print(_table(best, summary))
+    console.print(_table(run.best, run.summary))
     for line in (f"wrote {out}", f"wrote {meta}"):
         console.print(line, markup=False, highlight=False, soft_wrap=True)
-
-
-def _gain(base: float, best: float) -> float | None:
-    """Improvement of ``best`` over ``base`` in % of ``base`` (None when either is not finite)."""
-    if not (math.isfinite(base) and math.isfinite(best)) or base == 0:
-        return None
-    return round(100.0 * (base - best) / base, 3)
-
-
-def _summary(
-    best: dict[str, Any],
-    scores: dict[str, list[float]],
-    train: tuple[float | None, float],
-    trials: int,
-    objective: str,
-    holdout: list[str],
-) -> dict[str, Any]:
-    """The run's record (FILE.json): held-out scores per window and on their mean; the spread of the
-    per-window improvement and of the defaults over the windows, to judge a gain against."""
-    base, tuned = float(np.mean(scores["defaults"])), float(np.mean(scores["best"]))
-    windows = [
-        {"window": spec, "defaults": d, "best": b, "improvement_pct": _gain(d, b)}
-        for spec, d, b in zip(holdout, scores["defaults"], scores["best"], strict=True)
-    ]
-    gains = [w["improvement_pct"] for w in windows if w["improvement_pct"] is not None]
-    return {
-        "objective": objective,
-        "trials": trials,
-        "train_defaults": train[0],
-        "train_best": train[1],
-        "holdout": holdout,
-        "holdout_defaults": base,
-        "holdout_best": tuned,
-        "holdout_improvement_pct": _gain(base, tuned),
-        "holdout_windows": windows,
-        "holdout_improvement_sd_over_windows": _sd(gains),
-        "holdout_defaults_sd_over_windows": _sd(scores["defaults"]),
-        "best": best,
-        "defaults": DEFAULTS,
-    }
-
-
-def _sd(values: list[float]) -> float | None:
-    finite = [v for v in values if math.isfinite(v)]
-    return round(float(np.std(finite, ddof=1)), 3) if len(finite) > 1 else None
 
 
 def _table(best: dict[str, Any], summary: dict[str, Any]) -> Table:
