@@ -262,6 +262,12 @@ def test_parse_errors_unknown_paths_and_wrong_methods_answer_the_error_format(ap
     assert r.status_code == 405 and r.headers["Allow"] == "GET, POST"
     r = api.put("/v1/jobs/1/cancel")
     assert r.status_code == 405 and r.headers["Allow"] == "POST"
+    # routes of every router: the policy routes have their own prefix, the tenants' a path parameter
+    wrong = [("DELETE", "/v1/policies", "GET, POST"), ("PATCH", "/v1/tenants/t", "GET, PUT"),
+             ("POST", "/v1/gpus", "GET")]  # fmt: skip
+    for method, path, allow in wrong:
+        r = api.request(method, path)
+        assert (r.status_code, r.headers["Allow"]) == (405, allow), (method, path)
 
 
 def test_the_schema_shows_the_limits_the_server_enforces(api):

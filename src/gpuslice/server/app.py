@@ -39,160 +39,40 @@ with another body is 409.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
-import re
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import Callable, Iterable
 from http import HTTPStatus
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
-from fastapi import Depends, FastAPI, Header, Path, Query, Request
+from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
-from prometheus_client import CONTENT_TYPE_LATEST
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
 import gpuslice
-from gpuslice.errors import InvalidRequest, UserError
-from gpuslice.server import dashboard, job_logs
+from gpuslice.errors import UserError
+from gpuslice.server import dashboard
 from gpuslice.server.auth import check_bearer
+from gpuslice.server.cluster_api import cluster_router
 from gpuslice.server.daemon import Daemon
-from gpuslice.server.errors import ForbiddenUser, TooManyFollowers, http_status
+from gpuslice.server.errors import http_status
 from gpuslice.server.guard import Guard, new_sign_in_token
+from gpuslice.server.job_api import job_router
 from gpuslice.server.models import (
-    TENANT_PATTERN,
     ErrorBody,
     FieldError,
-    JobOut,
-    SubmitRequest,
-    TenantIn,
-    Text,
-    job_out,
-    named,
-    spec_from_submit,
-    tenant_from_body,
 )
 from gpuslice.server.policy_api import policy_router
-from gpuslice.workload.job import JobState
 
 __all__ = ["create_app"]
 
 _log = logging.getLogger("gpuslice.server")
 _bearer = HTTPBearer(auto_error=False, description="the token in the server's state directory")
-_ERRORS: dict[int | str, dict[str, Any]] = {
-    code: {"model": ErrorBody} for code in (400, 401, 403, 404, 409, 422)
-}
-# Followers are coroutines, not threads (a few KiB each); the cap only bounds a client that opens
-# connections in a loop.
-MAX_LOG_FOLLOWERS = 1000
 _DICT_FIELDS = frozenset({"env", "response"})  # request fields that are maps with user-chosen keys
-_IDEMPOTENCY_KEY = r"^[\x21-\x7e]{1,200}$"  # printable ASCII, no spaces: published, and checked (422)
-
-
-
-def _decimal(text: Any) -> Any:
-    """An integer in a URL is written in decimal digits: "3.0" or "1e3" is refused (422), as the schema's
-    ``integer`` is read for text; pydantic alone would take "3.0" and refuse "1e3"."""
-    if isinstance(text, str) and not re.fullmatch(r"-?[0-9]+", text):
-        raise ValueError(f"{text[:40]!r} is not an integer in decimal digits")
-    return text
-
-
-Decimal = BeforeValidator(_decimal)  # last in an Annotated: it runs before what is left of it
-StateName = Literal["PENDING", "RUNNING", "SUCCEEDED", "FAILED", "CANCELLED", "PREEMPTED"]
-
-
-class GpuJobOut(BaseModel):
-    id: str
-    memory_bytes: int
-    compute_percent: int
-    mig: str
-    used_memory_bytes: int | None
-    tenant: str = ""
-
-
-class GpuOut(BaseModel):
-    index: int
-    uuid: str
-    model: str
-    memory_total_bytes: int
-    memory_free_bytes: int
-    compute_free_percent: float
-    external_memory_bytes: int
-    jobs: list[GpuJobOut]
-    healthy: bool = True
-    unhealthy_reason: str | None = None
-    # telemetry from the last monitor pass (NVML, or the simulated model); None before the first one
-    utilization_percent: float | None = None
-    temperature_celsius: float | None = None
-    power_watts: float | None = None
-    memory_used_bytes: int | None = None
-
-
-class GpuHealthIn(BaseModel):
-    """Mark a GPU unhealthy (no new jobs; running ones are reported) or healthy again."""
-
-    model_config = ConfigDict(extra="forbid", strict=True)
-
-    healthy: bool
-    reason: Text = Field("", max_length=500, description='why, e.g. "XID 79"; shown in events and the queue')
-
-
-class QueueEntry(BaseModel):
-    position: int
-    id: str
-    priority: str
-    tenant: str
-    submitted_at: float
-    reason: str
-
-
-class TenantOut(BaseModel):
-    name: str
-    weight: float
-    max_gpus: float | None
-    max_gpu_memory_bytes: int | None
-    response: dict[str, Any]
-    running_jobs: int
-    pending_jobs: int
-    gpus_in_use: float = Field(
-        description="GPUs its running jobs hold as quotas count them: whole GPUs 1 each, a share the "
-        "larger of its memory and compute fractions of its GPU, a MIG instance its compute slices / 7"
-    )
-    gpu_memory_in_use_bytes: int
-    never_fit_jobs: list[str] = Field(
-        default_factory=list, description="its pending jobs that need more than its whole quota"
-    )
-
-
-class EventOut(BaseModel):
-    id: int
-    job_id: str
-    time: float
-    kind: str
-    old_state: str | None
-    new_state: str | None
-    reason: str
-    detail: dict[str, Any]
-
-
-class Health(BaseModel):
-    status: Literal["ok", "degraded"]
-    reason: str | None = Field(None, description="why degraded: the state file is locked or its disk fails")
-    version: str
-    machine: str
-    gpus: int
-    sharing: str
-    user: str
-    simulated: bool
-    uptime_seconds: float
-    jobs: dict[str, int]
 
 
 def create_app(
@@ -222,13 +102,10 @@ def create_app(
     app.add_middleware(
         Guard, token=token, sign_in_token=app.state.sign_in_token, hosts=hosts, public_reads=public_reads
     )
-    followers = 0
 
     def authorized(credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]) -> None:
         header = f"{credentials.scheme} {credentials.credentials}" if credentials else None
         check_bearer(header, token() if callable(token) else token)
-
-    Auth = Depends(authorized)
 
     @app.exception_handler(UserError)
     async def user_error(_: Request, err: UserError) -> JSONResponse:
@@ -263,8 +140,7 @@ def create_app(
         """Routing's own answers (404 no such path, 405 wrong method) in the one error format."""
         headers = dict(err.headers or {})
         if err.status_code == 405:
-            allowed = {m for r in app.routes if r.matches(request.scope)[0] is not Match.NONE
-                       for m in (getattr(r, "methods", None) or ())}  # fmt: skip
+            allowed = _methods_at(app.routes, request.scope)
             headers["Allow"] = ", ".join(sorted(allowed))  # FastAPI's GET routes do not answer HEAD
             detail = f"{request.method} is not allowed on {request.url.path}; allowed: {headers['Allow']}"
         elif err.status_code == 404:
@@ -275,168 +151,8 @@ def create_app(
         body = ErrorBody(detail=detail, type=kind)
         return JSONResponse(body.model_dump(), status_code=err.status_code, headers=headers)
 
-    @app.get("/v1/health", response_model=Health)
-    def health() -> Health:
-        """From memory only (job counts as of the daemon's last pass): it answers at once while the state
-        file is locked or failing, and then says so."""
-        store = daemon.store.condition
-        return Health(
-            status="ok" if store.ok else "degraded",
-            reason=None if store.ok else f"state file {store.kind}: {store.reason}",
-            version=gpuslice.__version__,
-            machine=daemon.machine.name,
-            gpus=daemon.machine.gpu_count,
-            sharing=daemon.sharing,
-            user=daemon.user,
-            simulated=daemon.simulated,
-            uptime_seconds=time.time() - started,
-            jobs=dict(daemon.job_counts),
-        )
-
-    answers: dict[int | str, dict[str, Any]] = {
-        **_ERRORS,
-        200: {"model": JobOut, "description": "a retry with the same Idempotency-Key and body: its job"},
-        503: {"model": ErrorBody, "description": "the state file is full, locked or failing: nothing was "
-              "stored; retry after Retry-After seconds"},
-    }
-
-    @app.post("/v1/jobs", status_code=201, response_model=JobOut, responses=answers, dependencies=[Auth])
-    def submit(
-        body: SubmitRequest,
-        response: Response,
-        idempotency_key: Annotated[
-            str | None,
-            Header(max_length=200, pattern=_IDEMPOTENCY_KEY,
-                   description="a retry with the same key and body returns the same job"),
-        ] = None,
-    ) -> JobOut:
-        if body.user is not None and body.user != daemon.user:
-            raise ForbiddenUser(
-                f"user: this server runs jobs as {daemon.user!r} and never switches users; "
-                f"{body.user!r} should start their own server"
-            )
-        spec = spec_from_submit(body, daemon.user)
-        key = None
-        if idempotency_key is not None:
-            digest = hashlib.sha256(json.dumps(body.model_dump(), sort_keys=True).encode()).hexdigest()
-            key = (idempotency_key, digest)
-        try:
-            job, created = daemon.submit_once(spec, key)
-        except InvalidRequest as err:  # the scheduler's "can never run here", with its field named
-            raise named(err) from None
-        if not created:
-            response.status_code = 200  # a retry: the job the first try made
-        return job_out(job)
-
-    @app.get("/v1/jobs", response_model=list[JobOut], responses=_ERRORS)
-    def list_jobs(
-        state: Annotated[list[StateName] | None, Query()] = None,
-        tenant: str | None = None,
-        limit: Annotated[int, Query(ge=1, le=10_000), Decimal] = 1000,
-    ) -> list[JobOut]:
-        states = [JobState(s) for s in state] if state else None
-        jobs = daemon.store.jobs(states, tenant=tenant, limit=limit, newest_first=True)
-        waiting = daemon.pending_reasons()  # a pending job's reason is why it waits now
-        return [job_out(j, waiting.get(j.id)) for j in jobs]
-
-    @app.get("/v1/jobs/{job_id}", response_model=JobOut, responses=_ERRORS)
-    def get_job(job_id: str) -> JobOut:
-        return job_out(daemon.store.get(job_id), daemon.pending_reasons().get(job_id))
-
-    @app.post("/v1/jobs/{job_id}/cancel", response_model=JobOut, responses=_ERRORS, dependencies=[Auth])
-    def cancel(job_id: str) -> JobOut:
-        return job_out(daemon.cancel(job_id))
-
-    @app.get("/v1/jobs/{job_id}/logs", responses={200: {"content": {"text/plain": {}}}, **_ERRORS, 429: {}})
-    async def logs(
-        job_id: str,
-        follow: bool = False,
-        stream: Literal["stdout", "stderr", "both"] = "both",
-    ) -> StreamingResponse:
-        """Async: a follower is a coroutine waiting on a timer, never a worker thread, and a client
-        that goes away cancels it at once (Starlette watches for the disconnect)."""
-        nonlocal followers
-        daemon.store.get(job_id)  # 404 before streaming starts
-        if follow and followers >= MAX_LOG_FOLLOWERS:
-            raise TooManyFollowers(f"{followers} clients follow logs already; try again later")
-        # Opened now, never through a link: a refused log is a 409 before any byte is sent.
-        logs = job_logs.open_logs(daemon, job_id, ("stdout", "stderr") if stream == "both" else (stream,))
-        if not follow:
-            return StreamingResponse(job_logs.follow(daemon, job_id, logs, None), media_type="text/plain")
-        followers += 1
-
-        async def counted() -> AsyncIterator[bytes]:
-            nonlocal followers
-            try:
-                async for chunk in job_logs.follow(daemon, job_id, logs, app.state.stopping):
-                    yield chunk
-            finally:
-                followers -= 1
-
-        return StreamingResponse(counted(), media_type="text/plain")
-
-    @app.get("/v1/gpus", response_model=list[GpuOut])
-    def gpus() -> list[GpuOut]:
-        return [GpuOut(**g) for g in daemon.gpus()]
-
-    @app.post("/v1/gpus/{index}/health", response_model=GpuOut, responses=_ERRORS, dependencies=[Auth])
-    def gpu_health(index: Annotated[int, Decimal], body: GpuHealthIn) -> GpuOut:
-        daemon.set_gpu_health(index, body.healthy, body.reason)
-        return next(GpuOut(**g) for g in daemon.gpus() if g["index"] == index)
-
-    @app.get("/metrics", responses={200: {"content": {"text/plain": {}}}})
-    def metrics() -> Response:
-        """Prometheus metrics; open without the token (a scraper has none; no job's command or env)."""
-        return Response(daemon.metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
-
-    @app.get("/v1/queue", response_model=list[QueueEntry])
-    def queue() -> list[QueueEntry]:
-        return [
-            QueueEntry(
-                position=i,
-                id=job.id,
-                priority=job.spec.priority.name.lower(),
-                tenant=job.spec.tenant,
-                submitted_at=job.submitted_at,
-                reason=reason,
-            )
-            for i, (job, reason) in enumerate(daemon.queue(), start=1)
-        ]
-
-    @app.get("/v1/tenants", response_model=list[TenantOut])
-    def tenants() -> list[TenantOut]:
-        return [TenantOut(**t) for t in daemon.tenants()]
-
-    @app.get("/v1/tenants/{name}", response_model=TenantOut, responses=_ERRORS)
-    def get_tenant(name: Annotated[str, Path(pattern=TENANT_PATTERN)]) -> TenantOut:
-        return TenantOut(**daemon.tenant(name))
-
-    @app.put("/v1/tenants/{name}", response_model=TenantOut, responses=_ERRORS, dependencies=[Auth])
-    def put_tenant(name: Annotated[str, Path(pattern=TENANT_PATTERN)], body: TenantIn) -> TenantOut:
-        daemon.set_tenant(tenant_from_body(name, body))
-        return TenantOut(**daemon.tenant(name))
-
-    @app.get("/v1/events", response_model=list[EventOut], responses=_ERRORS)
-    def events(
-        job_id: str | None = None,
-        after: Annotated[int, Query(ge=0, le=2**62), Decimal] = 0,
-        limit: Annotated[int, Query(ge=1, le=10_000), Decimal] = 1000,
-        kind: Annotated[str | None, Query(max_length=32, description="e.g. transition, policy")] = None,
-    ) -> list[EventOut]:
-        return [
-            EventOut(
-                id=event_id,
-                job_id=e.job_id,
-                time=e.time,
-                kind=e.kind,
-                old_state=e.old_state.value if e.old_state else None,
-                new_state=e.new_state.value if e.new_state else None,
-                reason=e.reason,
-                detail=e.detail,
-            )
-            for event_id, e in daemon.store.events(job_id, after_id=after, limit=limit, kind=kind)
-        ]
-
+    app.include_router(cluster_router(daemon, authorized, started))
+    app.include_router(job_router(daemon, authorized, app.state.stopping))
     dashboard.mount(app)
     app.include_router(policy_router(daemon, authorized))
 
@@ -448,6 +164,19 @@ def create_app(
 
     app.openapi = openapi  # type: ignore[method-assign]
     return app
+
+
+def _methods_at(routes: Iterable[Any], scope: Any) -> set[str]:
+    """The methods the routes at ``scope``'s path answer, through included routers (FastAPI keeps an
+    included router whole, as one route that matches only partly, not its routes one by one)."""
+    methods: set[str] = set()
+    for route in routes:
+        included = getattr(route, "original_router", None)
+        if included is not None:
+            methods |= _methods_at(included.routes, scope)
+        elif route.matches(scope)[0] is not Match.NONE:
+            methods |= set(getattr(route, "methods", None) or ())
+    return methods
 
 
 _BOUNDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")

@@ -46,8 +46,10 @@ from gpuslice.workload.job import DEFAULT_TENANT, JobSpec, JobState, Priority, R
 
 __all__ = [
     "DURATION_PATTERN",
+    "ERROR_RESPONSES",
     "MAX_BYTES_KEYWORD",
     "TENANT_PATTERN",
+    "Decimal",
     "ErrorBody",
     "FaultOut",
     "FieldError",
@@ -58,6 +60,7 @@ __all__ = [
     "MapValueIn",
     "PolicyIn",
     "PolicyOut",
+    "StateName",
     "SubmitRequest",
     "TenantIn",
     "job_out",
@@ -66,6 +69,18 @@ __all__ = [
     "spec_from_submit",
     "tenant_from_body",
 ]
+
+
+def _decimal(text: Any) -> Any:
+    """An integer in a URL is written in decimal digits: "3.0" or "1e3" is refused (422), as the schema's
+    ``integer`` is read for text; pydantic alone would take "3.0" and refuse "1e3"."""
+    if isinstance(text, str) and not re.fullmatch(r"-?[0-9]+", text):
+        raise ValueError(f"{text[:40]!r} is not an integer in decimal digits")
+    return text
+
+
+Decimal = BeforeValidator(_decimal)  # last in an Annotated: it runs before what is left of it
+StateName = Literal["PENDING", "RUNNING", "SUCCEEDED", "FAILED", "CANCELLED", "PREEMPTED"]
 
 PriorityName = Literal["realtime", "high", "normal", "low", "idle"]
 # A duration's grammar, published as the pattern of max_runtime: ASCII digits and blanks only (Python's
@@ -496,3 +511,9 @@ class ErrorBody(BaseModel):
     detail: str
     field: str | None = None
     type: str
+
+
+# The error answers every route may give, for the schema (each an ErrorBody).
+ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    code: {"model": ErrorBody} for code in (400, 401, 403, 404, 409, 422)
+}

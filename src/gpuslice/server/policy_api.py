@@ -18,14 +18,13 @@ two scheduling passes. Keys in the path are text, parsed as the map's key type (
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 from fastapi import APIRouter, Depends
 
 from gpuslice.programs.loader import load_source
 from gpuslice.server.daemon import Daemon
 from gpuslice.server.models import (
-    ErrorBody,
+    ERROR_RESPONSES,
     MapEntryOut,
     MapOut,
     MapValueIn,
@@ -35,12 +34,10 @@ from gpuslice.server.models import (
 
 __all__ = ["policy_router"]
 
-_ERRORS: dict[int | str, dict[str, Any]] = {code: {"model": ErrorBody} for code in (400, 401, 404, 409, 422)}
-
 
 def policy_router(daemon: Daemon, authorized: Callable[..., None]) -> APIRouter:
     """The /v1/policies routes over ``daemon``; ``authorized`` is the app's bearer-token dependency."""
-    router = APIRouter(prefix="/v1/policies", tags=["policies"], responses=_ERRORS)
+    router = APIRouter(prefix="/v1/policies", tags=["policies"], responses=ERROR_RESPONSES)
     auth = [Depends(authorized)]
 
     @router.post("", status_code=201, response_model=PolicyOut, dependencies=auth)
