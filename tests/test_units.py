@@ -37,6 +37,7 @@ def test_parse_size_reads_number_and_unit_as_bytes(text: str, expected: int) -> 
 
 def test_parse_size_passes_a_non_negative_int_through() -> None:
     assert parse_size(12345) == 12345
+    assert parse_size(1) == 1  # one byte is the least size, and a size
 
 
 @pytest.mark.parametrize("text", ["8GB?", "-1", "", "eight", "8 G B", "GiB"])
@@ -65,7 +66,7 @@ def test_a_bare_number_is_refused_because_it_could_be_bytes_or_gib(text: str) ->
 
 @pytest.mark.parametrize("text", ["0", "0GiB", "0.0MiB", "0B"])
 def test_zero_is_refused_in_any_unit(text: str) -> None:
-    with pytest.raises(InvalidSize):
+    with pytest.raises(InvalidSize, match="at least one byte|bare number"):
         parse_size(text)
 
 
@@ -103,6 +104,7 @@ def test_invalid_size_is_a_user_error() -> None:
         (512, "512 B"),
         (KiB, "1 KiB"),
         (TiB, "1 TiB"),
+        (5 * MiB, "5 MiB"),
         (0, "0 B"),
     ],
 )

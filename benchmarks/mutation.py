@@ -1,0 +1,119 @@
+"""Mutation testing of core modules with mutmut: do the tests of an area fail when its code is wrong?
+
+    .venv/bin/python benchmarks/mutation.py                      # every target below
+    .venv/bin/python benchmarks/mutation.py --target units       # one (repeatable)
+
+For each target (a module and the tests of its area), mutmut changes the code one small edit at a time
+(an operator, a constant, a string, a call's argument) and runs the tests; a mutant the tests still pass
+"survived". Prints a Markdown table for ``benchmarks/RESULTS.md`` (mutants, killed, survived, score) and
+every survivor's diff, to be killed by a new test or explained as equivalent.
+
+How it runs: mutmut 3 imports the mutated copy it writes under ``mutants/``, so the package must not be
+installed in the interpreter that runs it (an editable install's import hook would win). The script
+clones this repository's HEAD into a temporary folder, makes a virtual environment there with the test
+dependencies and mutmut, uninstalls gpuslice from it, and runs mutmut once per target. Minutes per
+target on the project's 2-core VM; not part of CI.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import re
+import subprocess
+import sys
+import tempfile
+from datetime import UTC, datetime
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+MUTMUT = "mutmut>=3.3"
+
+# target -> (module to mutate, the tests of its area)
+TARGETS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "units": ("src/gpuslice/units.py", ("tests/test_units.py",)),
+    "request": ("src/gpuslice/workload/request.py", ("tests/workload",)),
+    "equivalent": ("src/gpuslice/workload/equivalent.py", ("tests/workload",)),
+    "fit": ("src/gpuslice/ledger/fit.py", ("tests/ledger",)),
+    "backfill": ("src/gpuslice/scheduler/backfill.py", ("tests/scheduler/test_backfill.py",)),
+    "auth": ("src/gpuslice/server/auth.py", ("tests/server/test_auth.py", "tests/server/test_hardening.py")),
+}
+
+
+def _run(command: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(command, cwd=cwd, text=True, capture_output=True, check=False)
+
+
+def _environment(work: Path) -> Path:
+    """A clone of HEAD and a virtual environment with the test dependencies and mutmut, no gpuslice."""
+    clone = work / "repo"
+    subprocess.run(["git", "clone", "-q", str(REPO), str(clone)], check=True)
+    venv = work / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "-q"]
+    print("installing the test dependencies and mutmut (minutes)...", file=sys.stderr, flush=True)
+    subprocess.run([*pip, f"{clone}[test]", MUTMUT], check=True)
+    subprocess.run(
+        [str(venv / "bin" / "python"), "-m", "pip", "uninstall", "-q", "-y", "gpuslice"], check=True
+    )
+    return clone
+
+
+def _mutate(clone: Path, module: str, tests: tuple[str, ...]) -> dict[str, list[str]]:
+    """mutmut over ``module`` with ``tests``: mutant names by outcome."""
+    selection = "\n    ".join(tests)
+    (clone / "setup.cfg").write_text(
+        f"[mutmut]\nsource_paths={module}\npytest_add_cli_args_test_selection={selection}\n"
+        "also_copy=src/\n    native/\n    examples/\n"
+    )
+    mutmut = str(clone.parent / "venv" / "bin" / "mutmut")
+    subprocess.run(["rm", "-rf", str(clone / "mutants")], check=True)
+    done = _run([mutmut, "run", "--max-children", str(os.cpu_count() or 1)], clone)
+    if done.returncode != 0:
+        raise SystemExit(f"mutmut run failed on {module}:\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}")
+    results = _run([mutmut, "results", "--all", "true"], clone).stdout
+    outcomes: dict[str, list[str]] = {}
+    for line in results.splitlines():
+        name, sep, outcome = line.strip().rpartition(": ")
+        if sep:
+            outcomes.setdefault(outcome, []).append(name)
+    return outcomes
+
+
+def _diff(clone: Path, mutant: str) -> str:
+    shown = _run([str(clone.parent / "venv" / "bin" / "mutmut"), "show", mutant], clone).stdout
+    changed = [line for line in shown.splitlines() if re.match(r"^[-+](?![-+])", line)]
+    return " / ".join(line.strip() for line in changed[:2])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--target", action="append", choices=sorted(TARGETS), help="default: every target")
+    args = parser.parse_args()
+    chosen = args.target or list(TARGETS)
+    print(f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC, {platform.machine()}, {os.cpu_count()} CPUs, "
+          f"Python {platform.python_version()}, load {os.getloadavg()[0]:.1f}\n")  # fmt: skip
+    survivors: list[tuple[str, str]] = []
+    with tempfile.TemporaryDirectory(prefix="gpuslice-mutation-") as tmp:
+        clone = _environment(Path(tmp))
+        print("| module | tests | mutants | killed | survived | other | killed % |")
+        print("|---|---|---:|---:|---:|---:|---:|")
+        for name in chosen:
+            module, tests = TARGETS[name]
+            outcomes = _mutate(clone, module, tests)
+            total = sum(len(v) for v in outcomes.values())
+            killed, survived = len(outcomes.get("killed", [])), outcomes.get("survived", [])
+            other = total - killed - len(survived)
+            score = 100.0 * killed / total if total else float("nan")
+            print(f"| {module.removeprefix('src/gpuslice/')} | {', '.join(tests)} | {total} | {killed} | "
+                  f"{len(survived)} | {other} | {score:.0f} |", flush=True)  # fmt: skip
+            survivors += [(m, _diff(clone, m)) for m in survived]
+    if survivors:
+        print("\nSurvivors:\n")
+        for mutant, diff in survivors:
+            print(f"- `{mutant}`: {diff}")
+
+
+if __name__ == "__main__":
+    main()
