@@ -1,6 +1,7 @@
-"""A sort key of five million numbers: an answer too large to take back.
+"""A sort key of five million numbers: an answer too large to take back (a whole queue of such keys also
+fills the worker's 512 MiB before its budget runs out, on a fast machine).
 
-expect: invalid or timeout
+expect: invalid or memory or timeout
 """
 
 from __future__ import annotations
