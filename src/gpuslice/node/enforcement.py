@@ -51,7 +51,7 @@ from gpuslice.hardware.machine import Machine
 from gpuslice.hardware.mig import mig_gpu
 from gpuslice.node import private_files, softcap
 from gpuslice.units import MiB
-from gpuslice.workload.job import DEFAULT_TENANT, JobSpec
+from gpuslice.workload.job import DEFAULT_TENANT, JobSpec, is_a_share
 
 __all__ = [
     "DEFAULT_SHARING",
@@ -200,12 +200,8 @@ class SliceLimits:
 
     @property
     def is_share(self) -> bool:
-        """A share of one GPU rather than whole GPUs (as ``JobSpec.is_share``)."""
-        return (
-            not self.exclusive
-            and not self.mig_profile
-            and (self.gpu_memory_bytes > 0 or 0 < self.compute_percent < 100)
-        )
+        """A share of one GPU rather than whole GPUs (``workload.job.is_a_share``)."""
+        return is_a_share(self.exclusive, self.mig_profile, self.gpu_memory_bytes, self.compute_percent)
 
     @classmethod
     def of_job(cls, spec: JobSpec) -> SliceLimits:

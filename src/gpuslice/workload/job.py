@@ -31,6 +31,7 @@ __all__ = [
     "RestartPolicy",
     "TopologyNeed",
     "check_transition",
+    "is_a_share",
 ]
 
 
@@ -102,6 +103,12 @@ def check_transition(old: JobState, new: JobState) -> None:
         raise InvalidRequest(f"a {old.value} job cannot become {new.value}")
 
 
+def is_a_share(exclusive: bool, mig_profile: str, gpu_memory_bytes: int, compute_percent: int) -> bool:
+    """The one rule for "a share of one GPU rather than whole GPUs", for a serve job and a pod's container
+    alike: not exclusive, no MIG instance, and some memory or a compute percent below 100 asked for."""
+    return not exclusive and not mig_profile and (gpu_memory_bytes > 0 or 0 < compute_percent < 100)
+
+
 @dataclass(frozen=True, slots=True)
 class JobSpec:
     """What the user asked for. Validated on creation; ``request()`` is its slice for the ledger.
@@ -169,12 +176,8 @@ class JobSpec:
 
     @property
     def is_share(self) -> bool:
-        """A share of one GPU rather than whole GPUs."""
-        return (
-            not self.exclusive
-            and not self.mig_profile
-            and (self.gpu_memory_bytes > 0 or 0 < self.compute_percent < 100)
-        )
+        """A share of one GPU rather than whole GPUs (``is_a_share``)."""
+        return is_a_share(self.exclusive, self.mig_profile, self.gpu_memory_bytes, self.compute_percent)
 
     def request(self) -> Request:
         """The ledger request: whole GPUs take 1000 milli (all of each GPU); a share takes its compute
