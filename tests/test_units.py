@@ -66,7 +66,7 @@ def test_a_bare_number_is_refused_because_it_could_be_bytes_or_gib(text: str) ->
 
 @pytest.mark.parametrize("text", ["0", "0GiB", "0.0MiB", "0B"])
 def test_zero_is_refused_in_any_unit(text: str) -> None:
-    with pytest.raises(InvalidSize, match="at least one byte|bare number"):
+    with pytest.raises(InvalidSize, match=r"at least one byte|bare number"):
         parse_size(text)
 
 

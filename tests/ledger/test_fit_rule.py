@@ -153,3 +153,22 @@ def test_reserve_names_the_fit_rules_first_reason_for_a_node_that_fails_several_
     assert code_of(Ledger(NODES).refusal_codes(mixed)[0]) == RefusalCode.GPU_MODEL_NOT_ALLOWED
     refusal = Ledger(NODES).check(0, (0,), mixed)
     assert refusal is not None and refusal.code == RefusalCode.GPU_MODEL_NOT_ALLOWED
+
+
+def test_a_request_that_takes_exactly_what_is_free_fits() -> None:
+    """GPU memory, host memory and CPU each asked to the byte (milli) of what is free: it fits; one more
+    does not, with the check that fails named."""
+    ledger = Ledger(NODES)
+    exact = Request(
+        cpu_milli=8000, memory_bytes=64 * GiB, num_gpu=1, gpu_milli=1000, gpu_memory_bytes=16 * GiB
+    )
+    assert code_of(ledger.refusal_codes(exact)[0]) is None
+    assert ledger.fits(exact)[0]
+    for more, code in (
+        ({"gpu_memory_bytes": 16 * GiB + 1}, RefusalCode.INSUFFICIENT_GPU_MEMORY),
+        ({"memory_bytes": 64 * GiB + 1}, RefusalCode.INSUFFICIENT_MEMORY),
+        ({"cpu_milli": 8001}, RefusalCode.INSUFFICIENT_CPU),
+    ):
+        fields = {"cpu_milli": 8000, "memory_bytes": 64 * GiB, "num_gpu": 1, "gpu_milli": 1000,
+                  "gpu_memory_bytes": 16 * GiB, **more}  # fmt: skip
+        assert code_of(ledger.refusal_codes(Request(**fields))[0]) == code, more

@@ -38,3 +38,23 @@ def test_a_job_that_ends_before_the_shadow_backfills_without_taking_from_it() ->
     assert allows(reservation, Holding((0,), milli=1000), 50.0, head_needs_two_whole_gpus)
     assert reservation.capacity.free_milli.tolist() == [1000, 1000]
     assert not allows(reservation, Holding((0,), milli=1000), 150.0, head_needs_two_whole_gpus)
+
+
+def test_the_shadow_gives_back_the_earliest_ending_job_first_and_ties_do_not_compare_holdings() -> None:
+    """Two GPUs busy, ending at t=200 (GPU 0) and t=100 (GPU 1), listed latest first; the head needs one
+    whole GPU more than the one free: its shadow is t=100, when GPU 1 comes back. Two jobs ending at the
+    same time are given back in the order they started, never by comparing what they hold."""
+    now = capacity([0, 0, 1000])
+    running = [(200.0, Holding((0,), milli=1000)), (100.0, Holding((1,), milli=1000))]
+    reservation = shadow(now, running, head_needs_two_whole_gpus)
+    assert reservation is not None and reservation.time == 100.0
+    assert reservation.capacity.free_milli.tolist() == [0, 1000, 1000]
+    tied = [(100.0, Holding((0,), milli=1000)), (100.0, Holding((1,), milli=1000))]
+    assert shadow(capacity([0, 0, 0]), tied, head_needs_two_whole_gpus).time == 100.0  # type: ignore[union-attr]
+
+
+def test_without_a_reservation_anything_backfills_and_a_job_ending_at_the_shadow_does_too() -> None:
+    assert allows(None, Holding((0,), milli=1000), math.inf, head_needs_two_whole_gpus)
+    reservation = Shadow(100.0, capacity([1000, 1000]))
+    assert allows(reservation, Holding((0,), milli=1000), 100.0, head_needs_two_whole_gpus)  # ends at it
+    assert reservation.capacity.free_milli.tolist() == [1000, 1000]

@@ -78,3 +78,29 @@ def test_no_bearer_and_a_wrong_bearer_are_told_apart():
     assert "needs 'Authorization: Bearer <token>'" in bearer_problem(None, "secret")
     assert bearer_problem("Bearer nope", "secret").startswith("token rejected")
     assert bearer_problem("Bearer secret", "secret") is None
+
+
+def test_a_new_state_directory_is_made_with_its_parents_and_readable_by_its_owner_only(tmp_path):
+    state = tmp_path / "a" / "b" / "state"
+    load_or_create_token(state)
+    assert stat.S_IMODE(state.stat().st_mode) == 0o700
+
+
+@pytest.mark.parametrize(
+    "content",
+    [b"", b"   \n", b"two words\n", b"x" * 4097, "tökén".encode()],
+    ids=["empty", "blank", "inner space", "over 4 KiB", "not ascii"],
+)
+def test_a_token_file_that_holds_no_single_token_is_refused(tmp_path, content):
+    path = tmp_path / "token"
+    path.write_bytes(content)
+    path.chmod(0o600)
+    with pytest.raises(InvalidRequest):
+        read_token(tmp_path)
+
+
+def test_a_token_file_of_exactly_4_kib_is_still_read(tmp_path):
+    path = tmp_path / "token"
+    path.write_bytes(b"t" * 4096)
+    path.chmod(0o600)
+    assert read_token(tmp_path) == "t" * 4096

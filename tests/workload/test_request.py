@@ -21,6 +21,24 @@ from gpuslice.workload.request import MILLI_PER_GPU, Request, RequestKind
         pytest.param({"cpu_milli": -1}, "negative", id="negative CPU"),
         pytest.param({"cpu_milli": 1, "memory_bytes": -1}, "negative", id="negative memory"),
         pytest.param({"cpu_milli": 1, "num_gpu": -1, "gpu_milli": 0}, "0..8", id="negative GPUs"),
+        pytest.param({"cpu_milli": 1, "gpu_memory_bytes": 2**30}, "num_gpu is 0", id="GPU memory, no GPU"),
+        pytest.param(
+            {"cpu_milli": 1, "num_gpu": 1, "gpu_milli": 1000, "mig_profile": "1g.10gb"},
+            "MIG instance",
+            id="MIG profile with a GPU count",
+        ),
+        pytest.param({"cpu_milli": 1, "mig_profile": " 1g.10gb"}, "MIG instance", id="MIG profile in blanks"),
+        pytest.param(
+            {
+                "cpu_milli": 1,
+                "num_gpu": 1,
+                "gpu_milli": 1000,
+                "gpu_models": ("T4", "A10"),
+                "excluded_gpu_models": ("T4",),
+            },
+            "T4",
+            id="model pinned and excluded",
+        ),
     ],
 )
 def test_request_rejects_contradictory_fields(fields: dict[str, int], message: str) -> None:
@@ -89,3 +107,19 @@ def test_a_slices_milli_is_its_percent_times_ten_a_memory_only_share_one_and_nei
     assert [share_milli(p, True) for p in (1, 30, 99, 100)] == [10, 300, 990, 1000]
     assert share_milli(0, True) == 1  # memory only: marked shared, no compute guaranteed
     assert share_milli(0, False) == 1000
+    assert all(type(share_milli(p, True)) is int for p in (1, 33, 100))  # whole milli, never a float
+
+
+def test_the_edges_of_a_request_are_accepted() -> None:
+    """Eight GPUs (the most a node has) and a 1-milli share (what a memory-only share reserves)."""
+    assert Request(cpu_milli=1, num_gpu=8, gpu_milli=1000).num_gpu == 8
+    assert Request(cpu_milli=1, num_gpu=1, gpu_milli=1).gpu_milli == 1
+
+
+def test_request_str_names_a_mig_profile_the_gpu_memory_and_excluded_models() -> None:
+    mig = Request(cpu_milli=1, mig_profile="1g.10gb")
+    assert "MIG 1g.10gb" in str(mig)
+    share = Request(cpu_milli=1, num_gpu=1, gpu_milli=500, gpu_memory_bytes=1024, gpu_models=("A10",),
+                    excluded_gpu_models=("T4",))  # fmt: skip
+    text = str(share)
+    assert "1x500m GPU with 1024B each" in text and "on A10" in text and "not on T4" in text
