@@ -200,9 +200,11 @@ TIMED_HEADER = (
     "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase,"
     "creation_time,deletion_time,scheduled_time"
 )
-# One of each way a queue file misbehaves: a C call holding the GIL (the worker is killed), memory, a
-# garbage answer, an exception, recursion.
-TIMED_FILES = ["q_sum_range", "q_numpy_ones", "q_garbage", "q_raises", "q_deep_recursion_by_nesting"]
+# One of each way a queue file misbehaves, each quick to provoke: a C call holding the GIL (the worker is
+# killed), memory, a garbage answer, two exceptions (q_deep_recursion_by_nesting builds for longer than
+# the 0.3 s budget on a loaded machine: a timeout, not the exception it means; the slot and serve
+# tests have it).
+TIMED_FILES = ["q_sum_range", "q_numpy_ones", "q_garbage", "q_raises", "q_zero_division"]
 
 
 @pytest.mark.parametrize("stem", TIMED_FILES)

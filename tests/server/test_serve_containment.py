@@ -82,6 +82,25 @@ def test_a_job_whose_supervisor_died_while_the_server_was_down_leaves_no_process
     assert not alive(pid), "the lost job's setsid child still runs"
 
 
+def _wait_exited_children(parent: int, timeout: float = 30.0) -> None:
+    """Until every child of ``parent`` has exited (a zombie its stopped parent has not reaped)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        children = set()
+        for task in Path(f"/proc/{parent}/task").iterdir():
+            children.update(int(p) for p in (task / "children").read_text().split())
+        states = []
+        for child in children:
+            try:
+                states.append(Path(f"/proc/{child}/stat").read_text().rsplit(")", 1)[1].split()[0])
+            except OSError:
+                continue  # gone
+        if children and all(state == "Z" for state in states):
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"a child of {parent} still runs after {timeout:g} s")
+
+
 def test_cancel_with_a_stopped_supervisor_answers_at_once_and_the_true_exit_is_recorded(serve, tmp_path):
     server = serve("--grace", "30s")
     flag = tmp_path / "go"
@@ -91,7 +110,7 @@ def test_cancel_with_a_stopped_supervisor_answers_at_once_and_the_true_exit_is_r
     os.kill(supervisor, signal.SIGSTOP)
     try:
         flag.touch()  # the job exits 0 while its supervisor cannot see it
-        time.sleep(0.5)
+        _wait_exited_children(supervisor)  # on a loaded machine the job's loop may take a while to see it
         began = time.monotonic()
         r = server.http.post(f"/v1/jobs/{job['id']}/cancel", headers=server.auth)
         assert r.status_code == 200 and time.monotonic() - began < 5, r.text
