@@ -78,6 +78,7 @@ __all__ = [
     "family_default",
     "file_info",
     "guard",
+    "guard_faults",
     "guarded_factory",
 ]
 
@@ -169,7 +170,6 @@ class HookGuard:
         if forced is not None:
             self.calls += 1
             return _MISSING, forced
-        overran = True
         try:
             answer, reason = self._call(hook, fn, args)
         finally:
@@ -532,6 +532,17 @@ def guarded_factory(
         return guard(loaded.family, policy, default_factory(*args), config, on_event)
 
     return GuardedFactory(loaded, build)
+
+
+def guard_faults(*ops: Any) -> dict[str, int]:
+    """The faults of those of ``ops`` that are guarded policy files, as ``guard.<hook>:<reason>``: how a
+    replay's results list them beside the placer's own fallbacks."""
+    return {
+        f"guard.{key}": n
+        for one in ops
+        if (hook_guard := getattr(one, "guard", None)) is not None
+        for key, n in hook_guard.fault_counts().items()
+    }
 
 
 def file_info(loaded: Any, loaded_at: float, guard: HookGuard | None) -> dict[str, Any]:

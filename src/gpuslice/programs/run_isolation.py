@@ -236,6 +236,15 @@ def _exit_reason(status: int) -> str:
     return f"crash (exit {os.waitstatus_to_exitcode(status)})"
 
 
+def _died(page: mmap.mmap, status: int) -> _Outcome:
+    """A child that ended without an answer: a crash fault of the call it was in, else an error (the run's
+    own code died: nothing of the policy's to blame)."""
+    in_flight = _PAGE.unpack_from(page)[_IN_FLIGHT]
+    if in_flight:
+        return _Outcome("fault", ordinal=in_flight, reason=_exit_reason(status))
+    raise InternalError(f"a policy run's worker process ended without an answer: {_exit_reason(status)}")
+
+
 def _one_run(
     run: Callable[[GuardConfig, Relay], Any],
     config: GuardConfig,
@@ -265,11 +274,7 @@ def _one_run(
             done, status = os.waitpid(pid, os.WNOHANG)
             if done:
                 reaped = True
-                last = _PAGE.unpack_from(page)[_IN_FLIGHT]
-                if last:
-                    return _Outcome("fault", ordinal=last, reason=_exit_reason(status))
-                raise InternalError(f"a policy run's worker process ended without an answer: "
-                                    f"{_exit_reason(status)}")  # fmt: skip
+                return _died(page, status)
             if not in_flight:
                 watched = (0, 0.0, 0.0)
                 continue
@@ -281,15 +286,13 @@ def _one_run(
             if (waited >= budget and burned >= ABANDON_CPU_SHARE * budget) or waited >= WALL_CAP * budget:
                 return _Outcome("fault", ordinal=in_flight, reason="timeout")
         try:
-            data = answer.recv_bytes()
+            data: bytes | None = answer.recv_bytes()
         except (EOFError, OSError):
+            data = None  # it died as it answered
+        if data is None:
             _, status = os.waitpid(pid, 0)
             reaped = True
-            last = _PAGE.unpack_from(page)[_IN_FLIGHT]
-            if last:
-                return _Outcome("fault", ordinal=last, reason=_exit_reason(status))
-            raise InternalError(f"a policy run's worker process ended without an answer: "
-                                f"{_exit_reason(status)}") from None  # fmt: skip
+            return _died(page, status)
         if progress is not None:
             _, _, a, b, seq, _ = _PAGE.unpack_from(page)
             if seq != seen_seq:

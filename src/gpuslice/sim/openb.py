@@ -19,7 +19,6 @@ slices their instances hold are reported apart (``sim/cluster_ledger.py``).
 from __future__ import annotations
 
 import time
-from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -28,7 +27,7 @@ import numpy as np
 from gpuslice.ledger.fragmentation import FragmentationMeasure
 from gpuslice.ledger.ledger import LedgerView
 from gpuslice.policies import PolicyContext, placement_policy
-from gpuslice.programs.guard import GuardConfig
+from gpuslice.programs.guard import GuardConfig, guard_faults
 from gpuslice.programs.loader import is_policy_path, resolve
 from gpuslice.programs.run_isolation import isolated_run
 from gpuslice.scheduler.placer import Placer, Unplaced
@@ -167,12 +166,6 @@ def _fragmentation_series(
     return start + np.cumsum(delta)
 
 
-def _fallbacks(placer: Placer) -> Counter[tuple[str, str]]:
-    """The placer's fallbacks plus, for a policy file, the guard's faults (as ``guard.<hook>``)."""
-    faults = getattr(getattr(placer.policy, "guard", None), "faults", Counter())
-    return placer.fallbacks + Counter({(f"guard.{hook}", reason): n for (hook, reason), n in faults.items()})
-
-
 def replay(
     trace: OpenbTrace,
     policy: str,
@@ -254,7 +247,10 @@ def replay(
         fragmented_gpu_milli=fragmented,
         failed_pods=failed,
         wall_seconds=time.perf_counter() - started,
-        fallbacks={f"{hook}:{reason}": c for (hook, reason), c in _fallbacks(placer).items()},
+        fallbacks={
+            **{f"{hook}:{reason}": c for (hook, reason), c in placer.fallbacks.items()},
+            **guard_faults(placer.policy),  # a policy file's faults
+        },
         fell_back_pods=fell_back,
         mig=mig,
     )

@@ -49,7 +49,7 @@ from gpuslice.ledger.placement import Placement
 from gpuslice.policies import PolicyContext, placement_policy
 from gpuslice.policies.queue import QueuedJob, QueueOps, QueueView, effective_priority
 from gpuslice.policies.queue import queue_policy as lookup_queue_policy
-from gpuslice.programs.guard import GuardConfig
+from gpuslice.programs.guard import GuardConfig, guard_faults
 from gpuslice.programs.loader import is_policy_path, resolve
 from gpuslice.programs.run_isolation import isolated_run
 from gpuslice.scheduler.backfill import Shadow
@@ -383,13 +383,7 @@ class _Replay:
             fallbacks={
                 **{f"queue.{k}": v for k, v in self.fallbacks.items()},
                 **{f"{hook}:{reason}": c for (hook, reason), c in self.placer.fallbacks.items()},
-                # a policy file's faults, as in sim openb (``guard.<hook>:<reason>``)
-                **{
-                    f"guard.{key}": n
-                    for ops in (self.placer.policy, self.queue)
-                    if (guard := getattr(ops, "guard", None)) is not None
-                    for key, n in guard.fault_counts().items()
-                },
+                **guard_faults(self.placer.policy, self.queue),
             },
         )
 
