@@ -7,8 +7,9 @@ worker, never the server's threads or memory. Detaching stops the instance's use
 
 Placement and queue files are isolated (``ISOLATED_FAMILIES``). Queue hooks get a ``QueueView`` and
 queued jobs, which pickle in microseconds, and ``order_keys`` orders a whole queue in one round trip;
-placement hooks read the worker's copy of the ledger, kept equal by replaying placements. Memory hooks,
-called per page fault by the simulator (microseconds each), stay on the thread guard.
+placement hooks read the worker's copy of the ledger, kept equal by replaying placements. This is how a
+server runs a file; a batch run (a replay, memsim, whose memory hooks are called per page fault) sends
+its whole run to one worker instead (``run_isolation.py``).
 
 ``policy`` in a wrapper is an instance of the file's class made without its ``__init__`` (the base
 class's constructor sets the view it reads): only the hooks it inherits from the family's base class,
