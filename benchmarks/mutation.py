@@ -38,6 +38,23 @@ TARGETS: dict[str, tuple[str, tuple[str, ...]]] = {
     "fit": ("src/gpuslice/ledger/fit.py", ("tests/ledger",)),
     "backfill": ("src/gpuslice/scheduler/backfill.py", ("tests/scheduler/test_backfill.py",)),
     "auth": ("src/gpuslice/server/auth.py", ("tests/server/test_auth.py", "tests/server/test_hardening.py")),
+    "guard": ("src/gpuslice/programs/guard.py", ("tests/programs/test_guard.py",)),
+    "extender-state": (
+        "src/gpuslice/k8s/extender/state.py",
+        (
+            "tests/k8s/test_extender.py",
+            "tests/k8s/test_extender_decide.py",
+            "tests/k8s/test_extender_fit_rule.py",
+            "tests/k8s/test_extender_mig_ledger.py",
+            "tests/k8s/test_extender_bind_race.py",
+        ),
+    ),
+    "dra-allocator": (
+        "src/gpuslice/k8s/dra/allocator.py",
+        ("tests/k8s/test_dra_allocator.py", "tests/k8s/test_dra_robust.py", "tests/k8s/test_dra_parity.py"),
+    ),
+    "ledger": ("src/gpuslice/ledger/", ("tests/ledger",)),
+    "scheduler": ("src/gpuslice/scheduler/", ("tests/scheduler",)),
 }
 
 
@@ -60,8 +77,9 @@ def _environment(work: Path) -> Path:
     return clone
 
 
-def _mutate(clone: Path, module: str, tests: tuple[str, ...]) -> dict[str, list[str]]:
-    """mutmut over ``module`` with ``tests``: mutant names by outcome."""
+def _mutate(clone: Path, module: str, tests: tuple[str, ...], children: int) -> dict[str, list[str]]:
+    """mutmut over ``module`` (a file or a folder) with ``tests``, ``children`` mutants at once: mutant
+    names by outcome."""
     selection = "\n    ".join(tests)
     (clone / "setup.cfg").write_text(
         f"[mutmut]\nsource_paths={module}\npytest_add_cli_args_test_selection={selection}\n"
@@ -69,7 +87,7 @@ def _mutate(clone: Path, module: str, tests: tuple[str, ...]) -> dict[str, list[
     )
     mutmut = str(clone.parent / "venv" / "bin" / "mutmut")
     subprocess.run(["rm", "-rf", str(clone / "mutants")], check=True)
-    done = _run([mutmut, "run", "--max-children", str(os.cpu_count() or 1)], clone)
+    done = _run([mutmut, "run", "--max-children", str(children)], clone)
     if done.returncode != 0:
         raise SystemExit(f"mutmut run failed on {module}:\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}")
     results = _run([mutmut, "results", "--all", "true"], clone).stdout
@@ -90,7 +108,12 @@ def _diff(clone: Path, mutant: str) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--target", action="append", choices=sorted(TARGETS), help="default: every target")
+    parser.add_argument(
+        "--children", type=int, default=os.cpu_count() or 1, help="mutants tested at once (default: the CPUs)"
+    )
     args = parser.parse_args()
+    if args.children < 1:
+        parser.error(f"--children {args.children}: at least 1")
     chosen = args.target or list(TARGETS)
     print(f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC, {platform.machine()}, {os.cpu_count()} CPUs, "
           f"Python {platform.python_version()}, load {os.getloadavg()[0]:.1f}\n")  # fmt: skip
@@ -101,7 +124,7 @@ def main() -> None:
         print("|---|---|---:|---:|---:|---:|---:|")
         for name in chosen:
             module, tests = TARGETS[name]
-            outcomes = _mutate(clone, module, tests)
+            outcomes = _mutate(clone, module, tests, args.children)
             total = sum(len(v) for v in outcomes.values())
             killed, survived = len(outcomes.get("killed", [])), outcomes.get("survived", [])
             other = total - killed - len(survived)
