@@ -83,7 +83,7 @@ def _mutate(clone: Path, module: str, tests: tuple[str, ...], children: int) -> 
     selection = "\n    ".join(tests)
     (clone / "setup.cfg").write_text(
         f"[mutmut]\nsource_paths={module}\npytest_add_cli_args_test_selection={selection}\n"
-        "also_copy=src/\n    native/\n    examples/\n"
+        "also_copy=src/\n    native/\n    examples/\n    deploy/\n    e2e/\n    docs/\n    scripts/\n"
     )
     mutmut = str(clone.parent / "venv" / "bin" / "mutmut")
     subprocess.run(["rm", "-rf", str(clone / "mutants")], check=True)
