@@ -62,7 +62,7 @@ def main() -> None:
         daemon = Daemon(store, node.machine, node, state, simulated=True)
         loaded = load_source(source, args.policy.name)
         verify = cpu_ms(lambda: load_source(source, args.policy.name), args.rounds)
-        swap = cpu_ms(lambda: daemon.load_policy(loaded), args.rounds)
+        swap = cpu_ms(lambda: daemon.policy_admin.load_policy(loaded), args.rounds)
 
         daemon.submit(JobSpec(command=("hold",), gpus=8))  # takes every GPU: the rest stay queued
         daemon.scheduler.step(time.time())
@@ -72,7 +72,7 @@ def main() -> None:
         passes = {}
         for label in ("file", "built-in"):
             if label == "built-in":
-                daemon.unload_policy("queue")
+                daemon.policy_admin.unload_policy("queue")
             passes[label] = cpu_ms(lambda: daemon.scheduler.step(now), max(5, args.rounds // 10))
         store.close()
         node.close(jobs_running=False)
@@ -80,7 +80,7 @@ def main() -> None:
     print(f"machine: {platform.node()}, {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f}")
     print(f"policy: {args.policy.relative_to(ROOT) if args.policy.is_relative_to(ROOT) else args.policy}")
     print(f"verify + load (API thread, no lock):           {quantiles(verify)}")
-    print(f"swap (Daemon.load_policy):                     {quantiles(swap)}")
+    print(f"swap (PolicyAdmin.load_policy):                     {quantiles(swap)}")
     for label, ms in passes.items():
         print(f"one pass over {args.pending} pending jobs, {label:<8}:   {quantiles(ms)}")
 

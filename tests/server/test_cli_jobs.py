@@ -128,9 +128,9 @@ def test_mark_unhealthy_then_healthy_and_the_table_shows_it(cli, daemon):
     assert code == 0
     line = next(x for x in out.splitlines() if x.strip().startswith("2 "))
     assert "unhealthy: XID 79" in line
-    assert not daemon.health[2].healthy and daemon.health[2].kind == "manual"
+    assert not daemon.watch.health[2].healthy and daemon.watch.health[2].kind == "manual"
     code, out = cli("gpus", "--mark-healthy", "2")
-    assert code == 0 and "unhealthy" not in out and daemon.health[2].healthy
+    assert code == 0 and "unhealthy" not in out and daemon.watch.health[2].healthy
 
 
 def test_an_unknown_gpu_or_both_options_are_user_errors(cli, daemon):
@@ -138,7 +138,7 @@ def test_an_unknown_gpu_or_both_options_are_user_errors(cli, daemon):
     assert code == 2 and "no GPU 12" in out
     code, out = cli("gpus", "--mark-unhealthy", "1", "--mark-healthy", "1")
     assert code == 2 and "not both" in out
-    assert daemon.health.unhealthy() == {}
+    assert daemon.watch.health.unhealthy() == {}
 
 
 def test_ps_cuts_a_long_command_with_an_ellipsis(cli, daemon):

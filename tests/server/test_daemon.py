@@ -126,7 +126,7 @@ def test_graded_response_warns_suspends_then_kills_each_as_an_event(daemon, node
 def test_external_memory_is_handed_to_the_scheduler(daemon, node):
     node.external = {3: 70 * GiB}
     daemon.tick()
-    assert daemon.gpus()[3]["external_memory_bytes"] == 70 * GiB
+    assert daemon.views.gpus()[3]["external_memory_bytes"] == 70 * GiB
 
 
 def test_tenant_quota_holds_jobs_back_with_a_reason(daemon):

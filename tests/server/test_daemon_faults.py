@@ -170,10 +170,10 @@ def test_mig_instances_are_reported_as_instances_not_whole_gpus(make_daemon):
     jobs = [daemon.submit(JobSpec(command=("train",), user="u", mig_profile="1g.10gb")) for _ in range(4)]
     daemon.tick()
     assert all(daemon.store.get(j.id).state is JobState.RUNNING for j in jobs)
-    [gpu] = daemon.gpus()
+    [gpu] = daemon.views.gpus()
     assert [j["mig"] for j in gpu["jobs"]] == ["1g.10gb"] * 4
     assert all(j["memory_bytes"] < 12 * GiB and j["compute_percent"] == 14 for j in gpu["jobs"])
-    allocated = daemon.snapshot().gpus[0].memory_allocated_bytes
+    allocated = daemon.views.snapshot().gpus[0].memory_allocated_bytes
     assert allocated <= 80 * GiB and allocated == sum(j["memory_bytes"] for j in gpu["jobs"])
 
 

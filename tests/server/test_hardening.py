@@ -376,11 +376,11 @@ def test_gpu_health_marks_survive_a_restart(make_daemon, node):
     first.set_gpu_health(3, False, "XID 79")
     second = make_daemon()  # the same store, as after a restart
     second.recover()
-    assert not second.health[3].healthy and second.health[3].reason == "XID 79"
+    assert not second.watch.health[3].healthy and second.watch.health[3].reason == "XID 79"
     assert second.scheduler.unhealthy_gpus() == {3: "XID 79"}
     job = second.submit(JobSpec(command=("train",), gpus=8, user="u"))
     second.tick()
     assert second.store.get(job.id).state is JobState.PENDING  # 7 healthy GPUs cannot hold it
     second.set_gpu_health(3, True, "")
     third = make_daemon()
-    assert third.health[3].healthy
+    assert third.watch.health[3].healthy

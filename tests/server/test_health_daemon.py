@@ -116,7 +116,7 @@ def test_a_fault_in_the_telemetry_marks_the_gpu_unhealthy_as_kind_xid(make_daemo
     daemon = make_daemon(telemetry=telemetry)
     telemetry.faults = {6: (GpuFault(FaultKind.XID, "XID 79"),)}
     daemon.tick()
-    assert not daemon.health[6].healthy and daemon.health[6].kind == "xid"
+    assert not daemon.watch.health[6].healthy and daemon.watch.health[6].kind == "xid"
     assert daemon.scheduler.unhealthy_gpus() == {6: "XID 79"}
     assert 'gpuslice_gpu_faults_total{gpu="6",kind="xid",model="H100",uuid="GPU-6"} 1.0' in (
         daemon.metrics.exposition().decode()
@@ -125,7 +125,7 @@ def test_a_fault_in_the_telemetry_marks_the_gpu_unhealthy_as_kind_xid(make_daemo
 
 def test_simulated_telemetry_fills_the_gpu_fields_of_the_api(make_daemon, node):
     daemon = make_daemon()
-    daemon.telemetry = SimulatedTelemetry(daemon.machine)
+    daemon.watch.telemetry = SimulatedTelemetry(daemon.machine)
     job = daemon.submit(spec(gpu_memory_bytes=20 * GiB, compute_percent=50))
     daemon.tick()
     node.used[job.id] = {0: 12 * GiB}

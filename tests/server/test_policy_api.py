@@ -131,12 +131,12 @@ def test_load_swaps_the_policy_in_and_unload_restores_the_builtin(api, daemon):
     assert [(m["name"], m["key_type"], m["value_type"], m["max_entries"]) for m in info["maps"]] == [
         ("boost", "str", "int", 64)
     ]
-    assert daemon.scheduler.policy is daemon.policy_slots["queue"].current  # the scheduler decides with it
+    assert daemon.scheduler.policy is daemon.policy_admin.slots["queue"].current  # the scheduler decides with it
     assert queue_policy(api) == info
 
     r = api.delete("/v1/policies/queue", headers=AUTH)
     assert r.status_code == 200 and (r.json()["name"], r.json()["builtin"]) == ("priority-fair", True)
-    assert daemon.scheduler.policy is daemon.policy_slots["queue"].current
+    assert daemon.scheduler.policy is daemon.policy_admin.slots["queue"].current
     events = policy_events(api)
     assert len(events) == 2 and "tenant-boost" in events[0] and "tenant-boost" in events[1]
 
@@ -155,11 +155,11 @@ def test_a_policy_whose_init_fails_is_refused_and_the_running_one_stays(api, dae
 def test_serve_queue_policy_file_starts_with_it_and_unload_gives_the_builtin(make_daemon, tmp_path):
     path = write(tmp_path, "boost.py", BOOST)
     daemon = make_daemon(queue_policy=str(path))
-    info, placement = daemon.policies()
+    info, placement = daemon.policy_admin.policies()
     assert placement == {**placement, "family": "placement", "builtin": True}
     assert (info["name"], info["source"], info["builtin"]) == ("tenant-boost", str(path), False)
-    assert daemon.scheduler.policy is daemon.policy_slots["queue"].current
-    assert daemon.unload_policy("queue")["name"] == "priority-fair"
+    assert daemon.scheduler.policy is daemon.policy_admin.slots["queue"].current
+    assert daemon.policy_admin.unload_policy("queue")["name"] == "priority-fair"
 
 
 def test_a_policy_of_a_family_the_server_does_not_run_is_refused(api):
@@ -322,9 +322,9 @@ def test_swaps_land_between_scheduling_passes_never_inside_one(make_daemon, node
             seen = len(passes)
             stop.wait(random.uniform(0, 0.002))  # at any point of the next pass, or between passes
             if swaps % 3 == 2:
-                daemon.unload_policy("queue")
+                daemon.policy_admin.unload_policy("queue")
             else:
-                daemon.load_policy(programs[swaps % 3])
+                daemon.policy_admin.load_policy(programs[swaps % 3])
             swaps += 1
 
     def finisher() -> None:

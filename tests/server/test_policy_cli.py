@@ -94,7 +94,7 @@ def test_a_rejected_file_prints_each_violation_and_exits_2(cli, daemon, tmp_path
     lines = out.strip().splitlines()
     assert [line.split(": ", 1)[0] for line in lines] == [f"{path}:2", f"{path}:11"]
     assert err.strip() == f"error: policy {path} rejected (2 violation(s))"
-    assert daemon.policy_slots["queue"].info()["builtin"] is True
+    assert daemon.policy_admin.slots["queue"].info()["builtin"] is True
 
 
 @pytest.mark.parametrize(
@@ -136,13 +136,13 @@ def test_changes_without_the_right_token_are_refused_and_change_nothing(cli, dae
     path = write(tmp_path, "boost.py", BOOST)
     code, _, err = cli("policy", "load", str(path), token="wrong")
     assert code == 2 and "token" in err.lower()
-    assert daemon.policy_slots["queue"].info()["builtin"] is True
+    assert daemon.policy_admin.slots["queue"].info()["builtin"] is True
     cli("policy", "load", str(path))
     for args in (("policy", "unload", "queue"), ("policy", "map", "update", "boost", "ml", "1")):
         code, _, err = cli(*args, token="wrong")
         assert code == 2 and "token" in err.lower()
-    assert daemon.policy_slots["queue"].info()["name"] == "tenant-boost"
-    assert daemon.policy_slots["queue"].map_dump("boost") == []
+    assert daemon.policy_admin.slots["queue"].info()["name"] == "tenant-boost"
+    assert daemon.policy_admin.slots["queue"].map_dump("boost") == []
     code, _, err = cli("policy", "list", token="wrong")  # reads need the token too
     assert code == 2 and "token" in err.lower()
     code, out, _ = cli("policy", "list")

@@ -223,5 +223,5 @@ def test_sqlite_errors_are_classified(tmp_path, error, kind):
 
 def test_every_job_state_is_counted_for_health(daemon):
     daemon.submit(spec())
-    daemon.publish_counts()
-    assert set(daemon.job_counts) == {s.value for s in JobState} and daemon.job_counts["PENDING"] == 1
+    daemon.views.publish_counts()
+    assert set(daemon.views.job_counts) == {s.value for s in JobState} and daemon.views.job_counts["PENDING"] == 1

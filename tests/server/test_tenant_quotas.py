@@ -140,7 +140,7 @@ def test_a_restart_keeps_a_job_its_lowered_quota_never_admits_and_says_so(make_d
     events = [e for _, e in second.store.events(job.id, kind="quota")]
     assert events[-1].reason.startswith("can never run under quota 1 GPUs of tenant ml: it needs 2 GPUs")
     assert events[-1].reason.endswith("kept waiting after a server restart")
-    assert second.pending_reasons()[job.id].startswith("can never run under quota 1 GPUs")
+    assert second.views.pending_reasons()[job.id].startswith("can never run under quota 1 GPUs")
 
 
 def test_a_job_requeued_after_its_quota_was_lowered_is_kept_waiting_not_lost(dgx):
@@ -162,7 +162,7 @@ def test_a_requeued_memory_share_counts_its_memory_after_a_quota_change(dgx):
     dgx.node.exit(job.id, 1)
     dgx.tick()
     assert dgx.store.get(job.id).state is JobState.PENDING
-    assert dgx.pending_reasons()[job.id].startswith("can never run under quota 0.5 GPUs")
+    assert dgx.views.pending_reasons()[job.id].startswith("can never run under quota 0.5 GPUs")
 
 
 def test_tenant_route_refuses_bad_input_clearly(api):

@@ -74,7 +74,7 @@ def test_once_shows_every_gpu_its_slices_the_running_jobs_and_why_the_queue_wait
 
     rows = gpu_rows(out)
     assert sorted(rows) == list(range(8))
-    (placed,) = [g for g in daemon.gpus() if g["jobs"]]
+    (placed,) = [g for g in daemon.views.gpus() if g["jobs"]]
     assert "1 20 GiB · 50%  python train.py" in rows[placed["index"]]
     assert "60 GiB" in rows[placed["index"]]  # its free memory (80 - 20)
     assert all("idle" in line for i, line in rows.items() if i != placed["index"])

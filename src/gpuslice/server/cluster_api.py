@@ -132,19 +132,19 @@ def cluster_router(daemon: Daemon, authorized: Callable[..., None], started: flo
             user=daemon.user,
             simulated=daemon.simulated,
             uptime_seconds=time.time() - started,
-            jobs=dict(daemon.job_counts),
+            jobs=dict(daemon.views.job_counts),
         )
 
     @router.get("/v1/gpus", response_model=list[GpuOut])
     def gpus() -> list[GpuOut]:
-        return [GpuOut(**g) for g in daemon.gpus()]
+        return [GpuOut(**g) for g in daemon.views.gpus()]
 
     @router.post(
         "/v1/gpus/{index}/health", response_model=GpuOut, responses=ERROR_RESPONSES, dependencies=[auth]
     )
     def gpu_health(index: Annotated[int, Decimal], body: GpuHealthIn) -> GpuOut:
         daemon.set_gpu_health(index, body.healthy, body.reason)
-        return next(GpuOut(**g) for g in daemon.gpus() if g["index"] == index)
+        return next(GpuOut(**g) for g in daemon.views.gpus() if g["index"] == index)
 
     @router.get("/metrics", responses={200: {"content": {"text/plain": {}}}})
     def metrics() -> Response:
@@ -167,18 +167,18 @@ def cluster_router(daemon: Daemon, authorized: Callable[..., None], started: flo
 
     @router.get("/v1/tenants", response_model=list[TenantOut])
     def tenants() -> list[TenantOut]:
-        return [TenantOut(**t) for t in daemon.tenants()]
+        return [TenantOut(**t) for t in daemon.views.tenants()]
 
     @router.get("/v1/tenants/{name}", response_model=TenantOut, responses=ERROR_RESPONSES)
     def get_tenant(name: Annotated[str, Path(pattern=TENANT_PATTERN)]) -> TenantOut:
-        return TenantOut(**daemon.tenant(name))
+        return TenantOut(**daemon.views.tenant(name))
 
     @router.put(
         "/v1/tenants/{name}", response_model=TenantOut, responses=ERROR_RESPONSES, dependencies=[auth]
     )
     def put_tenant(name: Annotated[str, Path(pattern=TENANT_PATTERN)], body: TenantIn) -> TenantOut:
         daemon.set_tenant(tenant_from_body(name, body))
-        return TenantOut(**daemon.tenant(name))
+        return TenantOut(**daemon.views.tenant(name))
 
     @router.get("/v1/events", response_model=list[EventOut], responses=ERROR_RESPONSES)
     def events(

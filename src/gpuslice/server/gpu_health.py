@@ -1,4 +1,4 @@
-"""The serve daemon's GPU watch: telemetry, health marks and anomalies (a part of ``Daemon``).
+"""The serve daemon's GPU watch: telemetry, health marks and anomalies (``Daemon`` holds one).
 
 ```text
 telemetry.read(loads)  -> per-GPU utilisation, memory, temperature, power (NVML or the simulated model)
@@ -15,7 +15,6 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
-from typing import Any
 
 from gpuslice.hardware.faults import FaultKind
 from gpuslice.hardware.machine import Machine
@@ -78,36 +77,58 @@ def anomaly_detector(machine: Machine) -> SigmaDetector:
 
 
 class GpuWatch:
-    """Telemetry, health and anomalies: one of the jobs ``Daemon`` is made of (it mixes this class in).
-    The private methods run inside a tick, with the daemon's lock held."""
+    """Telemetry, GPU health and anomalies, and the GPU memory each job was last seen to use.
 
-    # What this part reads and writes of the daemon (set in ``Daemon.__init__``).
-    machine: Machine
-    store: Store
-    scheduler: NodeScheduler
-    metrics: ServeMetrics
-    telemetry: Telemetry | None
-    health: HealthBook
-    anomalies: SigmaDetector
-    _lock: threading.RLock
-    _wake: threading.Event
-    _usage: dict[str, dict[int, int]]
-    _external: dict[int, int]
-    _readings: dict[int, GpuReading]
-    _gpu_jobs: list[frozenset[str]]
-    _published: Any
-    _gpu_state: Callable[[], Any]
-    clock: Callable[[], float]
+    Owns the health book (restored from the store: marks outlive a restart), the anomaly detector, the
+    last telemetry readings and the last monitor pass's memory use. ``observe`` runs inside a tick and
+    ``mark`` for an API call, both with the daemon's lock (``lock``) held by the caller; ``scheduler``
+    gives the daemon's scheduler of the moment (recovery replaces it), which health changes reach.
+    """
 
-    def set_gpu_health(self, gpu: int, healthy: bool, reason: str) -> None:
+    def __init__(
+        self,
+        machine: Machine,
+        store: Store,
+        metrics: ServeMetrics,
+        telemetry: Telemetry | None,
+        *,
+        scheduler: Callable[[], NodeScheduler],
+        wake: threading.Event,
+        clock: Callable[[], float],
+    ) -> None:
+        self._machine = machine
+        self._store = store
+        self._metrics = metrics
+        self.telemetry = telemetry  # None: no GPU readings (tests with a fake node)
+        self._scheduler = scheduler
+        self._wake = wake
+        self._clock = clock
+        self.health = restored_health(store, machine)
+        self.anomalies = anomaly_detector(machine)
+        self.usage: dict[str, dict[int, int]] = {}  # job -> GPU -> bytes, from the last monitor pass
+        self.external: dict[int, int] = {}  # GPU -> bytes held by processes outside gpuslice
+        self.readings: dict[int, GpuReading] = {}  # GPU -> the last telemetry reading
+        self._gpu_jobs: list[frozenset[str]] = [frozenset()] * machine.gpu_count
+
+    def mark(self, gpu: int, healthy: bool, reason: str) -> None:
         """Mark a GPU unhealthy by hand (a fault injected on a simulated GPU, or an operator draining a
-        real one) or healthy again; GpuNotFound when there is no such GPU."""
-        if not 0 <= gpu < self.machine.gpu_count:
-            raise GpuNotFound(f"no GPU {gpu}; this machine has GPU 0–{self.machine.gpu_count - 1}")
-        with self._lock:
-            now = self.clock()
-            self._apply_health(self.health.mark(gpu, healthy, reason, now, kind=FaultKind.MANUAL), now)
-            self._published = self._gpu_state()  # the metrics show it at once, not after the next tick
+        real one) or healthy again; GpuNotFound when there is no such GPU. Call with the lock held."""
+        if not 0 <= gpu < self._machine.gpu_count:
+            raise GpuNotFound(f"no GPU {gpu}; this machine has GPU 0–{self._machine.gpu_count - 1}")
+        now = self._clock()
+        self._apply_health(self.health.mark(gpu, healthy, reason, now, kind=FaultKind.MANUAL), now)
+
+    def observe(
+        self, running: list[JobRecord], usage: dict[str, dict[int, int]], external: dict[int, int], now: float
+    ) -> None:
+        """A monitor pass's memory readings (per job and outside gpuslice), then telemetry, if any."""
+        self.usage, self.external = usage, external
+        if self.telemetry is not None:
+            self._read_telemetry(running, now)
+
+    def forget(self, job_id: str) -> None:
+        """A job ended: its memory readings go."""
+        self.usage.pop(job_id, None)
 
     def _read_telemetry(self, running: list[JobRecord], now: float) -> None:
         assert self.telemetry is not None
@@ -116,12 +137,12 @@ class GpuWatch:
             for job in running
             for g in job.gpus
         ]
-        memory_used = dict(self._external)
-        for per_gpu in self._usage.values():
+        memory_used = dict(self.external)
+        for per_gpu in self.usage.values():
             for g, used in per_gpu.items():
                 memory_used[g] = memory_used.get(g, 0) + used
         readings = self.telemetry.read(loads, memory_used)
-        self._readings = {r.index: r for r in readings}
+        self.readings = {r.index: r for r in readings}
         for r in readings:
             for fault in r.faults:
                 self._apply_health(self.health.mark(r.index, False, fault.reason, now, kind=fault.kind), now)
@@ -131,18 +152,18 @@ class GpuWatch:
         """The part of a GPU's compute a job was given (the simulated utilisation model)."""
         spec = job.spec
         if job.mig is not None:
-            model = self.machine.gpus[gpu].mig_model
+            model = self._machine.gpus[gpu].mig_model
             profile = mig_gpu(model).profile(str(job.mig["profile"]))
             return gpu_equivalent(1, mig_slices=profile.compute_slices)
         if not spec.is_share:
             return 1.0
         if spec.compute_percent:
             return spec.compute_percent / 100
-        return spec.gpu_memory_bytes / self.machine.gpus[gpu].memory_bytes
+        return spec.gpu_memory_bytes / self._machine.gpus[gpu].memory_bytes
 
     def _detect_anomalies(self, running: list[JobRecord], readings: list[GpuReading], now: float) -> None:
         k = len(_ANOMALY_METRICS)
-        values = [float("nan")] * (k * self.machine.gpu_count)
+        values = [float("nan")] * (k * self._machine.gpu_count)
         for r in readings:
             jobs = frozenset(j.id for j in running if r.index in j.gpus)
             if jobs != self._gpu_jobs[r.index]:  # a job came or went: an expected change; learn anew
@@ -155,9 +176,9 @@ class GpuWatch:
                     values[r.index * k + m] = float(v)
         for a in self.anomalies.update(values):
             g, metric = divmod(a.series, k)
-            gpu, name = self.machine.gpus[g], _ANOMALY_METRICS[metric]
-            self.metrics.anomaly(g, gpu.uuid, gpu.model, name)
-            self.store.event(
+            gpu, name = self._machine.gpus[g], _ANOMALY_METRICS[metric]
+            self._metrics.anomaly(g, gpu.uuid, gpu.model, name)
+            self._store.event(
                 None, "anomaly", anomaly_text(g, name, a.value, a.mean, a.sigmas),
                 now, {"gpu": g, "uuid": gpu.uuid, "metric": name, "value": a.value, "mean": a.mean,
                       "std": a.std},
@@ -168,25 +189,25 @@ class GpuWatch:
         if change is None:
             return
         g, after = change.gpu, change.after
-        gpu = self.machine.gpus[g]
-        self.scheduler.set_gpu_health(g, after.healthy, after.reason)
-        on_it = [job for job, gpus in self.scheduler.running().items() if g in gpus]
+        gpu = self._machine.gpus[g]
+        self._scheduler().set_gpu_health(g, after.healthy, after.reason)
+        on_it = [job for job, gpus in self._scheduler().running().items() if g in gpus]
         detail = {"gpu": g, "uuid": gpu.uuid, "healthy": after.healthy, "reason": after.reason,
                   "kind": after.kind, "jobs": on_it}  # fmt: skip
         if after.healthy:
             text = f"GPU {g} is healthy again (was: {change.before.reason}); it takes new jobs"
         else:
-            self.metrics.fault(g, gpu.uuid, gpu.model, after.kind)
+            self._metrics.fault(g, gpu.uuid, gpu.model, after.kind)
             text = f"GPU {g} is unhealthy: {after.reason}; no new jobs go there"
             if on_it:
                 text += f"; jobs running on it: {', '.join(on_it)}"
-        with self.store.transaction():
+        with self._store.transaction():
             since = after.since or now
-            self.store.put_gpu_health(g, gpu.uuid, after.healthy, after.reason, after.kind, since)
-            self.store.event(None, "gpu-health", text, now, detail)
+            self._store.put_gpu_health(g, gpu.uuid, after.healthy, after.reason, after.kind, since)
+            self._store.event(None, "gpu-health", text, now, detail)
             if not after.healthy:
                 for job in on_it:
-                    self.store.event(
+                    self._store.event(
                         job, "gpu-health",
                         f"GPU {g}, which this job runs on, is unhealthy ({after.reason}); the job keeps "
                         "running, but its results may be wrong",

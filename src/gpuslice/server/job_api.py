@@ -93,12 +93,12 @@ def job_router(daemon: Daemon, authorized: Callable[..., None], stopping: thread
     ) -> list[JobOut]:
         states = [JobState(s) for s in state] if state else None
         jobs = daemon.store.jobs(states, tenant=tenant, limit=limit, newest_first=True)
-        waiting = daemon.pending_reasons()  # a pending job's reason is why it waits now
+        waiting = daemon.views.pending_reasons()  # a pending job's reason is why it waits now
         return [job_out(j, waiting.get(j.id)) for j in jobs]
 
     @router.get("/v1/jobs/{job_id}", response_model=JobOut, responses=ERROR_RESPONSES)
     def get_job(job_id: str) -> JobOut:
-        return job_out(daemon.store.get(job_id), daemon.pending_reasons().get(job_id))
+        return job_out(daemon.store.get(job_id), daemon.views.pending_reasons().get(job_id))
 
     @router.post(
         "/v1/jobs/{job_id}/cancel", response_model=JobOut, responses=ERROR_RESPONSES, dependencies=[auth]

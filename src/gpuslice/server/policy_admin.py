@@ -1,8 +1,8 @@
 """Policies as programs in the serve daemon: what runs per family, swaps, unloads and map access.
 
 A policy file is loaded like a sched_ext scheduler or a BPF program: verified, run under a guard, and
-swapped in while serving; its maps are read and written from outside as ``bpftool map`` does (a part of
-``Daemon``, mixed in). The scheduler's policy is only assigned under the daemon's lock, which a
+swapped in while serving; its maps are read and written from outside as ``bpftool map`` does (``Daemon``
+holds one ``PolicyAdmin``). The scheduler's policy is only assigned under the daemon's lock, which a
 scheduling pass holds from start to end, and map writes take it too: a swap, an unload or a map write
 lands between two passes, never inside one (no pass orders half its jobs with one policy and half with
 the next).
@@ -15,12 +15,12 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from gpuslice.policies import placement_policy
 from gpuslice.policies.queue import DEFAULT_QUEUE_POLICY, queue_policy
 from gpuslice.programs.guard import GuardConfig, GuardedFactory
-from gpuslice.programs.loader import LoadedPolicy, PolicyFamilyMismatch, is_policy_path, load_file
+from gpuslice.programs.loader import LoadedPolicy, PolicyFamilyMismatch, is_policy_path, load_file, resolve
 from gpuslice.programs.maps import MAP_TYPES, Map
 from gpuslice.programs.slot import PolicySlot
-from gpuslice.scheduler.node_scheduler import NodeScheduler
 from gpuslice.server.errors import PolicyNotFound
 from gpuslice.server.store import Store
 
@@ -43,30 +43,70 @@ def queue_slot(name_or_file: str, guard: GuardConfig, on_event: Callable[[str], 
 
 
 class PolicyAdmin:
-    """The policy side of ``Daemon``: ``GET/POST/DELETE /v1/policies`` and the map calls."""
+    """The serve daemon's policies: ``GET/POST/DELETE /v1/policies`` and the map calls.
 
-    # What this part reads and writes of the daemon (set in ``Daemon.__init__``). Guard events (fault,
-    # detached, …) come from inside a scheduling pass; they wait in ``_policy_events`` until the lock
-    # holder writes them to the store.
-    store: Store
-    scheduler: NodeScheduler
-    policy_slots: dict[str, PolicySlot]
-    clock: Callable[[], float]
-    _lock: threading.RLock
-    _wake: threading.Event
-    _policy_events: deque[tuple[str, str]]
-    placement: str  # the placement policy's name, or the file given at start
-    _placement_factory: Any  # a GuardedFactory for a file
+    Owns each family's slot, the placement policy fixed at start, and the guard events waiting to be
+    written. Guard events (fault, detached, …) come from inside a scheduling pass, when the daemon's lock
+    is held; they wait in ``_events`` until the lock holder writes them to the store (``flush_events``).
+    ``lock`` and ``wake`` are the daemon's; ``on_swap`` is called under the lock after a load or an
+    unload, so that the scheduler takes the family's new policy before the next pass.
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        *,
+        queue_policy: str,
+        placement: str,
+        guard: GuardConfig,
+        lock: threading.RLock,
+        wake: threading.Event,
+        clock: Callable[[], float],
+        on_swap: Callable[[], None],
+    ) -> None:
+        self._store = store
+        self._lock = lock
+        self._wake = wake
+        self._clock = clock
+        self._on_swap = on_swap
+        self._events: deque[tuple[str, str]] = deque()
+        # The queue policy the scheduler calls is the slot's current one: a built-in, or a policy file
+        # (verified, guarded) swapped in while serving.
+        self.slots: dict[str, PolicySlot] = {
+            "queue": queue_slot(queue_policy, guard, lambda message: self._events.append(("queue", message)))
+        }
+        # The placement policy (a name, or a file verified and guarded here) advises which GPUs a job
+        # gets, through the same placer as sim and the Kubernetes extender.
+        self.placement = placement  # the placement policy's name, or the file given at start
+        self.placement_factory: Any = resolve(  # a GuardedFactory for a file
+            placement,
+            "placement",
+            placement_policy,
+            guard,
+            on_event=lambda message: self._events.append(("placement", message)),
+        )
+
+    @property
+    def queue_policy(self) -> Any:
+        """The queue policy the scheduler calls now (the guard falls back to the built-in by itself)."""
+        return self.slots["queue"].current
+
+    def close(self) -> None:
+        """End the policy files' worker processes (they would also die with this process)."""
+        for slot in self.slots.values():
+            slot.close()
+        if isinstance(self.placement_factory, GuardedFactory):
+            self.placement_factory.close()
 
     def policies(self) -> list[dict[str, Any]]:
         """Each family's slot as the API shows it (``PolicyOut``): what runs, its faults, its maps; then
         the placement policy (fixed at start, so not a slot: its file's faults and detach show here)."""
         with self._lock:
-            self._flush_policy_events(self.clock())
-            return [*(_policy_out(slot.info()) for slot in self.policy_slots.values()), self._placement_out()]
+            self.flush_events(self._clock())
+            return [*(_policy_out(slot.info()) for slot in self.slots.values()), self._placement_out()]
 
     def _placement_out(self) -> dict[str, Any]:
-        factory = self._placement_factory
+        factory = self.placement_factory
         if not isinstance(factory, GuardedFactory):
             built_in = {"family": "placement", "name": self.placement, "builtin": True, "detached": False}
             return _policy_out(built_in)
@@ -74,20 +114,20 @@ class PolicyAdmin:
 
     def load_policy(self, loaded: LoadedPolicy) -> dict[str, Any]:
         """Swap a verified policy in for its family; maps of the same name and spec keep their entries."""
-        if loaded.family not in self.policy_slots:
+        if loaded.family not in self.slots:
             raise PolicyFamilyMismatch(
-                f"{loaded.path} is a {loaded.family} policy; this server runs {', '.join(self.policy_slots)} "
+                f"{loaded.path} is a {loaded.family} policy; this server runs {', '.join(self.slots)} "
                 "policies from `policy load` (a placement policy file is given at start: serve --placement "
                 "FILE; memory policies load into memsim)"
             )
-        slot = self.policy_slots[loaded.family]
+        slot = self.slots[loaded.family]
         # The slot builds the new instance (maps, __init__) before it assigns: a failure changes nothing.
         # The scheduler takes the new one under the daemon's lock, so the pass in progress ends with the
         # policy it started with.
         slot.swap(loaded)
         with self._lock:
-            self.scheduler.policy = slot.current
-            self._flush_policy_events(self.clock())
+            self._on_swap()
+            self.flush_events(self._clock())
             self._wake.set()
             return _policy_out(slot.info())
 
@@ -96,8 +136,8 @@ class PolicyAdmin:
         slot = self._slot(family)
         slot.unload()
         with self._lock:
-            self.scheduler.policy = slot.current
-            self._flush_policy_events(self.clock())
+            self._on_swap()
+            self.flush_events(self._clock())
             self._wake.set()
             return _policy_out(slot.info())
 
@@ -141,21 +181,22 @@ class PolicyAdmin:
             return {"family": family, "map": name, "key": _typed_key(slot, name, key), "value": previous}
 
     def _slot(self, family: str) -> PolicySlot:
-        slot = self.policy_slots.get(family)
+        slot = self.slots.get(family)
         if slot is None and family == "placement":
             raise PolicyNotFound(
                 f"the placement policy ({self.placement}) is fixed at the server's start: restart it with "
                 "serve --placement NAME|FILE to change it; it has no maps to read or write here"
             )
         if slot is None:
-            served = ", ".join(sorted(self.policy_slots))
+            served = ", ".join(sorted(self.slots))
             raise PolicyNotFound(f"this server runs no {family} policy; its policy families: {served}")
         return slot
 
-    def _flush_policy_events(self, now: float) -> None:
-        while self._policy_events:
-            family, message = self._policy_events.popleft()
-            self.store.event(None, "policy", message, now, {"family": family})
+    def flush_events(self, now: float) -> None:
+        """Write the guard events waiting since the last flush (call with the daemon's lock held)."""
+        while self._events:
+            family, message = self._events.popleft()
+            self._store.event(None, "policy", message, now, {"family": family})
 
 
 def _spec_out(spec: Mapping[str, Any]) -> dict[str, Any]:

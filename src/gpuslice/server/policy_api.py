@@ -43,30 +43,30 @@ def policy_router(daemon: Daemon, authorized: Callable[..., None]) -> APIRouter:
     @router.post("", status_code=201, response_model=PolicyOut, dependencies=auth)
     def load(body: PolicyIn) -> PolicyOut:
         loaded = load_source(body.source, body.filename)  # PolicyRejected -> 422 with the violations
-        return PolicyOut(**daemon.load_policy(loaded))
+        return PolicyOut(**daemon.policy_admin.load_policy(loaded))
 
     @router.get("", response_model=list[PolicyOut])
     def list_policies() -> list[PolicyOut]:
-        return [PolicyOut(**p) for p in daemon.policies()]
+        return [PolicyOut(**p) for p in daemon.policy_admin.policies()]
 
     @router.delete("/{family}", response_model=PolicyOut, dependencies=auth)
     def unload(family: str) -> PolicyOut:
-        return PolicyOut(**daemon.unload_policy(family))
+        return PolicyOut(**daemon.policy_admin.unload_policy(family))
 
     @router.get("/{family}/maps/{name}", response_model=MapOut)
     def dump(family: str, name: str) -> MapOut:
-        return MapOut(**daemon.policy_map(family, name))
+        return MapOut(**daemon.policy_admin.policy_map(family, name))
 
     @router.get("/{family}/maps/{name}/{key:path}", response_model=MapEntryOut)
     def get_entry(family: str, name: str, key: str) -> MapEntryOut:
-        return MapEntryOut(**daemon.policy_map_get(family, name, key))
+        return MapEntryOut(**daemon.policy_admin.policy_map_get(family, name, key))
 
     @router.put("/{family}/maps/{name}/{key:path}", response_model=MapEntryOut, dependencies=auth)
     def put_entry(family: str, name: str, key: str, body: MapValueIn) -> MapEntryOut:
-        return MapEntryOut(**daemon.policy_map_update(family, name, key, body.value))
+        return MapEntryOut(**daemon.policy_admin.policy_map_update(family, name, key, body.value))
 
     @router.delete("/{family}/maps/{name}/{key:path}", response_model=MapEntryOut, dependencies=auth)
     def delete_entry(family: str, name: str, key: str) -> MapEntryOut:
-        return MapEntryOut(**daemon.policy_map_delete(family, name, key))
+        return MapEntryOut(**daemon.policy_admin.policy_map_delete(family, name, key))
 
     return router

@@ -1,4 +1,4 @@
-"""Recovery of the serve daemon after a restart (e.g. kill -9 of the server): a part of ``Daemon``.
+"""Recovery of the serve daemon after a restart (e.g. kill -9 of the server).
 
 ```text
 recover (once, before the first tick):
@@ -24,17 +24,16 @@ move-aside that recovers).
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from gpuslice.errors import InternalError, InvalidRequest, UserError
-from gpuslice.node.launcher import ExitStatus
 from gpuslice.observe.reasons import FailureCode
 from gpuslice.scheduler.node_scheduler import MigAssignment, NodeScheduler
 from gpuslice.server.codec import spec_from_json
+from gpuslice.server.lifecycle import JobLifecycle
 from gpuslice.server.store import JobRecord, Store
 from gpuslice.workload.job import JobState
 
@@ -56,88 +55,92 @@ class RecoveryReport:
 
 
 class Recovery:
-    """The recovery side of ``Daemon``, which mixes this class in."""
+    """Rebuilds the serve daemon's picture after a restart, through its job lifecycle (``jobs``).
 
-    # What this part reads and calls of the daemon (set and defined in ``Daemon``).
-    store: Store
-    node: Any
-    state_dir: Path
-    grace_seconds: float
-    scheduler: NodeScheduler
-    clock: Callable[[], float]
-    _lock: threading.RLock
-    _new_scheduler: Callable[[], NodeScheduler]
-    _exit_record: Callable[[JobRecord], ExitStatus | None]
-    _kill_lost: Callable[[JobRecord], None]
-    _stop_job: Callable[[JobRecord, str, float, str, float], None]
-    _end: Callable[..., bool]
-    _unstart: Callable[[JobRecord, str, float], None]
+    ``scheduler`` gives the daemon's scheduler, made new for the run (``Daemon.recover``).
+    """
 
-    def recover(self) -> RecoveryReport:
-        """Rebuild the scheduler's picture from the store and the job directories (see module doc)."""
+    def __init__(
+        self,
+        store: Store,
+        node: Any,
+        jobs: JobLifecycle,
+        *,
+        scheduler: Callable[[], NodeScheduler],
+        state_dir: Path,
+    ) -> None:
+        self._store = store
+        self._node = node
+        self._jobs = jobs
+        self._scheduler = scheduler
+        self._state_dir = state_dir
+
+    def run(self, now: float) -> RecoveryReport:
+        """Rebuild the (new, empty) scheduler's picture from the store and the job directories (see the
+        module doc). Call with the daemon's lock held."""
         report = RecoveryReport()
-        with self._lock:
-            now = self.clock()
-            self.scheduler = self._new_scheduler()
-            report.restored = self._restore_lost(now)
-            for job in self.store.jobs([JobState.RUNNING]):
-                job = self._find_process(job)
-                alive = job.pid is not None and self.node.is_alive(job.pid, job.proc_start_time or 0.0)
-                if not alive and job.pid is None and not self.node.was_started(job.id, self.state_dir):
-                    self._unstart(job, "requeued: the server stopped before its process started", now)
-                    report.requeued.append(job.id)
-                    continue
-                if alive or self._has_record(job):
-                    try:
-                        self.scheduler.adopt(job.id, job.spec, job.gpus, job.started_at or now, _mig(job.mig))
-                    except InvalidRequest as err:  # the machine changed under it (fewer GPUs, MIG off)
-                        self._stop_job(job, "cancel", self.grace_seconds, f"cannot be re-adopted: {err}", now)
-                        report.refused.append(job.id)
-                        continue
-                    self.store.event(job.id, "recovery", "re-adopted after a server restart", now)
-                    report.adopted.append(job.id)
-                    continue
-                report.lost.append(job.id)
-                self._kill_lost(job)
-                lost = "lost while the server was down"
-                if self._end(job, JobState.FAILED, lost, now, None, requeue=True, failure=FailureCode.LOST):
-                    report.requeued.append(job.id)
-            for job in self.store.jobs([JobState.PENDING]):
-                if job.id in report.requeued:  # _end queued it already
-                    continue
-                try:  # accepted before: a quota lowered since keeps it waiting, marked, never cancelled
-                    self.scheduler.submit(job.id, job.spec, job.submitted_at, admitted=True)
-                except InvalidRequest as err:  # the machine changed under it: the transition says why
-                    self.store.transition(job.id, JobState.CANCELLED, f"can no longer run here: {err}", now)
+        scheduler = self._scheduler()
+        report.restored = self._restore_lost(now)
+        for job in self._store.jobs([JobState.RUNNING]):
+            job = self._jobs.find_process(job)
+            alive = job.pid is not None and self._node.is_alive(job.pid, job.proc_start_time or 0.0)
+            if not alive and job.pid is None and not self._node.was_started(job.id, self._state_dir):
+                self._jobs.unstart(job, "requeued: the server stopped before its process started", now)
+                report.requeued.append(job.id)
+                continue
+            if alive or self._has_record(job):
+                try:
+                    scheduler.adopt(job.id, job.spec, job.gpus, job.started_at or now, _mig(job.mig))
+                except InvalidRequest as err:  # the machine changed under it (fewer GPUs, MIG off)
+                    self._jobs.stop(
+                        job, "cancel", self._jobs.grace_seconds, f"cannot be re-adopted: {err}", now
+                    )
                     report.refused.append(job.id)
-            report.over_quota = sorted(self.scheduler.never_runs(), key=_number)
-            self._record_never_runs(report.over_quota, now, "; kept waiting after a server restart")
+                    continue
+                self._store.event(job.id, "recovery", "re-adopted after a server restart", now)
+                report.adopted.append(job.id)
+                continue
+            report.lost.append(job.id)
+            self._jobs.kill_lost(job)
+            lost = "lost while the server was down"
+            if self._jobs.end(job, JobState.FAILED, lost, now, None, requeue=True, failure=FailureCode.LOST):
+                report.requeued.append(job.id)
+        for job in self._store.jobs([JobState.PENDING]):
+            if job.id in report.requeued:  # end() queued it already
+                continue
+            try:  # accepted before: a quota lowered since keeps it waiting, marked, never cancelled
+                scheduler.submit(job.id, job.spec, job.submitted_at, admitted=True)
+            except InvalidRequest as err:  # the machine changed under it: the transition says why
+                self._store.transition(job.id, JobState.CANCELLED, f"can no longer run here: {err}", now)
+                report.refused.append(job.id)
+        report.over_quota = sorted(scheduler.never_runs(), key=_number)
+        self.record_never_runs(report.over_quota, now, "; kept waiting after a server restart")
         return report
 
-    def _record_never_runs(self, job_ids: list[str], now: float, after: str = "") -> None:
+    def record_never_runs(self, job_ids: list[str], now: float, after: str = "") -> None:
         """An event for each pending job its tenant's quota can never admit (``quota`` kind)."""
-        reasons = self.scheduler.never_runs()
+        reasons = self._scheduler().never_runs()
         for job_id in job_ids:
-            self.store.event(job_id, "quota", reasons[job_id].text + after, now)
+            self._store.event(job_id, "quota", reasons[job_id].text + after, now)
 
     def _restore_lost(self, now: float) -> list[str]:
         """Jobs the launch records know better than the store (see the module doc); their ids."""
-        records = self.node.launch_records(self.state_dir)
-        folders = [p.name for p in (self.state_dir / "jobs").glob("*") if p.name.isdigit()]
+        records = self._node.launch_records(self._state_dir)
+        folders = [p.name for p in (self._state_dir / "jobs").glob("*") if p.name.isdigit()]
         highest = max((int(i) for i in [*records, *folders] if i.isdigit()), default=0)
-        known = {j.id: j for j in self.store.jobs()}
+        known = {j.id: j for j in self._store.jobs()}
         restored = []
         for job_id, about in sorted(records.items(), key=lambda item: _number(item[0])):
             job = known.get(job_id)
             attempt = int(about["attempt"])
             if job is not None and (job.state is JobState.RUNNING or job.attempts >= attempt):
                 continue  # the store knows this launch
-            found = self.node.find_supervisor(job_id, self.state_dir)
-            if found is None or not self.node.is_alive(found.pid, found.start_time):
+            found = self._node.find_supervisor(job_id, self._state_dir)
+            if found is None or not self._node.is_alive(found.pid, found.start_time):
                 continue  # it ended while the store did not know: nothing holds a GPU
             try:
                 spec = spec_from_json(about["spec"])
-                self.store.restore_job(
+                self._store.restore_job(
                     job_id, spec, float(about["submitted_at"]), "restored from its launch record", now,
                     state=JobState.RUNNING.value, gpus=tuple(about["gpus"]), mig=about.get("mig"),
                     started_at=float(about["started_at"]), attempts=attempt, pid=found.pid,
@@ -147,36 +150,27 @@ class Recovery:
                 _log.warning("job %s: its launch record cannot be restored (%s); left running", job_id, err)
                 continue
             restored.append(job_id)
-        if highest > self.store.highest_id() or restored:
+        if highest > self._store.highest_id() or restored:
             _log.warning(
                 "state file %s knows less than the job records (highest job id %d, the store's %d): it was "
                 "deleted, emptied or lost its WAL; %d running job(s) restored from their launch records, "
                 "ended ones are not (their folders remain); new jobs are numbered from %d",
-                self.store.path,
+                self._store.path,
                 highest,
-                self.store.highest_id(),
+                self._store.highest_id(),
                 len(restored),
                 highest + 1,
             )
-            self.store.skip_ids_to(highest)
+            self._store.skip_ids_to(highest)
         return restored
 
     def _has_record(self, job: JobRecord) -> bool:
         """An exit record of this attempt, or one that cannot be read (the first tick ends the job
         with why): either way the job is adopted, not lost here."""
         try:
-            return self._exit_record(job) is not None
+            return self._jobs.exit_record(job) is not None
         except InternalError:
             return True
-
-    def _find_process(self, job: JobRecord) -> JobRecord:
-        """A RUNNING job stored without a pid (the server died mid-launch): look for its supervisor."""
-        if job.pid is not None:
-            return job
-        found = self.node.find_supervisor(job.id, self.state_dir)
-        if found is None:
-            return job
-        return self.store.update(job.id, pid=found.pid, pgid=found.pgid, proc_start_time=found.start_time)
 
 
 def _number(job_id: str) -> tuple[int, str]:

@@ -1,6 +1,6 @@
 """What the API and the metrics read of the serve daemon: GPU rows, the metrics snapshot, tenants.
 
-A part of ``Daemon`` (mixed in). ``gpus`` and ``tenants`` answer API calls; ``snapshot`` answers every
+``Daemon`` holds one ``DaemonViews``. ``gpus`` and ``tenants`` answer API calls; ``snapshot`` answers every
 ``GET /metrics`` scrape from the GPU state published at the end of the last tick, without the lock.
 """
 
@@ -14,15 +14,16 @@ import gpuslice
 from gpuslice.hardware.machine import Machine
 from gpuslice.hardware.mig import mig_gpu
 from gpuslice.node.telemetry import GpuReading
-from gpuslice.observe.health import GpuHealth, HealthBook
+from gpuslice.observe.health import GpuHealth
 from gpuslice.observe.metrics import GpuState, PendingState, ServeSnapshot, SliceState
 from gpuslice.scheduler.node_scheduler import GpuUsage, MigAssignment, NodeScheduler
 from gpuslice.server.errors import TenantNotFound
+from gpuslice.server.gpu_health import GpuWatch
 from gpuslice.server.store import JobRecord, Store, TenantRecord
 from gpuslice.workload.equivalent import gpu_equivalent
 from gpuslice.workload.job import DEFAULT_TENANT, JobSpec, JobState, Priority
 
-__all__ = ["DaemonViews", "GpuSnapshot"]
+__all__ = ["DaemonViews", "GpuSnapshot", "memory_limit"]
 
 
 class GpuSnapshot(NamedTuple):
@@ -37,29 +38,51 @@ class GpuSnapshot(NamedTuple):
 
 
 class DaemonViews:
-    """The read side of ``Daemon``: rows for ``GET /v1/gpus`` and ``/v1/tenants``, and the metrics."""
+    """The read side of the serve daemon: rows for ``GET /v1/gpus`` and ``/v1/tenants``, the metrics.
 
-    # What this part reads of the daemon (set in ``Daemon.__init__``).
-    machine: Machine
-    store: Store
-    scheduler: NodeScheduler
-    node: Any
-    health: HealthBook
-    sharing: str
-    simulated: bool
-    clock: Callable[[], float]
-    _lock: threading.RLock
-    _usage: dict[str, dict[int, int]]
-    _external: dict[int, int]
-    _readings: dict[int, GpuReading]
-    _published: GpuSnapshot | None
-    _waiting: dict[str, str]
-    job_counts: dict[str, int]  # jobs per state as of the last pass (``publish_counts``)
+    Owns what was published at the end of the last tick (the GPU state, why each pending job waits, the
+    job counts), so that readers never wait for a scheduling pass. ``lock`` is the daemon's; ``scheduler``
+    gives its scheduler of the moment; ``watch`` holds the measured memory, readings and health.
+    """
+
+    def __init__(
+        self,
+        machine: Machine,
+        store: Store,
+        node: Any,
+        watch: GpuWatch,
+        *,
+        scheduler: Callable[[], NodeScheduler],
+        sharing: str,
+        simulated: bool,
+        lock: threading.RLock,
+        clock: Callable[[], float],
+    ) -> None:
+        self._machine = machine
+        self._store = store
+        self._node = node
+        self._watch = watch
+        self._scheduler = scheduler
+        self._sharing = sharing
+        self._simulated = simulated
+        self._lock = lock
+        self._clock = clock
+        self._published: GpuSnapshot | None = None  # GPU state at the end of the last tick (metrics)
+        self._waiting: dict[str, str] = {}  # why each pending job waits, as of the last tick (job lists)
+        self.job_counts: dict[str, int] = {}  # jobs per state as of the last pass (``publish_counts``)
+        self.publish_counts()
 
     def publish_counts(self) -> None:
         """Count jobs per state for ``/v1/health``, which reads them from memory: a health check never
         waits on the state file (another process may hold its lock, its disk may fail)."""
-        self.job_counts = {state.value: n for state, n in self.store.counts().items()}
+        self.job_counts = {state.value: n for state, n in self._store.counts().items()}
+
+    def publish(self, *, gpus: bool = True) -> None:
+        """What readers see from now on: why each job waits and (``gpus``) the GPU state. Call with the
+        lock held, at the end of a pass or after a change the readers must see at once."""
+        if gpus:
+            self._published = self._gpu_state()
+        self._waiting = dict(self._scheduler().queue())
 
     def gpus(self) -> list[dict[str, Any]]:
         with self._lock:
@@ -69,13 +92,14 @@ class DaemonViews:
     def _gpu_state(self) -> GpuSnapshot:
         """What the GPU rows are made of, copied (call with the lock held). The scheduler holds every
         running job's spec: no store read, and no JSON decode, per call."""
+        scheduler, watch = self._scheduler(), self._watch
         return GpuSnapshot(
-            self.scheduler.gpu_usage(),
-            self.scheduler.running_specs(),
-            {job: dict(per_gpu) for job, per_gpu in self._usage.items()},
-            dict(self._external),
-            dict(self._readings),
-            [self.health[g] for g in range(self.machine.gpu_count)],
+            scheduler.gpu_usage(),
+            scheduler.running_specs(),
+            {job: dict(per_gpu) for job, per_gpu in watch.usage.items()},
+            dict(watch.external),
+            dict(watch.readings),
+            [watch.health[g] for g in range(self._machine.gpu_count)],
         )
 
     def _gpu_rows(self, state: GpuSnapshot) -> list[dict[str, Any]]:
@@ -90,7 +114,7 @@ class DaemonViews:
                     (spec.gpu_memory_bytes, spec.compute_percent) if share else (gpu.memory_total_bytes, 100)
                 )
                 if mig is not None and spec.mig_profile:  # an instance holds its slices, not the GPU
-                    profile = mig_gpu(self.machine.gpus[gpu.index].mig_model).profile(mig.profile)
+                    profile = mig_gpu(self._machine.gpus[gpu.index].mig_model).profile(mig.profile)
                     memory = profile.memory_bytes
                     compute = round(100 * gpu_equivalent(1, mig_slices=profile.compute_slices))
                 jobs.append(
@@ -108,7 +132,7 @@ class DaemonViews:
             rows.append(
                 {
                     "index": gpu.index,
-                    "uuid": self.machine.gpus[gpu.index].uuid,
+                    "uuid": self._machine.gpus[gpu.index].uuid,
                     "model": gpu.model,
                     "memory_total_bytes": gpu.memory_total_bytes,
                     "memory_free_bytes": gpu.memory_free_bytes,
@@ -131,7 +155,7 @@ class DaemonViews:
         scheduling pass (hundreds of pending jobs make one take tens of ms). The queue is read now."""
         published = self._published  # None before the first tick
         rows = self.gpus() if published is None else self._gpu_rows(published)
-        now = self.clock()
+        now = self._clock()
         gpus = [
             GpuState(
                 index=r["index"], uuid=r["uuid"], model=r["model"],
@@ -153,26 +177,26 @@ class DaemonViews:
         ]  # fmt: skip
         pending = [
             PendingState(tenant, Priority(priority).name.lower(), jobs, max(0.0, now - since))
-            for tenant, priority, jobs, since in self.store.pending_groups()
+            for tenant, priority, jobs, since in self._store.pending_groups()
         ]
         info = {
             "version": gpuslice.__version__,
-            "machine": self.machine.name,
-            "sharing": self.sharing,
-            "simulated": "true" if self.simulated else "false",
+            "machine": self._machine.name,
+            "sharing": self._sharing,
+            "simulated": "true" if self._simulated else "false",
         }
-        counts = {state.value: n for state, n in self.store.counts().items()}
+        counts = {state.value: n for state, n in self._store.counts().items()}
         return ServeSnapshot(gpus, slices, pending, counts, info)
 
     def tenants(self) -> list[dict[str, Any]]:
         """Every tenant stored, with active jobs, or the default: settings, quotas and usage now. GPUs
         in use count as the quotas count them (``scheduler/quota.py``: a share the larger of its memory
         and compute fractions of its GPU), read from the scheduler that enforces them."""
-        stored = self.store.tenants()
-        active = self.store.jobs([JobState.PENDING, JobState.RUNNING])
+        stored = self._store.tenants()
+        active = self._store.jobs([JobState.PENDING, JobState.RUNNING])
         with self._lock:
-            usage = self.scheduler.tenant_usage()
-            never = self.scheduler.never_runs()
+            usage = self._scheduler().tenant_usage()
+            never = self._scheduler().never_runs()
         names = sorted(set(stored) | {j.spec.tenant for j in active} | {DEFAULT_TENANT})
         rows = []
         for name in names:
@@ -185,7 +209,7 @@ class DaemonViews:
                     "weight": t.weight,
                     "max_gpus": t.max_gpus,
                     "max_gpu_memory_bytes": t.max_gpu_memory_bytes,
-                    "response": {**self.node.response_defaults(), **t.response},
+                    "response": {**self._node.response_defaults(), **t.response},
                     "running_jobs": sum(1 for j in mine if j.state is JobState.RUNNING),
                     "pending_jobs": sum(1 for j in mine if j.state is JobState.PENDING),
                     "gpus_in_use": round(gpus, 3),
@@ -211,14 +235,15 @@ class DaemonViews:
             f"no tenant {name!r} (known: {known}); `gpuslice tenants set {name} …` creates one"
         )
 
-    def _memory_limit(self, job: JobRecord) -> int:
-        """GPU memory a job may hold on each of its GPUs: its slice, or the whole GPU."""
-        if job.spec.is_share:
-            return job.spec.gpu_memory_bytes
-        if job.mig is not None:
-            return int(job.mig.get("memory_bytes", 0))
-        return min((self.machine.gpus[g].memory_bytes for g in job.gpus), default=0)
-
 
 def _job_number(job_id: str) -> tuple[int, str]:
     return (int(job_id), "") if job_id.isdigit() else (0, job_id)
+
+
+def memory_limit(machine: Machine, job: JobRecord) -> int:
+    """GPU memory a job may hold on each of its GPUs: its slice, its MIG instance's, or the whole GPU."""
+    if job.spec.is_share:
+        return job.spec.gpu_memory_bytes
+    if job.mig is not None:
+        return int(job.mig.get("memory_bytes", 0))
+    return min((machine.gpus[g].memory_bytes for g in job.gpus), default=0)
