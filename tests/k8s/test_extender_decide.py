@@ -67,7 +67,7 @@ def test_the_chosen_node_is_the_one_the_shared_placer_chooses(policy):
         state.apply(WatchEvent("Pod", "ADDED", _bound_pod(f"p{i}", node, str(i % 2), SHARE)))
     pod = pod_json("x", SHARE, {ANNOTATION_PLACEMENT_POLICY: policy})
     offered = ["n0", "n1", "n3", "n4", "n5"]  # n2 dropped by kube-scheduler's own filters
-    built = state._ledgered()
+    built = state.cache.ledgered()
     placer = Placer(
         built.ledger,
         placement_policy(policy)(
@@ -93,7 +93,7 @@ def test_the_chosen_nodes_gpus_are_held_from_filter_until_bind():
     assert state.filter(second, ["a", "b"]).passed == ["b"]  # a's GPU is held for "first"
     api.pods[("team-a", "first")] = first
     assert state.bind("team-a", "first", "uid-first", "a") == ""
-    assert state._assumed == {"uid-second": state._assumed["uid-second"]}
+    assert state.cache.assumed == {"uid-second": state.cache.assumed["uid-second"]}
     state.check_invariants()
 
 
@@ -105,13 +105,13 @@ def test_bind_keeps_the_hold_from_filter_so_no_other_filter_can_take_it_in_betwe
     whole = {"gpuslice.io/gpu": "1"}
     first = pod_json("first", whole)
     assert state.filter(first, ["a"]).passed == ["a"]
-    held = state._pods["uid-first"].placement
+    held = state.cache.pods["uid-first"].placement
     released = []
-    original = state._forget
-    state._forget = lambda uid: (released.append(uid), original(uid))[1]  # type: ignore[method-assign]
+    original = state.cache.forget
+    state.cache.forget = lambda uid: (released.append(uid), original(uid))[1]  # type: ignore[method-assign]
     api.pods[("team-a", "first")] = first
     assert state.bind("team-a", "first", "uid-first", "a") == ""
-    assert released == [] and state._pods["uid-first"].placement is held
+    assert released == [] and state.cache.pods["uid-first"].placement is held
     assert state.filter(pod_json("second", whole), ["a"]).passed == []
 
 
@@ -129,7 +129,7 @@ def test_a_bind_to_another_node_than_filter_held_decides_on_that_node_and_gives_
     (_, _, written), *_ = api.patches
     decision = Decision.from_annotations(written)
     assert decision is not None and decision.node == "b"
-    assert state._pods["uid-first"].node == "b"
+    assert state.cache.pods["uid-first"].node == "b"
     assert state.filter(pod_json("second", whole), ["a"]).passed == ["a"]  # a's GPU is free again
     state.check_invariants()
 
@@ -240,7 +240,7 @@ def test_the_room_a_preemption_made_is_held_for_the_preemptor():
     api.pods[("team-a", "high")] = high
     assert state.bind("team-a", "high", "uid-high", "n") == ""
     # bound: the node is nobody's reservation any more
-    assert state._nominations == {}
+    assert state.cache.nominations == {}
 
 
 def test_a_lower_priority_pod_neither_evicts_the_same_victim_again_nor_takes_the_nomination():
@@ -253,7 +253,7 @@ def test_a_lower_priority_pod_neither_evicts_the_same_victim_again_nor_takes_the
     assert api.deleted == [("team-a", "low", "uid-low")]
     state.filter(with_priority(pod_json("second", BIG), 60), ["n"])  # could evict "mid" (50), but not here
     assert api.deleted == [("team-a", "low", "uid-low")]
-    assert [h.uid for h in state._nominations.values()] == ["uid-high"]
+    assert [h.uid for h in state.cache.nominations.values()] == ["uid-high"]
     assert state.preemptions == 1
     # a more important pod may clear the node for itself, but not by evicting the pod already going
     state.filter(with_priority(pod_json("urgent", BIG), 200), ["n"])

@@ -55,7 +55,7 @@ def test_a_rebuild_holds_the_bound_mig_pods_again_from_their_decisions():
 
 def test_a_higher_priority_mig_pod_evicts_the_least_important_holder_of_an_instance_of_its_profile():
     """The extender's own preemption for a MIG pod: the what-if gives the victims' instances back in the
-    ledger's layout (``_mig_candidates(..., freed)``), through the one preemption search."""
+    ledger's layout (``ClusterCache.mig_candidates(..., freed)``), through the one preemption search."""
     api = FakeApi()
     state = make_state(api, {"n": inventory(gpus=2, mig=SLOTS)})
     for name, start, priority in (("keep", 0, 50), ("low", 4, 1)):
@@ -79,13 +79,13 @@ def test_mig_verdicts_are_rebuilt_only_for_the_nodes_a_bind_changed(monkeypatch)
     names = [f"n{i}" for i in range(5)]
     state = make_state(FakeApi(), {n: inventory(gpus=2, mig=SLOTS) for n in names})
     built_for: list[int] = []
-    original = type(state)._mig_candidates
+    original = type(state.cache).mig_candidates
 
     def counting(self, built, node, profile, freed=()):
         built_for.append(node)
         return original(self, built, node, profile, freed)
 
-    monkeypatch.setattr(type(state), "_mig_candidates", counting)
+    monkeypatch.setattr(type(state.cache), "mig_candidates", counting)
     assert state.filter(pod_json("a", RESOURCES), names).passed == names
     assert sorted(built_for) == [0, 1, 2, 3, 4]
     built_for.clear()

@@ -59,7 +59,7 @@ def test_extender_places_an_openb_sequence_exactly_as_the_shared_placer(policy):
             continue
         api.pods[("b", pod.name)] = manifest(pod.name, pod.request)
         assert state.bind("b", pod.name, f"u-{pod.name}", chosen[0]) == ""
-        gpus = state._pods[f"u-{pod.name}"].decision.gpu_indices
+        gpus = state.cache.pods[f"u-{pod.name}"].decision.gpu_indices
         in_tree.reserve(next(i for i, n in enumerate(nodes) if n.name == chosen[0]), gpus, pod.request)
         extender[pod.name] = chosen[0]
 

@@ -341,9 +341,9 @@ def test_a_retried_bind_of_a_bound_pod_keeps_its_decision_and_its_lock():
     pod = add(api, "slow")
     assert state.filter(pod, [NODE]).passed == [NODE]
     assert bind(state, "slow") == ""
-    patches, held = len(api.patches), state._pods["uid-slow"]
+    patches, held = len(api.patches), state.cache.pods["uid-slow"]
     assert state.filter(pod, [NODE]).passed == [NODE]  # the retry's filter
-    assert state._pods["uid-slow"] is held  # not given back and reserved again
+    assert state.cache.pods["uid-slow"] is held  # not given back and reserved again
     assert bind(state, "slow") == ""
     assert len(api.patches) == patches and len(api.bindings) == 1
     assert api.holder().uid == "uid-slow"

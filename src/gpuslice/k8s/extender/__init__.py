@@ -36,16 +36,17 @@ the extender, the in-memory ledger is still the arbiter: a bind holds its node's
 it chooses GPUs and reserves them, and a failed bind gives back its reservation and the node lock at
 once. A stale filter answer is harmless, because bind checks again against the ledger.
 
-Modules, one job each (the class chain ``ClusterCache`` -> ``Verdicts`` -> ``Preemption`` ->
-``ClusterState``):
+Modules, one job each. ``ClusterState`` is made of the others as collaborators, each owning its state:
+it makes one ``ClusterCache`` and gives it to a ``Verdicts`` and a ``Preemption``:
 
 ```text
 kube.py        the API server: KubeApi (what the extender needs), KubernetesApi, the node and pod watch
-cluster.py     ClusterCache: nodes' inventories and bound pods from the watch, the ledger built over them
+cluster.py     ClusterCache: nodes' inventories and bound pods from the watch, the ledger built over them,
+               the holds of filter and bind and the nominations of preemption
 verdicts.py    Verdicts: the ledger's fit codes per node (cached per request shape), in Kubernetes words
 preemption.py  Preemption: the preempt verb's what-if, and evictions the extender starts itself
 bind_lock.py   PodBinds: one bind per pod; BindLocks: the node lock taken at bind (waiting a little)
-state.py       ClusterState: filter, prioritize, bind; GPUs chosen by Placer.pick_gpus
+state.py       ClusterState: filter, prioritize, bind, preempt; GPUs chosen by Placer.pick_gpus
 app.py         create_app: the HTTP verbs over a ClusterState
 ```
 

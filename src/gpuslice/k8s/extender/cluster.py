@@ -7,7 +7,7 @@ import logging
 import threading
 import time
 from collections import Counter, OrderedDict
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,7 +27,6 @@ from gpuslice.k8s.annotations import (
     PodGpuRequest,
     pod_gpu_request,
 )
-from gpuslice.k8s.extender.bind_lock import DEFAULT_LOCK_WAIT_S, BindLocks, PodBinds
 from gpuslice.k8s.extender.kube import RELISTED, KubeApi, WatchEvent
 from gpuslice.ledger.ledger import Ledger
 from gpuslice.ledger.placement import Placement, Refusal, RefusalCode
@@ -185,11 +184,11 @@ def pod_priority(pod: Mapping[str, Any]) -> int:
 
 class ClusterCache:
     """The ledger over every node with an inventory annotation, and the pods bound on them, kept from the
-    watch. ``ClusterState`` builds on it: ``Verdicts`` (does a pod fit a node), then ``Preemption``, then
-    the filter, prioritize and bind verbs.
+    watch; the holds and nominations the verbs add to it. ``ClusterState`` (the verbs), ``Verdicts`` and
+    ``Preemption`` are given one and read and change the cluster through it.
 
-    Thread-safe: ``_lock`` guards every ledger change and the bookkeeping dicts (held for microseconds);
-    ``_node_locks`` serialise binds on one node from choosing GPUs to reserving them.
+    Thread-safe: ``lock`` guards every ledger change and the bookkeeping dicts (held for microseconds);
+    ``node_lock(name)`` serialises binds on one node from choosing GPUs to reserving them.
     """
 
     def __init__(
@@ -197,50 +196,35 @@ class ClusterCache:
         api: KubeApi,
         default_policy: str = DEFAULT_PLACEMENT,  # why not fgd: see the package docstring
         *,
-        narrow: bool = False,
         target: TargetWorkload | None = None,
-        lock_timeout_s: float | None = None,
-        lock_wait_s: float = DEFAULT_LOCK_WAIT_S,
     ) -> None:
         # A registry name, or (operator's choice only, never a pod's annotation) a verified, guarded
         # policy file; UnknownPolicy lists the known names, PolicyRejected the file's violations.
         self._default_factory = resolve(default_policy, "placement", placement_policy, on_event=log.warning)
         self.api = api
         self.default_policy = default_policy
-        self._lock = threading.RLock()
+        self.lock = threading.RLock()
         self._node_locks: dict[str, threading.Lock] = {}
         self._inventory_text: dict[str, str] = {}
-        self._pods: dict[str, BoundPod] = {}
+        self.pods: dict[str, BoundPod] = {}
         # uid -> node of pods whose Binding exists (created here, or seen by the watch): kube-scheduler
         # may retry a bind that timed out but succeeded, and that retry must not choose GPUs again
-        self._bound_to: dict[str, str] = {}
+        self.bound_to: dict[str, str] = {}
         self.mig_fallbacks: Counter[str] = Counter()  # MIG placement answers replaced by the default
         self._built: LedgerBuild | None = None
-        self._seen: OrderedDict[str, Mapping[str, Any]] = OrderedDict()
+        self.seen: OrderedDict[str, Mapping[str, Any]] = OrderedDict()  # uid -> pod, from /filter
         self._events = ThreadPoolExecutor(max_workers=1, thread_name_prefix="events")
         self._last_event: dict[str, tuple[str, float]] = {}
-        # node-name lists as asked, with their ledger indices; the survivors of each pod's last filter
-        self._name_cache: list[tuple[LedgerBuild, list[str], np.ndarray]] = []
-        self._passed: OrderedDict[str, tuple[LedgerBuild, list[str], np.ndarray]] = OrderedDict()
         self.conflicts = 0  # bound pods the ledger could not hold (over-committed from outside)
         # Kinds (Node, Pod) whose first full list has been applied. Until both have, the ledger does not
         # hold every bound pod, and a decision made from it could over-commit a GPU (see ``synced``).
         self.listed: set[str] = set()
-        # Filter answers with the one node the placement policy chooses (see ``filter``); False leaves
-        # the choice among all fitting nodes to kube-scheduler's scoring plus this extender's scores.
-        self.narrow = narrow
-        self._nominations: dict[str, Nomination] = {}  # node name -> the pod that preempted there
-        self._assumed: dict[str, float] = {}  # uid -> when filter held its GPUs (bind not seen yet)
-        self.preemptions = 0  # pods this extender evicted to make room for higher-priority ones
+        self.nominations: dict[str, Nomination] = {}  # node name -> the pod that preempted there
+        self.assumed: dict[str, float] = {}  # uid -> when filter held its GPUs (bind not seen yet)
         # FGD's expected workload, given by the operator (``--target-workload``, its GPU part: CPU is
         # kube-scheduler's business here); else the shapes of the pods bound when the ledger was built.
         self.target = target
-        # The node lock (k8s/node_lock.py): one pod per node from bind to Allocate, so the device
-        # plugin can tell whom an Allocate is for. The CLI always turns it on; None leaves it off.
-        self.binds = PodBinds()  # one bind per pod at a time: a retry reads the first one's outcome
-        self.bind_locks: BindLocks | None = None
-        if lock_timeout_s is not None:
-            self.bind_locks = BindLocks(api, self.binds, timeout_s=lock_timeout_s, wait_s=lock_wait_s)
+        self.node_listeners: list[Callable[[str], None]] = []  # called with a node's name at each change
 
     # ---- watch --------------------------------------------------------------------------------------
 
@@ -272,8 +256,8 @@ class ClusterCache:
     def _apply_node(self, event: WatchEvent) -> None:
         meta = event.object.get("metadata") or {}
         name = str(meta.get("name", ""))
-        if self.bind_locks is not None:
-            self.bind_locks.changed(name)  # a released node lock is a Node change
+        for listener in self.node_listeners:
+            listener(name)  # e.g. the bind locks: a released node lock is a Node change
         text = (meta.get("annotations") or {}).get(ANNOTATION_NODE_INVENTORY)
         if text is not None and event.type != "DELETED":
             try:
@@ -281,7 +265,7 @@ class ClusterCache:
             except InvalidRequest as err:
                 log.warning("node %s: %s; the node is left out", name, err)
                 text = None
-        with self._lock:
+        with self.lock:
             old = self._inventory_text.get(name)
             if event.type == "DELETED" or text is None:
                 if old is not None:
@@ -295,15 +279,15 @@ class ClusterCache:
         pod = event.object
         _, _, uid = pod_meta(pod)
         phase = (pod.get("status") or {}).get("phase")
-        with self._lock:
+        with self.lock:
             if event.type == "DELETED" or phase in ("Succeeded", "Failed"):
-                self._forget(uid)
-                self._drop_nomination(uid)
+                self.forget(uid)
+                self.drop_nomination(uid)
                 return
             bound_to = (pod.get("spec") or {}).get("nodeName")
             if bound_to and uid:
-                self._bound_to[uid] = str(bound_to)
-            if uid in self._pods:
+                self.bound_to[uid] = str(bound_to)
+            if uid in self.pods:
                 return
             annotations = (pod.get("metadata") or {}).get("annotations") or {}
             try:
@@ -318,14 +302,14 @@ class ClusterCache:
             bound = BoundPod(
                 decision.node, ask, decision, namespace=namespace, name=name, priority=pod_priority(pod)
             )
-            self._pods[uid] = bound
+            self.pods[uid] = bound
             if self._built is not None:
                 self._hold(self._built, uid, bound)
 
     def _forget_unlisted(self, event: WatchEvent) -> None:
         """After a full list: drop the nodes or pods it no longer has (deleted while no watch ran)."""
         items = event.object.get("items") or []
-        with self._lock:
+        with self.lock:
             if event.kind == "Node":
                 listed = {str((o.get("metadata") or {}).get("name", "")) for o in items}
                 for name in [n for n in self._inventory_text if n not in listed]:
@@ -333,14 +317,14 @@ class ClusterCache:
                     self._built = None
             elif event.kind == "Pod":
                 listed = {pod_meta(o)[2] for o in items}
-                for uid in [u for u in self._pods if u not in listed]:
-                    self._forget(uid)
+                for uid in [u for u in self.pods if u not in listed]:
+                    self.forget(uid)
 
-    def _forget(self, uid: str) -> None:
-        self._assumed.pop(uid, None)
-        self._bound_to.pop(uid, None)
-        bound = self._pods.pop(uid, None)
-        self._seen.pop(uid, None)
+    def forget(self, uid: str) -> None:
+        self.assumed.pop(uid, None)
+        self.bound_to.pop(uid, None)
+        bound = self.pods.pop(uid, None)
+        self.seen.pop(uid, None)
         self._last_event.pop(uid, None)
         if bound is None:
             return
@@ -349,12 +333,16 @@ class ClusterCache:
 
     # ---- ledger build -------------------------------------------------------------------------------
 
-    def _ledgered(self) -> LedgerBuild:
+    def is_current(self, built: LedgerBuild) -> bool:
+        """Is ``built`` still the ledger (no node or inventory changed since)? Call with the lock held."""
+        return self._built is built
+
+    def ledgered(self) -> LedgerBuild:
         """The current ledger, rebuilt (under the lock) if nodes or inventories changed."""
         built = self._built
         if built is not None:
             return built
-        with self._lock:
+        with self.lock:
             if self._built is None:
                 self._built = self._build()
             return self._built
@@ -388,7 +376,7 @@ class ClusterCache:
                 held = ledger.hold_whole(i, gpu.index)
                 if isinstance(held, Placement):
                     blockers.append(held)
-        shapes = [b.ask.to_request() for b in self._pods.values() if b.ask.gpus]
+        shapes = [b.ask.to_request() for b in self.pods.values() if b.ask.gpus]
         built = LedgerBuild(
             ledger=ledger,
             index={n: i for i, n in enumerate(names)},
@@ -399,10 +387,10 @@ class ClusterCache:
             targets=TargetWorkload.from_requests(shapes) if shapes else None,
             blockers=blockers,
         )
-        for uid, bound in self._pods.items():
+        for uid, bound in self.pods.items():
             bound.placement = None
             self._hold(built, uid, bound)
-        log.info("ledger built: %d nodes, %d pods", len(names), len(self._pods))
+        log.info("ledger built: %d nodes, %d pods", len(names), len(self.pods))
         return built
 
     def _hold(self, built: LedgerBuild, uid: str, bound: BoundPod) -> None:
@@ -428,11 +416,11 @@ class ClusterCache:
         else:
             bound.placement = result
 
-    def _drop_nomination(self, uid: str) -> None:
-        for node in [n for n, h in self._nominations.items() if h.uid == uid]:
-            del self._nominations[node]
+    def drop_nomination(self, uid: str) -> None:
+        for node in [n for n, h in self.nominations.items() if h.uid == uid]:
+            del self.nominations[node]
 
-    def _mig_candidates(
+    def mig_candidates(
         self, built: LedgerBuild, node: int, profile: str, freed: Iterable[Placement] = ()
     ) -> list[MigCandidate]:
         """The node's healthy MIG GPUs as candidates of the one MIG choice (``scheduler/mig_choice.py``),
@@ -456,23 +444,23 @@ class ClusterCache:
             out.append(mig_candidate((node, gpu.index), held, (wanted,), existing))
         return out
 
-    def _mig_fullest(self, built: LedgerBuild, profile: str, rows: np.ndarray) -> np.ndarray:
+    def mig_fullest(self, built: LedgerBuild, profile: str, rows: np.ndarray) -> np.ndarray:
         """Per node of ``rows`` (ledger indices): the slices held on its fullest GPU that has a free
         instance of ``profile``, -1 where none has one (``mig_choice.FullestByNode``: at 5,000 nodes a
         bind makes one row stale instead of rebuilding every node's candidates)."""
-        with self._lock:
+        with self.lock:
             if built.mig_fullest is None:
                 built.mig_fullest = FullestByNode(built.ledger.node_count)
             version = built.ledger.view.version
             return built.mig_fullest.fullest(
-                profile, rows, version, lambda node: self._mig_candidates(built, node, profile)
+                profile, rows, version, lambda node: self.mig_candidates(built, node, profile)
             )
 
-    def _placer(self, built: LedgerBuild, ask: PodGpuRequest) -> Placer:
+    def placer(self, built: LedgerBuild, ask: PodGpuRequest) -> Placer:
         name = ask.policy or self.default_policy
         placer = built.placers.get(name)
         if placer is None:
-            with self._lock:
+            with self.lock:
                 placer = built.placers.get(name)
                 if placer is None:
                     factory = self._default_factory if name == self.default_policy else placement_policy(name)
@@ -483,21 +471,21 @@ class ClusterCache:
                     )
         return placer
 
-    def _node_lock(self, node: str) -> threading.Lock:
-        with self._lock:
+    def node_lock(self, node: str) -> threading.Lock:
+        with self.lock:
             return self._node_locks.setdefault(node, threading.Lock())
 
     # ---- events -------------------------------------------------------------------------------------
 
-    def _remember(self, pod: Mapping[str, Any]) -> None:
+    def remember(self, pod: Mapping[str, Any]) -> None:
         _, _, uid = pod_meta(pod)
         if uid:
-            self._seen[uid] = pod
-            self._seen.move_to_end(uid)
-            while len(self._seen) > SEEN_PODS_MAX:
-                self._seen.popitem(last=False)
+            self.seen[uid] = pod
+            self.seen.move_to_end(uid)
+            while len(self.seen) > SEEN_PODS_MAX:
+                self.seen.popitem(last=False)
 
-    def _explain(self, pod: Mapping[str, Any], total: int, reasons: Counter[str]) -> None:
+    def explain(self, pod: Mapping[str, Any], total: int, reasons: Counter[str]) -> None:
         """Post 'gpuslice: 0/N nodes fit: …' as a Warning Event, at most once a minute per message."""
         namespace, name, uid = pod_meta(pod)
         detail = "; ".join(f"{count} {reason}" for reason, count in reasons.most_common())
@@ -507,9 +495,9 @@ class ClusterCache:
         if last is not None and last[0] == message and now - last[1] < EVENT_REPEAT_S:
             return
         self._last_event[uid] = (message, now)
-        self._post_event(namespace, name, uid, "FailedScheduling", message)
+        self.post_event(namespace, name, uid, "FailedScheduling", message)
 
-    def _post_event(self, namespace: str, name: str, uid: str, reason: str, message: str) -> None:
+    def post_event(self, namespace: str, name: str, uid: str, reason: str, message: str) -> None:
         """A Warning Event on a pod, sent off the request path."""
 
         def post() -> None:
@@ -526,4 +514,4 @@ class ClusterCache:
 
     @property
     def ledger(self) -> Ledger:
-        return self._ledgered().ledger
+        return self.ledgered().ledger

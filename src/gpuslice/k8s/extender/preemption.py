@@ -14,6 +14,7 @@ from gpuslice.hardware.mig import compute_slices_by_name
 from gpuslice.k8s.annotations import PodGpuRequest
 from gpuslice.k8s.extender.cluster import (
     BoundPod,
+    ClusterCache,
     LedgerBuild,
     Nomination,
     open_slots,
@@ -21,7 +22,7 @@ from gpuslice.k8s.extender.cluster import (
     pod_meta,
     pod_priority,
 )
-from gpuslice.k8s.extender.verdicts import CODE_MODEL, CODE_NO_INVENTORY, CODE_RESERVED, Verdicts
+from gpuslice.k8s.extender.verdicts import CODE_MODEL, CODE_NO_INVENTORY, CODE_RESERVED
 from gpuslice.ledger.fit import FITS, fit_codes
 from gpuslice.policies.queue import JobRef
 from gpuslice.scheduler.mig_choice import mig_rank
@@ -38,8 +39,13 @@ log = logging.getLogger(__name__)
 NOMINATION_S = 300.0
 
 
-class Preemption(Verdicts):
-    """Preemption: the preempt verb's what-if, and evictions the extender starts itself."""
+class Preemption:
+    """Preemption: the preempt verb's what-if, and evictions the extender starts itself, over the pods
+    and nominations of ``cache``."""
+
+    def __init__(self, cache: ClusterCache) -> None:
+        self._cache = cache
+        self.preemptions = 0  # pods this extender evicted to make room for higher-priority ones
 
     def preempt(self, pod: Mapping[str, Any], victims: Mapping[str, list[str]]) -> dict[str, list[str]]:
         """Of kube-scheduler's preemption candidates (node -> UIDs of the pods it would evict), the nodes
@@ -54,9 +60,9 @@ class Preemption(Verdicts):
             return {}
         if not ask.wants_gpu:
             return dict(victims)
-        built = self._ledgered()
+        built = self._cache.ledgered()
         preemptor = JobRef(pod_meta(pod)[2], pod_priority(pod), pod_meta(pod)[0])
-        with self._lock:
+        with self._cache.lock:
             return {
                 name: uids
                 for name, uids in victims.items()
@@ -70,8 +76,8 @@ class Preemption(Verdicts):
         """Does the one preemption search find room on ``node`` among exactly the proposed victims? Pods
         that are not gpuslice's (kube-scheduler may propose them for CPU or memory) free no GPU but stay
         evicted, so the what-if always counts them as gone."""
-        proposed = [_victim(u, b) for u in uids if (b := self._pods.get(u)) is not None]
-        others = [u for u in uids if u not in self._pods]
+        proposed = [_victim(u, b) for u in uids if (b := self._cache.pods.get(u)) is not None]
+        others = [u for u in uids if u not in self._cache.pods]
         if not proposed:
             return self._fits_without(built, node, ask, others)
         plan = find_preemption(
@@ -86,11 +92,11 @@ class Preemption(Verdicts):
         gone = [
             b
             for u in uids
-            if (b := self._pods.get(u)) is not None and b.node == built.ledger.node_names[node]
+            if (b := self._cache.pods.get(u)) is not None and b.node == built.ledger.node_names[node]
         ]
         if ask.mig_profile:
             freed = [b.placement for b in gone if b.placement is not None]
-            candidates = self._mig_candidates(built, node, ask.mig_profile, freed)
+            candidates = self._cache.mig_candidates(built, node, ask.mig_profile, freed)
             return any(mig_rank(c) is not None for c in candidates)
         view = built.ledger.view
         free = view.free_gpu_milli[node].copy()
@@ -107,48 +113,49 @@ class Preemption(Verdicts):
         slots = open_slots(built, node, tasks)
         return int(fit_codes(req, model_ok, slots[None], free[None], memory[None])[0]) == FITS
 
-    def _reserved_for_others(
+    def reserved_for_others(
         self, pod: Mapping[str, Any], node_names: list[str], codes: np.ndarray
     ) -> np.ndarray:
         """Codes with ``CODE_RESERVED`` on the nodes where a pod of at least this pod's priority preempted
         others and has not bound yet: the room it made is its own (kube-scheduler's nominated node)."""
-        if not self._nominations:
+        if not self._cache.nominations:
             return codes
         uid, priority, now = pod_meta(pod)[2], pod_priority(pod), time.monotonic()
-        with self._lock:
-            for node, held in list(self._nominations.items()):
+        with self._cache.lock:
+            for node, held in list(self._cache.nominations.items()):
                 if held.deadline < now:
-                    del self._nominations[node]
-            held_nodes = {n for n, h in self._nominations.items() if h.uid != uid and h.priority >= priority}
+                    del self._cache.nominations[node]
+            held = self._cache.nominations.items()
+            held_nodes = {n for n, h in held if h.uid != uid and h.priority >= priority}
         if not held_nodes:
             return codes
         mask = np.fromiter((n in held_nodes for n in node_names), dtype=bool, count=len(node_names))
         return np.where(mask & (codes == 0), CODE_RESERVED, codes)
 
-    def _catch_up_on_victims(self, uid: str) -> None:
+    def catch_up_on_victims(self, uid: str) -> None:
         """For a pod that preempted others: forget the victims the API server no longer has.
 
         kube-scheduler retries the pod as soon as its informer sees a victim deleted, which can be
         before this extender's own watch delivers the same event; refused then, the pod would wait for
         kube-scheduler's next periodic retry (minutes). One read per remaining victim, only while such
         a pod waits."""
-        held = next((h for h in self._nominations.values() if h.uid == uid), None)
+        held = next((h for h in self._cache.nominations.values() if h.uid == uid), None)
         if held is None:
             return
         for victim in held.victims:
-            bound = self._pods.get(victim)
+            bound = self._cache.pods.get(victim)
             if bound is None:
                 continue
             try:
-                gone = self.api.pod_gone(bound.namespace, bound.name, victim)
+                gone = self._cache.api.pod_gone(bound.namespace, bound.name, victim)
             except Exception:
                 log.warning("could not check victim %s/%s", bound.namespace, bound.name, exc_info=True)
                 continue
             if gone:
-                with self._lock:
-                    self._forget(victim)
+                with self._cache.lock:
+                    self._cache.forget(victim)
 
-    def _preempt(
+    def make_room(
         self,
         pod: Mapping[str, Any],
         built: LedgerBuild,
@@ -165,20 +172,21 @@ class Preemption(Verdicts):
         the nodes kube-scheduler offered, the cheapest set of lower-priority victims whose removal makes
         the pod fit, found by the one preemption search of every home (``find_preemption``), deleted
         with their own grace period; the node is then held for the pod until it binds
-        (``_reserved_for_others``). Pods being preempted already are no victims (as in every home), and
+        (``reserved_for_others``). Pods being preempted already are no victims (as in every home), and
         a node being cleared for another pod of at least this priority is left out until that pod binds
         (one nomination per node: a second would take the first pod's room). Returns the reason the pod
         waits.
         """
         namespace, name, uid = pod_meta(pod)
         priority = pod_priority(pod)
-        with self._lock:
-            waiting = next((n for n, h in self._nominations.items() if h.uid == uid), None)
+        with self._cache.lock:
+            waiting = next((n for n, h in self._cache.nominations.items() if h.uid == uid), None)
             if waiting is not None:
-                left = sum(1 for v in self._nominations[waiting].victims if v in self._pods)
+                left = sum(1 for v in self._cache.nominations[waiting].victims if v in self._cache.pods)
                 return f"preempted lower-priority pods on {waiting}; waiting for {left} of them to end"
-            cleared = {n for n, h in self._nominations.items() if h.uid != uid and h.priority >= priority}
-            going = {v for h in self._nominations.values() for v in h.victims}
+            nominations, pods = self._cache.nominations, self._cache.pods
+            cleared = {n for n, h in nominations.items() if h.uid != uid and h.priority >= priority}
+            going = {v for h in nominations.values() for v in h.victims}
             rows = {
                 node_name: int(idx[k])
                 for k, node_name in enumerate(node_names)
@@ -186,7 +194,7 @@ class Preemption(Verdicts):
                 and codes[k] not in (CODE_NO_INVENTORY, CODE_MODEL, CODE_RESERVED)
                 and node_name not in cleared
             }
-            running = [_victim(u, b) for u, b in self._pods.items() if b.node in rows and u not in going]
+            running = [_victim(u, b) for u, b in pods.items() if b.node in rows and u not in going]
             plan = find_preemption(
                 JobRef(uid, priority, namespace),
                 running,
@@ -197,18 +205,18 @@ class Preemption(Verdicts):
                 return ""
             node_name = str(plan.node)
             victims = [(v.job_id, v.holding) for v in plan.victims]
-            self._nominations[node_name] = Nomination(
+            self._cache.nominations[node_name] = Nomination(
                 uid, priority, frozenset(u for u, _ in victims), time.monotonic() + NOMINATION_S
             )
             self.preemptions += len(victims)
         for victim_uid, bound in victims:
             try:
-                self.api.delete_pod(bound.namespace, bound.name, victim_uid)
+                self._cache.api.delete_pod(bound.namespace, bound.name, victim_uid)
             except Exception:
                 log.warning(
                     "could not delete preemption victim %s/%s", bound.namespace, bound.name, exc_info=True
                 )
-            self._post_event(
+            self._cache.post_event(
                 bound.namespace,
                 bound.name,
                 victim_uid,

@@ -5,8 +5,8 @@ from __future__ import annotations
 import itertools
 import logging
 import time
-from collections import Counter
-from collections.abc import Mapping
+from collections import Counter, OrderedDict
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,17 +21,18 @@ from gpuslice.k8s.annotations import (
     MigChoice,
     PodGpuRequest,
 )
-from gpuslice.k8s.extender.bind_lock import BIND_BUDGET_S
+from gpuslice.k8s.extender.bind_lock import BIND_BUDGET_S, DEFAULT_LOCK_WAIT_S, BindLocks, PodBinds
 from gpuslice.k8s.extender.cluster import (
     MIG_POD_REQUEST,
     BoundPod,
+    ClusterCache,
     LedgerBuild,
     open_slots,
     pod_ask,
     pod_meta,
     pod_priority,
 )
-from gpuslice.k8s.extender.kube import AlreadyBound
+from gpuslice.k8s.extender.kube import AlreadyBound, KubeApi, WatchEvent
 from gpuslice.k8s.extender.preemption import Preemption
 from gpuslice.k8s.extender.verdicts import (
     CODE_EXCLUDED,
@@ -41,11 +42,15 @@ from gpuslice.k8s.extender.verdicts import (
     REASON_NO_INVENTORY,
     REASON_NO_MIG_INSTANCE,
     REASON_RESERVED,
+    Verdicts,
 )
 from gpuslice.k8s.node_lock import ask_key
+from gpuslice.ledger.ledger import Ledger
 from gpuslice.ledger.placement import Refusal
+from gpuslice.policies import DEFAULT_PLACEMENT
 from gpuslice.scheduler.mig_choice import FullestByNode, choose_mig_instance
 from gpuslice.workload.request import Request
+from gpuslice.workload.target import TargetWorkload
 
 __all__ = ["MAX_EXTENDER_PRIORITY", "ClusterState", "FilterResult"]
 
@@ -69,12 +74,81 @@ class FilterResult:
     unresolvable: dict[str, str]
 
 
-class ClusterState(Preemption):
-    """The extender's verbs over the cluster: filter, prioritize, bind (and preempt, from ``Preemption``).
+class ClusterState:
+    """The extender's verbs over the cluster: filter, prioritize, bind, preempt.
 
-    Thread-safe: ``_lock`` guards every ledger change and the bookkeeping dicts (held for microseconds);
-    ``_node_locks`` serialise binds on one node from choosing GPUs to reserving them.
+    Made of collaborators, each owning its state: ``cache`` (the watched cluster, the ledger built over
+    it, the holds and nominations), ``verdicts`` (per node, does a pod fit and why not) and ``preemption``
+    (the preempt verb's what-if and the evictions started here). This class owns what lasts from one
+    verb to the next: the node-name lists seen and each pod's filter survivors for its prioritize, and
+    the bind bookkeeping (one bind per pod at a time, the node locks).
+
+    Thread-safe: ``cache.lock`` guards every ledger change and the bookkeeping dicts (held for
+    microseconds); ``cache.node_lock(name)`` serialises binds on one node from choosing GPUs to
+    reserving them.
     """
+
+    def __init__(
+        self,
+        api: KubeApi,
+        default_policy: str = DEFAULT_PLACEMENT,  # why not fgd: see the package docstring
+        *,
+        narrow: bool = False,
+        target: TargetWorkload | None = None,
+        lock_timeout_s: float | None = None,
+        lock_wait_s: float = DEFAULT_LOCK_WAIT_S,
+    ) -> None:
+        self.cache = ClusterCache(api, default_policy, target=target)
+        self.verdicts = Verdicts(self.cache)
+        self.preemption = Preemption(self.cache)
+        # Filter answers with the one node the placement policy chooses (see ``filter``); False leaves
+        # the choice among all fitting nodes to kube-scheduler's scoring plus this extender's scores.
+        self.narrow = narrow
+        # node-name lists as asked, with their ledger indices; the survivors of each pod's last filter
+        self._name_cache: list[tuple[LedgerBuild, list[str], np.ndarray]] = []
+        self._passed: OrderedDict[str, tuple[LedgerBuild, list[str], np.ndarray]] = OrderedDict()
+        # The node lock (k8s/node_lock.py): one pod per node from bind to Allocate, so the device
+        # plugin can tell whom an Allocate is for. The CLI always turns it on; None leaves it off.
+        self.binds = PodBinds()  # one bind per pod at a time: a retry reads the first one's outcome
+        self.bind_locks: BindLocks | None = None
+        if lock_timeout_s is not None:
+            self.bind_locks = BindLocks(api, self.binds, timeout_s=lock_timeout_s, wait_s=lock_wait_s)
+            self.cache.node_listeners.append(self.bind_locks.changed)
+
+    # ---- the watched cluster (``cache``) ------------------------------------------------------------
+
+    @property
+    def api(self) -> KubeApi:
+        return self.cache.api
+
+    @property
+    def synced(self) -> bool:
+        return self.cache.synced
+
+    @property
+    def conflicts(self) -> int:
+        return self.cache.conflicts
+
+    @property
+    def preemptions(self) -> int:
+        return self.preemption.preemptions
+
+    @property
+    def ledger(self) -> Ledger:
+        return self.cache.ledger
+
+    def apply(self, event: WatchEvent) -> None:
+        self.cache.apply(event)
+
+    def follow(self, events: Iterable[WatchEvent]) -> None:
+        self.cache.follow(events)
+
+    def flush_events(self) -> None:
+        self.cache.flush_events()
+
+    def preempt(self, pod: Mapping[str, Any], victims: Mapping[str, list[str]]) -> dict[str, list[str]]:
+        """The preempt verb (``Preemption.preempt``)."""
+        return self.preemption.preempt(pod, victims)
 
     # ---- filter -------------------------------------------------------------------------------------
 
@@ -90,28 +164,28 @@ class ClusterState(Preemption):
         Reasons preemption cannot cure (no inventory, GPU model, invalid request) go to ``unresolvable``
         (``FailedAndUnresolvableNodes``), so kube-scheduler does not evict pods for nothing. If no node
         passes, this extender preempts lower-priority gpuslice pods itself where that makes room
-        (``_preempt``: kube-scheduler's own preemption never reaches an extender that alone refuses a
-        node), and a Warning Event on the pod says why it waits.
+        (``Preemption.make_room``: kube-scheduler's own preemption never reaches an extender that alone
+        refuses a node), and a Warning Event on the pod says why it waits.
         """
-        self._remember(pod)
+        self.cache.remember(pod)
         try:
             ask = pod_ask(pod)
         except InvalidRequest as err:
             reason = f"{REASON_INVALID}: {err}"
-            self._explain(pod, len(node_names), Counter({reason: len(node_names)}))
+            self.cache.explain(pod, len(node_names), Counter({reason: len(node_names)}))
             return FilterResult([], {}, dict.fromkeys(node_names, reason))
         if not ask.wants_gpu:
             return FilterResult(list(node_names), {}, {})
         uid = pod_meta(pod)[2]
-        if uid in self._assumed:  # filtered again without a bind: its own hold must not count against it
-            with self._lock:
-                self._forget(uid)
-            self._remember(pod)
-        self._catch_up_on_victims(uid)
-        built = self._ledgered()
+        if uid in self.cache.assumed:  # filtered again without a bind: its own hold must not count against it
+            with self.cache.lock:
+                self.cache.forget(uid)
+            self.cache.remember(pod)
+        self.preemption.catch_up_on_victims(uid)
+        built = self.cache.ledgered()
         idx = self._indices(built, node_names)
-        codes, texts = self._verdicts(built, ask, idx)
-        codes = self._reserved_for_others(pod, node_names, codes)
+        codes, texts = self.verdicts.judge(built, ask, idx)
+        codes = self.preemption.reserved_for_others(pod, node_names, codes)
         ok = codes == 0
         chosen = -1
         if self.narrow and ok.any():
@@ -128,7 +202,7 @@ class ClusterState(Preemption):
         if chosen >= 0:
             others = ok.copy()
             others[chosen] = False
-            policy = ask.policy or self.default_policy
+            policy = ask.policy or self.cache.default_policy
             why = f"gpuslice ({policy}) chose {names[chosen]}"
             failed_map.update(dict.fromkeys(names[others].tolist(), why))
             passed = [names[chosen]]
@@ -145,10 +219,10 @@ class ClusterState(Preemption):
         if not ok.any() and node_names:
             counts = np.bincount(codes, minlength=len(texts))
             why = Counter({texts[c]: int(n) for c, n in enumerate(counts) if n})
-            preempting = self._preempt(pod, built, ask, node_names, idx, codes)
+            preempting = self.preemption.make_room(pod, built, ask, node_names, idx, codes)
             if preempting:
                 why = Counter({preempting: len(node_names)})
-            self._explain(pod, len(node_names), why)
+            self.cache.explain(pod, len(node_names), why)
         return result
 
     def _choose(self, built: LedgerBuild, ask: PodGpuRequest, idx: np.ndarray, ok: np.ndarray) -> int:
@@ -159,14 +233,14 @@ class ClusterState(Preemption):
         if ask.mig_profile:
             # The one MIG choice over these nodes takes the fullest GPU, the first in order on a tie: so
             # only the first node whose cached best is the fullest needs its candidates built.
-            first = FullestByNode.first(rows, self._mig_fullest(built, ask.mig_profile, rows))
-            candidates = self._mig_candidates(built, first, ask.mig_profile) if first is not None else []
-            chosen = choose_mig_instance(candidates, fallbacks=self.mig_fallbacks)
+            first = FullestByNode.first(rows, self.cache.mig_fullest(built, ask.mig_profile, rows))
+            candidates = self.cache.mig_candidates(built, first, ask.mig_profile) if first is not None else []
+            chosen = choose_mig_instance(candidates, fallbacks=self.cache.mig_fallbacks)
             if chosen is None:  # the verdicts said one fits: only a rebuild in between gets here
                 return -1
             node = chosen[0].key[0]  # type: ignore[index]
             return int(positions[np.flatnonzero(rows == node)[0]])
-        placer = self._placer(built, ask)
+        placer = self.cache.placer(built, ask)
         req = ask.to_request()
         mask = np.zeros(built.ledger.node_count, dtype=bool)
         mask[rows] = True
@@ -186,17 +260,17 @@ class ClusterState(Preemption):
         if not uid:
             return
         now = time.monotonic()
-        with self._lock:
-            if uid in self._bound_to:  # bound already (a retry after a timed-out bind): keep its decision
+        with self.cache.lock:
+            if uid in self.cache.bound_to:  # bound already (a retry after a timed-out bind): keep it
                 return
-            for other in [u for u, t in self._assumed.items() if now - t > ASSUMED_S]:
-                del self._assumed[other]
-                self._forget(other)
-        with self._node_lock(node):
+            for other in [u for u, t in self.cache.assumed.items() if now - t > ASSUMED_S]:
+                del self.cache.assumed[other]
+                self.cache.forget(other)
+        with self.cache.node_lock(node):
             decision, _problem = self._reserve(uid, node, ask, pod)
         if decision is not None:
-            with self._lock:
-                self._assumed[uid] = now
+            with self.cache.lock:
+                self.cache.assumed[uid] = now
 
     def _indices(self, built: LedgerBuild, node_names: list[str]) -> np.ndarray:
         """Ledger index per name (-1: no inventory). kube-scheduler sends the same list pod after pod,
@@ -214,7 +288,7 @@ class ClusterState(Preemption):
     ) -> None:
         """The pod's /prioritize comes next with the nodes that passed: keep their indices for it."""
         _, _, uid = pod_meta(pod)
-        with self._lock:
+        with self.cache.lock:
             self._passed[uid] = (built, passed, idx)
             self._passed.move_to_end(uid)
             while len(self._passed) > NAME_LISTS_MAX:
@@ -243,17 +317,18 @@ class ClusterState(Preemption):
             return np.zeros(len(node_names), dtype=np.int64)
         if not ask.wants_gpu or not node_names:
             return np.zeros(len(node_names), dtype=np.int64)
-        built = self._ledgered()
+        built = self.cache.ledgered()
         idx = self._prioritize_indices(pod, built, node_names)
         known = idx >= 0
         if ask.mig_profile:  # the one MIG choice's order: smallest profile, then the fullest GPU
-            fullest = self._mig_fullest(built, ask.mig_profile, np.where(known, idx, 0))
+            fullest = self.cache.mig_fullest(built, ask.mig_profile, np.where(known, idx, 0))
             raw = np.where(known & (fullest >= 0), fullest.astype(np.float64), -np.inf)
         else:
-            placer = self._placer(built, ask)
+            placer = self.cache.placer(built, ask)
             req = ask.to_request()
             raw = np.full(len(idx), -np.inf)
-            fits = known & (self._shape_codes(built, req, np.where(known, idx, 0)) == 0)  # filter's verdicts
+            # the filter's verdicts
+            fits = known & (self.verdicts.shape_codes(built, req, np.where(known, idx, 0)) == 0)
             if fits.any():
                 candidates = idx[fits]
                 # The placer's cached, fallback-guarded scoring (policy advises, the placer validates).
@@ -281,17 +356,17 @@ class ClusterState(Preemption):
             self.binds.end(uid)
 
     def _bind_claimed(self, namespace: str, name: str, uid: str, node: str, deadline: float) -> str:
-        pod = self._seen.get(uid)
+        pod = self.cache.seen.get(uid)
         try:
             if pod is None:
-                pod = self.api.get_pod(namespace, name)
+                pod = self.cache.api.get_pod(namespace, name)
             ask = pod_ask(pod)
         except InvalidRequest as err:
             return f"{REASON_INVALID}: {err}"
         except Exception as err:
             return f"cannot read pod {namespace}/{name}: {err}"
-        with self._lock:
-            bound_to = self._bound_to.get(uid)
+        with self.cache.lock:
+            bound_to = self.cache.bound_to.get(uid)
         if bound_to is not None:  # kube-scheduler retrying a bind that timed out after it succeeded
             return "" if bound_to == node else f"pod {namespace}/{name} is already bound to {bound_to}"
         if not ask.wants_gpu or self.bind_locks is None:
@@ -312,40 +387,40 @@ class ClusterState(Preemption):
     ) -> str:
         decision: Decision | None = None
         if ask.wants_gpu:
-            held = self._nominations.get(node)
+            held = self.cache.nominations.get(node)
             if held is not None and held.uid != uid and held.priority >= pod_priority(pod):
                 return f"pod {namespace}/{name} on {node}: {REASON_RESERVED}"
-            with self._lock:  # held since filter on this node: that hold is the decision (no re-pick,
+            with self.cache.lock:  # held since filter on this node: that hold is the decision (no re-pick,
                 # whose release-then-reserve would let another pod's filter take the GPUs in between)
-                assumed = self._pods.get(uid) if self._assumed.pop(uid, None) is not None else None
+                assumed = self.cache.pods.get(uid) if self.cache.assumed.pop(uid, None) is not None else None
                 if assumed is not None and assumed.node == node:
                     decision = assumed.decision
             if decision is None:
-                with self._node_lock(node):
+                with self.cache.node_lock(node):
                     decision, problem = self._reserve(uid, node, ask, pod)
                 if decision is None:
                     return f"pod {namespace}/{name} on {node}: {problem}"
-            with self._lock:
-                self._drop_nomination(uid)
+            with self.cache.lock:
+                self.cache.drop_nomination(uid)
         try:
             if decision is not None:
-                self.api.patch_pod_annotations(namespace, name, decision.to_annotations())
-            self.api.create_binding(namespace, name, uid, node)
+                self.cache.api.patch_pod_annotations(namespace, name, decision.to_annotations())
+            self.cache.api.create_binding(namespace, name, uid, node)
         except AlreadyBound as err:
             return self._bound_before(namespace, name, uid, node, err)
         except Exception as err:
-            with self._lock:
-                self._forget(uid)
+            with self.cache.lock:
+                self.cache.forget(uid)
             if decision is not None:
                 try:
-                    self.api.patch_pod_annotations(
+                    self.cache.api.patch_pod_annotations(
                         namespace, name, {ANNOTATION_BIND_PHASE: BIND_PHASE_FAILED}
                     )
                 except Exception:
                     log.warning("could not mark %s/%s bind-phase failed", namespace, name, exc_info=True)
             return f"binding {namespace}/{name} to {node} failed: {err}"
-        with self._lock:
-            self._bound_to[uid] = node
+        with self.cache.lock:
+            self.cache.bound_to[uid] = node
         return ""
 
     def _bound_before(self, namespace: str, name: str, uid: str, node: str, err: AlreadyBound) -> str:
@@ -357,16 +432,16 @@ class ClusterState(Preemption):
         scheduler binding the same pods gets here, and that case is not repaired. Unknown (the pod cannot
         be read): the hold stays, an over-count at worst."""
         try:
-            winner = str((self.api.get_pod(namespace, name).get("spec") or {}).get("nodeName") or "")
+            winner = str((self.cache.api.get_pod(namespace, name).get("spec") or {}).get("nodeName") or "")
         except Exception:
             winner = ""
-        with self._lock:
+        with self.cache.lock:
             if winner == node:
-                self._bound_to[uid] = node
+                self.cache.bound_to[uid] = node
                 return ""
             if winner:
-                self._forget(uid)
-                self._bound_to[uid] = winner
+                self.cache.forget(uid)
+                self.cache.bound_to[uid] = winner
                 return f"pod {namespace}/{name} is already bound to {winner}"
         return f"binding {namespace}/{name} to {node} refused: {err}"
 
@@ -374,10 +449,10 @@ class ClusterState(Preemption):
         self, uid: str, node_name: str, ask: PodGpuRequest, pod: Mapping[str, Any]
     ) -> tuple[Decision | None, str]:
         """Under the node's lock: pick GPUs and hold them in the ledger (or a MIG instance)."""
-        with self._lock:
-            if uid in self._pods:  # a retried bind: give back what the earlier attempt held
-                self._forget(uid)
-        built = self._ledgered()
+        with self.cache.lock:
+            if uid in self.cache.pods:  # a retried bind: give back what the earlier attempt held
+                self.cache.forget(uid)
+        built = self.cache.ledgered()
         node = built.index.get(node_name)
         if node is None:
             return None, REASON_NO_INVENTORY
@@ -387,11 +462,11 @@ class ClusterState(Preemption):
         namespace, name, _ = pod_meta(pod)
         who = {"namespace": namespace, "name": name, "priority": pod_priority(pod)}
         if ask.mig_profile:
-            with self._lock:  # the one MIG choice, as serve's: which existing free instance of the node
-                if self._built is not built:  # rebuilt meanwhile: the indices may have moved; let it retry
+            with self.cache.lock:  # the one MIG choice, as serve's: which existing free instance of the node
+                if not self.cache.is_current(built):  # rebuilt meanwhile: indices may have moved; retry
                     return None, "the cluster's GPU inventory changed during bind; retry"
-                candidates = self._mig_candidates(built, node, ask.mig_profile)
-                chosen = choose_mig_instance(candidates, fallbacks=self.mig_fallbacks)
+                candidates = self.cache.mig_candidates(built, node, ask.mig_profile)
+                chosen = choose_mig_instance(candidates, fallbacks=self.cache.mig_fallbacks)
                 if chosen is not None:
                     g, instance = chosen[0].key[1], chosen[1]  # type: ignore[index]
                     held = built.ledger.reserve_mig(node, g, instance, MIG_POD_REQUEST)
@@ -404,16 +479,16 @@ class ClusterState(Preemption):
                     decision = Decision(
                         node_name, ask.container, (gpu.index,), (gpu.uuid,), 0, 100, mig, bind_time=now
                     )
-                    self._pods[uid] = BoundPod(node_name, ask, decision, placement=held, **who)
+                    self.cache.pods[uid] = BoundPod(node_name, ask, decision, placement=held, **who)
                     return decision, ""
             return None, f"{REASON_NO_MIG_INSTANCE} {ask.mig_profile} (taken since filter)"
         req = ask.to_request()
         gpus = self._choose_gpus(built, node, ask, req)
         if gpus is None:
-            codes, texts = self._verdicts(built, ask, np.array([node]))
+            codes, texts = self.verdicts.judge(built, ask, np.array([node]))
             return None, f"no longer fits: {texts[int(codes[0])] or 'no GPU set fits'}"
-        with self._lock:
-            if self._built is not built:  # rebuilt meanwhile: the indices may have moved; let it retry
+        with self.cache.lock:
+            if not self.cache.is_current(built):  # rebuilt meanwhile: indices may have moved; retry
                 return None, "the cluster's GPU inventory changed during bind; retry"
             result = built.ledger.reserve(node, gpus, req)
             if isinstance(result, Refusal):
@@ -428,7 +503,7 @@ class ClusterState(Preemption):
                 cores,
                 bind_time=now,
             )
-            self._pods[uid] = BoundPod(node_name, ask, decision, placement=result, **who)
+            self.cache.pods[uid] = BoundPod(node_name, ask, decision, placement=result, **who)
             return decision, ""
 
     def _choose_gpus(
@@ -438,7 +513,7 @@ class ClusterState(Preemption):
         the policy's advice if the ledger accepts it, else best fit for a share and ``pick_gpu_set`` over
         the node's wiring for several GPUs), among the GPUs ``open_slots`` leaves; None if none fit."""
         usable = open_slots(built, node, built.ledger.view.gpu_tasks[node])
-        return self._placer(built, ask).pick_gpus(req, node, usable, built.topologies[node])
+        return self.cache.placer(built, ask).pick_gpus(req, node, usable, built.topologies[node])
 
     # ---- checks -------------------------------------------------------------------------------------
 
@@ -446,8 +521,8 @@ class ClusterState(Preemption):
         """The ledger's own invariants (MIG instances included) plus: no GPU holds more shares than its
         splitCount, and every cached verdict that its version says is current equals one computed
         afresh."""
-        built = self._ledgered()
-        with self._lock:
+        built = self.cache.ledgered()
+        with self.cache.lock:
             built.ledger.check_invariants()
             tasks = built.ledger.view.gpu_tasks
             over = built.healthy & (tasks > built.split[:, None])
@@ -455,7 +530,7 @@ class ClusterState(Preemption):
                 raise AssertionError(f"GPUs over their share limit: {np.argwhere(over).tolist()}")
             for req, cache in built.verdicts.items():
                 current = np.flatnonzero(cache.version == built.ledger.view.version)
-                stale = current[cache.codes[current] != self._row_codes(built, req, current)]
+                stale = current[cache.codes[current] != self.verdicts.row_codes(built, req, current)]
                 if len(stale):
                     raise AssertionError(f"outdated verdicts cached for {req}: nodes {stale.tolist()}")
 

@@ -67,27 +67,29 @@ def verdict_texts(ask: PodGpuRequest, models: tuple[str, ...]) -> list[str]:
     return texts
 
 
-class Verdicts(ClusterCache):
-    """Per node, whether a pod's request fits, and the reason when it does not (cached per shape)."""
+class Verdicts:
+    """Per node, whether a pod's request fits, and the reason when it does not (cached per shape, in
+    the ledger build of ``cache``)."""
 
-    def _verdicts(
-        self, built: LedgerBuild, ask: PodGpuRequest, idx: np.ndarray
-    ) -> tuple[np.ndarray, list[str]]:
+    def __init__(self, cache: ClusterCache) -> None:
+        self._cache = cache
+
+    def judge(self, built: LedgerBuild, ask: PodGpuRequest, idx: np.ndarray) -> tuple[np.ndarray, list[str]]:
         """Per node a code (the ledger's fit-rule number, 0 = fits) and the texts indexed by code."""
         known = idx >= 0
         safe = np.where(known, idx, 0)
         if ask.mig_profile:
-            room = known & (self._mig_fullest(built, ask.mig_profile, safe) >= 0)
+            room = known & (self._cache.mig_fullest(built, ask.mig_profile, safe) >= 0)
             codes = np.select([~known, ~room], [CODE_NO_INVENTORY, CODE_NO_MIG], default=0)
         else:
             req = ask.to_request()
-            codes = np.where(known, self._shape_codes(built, req, safe), CODE_NO_INVENTORY)
+            codes = np.where(known, self.shape_codes(built, req, safe), CODE_NO_INVENTORY)
         return codes, verdict_texts(ask, built.ledger.models)
 
-    def _shape_codes(self, built: LedgerBuild, req: Request, nodes: np.ndarray) -> np.ndarray:
+    def shape_codes(self, built: LedgerBuild, req: Request, nodes: np.ndarray) -> np.ndarray:
         """Verdict codes of ``nodes`` (ledger indices) for ``req``, from the shape's cache: only the rows
         that changed since it was last asked are computed again (at 5,000 nodes one bind changes one)."""
-        with self._lock:  # binds change rows under it; the version is read with the rows it describes
+        with self._cache.lock:  # binds change rows under it; the version is read with the rows it describes
             cache = built.verdicts.pop(req, None)
             if cache is None:
                 count = built.ledger.node_count
@@ -98,12 +100,12 @@ class Verdicts(ClusterCache):
             version = built.ledger.view.version
             stale = np.flatnonzero(cache.version != version)
             if len(stale):
-                cache.codes[stale] = self._row_codes(built, req, stale)
+                cache.codes[stale] = self.row_codes(built, req, stale)
                 cache.version[stale] = version[stale]
             return cache.codes[nodes]
 
     @staticmethod
-    def _row_codes(built: LedgerBuild, req: Request, rows: np.ndarray) -> np.ndarray:
+    def row_codes(built: LedgerBuild, req: Request, rows: np.ndarray) -> np.ndarray:
         """Verdict codes of ledger ``rows``: the ledger's fit rule, the usable GPUs being ``open_slots``."""
         return built.ledger.refusal_codes(
             req, rows, open_slots(built, rows, built.ledger.view.gpu_tasks[rows])
