@@ -131,7 +131,8 @@ def test_load_swaps_the_policy_in_and_unload_restores_the_builtin(api, daemon):
     assert [(m["name"], m["key_type"], m["value_type"], m["max_entries"]) for m in info["maps"]] == [
         ("boost", "str", "int", 64)
     ]
-    assert daemon.scheduler.policy is daemon.policy_admin.slots["queue"].current  # the scheduler decides with it
+    # the scheduler decides with it
+    assert daemon.scheduler.policy is daemon.policy_admin.slots["queue"].current
     assert queue_policy(api) == info
 
     r = api.delete("/v1/policies/queue", headers=AUTH)

@@ -224,4 +224,5 @@ def test_sqlite_errors_are_classified(tmp_path, error, kind):
 def test_every_job_state_is_counted_for_health(daemon):
     daemon.submit(spec())
     daemon.views.publish_counts()
-    assert set(daemon.views.job_counts) == {s.value for s in JobState} and daemon.views.job_counts["PENDING"] == 1
+    counts = daemon.views.job_counts
+    assert set(counts) == {s.value for s in JobState} and counts["PENDING"] == 1
