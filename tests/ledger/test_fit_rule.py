@@ -172,3 +172,22 @@ def test_a_request_that_takes_exactly_what_is_free_fits() -> None:
         fields = {"cpu_milli": 8000, "memory_bytes": 64 * GiB, "num_gpu": 1, "gpu_milli": 1000,
                   "gpu_memory_bytes": 16 * GiB, **more}  # fmt: skip
         assert code_of(ledger.refusal_codes(Request(**fields))[0]) == code, more
+
+
+def test_only_refusals_about_what_others_hold_are_curable_by_preemption() -> None:
+    """The one rule of what an eviction can cure (Kubernetes' Unschedulable vs UnschedulableAndUnresolvable):
+    a node that is not there, whose GPU model the request rules out, or a GPU choice that is wrong in
+    itself stays refused whoever leaves; free GPU, GPU memory, CPU, memory, MIG slots and a held node
+    come back when others go. The verdict arrays read the same rule by number."""
+    from gpuslice.ledger.fit import UNCURABLE
+
+    uncurable = {c for c in RefusalCode if not c.curable}
+    assert uncurable == {
+        RefusalCode.NO_SUCH_NODE,
+        RefusalCode.GPU_MODEL_NOT_ALLOWED,
+        RefusalCode.WRONG_GPU_COUNT,
+        RefusalCode.NO_SUCH_GPU,
+        RefusalCode.DUPLICATE_GPU,
+    }
+    assert not UNCURABLE[FITS]
+    assert [bool(UNCURABLE[code_number(c)]) for c in RefusalCode] == [not c.curable for c in RefusalCode]

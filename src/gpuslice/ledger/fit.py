@@ -31,7 +31,7 @@ import numpy as np
 from gpuslice.ledger.placement import RefusalCode
 from gpuslice.workload.request import Request
 
-__all__ = ["CHECKS", "FITS", "code_number", "code_of", "fit_codes"]
+__all__ = ["CHECKS", "FITS", "UNCURABLE", "code_number", "code_of", "fit_codes"]
 
 FITS = 0
 _CODES: tuple[RefusalCode, ...] = tuple(RefusalCode)
@@ -46,6 +46,10 @@ def code_number(code: RefusalCode) -> int:
 def code_of(number: int) -> RefusalCode | None:
     """The code of a verdict integer; None for 0 (fits)."""
     return _CODES[number - 1] if number else None
+
+
+# Per verdict integer: does the code say that no eviction can help (``RefusalCode.curable``)? 0 (fits): no.
+UNCURABLE = np.array([False, *(not code.curable for code in _CODES)])
 
 
 # The checks in the order they are made (a node fails at the first; summaries list ties in this order).

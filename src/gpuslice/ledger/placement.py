@@ -51,6 +51,20 @@ class RefusalCode(enum.Enum):
     # The node's room is held for a higher-priority pod that preempted others there (Kubernetes).
     RESERVED = "held for a higher-priority pod that preempted pods on this node"
 
+    @property
+    def curable(self) -> bool:
+        """Could evicting lower-priority work make this refusal go away? Not when the node itself, or
+        the request against it, rules it out (Kubernetes: ``UnschedulableAndUnresolvable``, which sends
+        no node of it to preemption); every other refusal is about what others hold. The one home of
+        this rule: the extender's unresolvable nodes and its preemption candidates read it."""
+        return self not in _UNCURABLE
+
+
+_UNCURABLE = frozenset({
+    RefusalCode.NO_SUCH_NODE, RefusalCode.GPU_MODEL_NOT_ALLOWED, RefusalCode.WRONG_GPU_COUNT,
+    RefusalCode.NO_SUCH_GPU, RefusalCode.DUPLICATE_GPU,
+})  # fmt: skip
+
 
 @dataclass(frozen=True, slots=True)
 class Refusal:

@@ -22,8 +22,8 @@ from gpuslice.k8s.extender.cluster import (
     pod_meta,
     pod_priority,
 )
-from gpuslice.k8s.extender.verdicts import CODE_MODEL, CODE_NO_INVENTORY, CODE_RESERVED
-from gpuslice.ledger.fit import FITS, fit_codes
+from gpuslice.k8s.extender.verdicts import CODE_RESERVED
+from gpuslice.ledger.fit import FITS, UNCURABLE, fit_codes
 from gpuslice.policies.queue import JobRef
 from gpuslice.scheduler.mig_choice import mig_rank
 from gpuslice.scheduler.preemption import Victim, find_preemption
@@ -191,7 +191,8 @@ class Preemption:
                 node_name: int(idx[k])
                 for k, node_name in enumerate(node_names)
                 if int(idx[k]) >= 0
-                and codes[k] not in (CODE_NO_INVENTORY, CODE_MODEL, CODE_RESERVED)
+                and not UNCURABLE[codes[k]]
+                and codes[k] != CODE_RESERVED
                 and node_name not in cleared
             }
             running = [_victim(u, b) for u, b in pods.items() if b.node in rows and u not in going]

@@ -36,8 +36,6 @@ from gpuslice.k8s.extender.kube import AlreadyBound, KubeApi, WatchEvent
 from gpuslice.k8s.extender.preemption import Preemption
 from gpuslice.k8s.extender.verdicts import (
     CODE_EXCLUDED,
-    CODE_MODEL,
-    CODE_NO_INVENTORY,
     REASON_INVALID,
     REASON_NO_INVENTORY,
     REASON_NO_MIG_INSTANCE,
@@ -45,6 +43,7 @@ from gpuslice.k8s.extender.verdicts import (
     Verdicts,
 )
 from gpuslice.k8s.node_lock import ask_key
+from gpuslice.ledger.fit import UNCURABLE
 from gpuslice.ledger.ledger import Ledger
 from gpuslice.ledger.placement import Refusal
 from gpuslice.policies import DEFAULT_PLACEMENT
@@ -195,7 +194,7 @@ class ClusterState:
                 ok[:] = False
         names = np.fromiter(node_names, dtype=object, count=len(node_names))
         reason = np.array(texts, dtype=object)
-        unresolvable = (codes == CODE_NO_INVENTORY) | (codes == CODE_MODEL)
+        unresolvable = UNCURABLE[codes]
         failed = ~ok & ~unresolvable
         failed_map = dict(zip(names[failed].tolist(), reason[codes[failed]].tolist(), strict=True))
         passed = names[ok].tolist()
