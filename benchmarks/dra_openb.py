@@ -41,6 +41,7 @@ from gpuslice.k8s.dra.allocator import GATE, Inventory, claim_ask  # noqa: E402
 from gpuslice.k8s.dra.classes import CLASS_SHARED, CLASS_WHOLE, device_classes  # noqa: E402
 from gpuslice.k8s.dra.kube import GROUP, VERSION, DraApi  # noqa: E402
 from gpuslice.k8s.dra.slices import node_slices  # noqa: E402
+from gpuslice.scheduler.placer import Unplaced  # noqa: E402
 from gpuslice.sim.trace import TracePod, bundled_dir, load_target_workload, load_trace  # noqa: E402
 from gpuslice.units import MiB  # noqa: E402
 from gpuslice.workload.request import MILLI_PER_GPU  # noqa: E402
@@ -185,11 +186,10 @@ def sim_parity(run: dict[str, Any], pods: list[TracePod], ms: list[Machine], pol
         assert ask is not None
         decision = inventory.place(ask, None)
         got = sorted(run["placed"].get(p.name, []))
-        if isinstance(decision, str):
+        if isinstance(decision, Unplaced):
             same += not got
             continue
-        node, gpus, _mib, _cores = decision
-        same += sorted((node, g.device) for g in gpus) == got
+        same += sorted((decision.node, g.device) for g in decision.gpus) == got
     return same, len(pods)
 
 

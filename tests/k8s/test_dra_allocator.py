@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import copy
 import random
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal
@@ -14,11 +14,13 @@ from typing import Any
 
 from kubernetes.utils import parse_quantity
 
-from gpuslice.k8s.dra.allocator import GATE, DraAllocator, claim_ask
+from gpuslice.k8s.dra.allocator import GATE, ClaimPlacement, DraAllocator, Inventory, claim_ask
 from gpuslice.k8s.dra.classes import CLASS_MIG, CLASS_SHARED, CLASS_WHOLE
 from gpuslice.k8s.dra.identity import gpu_identities
 from gpuslice.k8s.dra.slices import DRIVER, node_slices
+from gpuslice.ledger import RefusalCode
 from gpuslice.node.discovery import discover
+from gpuslice.scheduler.placer import Unplaced
 from gpuslice.workload.request import Request
 from gpuslice.workload.target import TargetWorkload
 
@@ -223,6 +225,25 @@ def test_a_claim_nothing_fits_keeps_its_gate_and_gets_the_reason_once() -> None:
     assert len(api.events) == 2  # each reason posted once, not every pass
     assert "0/1 nodes fit" in messages["huge"] and "GPU memory" in messages["huge"]
     assert "cores at most 100" in messages["greedy"]
+
+
+def test_a_claim_nothing_fits_is_refused_with_the_fit_rules_codes_counted_over_the_nodes() -> None:
+    """The allocator's refusal is the record every home reads: the fit rule's code per node, counted,
+    with no node left out and none judged twice; a placement is typed too (node, GPUs, MiB, cores)."""
+    api = FakeApi()
+    api.add_node("a", "dgx-h100")
+    api.add_node("b", "dgx-h100")
+    api.add("huge", spec(CLASS_SHARED, capacity={"memory": "4Ti", "cores": "10"}))
+    api.add("small", spec(CLASS_SHARED, capacity={"memory": "1Gi", "cores": "10"}))
+    inventory = Inventory(api.list_slices(), [], "bestfit")
+    huge, small = (claim_ask(api.claims[("t", name)]) for name in ("huge", "small"))
+    assert huge is not None and small is not None
+    refused = inventory.place(huge, None)
+    assert isinstance(refused, Unplaced)
+    assert refused.node_count == 2 and refused.reasons == Counter({RefusalCode.INSUFFICIENT_GPU_MEMORY: 2})
+    placed = inventory.place(small, None)
+    assert isinstance(placed, ClaimPlacement) and placed.node in ("a", "b")
+    assert len(placed.gpus) == 1 and (placed.memory_mib, placed.cores) == (1024, 10)
 
 
 def test_no_over_commit_over_a_stream_with_deletions() -> None:

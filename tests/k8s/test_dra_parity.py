@@ -19,6 +19,7 @@ from gpuslice.hardware.machine import GpuInfo, Machine
 from gpuslice.k8s.dra.allocator import DraAllocator, Inventory, claim_ask
 from gpuslice.k8s.dra.classes import CLASS_SHARED, CLASS_WHOLE
 from gpuslice.k8s.dra.slices import node_slices
+from gpuslice.scheduler.placer import Unplaced
 from gpuslice.sim.trace import bundled_dir, load_target_workload, load_trace
 from gpuslice.units import MiB
 from gpuslice.workload.request import MILLI_PER_GPU, Request
@@ -80,7 +81,9 @@ def test_the_live_allocator_pass_by_pass_decides_as_one_offline_ledger(openb, po
         ask = claim_ask(api.claims[("t", name)])
         assert ask is not None
         decision = offline.place(ask, None)
-        replay = [] if isinstance(decision, str) else sorted((decision[0], g.device) for g in decision[1])
+        replay = (
+            [] if isinstance(decision, Unplaced) else sorted((decision.node, g.device) for g in decision.gpus)
+        )
         agree += live == replay
         placed += bool(live)
     assert placed > PODS // 2  # the cluster really fills: most pods land

@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 
 from gpuslice.hardware.mig import MigRequestTooLarge, UnknownMigProfile, format_mask, mig_gpu, parse_layout
+from gpuslice.ledger import RefusalCode
 from gpuslice.policies.mig_placement import MigPlacementOps, mig_placement_policy
-from gpuslice.scheduler.mig_planner import INSTANCE_CAP, NO_VALID_START, plan
+from gpuslice.scheduler.mig_planner import plan
 
 A100 = mig_gpu("a100-80gb")
 KEEP_LARGEST = mig_placement_policy("keep-largest")()
@@ -30,20 +31,22 @@ def test_a_memory_request_falls_back_to_the_next_profile_when_the_smallest_canno
     result = plan(A100, ["12GiB"], KEEP_LARGEST, layout)
     assert result.placed[0].instance.profile.name == "1g.20gb"
     full = parse_layout(A100, "1g.20gb@0, 1g.20gb@2, 1g.20gb@4, 1g.20gb@6")
-    assert plan(A100, ["12GiB"], KEEP_LARGEST, full).rejected[0].code == NO_VALID_START
+    (rejection,) = plan(A100, ["12GiB"], KEEP_LARGEST, full).rejected
+    assert rejection.code is RefusalCode.NO_MIG_SLOT and rejection.reason.startswith("no free aligned slots")
 
 
 def test_what_cannot_fit_is_rejected_with_a_reason_and_leaves_the_layout_unchanged():
     result = plan(A100, ["4g.40gb", "4g.40gb"], KEEP_LARGEST)
     assert len(result.placed) == 1
     (rejection,) = result.rejected
-    assert rejection.code == NO_VALID_START and "occupied slots ####...." in rejection.reason
+    assert rejection.code is RefusalCode.NO_MIG_SLOT and "occupied slots ####...." in rejection.reason
     assert len(result.commands) == 1
 
 
 def test_the_media_extension_cap_is_named_in_the_rejection():
     result = plan(A100, ["1g.10gb+me", "1g.10gb+me"], KEEP_LARGEST)
-    assert result.rejected[0].code == INSTANCE_CAP
+    (rejection,) = result.rejected
+    assert rejection.code is RefusalCode.NO_MIG_SLOT and rejection.reason == "1g.10gb+me: at most 1 per GPU"
 
 
 def test_an_idle_instance_of_the_right_profile_is_reused_without_commands():

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from itertools import combinations
 
 from gpuslice.hardware.mig import MigGpu, MigInstance, MigLayout, format_mask, resolve_request
+from gpuslice.ledger.placement import RefusalCode
 from gpuslice.policies.mig_placement import MigPlacementOps, checked_start
 
 __all__ = [
@@ -38,10 +39,6 @@ __all__ = [
     "Rejection",
     "plan",
 ]
-
-# Refusal reasons: constant codes with fixed text (STYLE.md habit 6).
-NO_VALID_START = "no-valid-start"
-INSTANCE_CAP = "instance-cap"
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,10 +82,12 @@ class PlacedRequest:
 
 @dataclass(frozen=True, slots=True)
 class Rejection:
-    """A request that cannot be served on this GPU, with a constant code and a sentence saying why."""
+    """A request that cannot be served on this GPU: the refusal code every home uses
+    (``RefusalCode.NO_MIG_SLOT``) and a sentence saying why (no free aligned slots, or the profile's
+    per-GPU instance cap)."""
 
     request: str
-    code: str
+    code: RefusalCode
     reason: str
 
 
@@ -116,12 +115,14 @@ def _reason(layout: MigLayout, request: str, candidates: Sequence) -> Rejection:
     slots_free = any(not layout.mask & p.mask_at(s) for p in candidates for s in p.starts)
     if capped and len(capped) == len(candidates) and slots_free:
         return Rejection(
-            request, INSTANCE_CAP, f"{', '.join(capped)}: at most {candidates[0].max_count} per GPU"
+            request,
+            RefusalCode.NO_MIG_SLOT,
+            f"{', '.join(capped)}: at most {candidates[0].max_count} per GPU",
         )
     names = ", ".join(f"{p.name} (starts {list(p.starts)})" for p in candidates)
     return Rejection(
         request,
-        NO_VALID_START,
+        RefusalCode.NO_MIG_SLOT,
         f"no free aligned slots for {names}; occupied slots {format_mask(layout.mask)} (slot 0 first)",
     )
 

@@ -54,10 +54,14 @@ class Unplaced:
     request: Request
     node_count: int
     reasons: Counter[RefusalCode] = field(default_factory=Counter)
+    # Why no node was judged at all, or what ruled out the nodes besides the fit rule (a home's own
+    # constraint: the DRA claim's node selector or matchAttribute); said after the counts.
+    note: str = ""
 
     def __str__(self) -> str:
         detail = ", ".join(f"{n} {code.value}" for code, n in self.reasons.most_common())
-        return f"0/{self.node_count} nodes fit" + (f": {detail}" if detail else "")
+        text = f"0/{self.node_count} nodes fit" + (f": {detail}" if detail else "")
+        return f"{text}: {self.note}" if self.note else text
 
 
 class _ScoreCache:

@@ -31,13 +31,14 @@ import logging
 import threading
 import time
 import uuid
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
 
-from gpuslice.errors import InvalidRequest, UserError
+from gpuslice.errors import InvalidRequest
 from gpuslice.hardware.node import MAX_GPUS_PER_NODE, NodeSpec
 from gpuslice.k8s import quantity
 from gpuslice.k8s.dra.classes import CLASS_SHARED, CLASS_WHOLE
@@ -59,7 +60,7 @@ from gpuslice.units import MiB
 from gpuslice.workload.request import MILLI_PER_GPU, Request, share_milli
 from gpuslice.workload.target import TargetWorkload
 
-__all__ = ["GATE", "AllocatorApi", "ClaimAsk", "DraAllocator", "Inventory", "claim_ask"]
+__all__ = ["GATE", "AllocatorApi", "ClaimAsk", "ClaimPlacement", "DraAllocator", "Inventory", "claim_ask"]
 
 log = logging.getLogger(__name__)
 
@@ -144,6 +145,17 @@ class _Gpu:
     device: str
     memory_mib: int
     attributes: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimPlacement:
+    """Where a claim goes: a node, its GPUs, the memory of each in MiB (0: each GPU's whole memory, a
+    whole GPU or a share that names no memory) and the compute percent of each."""
+
+    node: str
+    gpus: tuple[_Gpu, ...]
+    memory_mib: int
+    cores: int
 
 
 class Inventory:
@@ -239,45 +251,43 @@ class Inventory:
             [int(x) for x in view.gpu_memory_capacity_bytes[node][:n]],
         )
 
-    def request(self, ask: ClaimAsk) -> Request | str:
-        """The ledger request of ``ask``, or why it is not a valid one."""
-        if not self.gpus:
-            return f"no node publishes {DRIVER} GPUs"
+    def request(self, ask: ClaimAsk) -> Request:
+        """The ledger request of ``ask``; InvalidRequest says why it is not a valid one."""
         if ask.count < 1 or not 0 < ask.cores <= 100 or ask.memory_mib < 0:
-            return f"request {ask.request}: count, memory and cores must be positive (cores at most 100)"
-        whole = ask.exclusive or ask.count > 1
-        biggest = max(g.memory_mib for gs in self.gpus for g in gs)
-        mib = 0 if whole or not ask.memory_mib else _aligned_mib(ask.memory_mib)
-        try:
-            return Request(
-                0,
-                num_gpu=ask.count,
-                gpu_milli=MILLI_PER_GPU if whole else share_milli(ask.cores, True),
-                gpu_memory_bytes=0 if whole else (mib or biggest) * MiB,
+            raise InvalidRequest(
+                f"request {ask.request}: count, memory and cores must be positive (cores at most 100)"
             )
-        except UserError as err:
-            return str(err)
+        whole = ask.exclusive or ask.count > 1
+        biggest = max((g.memory_mib for gs in self.gpus for g in gs), default=0)
+        mib = 0 if whole or not ask.memory_mib else _aligned_mib(ask.memory_mib)
+        return Request(
+            0,
+            num_gpu=ask.count,
+            gpu_milli=MILLI_PER_GPU if whole else share_milli(ask.cores, True),
+            gpu_memory_bytes=0 if whole else (mib or biggest) * MiB,
+        )
 
     def preemption(
         self, ask: ClaimAsk, priority: int, node_name: str | None, going: frozenset[str] = frozenset()
     ) -> PreemptionPlan | None:
         """Claims of lower-priority pods whose release makes room for ``ask`` (see ``preempt``); the
         claims in ``going`` (their pods are being preempted already) are no victims."""
-        req = self.request(ask)
-        if isinstance(req, str) or self.ledger is None:
+        if self.ledger is None:
+            return None
+        try:
+            req = self.request(ask)
+        except InvalidRequest:
             return None
         nodes = [i for i, n in enumerate(self.nodes) if node_name is None or n == node_name]
         holders = [h for h in self.holders if h.claim_uid not in going]
         return plan_preemption(req, priority, holders, self.free, nodes)
 
-    def place(self, ask: ClaimAsk, node_name: str | None) -> tuple[str, list[_Gpu], int, int] | str:
-        """Decide and reserve ``ask``: (node, GPUs, memory MiB each, cores %), or why nothing fits. Memory 0
-        means each GPU's whole memory (a whole GPU, or a share that names no memory)."""
-        if self.ledger is None:
-            return f"no node publishes {DRIVER} GPUs"
+    def place(self, ask: ClaimAsk, node_name: str | None) -> ClaimPlacement | Unplaced:
+        """Decide and reserve ``ask``, or say why no node can take it now (the fit rule's codes counted
+        over the nodes, as every home's refusal reads). InvalidRequest for an ask no GPU could serve."""
         req = self.request(ask)
-        if isinstance(req, str):
-            return req
+        if self.ledger is None:
+            return Unplaced(req, 0, note=f"no node publishes {DRIVER} GPUs")
         placer = self._placer(req)
         whole = req.gpu_milli == MILLI_PER_GPU and not req.gpu_memory_bytes
         cores = 100 if whole else ask.cores
@@ -294,14 +304,15 @@ class Inventory:
                 choices[int(node)] = gpus
         if not feasible.any():
             why = self.ledger.why_not(req)
-            if why:
-                return str(Unplaced(req, self.ledger.node_count, why))
-            return f"0/{self.ledger.node_count} nodes fit: the pod's node selector or the claim's constraint"
+            note = "" if why else "the pod's node selector or the claim's constraint"
+            return Unplaced(req, self.ledger.node_count, why, note)
         node = placer.choose_node(req, feasible)
         placed = self.ledger.reserve(node, choices[node], req)
         if isinstance(placed, Refusal):  # the mask said it fits: only a broken ledger gets here
-            return f"node {self.nodes[node]}: {placed.code.value}"
-        return self.nodes[node], [self.gpus[node][g] for g in choices[node]], mib, cores
+            return Unplaced(
+                req, self.ledger.node_count, Counter({placed.code: 1}), f"node {self.nodes[node]}"
+            )
+        return ClaimPlacement(self.nodes[node], tuple(self.gpus[node][g] for g in choices[node]), mib, cores)
 
     def _pick(self, req: Request, node: int, attribute: str) -> tuple[int, ...] | None:
         assert self.placer is not None
@@ -435,14 +446,18 @@ class DraAllocator:
         if ours:
             claim, ask = ours[0]
             selector = (pod["spec"].get("nodeSelector") or {}).get("kubernetes.io/hostname")
-            decision = inventory.place(ask, selector)
-            if isinstance(decision, str):
+            try:
+                decision = inventory.place(ask, selector)
+            except InvalidRequest as err:
+                self._tell(pod, f"claim {claim['metadata']['name']} refused: {err}")
+                return 0
+            if isinstance(decision, Unplaced):
                 self._tell(
                     pod, f"claim {claim['metadata']['name']}: {decision}{self._preempt(pod, ask, inventory)}"
                 )
                 return 0
-            node, gpus, mib, cores = decision
-            allocation = _allocation(ask, node, gpus, mib, cores)
+            node, gpus = decision.node, list(decision.gpus)
+            allocation = _allocation(ask, node, gpus, decision.memory_mib, decision.cores)
             self.api.write_allocation(claim, allocation)
             claim.setdefault("status", {})["allocation"] = allocation
             self.decided += 1
