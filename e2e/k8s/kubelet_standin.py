@@ -29,7 +29,10 @@ from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from gpuslice.k8s.annotations import BIND_PHASE_ALLOCATING, Decision
+from gpuslice.k8s.annotations import (
+    BIND_PHASE_ALLOCATING,
+)
+from gpuslice.k8s.decision import Decision
 from gpuslice.k8s.device_plugin import DevicePlugin
 from gpuslice.k8s.device_plugin.allocation import AllocationRefused
 from gpuslice.k8s.proto import deviceplugin_pb2 as pb

@@ -14,9 +14,7 @@ from gpuslice.k8s.annotations import (
     ANNOTATION_NODE,
     ANNOTATION_PLACEMENT_POLICY,
     DECISION_ANNOTATIONS,
-    Decision,
     InventoryGpu,
-    MigChoice,
     MigSlot,
     NodeInventory,
     PodGpuRequest,
@@ -26,6 +24,7 @@ from gpuslice.k8s.annotations import (
     mig_resource,
     pod_gpu_request,
 )
+from gpuslice.k8s.decision import Decision, MigChoice
 from gpuslice.units import MiB
 
 

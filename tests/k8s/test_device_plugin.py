@@ -28,11 +28,10 @@ from gpuslice.k8s.annotations import (
     BIND_PHASE_ALLOCATED,
     BIND_PHASE_FAILED,
     RESOURCE_GPU,
-    Decision,
-    MigChoice,
     NodeInventory,
     mig_resource,
 )
+from gpuslice.k8s.decision import Decision, MigChoice
 from gpuslice.k8s.device_plugin import (
     API_VERSION,
     HEALTHY,

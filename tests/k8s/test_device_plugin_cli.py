@@ -25,10 +25,10 @@ from gpuslice.k8s.annotations import (
     ANNOTATION_NODE_INVENTORY,
     BIND_PHASE_ALLOCATED,
     RESOURCE_GPU,
-    Decision,
     NodeInventory,
     mig_resource,
 )
+from gpuslice.k8s.decision import Decision
 from gpuslice.k8s.device_plugin import NodeKubeClient, parse_mig_layouts, serve
 from gpuslice.k8s.proto import deviceplugin_pb2 as pb
 from gpuslice.node.discovery import discover

@@ -34,11 +34,11 @@ from gpuslice.k8s.annotations import (
     ANNOTATION_PLACEMENT_POLICY,
     BIND_PHASE_ALLOCATING,
     BIND_PHASE_FAILED,
-    Decision,
     InventoryGpu,
     MigSlot,
     NodeInventory,
 )
+from gpuslice.k8s.decision import Decision
 from gpuslice.k8s.extender import (
     REASON_NO_INVENTORY,
     REASON_NO_MIG_INSTANCE,

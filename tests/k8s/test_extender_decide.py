@@ -22,9 +22,9 @@ from test_extender import (
 from gpuslice.k8s.annotations import (
     ANNOTATION_GPU_MODELS,
     ANNOTATION_PLACEMENT_POLICY,
-    Decision,
     pod_gpu_request,
 )
+from gpuslice.k8s.decision import Decision
 from gpuslice.k8s.extender import REASON_RESERVED, ClusterState, WatchEvent
 from gpuslice.k8s.extender import preemption as extender_preemption
 from gpuslice.policies import PolicyContext, placement_policy

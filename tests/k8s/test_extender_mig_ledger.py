@@ -5,7 +5,10 @@ from __future__ import annotations
 
 from test_extender import FakeApi, inventory, make_state, node_event, pod_json
 
-from gpuslice.k8s.annotations import Decision, MigChoice, MigSlot
+from gpuslice.k8s.annotations import (
+    MigSlot,
+)
+from gpuslice.k8s.decision import Decision, MigChoice
 from gpuslice.k8s.extender import WatchEvent
 
 RESOURCES = {"gpuslice.io/mig-3g.40gb": "1"}

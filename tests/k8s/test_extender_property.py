@@ -13,7 +13,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_extender import FakeApi, binding, inventory, make_state, pod_json
 
-from gpuslice.k8s.annotations import Decision, MigSlot
+from gpuslice.k8s.annotations import (
+    MigSlot,
+)
+from gpuslice.k8s.decision import Decision
 from gpuslice.k8s.extender import WatchEvent
 
 NODES = {

@@ -16,7 +16,10 @@ from test_extender import FakeApi, inventory, make_state, pod_json
 from gpuslice.hardware.machine import GpuInfo, Machine
 from gpuslice.hardware.mig import MigInstance, mig_gpu
 from gpuslice.hardware.node import NodeSpec
-from gpuslice.k8s.annotations import Decision, MigChoice, MigSlot
+from gpuslice.k8s.annotations import (
+    MigSlot,
+)
+from gpuslice.k8s.decision import Decision, MigChoice
 from gpuslice.k8s.extender import WatchEvent
 from gpuslice.ledger.placement import Placement
 from gpuslice.policies import PolicyContext, placement_policy

@@ -213,12 +213,19 @@ def test_impossible_requests_are_refused_with_a_message(name, resources, annotat
     assert message in answer["status"]["message"]
 
 
-def test_two_containers_asking_for_gpus_are_refused():
-    p = pod({"limits": {"gpuslice.io/gpu": "1"}})
+def test_two_containers_asking_for_gpus_are_admitted_and_an_init_container_bigger_than_the_slice_is_not():
+    p = pod({"limits": {"gpuslice.io/gpu": "1", "gpuslice.io/gpumem": "4000"}})
     p["spec"]["containers"].append({"name": "second", "resources": {"limits": {"gpuslice.io/gpu": "1"}}})
     answer = admit(review(p))["response"]
+    assert answer["allowed"] is True
+    p["spec"]["initContainers"] = [
+        {"name": "warm", "resources": {"limits": {"gpuslice.io/gpu": "1", "gpuslice.io/gpumem": "8000"}}}
+    ]
+    answer = admit(review(p))["response"]
     assert answer["allowed"] is False
-    assert "only one container per pod may" in answer["status"]["message"]
+    message = answer["status"]["message"]
+    assert "init container 'warm' asks for 8000 MiB of 1 GPU, more than container" in message
+    assert "(4000 MiB of 1 GPU)" in message
 
 
 def test_pods_without_gpuslice_resources_and_other_operations_pass_unchanged():

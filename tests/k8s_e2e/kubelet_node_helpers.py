@@ -19,7 +19,10 @@ from controlplane import ControlPlane, Process
 from e2e_helpers import GPUSLICE, Stack, wait_for
 from images import TOOLS_IMAGE, build_images
 
-from gpuslice.k8s.annotations import SCHEDULER_NAME, Decision
+from gpuslice.k8s.annotations import (
+    SCHEDULER_NAME,
+)
+from gpuslice.k8s.decision import Decision
 from node import DEVICE_PLUGIN_DIR, Node
 
 __all__ = [

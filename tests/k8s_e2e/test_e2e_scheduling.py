@@ -26,9 +26,9 @@ from gpuslice.k8s.annotations import (
     ANNOTATION_PLACEMENT_POLICY,
     BIND_PHASE_ALLOCATED,
     SCHEDULER_NAME,
-    Decision,
     NodeInventory,
 )
+from gpuslice.k8s.decision import Decision
 from gpuslice.k8s.device_plugin import LABEL_COUNT, LABEL_MIG_CAPABLE, LABEL_PRODUCT
 
 pytestmark = pytest.mark.k8s_e2e

@@ -23,16 +23,21 @@ Resource semantics (HAMi's, so its users find them familiar; hami_and_peers.md):
   ``JobSpec`` does for memory-only shares).
 * ``gpuslice.io/mig-<profile>: 1`` — one existing MIG instance of that profile (``mig-1g.10gb``).
 
-One container per pod may ask for gpuslice resources: the decision annotations describe that container
-(named in ``gpuslice.io/container``). Limits win over requests where both are set (for extended
-resources Kubernetes requires them to be equal anyway).
+Each app container that asks gets its own slice, all on the pod's node (as HAMi does per container);
+the decision annotations describe the first (named in ``gpuslice.io/container``), and with more than one
+asking container ``gpuslice.io/container-slices`` lists them all. An init container runs before the app
+containers and never beside them (Kubernetes' peak rule: a pod needs the larger of its init containers'
+ask and its app containers' sum), so it asks for no room of its own: it runs inside the slice of the
+pod's first GPU container, within its own limits, and may ask for at most that slice. (A pod where only
+init containers ask: the first one's ask is the slice, the others run inside it.) Limits win over
+requests where both are set (for extended resources Kubernetes requires them to be equal anyway).
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from gpuslice.errors import InvalidRequest
@@ -42,9 +47,11 @@ from gpuslice.workload.request import Request, share_milli
 
 __all__ = [
     "ANNOTATION_ALLOCATED",
+    "ANNOTATION_ALLOCATED_CONTAINERS",
     "ANNOTATION_BIND_PHASE",
     "ANNOTATION_BIND_TIME",
     "ANNOTATION_CONTAINER",
+    "ANNOTATION_CONTAINER_SLICES",
     "ANNOTATION_EXCLUDE_GPU_MODELS",
     "ANNOTATION_GPUCORES",
     "ANNOTATION_GPUMEM_MIB",
@@ -69,9 +76,7 @@ __all__ = [
     "RESOURCE_GPUMEM",
     "RESOURCE_MIG_PREFIX",
     "SCHEDULER_NAME",
-    "Decision",
     "InventoryGpu",
-    "MigChoice",
     "MigSlot",
     "NodeInventory",
     "PodGpuRequest",
@@ -106,6 +111,12 @@ ANNOTATION_MIG_INSTANCE = f"{DOMAIN}/mig-instance"  # "<gpu index>:<profile>@<st
 ANNOTATION_BIND_PHASE = f"{DOMAIN}/bind-phase"  # allocating -> allocated | failed (device plugin)
 ANNOTATION_BIND_TIME = f"{DOMAIN}/bind-time"  # unix seconds when the extender bound the pod
 ANNOTATION_ALLOCATED = f"{DOMAIN}/allocated"  # written by the device plugin after Allocate: "true"
+# A pod where more than one container asks (``PodGpuRequest.multi``): every asking container's slice, in
+# the order the kubelet allocates them (init containers, then app containers, each in spec order), as
+# JSON; the keys above describe the first app container. The device plugin counts the containers it
+# has answered in ``allocated-containers`` and answers the next one's slice.
+ANNOTATION_CONTAINER_SLICES = f"{DOMAIN}/container-slices"
+ANNOTATION_ALLOCATED_CONTAINERS = f"{DOMAIN}/allocated-containers"
 
 BIND_PHASE_ALLOCATING = "allocating"  # bound by the extender, not yet allocated by the kubelet
 BIND_PHASE_ALLOCATED = "allocated"  # the device plugin answered Allocate from the decision
@@ -121,6 +132,8 @@ DECISION_ANNOTATIONS = (
     ANNOTATION_MIG_INSTANCE,
     ANNOTATION_BIND_PHASE,
     ANNOTATION_BIND_TIME,
+    ANNOTATION_CONTAINER_SLICES,
+    ANNOTATION_ALLOCATED_CONTAINERS,
 )
 
 # ---- node annotation and label the device plugin writes -----------------------------------------------
@@ -275,6 +288,10 @@ class PodGpuRequest:
     gpu_models: tuple[str, ...] = ()
     excluded_gpu_models: tuple[str, ...] = ()
     policy: str = ""  # "" = the extender's default
+    # The pod's other app containers that ask, in spec order (each its own slice on the same node), and
+    # its other init containers that ask (each runs inside this container's slice): see the module doc.
+    more: tuple[PodGpuRequest, ...] = ()
+    init: tuple[PodGpuRequest, ...] = ()
     # The ledger request, built once when the ask is read: what filter, prioritize, bind and the
     # preemption what-if all judge and reserve (``to_request``).
     request: Request = field(init=False, compare=False, repr=False)
@@ -296,6 +313,37 @@ class PodGpuRequest:
     @property
     def wants_gpu(self) -> bool:
         return self.gpus > 0 or self.mig_count > 0
+
+    @property
+    def multi(self) -> bool:
+        """More than one container asks: the kubelet calls Allocate once per asking container."""
+        return bool(self.more or self.init)
+
+    @property
+    def containers(self) -> tuple[PodGpuRequest, ...]:
+        """The app containers' asks, this one first: each is one slice (one ledger request)."""
+        return (self, *self.more)
+
+    def fits_inside(self, outer: PodGpuRequest) -> bool:
+        """Does this ask fit in ``outer``'s slice: the same MIG profile, or no more GPUs, compute and
+        memory per GPU than it (``outer`` without memory holds each GPU's whole memory)?"""
+        if self.mig_profile or outer.mig_profile:
+            return self.mig_profile == outer.mig_profile
+        return (
+            self.gpus <= outer.gpus
+            and self.request.gpu_milli <= outer.request.gpu_milli
+            and (outer.memory_mib == 0 or 0 < self.memory_mib <= outer.memory_mib)
+        )
+
+    def text(self) -> str:
+        """``4000 MiB, 30 % of 1 GPU`` / ``2 GPUs`` / ``MIG 1g.10gb``: what this container asks."""
+        if self.mig_profile:
+            return f"MIG {self.mig_profile}"
+        if self.memory_mib or 0 < self.cores_percent < 100:
+            parts = [f"{self.memory_mib} MiB"] if self.memory_mib else []
+            parts += [f"{self.cores_percent} %"] if self.cores_percent else []
+            return f"{', '.join(parts)} of {self.gpus} GPU"
+        return f"{self.gpus} GPU" + ("s" if self.gpus != 1 else "")
 
     @property
     def gpu_milli(self) -> int:
@@ -338,28 +386,54 @@ def asks_for_gpuslice(pod: Mapping[str, Any]) -> bool:
 def pod_gpu_request(pod: Mapping[str, Any]) -> PodGpuRequest:
     """Read a pod (API JSON, camelCase) into a PodGpuRequest; InvalidRequest says what is wrong.
 
-    Rules: at most one container asks for gpuslice resources; gpumem/gpucores need gpu; cores 1..100; a
-    share (cores < 100 or memory given) is for one GPU only; MIG is asked for alone, one instance.
+    Rules, per container: gpumem/gpucores need gpu; cores 1..100; a share (cores < 100 or memory given) is
+    for one GPU only; MIG is asked for alone, one instance. Per pod: the first app container that asks (with
+    none, the first init container that asks) is the request, the other app containers ride in ``more``;
+    the other init containers that ask ride in ``init`` and must fit inside the first one's slice
+    (``PodGpuRequest.fits_inside``); a sidecar (an init container with
+    ``restartPolicy: Always``, which runs beside the app containers) may not ask yet.
     """
     spec = pod.get("spec") or {}
     annotations = (pod.get("metadata") or {}).get("annotations") or {}
-    asking = [
-        (c.get("name", ""), res)
-        for c in [*(spec.get("containers") or []), *(spec.get("initContainers") or [])]
-        if (res := _container_resources(c))
-    ]
     models = _models(annotations.get(ANNOTATION_GPU_MODELS))
     excluded = _models(annotations.get(ANNOTATION_EXCLUDE_GPU_MODELS))
     policy = str(annotations.get(ANNOTATION_PLACEMENT_POLICY, "")).strip()
-    if not asking:
+
+    def asks(containers: Any) -> list[tuple[Mapping[str, Any], PodGpuRequest]]:
+        return [
+            (c, _container_ask(str(c.get("name", "")), res, models, excluded, policy))
+            for c in containers or []
+            if (res := _container_resources(c))
+        ]
+
+    app, init = asks(spec.get("containers")), asks(spec.get("initContainers"))
+    if not app and not init:
         return PodGpuRequest(gpu_models=models, excluded_gpu_models=excluded, policy=policy)
-    if len(asking) > 1:
-        names = ", ".join(name for name, _ in asking)
-        raise InvalidRequest(
-            f"containers {names} all ask for {DOMAIN} resources; only one container per pod may: "
-            "put the GPU work in one container"
-        )
-    container, res = asking[0]
+    for c, ask in init:
+        if c.get("restartPolicy") == "Always":
+            raise InvalidRequest(
+                f"init container {ask.container!r} is a sidecar (restartPolicy: Always) and asks for "
+                f"{DOMAIN} resources: a sidecar runs beside the app containers, which gpuslice does not "
+                "place yet; ask in an app container"
+            )
+    # The first slice: the first app container's, or with none asking the first init container's.
+    (_, first), inside = (app[0], init) if app else (init[0], init[1:])
+    for _, ask in inside:
+        if not ask.fits_inside(first):
+            raise InvalidRequest(
+                f"init container {ask.container!r} asks for {ask.text()}, more than container "
+                f"{first.container!r}'s slice ({first.text()}): an init container runs inside the slice of "
+                "the pod's first GPU container; ask for at most that slice"
+            )
+    if len(app) <= 1 and not inside:
+        return first
+    return replace(first, more=tuple(a for _, a in app[1:]), init=tuple(a for _, a in inside))
+
+
+def _container_ask(
+    container: str, res: Mapping[str, int], models: tuple[str, ...], excluded: tuple[str, ...], policy: str
+) -> PodGpuRequest:
+    """One container's ask (its gpuslice.io resources ``res``); InvalidRequest names the container."""
     known = {RESOURCE_GPU, RESOURCE_GPUMEM, RESOURCE_GPUCORES}
     unknown = sorted(k for k in res if k not in known and not k.startswith(RESOURCE_MIG_PREFIX))
     if unknown:
@@ -394,88 +468,3 @@ def pod_gpu_request(pod: Mapping[str, Any]) -> PodGpuRequest:
     except InvalidRequest as err:
         raise InvalidRequest(f"{where}: {err}") from None
     return out
-
-
-# ---- the decision -------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class MigChoice:
-    """One MIG instance chosen for a pod: on GPU ``gpu_index``, profile at ``start``, with its UUID."""
-
-    gpu_index: int
-    profile: str
-    start: int
-    uuid: str = ""
-
-    def __str__(self) -> str:
-        return f"{self.gpu_index}:{self.profile}@{self.start}" + (f":{self.uuid}" if self.uuid else "")
-
-    @classmethod
-    def parse(cls, text: str) -> MigChoice:
-        gpu, _, rest = text.partition(":")
-        where, _, uuid = rest.partition(":")
-        profile, _, start = where.partition("@")
-        if not (gpu.isdigit() and profile and start.isdigit()):
-            raise InvalidRequest(f"{ANNOTATION_MIG_INSTANCE}={text!r}: expected GPU:PROFILE@START[:UUID]")
-        return cls(int(gpu), profile, int(start), uuid)
-
-
-@dataclass(frozen=True, slots=True)
-class Decision:
-    """Where the extender put a pod, down to the GPU: written at bind, read by the device plugin.
-
-    ``memory_mib`` 0 means the whole memory of each GPU; ``cores_percent`` is per GPU (100 = whole).
-    """
-
-    node: str
-    container: str
-    gpu_indices: tuple[int, ...] = ()
-    gpu_uuids: tuple[str, ...] = ()
-    memory_mib: int = 0
-    cores_percent: int = 100
-    mig: MigChoice | None = None
-    phase: str = BIND_PHASE_ALLOCATING
-    bind_time: int = 0
-
-    def to_annotations(self) -> dict[str, str]:
-        out = {
-            ANNOTATION_NODE: self.node,
-            ANNOTATION_CONTAINER: self.container,
-            ANNOTATION_GPU_INDICES: ",".join(str(i) for i in self.gpu_indices),
-            ANNOTATION_GPU_UUIDS: ",".join(self.gpu_uuids),
-            ANNOTATION_GPUMEM_MIB: str(self.memory_mib),
-            ANNOTATION_GPUCORES: str(self.cores_percent),
-            ANNOTATION_BIND_PHASE: self.phase,
-            ANNOTATION_BIND_TIME: str(self.bind_time),
-        }
-        if self.mig is not None:
-            out[ANNOTATION_MIG_INSTANCE] = str(self.mig)
-        return out
-
-    @classmethod
-    def from_annotations(cls, annotations: Mapping[str, str]) -> Decision | None:
-        """The decision in a pod's annotations; None if it has none; InvalidRequest if it is malformed."""
-        node = annotations.get(ANNOTATION_NODE)
-        if not node:
-            return None
-        try:
-            indices = tuple(int(i) for i in annotations.get(ANNOTATION_GPU_INDICES, "").split(",") if i)
-            uuids = tuple(u for u in annotations.get(ANNOTATION_GPU_UUIDS, "").split(",") if u)
-            memory = int(annotations.get(ANNOTATION_GPUMEM_MIB, "0") or 0)
-            cores = int(annotations.get(ANNOTATION_GPUCORES, "100") or 100)
-            bind_time = int(annotations.get(ANNOTATION_BIND_TIME, "0") or 0)
-        except ValueError as err:
-            raise InvalidRequest(f"malformed gpuslice decision annotations on a pod: {err}") from None
-        mig_text = annotations.get(ANNOTATION_MIG_INSTANCE)
-        return cls(
-            node=node,
-            container=annotations.get(ANNOTATION_CONTAINER, ""),
-            gpu_indices=indices,
-            gpu_uuids=uuids,
-            memory_mib=memory,
-            cores_percent=cores,
-            mig=MigChoice.parse(mig_text) if mig_text else None,
-            phase=annotations.get(ANNOTATION_BIND_PHASE, BIND_PHASE_ALLOCATING),
-            bind_time=bind_time,
-        )

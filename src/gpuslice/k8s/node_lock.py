@@ -41,7 +41,13 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from gpuslice.errors import Unavailable
-from gpuslice.k8s.annotations import DOMAIN, RESOURCE_GPU, Decision, PodGpuRequest, mig_resource
+from gpuslice.k8s.annotations import (
+    DOMAIN,
+    RESOURCE_GPU,
+    PodGpuRequest,
+    mig_resource,
+)
+from gpuslice.k8s.decision import Decision
 
 __all__ = [
     "ANNOTATION_NODE_LOCK",
@@ -84,14 +90,20 @@ def allocate_key(resource: str, devices: int) -> str:
 
 
 def decision_key(decision: Decision) -> str:
-    """The allocate key of the Allocate call that will come for ``decision``'s pod."""
+    """The allocate key of the Allocate call that will come next for ``decision``'s pod (the call of
+    its next container, when several ask: ``Decision.current``)."""
+    decision = decision.current()
     if decision.mig is not None:
         return allocate_key(mig_resource(decision.mig.profile), 1)
     return allocate_key(RESOURCE_GPU, len(decision.gpu_uuids or decision.gpu_indices))
 
 
 def ask_key(ask: PodGpuRequest) -> str:
-    """The allocate key of a pod, from its request (the same as its decision's, which comes later)."""
+    """The allocate key of a pod, from its request (the same as its decision's, which comes later). A pod
+    where several containers ask makes several Allocate calls, of keys that may differ: it holds the
+    whole node ("")."""
+    if ask.multi:
+        return ""
     if ask.mig_profile:
         return allocate_key(mig_resource(ask.mig_profile), max(1, ask.mig_count))
     return allocate_key(RESOURCE_GPU, ask.gpus)

@@ -118,13 +118,15 @@ def mutate_pod(
             ops += _container_defaults(f"/spec/{group}/{i}", container)
     patched = _apply(pod, ops)
     ask = pod_gpu_request(patched)  # raises with a message that names the container and the fix
-    if ask.mig_profile:
+    for one in (*ask.containers, *ask.init):
+        if not one.mig_profile:
+            continue
         offered = mig.profiles() if mig is not None else _every_mig_profile()
-        if ask.mig_profile not in offered:
+        if one.mig_profile not in offered:
             where = "no GPU in this cluster offers" if mig is not None else "no GPU has"
             known = ", ".join(sorted(offered)) or "none (no GPU here is in MIG mode)"
             raise InvalidRequest(
-                f"{DOMAIN}/mig-{ask.mig_profile}: {where} MIG profile {ask.mig_profile!r}; offered: {known}"
+                f"{DOMAIN}/mig-{one.mig_profile}: {where} MIG profile {one.mig_profile!r}; offered: {known}"
             )
     if ask.policy:
         try:
@@ -132,6 +134,13 @@ def mutate_pod(
         except UnknownPolicy as err:
             raise InvalidRequest(f"annotation {ANNOTATION_PLACEMENT_POLICY}: {err}") from None
     if dra is not None and wants_rewrite(pod, dra.mode) and ask.wants_gpu:
+        if ask.multi:
+            names = ", ".join(repr(c.container) for c in (*ask.init, *ask.containers))
+            raise InvalidRequest(
+                f"containers {names} ask for {DOMAIN} resources: a pod rewritten into a DRA claim may have "
+                "one container that asks; write a ResourceClaim per container instead, or leave the pod to "
+                "the device plugin (without the gpuslice.io/dra label)"
+            )
         template = claim_template(ask, namespace or (pod.get("metadata") or {}).get("namespace") or "default")
         if not dry_run and dra.templates is not None:
             try:

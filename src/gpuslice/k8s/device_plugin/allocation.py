@@ -5,20 +5,22 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from pathlib import Path
 
 from gpuslice.errors import UserError
 from gpuslice.hardware.machine import Machine
 from gpuslice.k8s.annotations import (
     ANNOTATION_ALLOCATED,
+    ANNOTATION_ALLOCATED_CONTAINERS,
     ANNOTATION_BIND_PHASE,
     BIND_PHASE_ALLOCATED,
     BIND_PHASE_ALLOCATING,
     BIND_PHASE_FAILED,
-    Decision,
     MigSlot,
 )
 from gpuslice.k8s.container_slice import container_slice
+from gpuslice.k8s.decision import Decision
 from gpuslice.k8s.device_plugin.devices import (
     CDI_KIND,
     PluginDevice,
@@ -73,11 +75,11 @@ class Allocation:
         except Exception as err:
             log.error("could not list pods bound to %s: %s", self.node_name, err)
             return None
-        candidates = [p for p in pods if not _placed(p) or fits(p.decision)]
+        candidates = [p for p in pods if not _placed(p) or fits(p.decision.current())]
         decision = candidates[0].decision if len(candidates) == 1 else None
         if decision is None or not _placed(candidates[0]):
             return None
-        return decision
+        return decision.current()
 
     def _preferred(
         self, resource: Resource, request: pb.PreferredAllocationRequest
@@ -157,17 +159,28 @@ class Allocation:
             taken: set[tuple[str, str]] = set()
             responses = []
             for req in request.container_requests:
-                pod = self._pod_for(resource, list(req.devices_ids), taken)
+                pod, decision = self._pod_for(resource, list(req.devices_ids), taken)
                 taken.add((pod.namespace, pod.name))
                 try:
-                    response = self._container_response(resource, pod)
+                    response = self._container_response(resource, pod, decision)
                 except AllocationRefused as err:
                     self._mark(pod, {ANNOTATION_BIND_PHASE: BIND_PHASE_FAILED})
                     self._release_lock(pod)
                     raise AllocationRefused(f"pod {pod.namespace}/{pod.name}: {err}") from None
-                self._mark(pod, {ANNOTATION_BIND_PHASE: BIND_PHASE_ALLOCATED, ANNOTATION_ALLOCATED: "true"})
-                self._release_lock(pod)
-                log.info("allocated %s for pod %s/%s", resource.name, pod.namespace, pod.name)
+                assert pod.decision is not None  # _pod_for returns only pods with a decision
+                done = pod.decision.allocated + 1
+                if done < pod.decision.slice_count:  # more of its containers come: the pod still waits
+                    self._mark(pod, {ANNOTATION_ALLOCATED_CONTAINERS: str(done)})
+                else:
+                    marks = {ANNOTATION_BIND_PHASE: BIND_PHASE_ALLOCATED, ANNOTATION_ALLOCATED: "true"}
+                    if pod.decision.containers:
+                        marks[ANNOTATION_ALLOCATED_CONTAINERS] = str(done)
+                    self._mark(pod, marks)
+                    self._release_lock(pod)
+                log.info(
+                    "allocated %s for pod %s/%s%s", resource.name, pod.namespace, pod.name,
+                    f" container {decision.container}" if pod.decision.containers else "",
+                )  # fmt: skip
                 responses.append(response)
             return pb.AllocateResponse(container_responses=responses)
 
@@ -178,13 +191,16 @@ class Allocation:
         except Exception as err:  # it frees itself: the extender sees the pod no longer waiting
             log.warning("could not release the node lock of pod %s/%s: %s", pod.namespace, pod.name, err)
 
-    def _pod_for(self, resource: Resource, device_ids: list[str], taken: set[tuple[str, str]]) -> PendingPod:
-        """The pod these device IDs are for. The API passes no pod, so this holds only while exactly one
-        pod on the node waits for an allocation: the kubelet calls Allocate for a pod it has been told
-        is bound here and has not yet allocated, so that pod is in the (consistent) list of waiting
-        pods, and if the list has one pod, it is that one. With more than one, any answer could be for
-        the wrong pod: refused (the extender's node lock keeps it to one). The device IDs must then be
-        of that pod's GPUs (shares) or its MIG instance."""
+    def _pod_for(
+        self, resource: Resource, device_ids: list[str], taken: set[tuple[str, str]]
+    ) -> tuple[PendingPod, Decision]:
+        """The pod these device IDs are for, and the decision of its container this call allocates (the
+        kubelet allocates a pod's containers one by one, in order: ``Decision.current``). The API passes
+        no pod, so this holds only while exactly one pod on the node waits for an allocation: the kubelet
+        calls Allocate for a pod it has been told is bound here and has not yet allocated, so that pod is
+        in the (consistent) list of waiting pods, and if the list has one pod, it is that one. With more
+        than one, any answer could be for the wrong pod: refused (the extender's node lock keeps it to
+        one). The device IDs must then be of that pod's GPUs (shares) or its MIG instance."""
         devices = [self._by_id.get(i) for i in device_ids]
         if not devices or any(d is None for d in devices):
             unknown = next((i for i, d in zip(device_ids, devices, strict=True) if d is None), "")
@@ -218,22 +234,51 @@ class Allocation:
                 "lock)"
             )
         (pod,) = waiting
-        decision = pod.decision
-        problem = ""
+        problem, decision = "", pod.decision.current() if pod.decision is not None else None
+        given = [d for d in devices if d is not None]
         if decision is None or decision.phase != BIND_PHASE_ALLOCATING:
             problem = (
                 "it has no gpuslice decision (not placed by the gpuslice scheduler: check its schedulerName)"
                 if decision is None
                 else f"its bind-phase is {decision.phase!r}, not {BIND_PHASE_ALLOCATING!r}"
             )
-        elif not self._fits(resource, [d for d in devices if d is not None], decision):
+        elif pod.decision is not None and pod.decision.current_is_inside and not resource.mig_profile:
+            # An init container runs inside the first app container's slice, on the share devices the
+            # kubelet picks among those it gives to the next containers (it reuses an init container's
+            # devices): any of that slice's GPUs will do, as many as the init container asks for.
+            decision = self._inside_slice(pod.decision, decision, given)
+            if decision is None:
+                problem = (
+                    f"the kubelet's devices {', '.join(device_ids)} for init container "
+                    f"{pod.decision.current().container!r} are not on its first GPU container's GPUs "
+                    f"{pod.decision.gpu_indices}"
+                )
+        elif not self._fits(resource, given, decision):
             where = f"MIG {decision.mig}" if decision.mig else f"GPUs {decision.gpu_indices}"
             problem = f"the kubelet's devices {', '.join(device_ids)} are not of its decision's {where}"
-        if problem:
+        if problem or decision is None:
             self._mark(pod, {ANNOTATION_BIND_PHASE: BIND_PHASE_FAILED})
             self._release_lock(pod)
             raise AllocationRefused(f"pod {pod.namespace}/{pod.name}: {problem}")
-        return pod
+        return pod, decision
+
+    def _inside_slice(
+        self, pod_decision: Decision, init: Decision, devices: list[PluginDevice]
+    ) -> Decision | None:
+        """An init container's decision on the GPUs of the kubelet's ``devices``, if they are as many
+        as it asks for, on distinct GPUs of the pod's first app container's slice; else None."""
+        first = next((c for c in pod_decision.containers if not c.inside), None)
+        if first is None:
+            return None
+        index = {g.uuid: g.index for g in self.machine.gpus}
+        allowed = [index[u] for u in first.gpu_uuids if u in index] or list(first.gpu_indices)
+        gpus = [d.gpu for d in devices]
+        wanted = len(init.gpu_uuids or init.gpu_indices)
+        if len(gpus) != wanted or len(set(gpus)) != wanted or not set(gpus) <= set(allowed):
+            return None
+        ordered = tuple(g for g in allowed if g in gpus)
+        uuids = tuple(self.machine.gpus[g].uuid for g in ordered)
+        return replace(init, gpu_indices=ordered, gpu_uuids=uuids)
 
     def _fits(self, resource: Resource, devices: list[PluginDevice], decision: Decision) -> bool:
         """Are ``devices`` the decision's: its MIG instance, or one share of each of its GPUs?"""
@@ -257,8 +302,9 @@ class Allocation:
                 f"could not record the allocation on pod {pod.namespace}/{pod.name}: {err}"
             ) from None
 
-    def _container_response(self, resource: Resource, pod: PendingPod) -> pb.ContainerAllocateResponse:
-        decision = pod.decision
+    def _container_response(
+        self, resource: Resource, pod: PendingPod, decision: Decision
+    ) -> pb.ContainerAllocateResponse:
         mig = None
         if decision.mig is not None:
             choice = decision.mig
@@ -289,7 +335,8 @@ class Allocation:
             state_dir=self.state_dir,
             minors=self._minors,
             namespace=pod.namespace,
-            pod=pod.name,
+            # one shim folder per slice: a pod where several containers ask gets one per container
+            pod=f"{pod.name}.{decision.container}" if pod.decision and pod.decision.containers else pod.name,
             gpus=gpus,
             memory_bytes=decision.memory_mib * MiB,
             compute_percent=decision.cores_percent,

@@ -14,8 +14,8 @@ from gpuslice.k8s.annotations import (
     BIND_PHASE_ALLOCATED,
     RESOURCE_GPU,
     RESOURCE_MIG_PREFIX,
-    Decision,
 )
+from gpuslice.k8s.decision import Decision
 
 __all__ = [
     "NodeKubeClient",

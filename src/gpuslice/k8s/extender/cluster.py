@@ -22,11 +22,11 @@ from gpuslice.k8s.annotations import (
     ANNOTATION_NODE_INVENTORY,
     ANNOTATION_PLACEMENT_POLICY,
     BIND_PHASE_FAILED,
-    Decision,
     NodeInventory,
     PodGpuRequest,
     pod_gpu_request,
 )
+from gpuslice.k8s.decision import Decision
 from gpuslice.k8s.extender.kube import RELISTED, KubeApi, WatchEvent
 from gpuslice.ledger.ledger import Ledger
 from gpuslice.ledger.placement import Placement, Refusal, RefusalCode
@@ -68,6 +68,13 @@ class BoundPod:
     namespace: str = ""
     name: str = ""
     priority: int = 0  # spec.priority, set by the API server's Priority admission from priorityClassName
+    # The slices of the pod's other app containers (``PodGpuRequest.more``), in spec order.
+    extra: tuple[Placement, ...] = ()
+
+    @property
+    def placements(self) -> tuple[Placement, ...]:
+        """Every slice the ledger holds for the pod."""
+        return (self.placement, *self.extra) if self.placement is not None else self.extra
 
 
 @dataclass(frozen=True, slots=True)
@@ -326,10 +333,10 @@ class ClusterCache:
         bound = self.pods.pop(uid, None)
         self.seen.pop(uid, None)
         self._last_event.pop(uid, None)
-        if bound is None:
+        if bound is None or self._built is None:
             return
-        if bound.placement is not None and self._built is not None:
-            self._built.ledger.release(bound.placement)
+        for placement in bound.placements:
+            self._built.ledger.release(placement)
 
     # ---- ledger build -------------------------------------------------------------------------------
 
@@ -388,33 +395,45 @@ class ClusterCache:
             blockers=blockers,
         )
         for uid, bound in self.pods.items():
-            bound.placement = None
+            bound.placement, bound.extra = None, ()
             self._hold(built, uid, bound)
         log.info("ledger built: %d nodes, %d pods", len(names), len(self.pods))
         return built
 
     def _hold(self, built: LedgerBuild, uid: str, bound: BoundPod) -> None:
-        """Put an already bound pod into the ledger from its decision (a MIG pod: its instance)."""
+        """Put an already bound pod into the ledger from its decision: each app container's slice (a MIG
+        container: its instance); a slice that does not fit is a conflict, the others stay held."""
         node = built.index.get(bound.node)
         if node is None:
             return  # its node has no inventory (yet): held when the node appears
-        mig = bound.decision.mig
-        if mig is not None:
-            instance = _instance(built.ledger.mig_layout(node, mig.gpu_index), mig.profile, mig.start)
-            result: Placement | Refusal = (
-                Refusal(RefusalCode.NO_MIG_SLOT, node, gpu=mig.gpu_index)
-                if instance is None
-                else built.ledger.reserve_mig(node, mig.gpu_index, instance, MIG_POD_REQUEST)
-            )
-        else:
-            result = built.ledger.reserve(node, bound.decision.gpu_indices, bound.ask.to_request())
-        if isinstance(result, Refusal):
-            self.conflicts += 1
-            log.warning(
-                "pod %s on %s does not fit the ledger (%s); counted as a conflict", uid, bound.node, result
-            )
-        else:
-            bound.placement = result
+        decision = bound.decision
+        asks = {a.container: a for a in bound.ask.containers}
+        slices = [c for c in decision.containers if not c.inside] or [decision]
+        held: list[Placement] = []
+        for one in slices:
+            ask = asks.get(one.container, bound.ask)
+            if one.mig is not None:
+                layout = built.ledger.mig_layout(node, one.mig.gpu_index)
+                instance = _instance(layout, one.mig.profile, one.mig.start)
+                result: Placement | Refusal = (
+                    Refusal(RefusalCode.NO_MIG_SLOT, node, gpu=one.mig.gpu_index)
+                    if instance is None
+                    else built.ledger.reserve_mig(node, one.mig.gpu_index, instance, MIG_POD_REQUEST)
+                )
+            else:
+                result = built.ledger.reserve(node, one.gpu_indices, ask.to_request())
+            if isinstance(result, Refusal):
+                self.conflicts += 1
+                log.warning(
+                    "pod %s on %s does not fit the ledger (%s); counted as a conflict",
+                    uid,
+                    bound.node,
+                    result,
+                )
+            else:
+                held.append(result)
+        if held:
+            bound.placement, bound.extra = held[0], tuple(held[1:])
 
     def drop_nomination(self, uid: str) -> None:
         for node in [n for n, h in self.nominations.items() if h.uid == uid]:

@@ -76,6 +76,8 @@ class Preemption:
         """Does the one preemption search find room on ``node`` among exactly the proposed victims? Pods
         that are not gpuslice's (kube-scheduler may propose them for CPU or memory) free no GPU but stay
         evicted, so the what-if always counts them as gone."""
+        if ask.multi:  # as in make_room: kube-scheduler's candidates are not judged for such a pod
+            return False
         proposed = [_victim(u, b) for u in uids if (b := self._cache.pods.get(u)) is not None]
         others = [u for u in uids if u not in self._cache.pods]
         if not proposed:
@@ -95,19 +97,18 @@ class Preemption:
             if (b := self._cache.pods.get(u)) is not None and b.node == built.ledger.node_names[node]
         ]
         if ask.mig_profile:
-            freed = [b.placement for b in gone if b.placement is not None]
+            freed = [p for b in gone for p in b.placements]
             candidates = self._cache.mig_candidates(built, node, ask.mig_profile, freed)
             return any(mig_rank(c) is not None for c in candidates)
         view = built.ledger.view
         free = view.free_gpu_milli[node].copy()
         memory = view.free_gpu_memory_bytes[node].copy()
         tasks = view.gpu_tasks[node].copy()
-        for b in gone:
-            if b.placement is not None:
-                for g in b.placement.gpus:
-                    free[g] += b.placement.request.gpu_milli
-                    memory[g] += b.placement.request.gpu_memory_bytes
-                    tasks[g] -= 1
+        for placement in (p for b in gone for p in b.placements):
+            for g in placement.gpus:
+                free[g] += placement.request.gpu_milli
+                memory[g] += placement.request.gpu_memory_bytes
+                tasks[g] -= 1
         req = ask.to_request()
         model_ok = built.ledger.model_allowed(req)[node : node + 1]
         slots = open_slots(built, node, tasks)
@@ -179,6 +180,8 @@ class Preemption:
         """
         namespace, name, uid = pod_meta(pod)
         priority = pod_priority(pod)
+        if ask.multi:  # the what-if judges one slice; several containers' slices are not searched yet
+            return ""
         with self._cache.lock:
             waiting = next((n for n, h in self._cache.nominations.items() if h.uid == uid), None)
             if waiting is not None:
@@ -229,15 +232,17 @@ class Preemption:
 
 
 def _victim(uid: str, bound: BoundPod) -> Victim:
-    """A bound gpuslice pod as the preemption search sees it; what it frees in GPUs: its GPUs × its share,
-    or a MIG instance's compute slices / 7 (the held instance's profile; a pod not in the ledger, whose
-    node has no inventory yet, by its profile name: "3g.40gb" → 3/7; any other such pod counts one)."""
-    placement = bound.placement
-    if placement is not None and placement.mig is not None:
-        gpus = gpu_equivalent(1, mig_slices=placement.mig.instance.profile.compute_slices)
-    elif placement is not None:
-        gpus = len(placement.gpus) * placement.request.gpu_milli / MILLI_PER_GPU
-    else:
+    """A bound gpuslice pod as the preemption search sees it; what it frees in GPUs, summed over its
+    slices: each slice's GPUs × its share, or a MIG instance's compute slices / 7 (the held instance's
+    profile; a pod not in the ledger, whose node has no inventory yet, by its profile name: "3g.40gb" →
+    3/7; any other such pod counts one)."""
+    gpus = 0.0
+    for placement in bound.placements:
+        if placement.mig is not None:
+            gpus += gpu_equivalent(1, mig_slices=placement.mig.instance.profile.compute_slices)
+        else:
+            gpus += len(placement.gpus) * placement.request.gpu_milli / MILLI_PER_GPU
+    if not bound.placements:
         gpus = gpu_equivalent(1, mig_slices=compute_slices_by_name(bound.ask.mig_profile or ""))
     return Victim(uid, bound.priority, float(bound.decision.bind_time), gpus, node=bound.node,
                   tenant=bound.namespace, holding=bound)  # fmt: skip

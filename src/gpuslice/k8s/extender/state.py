@@ -17,17 +17,15 @@ from gpuslice.k8s import extender_wire as wire
 from gpuslice.k8s.annotations import (
     ANNOTATION_BIND_PHASE,
     BIND_PHASE_FAILED,
-    Decision,
-    MigChoice,
     PodGpuRequest,
 )
+from gpuslice.k8s.decision import Decision
+from gpuslice.k8s.extender import pod_slices
 from gpuslice.k8s.extender.bind_lock import BIND_BUDGET_S, DEFAULT_LOCK_WAIT_S, BindLocks, PodBinds
 from gpuslice.k8s.extender.cluster import (
-    MIG_POD_REQUEST,
     BoundPod,
     ClusterCache,
     LedgerBuild,
-    open_slots,
     pod_ask,
     pod_meta,
     pod_priority,
@@ -36,6 +34,7 @@ from gpuslice.k8s.extender.kube import AlreadyBound, KubeApi, WatchEvent
 from gpuslice.k8s.extender.preemption import Preemption
 from gpuslice.k8s.extender.verdicts import (
     CODE_EXCLUDED,
+    CODE_GPU,
     REASON_INVALID,
     REASON_NO_INVENTORY,
     REASON_NO_MIG_INSTANCE,
@@ -45,10 +44,9 @@ from gpuslice.k8s.extender.verdicts import (
 from gpuslice.k8s.node_lock import ask_key
 from gpuslice.ledger.fit import UNCURABLE
 from gpuslice.ledger.ledger import Ledger
-from gpuslice.ledger.placement import Refusal
+from gpuslice.ledger.placement import RefusalCode
 from gpuslice.policies import DEFAULT_PLACEMENT
 from gpuslice.scheduler.mig_choice import FullestByNode, choose_mig_instance
-from gpuslice.workload.request import Request
 from gpuslice.workload.target import TargetWorkload
 
 __all__ = ["MAX_EXTENDER_PRIORITY", "ClusterState", "FilterResult"]
@@ -184,6 +182,8 @@ class ClusterState:
         built = self.cache.ledgered()
         idx = self._indices(built, node_names)
         codes, texts = self.verdicts.judge(built, ask, idx)
+        if ask.multi:
+            codes = self._all_containers_fit(built, ask, idx, codes, texts)
         codes = self.preemption.reserved_for_others(pod, node_names, codes)
         ok = codes == 0
         chosen = -1
@@ -223,6 +223,21 @@ class ClusterState:
                 why = Counter({preempting: len(node_names)})
             self.cache.explain(pod, len(node_names), why)
         return result
+
+    def _all_containers_fit(
+        self, built: LedgerBuild, ask: PodGpuRequest, idx: np.ndarray, codes: np.ndarray, texts: list[str]
+    ) -> np.ndarray:
+        """For a pod where several app containers ask: of the nodes where the first container's slice
+        fits, those where every container's does, together (``pod_slices.fits``, a what-if per node);
+        the others get ``CODE_GPU`` with every container's ask in its text."""
+        need = "; ".join(f"container {c.container!r}: {c.text()}" for c in ask.containers)
+        texts[CODE_GPU] = f"{RefusalCode.INSUFFICIENT_GPU.value} for every container together ({need})"
+        codes = codes.copy()
+        with self.cache.lock:
+            for k in np.flatnonzero(codes == 0):
+                if not pod_slices.fits(self.cache, built, int(idx[k]), ask):
+                    codes[k] = CODE_GPU
+        return codes
 
     def _choose(self, built: LedgerBuild, ask: PodGpuRequest, idx: np.ndarray, ok: np.ndarray) -> int:
         """Position in ``idx`` of the node the policy chooses among the ``ok`` ones; -1 if its filter
@@ -455,64 +470,30 @@ class ClusterState:
         node = built.index.get(node_name)
         if node is None:
             return None, REASON_NO_INVENTORY
-        inv = built.inventories[node]
-        uuids = {g.index: g.uuid for g in inv.gpus}
         now = int(time.time())
         namespace, name, _ = pod_meta(pod)
         who = {"namespace": namespace, "name": name, "priority": pod_priority(pod)}
-        if ask.mig_profile:
-            with self.cache.lock:  # the one MIG choice, as serve's: which existing free instance of the node
-                if not self.cache.is_current(built):  # rebuilt meanwhile: indices may have moved; retry
-                    return None, "the cluster's GPU inventory changed during bind; retry"
-                candidates = self.cache.mig_candidates(built, node, ask.mig_profile)
-                chosen = choose_mig_instance(candidates, fallbacks=self.cache.mig_fallbacks)
-                if chosen is not None:
-                    g, instance = chosen[0].key[1], chosen[1]  # type: ignore[index]
-                    held = built.ledger.reserve_mig(node, g, instance, MIG_POD_REQUEST)
-                    if isinstance(held, Refusal):
-                        return None, str(held)
-                    gpu = next(x for x in inv.gpus if x.index == g)
-                    start, name = instance.start, ask.mig_profile
-                    slot = next(s for s in gpu.mig if s.start == start and s.profile == name)
-                    mig = MigChoice(gpu.index, slot.profile, slot.start, slot.uuid)
-                    decision = Decision(
-                        node_name, ask.container, (gpu.index,), (gpu.uuid,), 0, 100, mig, bind_time=now
-                    )
-                    self.cache.pods[uid] = BoundPod(node_name, ask, decision, placement=held, **who)
-                    return decision, ""
-            return None, f"{REASON_NO_MIG_INSTANCE} {ask.mig_profile} (taken since filter)"
-        req = ask.to_request()
-        gpus = self._choose_gpus(built, node, ask, req)
-        if gpus is None:
-            codes, texts = self.verdicts.judge(built, ask, np.array([node]))
-            return None, f"no longer fits: {texts[int(codes[0])] or 'no GPU set fits'}"
         with self.cache.lock:
             if not self.cache.is_current(built):  # rebuilt meanwhile: indices may have moved; retry
                 return None, "the cluster's GPU inventory changed during bind; retry"
-            result = built.ledger.reserve(node, gpus, req)
-            if isinstance(result, Refusal):
-                return None, str(result)
-            cores = ask.cores_percent or (0 if ask.memory_mib else 100)
+            held = pod_slices.hold(self.cache, built, node, ask)
+            if isinstance(held, str):
+                if ask.mig_profile and not ask.multi:
+                    return None, f"{REASON_NO_MIG_INSTANCE} {ask.mig_profile} (taken since filter)"
+                if held == pod_slices.NO_GPUS:  # one container: the verdict says why, in its words
+                    codes, texts = self.verdicts.judge(built, ask, np.array([node]))
+                    return None, f"no longer fits: {texts[int(codes[0])] or held}"
+                return None, f"no longer fits: {held}" if held.endswith(pod_slices.NO_GPUS) else held
+            first = held.slices[0]
+            slices = (*pod_slices.inside(ask, first), *held.slices) if ask.multi else ()
             decision = Decision(
-                node_name,
-                ask.container,
-                gpus,
-                tuple(uuids.get(g, "") for g in gpus),
-                ask.memory_mib,
-                cores,
-                bind_time=now,
+                node_name, first.container, first.gpu_indices, first.gpu_uuids, first.memory_mib,
+                first.cores_percent, first.mig, bind_time=now, containers=slices,
+            )  # fmt: skip
+            self.cache.pods[uid] = BoundPod(
+                node_name, ask, decision, placement=held.placements[0], extra=held.placements[1:], **who
             )
-            self.cache.pods[uid] = BoundPod(node_name, ask, decision, placement=result, **who)
             return decision, ""
-
-    def _choose_gpus(
-        self, built: LedgerBuild, node: int, ask: PodGpuRequest, req: Request
-    ) -> tuple[int, ...] | None:
-        """The GPUs of ``node`` for the pod, chosen by the placer as in every home (``Placer.pick_gpus``:
-        the policy's advice if the ledger accepts it, else best fit for a share and ``pick_gpu_set`` over
-        the node's wiring for several GPUs), among the GPUs ``open_slots`` leaves; None if none fit."""
-        usable = open_slots(built, node, built.ledger.view.gpu_tasks[node])
-        return self.cache.placer(built, ask).pick_gpus(req, node, usable, built.topologies[node])
 
     # ---- checks -------------------------------------------------------------------------------------
 
