@@ -73,3 +73,34 @@ def test_a_share_pod_sees_exactly_the_env_mounts_and_devices_of_its_decision(
     assert "rw" in mounts[env["GPUSLICE_SHIM_DIR"]].split(",")
     assert env["GPUSLICE_SHIM_DIR"].endswith(f"{node_namespace}.share")
     assert set(devices_text.split()) == {f"nvidia{g}" for g in gpus} | CONTROL
+
+
+def test_two_app_containers_and_an_init_container_each_get_their_own_slice_from_the_kubelet(
+    device_plugin: DevicePluginProcess, node: Node, core: Any, node_namespace: str
+) -> None:
+    """Per-container requests through the real kubelet: it calls Allocate once per asking container (the
+    init container first), and each container sees its own slice; the init container runs inside the
+    first app container's slice, within its own limits."""
+    pod = node_pod("multi", "env", resources={"gpuslice.io/gpumem": 6000, "gpuslice.io/gpucores": 30})
+    main = pod["spec"]["containers"][0]
+    side = {**main, "name": "side", "resources": {"requests": {"cpu": "10m"}, "limits": {
+        "gpuslice.io/gpu": "1", "gpuslice.io/gpumem": "3000", "gpuslice.io/gpucores": "20"}}}  # fmt: skip
+    warm = {**main, "name": "warm", "resources": {"requests": {"cpu": "10m"}, "limits": {
+        "gpuslice.io/gpu": "1", "gpuslice.io/gpumem": "2000", "gpuslice.io/gpucores": "10"}}}  # fmt: skip
+    pod["spec"]["containers"].append(side)
+    pod["spec"]["initContainers"] = [warm]
+    core.create_namespaced_pod(node_namespace, pod)
+    done = wait_phase(core, node_namespace, "multi", ("Succeeded",))
+    decision = decision_of(done)
+    assert [(c.container, c.inside) for c in decision.containers] == [
+        ("warm", True), ("main", False), ("side", False),
+    ]  # fmt: skip
+    assert done.metadata.annotations[ANNOTATION_BIND_PHASE] == BIND_PHASE_ALLOCATED
+    assert done.metadata.annotations["gpuslice.io/allocated-containers"] == "3"
+    for want in decision.containers:
+        env = parse_env(node.container_log(node_namespace, "multi", done.metadata.uid, want.container))
+        assert env["GPUSLICE_GPUS"] == ",".join(map(str, want.gpu_indices)), want.container
+        assert env["GPUSLICE_GPU_MEMORY_BYTES"] == str(want.memory_mib * MiB), want.container
+        assert env["GPUSLICE_COMPUTE_PERCENT"] == str(want.cores_percent), want.container
+        assert env["GPUSLICE_SHIM_DIR"].endswith(f"{node_namespace}.multi.{want.container}")
+    assert decision.containers[0].gpu_indices == decision.containers[1].gpu_indices  # inside main's slice
