@@ -167,3 +167,17 @@ def test_the_decision_annotations_round_trip_and_a_malformed_slice_list_is_refus
     second = Decision.from_annotations({**written, "gpuslice.io/allocated-containers": "1"})
     assert second is not None and second.current().container == "log-shipper"
     assert second.current().memory_mib == 10000
+
+
+def test_a_pod_where_only_init_containers_ask_gets_the_first_ones_slice_and_runs_the_others_inside():
+    api = FakeApi()
+    state = make_state(api, {"n": inventory(gpus=2)})
+    pod = pod_json("p", {"cpu": "1"})
+    pod["spec"]["initContainers"] = [
+        {"name": "fetch", "resources": {"limits": SHARE}},
+        {"name": "check", "resources": {"limits": SMALL}},
+    ]
+    decision = _bind(state, api, pod, "n")
+    assert [(c.container, c.inside) for c in decision.containers] == [("fetch", False), ("check", True)]
+    assert decision.containers[1].gpu_indices == decision.containers[0].gpu_indices
+    assert state.ledger.view.free_gpu_memory_bytes[0, :2].sum() == (2 * 81920 - 40000) * MiB

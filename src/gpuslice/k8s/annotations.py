@@ -292,6 +292,7 @@ class PodGpuRequest:
     # its other init containers that ask (each runs inside this container's slice): see the module doc.
     more: tuple[PodGpuRequest, ...] = ()
     init: tuple[PodGpuRequest, ...] = ()
+    is_init: bool = False  # this container is an init container (no app container of the pod asks)
     # The ledger request, built once when the ask is read: what filter, prioritize, bind and the
     # preemption what-if all judge and reserve (``to_request``).
     request: Request = field(init=False, compare=False, repr=False)
@@ -427,7 +428,9 @@ def pod_gpu_request(pod: Mapping[str, Any]) -> PodGpuRequest:
             )
     if len(app) <= 1 and not inside:
         return first
-    return replace(first, more=tuple(a for _, a in app[1:]), init=tuple(a for _, a in inside))
+    return replace(
+        first, more=tuple(a for _, a in app[1:]), init=tuple(a for _, a in inside), is_init=not app
+    )
 
 
 def _container_ask(

@@ -485,10 +485,12 @@ class ClusterState:
                     return None, f"no longer fits: {texts[int(codes[0])] or held}"
                 return None, f"no longer fits: {held}" if held.endswith(pod_slices.NO_GPUS) else held
             first = held.slices[0]
-            slices = (*pod_slices.inside(ask, first), *held.slices) if ask.multi else ()
+            # the kubelet's allocation order: init containers, then app containers (each in spec order)
+            inside = pod_slices.inside(ask, first)
+            slices = (*held.slices, *inside) if ask.is_init else (*inside, *held.slices)
             decision = Decision(
                 node_name, first.container, first.gpu_indices, first.gpu_uuids, first.memory_mib,
-                first.cores_percent, first.mig, bind_time=now, containers=slices,
+                first.cores_percent, first.mig, bind_time=now, containers=slices if ask.multi else (),
             )  # fmt: skip
             self.cache.pods[uid] = BoundPod(
                 node_name, ask, decision, placement=held.placements[0], extra=held.placements[1:], **who
