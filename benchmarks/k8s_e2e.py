@@ -52,12 +52,8 @@ from kubelet_standin import KubeletStandIn  # noqa: E402
 
 from gpuslice.hardware.machine import GpuInfo, Machine  # noqa: E402
 from gpuslice.hardware.node import NodeSpec  # noqa: E402
-from gpuslice.k8s.annotations import (
-    ANNOTATION_NODE_INVENTORY,
-    InventoryGpu,
-    NodeInventory,
-)
-from gpuslice.k8s.decision import Decision
+from gpuslice.k8s.annotations import ANNOTATION_NODE_INVENTORY, InventoryGpu, NodeInventory  # noqa: E402
+from gpuslice.k8s.decision import Decision  # noqa: E402
 from gpuslice.k8s.device_plugin import DevicePlugin, NodeKubeClient  # noqa: E402
 from gpuslice.ledger.ledger import Ledger  # noqa: E402
 from gpuslice.ledger.placement import Placement  # noqa: E402
