@@ -58,10 +58,8 @@ TARGETS: dict[str, tuple[str, tuple[str, ...]]] = {
 }
 
 
-def _run(
-    command: list[str], cwd: Path, env: dict[str, str] | None = None
-) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(command, cwd=cwd, text=True, capture_output=True, check=False, env=env)
+def _run(command: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(command, cwd=cwd, text=True, capture_output=True, check=False)
 
 
 def _environment(work: Path) -> Path:
@@ -89,10 +87,7 @@ def _mutate(clone: Path, module: str, tests: tuple[str, ...], children: int) -> 
     )
     mutmut = str(clone.parent / "venv" / "bin" / "mutmut")
     subprocess.run(["rm", "-rf", str(clone / "mutants")], check=True)
-    # The tests start processes of their own (a policy file's worker): they must import the mutants too,
-    # as the package is not installed here.
-    env = {**os.environ, "PYTHONPATH": str(clone / "mutants" / "src")}
-    done = _run([mutmut, "run", "--max-children", str(children)], clone, env)
+    done = _run([mutmut, "run", "--max-children", str(children)], clone)
     if done.returncode != 0:
         raise SystemExit(f"mutmut run failed on {module}:\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}")
     results = _run([mutmut, "results", "--all", "true"], clone).stdout
