@@ -99,3 +99,29 @@ def test_mig_verdicts_are_rebuilt_only_for_the_nodes_a_bind_changed(monkeypatch)
     scores = dict(state.prioritize(pod_json("b", RESOURCES), names))
     assert built_for == [2]  # only the bound node's row moved
     assert scores["n2"] == max(scores.values())  # and it now holds an instance: the fullest GPU
+
+
+def test_deciding_a_mig_pod_passes_the_node_of_the_fullest_gpu_with_a_free_instance_first_on_a_tie():
+    """--decide for a MIG pod: the one MIG choice over the offered nodes (the fullest GPU that has a free
+    instance of the profile, the first node in order on a tie), the node that holds it passed alone."""
+    api = FakeApi()
+    state = make_state(api, {n: inventory(gpus=2, mig=SLOTS) for n in ("a", "b", "c")})
+    state.narrow = True
+    first = state.filter(pod_json("p0", RESOURCES), ["c", "b", "a"])
+    assert first.passed == ["c"]  # every GPU as empty: the first node offered
+    assert first.failed == {"b": "gpuslice (bestfit) chose c", "a": "gpuslice (bestfit) chose c"}
+    api.pods[("team-a", "p0")] = pod_json("p0", RESOURCES)
+    assert state.bind("team-a", "p0", "uid-p0", "c") == ""
+    second = state.filter(pod_json("p1", RESOURCES), ["a", "b", "c"])
+    assert second.passed == ["c"]  # c's GPU holds one instance now: the fullest with a free one
+    api.pods[("team-a", "p1")] = pod_json("p1", RESOURCES)
+    assert state.bind("team-a", "p1", "uid-p1", "c") == ""
+    third = state.filter(pod_json("p2", RESOURCES), ["c", "b", "a"])
+    assert third.passed == ["b"] and "no free MIG instance" in third.failed["c"]
+    starts = set()
+    for name in ("p0", "p1"):
+        decision = Decision.from_annotations(api.annotations_of(name))
+        assert decision is not None and decision.mig is not None and decision.node == "c"
+        starts.add(decision.mig.start)
+    assert starts == {0, 4}
+    state.check_invariants()
