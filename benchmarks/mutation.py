@@ -47,6 +47,7 @@ TARGETS: dict[str, tuple[str, tuple[str, ...]]] = {
             "tests/k8s/test_extender_fit_rule.py",
             "tests/k8s/test_extender_mig_ledger.py",
             "tests/k8s/test_extender_bind_race.py",
+            "tests/k8s/test_extender_containers.py",
         ),
     ),
     "dra-allocator": (
