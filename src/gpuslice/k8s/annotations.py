@@ -316,6 +316,12 @@ class PodGpuRequest:
         return self.gpus > 0 or self.mig_count > 0
 
     @property
+    def slice_cores_percent(self) -> int:
+        """The compute percent a decision records for this ask: its cores, else 0 for a memory-only
+        share and 100 for whole GPUs."""
+        return self.cores_percent or (0 if self.memory_mib else 100)
+
+    @property
     def multi(self) -> bool:
         """More than one container asks: the kubelet calls Allocate once per asking container."""
         return bool(self.more or self.init)

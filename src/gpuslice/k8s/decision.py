@@ -127,9 +127,9 @@ class Decision:
     def current(self) -> Decision:
         """The decision of the container whose Allocate comes next: the pod's own for one container,
         else its slice at ``allocated`` (the last one once all are answered) in the pod's terms."""
-        if not self.containers:
+        c = self._next_slice()
+        if c is None:
             return self
-        c = self.containers[min(self.allocated, len(self.containers) - 1)]
         return replace(
             self, container=c.container, gpu_indices=c.gpu_indices, gpu_uuids=c.gpu_uuids,
             memory_mib=c.memory_mib, cores_percent=c.cores_percent, mig=c.mig,
@@ -138,7 +138,12 @@ class Decision:
     @property
     def current_is_inside(self) -> bool:
         """Does the container whose Allocate comes next run inside the pod's first slice?"""
-        return bool(self.containers) and self.containers[min(self.allocated, len(self.containers) - 1)].inside
+        c = self._next_slice()
+        return c is not None and c.inside
+
+    def _next_slice(self) -> ContainerDecision | None:
+        """The slice at ``allocated`` (the last one once all are answered); None for one container."""
+        return self.containers[min(self.allocated, len(self.containers) - 1)] if self.containers else None
 
     def to_annotations(self) -> dict[str, str]:
         out = {

@@ -266,12 +266,9 @@ class Allocation:
         self, pod_decision: Decision, init: Decision, devices: list[PluginDevice]
     ) -> Decision | None:
         """An init container's decision on the GPUs of the kubelet's ``devices``, if they are as many
-        as it asks for, on distinct GPUs of the pod's first app container's slice; else None."""
-        first = next((c for c in pod_decision.containers if not c.inside), None)
-        if first is None:
-            return None
-        index = {g.uuid: g.index for g in self.machine.gpus}
-        allowed = [index[u] for u in first.gpu_uuids if u in index] or list(first.gpu_indices)
+        as it asks for, on distinct GPUs of the pod's first slice (the one the decision's own keys
+        describe); else None."""
+        allowed = self._decision_gpus(pod_decision)
         gpus = [d.gpu for d in devices]
         wanted = len(init.gpu_uuids or init.gpu_indices)
         if len(gpus) != wanted or len(set(gpus)) != wanted or not set(gpus) <= set(allowed):

@@ -72,10 +72,9 @@ def inside(ask: PodGpuRequest, first: ContainerDecision) -> tuple[ContainerDecis
             out.append(ContainerDecision(one.container, first.gpu_indices, first.gpu_uuids, 0, 100, first.mig,
                                          inside=True))  # fmt: skip
             continue
-        cores = one.cores_percent or (0 if one.memory_mib else 100)
         out.append(ContainerDecision(
-            one.container, first.gpu_indices[: one.gpus], first.gpu_uuids[: one.gpus], one.memory_mib, cores,
-            inside=True,
+            one.container, first.gpu_indices[: one.gpus], first.gpu_uuids[: one.gpus], one.memory_mib,
+            one.slice_cores_percent, inside=True,
         ))  # fmt: skip
     return tuple(out)
 
@@ -106,8 +105,7 @@ def _hold_one(
     if isinstance(result, Refusal):
         return str(result)
     uuids = {g.index: g.uuid for g in inv.gpus}
-    cores = one.cores_percent or (0 if one.memory_mib else 100)
     slice_ = ContainerDecision(
-        one.container, gpus, tuple(uuids.get(g, "") for g in gpus), one.memory_mib, cores
+        one.container, gpus, tuple(uuids.get(g, "") for g in gpus), one.memory_mib, one.slice_cores_percent
     )
     return slice_, result
