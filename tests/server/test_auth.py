@@ -2,13 +2,23 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import stat
+import threading
+import time
 
 import pytest
 
 from gpuslice.errors import InvalidRequest
-from gpuslice.server.auth import TokenFile, bearer_problem, check_bearer, load_or_create_token, read_token
+from gpuslice.server.auth import (
+    POLL_SECONDS,
+    TokenFile,
+    bearer_problem,
+    check_bearer,
+    load_or_create_token,
+    read_token,
+)
 from gpuslice.server.errors import NotAuthenticated
 
 
@@ -28,8 +38,9 @@ def test_token_readable_by_others_is_refused_with_the_fix(tmp_path):
 
 
 def test_missing_token_says_how_to_start_the_server(tmp_path):
-    with pytest.raises(InvalidRequest, match="gpuslice serve --state-dir"):
+    with pytest.raises(InvalidRequest, match="gpuslice serve --state-dir") as refused:
         read_token(tmp_path)
+    assert "GPUSLICE_TOKEN" in str(refused.value)  # the variable's name as the client reads it
 
 
 @pytest.mark.parametrize(
@@ -95,7 +106,7 @@ def test_a_token_file_that_holds_no_single_token_is_refused(tmp_path, content):
     path = tmp_path / "token"
     path.write_bytes(content)
     path.chmod(0o600)
-    with pytest.raises(InvalidRequest):
+    with pytest.raises(InvalidRequest, match="does not hold one token; delete it"):
         read_token(tmp_path)
 
 
@@ -104,3 +115,121 @@ def test_a_token_file_of_exactly_4_kib_is_still_read(tmp_path):
     path.write_bytes(b"t" * 4096)
     path.chmod(0o600)
     assert read_token(tmp_path) == "t" * 4096
+
+
+def test_a_new_token_is_256_bits_as_43_urlsafe_characters(tmp_path):
+    token = load_or_create_token(tmp_path)
+    assert len(token) == 43
+    assert set(token) <= set("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_")
+    assert (tmp_path / "token").read_text() == token + "\n"
+
+
+def test_a_state_directory_that_is_a_file_is_refused_as_unreadable(tmp_path):
+    (tmp_path / "state").write_text("not a folder\n")
+    with pytest.raises(InvalidRequest, match="cannot be read"):
+        read_token(tmp_path / "state")
+
+
+def test_a_token_file_of_another_user_is_refused(tmp_path, monkeypatch):
+    load_or_create_token(tmp_path)
+    owner = (tmp_path / "token").stat().st_uid
+    monkeypatch.setattr(os, "geteuid", lambda: owner + 1)
+    with pytest.raises(InvalidRequest, match=f"belongs to user id {owner}"):
+        read_token(tmp_path)
+
+
+@pytest.mark.parametrize("mode", [0o640, 0o620, 0o610, 0o604, 0o602, 0o601])
+def test_a_token_file_any_group_or_other_bit_is_refused(tmp_path, mode):
+    load_or_create_token(tmp_path)
+    os.chmod(tmp_path / "token", mode)
+    with pytest.raises(InvalidRequest, match="chmod 600"):
+        read_token(tmp_path)
+
+
+@pytest.mark.parametrize(
+    "header",
+    ["Bearer secret", "bearer secret", "BEARER secret", "Bearer  secret", "Bearer secret "],
+    ids=["canonical", "lower-case scheme", "upper-case scheme", "two spaces", "trailing blank"],
+)
+def test_the_bearer_scheme_is_case_insensitive_and_blanks_around_the_token_are_ignored(header):
+    # RFC 7235: the scheme is case-insensitive; RFC 6750: one or more spaces before the token
+    assert bearer_problem(header, "secret") is None
+
+
+def test_a_bearer_with_no_token_on_the_server_is_rejected_and_says_the_file_is_unusable():
+    assert "no usable token file" in bearer_problem("Bearer secret", None)
+    with pytest.raises(NotAuthenticated, match="no usable token file"):
+        check_bearer("Bearer secret", None)
+    assert bearer_problem(None, None) == bearer_problem("Basic x", "secret")  # told it needs a bearer first
+
+
+def _replace_token(path, text):
+    replacement = path.with_name("token.new")
+    replacement.write_text(text)
+    replacement.chmod(0o600)
+    os.replace(replacement, path)  # a new inode: the watcher sees it whatever the clock's resolution
+
+
+def test_polling_reads_the_file_again_only_when_it_changed(tmp_path):
+    load_or_create_token(tmp_path)
+    watched = TokenFile(tmp_path)
+    assert watched.poll() is False and watched.poll() is False
+    _replace_token(tmp_path / "token", "second\n")
+    assert watched.poll() is True and watched.current == "second"
+    assert watched.poll() is False
+    os.chmod(tmp_path / "token", 0o644)
+    assert watched.poll() is True and watched.current is None and "chmod 600" in watched.problem
+    (tmp_path / "token").unlink()
+    assert watched.poll() is True and "missing" in watched.problem
+    assert watched.poll() is False
+
+
+def test_a_token_file_swapped_for_a_link_to_itself_is_noticed_and_refused(tmp_path):
+    load_or_create_token(tmp_path)
+    watched = TokenFile(tmp_path)
+    os.rename(tmp_path / "token", tmp_path / "elsewhere")  # same inode, size, mtime and mode
+    (tmp_path / "token").symlink_to(tmp_path / "elsewhere")
+    assert watched.poll() is True
+    assert watched.current is None and "symbolic link" in watched.problem
+
+
+def test_changes_are_logged_without_the_token_and_the_first_read_and_unchanged_reads_are_not(
+    tmp_path, caplog
+):
+    token = load_or_create_token(tmp_path)
+    with caplog.at_level(logging.WARNING, logger="gpuslice.server"):
+        watched = TokenFile(tmp_path)
+        watched.reload()
+        assert caplog.records == []
+        _replace_token(tmp_path / "token", "second\n")
+        watched.reload()
+        (tmp_path / "token").unlink()
+        watched.reload()
+        watched.reload()
+    messages = [record.getMessage() for record in caplog.records]
+    assert len(messages) == 2, messages
+    assert "previous one is refused" in messages[0] and "missing" in messages[1]
+    assert not any(token in m or "second" in m for m in messages)
+
+
+def test_the_watcher_follows_the_file_and_stops(tmp_path):
+    load_or_create_token(tmp_path)
+    watched = TokenFile(tmp_path, poll_seconds=0.01)
+    watched.stop()  # stopping a watcher that never started is harmless
+    watched = TokenFile(tmp_path, poll_seconds=0.01)
+    watched.start()
+    try:
+        thread = next(t for t in threading.enumerate() if t.name == "gpuslice-token")
+        assert thread.daemon  # never holds up the server's exit
+        _replace_token(tmp_path / "token", "second\n")
+        deadline = time.monotonic() + 10  # generous: only a stalled machine takes more than a poll
+        while watched.current != "second" and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert watched.current == "second"
+    finally:
+        watched.stop()
+    assert not thread.is_alive()
+
+
+def test_a_replaced_token_takes_effect_within_a_second():
+    assert 0 < POLL_SECONDS <= 1

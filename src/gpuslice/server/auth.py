@@ -4,9 +4,9 @@ Every state-changing call (submit, cancel, tenant quotas) must carry ``Authoriza
 and so does every read but /v1/health and /metrics unless the server runs with ``--public-reads``
 (guard.py applies both, and the dashboard's read-only cookie).
 
-The server reads the file again on SIGHUP and when it changes (``TokenFile``: its inode, size or mtime,
-looked at every ``POLL_SECONDS``): a replaced token takes effect within a second and the old one is
-refused from then on, dashboard cookies made from it too. While the file is missing, or is not a
+The server reads the file again on SIGHUP and when it changes (``TokenFile.poll``: its inode, size or
+mtime, looked at every ``POLL_SECONDS``): a replaced token takes effect within a second and the old one
+is refused from then on, dashboard cookies made from it too. While the file is missing, or is not a
 regular file of the server's user with mode 0600 (read without following a link), the server has no
 token and refuses every call that needs one, until a good file is back. A call without a bearer is told
 it needs one; a call with a wrong one is told "token rejected".
@@ -146,10 +146,17 @@ class TokenFile:
             return None
         return (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns, info.st_mode, info.st_uid)
 
+    def poll(self) -> bool:
+        """Read the file again if it changed since the last read (its inode, size, mtime, mode or owner,
+        or a link put in its place); True when it did. The watcher started by ``start`` calls this."""
+        if self._stamp() == self._seen:
+            return False
+        self.reload()
+        return True
+
     def _watch(self) -> None:
         while not self._stop.wait(self.poll_seconds):
-            if self._stamp() != self._seen:
-                self.reload()
+            self.poll()
 
 
 def bearer_problem(authorization: str | None, token: str | None) -> str | None:
