@@ -11,8 +11,19 @@ every survivor's diff, to be killed by a new test or explained as equivalent.
 How it runs: mutmut 3 imports the mutated copy it writes under ``mutants/``, so the package must not be
 installed in the interpreter that runs it (an editable install's import hook would win). The script
 clones this repository's HEAD into a temporary folder, makes a virtual environment there with the test
-dependencies and mutmut, uninstalls gpuslice from it, and runs mutmut once per target. Minutes per
-target on the project's 2-core VM; not part of CI.
+dependencies and mutmut, uninstalls gpuslice from it, and runs mutmut once per target. Processes the
+tests start themselves (a policy file's worker: ``sys.executable -m gpuslice.programs.policy_worker``)
+import the mutants too, through a ``.pth`` file in that environment naming ``mutants/src``: Python adds
+a ``.pth`` folder only if it exists when the interpreter starts, so mutmut's own process (started
+before it makes ``mutants/``) keeps the ``sys.path`` it sets up itself, and the workers, started while
+a mutant is on, get the mutated package and the ``MUTANT_UNDER_TEST`` they inherit. (``PYTHONPATH``
+instead made mutmut's stats run fail.) ``--work DIR`` keeps the clone and the environment in ``DIR``
+for the next run, which only brings the clone to HEAD. Minutes per target on the project's 2-core VM
+(the DRA allocator about an hour with ``--children 1``); not part of CI.
+
+Outcomes other than killed and survived: "no tests" (no test of the area runs the mutated function:
+listed with the survivors, as untested code), "timeout" (a test run hung past mutmut's limit: the
+mutant was noticed, but the score counts it as not killed), and any crash.
 """
 
 from __future__ import annotations
@@ -64,17 +75,28 @@ def _run(command: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
 
 
 def _environment(work: Path) -> Path:
-    """A clone of HEAD and a virtual environment with the test dependencies and mutmut, no gpuslice."""
+    """A clone of HEAD and a virtual environment with the test dependencies and mutmut, no gpuslice;
+    one left in ``work`` by an earlier run is reused, its clone brought to HEAD."""
     clone = work / "repo"
-    subprocess.run(["git", "clone", "-q", str(REPO), str(clone)], check=True)
     venv = work / "venv"
+    python = str(venv / "bin" / "python")
+    if (venv / "bin" / "mutmut").exists() and (clone / ".git").exists():
+        subprocess.run(["git", "fetch", "-q", str(REPO), "HEAD"], cwd=clone, check=True)
+        subprocess.run(["git", "reset", "-q", "--hard", "FETCH_HEAD"], cwd=clone, check=True)
+        subprocess.run(["git", "clean", "-q", "-fdx", "-e", "mutants"], cwd=clone, check=True)
+        return clone
+    subprocess.run(["git", "clone", "-q", str(REPO), str(clone)], check=True)
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-    pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "-q"]
+    pip = [python, "-m", "pip", "install", "-q"]
     print("installing the test dependencies and mutmut (minutes)...", file=sys.stderr, flush=True)
     subprocess.run([*pip, f"{clone}[test]", MUTMUT], check=True)
-    subprocess.run(
-        [str(venv / "bin" / "python"), "-m", "pip", "uninstall", "-q", "-y", "gpuslice"], check=True
-    )
+    subprocess.run([python, "-m", "pip", "uninstall", "-q", "-y", "gpuslice"], check=True)
+    # the tests' own child processes import the mutants (see the module docstring)
+    purelib = subprocess.run(
+        [python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        text=True, capture_output=True, check=True,
+    ).stdout.strip()  # fmt: skip
+    Path(purelib, "gpuslice-mutants.pth").write_text(f"{clone / 'mutants' / 'src'}\n")
     return clone
 
 
@@ -112,6 +134,11 @@ def main() -> None:
     parser.add_argument(
         "--children", type=int, default=os.cpu_count() or 1, help="mutants tested at once (default: the CPUs)"
     )
+    parser.add_argument(
+        "--work",
+        type=Path,
+        help="keep the clone and its environment here and reuse them (default: a temporary folder)",
+    )
     args = parser.parse_args()
     if args.children < 1:
         parser.error(f"--children {args.children}: at least 1")
@@ -120,7 +147,11 @@ def main() -> None:
           f"Python {platform.python_version()}, load {os.getloadavg()[0]:.1f}\n")  # fmt: skip
     survivors: list[tuple[str, str]] = []
     with tempfile.TemporaryDirectory(prefix="gpuslice-mutation-") as tmp:
-        clone = _environment(Path(tmp))
+        work = args.work.resolve() if args.work else Path(tmp)
+        work.mkdir(parents=True, exist_ok=True)
+        clone = _environment(work)
+        commit = _run(["git", "log", "-1", "--format=%h %s"], clone).stdout.strip()
+        print(f"commit {commit[:100]}\n")
         print("| module | tests | mutants | killed | survived | other | killed % |")
         print("|---|---|---:|---:|---:|---:|---:|")
         for name in chosen:
@@ -132,7 +163,15 @@ def main() -> None:
             score = 100.0 * killed / total if total else float("nan")
             print(f"| {module.removeprefix('src/gpuslice/')} | {', '.join(tests)} | {total} | {killed} | "
                   f"{len(survived)} | {other} | {score:.0f} |", flush=True)  # fmt: skip
+            others = {k: len(v) for k, v in sorted(outcomes.items()) if k not in ("killed", "survived")}
+            if others:
+                print(f"<!-- other: {', '.join(f'{n} {k}' for k, n in others.items())} -->", flush=True)
             survivors += [(m, _diff(clone, m)) for m in survived]
+            survivors += [
+                (m, f"({kind}) {_diff(clone, m)}")
+                for kind in ("no tests", "timeout")
+                for m in outcomes.get(kind, [])
+            ]
     if survivors:
         print("\nSurvivors:\n")
         for mutant, diff in survivors:
