@@ -5,18 +5,25 @@ over-committed, and a claim nothing fits gets its reason once."""
 from __future__ import annotations
 
 import copy
+import logging
 import random
+import re
+import threading
 from collections import Counter, defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
 
+import pytest
 from kubernetes.utils import parse_quantity
 
-from gpuslice.k8s.dra.allocator import GATE, ClaimPlacement, DraAllocator, Inventory, claim_ask
+from gpuslice.errors import InvalidRequest
+from gpuslice.hardware.node import MAX_GPUS_PER_NODE
+from gpuslice.k8s.dra.allocator import GATE, ClaimAsk, ClaimPlacement, DraAllocator, Inventory, claim_ask
 from gpuslice.k8s.dra.classes import CLASS_MIG, CLASS_SHARED, CLASS_WHOLE
 from gpuslice.k8s.dra.identity import gpu_identities
+from gpuslice.k8s.dra.preempt import Holder
 from gpuslice.k8s.dra.slices import DRIVER, node_slices
 from gpuslice.ledger import RefusalCode
 from gpuslice.node.discovery import discover
@@ -241,6 +248,10 @@ def test_a_claim_nothing_fits_is_refused_with_the_fit_rules_codes_counted_over_t
     refused = inventory.place(huge, None)
     assert isinstance(refused, Unplaced)
     assert refused.node_count == 2 and refused.reasons == Counter({RefusalCode.INSUFFICIENT_GPU_MEMORY: 2})
+    # with the amounts of the node it came closest on: the first, as both are empty H100s
+    assert refused.closest is not None and refused.closest_node == "a"
+    assert refused.closest.amounts == "need 4 TiB, free 79.6 GiB of 79.6 GiB GPU memory", refused.closest
+    assert str(refused).endswith("; closest: a (need 4 TiB, free 79.6 GiB of 79.6 GiB GPU memory)")
     placed = inventory.place(small, None)
     assert isinstance(placed, ClaimPlacement) and placed.node in ("a", "b")
     assert len(placed.gpus) == 1 and (placed.memory_mib, placed.cores) == (1024, 10)
@@ -370,3 +381,385 @@ def test_a_claim_made_from_a_template_is_found_through_the_pods_status() -> None
     pod["status"] = {"resourceClaimStatuses": [{"name": "gpu", "resourceClaimName": "t1"}]}
     assert DraAllocator(api).run_once() == 1
     assert [r["pool"] for r in api.results("t1")] == ["a"] and not api.gated("t1")
+
+
+def _claim(spec: dict[str, Any]) -> dict[str, Any]:
+    return {"metadata": {"namespace": "t", "name": "c", "uid": "c"}, "spec": spec}
+
+
+def test_claim_ask_reads_count_memory_cores_class_and_match_attribute() -> None:
+    shared = spec(
+        CLASS_SHARED, count=2, capacity={"memory": "1536Ki", "cores": "30"}, match="gpu.gpuslice.io/uuid"
+    )
+    assert claim_ask(_claim(shared)) == ClaimAsk("gpu", 2, 2, 30, False, "gpu.gpuslice.io/uuid")
+    # no memory asked: all of it (0); no cores: the whole GPU's; no count: one; no constraint: no attribute
+    bare = spec(CLASS_WHOLE)
+    del bare["devices"]["requests"][0]["exactly"]["count"]
+    assert claim_ask(_claim(bare)) == ClaimAsk("gpu", 1, 0, 100, True, "")
+    explicit = spec(CLASS_SHARED, capacity={"cores": "5"})
+    explicit["devices"]["requests"][0]["exactly"]["allocationMode"] = "ExactCount"
+    explicit["devices"]["constraints"] = [{"requests": ["gpu"]}]  # a constraint that names nothing
+    assert claim_ask(_claim(explicit)) == ClaimAsk("gpu", 1, 0, 5, False, "")
+
+
+def _undecided() -> dict[str, dict[str, Any]]:
+    """Claims gpuslice leaves to kube-scheduler's own allocator, by why."""
+    cases: dict[str, dict[str, Any]] = {}
+    cases["no spec"] = {}
+    cases["no requests"] = {"devices": {"requests": []}}
+    two = spec(CLASS_SHARED)
+    two["devices"]["requests"].append({"name": "more", "exactly": {"deviceClassName": CLASS_SHARED}})
+    cases["two requests"] = two
+    configured = spec(CLASS_SHARED)
+    configured["devices"]["config"] = [{"requests": ["gpu"], "opaque": {"driver": DRIVER, "parameters": {}}}]
+    cases["its own config"] = configured
+    cases["first available"] = {"devices": {"requests": [{"name": "gpu", "firstAvailable": []}]}}
+    cases["another class"] = spec("gpu.example.com")
+    cases["a selector"] = spec(CLASS_WHOLE, selectors=["true"])
+    every = spec(CLASS_WHOLE)
+    every["devices"]["requests"][0]["exactly"]["allocationMode"] = "All"
+    cases["all devices"] = every
+    admin = spec(CLASS_SHARED)
+    admin["devices"]["requests"][0]["exactly"]["adminAccess"] = True
+    cases["admin access"] = admin
+    cases["another capacity"] = spec(CLASS_SHARED, capacity={"memory": "1Gi", "bandwidth": "1"})
+    distinct = spec(CLASS_WHOLE, count=2)
+    distinct["devices"]["constraints"] = [{"requests": ["gpu"], "distinctAttribute": "gpu.gpuslice.io/uuid"}]
+    cases["distinct attribute"] = distinct
+    twice = spec(CLASS_WHOLE, count=2, match="resource.kubernetes.io/pcieRoot")
+    twice["devices"]["constraints"].append(
+        {"requests": ["gpu"], "matchAttribute": "gpu.gpuslice.io/numaNode"}
+    )
+    cases["two constraints"] = twice
+    return cases
+
+
+@pytest.mark.parametrize("case", sorted(_undecided()))
+def test_claims_gpuslice_does_not_decide_are_left_to_kube_scheduler(case: str) -> None:
+    assert claim_ask(_claim(_undecided()[case])) is None
+
+
+@pytest.mark.parametrize(
+    ("capacity", "named"),
+    [({"memory": "lots"}, "request gpu: capacity memory"), ({"cores": "2.5"}, "request gpu: capacity cores")],
+)
+def test_a_capacity_no_one_can_allocate_is_refused_naming_the_request_and_the_capacity(
+    capacity, named
+) -> None:
+    with pytest.raises(InvalidRequest, match=named):
+        claim_ask(_claim(spec(CLASS_SHARED, capacity=capacity)))
+
+
+def _slice(pool: str, generation: int, devices: list[dict[str, Any]], driver: str = DRIVER) -> dict[str, Any]:
+    return {"spec": {"driver": driver, "pool": {"name": pool, "generation": generation}, "devices": devices}}
+
+
+def _device(
+    name: str, mib: int = 1024, kind: str = "gpu", shared: bool = True, **attributes: Any
+) -> dict[str, Any]:
+    attrs = {"type": {"string": kind}, **{k: {"string": v} for k, v in attributes.items()}}
+    return {
+        "name": name,
+        "attributes": attrs,
+        "allowMultipleAllocations": shared,
+        "capacity": {"memory": {"value": f"{mib}Mi"}, "cores": {"value": "100"}},
+    }
+
+
+def test_the_inventory_holds_the_newest_generation_of_each_pool_and_only_shared_gpus_of_this_driver() -> None:
+    slices = [
+        _slice("b", 1, [_device("gpu-9")]),  # an old generation of pool b: gone
+        _slice("b", 2, [_device("gpu-1", 2048), _device("gpu-0", 4096)]),
+        _slice("b", 2, [_device("mig-0", kind="mig"), _device("gpu-2", shared=False)]),
+        _slice("a", 3, [_device("gpu-0", 512)]),
+        _slice("c", 1, [_device("gpu-0")], driver="gpu.example.com"),  # another driver's pool
+        _slice(
+            "d", 1, [_device(f"gpu-{k:02d}") for k in range(MAX_GPUS_PER_NODE + 1)]
+        ),  # no node has that many
+        _slice("e", 1, [_device("mig-0", kind="mig")]),  # no shared GPU: no node
+    ]
+    inventory = Inventory(slices, [], "bestfit")
+    assert inventory.nodes == ["a", "b"]
+    assert [[(g.device, g.memory_mib) for g in gs] for gs in inventory.gpus] == [
+        [("gpu-0", 512)],
+        [("gpu-0", 4096), ("gpu-1", 2048)],  # by device name
+    ]
+    assert inventory.ledger is not None and inventory.ledger.node_count == 2
+    assert inventory.free(1) == ([1000, 1000], [4096 * 2**20, 2048 * 2**20], [4096 * 2**20, 2048 * 2**20])
+
+
+def test_an_inventory_of_no_node_places_nothing_and_preempts_nothing() -> None:
+    inventory = Inventory([_slice("c", 1, [_device("gpu-0")], driver="gpu.example.com")], [], "bestfit")
+    assert inventory.nodes == [] and inventory.ledger is None
+    ask = ClaimAsk("gpu", 1, 0, 100, True)
+    unplaced = inventory.place(ask, None)
+    assert isinstance(unplaced, Unplaced) and unplaced.node_count == 0 and DRIVER in unplaced.note
+    assert inventory.preemption(ask, 100, None) is None
+
+
+def _allocated(
+    uid: str, results: list[dict[str, Any]], pods: list[dict[str, Any]] | None = None
+) -> dict[str, Any]:
+    return {
+        "metadata": {"namespace": "t", "name": uid, "uid": uid},
+        "status": {"allocation": {"devices": {"results": results}}, "reservedFor": pods or []},
+    }
+
+
+def _result(device: str, pool: str = "a", driver: str = DRIVER, **consumed: str) -> dict[str, Any]:
+    return {"request": "gpu", "driver": driver, "pool": pool, "device": device, "consumedCapacity": consumed}
+
+
+def test_allocated_claims_are_reserved_and_held_by_their_pods_at_their_highest_priority() -> None:
+    slices = [_slice("a", 1, [_device("gpu-0", 4096), _device("gpu-1", 4096)])]
+    claims = [
+        _allocated(
+            "shared",
+            [_result("gpu-0", memory="1Gi", cores="30")],
+            [
+                {"resource": "pods", "name": "p1", "uid": "u1"},
+                {"resource": "pods", "name": "p2", "uid": "u2"},
+                {"resource": "jobs", "name": "j", "uid": "u3"},  # not a pod: never preempted
+            ],
+        ),
+        _allocated("whole", [_result("gpu-1")]),  # no consumedCapacity: the whole GPU
+        _allocated("elsewhere", [_result("gpu-0", pool="z"), _result("gpu-0", driver="gpu.example.com")]),
+        {"metadata": {"namespace": "t", "name": "pending", "uid": "pending"}},
+    ]
+    inventory = Inventory(slices, claims, "bestfit", priorities={"u1": 5, "u2": 7, "u3": 99})
+    assert inventory.free(0) == ([700, 0], [3 * 2**30, 0], [4 * 2**30, 4 * 2**30])
+    assert inventory.holders == [
+        Holder("shared", 0, (0,), 300, 2**30, (("t", "p1", "u1"), ("t", "p2", "u2")), 7),
+        Holder("whole", 0, (1,), 1000, 4 * 2**30, (), 0),
+    ]
+    assert inventory.shapes == [Request(0, num_gpu=1, gpu_milli=300), Request(0, num_gpu=1, gpu_milli=1000)]
+
+
+def test_claims_allocated_beyond_a_gpus_capacity_are_logged(caplog) -> None:
+    slices = [_slice("a", 1, [_device("gpu-0", 4096)])]
+    claims = [_allocated(f"c{k}", [_result("gpu-0", memory="3Gi", cores="50")]) for k in range(2)]
+    with caplog.at_level(logging.ERROR, logger="gpuslice.k8s.dra.allocator"):
+        inventory = Inventory(slices, claims, "bestfit")
+    assert [r.getMessage() for r in caplog.records] == ["claims allocated on a gpu-0 exceed its capacity"]
+    assert len(inventory.holders) == 2
+
+
+def test_the_request_of_a_whole_gpu_a_share_and_a_share_without_memory() -> None:
+    inventory = Inventory([_slice("a", 1, [_device("gpu-0", 4096), _device("gpu-1", 8192)])], [], "bestfit")
+    assert inventory.request(ClaimAsk("gpu", 1, 1000, 30, True)) == Request(0, num_gpu=1, gpu_milli=1000)
+    assert inventory.request(ClaimAsk("gpu", 2, 1000, 30, False)) == Request(0, num_gpu=2, gpu_milli=1000)
+    assert inventory.request(ClaimAsk("gpu", 1, 1000, 30, False)) == Request(
+        0, num_gpu=1, gpu_milli=300, gpu_memory_bytes=1024 * 2**20
+    )
+    # a share that names no memory asks for the biggest GPU's: it fits a GPU only while that one is free
+    assert inventory.request(ClaimAsk("gpu", 1, 0, 100, False)) == Request(
+        0, num_gpu=1, gpu_milli=1000, gpu_memory_bytes=8192 * 2**20
+    )
+
+
+@pytest.mark.parametrize(
+    "ask",
+    [ClaimAsk("gpu", 0, 0, 10, False), ClaimAsk("gpu", 1, -1, 10, False), ClaimAsk("gpu", 1, 0, 0, False),
+     ClaimAsk("gpu", 1, 0, 101, False)],
+    ids=["no GPU", "negative memory", "no cores", "over 100 cores"],
+)  # fmt: skip
+def test_an_ask_no_gpu_could_serve_is_refused_and_never_preempts(ask: ClaimAsk) -> None:
+    inventory = Inventory([_slice("a", 1, [_device("gpu-0")])], [], "bestfit")
+    with pytest.raises(InvalidRequest, match="count, memory and cores must be positive"):
+        inventory.place(ask, None)
+    assert inventory.preemption(ask, 100, None) is None
+    assert inventory.request(ClaimAsk("gpu", 1, 0, 100, False)).gpu_milli == 1000  # 100 cores: the edge
+
+
+def test_a_node_selector_no_node_matches_is_said_after_the_fit_rules_counts() -> None:
+    inventory = Inventory([_slice("a", 1, [_device("gpu-0")])], [], "bestfit")
+    unplaced = inventory.place(ClaimAsk("gpu", 1, 256, 10, False), "nowhere")
+    assert isinstance(unplaced, Unplaced) and not unplaced.reasons
+    assert str(unplaced) == "0/1 nodes fit: the pod's node selector or the claim's constraint"
+    placed = inventory.place(ClaimAsk("gpu", 1, 256, 10, False), "a")
+    assert isinstance(placed, ClaimPlacement) and placed.node == "a"
+
+
+def test_a_match_attribute_of_the_driver_is_read_by_its_short_name_and_the_tightest_group_is_used() -> None:
+    # two GPUs under root x, three under root y, one with no root; a pair goes to x, the tighter group
+    devices = [_device("gpu-0", root="x"), _device("gpu-1", root="y"), _device("gpu-2", root="x"),
+               _device("gpu-3", root="y"), _device("gpu-4", root="y"), _device("gpu-5")]  # fmt: skip
+    for match in (f"{DRIVER}/root", "root"):
+        inventory = Inventory([_slice("a", 1, devices)], [], "bestfit")
+        placed = inventory.place(ClaimAsk("gpu", 2, 0, 100, True, match), None)
+        assert isinstance(placed, ClaimPlacement)
+        assert [g.device for g in placed.gpus] == ["gpu-0", "gpu-2"], match
+        # three more: only y has three GPUs
+        placed = inventory.place(ClaimAsk("gpu", 3, 0, 100, True, match), None)
+        assert isinstance(placed, ClaimPlacement)
+        assert [g.device for g in placed.gpus] == ["gpu-1", "gpu-3", "gpu-4"], match
+    # an attribute of another domain is read by its full name: none of these GPUs has one
+    inventory = Inventory([_slice("a", 1, devices)], [], "bestfit")
+    unplaced = inventory.place(ClaimAsk("gpu", 1, 0, 100, True, "example.com/root"), None)
+    assert isinstance(unplaced, Unplaced) and "claim's constraint" in str(unplaced)
+
+
+def test_an_allocation_names_the_class_config_the_node_and_the_time_it_was_made() -> None:
+    api = FakeApi()
+    api.add_node("a", "dgx-h100")
+    api.add("w", spec(CLASS_WHOLE))
+    api.add("s", spec(CLASS_SHARED, capacity={"cores": "10"}))
+    DraAllocator(api).run_once()
+    for name, exclusive in (("w", True), ("s", False)):
+        allocation = api.claims[("t", name)]["status"]["allocation"]
+        (config,) = allocation["devices"]["config"]
+        assert config["source"] == "FromClass" and config["requests"] == ["gpu"]
+        assert (
+            config["opaque"]["driver"] == DRIVER and config["opaque"]["parameters"]["exclusive"] is exclusive
+        )
+        (term,) = allocation["nodeSelector"]["nodeSelectorTerms"]
+        assert term == {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["a"]}]}
+        assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", allocation["allocationTimestamp"])
+        (r,) = api.results(name)
+        assert r["request"] == "gpu"
+        # no memory named: the request policy's default (all of the GPU, on a 256 MiB step)
+        assert r["consumedCapacity"]["memory"] == "81408Mi"
+    assert api.results("w")[0]["consumedCapacity"]["cores"] == "100"
+    assert api.results("s")[0]["consumedCapacity"]["cores"] == "10"
+    assert api.results("w")[0]["shareID"] != api.results("s")[0]["shareID"]
+
+
+def test_gated_pods_are_decided_oldest_first_then_by_name_and_pods_without_the_gate_are_left_alone() -> None:
+    api = FakeApi()
+    api.slices = [_slice("a", 1, [_device("gpu-0")])]
+    api.add("free", spec(CLASS_WHOLE), gated=False)  # kube-scheduler's to decide, not gpuslice's
+    api.add("other", spec(CLASS_WHOLE))
+    api.pods[-1]["spec"]["schedulingGates"] = [{"name": "someone-else"}]
+    allocator = DraAllocator(api)
+    assert allocator.run_once() == 0 and api.results("free") == api.results("other") == []
+    api.pods = []
+    api.add("young", spec(CLASS_WHOLE))
+    api.add("old", spec(CLASS_WHOLE))
+    del api.pods[-1]["metadata"]["creationTimestamp"]  # none: older than any
+    api.pods[-1]["spec"]["schedulingGates"].insert(0, {"name": "someone-else"})
+    assert allocator.run_once() == 1  # the oldest got the GPU; the other keeps its gate
+    assert api.results("old") and not api.results("young") and api.gated("young")
+    assert [p["spec"]["schedulingGates"] for p in api.pods if p["metadata"]["name"] == "old"] == [
+        [{"name": "someone-else"}]  # only gpuslice's gate is removed
+    ]
+    api.claims.clear()
+    api.pods = []
+    api.add("b", spec(CLASS_WHOLE))
+    api.add("a", spec(CLASS_WHOLE))
+    for pod in api.pods:
+        pod["metadata"]["creationTimestamp"] = "2026-12-04T10:00:00Z"
+    allocator.run_once()
+    assert api.results("a") and not api.results("b")  # the same age: by name
+
+
+def test_a_pod_whose_claims_are_allocated_already_is_ungated_without_a_decision() -> None:
+    api = FakeApi()
+    api.add_node("a", "dgx-h100")
+    api.claims[("t", "mine")] = _allocated("mine", [_result("gpu-3")])
+    api.claims[("t", "mine")]["spec"] = spec(CLASS_WHOLE)
+    api.pods.append(
+        {
+            "metadata": {"namespace": "t", "name": "p", "uid": "p"},
+            "spec": {
+                "resourceClaims": [{"name": "gpu", "resourceClaimName": "mine"}],
+                "schedulingGates": [{"name": GATE}],
+            },
+        }
+    )
+    allocator = DraAllocator(api)
+    assert allocator.run_once() == 1 and allocator.decided == 0 and not api.gated("p")
+    assert api.results("mine") == [_result("gpu-3")]
+
+
+def test_a_pod_with_two_claims_for_gpuslice_is_told_to_split_them_and_keeps_its_gate() -> None:
+    api = FakeApi()
+    api.add_node("a", "dgx-h100")
+    api.add("one", spec(CLASS_WHOLE))
+    api.claims[("t", "two")] = _claim(spec(CLASS_SHARED, capacity={"cores": "10"})) | {
+        "metadata": {"namespace": "t", "name": "two", "uid": "c-two"}
+    }
+    api.pods[-1]["spec"]["resourceClaims"].append({"name": "more", "resourceClaimName": "two"})
+    assert DraAllocator(api).run_once() == 0
+    assert api.gated("one") and api.results("one") == api.results("two") == []
+    assert api.events == [("one", "gpuslice decides one claim per pod; split the claims")]
+
+
+def test_a_claim_whose_capacity_is_no_quantity_is_told_once_on_its_pod() -> None:
+    api = FakeApi()
+    api.add_node("a", "dgx-h100")
+    api.add("bad", spec(CLASS_SHARED, capacity={"memory": "lots"}))
+    allocator = DraAllocator(api)
+    assert allocator.run_once() == 0 and allocator.run_once() == 0
+    assert api.gated("bad")
+    ((pod, message),) = api.events
+    assert pod == "bad" and message.startswith("claim refused: request gpu: capacity memory")
+
+
+def test_a_pod_the_api_fails_for_is_retried_and_the_others_are_decided(caplog) -> None:
+    class Refusing(FakeApi):
+        def write_allocation(self, claim: Mapping[str, Any], allocation: Mapping[str, Any]) -> None:
+            if claim["metadata"]["name"] == "first":
+                raise RuntimeError("409 Conflict")
+            super().write_allocation(claim, allocation)
+
+    api = Refusing()
+    api.add_node("a", "dgx-h100")
+    api.add("first", spec(CLASS_WHOLE))
+    api.add("second", spec(CLASS_WHOLE))
+    allocator = DraAllocator(api)
+    with caplog.at_level(logging.WARNING, logger="gpuslice.k8s.dra.allocator"):
+        assert allocator.run_once() == 1
+    assert api.gated("first") and not api.gated("second") and allocator.decided == 1
+    assert [r.getMessage() for r in caplog.records] == ["pod t/first: 409 Conflict"]
+
+
+def test_run_passes_until_stopped_and_a_failed_pass_is_logged_and_retried(caplog) -> None:
+    stop = threading.Event()
+
+    class Flaky(FakeApi):
+        calls = 0
+
+        def list_pods(self) -> list[dict[str, Any]]:
+            self.calls += 1
+            if self.calls == 1:
+                raise RuntimeError("API server unreachable")
+            if self.calls == 3:
+                stop.set()
+            return super().list_pods()
+
+    api = Flaky()
+    api.add_node("a", "dgx-h100")
+    api.add("w", spec(CLASS_WHOLE))
+    with caplog.at_level(logging.ERROR, logger="gpuslice.k8s.dra.allocator"):
+        DraAllocator(api).run(stop, interval_s=0)
+    assert api.calls == 3 and api.results("w") and not api.gated("w")
+    assert [r.getMessage() for r in caplog.records] == ["DRA allocation pass failed; retrying"]
+
+
+def test_a_pass_that_ungated_pods_starts_the_next_at_once_and_an_idle_one_waits() -> None:
+    class Counting(FakeApi):
+        passes = 0
+
+        def list_pods(self) -> list[dict[str, Any]]:
+            self.passes += 1
+            return super().list_pods()
+
+    class Stop:
+        """A stop event that ends the loop at its first wait, and records how long it was asked to wait."""
+
+        def __init__(self) -> None:
+            self.waited: list[float] = []
+
+        def is_set(self) -> bool:
+            return bool(self.waited)
+
+        def wait(self, timeout: float) -> bool:
+            self.waited.append(timeout)
+            return True
+
+    api = Counting()
+    api.add_node("a", "dgx-h100")
+    api.add("w", spec(CLASS_WHOLE))
+    stop = Stop()
+    DraAllocator(api).run(stop, interval_s=7)  # type: ignore[arg-type]
+    assert api.passes == 2 and stop.waited == [7]  # the busy pass went on at once; the idle one waited

@@ -305,6 +305,7 @@ def test_pending_pod_gets_one_event_that_says_why(cluster, api):
     assert (namespace, name, reason) == ("team-a", "huge", "FailedScheduling")
     assert message.startswith("gpuslice: 0/5 nodes fit: 4 insufficient free GPU memory")
     assert f"1 {REASON_NO_INVENTORY}" in message
+    assert message.endswith("; closest: a100-0 (need 195.3 GiB, free 80 GiB of 80 GiB GPU memory)")
 
 
 # ---- prioritize ---------------------------------------------------------------------------------------

@@ -1,6 +1,6 @@
 """One fit rule in every home: on the same GPUs holding the same jobs, sim's ledger, serve's node
 scheduler and the Kubernetes extender give the same verdict for the same request, and when it does not
-fit, the same ledger code (each home then says it in its own words)."""
+fit, the same ledger code with the same amounts (each home then says it in its own words)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from gpuslice.hardware.node import NodeSpec
 from gpuslice.k8s.annotations import pod_gpu_request
 from gpuslice.k8s.extender import WatchEvent
 from gpuslice.k8s.extender.verdicts import verdict_texts
-from gpuslice.ledger import Ledger, Placement, RefusalCode, code_number, code_of
+from gpuslice.ledger import Ledger, Placement, Refusal, RefusalCode, code_number
 from gpuslice.scheduler.node_fit import refusal
 from gpuslice.scheduler.node_scheduler import NodeScheduler, StartJob
 from gpuslice.units import MiB
@@ -63,28 +63,30 @@ def holdings(seed: int) -> list[tuple[int, int, int]]:
     return out
 
 
-def sim_code(held, req) -> RefusalCode | None:
+def sim_refusal(held, req) -> Refusal | None:
     ledger = Ledger([NodeSpec("n", 0, 0, GPUS, MODEL, gpu_memory_bytes=MIB * MiB)])
     for g, cores, mib in held:
         assert isinstance(
             ledger.reserve(0, (g,), pod_gpu_request(pod_json("x", resources(cores, mib))).to_request()),
             Placement,
         )
-    codes = ledger.refusal_codes(req)
-    assert bool(ledger.fits(req)[0]) == (int(codes[0]) == 0)
-    return code_of(int(codes[0]))
+    refused = ledger.refusal(0, req)
+    assert bool(ledger.fits(req)[0]) == (refused is None)
+    return refused
 
 
-def serve_verdict(held, ask) -> tuple[RefusalCode | None, bool]:
+def serve_verdict(held, ask) -> tuple[Refusal | None, bool]:
     gpus = tuple(GpuInfo(i, f"GPU-{i}", MODEL, MIB * MiB) for i in range(GPUS))
     sched = NodeScheduler(Machine("m", gpus, None))
     for k, (g, cores, mib) in enumerate(held):
         sched.adopt(f"held-{k}", job(cores, mib), (g,), 0.0)
     sched.submit("new", job(*ask), 1.0)
     demand = sched._pending["new"].demand
-    code = refusal(demand, sched._capacity(), None)
+    refused = refusal(demand, sched._capacity(), None)
     started = any(isinstance(d, StartJob) and d.job_id == "new" for d in sched.step(1.0))
-    return code, started
+    if not started:  # the record behind the reason serve gives the job is the fit rule's, amounts and all
+        assert sched.pending_refusal("new") == refused
+    return refused, started
 
 
 def extender_verdict(held, ask) -> tuple[bool, str]:
@@ -101,13 +103,14 @@ def test_sim_serve_and_extender_give_one_verdict_and_one_code(ask):
     for seed in range(30):
         held = holdings(seed)
         pod_ask = pod_gpu_request(pod_json("new", resources(*ask)))
-        expected = sim_code(held, pod_ask.to_request())
-        code, started = serve_verdict(held, ask)
-        assert code == expected, (seed, held)
+        expected = sim_refusal(held, pod_ask.to_request())
+        record, started = serve_verdict(held, ask)
+        assert record == expected, (seed, held)
         assert started == (expected is None), (seed, held)
         passed, reason = extender_verdict(held, ask)
         assert passed == (expected is None), (seed, held)
         if expected is not None:
-            assert reason == verdict_texts(pod_ask, (MODEL,))[code_number(expected)], (seed, held)
-        seen.add(expected)
+            assert expected.amounts, expected  # every GPU refusal here names its resource and amounts
+            assert reason == verdict_texts(pod_ask, (MODEL,))[code_number(expected.code)], (seed, held)
+        seen.add(None if expected is None else expected.code)
     assert None in seen and len(seen) >= 2, seen  # every ask fits on some states and not on others

@@ -10,7 +10,8 @@ import numpy as np
 
 from gpuslice.hardware.mig import MigInstance, mig_gpu
 from gpuslice.hardware.node import NodeSpec
-from gpuslice.ledger import FITS, Ledger, Placement, RefusalCode, code_number, code_of, fit_codes
+from gpuslice.ledger import FITS, Ledger, Placement, Refusal, RefusalCode, code_number, code_of, fit_codes
+from gpuslice.ledger.placement import Unit
 from gpuslice.units import GiB
 from gpuslice.workload.request import Request
 
@@ -177,8 +178,8 @@ def test_a_request_that_takes_exactly_what_is_free_fits() -> None:
 def test_only_refusals_about_what_others_hold_are_curable_by_preemption() -> None:
     """The one rule of what an eviction can cure (Kubernetes' Unschedulable vs UnschedulableAndUnresolvable):
     a node that is not there, whose GPU model the request rules out, or a GPU choice that is wrong in
-    itself stays refused whoever leaves; free GPU, GPU memory, CPU, memory, MIG slots and a held node
-    come back when others go. The verdict arrays read the same rule by number."""
+    itself stays refused whoever leaves, and so does an unhealthy GPU; free GPU, GPU memory, CPU, memory,
+    MIG slots and a held node come back when others go. The verdict arrays read the same rule by number."""
     from gpuslice.ledger.fit import UNCURABLE
 
     uncurable = {c for c in RefusalCode if not c.curable}
@@ -188,6 +189,71 @@ def test_only_refusals_about_what_others_hold_are_curable_by_preemption() -> Non
         RefusalCode.WRONG_GPU_COUNT,
         RefusalCode.NO_SUCH_GPU,
         RefusalCode.DUPLICATE_GPU,
+        RefusalCode.UNHEALTHY_GPU,
     }
     assert not UNCURABLE[FITS]
     assert [bool(UNCURABLE[code_number(c)]) for c in RefusalCode] == [not c.curable for c in RefusalCode]
+
+
+# ---- amounts -----------------------------------------------------------------------------------------
+
+
+def _two_nodes() -> Ledger:
+    """Two 4-GPU nodes of 16 GiB GPUs; GPU memory taken: node 0 [10, 4, 12, 16] GiB, node 1 [6, 6, 6, 6]."""
+    ledger = Ledger(
+        [NodeSpec(f"n{i}", 8_000, 32 * GiB, 4, "A100", gpu_memory_bytes=16 * GiB) for i in range(2)]
+    )
+    for node, taken in enumerate(([10, 4, 12, 16], [6, 6, 6, 6])):
+        for gpu, gib in enumerate(taken):
+            ledger.reserve(
+                node, (gpu,), Request(cpu_milli=0, num_gpu=1, gpu_milli=100, gpu_memory_bytes=gib * GiB)
+            )
+    return ledger
+
+
+def test_a_refusal_on_gpu_memory_gives_what_the_best_set_of_gpus_could_give_each() -> None:
+    """Two whole GPUs with 8 GiB free each on node 0, whose free memory is [6, 12, 4, 0] GiB: the best
+    pair gives 6 GiB each (the second most free), of 16 GiB GPUs."""
+    req = Request(cpu_milli=0, num_gpu=2, gpu_milli=1000, gpu_memory_bytes=8 * GiB)
+    refused = _two_nodes().refusal(0, req)
+    assert refused == Refusal(
+        RefusalCode.INSUFFICIENT_GPU_MEMORY,
+        0,
+        need=8 * GiB,
+        free=6 * GiB,
+        capacity=16 * GiB,
+        unit=Unit.GPU_MEMORY,
+    )
+    assert refused.amounts == "need 8 GiB, free 6 GiB of 16 GiB GPU memory"
+
+
+def test_the_closest_node_is_the_one_with_the_most_of_the_missing_resource_free() -> None:
+    """11 GiB and 950 milli on one GPU fit neither node: node 0 has the memory (12 GiB on GPU 1) but 900
+    milli free on each GPU, node 1 has 10 GiB free at most. One node fails each check; on a tie the
+    earlier check of the fit rule is the one reported (GPU memory), so node 1 with its 10 GiB."""
+    ledger = _two_nodes()
+    req = Request(cpu_milli=0, num_gpu=1, gpu_milli=950, gpu_memory_bytes=11 * GiB)
+    assert [code_of(int(c)) for c in ledger.refusal_codes(req)] == [
+        RefusalCode.INSUFFICIENT_GPU,
+        RefusalCode.INSUFFICIENT_GPU_MEMORY,
+    ]
+    closest = ledger.closest(req)
+    assert closest == Refusal(
+        RefusalCode.INSUFFICIENT_GPU_MEMORY,
+        1,
+        need=11 * GiB,
+        free=10 * GiB,
+        capacity=16 * GiB,
+        unit=Unit.GPU_MEMORY,
+    )
+    # A whole GPU: every GPU of both nodes holds a share, so none is free; the first node is reported
+    whole = Request(cpu_milli=0, num_gpu=1, gpu_milli=1000)
+    assert ledger.closest(whole) == Refusal(
+        RefusalCode.INSUFFICIENT_GPU, 0, need=1, free=0, capacity=4, unit=Unit.GPUS
+    )
+    cpu = Request(cpu_milli=9_000)
+    assert ledger.reserve(1, (), Request(cpu_milli=1_000)) is not None
+    assert ledger.closest(cpu) == Refusal(
+        RefusalCode.INSUFFICIENT_CPU, 0, need=9_000, free=8_000, capacity=8_000, unit=Unit.CPU_MILLI
+    )
+    assert ledger.closest(Request(cpu_milli=1_000)) is None  # it fits somewhere

@@ -13,7 +13,7 @@ import pytest
 
 from gpuslice.errors import LedgerError
 from gpuslice.ledger.ledger import Ledger, LedgerView
-from gpuslice.ledger.placement import Placement, Refusal, RefusalCode
+from gpuslice.ledger.placement import Placement, Refusal, RefusalCode, Unit
 from gpuslice.units import GiB
 from gpuslice.workload.request import Request
 
@@ -133,14 +133,23 @@ REFUSALS = [
         0,
         (0,),
         Request(cpu_milli=40_000, num_gpu=1, gpu_milli=500),
-        Refusal(RefusalCode.INSUFFICIENT_CPU, 0, need=40_000, free=31_000),
+        Refusal(
+            RefusalCode.INSUFFICIENT_CPU, 0, need=40_000, free=31_000, capacity=32_000, unit=Unit.CPU_MILLI
+        ),
         id="CPU",
     ),
     pytest.param(
         2,
         (),
         Request(cpu_milli=0, memory_bytes=40 * GiB),
-        Refusal(RefusalCode.INSUFFICIENT_MEMORY, 2, need=40 * GiB, free=32 * GiB),
+        Refusal(
+            RefusalCode.INSUFFICIENT_MEMORY,
+            2,
+            need=40 * GiB,
+            free=32 * GiB,
+            capacity=32 * GiB,
+            unit=Unit.MEMORY,
+        ),
         id="memory",
     ),
     pytest.param(0, (), SHARE, Refusal(RefusalCode.WRONG_GPU_COUNT, 0, need=1, free=0), id="no GPU given"),
@@ -162,14 +171,18 @@ REFUSALS = [
         0,
         (1,),
         SHARE,
-        Refusal(RefusalCode.INSUFFICIENT_GPU, 0, gpu=1, need=500, free=300),
+        Refusal(
+            RefusalCode.INSUFFICIENT_GPU, 0, gpu=1, need=500, free=300, capacity=1000, unit=Unit.GPU_MILLI
+        ),
         id="share on a fuller GPU",
     ),
     pytest.param(
         0,
         (0, 1),
         whole(2),
-        Refusal(RefusalCode.INSUFFICIENT_GPU, 0, gpu=1, need=1000, free=300),
+        Refusal(
+            RefusalCode.INSUFFICIENT_GPU, 0, gpu=1, need=1000, free=300, capacity=1000, unit=Unit.GPU_MILLI
+        ),
         id="whole GPU partly used",
     ),
 ]
@@ -207,13 +220,19 @@ def test_check_says_none_when_reserve_would_succeed_and_changes_nothing(
     ("refusal", "text"),
     [
         (
-            Refusal(RefusalCode.INSUFFICIENT_GPU, 0, gpu=1, need=500, free=300),
-            "insufficient free GPU on node 0 GPU 1 (need 500, free 300)",
+            Refusal(
+                RefusalCode.INSUFFICIENT_GPU, 0, gpu=1, need=500, free=300, capacity=1000, unit=Unit.GPU_MILLI
+            ),
+            "insufficient free GPU on node 0 GPU 1 (need 50 %, free 30 % of 100 % compute)",
         ),
         (Refusal(RefusalCode.NO_SUCH_NODE, 9), "no such node on node 9"),
         (
-            Refusal(RefusalCode.INSUFFICIENT_CPU, 2, need=4000, free=0),
-            "insufficient CPU on node 2 (need 4000, free 0)",
+            Refusal(RefusalCode.INSUFFICIENT_CPU, 2, need=4000, free=0, capacity=16_000, unit=Unit.CPU_MILLI),
+            "insufficient CPU on node 2 (need 4, free 0 of 16 CPU)",
+        ),
+        (
+            Refusal(RefusalCode.INSUFFICIENT_GPU_MEMORY, 1, need=9 * GiB, free=-GiB, unit=Unit.GPU_MEMORY),
+            "insufficient free GPU memory on node 1 (need 9 GiB, free 0 B GPU memory)",
         ),
     ],
 )

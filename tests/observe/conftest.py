@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 from prometheus_client import CollectorRegistry
 
+from gpuslice.ledger.placement import RefusalCode
 from gpuslice.observe.k8s_metrics import DeviceHealthRow, DevicePluginMetrics, ExtenderMetrics
 from gpuslice.observe.metrics import GpuState, PendingState, ServeMetrics, ServeSnapshot, SliceState
 from gpuslice.observe.reasons import FailureCode
-from gpuslice.scheduler.reasons import PendingCode
 
 INTERNAL_LABELS = {"le"}  # histogram buckets
 
@@ -29,7 +29,7 @@ def exported() -> dict[str, tuple[str, frozenset[str]]]:
     serve = ServeMetrics(full_snapshot)
     serve.started("normal", 1.0)
     serve.preempted("ml", "low")
-    serve.pending_reasons([("1", PendingCode.INSUFFICIENT_GPU_MEMORY)])
+    serve.pending_reasons([("1", RefusalCode.INSUFFICIENT_GPU_MEMORY)])
     serve.job_failed(FailureCode.EXIT_CODE)
     serve.enforced("warn", "ml")
     serve.fault(0, "GPU-a", "H100", "xid")

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from gpuslice.ledger.placement import RefusalCode
 from gpuslice.observe.metrics import GpuState, PendingState, ServeMetrics, ServeSnapshot, SliceState
 from gpuslice.observe.reasons import FailureCode
-from gpuslice.scheduler.reasons import PendingCode
 
 
 def samples(metrics: ServeMetrics) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -98,11 +98,11 @@ def test_event_counters_and_the_latency_histogram():
 
 def test_a_pending_job_counts_as_a_scheduling_failure_once_per_reason_code():
     m = ServeMetrics(snapshot)
-    memory = PendingCode.INSUFFICIENT_GPU_MEMORY
-    m.pending_reasons([("1", PendingCode.NOT_TRIED)])  # not tried yet
+    memory = RefusalCode.INSUFFICIENT_GPU_MEMORY
+    m.pending_reasons([("1", RefusalCode.NOT_TRIED)])  # not tried yet
     for _ in range(5):  # the same wait over many passes is one failure
         m.pending_reasons([("1", memory), ("2", memory)])
-    m.pending_reasons([("1", PendingCode.QUOTA)])
+    m.pending_reasons([("1", RefusalCode.QUOTA)])
     m.pending_reasons([])  # both started or left
     m.pending_reasons([("1", memory)])  # back in the queue (requeued): counts again
     s = samples(m)

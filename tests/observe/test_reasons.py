@@ -1,5 +1,5 @@
 """Reason codes: the real scheduler gives each situation the code meant for it, typed where the
-decision is made and never parsed from its sentence."""
+decision is made and never parsed from its sentence, with the amounts of the resource it lacks."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import numpy as np
 
 from gpuslice.hardware.machine import GpuInfo, Machine
 from gpuslice.hardware.topology_profiles import profile
+from gpuslice.ledger.placement import RefusalCode, Unit
 from gpuslice.scheduler.node_scheduler import NodeScheduler, TenantQuota
-from gpuslice.scheduler.reasons import PendingCode
 from gpuslice.units import GiB
 from gpuslice.workload.job import JobSpec, Priority, TopologyNeed
 
@@ -31,7 +31,7 @@ def code_after(s: NodeScheduler, job: str, job_spec: JobSpec) -> str:
     s.submit(job, job_spec, 1.0)
     s.step(1.0)
     assert (job, s.pending_code(job)) in s.pending_codes()
-    return s.pending_code(job).value
+    return s.pending_code(job).label
 
 
 def busy(n: int = 2, **options) -> NodeScheduler:
@@ -43,25 +43,38 @@ def busy(n: int = 2, **options) -> NodeScheduler:
     return s
 
 
-def test_memory_shortage():
-    assert (code_after(busy(), "j", spec(gpu_memory_bytes=30 * GiB))) == "insufficient_gpu_memory"
+def amounts(s: NodeScheduler, job: str) -> tuple[float, float, float, Unit]:
+    r = s.pending_refusal(job)
+    return r.need, r.free, r.capacity, r.unit
 
 
-def test_compute_shortage():
+def test_memory_shortage_with_the_largest_free_and_the_gpu_size():
+    s = busy()
+    assert (code_after(s, "j", spec(gpu_memory_bytes=30 * GiB))) == "insufficient_gpu_memory"
+    assert amounts(s, "j") == (30 * GiB, 20 * GiB, 80 * GiB, Unit.GPU_MEMORY)
+
+
+def test_compute_shortage_with_the_most_free_compute():
+    s = busy()
+    assert code_after(s, "j", spec(gpu_memory_bytes=1 * GiB, compute_percent=60)) == "insufficient_gpu"
+    assert amounts(s, "j") == (600, 500, 1000, Unit.GPU_MILLI)
     assert (
-        code_after(busy(), "j", spec(gpu_memory_bytes=1 * GiB, compute_percent=60)) == "insufficient_compute"
+        str(s.pending_refusal("j"))
+        == "insufficient free GPU on node 0 (need 60 %, free 50 % of 100 % compute)"
     )
 
 
-def test_too_few_whole_gpus():
-    assert (code_after(busy(), "j", spec(gpus=1))) == "insufficient_gpus"
+def test_too_few_whole_gpus_counts_the_free_ones():
+    s = busy()
+    assert (code_after(s, "j", spec(gpus=1))) == "insufficient_gpu"
+    assert amounts(s, "j") == (1, 0, 2, Unit.GPUS)
 
 
 def test_memory_share_behind_whole_gpu_jobs():
     s = NodeScheduler(machine(1))
     s.submit("whole", spec(gpus=1, preemptible=False), 0.0)
     s.step(0.0)
-    assert (code_after(s, "j", spec(gpu_memory_bytes=1 * GiB))) == "insufficient_gpus"
+    assert (code_after(s, "j", spec(gpu_memory_bytes=1 * GiB))) == "insufficient_gpu"
 
 
 def test_no_mig_slot():
@@ -78,7 +91,9 @@ def test_topology_need_unmet_by_the_free_gpus():
     for g in range(8):
         if g not in (a, b):
             s.adopt(f"on{g}", spec(gpus=1, preemptible=False), (g,), 0.0)
-    assert code_after(s, "j", spec(gpus=2, topology=TopologyNeed.NVLINK)) == "topology", s.pending_reason("j")
+    assert code_after(s, "j", spec(gpus=2, topology=TopologyNeed.NVLINK)) == "no_gpu_set", s.pending_reason(
+        "j"
+    )
     assert np.count_nonzero(topo.nvlinks) > 0
 
 
@@ -87,6 +102,7 @@ def test_tenant_quota():
     s.submit("first", spec(gpus=1, tenant="ml"), 0.0)
     s.step(0.0)
     assert (code_after(s, "j", spec(gpus=1, tenant="ml"))) == "quota"
+    assert amounts(s, "j") == (1, 0, 1, Unit.GPUS)  # needs 1 GPU, 0 left of its quota of 1
 
 
 def test_waiting_behind_the_head_job():
@@ -111,4 +127,4 @@ def test_unhealthy_gpu_wins_over_the_shortage_it_causes():
 def test_a_job_not_yet_considered_is_not_a_failure():
     s = NodeScheduler(machine(1))
     s.submit("j", spec(gpus=1), 0.0)
-    assert s.pending_code("j") is PendingCode.NOT_TRIED
+    assert s.pending_code("j") is RefusalCode.NOT_TRIED

@@ -173,7 +173,7 @@ def test_unplaced_reads_like_kube_schedulers_fit_error() -> None:
     before = ledger.view.free_gpu_milli.copy()
     result = placer_for(ledger, OnlyAName).place(Request(cpu_milli=1000, num_gpu=3, gpu_milli=1000))
     assert isinstance(result, Unplaced)
-    assert str(result) == "0/2 nodes fit: 2 insufficient free GPU"
+    assert str(result) == "0/2 nodes fit: 2 insufficient free GPU; closest: n0 (need 3, free 2 of 2 GPUs)"
     np.testing.assert_array_equal(ledger.view.free_gpu_milli, before)
 
 

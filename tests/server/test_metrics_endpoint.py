@@ -45,7 +45,7 @@ def test_starts_failures_and_the_queue_are_counted(daemon, node, clock):
     assert s[("gpuslice_scheduling_latency_seconds_bucket", latency)] == 1  # waited 2 s before its start
     assert s[("gpuslice_pending_jobs", frozenset({("tenant", "cv"), ("priority", "normal")}))] == 1
     assert s[("gpuslice_pending_longest_wait_seconds", frozenset({("tenant", "cv")}))] == 5.0
-    assert s[("gpuslice_scheduling_failures_total", frozenset({("reason", "insufficient_gpus")}))] == 1
+    assert s[("gpuslice_scheduling_failures_total", frozenset({("reason", "insufficient_gpu")}))] == 1
     assert s[("gpuslice_jobs", frozenset({("state", "RUNNING")}))] == 1
     slice_labels = frozenset(
         {("job_id", ok.id), ("tenant", "ml"), ("pod", ""), ("namespace", ""), ("gpu", "3")}

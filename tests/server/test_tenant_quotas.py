@@ -140,7 +140,7 @@ def test_a_restart_keeps_a_job_its_lowered_quota_never_admits_and_says_so(make_d
     events = [e for _, e in second.store.events(job.id, kind="quota")]
     assert events[-1].reason.startswith("can never run under quota 1 GPUs of tenant ml: it needs 2 GPUs")
     assert events[-1].reason.endswith("kept waiting after a server restart")
-    assert second.views.pending_reasons()[job.id].startswith("can never run under quota 1 GPUs")
+    assert second.views.pending_reasons()[job.id].text.startswith("can never run under quota 1 GPUs")
 
 
 def test_a_job_requeued_after_its_quota_was_lowered_is_kept_waiting_not_lost(dgx):
@@ -162,7 +162,7 @@ def test_a_requeued_memory_share_counts_its_memory_after_a_quota_change(dgx):
     dgx.node.exit(job.id, 1)
     dgx.tick()
     assert dgx.store.get(job.id).state is JobState.PENDING
-    assert dgx.views.pending_reasons()[job.id].startswith("can never run under quota 0.5 GPUs")
+    assert dgx.views.pending_reasons()[job.id].text.startswith("can never run under quota 0.5 GPUs")
 
 
 def test_tenant_route_refuses_bad_input_clearly(api):
@@ -192,3 +192,27 @@ def test_tenants_cli_list_show_set_and_bad_numbers(cli):
     assert cli("tenants", "set", "ml", "--weight", "nan")[0] == 2
     code, out = cli("tenants", "set", "ml", "--max-gpus", "none")
     assert code == 0 and "100 GiB" in out and "GPUs ·" not in out
+
+
+def test_a_pending_job_shows_its_refusal_record_with_the_amounts_behind_its_reason(dgx, api):
+    """The API's pending job carries the one refusal record: the code the metrics count and the amounts
+    (a quota: GPUs asked, left and the quota; a shortage: GPUs asked, free and usable)."""
+    dgx.set_tenant(TenantRecord("ml", max_gpus=1))
+    dgx.submit(JobSpec(("a",), tenant="ml"))
+    over_quota = dgx.submit(JobSpec(("b",), tenant="ml"))
+    dgx.submit(JobSpec(("c",), tenant="vision"))
+    too_big = dgx.submit(JobSpec(("d",), tenant="vision", gpus=8))
+    dgx.tick()
+    quota = api.get(f"/v1/jobs/{over_quota.id}").json()
+    assert quota["refusal"] == {"code": "quota", "need": 1, "free": 0, "capacity": 1, "unit": "GPUs"}
+    assert "quota of 1 GPUs" in quota["reason"]
+    short = api.get(f"/v1/jobs/{too_big.id}").json()
+    assert short["refusal"] == {
+        "code": "insufficient_gpu",
+        "need": 8,
+        "free": 6,
+        "capacity": 8,
+        "unit": "GPUs",
+    }
+    running = [api.get(f"/v1/jobs/{j.id}").json() for j in dgx.store.jobs([JobState.RUNNING])]
+    assert len(running) == 2 and all(j["refusal"] is None for j in running)

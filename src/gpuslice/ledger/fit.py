@@ -22,16 +22,23 @@ A request with no GPU is judged on CPU and memory only; a MIG request (no GPU co
 aside for instances) on its model, the MIG slot (``mig_slot``, per node, from the ledger's layouts) and
 CPU and memory. Codes travel as small integers in arrays
 (``code_number``; 0 = fits) and back (``code_of``).
+
+``shortfall`` gives nodes' refusals their amounts (need, free, capacity), as kube-scheduler's ``Fits``
+reports each insufficient resource: GPU memory per GPU against the n-th most free usable GPU (what the
+best set of n could give each), a share's compute against the most free usable GPU with the memory, whole
+GPUs as a count, CPU and host memory as the node's.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
-from gpuslice.ledger.placement import RefusalCode
-from gpuslice.workload.request import Request
+from gpuslice.ledger.placement import RefusalCode, Unit
+from gpuslice.workload.request import MILLI_PER_GPU, Request
 
-__all__ = ["CHECKS", "FITS", "UNCURABLE", "code_number", "code_of", "fit_codes"]
+__all__ = ["CHECKS", "FITS", "UNCURABLE", "Rows", "code_number", "code_of", "fit_codes", "shortfall"]
 
 FITS = 0
 _CODES: tuple[RefusalCode, ...] = tuple(RefusalCode)
@@ -114,3 +121,43 @@ def fit_codes(
     if not conditions:
         return np.zeros(count, dtype=np.int8)
     return np.select(conditions, choices, default=FITS).astype(np.int8)
+
+
+@dataclass(frozen=True, slots=True)
+class Rows:
+    """Nodes' capacity as the fit rule reads it, one row per node: per GPU slot (N, G) the free milli-GPU,
+    the free and total memory (0 on a slot with no GPU) and whether the home lets the request use it; per
+    node (N,) the free and total CPU and memory (zeros where the home does not judge them)."""
+
+    free_gpu_milli: np.ndarray
+    free_gpu_memory: np.ndarray
+    gpu_memory: np.ndarray
+    usable: np.ndarray
+    free_cpu: np.ndarray
+    cpu: np.ndarray
+    free_memory: np.ndarray
+    memory: np.ndarray
+
+
+def shortfall(code: RefusalCode, request: Request, rows: Rows) -> tuple[float, np.ndarray, np.ndarray, Unit]:
+    """(need, free per row, capacity per row, unit) of the resource ``code`` names, for ``request`` on
+    ``rows``; zeros and ``Unit.NONE`` for a code that names none (a model, a MIG slot)."""
+    n, use = request.num_gpu, np.asarray(rows.usable, dtype=bool)
+    zeros = np.zeros(len(use), dtype=np.int64)
+    if code is RefusalCode.NO_USABLE_GPU:
+        return n, use.sum(axis=-1), (rows.gpu_memory > 0).sum(axis=-1), Unit.GPUS
+    if code is RefusalCode.INSUFFICIENT_GPU_MEMORY:  # the n-th most free usable GPU: the best set's least
+        free = np.sort(np.where(use, rows.free_gpu_memory, 0), axis=-1)[:, -n] if n else zeros
+        return request.gpu_memory_bytes, free, np.where(use, rows.gpu_memory, 0).max(axis=-1), Unit.GPU_MEMORY
+    if code is RefusalCode.INSUFFICIENT_GPU:
+        memory = use & (rows.free_gpu_memory >= request.gpu_memory_bytes)
+        if request.gpu_milli < MILLI_PER_GPU:  # a share (always of one GPU): its compute
+            most = np.where(memory, rows.free_gpu_milli, 0).max(axis=-1)
+            return request.gpu_milli, most, np.full(len(use), MILLI_PER_GPU), Unit.GPU_MILLI
+        both = memory & (rows.free_gpu_milli >= request.gpu_milli)
+        return n, both.sum(axis=-1), use.sum(axis=-1), Unit.GPUS
+    if code is RefusalCode.INSUFFICIENT_CPU:
+        return request.cpu_milli, rows.free_cpu, rows.cpu, Unit.CPU_MILLI
+    if code is RefusalCode.INSUFFICIENT_MEMORY:
+        return request.memory_bytes, rows.free_memory, rows.memory, Unit.MEMORY
+    return 0, zeros, zeros, Unit.NONE

@@ -30,9 +30,9 @@ import numpy as np
 from gpuslice.errors import LedgerError
 from gpuslice.hardware.mig import MigGpu, MigInstance, MigLayout
 from gpuslice.hardware.node import MAX_GPUS_PER_NODE, NodeSpec
-from gpuslice.ledger.fit import CHECKS, code_number, fit_codes
+from gpuslice.ledger.fit import CHECKS, FITS, Rows, code_number, code_of, fit_codes, shortfall
 from gpuslice.ledger.mig import MigHold, MigInstances
-from gpuslice.ledger.placement import Placement, Refusal, RefusalCode
+from gpuslice.ledger.placement import Placement, Refusal, RefusalCode, Unit
 from gpuslice.workload.request import MILLI_PER_GPU, Request
 
 __all__ = ["Ledger", "LedgerView"]
@@ -105,6 +105,9 @@ class LedgerView:
 
     def mig_gpus_on(self, node: int) -> tuple[int, ...]:
         return self._ledger.mig_gpus_on(node)
+
+
+_CHECK_NUMBERS = tuple(code_number(c) for c in CHECKS)
 
 
 class Ledger:
@@ -276,11 +279,66 @@ class Ledger:
             self.mig_slots(request.mig_profile)[rows] if request.mig_profile else None,
         )
 
-    def why_not(self, request: Request) -> Counter[RefusalCode]:
-        """For a request that fits nowhere: per node, the first reason it fails, counted over nodes."""
-        numbers = np.bincount(self.refusal_codes(request), minlength=len(RefusalCode) + 1)
+    def why_not(self, request: Request, codes: np.ndarray | None = None) -> Counter[RefusalCode]:
+        """For a request that fits nowhere: per node, the first reason it fails, counted over nodes
+        (``codes``: the fit rule's per node, computed when not given)."""
+        codes = self.refusal_codes(request) if codes is None else codes
+        numbers = np.bincount(codes, minlength=len(RefusalCode) + 1)
         return Counter(
             {code: int(numbers[code_number(code)]) for code in CHECKS if numbers[code_number(code)]}
+        )
+
+    def refusal(self, node: int, request: Request, usable: np.ndarray | None = None) -> Refusal | None:
+        """Why ``node`` cannot take ``request`` now, with the amounts (``ledger.fit.shortfall``), or None
+        if it can: the fit rule's first failing check on that node. ``usable`` (G,): the GPUs the home
+        lets the request use."""
+        rows = np.array([node])
+        code = code_of(int(self.refusal_codes(request, rows, None if usable is None else usable[None])[0]))
+        return None if code is None else self._refusal(code, request, rows, usable, 0)
+
+    def closest(
+        self,
+        request: Request,
+        codes: np.ndarray | None = None,
+        rows: np.ndarray | None = None,
+        usable: np.ndarray | None = None,
+    ) -> Refusal | None:
+        """For a request that fits on none of ``rows`` (default: every node), the node it came closest on,
+        with its amounts: among the nodes that fail the most common check of the fit rule, the one with
+        the most of that resource free (the first such node on a tie; between checks, the earlier).
+        ``codes``: the verdict per row, computed when not given (a home's own codes beside the rule's
+        are ignored); ``usable`` (rows, G): the GPUs the home lets it use. None when it fits on one."""
+        rows = np.arange(self.node_count) if rows is None else np.asarray(rows)
+        codes = self.refusal_codes(request, rows, usable) if codes is None else np.asarray(codes)
+        counts = np.bincount(codes, minlength=len(RefusalCode) + 1)
+        number = max(_CHECK_NUMBERS, key=lambda k: counts[k])  # ties: the earliest check of the rule
+        if counts[FITS] or not counts[number]:
+            return None
+        failing = rows[codes == number]
+        code = code_of(number)
+        assert code is not None
+        use = None if usable is None else usable[codes == number]
+        _, free, _, _ = shortfall(code, request, self._rows(failing, use))
+        return self._refusal(code, request, failing, use, int(np.argmax(free)))
+
+    def _refusal(
+        self, code: RefusalCode, request: Request, rows: np.ndarray, usable: np.ndarray | None, k: int
+    ) -> Refusal:
+        need, free, capacity, unit = shortfall(code, request, self._rows(rows, usable))
+        return Refusal(code, int(rows[k]), need=need, free=int(free[k]), capacity=int(capacity[k]), unit=unit)
+
+    def _rows(self, rows: np.ndarray, usable: np.ndarray | None = None) -> Rows:
+        """``ledger.fit.Rows`` of ``rows``; the usable GPUs are those present (and in ``usable``, (R, G))."""
+        present = np.arange(MAX_GPUS_PER_NODE)[None, :] < self._gpu_count[rows, None]
+        return Rows(
+            self._free_gpu[rows],
+            self._free_gpu_memory[rows],
+            self._gpu_memory_capacity[rows],
+            present if usable is None else present & np.asarray(usable, dtype=bool),
+            self._free_cpu[rows],
+            self._cpu_capacity[rows],
+            self._free_memory[rows],
+            self._memory_capacity[rows],
         )
 
     # ---- changes -------------------------------------------------------------------------------------
@@ -317,6 +375,8 @@ class Ledger:
                     gpu=gpu,
                     need=request.gpu_memory_bytes,
                     free=int(self._free_gpu_memory[node, gpu]),
+                    capacity=int(self._gpu_memory_capacity[node, gpu]),
+                    unit=Unit.GPU_MEMORY,
                 )
         for gpu in gpus:
             if self._free_gpu[node, gpu] < request.gpu_milli:
@@ -326,18 +386,13 @@ class Ledger:
                     gpu=gpu,
                     need=request.gpu_milli,
                     free=int(self._free_gpu[node, gpu]),
+                    capacity=MILLI_PER_GPU,
+                    unit=Unit.GPU_MILLI,
                 )
-        if self._free_cpu[node] < request.cpu_milli:
-            return Refusal(
-                RefusalCode.INSUFFICIENT_CPU, node, need=request.cpu_milli, free=int(self._free_cpu[node])
-            )
-        if self._free_memory[node] < request.memory_bytes:
-            return Refusal(
-                RefusalCode.INSUFFICIENT_MEMORY,
-                node,
-                need=request.memory_bytes,
-                free=int(self._free_memory[node]),
-            )
+        for code in (RefusalCode.INSUFFICIENT_CPU, RefusalCode.INSUFFICIENT_MEMORY):
+            refusal = self._refusal(code, request, np.array([node]), None, 0)
+            if refusal.free < refusal.need:
+                return refusal
         return None
 
     def reserve(self, node: int, gpus: Sequence[int], request: Request) -> Placement | Refusal:

@@ -26,8 +26,8 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from gpuslice.hardware.faults import FaultKind
+from gpuslice.ledger.placement import RefusalCode
 from gpuslice.observe.reasons import FailureCode
-from gpuslice.scheduler.reasons import PendingCode
 
 __all__ = [
     "ENFORCEMENT_ACTIONS",
@@ -215,7 +215,7 @@ class ServeMetrics:
                                  [*GPU_LABELS, "metric"], registry=r)  # fmt: skip
         for decision in ("start", "preempt"):
             self.decisions.labels(decision)
-        self._pending_codes: dict[str, PendingCode] = {}  # job -> last counted reason code
+        self._pending_codes: dict[str, RefusalCode] = {}  # job -> last counted reason code
         r.register(_StateCollector(snapshot))
 
     # -- events the daemon reports -------------------------------------------------------------------
@@ -228,13 +228,13 @@ class ServeMetrics:
         self.decisions.labels("preempt").inc()
         self.preemptions.labels(tenant, priority).inc()
 
-    def pending_reasons(self, codes: Sequence[tuple[str, PendingCode]]) -> None:
+    def pending_reasons(self, codes: Sequence[tuple[str, RefusalCode]]) -> None:
         """The queue after a pass, [(job, reason code)]: counts each job's code when it changes."""
         seen = {}
         for job, code in codes:
             seen[job] = code
-            if code is not PendingCode.NOT_TRIED and self._pending_codes.get(job) is not code:
-                self.scheduling_failures.labels(code.value).inc()
+            if code is not RefusalCode.NOT_TRIED and self._pending_codes.get(job) is not code:
+                self.scheduling_failures.labels(code.label).inc()
         self._pending_codes = seen
 
     def job_failed(self, code: FailureCode) -> None:

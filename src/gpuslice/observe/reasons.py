@@ -3,7 +3,7 @@
 The daemon picks the code where it ends the job (it knows whether the launch failed or the job broke
 its memory slice) and writes the sentence for people beside it; a label must not carry numbers or job
 ids, and rewording a sentence must not change a metric, so nothing is parsed back from the text. The
-codes of a pending job are ``scheduler.reasons.PendingCode``; the kinds of a GPU fault are
+codes of a pending job are ``ledger.placement.RefusalCode``; the kinds of a GPU fault are
 ``hardware.faults.FaultKind``.
 """
 

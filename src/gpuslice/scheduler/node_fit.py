@@ -5,13 +5,14 @@ per GPU, MIG slot layouts), for the real machine and for what-if copies (backfil
 
 ```text
 demand_for(spec, machine)        -> Demand, or InvalidRequest when the job can never run here (at submit)
-refusal(demand, capacity)        -> RefusalCode or None: the ledger's fit rule (``ledger.fit``) on the
+refusal_code(demand, capacity)   -> RefusalCode or None: the ledger's fit rule (``ledger.fit``) on the
                                     machine's row, the job's eligible GPUs usable; then the topology need
-fits(demand, capacity)           -> bool, ``refusal is None`` (what-ifs call it often)
+refusal(demand, capacity)        -> the same as a ``Refusal`` with its amounts (``ledger.fit.shortfall``)
+fits(demand, capacity)           -> bool, ``refusal_code is None`` (what-ifs call it often)
 choose_mig(demand, capacity)     -> Choice (GPU, MIG slot) or None
-why_not(demand, capacity)        -> PendingReason: the refusal code in serve's words, e.g.
-                                    INSUFFICIENT_MEMORY, "needs 40 GiB on one GPU; largest free is 22 GiB
-                                    on GPU 3"
+why_not(demand, capacity)        -> PendingReason: the refusal and a sentence in serve's words, e.g.
+                                    INSUFFICIENT_GPU_MEMORY, "needs 40 GiB on one GPU; largest free is
+                                    22 GiB on GPU 3"
 ```
 
 Each job's ledger request is built once, at submit (``Demand.request``), and is what the fit rule judges,
@@ -40,15 +41,15 @@ from gpuslice.errors import InvalidRequest, UserError
 from gpuslice.hardware.machine import Machine
 from gpuslice.hardware.mig import MigInstance, MigLayout, MigProfile, format_mask, mig_gpu, resolve_request
 from gpuslice.hardware.topology import Topology
-from gpuslice.ledger.fit import FITS, code_of, fit_codes
+from gpuslice.ledger.fit import FITS, Rows, code_of, fit_codes, shortfall
 from gpuslice.ledger.ledger import Ledger
 from gpuslice.ledger.mig import mig_request
-from gpuslice.ledger.placement import RefusalCode
+from gpuslice.ledger.placement import Refusal, RefusalCode
 from gpuslice.policies.gpuset.pick import meets_need
 from gpuslice.policies.mig_placement import MigPlacementOps
 from gpuslice.scheduler.mig_choice import MigCandidate, choose_mig_instance, mig_candidate, mig_rank
 from gpuslice.scheduler.node_decisions import MigAssignment
-from gpuslice.scheduler.reasons import PendingCode, PendingReason
+from gpuslice.scheduler.reasons import PendingReason
 from gpuslice.units import format_size
 from gpuslice.workload.equivalent import gpu_equivalent
 from gpuslice.workload.job import JobSpec, TopologyNeed
@@ -68,6 +69,7 @@ __all__ = [
     "mig_candidates",
     "mig_request",
     "refusal",
+    "refusal_code",
     "why_not",
 ]
 
@@ -338,7 +340,7 @@ def mig_candidates(demand: Demand, cap: Capacity) -> list[MigCandidate]:
     ]
 
 
-def refusal(demand: Demand, cap: Capacity, topology: Topology | None) -> RefusalCode | None:
+def refusal_code(demand: Demand, cap: Capacity, topology: Topology | None) -> RefusalCode | None:
     """Why the job cannot start on ``cap`` now, in the ledger's vocabulary, or None if it can: the
     ledger's fit rule (``ledger.fit``) over this machine's row, the job's eligible GPUs as the usable
     ones; then, as only serve knows the wiring and the MIG layouts here, a GPU set meeting the topology
@@ -371,9 +373,27 @@ def refusal(demand: Demand, cap: Capacity, topology: Topology | None) -> Refusal
 _MODEL_OK = np.ones(1, dtype=bool)  # the eligible GPUs already exclude models the job does not accept
 
 
+def refusal(demand: Demand, cap: Capacity, topology: Topology | None) -> Refusal | None:
+    """``refusal_code`` as the one refusal record, with the amounts of the resource its code names (on
+    node 0, serve's one machine), or None if the job can start on ``cap`` now."""
+    code = refusal_code(demand, cap, topology)
+    if code is None:
+        return None
+    zero = np.zeros(1, dtype=np.int64)  # CPU and host memory are not serve's to judge
+    rows = Rows(
+        cap.free_milli[None],
+        cap.free_memory[None],
+        np.array(cap.total_memory)[None],
+        _usable(demand, len(cap.free_milli)),
+        zero, zero, zero, zero,
+    )  # fmt: skip
+    need, free, capacity, unit = shortfall(code, demand.request, rows)
+    return Refusal(code, 0, need=need, free=int(free[0]), capacity=int(capacity[0]), unit=unit)
+
+
 def fits(demand: Demand, cap: Capacity, topology: Topology | None) -> bool:
-    """Could the job start on ``cap`` now? ``refusal(...) is None``."""
-    return refusal(demand, cap, topology) is None
+    """Could the job start on ``cap`` now? ``refusal_code(...) is None``."""
+    return refusal_code(demand, cap, topology) is None
 
 
 def choose_mig(
@@ -405,25 +425,25 @@ def _percent(milli: int) -> str:
 
 
 def why_not(demand: Demand, cap: Capacity, topology: Topology | None) -> PendingReason:
-    """Why the job does not fit ``cap`` now: the fit rule's code (``refusal``) translated into a
-    ``PendingCode`` and a sentence with sizes and GPU numbers (call only when it does not fit)."""
-    code = refusal(demand, cap, topology)
+    """Why the job does not fit ``cap`` now: the fit rule's refusal (``refusal``, with its amounts) and a
+    sentence with sizes and GPU numbers (call only when it does not fit)."""
+    record = refusal(demand, cap, topology) or Refusal(RefusalCode.INSUFFICIENT_GPU, 0)
+    code = record.code
     if code is RefusalCode.NO_MIG_SLOT:
         slots = "; ".join(
             f"GPU {g} slots {format_mask(cap.layouts[g].mask)}"  # type: ignore[union-attr]
             for g, _ in demand.mig_options
         )
         return PendingReason(
-            PendingCode.NO_MIG_SLOT,
-            f"needs MIG {demand.mig_text}; no MIG GPU has a free slot for it ({slots})",
+            record, f"needs MIG {demand.mig_text}; no MIG GPU has a free slot for it ({slots})"
         )
     if demand.kind is DemandKind.SHARE:
-        return _share_reason(demand, cap, code)
+        return PendingReason(record, _share_text(demand, cap, code))
     free = _whole_free(demand, cap)
     k = demand.count
     if code is RefusalCode.NO_GPU_SET:  # enough GPUs, none of the sets meets the topology need
         return PendingReason(
-            PendingCode.TOPOLOGY,
+            record,
             f"needs {k} GPUs all {_need_text(demand.need)}; "
             f"the free ones ({_gpu_list(free)}) hold no such set",
         )
@@ -435,10 +455,10 @@ def why_not(demand: Demand, cap: Capacity, topology: Topology | None) -> Pending
     if outside:
         held = ", ".join(f"GPU {g} has {format_size(cap.external[g])}" for g in outside)
         text += f"; used outside gpuslice: {held}"
-    return PendingReason(PendingCode.INSUFFICIENT_GPUS, text)
+    return PendingReason(record, text)
 
 
-def _share_reason(demand: Demand, cap: Capacity, code: RefusalCode | None) -> PendingReason:
+def _share_text(demand: Demand, cap: Capacity, code: RefusalCode) -> str:
     eligible = demand.eligible
     best_mem = max(eligible, key=lambda g: (cap.free_memory[g], -g))
     best_milli = max(eligible, key=lambda g: (cap.free_milli[g], -g))
@@ -449,20 +469,15 @@ def _share_reason(demand: Demand, cap: Capacity, code: RefusalCode | None) -> Pe
         )
         if cap.external[best_mem]:
             text += f" ({format_size(cap.external[best_mem])} there is used outside gpuslice)"
-        return PendingReason(PendingCode.INSUFFICIENT_GPU_MEMORY, text)
+        return text
     if cap.free_milli[best_milli] < demand.milli:
         if demand.milli == 1:  # a memory-only share: only a whole-GPU job can block it
-            return PendingReason(
-                PendingCode.INSUFFICIENT_GPUS,
-                f"needs a share of one GPU; every GPU it may use ({_gpu_list(eligible)}) is held whole",
-            )
-        return PendingReason(
-            PendingCode.INSUFFICIENT_COMPUTE,
+            return f"needs a share of one GPU; every GPU it may use ({_gpu_list(eligible)}) is held whole"
+        return (
             f"needs {_percent(demand.milli)} compute on one GPU; most free is "
-            f"{_percent(int(cap.free_milli[best_milli]))} on GPU {best_milli}",
+            f"{_percent(int(cap.free_milli[best_milli]))} on GPU {best_milli}"
         )
-    return PendingReason(
-        PendingCode.INSUFFICIENT_COMPUTE,
+    return (
         f"needs {format_size(demand.memory_bytes)} and {_percent(demand.milli)} compute on one GPU; "
-        "no GPU has both free",
+        "no GPU has both free"
     )

@@ -41,7 +41,7 @@ from gpuslice.errors import InternalError, InvalidRequest
 from gpuslice.hardware.machine import Machine
 from gpuslice.hardware.mig import format_mask, mig_gpu
 from gpuslice.ledger.ledger import Ledger, LedgerView
-from gpuslice.ledger.placement import Placement, Refusal
+from gpuslice.ledger.placement import Placement, Refusal, RefusalCode
 from gpuslice.policies.base import PlacementOps, PolicyContext
 from gpuslice.policies.bestfit import BestFit
 from gpuslice.policies.mig_placement import DEFAULT_MIG_PLACEMENT, mig_placement_policy
@@ -82,14 +82,14 @@ from gpuslice.scheduler.quota import (
     quota_reason,
     tenant_usage,
 )
-from gpuslice.scheduler.reasons import PendingCode, PendingReason
+from gpuslice.scheduler.reasons import PendingReason
 from gpuslice.workload.job import DEFAULT_GRACE_SECONDS, JobSpec
 from gpuslice.workload.request import Request
 from gpuslice.workload.target import TargetWorkload
 
 __all__ = ["GpuUsage", "MigAssignment", "NodeScheduler", "PreemptJob", "StartJob", "TenantQuota"]
 
-SUBMITTED_REASON = PendingReason(PendingCode.NOT_TRIED, "submitted; waiting for the next scheduling pass")
+SUBMITTED_REASON = PendingReason.of(RefusalCode.NOT_TRIED, "submitted; waiting for the next scheduling pass")
 
 
 @dataclass
@@ -320,9 +320,9 @@ class NodeScheduler:
         mine = [r for r in in_flight if self._preempted_for.get(r) == head_id]
         if mine:
             reason = PendingReason(
-                _preempting(reason),
+                reason.refusal,
                 f"waiting for preempted job(s) {', '.join(mine)} to stop (grace {self.grace_seconds:g} s)",
-            )
+            ).recoded(_preempting(reason))
         else:
             victims = self._victims(job, now, p.cap) if self._may_preempt(job) else None
             if victims:
@@ -333,9 +333,9 @@ class NodeScheduler:
                     p.decisions.append(PreemptJob(v.job_id, head_id, self.grace_seconds))
                 names = ", ".join(v.job_id for v in victims)
                 reason = PendingReason(
-                    _preempting(reason),
+                    reason.refusal,
                     f"preempting lower-priority job(s) {names} (grace {self.grace_seconds:g} s); {reason}",
-                )
+                ).recoded(_preempting(reason))
         running = [(self._expected_end(r), r.holding) for r in self._by_start()]
         p.reservation = backfill.shadow(p.cap, running, self._fits_head(p))
         return reason
@@ -365,8 +365,8 @@ class NodeScheduler:
         assert p.head is not None
         level = effective_priority(self.policy, self._view(now), job.queued, self.fallbacks)
         kind = "higher-priority" if p.head_level > level else "earlier"
-        return PendingReason(
-            PendingCode.BEHIND_QUEUE_HEAD, f"waiting behind {kind} job {p.head.queued.job_id} ({why})"
+        return PendingReason.of(
+            RefusalCode.BEHIND_QUEUE_HEAD, f"waiting behind {kind} job {p.head.queued.job_id} ({why})"
         )
 
     # ---- reads ---------------------------------------------------------------------------------------
@@ -380,21 +380,28 @@ class NodeScheduler:
 
     def queue(self) -> list[tuple[str, str]]:
         """Pending jobs in the order they would start (last step's order, newer ones after), with reasons."""
+        return [(i, reason.text) for i, reason in self.waiting()]
+
+    def waiting(self) -> list[tuple[str, PendingReason]]:
+        """``queue`` with each job's whole reason: the refusal record (code, amounts) and the sentence."""
         seen = [i for i in self._order if i in self._pending]
         known = set(seen)
         rest = sorted((j for i, j in self._pending.items() if i not in known), key=lambda j: j.queued.seq)
-        return [(i, self._pending[i].reason.text) for i in seen] + [
-            (j.queued.job_id, j.reason.text) for j in rest
-        ]
+        return [(i, self._pending[i].reason) for i in seen] + [(j.queued.job_id, j.reason) for j in rest]
 
-    def pending_codes(self) -> list[tuple[str, PendingCode]]:
+    def pending_codes(self) -> list[tuple[str, RefusalCode]]:
         """Each pending job's reason code, as of the last step (for the metrics' ``reason`` label)."""
         return [(i, j.reason.code) for i, j in self._pending.items()]
 
-    def pending_code(self, job_id: str) -> PendingCode:
+    def pending_code(self, job_id: str) -> RefusalCode:
         """The code of ``pending_reason(job_id)``. KeyError if it is not pending."""
+        return self.pending_refusal(job_id).code
+
+    def pending_refusal(self, job_id: str) -> Refusal:
+        """The refusal record behind ``pending_reason(job_id)``: its code and amounts. KeyError if the job
+        is not pending."""
         try:
-            return self._pending[job_id].reason.code
+            return self._pending[job_id].reason.refusal
         except KeyError:
             raise KeyError(f"job {job_id!r} is not pending") from None
 
@@ -501,8 +508,8 @@ class NodeScheduler:
         if len(usable.eligible) < max(1, usable.count):
             left = len(usable.eligible)
             text = f"needs {max(1, usable.count)} GPU(s) it may use; only {left} healthy; {sick}"
-            return PendingReason(PendingCode.UNHEALTHY_GPU, text)
-        return why_not(usable, cap, self.machine.topology).then(sick).recoded(PendingCode.UNHEALTHY_GPU)
+            return PendingReason.of(RefusalCode.UNHEALTHY_GPU, text)
+        return why_not(usable, cap, self.machine.topology).then(sick).recoded(RefusalCode.UNHEALTHY_GPU)
 
     def _expected_end(self, r: _Running) -> float:
         ends = [math.inf]
@@ -583,6 +590,6 @@ class NodeScheduler:
             self._external_placement[g] = result
 
 
-def _preempting(base: PendingReason) -> PendingCode:
+def _preempting(base: PendingReason) -> RefusalCode:
     """A head job that preempts is PREEMPTING, unless unhealthy GPUs are what it waits for."""
-    return base.code if base.code is PendingCode.UNHEALTHY_GPU else PendingCode.PREEMPTING
+    return base.code if base.code is RefusalCode.UNHEALTHY_GPU else RefusalCode.PREEMPTING

@@ -49,7 +49,8 @@ T = TypeVar("T")
 
 @dataclass(frozen=True)
 class Unplaced:
-    """No node can take the request now; ``reasons`` counts each node's first failing check."""
+    """No node can take the request now; ``reasons`` counts each node's first failing check, ``closest``
+    is the node it came closest on with the amounts (``Ledger.closest``), named ``closest_node``."""
 
     request: Request
     node_count: int
@@ -57,10 +58,22 @@ class Unplaced:
     # Why no node was judged at all, or what ruled out the nodes besides the fit rule (a home's own
     # constraint: the DRA claim's node selector or matchAttribute); said after the counts.
     note: str = ""
+    closest: Refusal | None = None
+    closest_node: str = ""
+
+    @classmethod
+    def explained(cls, req: Request, ledger: Ledger, note: str = "") -> Unplaced:
+        """Every node's first failing check counted, and the closest node with its amounts."""
+        codes = ledger.refusal_codes(req)
+        closest = ledger.closest(req, codes)
+        name = "" if closest is None else ledger.node_names[closest.node]
+        return cls(req, ledger.node_count, ledger.why_not(req, codes), note, closest, name)
 
     def __str__(self) -> str:
         detail = ", ".join(f"{n} {code.value}" for code, n in self.reasons.most_common())
         text = f"0/{self.node_count} nodes fit" + (f": {detail}" if detail else "")
+        if self.closest is not None and self.closest.amounts:
+            text += f"; closest: {self.closest_node} ({self.closest.amounts})"
         return f"{text}: {self.note}" if self.note else text
 
 
@@ -135,13 +148,13 @@ class Placer:
             return self._place_mig(req, explain)
         feasible = self.feasible(req)
         if not feasible.any():
-            reasons: Counter[RefusalCode] = Counter()
-            if explain:
-                reasons = self.ledger.why_not(req)
-                fitting = self.ledger.node_count - sum(reasons.values())
-                if fitting:  # the ledger had room; the policy's filter took those nodes away
-                    reasons[RefusalCode.EXCLUDED_BY_POLICY] = fitting
-            return Unplaced(req, self.ledger.node_count, reasons)
+            if not explain:
+                return Unplaced(req, self.ledger.node_count)
+            unplaced = Unplaced.explained(req, self.ledger)
+            fitting = self.ledger.node_count - sum(unplaced.reasons.values())
+            if fitting:  # the ledger had room; the policy's filter took those nodes away
+                unplaced.reasons[RefusalCode.EXCLUDED_BY_POLICY] = fitting
+            return unplaced
         node = self.choose_node(req, feasible)
         result = self._reserve_with_advice(req, node, later)
         if isinstance(result, Refusal):  # the ledger said the node fits, so only a broken ledger gets here
@@ -168,8 +181,7 @@ class Placer:
             hook, _, reason = key.partition(": ")
             self.fallbacks[(hook, reason)] += n
         if chosen is None:
-            reasons = self.ledger.why_not(req) if explain else Counter()
-            return Unplaced(req, self.ledger.node_count, reasons)
+            return Unplaced.explained(req, self.ledger) if explain else Unplaced(req, self.ledger.node_count)
         (node, gpu), instance = chosen[0].key, chosen[1]  # type: ignore[misc]
         result = self.ledger.reserve_mig(node, gpu, instance, req)
         if isinstance(result, Refusal):  # the layout said it is free, so only a broken ledger gets here

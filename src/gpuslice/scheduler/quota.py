@@ -24,8 +24,9 @@ from typing import ClassVar
 
 from gpuslice.errors import InvalidRequest
 from gpuslice.hardware.machine import Machine
+from gpuslice.ledger.placement import Refusal, RefusalCode, Unit
 from gpuslice.scheduler.node_fit import Demand, DemandKind, Holding, gpus_equivalent
-from gpuslice.scheduler.reasons import PendingCode, PendingReason
+from gpuslice.scheduler.reasons import PendingReason
 from gpuslice.units import format_size
 from gpuslice.workload.equivalent import gpu_equivalent
 from gpuslice.workload.request import MILLI_PER_GPU
@@ -170,17 +171,19 @@ def quota_reason(
     used_gpus = sum(held_gpus(machine, h) for h in held)
     if quota.max_gpus is not None and used_gpus + gpus > quota.max_gpus + 1e-9:
         return PendingReason(
-            PendingCode.QUOTA,
+            Refusal(RefusalCode.QUOTA, 0, need=gpus, free=quota.max_gpus - used_gpus,
+                    capacity=quota.max_gpus, unit=Unit.GPUS),
             f"tenant {tenant} at its quota of {quota.max_gpus:g} GPUs "
             f"({used_gpus:.3g} in use, this job needs {gpus:.3g})",
-        )
+        )  # fmt: skip
     used_memory = sum(memory_of(machine, h) for h in held)
     if quota.max_gpu_memory_bytes is not None and used_memory + memory > quota.max_gpu_memory_bytes:
         return PendingReason(
-            PendingCode.QUOTA,
+            Refusal(RefusalCode.QUOTA, 0, need=memory, free=quota.max_gpu_memory_bytes - used_memory,
+                    capacity=quota.max_gpu_memory_bytes, unit=Unit.GPU_MEMORY),
             f"tenant {tenant} at its quota of {format_size(quota.max_gpu_memory_bytes)} GPU memory "
             f"({format_size(used_memory)} in use, this job needs {format_size(memory)})",
-        )
+        )  # fmt: skip
     return None
 
 
@@ -202,8 +205,8 @@ def never_reason(
     short = never_fits(quota, machine, demand)
     if short is None:
         return None
-    return PendingReason(
-        PendingCode.QUOTA,
+    return PendingReason.of(
+        RefusalCode.QUOTA,
         f"can never run under quota {short.quota} of tenant {tenant}: it needs {short.need}; raise the "
         f"quota (gpuslice tenants set {tenant} …) or cancel it",
     )

@@ -1,46 +1,45 @@
-"""Why a job waits, as a fixed code plus the sentence shown to people.
+"""Why a job waits: the one refusal record (``ledger.placement.Refusal``: a code and its amounts) plus the
+sentence shown to people.
 
-The code is chosen where the decision is made (the scheduler knows whether it ran out of memory or hit a
-quota) and travels typed to the metrics, whose ``reason`` label must be small and stable; the sentence
-carries sizes and job ids for people. Nothing turns a sentence back into a code, so rewording a message
-never changes a metric or an alert.
+The code is chosen where the decision is made (the scheduler knows whether it ran out of GPU memory or hit
+a quota) and travels typed to the metrics, whose ``reason`` label (``RefusalCode.label``) must be small
+and stable; the sentence carries sizes and job ids for people. Nothing turns a sentence back into a code,
+so rewording a message never changes a metric or an alert.
 """
 
 from __future__ import annotations
 
-import enum
+import dataclasses
 from dataclasses import dataclass
 
-__all__ = ["PendingCode", "PendingReason"]
+from gpuslice.ledger.placement import Refusal, RefusalCode
 
-
-class PendingCode(enum.Enum):
-    """The value is the metrics label (``gpuslice_scheduling_failures_total{reason=…}``)."""
-
-    NOT_TRIED = "not_tried"  # submitted since the last scheduling pass: not a failure yet
-    UNHEALTHY_GPU = "unhealthy_gpu"
-    QUOTA = "quota"
-    PREEMPTING = "preempting"
-    BEHIND_QUEUE_HEAD = "behind_queue_head"
-    NO_MIG_SLOT = "no_mig_slot"
-    TOPOLOGY = "topology"
-    INSUFFICIENT_GPU_MEMORY = "insufficient_gpu_memory"  # host memory: RefusalCode.INSUFFICIENT_MEMORY
-    INSUFFICIENT_COMPUTE = "insufficient_compute"
-    INSUFFICIENT_GPUS = "insufficient_gpus"
+__all__ = ["PendingReason"]
 
 
 @dataclass(frozen=True, slots=True)
 class PendingReason:
-    code: PendingCode
+    """``refusal``: the code and amounts on serve's one machine (node 0); ``text``: the sentence."""
+
+    refusal: Refusal
     text: str
+
+    @classmethod
+    def of(cls, code: RefusalCode, text: str) -> PendingReason:
+        """A reason whose code names no amounts (a quota's, a queue head's: the sentence has them)."""
+        return cls(Refusal(code, 0), text)
+
+    @property
+    def code(self) -> RefusalCode:
+        return self.refusal.code
 
     def __str__(self) -> str:
         return self.text
 
     def then(self, more: str) -> PendingReason:
-        """The same code with ``more`` appended to the sentence."""
-        return PendingReason(self.code, f"{self.text}; {more}")
+        """The same record with ``more`` appended to the sentence."""
+        return PendingReason(self.refusal, f"{self.text}; {more}")
 
-    def recoded(self, code: PendingCode) -> PendingReason:
-        """The same sentence under another code (a cause found above the one that wrote it)."""
-        return PendingReason(code, self.text)
+    def recoded(self, code: RefusalCode) -> PendingReason:
+        """The same sentence and amounts under another code (a cause found above the one that wrote it)."""
+        return PendingReason(dataclasses.replace(self.refusal, code=code), self.text)

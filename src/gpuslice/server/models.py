@@ -39,6 +39,8 @@ from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Fie
 
 from gpuslice.errors import InvalidRequest, InvalidSize, UserError
 from gpuslice.hardware.node import MAX_GPUS_PER_NODE
+from gpuslice.ledger.placement import Refusal
+from gpuslice.scheduler.reasons import PendingReason
 from gpuslice.server.codec import spec_to_json
 from gpuslice.server.store import JobRecord, TenantRecord
 from gpuslice.units import SIZE_PATTERN, parse_size
@@ -328,6 +330,28 @@ def named(err: InvalidRequest) -> UserError:
     return err
 
 
+class RefusalOut(BaseModel):
+    """Why a pending job waits, as the one refusal record: ``code`` (the metrics' ``reason`` label) and,
+    for a code that names a resource, what the job needs of it, what is free and the capacity, in
+    ``unit`` (empty when the code names none: the sentence in ``reason`` has the details)."""
+
+    code: str
+    need: float
+    free: float
+    capacity: float
+    unit: str
+
+    @classmethod
+    def of(cls, refusal: Refusal) -> RefusalOut:
+        return cls(
+            code=refusal.code.label,
+            need=refusal.need,
+            free=refusal.free,
+            capacity=refusal.capacity,
+            unit=refusal.unit.value,
+        )
+
+
 class JobOut(BaseModel):
     """A job as the API shows it: the spec as submitted plus what happened to it."""
 
@@ -350,6 +374,9 @@ class JobOut(BaseModel):
     attempts: int
     suspended: bool
     stopping: str = Field(description="why the server is stopping it: preempt, cancel, limit, enforce; ''")
+    refusal: RefusalOut | None = Field(
+        default=None, description="a pending job: why it waits as a code with the amounts behind it"
+    )
 
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
@@ -373,14 +400,15 @@ def _valid_text(value: Any) -> Any:
     return value
 
 
-def job_out(job: JobRecord, waiting: str | None = None) -> JobOut:
+def job_out(job: JobRecord, waiting: PendingReason | None = None) -> JobOut:
     """``waiting``: why a pending job waits now (the scheduler's reason), shown instead of the stored one."""
+    pending = waiting if waiting is not None and job.state is JobState.PENDING else None
     spec = spec_to_json(job.spec)
     spec["env"] = {name: ENV_MASK for name in spec["env"]}
     return JobOut(
         id=job.id,
         state=job.state.value,
-        reason=_valid_text(waiting if waiting is not None and job.state is JobState.PENDING else job.reason),
+        reason=_valid_text(pending.text if pending is not None else job.reason),
         user=job.user,
         tenant=job.spec.tenant,
         priority=job.spec.priority.name.lower(),
@@ -397,6 +425,7 @@ def job_out(job: JobRecord, waiting: str | None = None) -> JobOut:
         attempts=job.attempts,
         suspended=job.suspended,
         stopping=job.stop,
+        refusal=None if pending is None else RefusalOut.of(pending.refusal),
     )
 
 

@@ -17,6 +17,7 @@ from gpuslice.node.telemetry import GpuReading
 from gpuslice.observe.health import GpuHealth
 from gpuslice.observe.metrics import GpuState, PendingState, ServeSnapshot, SliceState
 from gpuslice.scheduler.node_scheduler import GpuUsage, MigAssignment, NodeScheduler
+from gpuslice.scheduler.reasons import PendingReason
 from gpuslice.server.errors import TenantNotFound
 from gpuslice.server.gpu_health import GpuWatch
 from gpuslice.server.store import JobRecord, Store, TenantRecord
@@ -68,7 +69,7 @@ class DaemonViews:
         self._lock = lock
         self._clock = clock
         self._published: GpuSnapshot | None = None  # GPU state at the end of the last tick (metrics)
-        self._waiting: dict[str, str] = {}  # why each pending job waits, as of the last tick (job lists)
+        self._waiting: dict[str, PendingReason] = {}  # why each pending job waits, as of the last tick
         self.job_counts: dict[str, int] = {}  # jobs per state as of the last pass (``publish_counts``)
         self.publish_counts()
 
@@ -82,7 +83,7 @@ class DaemonViews:
         lock held, at the end of a pass or after a change the readers must see at once."""
         if gpus:
             self._published = self._gpu_state()
-        self._waiting = dict(self._scheduler().queue())
+        self._waiting = dict(self._scheduler().waiting())
 
     def gpus(self) -> list[dict[str, Any]]:
         with self._lock:
@@ -219,7 +220,7 @@ class DaemonViews:
             )
         return rows
 
-    def pending_reasons(self) -> dict[str, str]:
+    def pending_reasons(self) -> dict[str, PendingReason]:
         """Why each pending job waits (the scheduler's reason; the stored one only says how it entered the
         queue), as of the last tick: a job list never waits for a scheduling pass."""
         return self._waiting

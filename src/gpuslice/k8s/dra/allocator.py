@@ -27,6 +27,7 @@ an Event with the placer's reason ("0/3 nodes fit: 3 insufficient GPU memory").
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -303,9 +304,10 @@ class Inventory:
             else:
                 choices[int(node)] = gpus
         if not feasible.any():
-            why = self.ledger.why_not(req)
-            note = "" if why else "the pod's node selector or the claim's constraint"
-            return Unplaced(req, self.ledger.node_count, why, note)
+            unplaced = Unplaced.explained(req, self.ledger)
+            if unplaced.reasons:
+                return unplaced
+            return dataclasses.replace(unplaced, note="the pod's node selector or the claim's constraint")
         node = placer.choose_node(req, feasible)
         placed = self.ledger.reserve(node, choices[node], req)
         if isinstance(placed, Refusal):  # the mask said it fits: only a broken ledger gets here

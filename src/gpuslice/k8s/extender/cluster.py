@@ -504,11 +504,12 @@ class ClusterCache:
             while len(self.seen) > SEEN_PODS_MAX:
                 self.seen.popitem(last=False)
 
-    def explain(self, pod: Mapping[str, Any], total: int, reasons: Counter[str]) -> None:
-        """Post 'gpuslice: 0/N nodes fit: …' as a Warning Event, at most once a minute per message."""
+    def explain(self, pod: Mapping[str, Any], total: int, reasons: Counter[str], closest: str = "") -> None:
+        """Post 'gpuslice: 0/N nodes fit: …[; closest: NODE (amounts)]' as a Warning Event, at most once a
+        minute per message."""
         namespace, name, uid = pod_meta(pod)
         detail = "; ".join(f"{count} {reason}" for reason, count in reasons.most_common())
-        message = f"gpuslice: 0/{total} nodes fit: {detail}"
+        message = f"gpuslice: 0/{total} nodes fit: {detail}" + (f"; {closest}" if closest else "")
         now = time.monotonic()
         last = self._last_event.get(uid)
         if last is not None and last[0] == message and now - last[1] < EVENT_REPEAT_S:

@@ -26,6 +26,7 @@ from gpuslice.k8s.extender.cluster import (
     BoundPod,
     ClusterCache,
     LedgerBuild,
+    open_slots,
     pod_ask,
     pod_meta,
     pod_priority,
@@ -221,8 +222,25 @@ class ClusterState:
             preempting = self.preemption.make_room(pod, built, ask, node_names, idx, codes)
             if preempting:
                 why = Counter({preempting: len(node_names)})
-            self.cache.explain(pod, len(node_names), why)
+            self.cache.explain(
+                pod, len(node_names), why, "" if preempting else self._closest(built, ask, idx, codes)
+            )
         return result
+
+    def _closest(self, built: LedgerBuild, ask: PodGpuRequest, idx: np.ndarray, codes: np.ndarray) -> str:
+        """The offered node the pod came closest on, with the amounts (``Ledger.closest`` over the known
+        nodes, the usable GPUs being ``open_slots``), for the FailedScheduling Event: "" for a MIG pod,
+        whose instances are judged on the extender's candidates, for a pod of several slices (judged
+        together, not by one request), or when no fit-rule check refused it."""
+        known = idx >= 0
+        if ask.mig_profile or ask.multi or not known.any():
+            return ""
+        rows = idx[known]
+        usable = open_slots(built, rows, built.ledger.view.gpu_tasks[rows])
+        closest = built.ledger.closest(ask.to_request(), codes[known], rows, usable)
+        if closest is None or not closest.amounts:
+            return ""
+        return f"closest: {built.ledger.node_names[closest.node]} ({closest.amounts})"
 
     def _all_containers_fit(
         self, built: LedgerBuild, ask: PodGpuRequest, idx: np.ndarray, codes: np.ndarray, texts: list[str]
