@@ -39,6 +39,7 @@ class FakeApi:
     pods: list[dict[str, Any]] = field(default_factory=list)
     events: list[tuple[str, str]] = field(default_factory=list)
     deleted: list[str] = field(default_factory=list)
+    reasons: list[str] = field(default_factory=list)  # each event's reason, as events
 
     def add_node(self, name: str, simulate: str) -> None:
         machine = discover(simulate)
@@ -94,6 +95,7 @@ class FakeApi:
 
     def pod_event(self, pod: Mapping[str, Any], reason: str, message: str) -> None:
         self.events.append((pod["metadata"]["name"], message))
+        self.reasons.append(reason)
 
     def delete(self, name: str) -> None:
         del self.claims[("t", name)]
@@ -763,3 +765,32 @@ def test_a_pass_that_ungated_pods_starts_the_next_at_once_and_an_idle_one_waits(
     stop = Stop()
     DraAllocator(api).run(stop, interval_s=7)  # type: ignore[arg-type]
     assert api.passes == 2 and stop.waited == [7]  # the busy pass went on at once; the idle one waited
+
+
+def test_preempted_pods_are_told_by_whom_and_the_preemptor_waits_for_them() -> None:
+    api, allocator = _four_holders()
+    api.add("vip", spec(CLASS_WHOLE), priority=35)
+    allocator.run_once()
+    assert api.deleted == ["low0"]
+    assert api.events[0] == ("low0", "gpuslice: preempted on a by t/vip (priority 35)")
+    assert api.reasons == ["Preempted", "GpusliceUnplaced"]
+    assert api.events[1][0] == "vip" and api.events[1][1].endswith(
+        "; preempted 1 lower-priority pod(s) on a, waiting for them to end"
+    )
+    allocator.run_once()  # low0's claim is still allocated: the pod is told it waits, once
+    allocator.run_once()
+    assert api.deleted == ["low0"] and len(api.events) == 3
+    assert api.events[2][1].endswith("; waiting for the pods it preempted to end")
+
+
+def test_a_preemptor_pinned_to_a_node_preempts_only_there() -> None:
+    api = FakeApi()
+    api.slices = [_slice("a", 1, [_device("gpu-0")]), _slice("b", 1, [_device("gpu-0")])]
+    api.add("low-a", spec(CLASS_WHOLE), node="a", priority=1)
+    api.add("low-b", spec(CLASS_WHOLE), node="b", priority=2)
+    allocator = DraAllocator(api)
+    allocator.run_once()
+    api.add("vip", spec(CLASS_WHOLE), node="b", priority=10)
+    allocator.run_once()
+    assert api.deleted == ["low-b"]  # not the cheaper holder on a: the pod cannot go there
+    assert "on b" in dict(api.events)["vip"]

@@ -209,6 +209,17 @@ def test_a_replay_counts_every_pod_that_fits_nowhere_as_failed(tiny: OpenbTrace)
     assert result.failed_pods < result.pods
 
 
+def test_failed_pods_are_counted_by_the_refusal_most_nodes_give_them(tiny: OpenbTrace) -> None:
+    """p-too-big asks 64 CPUs, more than any node has: CPU is what every node refuses it for; the others
+    that fail find the GPUs full. Every failed pod is counted once, under one code."""
+    result = replay(tiny, "bestfit", seed=2)
+    reasons = result.failed_by_reason
+    assert sum(reasons.values()) == result.failed_pods
+    assert reasons.get("insufficient_cpu", 0) >= 1
+    assert set(reasons) <= {"insufficient_cpu", "insufficient_gpu", "insufficient_gpu_memory"}
+    assert result.record()["failed_by_reason"] == reasons
+
+
 def test_fragmentation_never_exceeds_the_unallocated_gpu(tiny: OpenbTrace) -> None:
     result = replay(tiny, "fgd", seed=3)
     idle = result.total_gpu_milli - result.allocated_gpu_milli

@@ -106,11 +106,11 @@ def fit_codes(
         if usable is not None:
             memory &= usable
             both &= usable
-            conditions.append(usable.sum(axis=-1) < n)
+            conditions.append(np.count_nonzero(usable, axis=-1) < n)
             choices.append(_USABLE)
         conditions[:0] = [~np.asarray(model_ok, dtype=bool)]
         choices[:0] = [_MODEL]
-        conditions += [memory.sum(axis=-1) < n, both.sum(axis=-1) < n]
+        conditions += [np.count_nonzero(memory, axis=-1) < n, np.count_nonzero(both, axis=-1) < n]
         choices += [_GPU_MEMORY, _GPU]
     if free_cpu is not None:
         conditions.append(free_cpu < request.cpu_milli)
@@ -118,9 +118,10 @@ def fit_codes(
     if free_memory is not None:
         conditions.append(free_memory < request.memory_bytes)
         choices.append(_MEMORY)
-    if not conditions:
-        return np.zeros(count, dtype=np.int8)
-    return np.select(conditions, choices, default=FITS).astype(np.int8)
+    codes = np.zeros(count, dtype=np.int8)  # FITS
+    for condition, choice in zip(reversed(conditions), reversed(choices), strict=True):
+        codes[condition] = choice  # the last written is the first check failed (np.select, cheaper)
+    return codes
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,13 +19,15 @@ slices their instances hold are reported apart (``sim/cluster_ledger.py``).
 from __future__ import annotations
 
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from gpuslice.ledger.fragmentation import FragmentationMeasure
-from gpuslice.ledger.ledger import LedgerView
+from gpuslice.ledger.ledger import Ledger, LedgerView
+from gpuslice.ledger.placement import RefusalCode
 from gpuslice.policies import PolicyContext, placement_policy
 from gpuslice.programs.guard import GuardConfig, guard_faults
 from gpuslice.programs.loader import is_policy_path, resolve
@@ -33,6 +35,7 @@ from gpuslice.programs.run_isolation import isolated_run
 from gpuslice.scheduler.placer import Placer, Unplaced
 from gpuslice.sim.cluster_ledger import capacity_pct, cluster_ledger, mig_slices_held, set_aside_milli
 from gpuslice.sim.trace import OpenbTrace, TracePod
+from gpuslice.workload.request import Request
 from gpuslice.workload.target import TargetWorkload
 
 __all__ = ["DEFAULT_TUNE", "ReplayResult", "arrival_order", "replay", "unallocated_pct_at"]
@@ -57,6 +60,9 @@ class ReplayResult:
     # Pods whose placement the default policy made, in part or whole, because this policy faulted, gave
     # advice the mechanism refused, or was detached: a run where this is not 0 is partly the default's.
     fell_back_pods: int = 0
+    # Failed pods by why they failed: each one's most common refusal over the nodes (kube-scheduler's
+    # first reason) on the cluster at the end of the run, as ``RefusalCode.label``.
+    failed_by_reason: dict[str, int] = field(default_factory=dict)
     # MIG (a trace with MIG-mode GPUs only): pods asking for an instance, those that found none, and the
     # compute slices the instances hold at the end of the run, of all the MIG GPUs' slices.
     mig: dict[str, int] | None = None
@@ -98,6 +104,7 @@ class ReplayResult:
             "seed": self.seed,
             "pods": self.pods,
             "failed_pods": self.failed_pods,
+            "failed_by_reason": self.failed_by_reason,
             "unallocated_pct_at_100": round(self.unallocated_pct_at(100), 4),
             "unallocated_pct_at_end": round(float(self.unallocated_pct[-1]), 4),
             "fragmentation_pct_at_100": round(self._at(self.fragmentation_pct, 100), 4),
@@ -108,6 +115,14 @@ class ReplayResult:
 
     def _at(self, series: np.ndarray, arrival_pct: int) -> float:
         return _binned_mean(np.round(self.arrived_pct), series, arrival_pct)
+
+
+def top_reason(ledger: Ledger, request: Request) -> str:
+    """The label of the refusal most nodes give ``request`` (the fit rule's earlier check on a tie),
+    for a request the placer placed nowhere; ``excluded_by_policy`` when the rule let some node take it
+    and the policy's own filter took them away."""
+    reasons = ledger.why_not(request)  # counted in the rule's order: a tie keeps the earlier check
+    return (reasons.most_common(1)[0][0] if reasons else RefusalCode.EXCLUDED_BY_POLICY).label
 
 
 def _binned_mean(bins: np.ndarray, values: np.ndarray, target: int) -> float:
@@ -208,6 +223,7 @@ def replay(
     gpu_after = np.zeros((n, view.free_gpu_milli.shape[1]), dtype=np.int64)
     cpu_after = np.zeros(n, dtype=np.int64)
     arrived_milli = failed = fell_back = seen = mig_pods = mig_failed = 0
+    failed_shapes: Counter[Request] = Counter()
     guard = getattr(placer.policy, "guard", None)  # a policy file's; once detached, it counts no more
     for i, pod in enumerate(arrivals):
         arrived_milli += pod.request.total_gpu_milli
@@ -220,6 +236,7 @@ def replay(
             mig_failed += isinstance(result, Unplaced)
         if isinstance(result, Unplaced):
             failed += 1
+            failed_shapes[pod.request] += 1
         else:
             changed[i] = result.node
             gpu_after[i] = view.free_gpu_milli[result.node]
@@ -230,6 +247,11 @@ def replay(
             progress(i + 1, n)
     if progress is not None:
         progress(n, n)
+    # Judged on the full cluster at the end: no pod ever leaves, so a pod that failed still fails there
+    # (and a shape is judged once, not once per failed pod).
+    failed_by: Counter[str] = Counter()
+    for request, count in failed_shapes.items():
+        failed_by[top_reason(ledger, request)] += count
     fragmented = _fragmentation_series(
         FragmentationMeasure(target, ledger.models), cluster_ledger(nodes).view, changed, gpu_after, cpu_after
     )
@@ -246,6 +268,7 @@ def replay(
         allocated_gpu_milli=allocated,
         fragmented_gpu_milli=fragmented,
         failed_pods=failed,
+        failed_by_reason=dict(failed_by.most_common()),
         wall_seconds=time.perf_counter() - started,
         fallbacks={
             **{f"{hook}:{reason}": c for (hook, reason), c in placer.fallbacks.items()},

@@ -1,8 +1,9 @@
 """Results of a replay sweep, for people: mean ± sd over seeds per (trace, policy), and the files on disk.
 
 ``results.json`` is a list of ``ReplayResult.record()`` dicts, one per run; ``results.csv`` holds the same
-rows with ``policy_fallbacks`` as a JSON string. The summary puts our unallocated GPU % at 100 % arrival
-next to the FGD paper's published figure for the same trace and policy.
+rows with ``policy_fallbacks`` and ``failed_by_reason`` as JSON strings. The summary puts our
+unallocated GPU % at 100 % arrival next to the FGD paper's published figure for the same trace and
+policy.
 """
 
 from __future__ import annotations
