@@ -254,7 +254,7 @@ class Inventory:
 
     def request(self, ask: ClaimAsk) -> Request:
         """The ledger request of ``ask``; InvalidRequest says why it is not a valid one."""
-        if ask.count < 0 or not 0 < ask.cores <= 100 or ask.memory_mib < 0:
+        if ask.count < 1 or not 0 < ask.cores <= 100 or ask.memory_mib < 0:
             raise InvalidRequest(
                 f"request {ask.request}: count, memory and cores must be positive (cores at most 100)"
             )
