@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpuslice.advice import EXCEPTION, INVALID, ask
+from gpuslice.advice import EXCEPTION, INVALID, Fallback, ask
 
 
 def boom() -> int:
@@ -42,18 +42,26 @@ def test_the_default_is_computed_only_when_needed():
     ("answer", "expected"),
     [
         (5, (5, None)),
-        (-1, (0, "negative")),
-        (250, (99, "too large")),  # repaired, not replaced: the repair keeps what it can
-        (None, (0, "invalid")),  # an empty reason is a plain refusal
+        (float("nan"), (0, Fallback.NAN)),
+        (250, (99, Fallback.WRONG_SHAPE)),  # repaired, not replaced: the repair keeps what it can
+        (None, (0, Fallback.INVALID)),  # False is a plain refusal
     ],
-    ids=["accepted", "refused with a reason", "repaired", "empty reason"],
+    ids=["accepted", "refused with a code", "repaired", "plain refusal"],
 )
-def test_a_check_may_name_its_reason_and_a_repair_may_keep_part_of_the_answer(answer, expected):
+def test_a_check_may_name_its_code_and_a_repair_may_keep_part_of_the_answer(answer, expected):
     def check(x):
         if x is None:
-            return ""
-        return "negative" if x < 0 else ("too large" if x > 99 else True)
+            return False
+        if x != x:
+            return Fallback.NAN
+        return Fallback.WRONG_SHAPE if x > 99 else True
 
     repair = lambda x: min(x, 99) if isinstance(x, int) and x > 0 else 0  # noqa: E731
-    advice = ask(lambda: answer, check, lambda: 0, repair if answer != -1 else None)
+    advice = ask(lambda: answer, check, lambda: 0, repair if answer == answer else None)
     assert (advice.value, advice.fallback) == expected
+
+
+def test_a_check_that_answers_with_text_instead_of_a_code_refuses_plainly():
+    """Only a ``Fallback`` code names a reason; a string (truthy) must not pass for acceptance."""
+    advice = ask(lambda: 5, lambda _: "looks wrong", lambda: 0)
+    assert (advice.value, advice.fallback) == (0, Fallback.INVALID)

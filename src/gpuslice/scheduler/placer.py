@@ -25,7 +25,7 @@ from typing import TypeVar
 
 import numpy as np
 
-from gpuslice.advice import ask
+from gpuslice.advice import Fallback, ask
 from gpuslice.hardware.topology import Topology
 from gpuslice.ledger.ledger import Ledger, LedgerView
 from gpuslice.ledger.placement import Placement, Refusal, RefusalCode
@@ -114,7 +114,7 @@ class Placer:
         extra = self._ask(
             "filter",
             lambda: self.policy.filter(self.ledger.view, req),
-            lambda m: m is None or getattr(m, "shape", None) == mask.shape or "wrong shape",
+            lambda m: m is None or getattr(m, "shape", None) == mask.shape or Fallback.WRONG_SHAPE,
             lambda: None,
         )
         return mask if extra is None else mask & extra.astype(bool)
@@ -207,19 +207,19 @@ class Placer:
         if usable is not None:
             allowed = allowed & usable
 
-        def refusal_of(gpus: tuple[int, ...]) -> str | None:
+        def refusal_of(gpus: tuple[int, ...]) -> Fallback | None:
             refusal = self.ledger.check(node, gpus, req)
-            if refusal is not None:
-                return refusal.code.value
+            if refusal is not None:  # a GPU that is not there, or twice, or not allowed; or one too full
+                return Fallback.DOES_NOT_FIT if refusal.code.curable else Fallback.GPU_NOT_USABLE
             if len(gpus) != req.num_gpu or not all(0 <= g < len(allowed) and allowed[g] for g in gpus):
-                return "GPU not usable"
-            return None if meets_need(topology, gpus, need) else "topology need not met"
+                return Fallback.GPU_NOT_USABLE
+            return None if meets_need(topology, gpus, need) else Fallback.TOPOLOGY_NEED_NOT_MET
 
-        def check(advice: tuple[int, ...] | None) -> bool | str:
+        def check(advice: tuple[int, ...] | None) -> bool | Fallback:
             if advice is None:  # "the mechanism's default", not a fallback
                 return True
             if not all(isinstance(g, int | np.integer) and not isinstance(g, bool) for g in advice):
-                return "not GPU indices"
+                return Fallback.NOT_GPU_INDICES
             return refusal_of(tuple(int(g) for g in advice)) or True
 
         def hook() -> tuple[int, ...] | None:
@@ -248,7 +248,7 @@ class Placer:
         self,
         hook: str,
         call: Callable[[], T],
-        check: Callable[[T], bool | str],
+        check: Callable[[T], bool | Fallback],
         default: Callable[[], T],
         repair: Callable[[T], T] | None = None,
     ) -> T:
@@ -324,10 +324,10 @@ def wants_gpu_set(req: Request) -> bool:
     return req.num_gpu >= 2 and req.gpu_milli >= MILLI_PER_GPU
 
 
-def _array_check(values: np.ndarray, shape: tuple[int, ...]) -> bool | str:
+def _array_check(values: np.ndarray, shape: tuple[int, ...]) -> bool | Fallback:
     if values.shape != shape:
-        return "wrong shape"
-    return not np.isnan(values).any() or "nan"
+        return Fallback.WRONG_SHAPE
+    return not np.isnan(values).any() or Fallback.NAN
 
 
 def _any(_: object) -> bool:
