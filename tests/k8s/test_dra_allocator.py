@@ -470,10 +470,11 @@ def _device(
 
 def test_the_inventory_holds_the_newest_generation_of_each_pool_and_only_shared_gpus_of_this_driver() -> None:
     slices = [
-        _slice("b", 1, [_device("gpu-9")]),  # an old generation of pool b: gone
         _slice("b", 2, [_device("gpu-1", 2048), _device("gpu-0", 4096)]),
         _slice("b", 2, [_device("mig-0", kind="mig"), _device("gpu-2", shared=False)]),
+        _slice("b", 1, [_device("gpu-9")]),  # an old generation of pool b, listed after the new one: gone
         _slice("a", 3, [_device("gpu-0", 512)]),
+        _slice("a", 3, [_device("gpu-7")], driver="gpu.example.com"),  # another driver's pool of node a
         _slice("c", 1, [_device("gpu-0")], driver="gpu.example.com"),  # another driver's pool
         _slice(
             "d", 1, [_device(f"gpu-{k:02d}") for k in range(MAX_GPUS_PER_NODE + 1)]
