@@ -1,6 +1,6 @@
-"""ledger.fit: the one fit rule. ``Ledger.fits`` (the fast form sim calls per pod) agrees with it on
-every node, ``why_not`` counts its codes, and ``check`` refuses a chosen GPU for the reason the rule
-gives when that GPU is the only one."""
+"""ledger.fit: the one fit rule. ``Ledger.fits`` (the fast form sim calls per pod) and ``fit_code`` (its
+one-node form in plain numbers) agree with it, ``why_not`` counts its codes, and ``check`` refuses a
+chosen GPU for the reason the rule gives when that GPU is the only one."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import numpy as np
 from gpuslice.hardware.mig import MigInstance, mig_gpu
 from gpuslice.hardware.node import NodeSpec
 from gpuslice.ledger import FITS, Ledger, Placement, Refusal, RefusalCode, code_number, code_of, fit_codes
+from gpuslice.ledger.fit import CHECKS, fit_code
 from gpuslice.ledger.placement import Unit
 from gpuslice.units import GiB
 from gpuslice.workload.request import Request
@@ -52,6 +53,40 @@ def test_fits_is_the_fit_rule_and_why_not_counts_its_codes() -> None:
         assert sum(ledger.why_not(req).values()) == int((codes != FITS).sum())
         seen |= counted | ({None} if (codes == FITS).any() else set())
     assert {None, RefusalCode.INSUFFICIENT_GPU, RefusalCode.GPU_MODEL_NOT_ALLOWED} <= seen
+
+
+def test_the_one_node_form_gives_the_vectorised_rules_code_on_random_rows() -> None:
+    """``fit_code`` on plain numbers and ``fit_codes`` on a one-row array: the same code for random
+    requests (MIG ones among them) and random rows, every check reached."""
+    rng = random.Random(11)
+    seen = set()
+    for _ in range(3000):
+        mig = rng.random() < 0.15
+        req = _random_request(rng)
+        if mig:
+            req = Request(cpu_milli=req.cpu_milli, memory_bytes=req.memory_bytes, mig_profile="1g.10gb",
+                          gpu_models=rng.choice([(), ("A100",)]))  # fmt: skip
+        g = rng.choice([1, 2, 4, 8])
+        milli = [rng.choice([0, 100, 300, 700, 1000]) for _ in range(g)]
+        memory = [rng.choice([0, 2 * GiB, 6 * GiB, 16 * GiB]) for _ in range(g)]
+        usable = [rng.random() < 0.8 for _ in range(g)] if rng.random() < 0.5 else None
+        model_ok, slot = rng.random() < 0.85, (rng.random() < 0.6) if mig else None
+        cpu = rng.choice([None, 0, 2000, 8000])
+        host = rng.choice([None, 0, 16 * GiB, 64 * GiB])
+        vector = fit_codes(
+            req,
+            np.array([model_ok]),
+            None if usable is None else np.array([usable]),
+            np.array([milli]),
+            np.array([memory]),
+            None if cpu is None else np.array([cpu]),
+            None if host is None else np.array([host]),
+            None if slot is None else np.array([slot]),
+        )
+        one = fit_code(req, model_ok, milli, memory, cpu, host, slot, usable)
+        assert one == int(vector[0]), (req, model_ok, usable, milli, memory, cpu, host, slot)
+        seen.add(one)
+    assert seen == {FITS, *(code_number(c) for c in CHECKS)}
 
 
 def test_the_checks_run_model_usable_memory_compute_cpu_memory() -> None:

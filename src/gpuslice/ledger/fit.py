@@ -31,6 +31,7 @@ GPUs as a count, CPU and host memory as the node's.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -38,7 +39,17 @@ import numpy as np
 from gpuslice.ledger.placement import RefusalCode, Unit
 from gpuslice.workload.request import MILLI_PER_GPU, Request
 
-__all__ = ["CHECKS", "FITS", "UNCURABLE", "Rows", "code_number", "code_of", "fit_codes", "shortfall"]
+__all__ = [
+    "CHECKS",
+    "FITS",
+    "UNCURABLE",
+    "Rows",
+    "code_number",
+    "code_of",
+    "fit_code",
+    "fit_codes",
+    "shortfall",
+]
 
 FITS = 0
 _CODES: tuple[RefusalCode, ...] = tuple(RefusalCode)
@@ -88,40 +99,68 @@ def fit_codes(
     every GPU slot. ``free_cpu``/``free_memory`` (N,) None skip those checks (homes where CPU and memory
     are someone else's: serve's one machine, kube-scheduler's NodeResourcesFit). ``mig_slot`` (N,): for
     a MIG request, whether a MIG GPU of the node has a free start for its profile."""
-    count = len(model_ok)
-    conditions: list[np.ndarray] = []
-    choices: list[int] = []
+    codes = np.zeros(len(model_ok), dtype=np.int8)  # FITS
+    # Written from the last check to the first, so that a node's code is the first check it fails.
+    if free_memory is not None:
+        codes[free_memory < request.memory_bytes] = _MEMORY
+    if free_cpu is not None:
+        codes[free_cpu < request.cpu_milli] = _CPU
     n = request.num_gpu
-    if request.mig_profile:
-        if mig_slot is None:
-            raise ValueError("a MIG request is judged with mig_slot (the node's free MIG starts)")
-        model = request.gpu_models or request.excluded_gpu_models
-        conditions += [~np.asarray(model_ok, dtype=bool)] if model else []
-        choices += [_MODEL] if model else []
-        conditions.append(~np.asarray(mig_slot, dtype=bool))
-        choices.append(_MIG_SLOT)
     if n:
         memory = free_gpu_memory >= request.gpu_memory_bytes
         both = memory & (free_gpu_milli >= request.gpu_milli)
         if usable is not None:
             memory &= usable
             both &= usable
-            conditions.append(np.count_nonzero(usable, axis=-1) < n)
-            choices.append(_USABLE)
-        conditions[:0] = [~np.asarray(model_ok, dtype=bool)]
-        choices[:0] = [_MODEL]
-        conditions += [np.count_nonzero(memory, axis=-1) < n, np.count_nonzero(both, axis=-1) < n]
-        choices += [_GPU_MEMORY, _GPU]
-    if free_cpu is not None:
-        conditions.append(free_cpu < request.cpu_milli)
-        choices.append(_CPU)
-    if free_memory is not None:
-        conditions.append(free_memory < request.memory_bytes)
-        choices.append(_MEMORY)
-    codes = np.zeros(count, dtype=np.int8)  # FITS
-    for condition, choice in zip(reversed(conditions), reversed(choices), strict=True):
-        codes[condition] = choice  # the last written is the first check failed (np.select, cheaper)
+        codes[both.sum(axis=-1) < n] = _GPU
+        codes[memory.sum(axis=-1) < n] = _GPU_MEMORY
+        if usable is not None:
+            codes[usable.sum(axis=-1) < n] = _USABLE
+    if request.mig_profile:
+        if mig_slot is None:
+            raise ValueError("a MIG request is judged with mig_slot (the node's free MIG starts)")
+        codes[~np.asarray(mig_slot, dtype=bool)] = _MIG_SLOT
+    if n or request.gpu_models or request.excluded_gpu_models:  # a MIG request only when it names models
+        codes[~np.asarray(model_ok, dtype=bool)] = _MODEL
     return codes
+
+
+def fit_code(
+    request: Request,
+    model_ok: bool,
+    free_gpu_milli: Sequence[int],
+    free_gpu_memory: Sequence[int],
+    free_cpu: int | None = None,
+    free_memory: int | None = None,
+    mig_slot: bool | None = None,
+    usable: Sequence[bool] | None = None,
+) -> int:
+    """``fit_codes`` for one node, in plain numbers: for a what-if row judged many times over (the
+    replay's preemption search tries thousands of victim sets), where numpy's per-call cost would be
+    most of the work. The same checks in the same order; ``tests/ledger/test_fit_rule.py`` keeps the
+    two equal on random requests and rows."""
+    n = request.num_gpu
+    if (n or request.gpu_models or request.excluded_gpu_models) and not model_ok:
+        return _MODEL
+    if request.mig_profile:
+        if mig_slot is None:
+            raise ValueError("a MIG request is judged with mig_slot (the node's free MIG starts)")
+        if not mig_slot:
+            return _MIG_SLOT
+    if n:
+        use = [True] * len(free_gpu_milli) if usable is None else list(usable)
+        if usable is not None and sum(use) < n:
+            return _USABLE
+        memory = [u and m >= request.gpu_memory_bytes for u, m in zip(use, free_gpu_memory, strict=True)]
+        if sum(memory) < n:
+            return _GPU_MEMORY
+        if sum(m and f >= request.gpu_milli for m, f in zip(memory, free_gpu_milli, strict=True)) < n:
+            return _GPU
+    if free_cpu is not None and free_cpu < request.cpu_milli:
+        return _CPU
+    if free_memory is not None and free_memory < request.memory_bytes:
+        return _MEMORY
+    return FITS
 
 
 @dataclass(frozen=True, slots=True)

@@ -32,6 +32,7 @@ from types import MappingProxyType
 import numpy as np
 
 from gpuslice.hardware.mig import MigInstance, MigLayout
+from gpuslice.ledger.fit import FITS, fit_code
 from gpuslice.ledger.ledger import Ledger
 from gpuslice.ledger.placement import Placement
 from gpuslice.policies.queue.base import JobRef, QueueOps, QueueView
@@ -113,8 +114,9 @@ class RunningPod:
     preemptible: bool = True
 
 
-# free CPU milli, free memory bytes, free milli per GPU, and for a MIG request the node's MIG layouts by GPU
-_NodeFree = tuple[int, int, np.ndarray, Mapping[int, MigLayout]]
+# free CPU milli, free memory bytes, free milli and GPU memory bytes per GPU, and for a MIG request the
+# node's MIG layouts by GPU
+_NodeFree = tuple[int, int, np.ndarray, np.ndarray, Mapping[int, MigLayout]]
 _NO_MIG: Mapping[int, MigLayout] = MappingProxyType({})
 
 
@@ -127,7 +129,12 @@ class ClusterCapacity:
 
     def __init__(self, ledger: Ledger, request: Request, fit_nodes: set[int] | None = None) -> None:
         view = ledger.view
-        self._base = (view.free_cpu_milli.copy(), view.free_memory_bytes.copy(), view.free_gpu_milli.copy())
+        self._base = (
+            view.free_cpu_milli.copy(),
+            view.free_memory_bytes.copy(),
+            view.free_gpu_milli.copy(),
+            view.free_gpu_memory_bytes.copy(),
+        )
         self.request = request
         # the models the fit rule checks: a GPU request's, a MIG request's when it names any
         pinned = request.mig_profile and (request.gpu_models or request.excluded_gpu_models)
@@ -161,16 +168,23 @@ class ClusterCapacity:
     def _free(self, node: int) -> _NodeFree:
         free = self._changed.get(node)
         if free is None:
-            cpu, memory, gpu = self._base
-            free = (int(cpu[node]), int(memory[node]), gpu[node], self._mig.get(node, _NO_MIG))
+            cpu, memory, gpu, gpu_memory = self._base
+            free = (
+                int(cpu[node]),
+                int(memory[node]),
+                gpu[node],
+                gpu_memory[node],
+                self._mig.get(node, _NO_MIG),
+            )
         return free
 
     def _apply(self, placement: Placement, sign: int) -> None:
         node, req = placement.node, placement.request
-        cpu, memory, gpu, layouts = self._free(node)
+        cpu, memory, gpu, gpu_memory, layouts = self._free(node)
         if placement.gpus:
-            gpu = gpu.copy()
+            gpu, gpu_memory = gpu.copy(), gpu_memory.copy()
             gpu[list(placement.gpus)] += sign * req.gpu_milli
+            gpu_memory[list(placement.gpus)] += sign * req.gpu_memory_bytes
         hold = placement.mig
         if hold is not None and hold.gpu in layouts:  # tracked for a MIG request only
             layouts = dict(layouts)
@@ -178,7 +192,7 @@ class ClusterCapacity:
             layouts[hold.gpu] = (
                 layout.without(hold.instance) if sign > 0 else layout.with_instance(hold.instance)
             )
-        free = (cpu + sign * req.cpu_milli, memory + sign * req.memory_bytes, gpu, layouts)
+        free = (cpu + sign * req.cpu_milli, memory + sign * req.memory_bytes, gpu, gpu_memory, layouts)
         self._changed[node] = free
         if self._fits(node, free):
             self.fit_nodes.add(node)
@@ -186,43 +200,45 @@ class ClusterCapacity:
             self.fit_nodes.discard(node)
 
     def _fits(self, node: int, free: _NodeFree) -> bool:
-        """The ledger's fit rule (``Ledger.fits``) for one what-if node row; trace pods ask no GPU memory."""
-        cpu, memory, gpu, layouts = free
-        return _fits_row(self, node, cpu, memory, gpu.tolist(), layouts.values())
+        cpu, memory, gpu, gpu_memory, layouts = free
+        return _fits_row(self, node, cpu, memory, gpu.tolist(), gpu_memory.tolist(), layouts.values())
 
 
 def _fits_row(
-    capacity: ClusterCapacity, node: int, cpu: int, memory: int, free: list[int], layouts: Iterable[MigLayout]
+    capacity: ClusterCapacity,
+    node: int,
+    cpu: int,
+    memory: int,
+    gpu: list[int],
+    gpu_memory: list[int],
+    layouts: Iterable[MigLayout],
 ) -> bool:
-    """The fit rule's checks (``ledger.fit``: model, MIG slot or GPUs, CPU, memory) on one what-if row."""
+    """The ledger's fit rule on one what-if node row (``ledger.fit.fit_code``, its one-node form)."""
     req = capacity.request
-    if capacity._allowed is not None and not capacity._allowed[node]:
-        return False
-    if req.mig_profile:
-        if not any(layout.has_start(req.mig_profile) for layout in layouts):
-            return False
-    elif req.num_gpu and sum(f >= req.gpu_milli for f in free) < req.num_gpu:
-        return False
-    return cpu >= req.cpu_milli and memory >= req.memory_bytes
+    allowed = capacity._allowed is None or bool(capacity._allowed[node])
+    slot = any(layout.has_start(req.mig_profile) for layout in layouts) if req.mig_profile else None
+    return fit_code(req, allowed, gpu, gpu_memory, cpu, memory, slot) == FITS
 
 
 def _fits_without(capacity: ClusterCapacity, node: int, gone: Sequence[Victim]) -> bool:
     """Would the capacity's request fit on ``node`` with the ``gone`` pods' holdings given back? The fit
-    rule of ``ClusterCapacity`` (``_fits``) in plain integers, without building a what-if copy: the
-    preemption search asks this for many subsets."""
-    cpu, memory, gpu, layouts = capacity._free(node)
-    free = gpu.tolist()
+    rule on the node's row with their holdings added, without building a what-if copy: the preemption
+    search asks this for many subsets."""
+    cpu, memory, gpu, gpu_memory, layouts = capacity._free(node)
+    free, free_memory = gpu.tolist(), gpu_memory.tolist()
     freed: dict[int, MigLayout] = {}
     for victim in gone:
         placement = victim.holding.placement
-        cpu += placement.request.cpu_milli
-        memory += placement.request.memory_bytes
+        req = placement.request
+        cpu += req.cpu_milli
+        memory += req.memory_bytes
         for g in placement.gpus:
-            free[g] += placement.request.gpu_milli
+            free[g] += req.gpu_milli
+            free_memory[g] += req.gpu_memory_bytes
         hold = placement.mig
         if hold is not None and hold.gpu in layouts:
             freed[hold.gpu] = freed.get(hold.gpu, layouts[hold.gpu]).without(hold.instance)
-    return _fits_row(capacity, node, cpu, memory, free, {**layouts, **freed}.values())
+    return _fits_row(capacity, node, cpu, memory, free, free_memory, {**layouts, **freed}.values())
 
 
 def _head_fits(capacity: ClusterCapacity) -> bool:
