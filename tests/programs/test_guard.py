@@ -7,6 +7,7 @@ from __future__ import annotations
 import textwrap
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +23,15 @@ from gpuslice.memory.policies import PREFETCH
 from gpuslice.policies import PlacementOps, PolicyContext, placement_policy
 from gpuslice.policies.queue import Fifo, PriorityFair
 from gpuslice.policies.queue.base import JobRef, QueuedJob, QueueOps, QueueView, order_pending
-from gpuslice.programs.guard import GuardConfig, HookGuard, HookTimeout, family_default, guard
+from gpuslice.programs.guard import (
+    GuardConfig,
+    GuardedFactory,
+    HookGuard,
+    HookTimeout,
+    family_default,
+    guard,
+    guard_faults,
+)
 from gpuslice.programs.loader import load_source, resolve
 from gpuslice.scheduler.placer import Placer, Unplaced
 from gpuslice.sim.openb import replay
@@ -341,3 +350,453 @@ def _missing() -> Any:
     from gpuslice.programs.guard import _MISSING
 
     return _MISSING
+
+
+# -- the guard's own bookkeeping: deterministic (a fake clock where time matters) ---------------------
+class _Clock:
+    """Stands in for the ``time`` module inside guard.py: every clock reads one number that the test
+    moves (``advance``), so budgets, the slowest call and the fault window are judged exactly."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+    def perf_counter(self) -> float:
+        return self.now
+
+    def thread_time(self) -> float:
+        return self.now
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def time(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> _Clock:
+    import gpuslice.programs.guard as guard_module
+
+    fake = _Clock()
+    monkeypatch.setattr(guard_module, "time", fake)
+    return fake
+
+
+def test_which_guards_abandon_a_stuck_call_and_which_run_it_in_the_callers_thread() -> None:
+    default = GuardConfig()
+    assert [default.abandon_for(f) for f in ("placement", "queue", "eviction", "prefetch")] == [
+        True, True, False, False,
+    ]  # fmt: skip
+    assert not GuardConfig(abandon=False).abandon_for("placement")
+    assert GuardConfig(abandon=True).abandon_for("eviction")
+    assert not GuardConfig(interrupt=False, abandon=True).abandon_for("placement")  # no watchdog: inline
+    assert (default.budget_for("queue"), GuardConfig(budget_seconds=3.0).budget_for("queue")) == (0.5, 3.0)
+    strict = GuardConfig(max_faults=2, window_seconds=5.0, budget_seconds=0.1)
+    relaxed = strict.without_interrupt()
+    assert relaxed == GuardConfig(max_faults=2, window_seconds=5.0, budget_seconds=0.1, interrupt=False)
+    assert strict.interrupt and relaxed.interrupt is False
+
+
+def test_a_call_within_its_budget_answers_and_the_slowest_call_per_hook_is_kept(clock: _Clock) -> None:
+    g = HookGuard("queue", "q", GuardConfig(budget_seconds=1.0, interrupt=False))
+    took = lambda seconds: (clock.advance(seconds), seconds)[1]  # noqa: E731
+    assert g.call("priority", took, (0.25,)) == (0.25, None)
+    assert g.call("priority", took, (0.5,)) == (0.5, None)
+    assert g.call("priority", took, (0.125,)) == (0.125, None)
+    assert g.call("order_key", took, (1.0,)) == (1.0, None)  # exactly the budget: not an overrun
+    assert g.slowest == {"priority": 0.5, "order_key": 1.0} and g.calls == 4
+    answer, reason = g.call("order_key", took, (1.5,))
+    assert reason == "overrun" and answer != 1.5
+    assert g.call("priority", lambda: 1 / 0, ()) == (guard_module_missing(), "exception ZeroDivisionError")
+
+
+def guard_module_missing() -> Any:
+    from gpuslice.programs.guard import _MISSING
+
+    return _MISSING
+
+
+@pytest.mark.parametrize(
+    "config",
+    [GuardConfig(interrupt=False), GuardConfig(abandon=False), GuardConfig(abandon=True)],
+    ids=["measured", "inline", "worker-thread"],
+)
+def test_every_way_of_calling_answers_with_the_hooks_result_and_records_its_time(config) -> None:
+    g = HookGuard("eviction", "e", config)
+    before = time.perf_counter()
+    assert g.call("block_activate", lambda a, b: a + b, (2, 3)) == (5, None)
+    took = time.perf_counter() - before
+    assert list(g.slowest) == ["block_activate"] and 0 <= g.slowest["block_activate"] <= took
+    answer, reason = g.call("block_activate", lambda: [].pop(), ())
+    assert answer is guard_module_missing() and reason == "exception IndexError"
+
+
+def test_a_hook_looping_in_the_callers_thread_is_interrupted() -> None:
+    g = HookGuard("eviction", "e", GuardConfig(budget_seconds=0.05, abandon=False))
+    answer, reason = g.call("block_activate", burn, (5.0,))  # uninterrupted, it would end as an overrun
+    assert reason == "timeout" and answer is guard_module_missing()
+
+
+def test_faults_within_the_window_detach_with_their_kinds_counted(clock: _Clock) -> None:
+    events: list[str] = []
+    detached: list[bool] = []
+    g = HookGuard(
+        "placement",
+        "p",
+        GuardConfig(max_faults=3, window_seconds=60.0),
+        events.append,
+        lambda: detached.append(True),
+    )
+    assert g.detached is False
+    g.fault("score", "exception ValueError")
+    clock.advance(61)  # the first fault leaves the window
+    g.fault("score", "invalid")
+    g.fault("filter", "exception KeyError")
+    assert not g.detached and detached == []
+    clock.advance(60)  # exactly the window after the second: still inside it
+    g.fault("score", "exception TypeError")
+    assert g.detached and detached == [True]
+    assert g.faults == {("score", "exception"): 2, ("score", "invalid"): 1, ("filter", "exception"): 1}
+    assert g.fault_counts() == {"filter:exception": 1, "score:exception": 2, "score:invalid": 1}
+    assert events[0] == "policy p (placement): score exception ValueError; the default decided"
+    assert events[-1] == (
+        "policy p (placement) detached after 3 faults within 60 s (exception x2, invalid x1); "
+        "the default is restored"
+    )
+    assert list(g.events) == events
+    g.fault("score", "invalid")  # detached once only
+    assert detached == [True]
+
+
+def test_a_guard_keeps_its_last_100_events() -> None:
+    g = HookGuard("queue", "q", GuardConfig(max_faults=10**6, interrupt=False))
+    for k in range(150):
+        g.fault("priority", f"exception E{k}")
+    assert len(g.events) == 100 and g.events[0].endswith("priority exception E50; the default decided")
+
+
+class _Monitor:
+    """A batch run's call monitor (``run_isolation.CallMonitor``) as the guard sees it."""
+
+    def __init__(self, forced: str | None = None, overran: bool = False) -> None:
+        self.forced, self.overran = forced, overran
+        self.budgets: list[float] = []
+        self.ended = 0
+
+    def begin(self, budget: float) -> str | None:
+        self.budgets.append(budget)
+        return self.forced
+
+    def end(self) -> bool:
+        self.ended += 1
+        return self.overran
+
+
+def test_under_a_batch_runs_monitor_each_call_is_shown_to_it_and_its_verdict_is_taken(monkeypatch) -> None:
+    import gpuslice.programs.guard as guard_module
+
+    g = HookGuard("queue", "q", GuardConfig(budget_seconds=0.5, interrupt=False))
+    ran: list[int] = []
+    monitor = _Monitor()
+    monkeypatch.setattr(guard_module, "CALL_MONITOR", monitor)
+    assert g.call("priority", lambda: ran.append(1) or 7, ()) == (7, None)
+    assert monitor.budgets == [0.5] and monitor.ended == 1 and ran == [1] and g.calls == 1
+    assert list(g.slowest) == ["priority"]
+    monitor.overran = True  # kept the GIL past its budget: the monitor's clock judged it
+    assert g.call("priority", lambda: 7, ()) == (guard_module_missing(), "overrun")
+    assert g.call("priority", lambda: 1 / 0, ()) == (guard_module_missing(), "exception ZeroDivisionError")
+    monitor.forced = "memory"  # the parent marked this call a fault: it does not run
+    assert g.call("priority", lambda: ran.append(2), ()) == (guard_module_missing(), "memory")
+    assert ran == [1] and g.calls == 4 and monitor.ended == 3
+
+
+# -- placement hooks: the answers the guard lets through ------------------------------------------------
+class _Answers(PlacementOps):
+    name = "answers"
+    summary = "answers what the test says"
+
+    def __init__(self, view: Any, context: Any) -> None:
+        super().__init__(view, context)
+        self.answer: dict[str, Any] = {}
+        self.released: list[Any] = []
+
+    def filter(self, view: Any, req: Any) -> Any:
+        return self.answer["filter"]
+
+    def score(self, view: Any, req: Any, nodes: np.ndarray) -> Any:
+        return self.answer["score"]
+
+    def normalize(self, view: Any, req: Any, scores: np.ndarray) -> Any:
+        return self.answer["normalize"]
+
+    def pick_gpus(self, view: Any, req: Any, node: int) -> Any:
+        return self.answer["pick_gpus"]
+
+    def on_released(self, view: Any, placement: Any) -> None:
+        self.released.append(placement)
+        if placement == "bad":
+            raise RuntimeError("bug")
+
+
+class _Default(PlacementOps):
+    def pick_gpus(self, view: Any, req: Any, node: int) -> Any:
+        return "the default's"
+
+    def filter(self, view: Any, req: Any) -> Any:
+        return "the default's"
+
+    def normalize(self, view: Any, req: Any, scores: np.ndarray) -> Any:
+        return "the default's"
+
+    def on_released(self, view: Any, placement: Any) -> None:
+        self.released = placement
+
+
+def _guarded_answers() -> Any:
+    ledger = Ledger([NodeSpec(f"n{i}", 16000, 65536 * 2**20, 2, "V100M16") for i in range(3)])
+    context = PolicyContext(rng=np.random.default_rng(0))
+    policy = _Answers(ledger.view, context)
+    return guard(
+        "placement", policy, _Default(ledger.view, context), GuardConfig(max_faults=10**6)
+    ), ledger.view
+
+
+def test_a_guarded_placement_policy_keeps_its_name_and_summary() -> None:
+    ops, _ = _guarded_answers()
+    assert (ops.name, ops.summary) == ("answers", "answers what the test says")
+
+
+def test_filter_answers_none_or_a_mask_of_every_node_and_anything_else_is_invalid() -> None:
+    ops, view = _guarded_answers()
+    req = Request(cpu_milli=1000, num_gpu=1, gpu_milli=1000)
+    ops.policy.answer["filter"] = None  # no filter
+    assert ops.filter(view, req) is None
+    ops.policy.answer["filter"] = np.array([1, 0, 2])
+    mask = ops.filter(view, req)
+    assert mask.dtype == bool and mask.tolist() == [True, False, True]
+    for wrong in (np.array([True, False]), [True, False, True], "all"):
+        ops.policy.answer["filter"] = wrong
+        assert ops.filter(view, req) == "the default's"
+    assert ops.guard.faults == {("filter", "invalid"): 3}
+
+
+def test_scores_are_floats_of_every_node_and_normalized_scores_too() -> None:
+    ops, view = _guarded_answers()
+    req, nodes = Request(cpu_milli=1000, num_gpu=1, gpu_milli=1000), np.array([0, 2])
+    ops.policy.answer["score"] = [3, 1]
+    scores = ops.score(view, req, nodes)
+    assert scores.dtype == np.float64 and scores.tolist() == [3.0, 1.0]
+    ops.policy.answer["normalize"] = [1, 0]
+    normalized = ops.normalize(view, req, np.array([3.0, 1.0]))
+    assert normalized.dtype == np.float64 and normalized.tolist() == [1.0, 0.0]
+    for wrong in ([1.0], [1.0, float("nan")], "high"):
+        ops.policy.answer["normalize"] = wrong
+        assert ops.normalize(view, req, np.array([3.0, 1.0])) == "the default's"
+    assert ops.guard.faults == {("normalize", "invalid"): 3}
+
+
+def test_pick_gpus_answers_none_or_whole_gpu_indices() -> None:
+    ops, view = _guarded_answers()
+    req = Request(cpu_milli=1000, num_gpu=2, gpu_milli=1000)
+    ops.policy.answer["pick_gpus"] = None  # no advice: the mechanism's default GPUs
+    assert ops.pick_gpus(view, req, 0) is None
+    ops.policy.answer["pick_gpus"] = [np.int64(1), 0]
+    picked = ops.pick_gpus(view, req, 0)
+    assert picked == (1, 0) and all(type(g) is int for g in picked)
+    for wrong in ((True, 0), (1.0, 0), "01", 1):
+        ops.policy.answer["pick_gpus"] = wrong
+        assert ops.pick_gpus(view, req, 0) == "the default's"
+    assert ops.guard.faults == {("pick_gpus", "invalid"): 4}
+
+
+def test_on_released_is_guarded_and_the_default_runs_when_it_fails() -> None:
+    ops, view = _guarded_answers()
+    ops.on_released(view, "fine")
+    ops.on_released(view, "bad")
+    assert ops.policy.released == ["fine", "bad"] and ops.default.released == "bad"
+    assert ops.guard.faults == {("on_released", "exception"): 1}
+    assert list(ops.guard.slowest) == ["on_released"]
+
+
+# -- queue hooks ----------------------------------------------------------------------------------------
+class _Levels(QueueOps):
+    """Answers the level the test sets; records the views it was shown."""
+
+    name = "levels"
+    summary = "levels the test sets"
+
+    def __init__(self) -> None:
+        self.level: Any = None
+        self.seen: list[QueueView] = []
+
+    def priority(self, view: QueueView, job: Any) -> Any:
+        self.seen.append(view)
+        if self.level == "raise":
+            raise RuntimeError("bug")
+        return self.level
+
+    def may_preempt(self, view: QueueView, preemptor: Any, victim: Any) -> bool:
+        self.seen.append(view)
+        return False
+
+    def on_started(self, view: QueueView, job: Any) -> None:
+        self.seen.append(view)
+        raise RuntimeError("bug")
+
+    def on_finished(self, view: QueueView, job: Any) -> None:
+        self.seen.append(view)
+
+
+def test_a_priority_is_a_level_between_the_jobs_own_and_high() -> None:
+    ops = guard("queue", _Levels(), QueueOps(), GuardConfig(max_faults=10**6))
+    assert (ops.name, ops.summary) == ("levels", "levels the test sets")
+    view, job = QueueView(now=0.0), _job(0, Priority.NORMAL)
+    fallback = int(Priority.NORMAL)
+    for level, expected in [
+        (int(Priority.NORMAL), int(Priority.NORMAL)),  # its own level
+        (Priority.HIGH, int(Priority.HIGH)),  # the highest a policy may give
+        (int(Priority.HIGH) + 1, fallback),
+        (int(Priority.NORMAL) - 1, fallback),
+        (True, fallback),  # a bool is no level
+        (float(Priority.HIGH), fallback),
+        ("high", fallback),
+    ]:
+        ops.policy.level = level
+        answer = ops.priority(view, job)
+        assert answer == expected and type(answer) is int, level
+    assert ops.guard.faults == {("priority", "invalid"): 5}
+
+
+def test_a_policy_that_overrides_only_priority_has_its_order_key_guarded_too() -> None:
+    ops = guard("queue", _Levels(), QueueOps(), GuardConfig(max_faults=10**6))
+    ops.policy.level = "raise"
+    view = QueueView(now=0.0)
+    assert ops.order_key(view, _job(0, Priority.HIGH)) == (-int(Priority.HIGH),)  # the default's key
+    assert ops.guard.faults == {("order_key", "exception"): 1}
+
+
+@pytest.mark.parametrize(
+    ("key", "valid"),
+    [((1.5, "a", True), True), ((1, (2, "b")), True), ((), True), ((float("nan"),), False),
+     ((1, (2, None)), False), ((1, [2]), False), ([1], False), (1, False)],
+)  # fmt: skip
+def test_an_order_key_is_a_tuple_of_plain_comparable_values(key: Any, valid: bool) -> None:
+    class Keyed(QueueOps):
+        name = "keyed"
+
+        def order_key(self, view: QueueView, job: Any) -> Any:
+            return key
+
+    ops = guard("queue", Keyed(), QueueOps(), GuardConfig(max_faults=10**6))
+    answer = ops.order_key(QueueView(now=0.0), _job(0, Priority.HIGH))
+    assert answer == (key if valid else (-int(Priority.HIGH),))
+    assert ops.guard.faults == ({} if valid else {("order_key", "invalid"): 1})
+
+
+def test_queue_hooks_see_one_read_only_copy_of_the_steps_view() -> None:
+    ops = guard("queue", _Levels(), QueueOps(), GuardConfig(max_faults=10**6))
+    ops.policy.level = int(Priority.NORMAL)
+    view = QueueView(now=42.0, aging_seconds=7.0, tenant_weight={"a": 2.0}, tenant_gpus={"a": 1.5})
+    job = _job(0)
+    ops.priority(view, job)
+    ops.may_preempt(view, JobRef("head", 300), JobRef("victim", 100))
+    ops.on_started(view, job)  # raises: a fault, the default does nothing
+    ops.on_finished(view, job)
+    seen = ops.policy.seen
+    assert len(seen) == 4 and all(s is seen[0] for s in seen)  # made once for the step
+    copy = seen[0]
+    assert (copy.now, copy.aging_seconds, dict(copy.tenant_weight), dict(copy.tenant_gpus)) == (
+        42.0, 7.0, {"a": 2.0}, {"a": 1.5},
+    )  # fmt: skip
+    with pytest.raises(TypeError):
+        copy.tenant_weight["a"] = 100.0  # type: ignore[index]
+    with pytest.raises(TypeError):
+        copy.tenant_gpus["b"] = 0.0  # type: ignore[index]
+    assert ops.guard.faults == {("on_started", "exception"): 1}
+    assert set(ops.guard.slowest) == {"priority", "may_preempt", "on_finished"}  # calls that returned
+    ops.priority(QueueView(now=43.0), job)  # the next step: a new copy
+    assert ops.policy.seen[-1] is not copy and ops.policy.seen[-1].now == 43.0
+
+
+# -- building and listing ---------------------------------------------------------------------------
+def test_guard_calls_on_detach_when_it_detaches() -> None:
+    detached: list[bool] = []
+    ops = guard(
+        "queue", _Levels(), QueueOps(), GuardConfig(max_faults=1), on_detach=lambda: detached.append(True)
+    )
+    ops.policy.level = "raise"
+    ops.priority(QueueView(now=0.0), _job(0))
+    assert ops.guard.detached and detached == [True]
+
+
+def test_guard_faults_lists_the_faults_of_guarded_ops_only() -> None:
+    ops = guard("queue", _Levels(), QueueOps(), GuardConfig(max_faults=10**6))
+    ops.policy.level = "raise"
+    ops.priority(QueueView(now=0.0), _job(0))
+    assert guard_faults(QueueOps(), ops, Fifo()) == {"guard.priority:exception": 1}
+
+
+@pytest.mark.parametrize("isolate", [False, True], ids=["in-process", "worker"])
+def test_a_policy_file_is_listed_with_its_faults_and_events_reach_the_caller(tmp_path, isolate) -> None:
+    events: list[str] = []
+    before = time.time()
+    factory = resolve(
+        placement_file(tmp_path, "raise ValueError('policy bug')", name="listed"),
+        "placement",
+        placement_policy,
+        GuardConfig(max_faults=1, isolate=isolate),
+        events.append,
+    )
+    try:
+        assert (factory.process is not None) == isolate  # a placement file runs in a worker process
+        info = factory.info()
+        assert before <= info["loaded_at"] <= time.time()
+        assert {k: v for k, v in info.items() if k not in ("loaded_at", "sha256", "path")} == {
+            "family": "placement", "name": "listed", "builtin": False, "faults": {}, "detached": False,
+        }  # fmt: skip
+        assert info["path"].endswith("listed.py") and len(info["sha256"]) == 64
+        ledger = Ledger([NodeSpec(f"n{i}", 16000, 65536 * 2**20, 2, "V100M16") for i in range(2)])
+        ops = factory(ledger.view, PolicyContext(rng=np.random.default_rng(0)))
+        Placer(ledger, ops).place(Request(cpu_milli=1000, num_gpu=1, gpu_milli=100))
+        info = factory.info()
+        assert info["faults"] == {"score:exception": 1} and info["detached"] is True
+        assert events and events[-1].startswith("policy listed (placement) detached after 1 faults")
+    finally:
+        factory.close()
+
+
+def test_closing_a_factory_stops_its_process_if_it_has_one() -> None:
+    class Process:
+        closed = 0
+
+        def close(self) -> None:
+            self.closed += 1
+
+    loaded = load_source(
+        "from gpuslice.programs.api import QueueOps\n\n\nclass Q(QueueOps):\n    name = 'q'\n", "q.py"
+    )
+    GuardedFactory(loaded, lambda: None).close()  # none: nothing to stop
+    process = Process()
+    GuardedFactory(loaded, lambda: None, process).close()
+    assert process.closed == 1
+
+
+def test_a_hook_out_of_memory_is_a_memory_fault_not_an_exception() -> None:
+    def hungry() -> None:
+        raise MemoryError
+
+    g = HookGuard("queue", "q", GuardConfig(interrupt=False))
+    assert g.call("priority", hungry, ()) == (guard_module_missing(), "memory")
+
+
+@pytest.mark.parametrize(
+    "config", [GuardConfig(abandon=False), GuardConfig(abandon=True)], ids=["inline", "worker"]
+)
+def test_with_the_watchdog_the_slowest_call_is_kept_not_the_last(config) -> None:
+    g = HookGuard("eviction", "e", replace(config, budget_seconds=60.0))
+    assert g.call("block_activate", burn, (0.2,))[1] is None  # at least 0.2 s of CPU, so as long at least
+    assert g.call("block_activate", lambda: 1, ()) == (1, None)
+    assert g.slowest["block_activate"] >= 0.2
