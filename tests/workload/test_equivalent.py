@@ -22,6 +22,9 @@ H100 = 80 * GiB
         ("a share never counts more than its GPU", (1, 1, 2 * H100, H100), {}, 1.0),
         ("a MIG instance counts its compute slices / 7", (1,), {"mig_slices": 3}, 3 / 7),
         ("no GPU counts nothing", (0, 0), {}, 0.0),
+        ("no GPU counts nothing, whatever memory it names", (0, 500, 8 * GiB, 0), {}, 0.0),
+        ("whole GPUs by default", (3,), {}, 3.0),
+        ("a share that names only its compute counts it", (1, 300), {}, 0.3),
     ],
     ids=lambda case: case if isinstance(case, str) else "",
 )
@@ -32,3 +35,5 @@ def test_gpu_equivalent(name, args, kwargs, expected):
 def test_a_share_with_memory_but_no_gpu_size_is_a_bug_not_zero():
     with pytest.raises(ValueError, match="needs its GPU's memory size"):
         gpu_equivalent(1, 1, 60 * GiB, 0)
+    with pytest.raises(ValueError, match="needs its GPU's memory size"):
+        gpu_equivalent(1, 1, 60 * GiB)  # no GPU size given: none assumed
