@@ -389,10 +389,10 @@ class Ledger:
                     capacity=MILLI_PER_GPU,
                     unit=Unit.GPU_MILLI,
                 )
-        for code in (RefusalCode.INSUFFICIENT_CPU, RefusalCode.INSUFFICIENT_MEMORY):
-            refusal = self._refusal(code, request, np.array([node]), None, 0)
-            if refusal.free < refusal.need:
-                return refusal
+        if self._free_cpu[node] < request.cpu_milli:  # the amounts only for a refusal: reserve is hot
+            return self._refusal(RefusalCode.INSUFFICIENT_CPU, request, np.array([node]), None, 0)
+        if self._free_memory[node] < request.memory_bytes:
+            return self._refusal(RefusalCode.INSUFFICIENT_MEMORY, request, np.array([node]), None, 0)
         return None
 
     def reserve(self, node: int, gpus: Sequence[int], request: Request) -> Placement | Refusal:
