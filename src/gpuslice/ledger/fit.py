@@ -148,13 +148,17 @@ def fit_code(
         if not mig_slot:
             return _MIG_SLOT
     if n:
-        use = [True] * len(free_gpu_milli) if usable is None else list(usable)
-        if usable is not None and sum(use) < n:
+        if usable is not None and sum(usable) < n:
             return _USABLE
-        memory = [u and m >= request.gpu_memory_bytes for u, m in zip(use, free_gpu_memory, strict=True)]
-        if sum(memory) < n:
+        need_memory, need_milli = request.gpu_memory_bytes, request.gpu_milli
+        with_memory = with_both = 0  # usable GPUs with the memory free; of those, with the compute too
+        for k, (milli, memory) in enumerate(zip(free_gpu_milli, free_gpu_memory, strict=True)):
+            if memory >= need_memory and (usable is None or usable[k]):
+                with_memory += 1
+                with_both += milli >= need_milli
+        if with_memory < n:
             return _GPU_MEMORY
-        if sum(m and f >= request.gpu_milli for m, f in zip(memory, free_gpu_milli, strict=True)) < n:
+        if with_both < n:
             return _GPU
     if free_cpu is not None and free_cpu < request.cpu_milli:
         return _CPU

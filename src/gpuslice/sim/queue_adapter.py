@@ -182,9 +182,12 @@ class ClusterCapacity:
         node, req = placement.node, placement.request
         cpu, memory, gpu, gpu_memory, layouts = self._free(node)
         if placement.gpus:
-            gpu, gpu_memory = gpu.copy(), gpu_memory.copy()
-            gpu[list(placement.gpus)] += sign * req.gpu_milli
-            gpu_memory[list(placement.gpus)] += sign * req.gpu_memory_bytes
+            held = list(placement.gpus)
+            gpu = gpu.copy()
+            gpu[held] += sign * req.gpu_milli
+            if req.gpu_memory_bytes:  # arrays are shared between what-ifs: copied only when changed
+                gpu_memory = gpu_memory.copy()
+                gpu_memory[held] += sign * req.gpu_memory_bytes
         hold = placement.mig
         if hold is not None and hold.gpu in layouts:  # tracked for a MIG request only
             layouts = dict(layouts)
