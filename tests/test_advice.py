@@ -65,3 +65,23 @@ def test_a_check_that_answers_with_text_instead_of_a_code_refuses_plainly():
     """Only a ``Fallback`` code names a reason; a string (truthy) must not pass for acceptance."""
     advice = ask(lambda: 5, lambda _: "looks wrong", lambda: 0)
     assert (advice.value, advice.fallback) == (0, Fallback.INVALID)
+
+
+@pytest.mark.parametrize(
+    ("reason", "kind"),
+    [
+        ("exception ValueError", Fallback.EXCEPTION),
+        ("crash (exit 9)", Fallback.CRASH),
+        ("timeout", Fallback.TIMEOUT),
+        ("overrun", Fallback.OVERRUN),
+        ("memory", Fallback.MEMORY),
+        ("busy", Fallback.BUSY),
+        ("restarting", Fallback.RESTARTING),
+        ("invalid", Fallback.INVALID),
+        ("something new", Fallback.INVALID),  # a reason no producer gives: counted, never raised
+    ],
+)
+def test_a_guard_fault_is_counted_under_the_code_its_reason_starts_with(reason, kind):
+    from gpuslice.programs.guard import fault_kind
+
+    assert fault_kind(reason) is kind

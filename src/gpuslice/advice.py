@@ -52,6 +52,7 @@ class Fallback(enum.StrEnum):
     MEMORY = "memory"
     BUSY = "busy"
     CRASH = "crash"
+    RESTARTING = "restarting"  # no worker process yet after a kill: counted, not a step towards detaching
 
 
 EXCEPTION = Fallback.EXCEPTION

@@ -52,6 +52,7 @@ from typing import Any
 
 import numpy as np
 
+from gpuslice.advice import Fallback
 from gpuslice.errors import InternalError
 from gpuslice.policies.base import PlacementOps
 from gpuslice.policies.queue.base import QueueOps, QueueView
@@ -127,6 +128,16 @@ _MISSING = object()
 CALL_MONITOR: Any = None
 
 
+def fault_kind(reason: str) -> Fallback:
+    """The code a fault is counted under: its reason's first word ("exception ValueError" is an
+    ``EXCEPTION``, "crash (exit 9)" a ``CRASH``); a reason no producer should give counts as ``INVALID``
+    (its words still reach the event)."""
+    try:
+        return Fallback(reason.split(" ", 1)[0])
+    except ValueError:
+        return Fallback.INVALID
+
+
 class HookGuard:
     """Timing, fault counting and detaching for one loaded policy; the family wrappers call ``call``."""
 
@@ -175,7 +186,7 @@ class HookGuard:
         finally:
             overran = monitor.end()
         # a call that kept the GIL throughout is one the watchdog never saw: the monitor's clock judges it
-        return (_MISSING, "overrun") if reason is None and overran else (answer, reason)
+        return (_MISSING, Fallback.OVERRUN) if reason is None and overran else (answer, reason)
 
     def _call(self, hook: str, fn: Callable[..., Any], args: tuple[Any, ...]) -> tuple[Any, str | None]:
         """``call`` in this process. With the watchdog, the call runs on one of this guard's worker
@@ -192,7 +203,7 @@ class HookGuard:
         if self._stuck:  # an abandoned call still runs: the default decides without starting another
             self._stuck = [j for j in self._stuck if not j.done.is_set()]
             if self._stuck:
-                return _MISSING, "busy"
+                return _MISSING, Fallback.BUSY
         try:
             worker = self._idle.pop()
         except IndexError:
@@ -205,7 +216,7 @@ class HookGuard:
                 burned = cpu is not None and 0 <= job.cpu_started <= cpu - ABANDON_CPU_SHARE * self.budget
                 if burned and job.abandon():
                     self._stuck.append(job)
-                    return _MISSING, "timeout"  # the worker drops the answer and goes idle when it ends
+                    return _MISSING, Fallback.TIMEOUT  # the worker drops the answer, goes idle at its end
                 if job.done.is_set():
                     break
         worker.release()
@@ -228,7 +239,7 @@ class HookGuard:
         # Past the wall budget, only CPU the hook burned makes it an overrun (not a busy machine's wait).
         cpu = job.cpu_finished if job.cpu_finished >= 0 else None  # None: this thread ran it, read now
         if elapsed > self.budget and job.armed.burned(time.thread_time() if cpu is None else cpu):
-            return _MISSING, "overrun"
+            return _MISSING, Fallback.OVERRUN
         return job.answer, None
 
     def _call_measured(
@@ -239,14 +250,14 @@ class HookGuard:
         try:
             answer = fn(*args)
         except MemoryError:
-            return _MISSING, "memory"
+            return _MISSING, Fallback.MEMORY
         except Exception as err:
-            return _MISSING, f"exception {type(err).__name__}"
+            return _MISSING, f"{Fallback.EXCEPTION} {type(err).__name__}"
         elapsed = time.perf_counter() - started
         if elapsed > self.slowest.get(hook, 0.0):
             self.slowest[hook] = elapsed
         if time.thread_time() - cpu > self.budget:
-            return _MISSING, "overrun"
+            return _MISSING, Fallback.OVERRUN
         return answer, None
 
     def continue_from(self, previous: HookGuard) -> None:
@@ -258,7 +269,7 @@ class HookGuard:
 
     def fault(self, hook: str, reason: str) -> None:
         """Count one fault, record the event, and detach after ``max_faults`` within the window."""
-        kind = reason.split(" ", 1)[0]  # "exception ValueError" is counted as "exception"
+        kind = fault_kind(reason)
         self.faults[(hook, kind)] += 1
         self._emit(f"policy {self.name} ({self.family}): {hook} {reason}; the default decided")
         now = time.monotonic()
@@ -307,7 +318,7 @@ def _guarded(
             checked = check(answer)
             if checked is not _MISSING:
                 return checked
-            reason = "invalid"
+            reason = Fallback.INVALID
         if reset is not None:
             reset(args)  # a request the faulty hook made before failing must not be applied
         g.fault(hook, reason)

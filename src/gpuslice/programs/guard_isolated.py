@@ -21,6 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from gpuslice.advice import Fallback
 from gpuslice.policies.queue.base import QueuedJob, QueueView
 from gpuslice.programs.guard import (
     _MISSING,
@@ -38,7 +39,7 @@ from gpuslice.programs.policy_process import MISSING, PolicyProcess, RemoteInsta
 
 __all__ = ["ISOLATED_FAMILIES", "IsolatedGuard", "IsolatedQueue", "isolated", "isolated_factory"]
 
-NOT_A_FAULT = "restarting"  # no worker yet after a kill: the default decides; not a step towards detaching
+NOT_A_FAULT = Fallback.RESTARTING  # no worker yet after a kill: the default decides; no step to detach
 
 
 class IsolatedGuard(HookGuard):
@@ -72,7 +73,7 @@ class IsolatedGuard(HookGuard):
 
     def fault(self, hook: str, reason: str) -> None:
         if reason == NOT_A_FAULT:  # counted where fallbacks are read, but no event and no step to detach
-            self.faults[(hook, reason)] += 1
+            self.faults[(hook, NOT_A_FAULT)] += 1
             return
         super().fault(hook, reason)
 
@@ -92,7 +93,7 @@ class IsolatedQueue(GuardedQueue):
                 keys = [_checked_key(k) for k in answer] if isinstance(answer, list) else [_MISSING]
                 if len(keys) == len(jobs) and all(k is not _MISSING for k in keys):
                     return keys
-                reason = "invalid"
+                reason = Fallback.INVALID
             g.fault("order_key", reason)
         ops = self.policy if not g.detached and "order_key" in self.inherited else self.default
         return [ops.order_key(view, job) for job in jobs]

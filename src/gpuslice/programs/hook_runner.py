@@ -13,6 +13,8 @@ from collections.abc import Callable
 from itertools import count
 from typing import TYPE_CHECKING, Any
 
+from gpuslice.advice import Fallback
+
 if TYPE_CHECKING:
     from gpuslice.programs.guard import HookGuard
 
@@ -265,11 +267,11 @@ def run_job(job: Job, ident: int, clocks: bool = True) -> None:
             WATCHDOG.disarm(token, ident)
     except HookTimeout:
         WATCHDOG.forget(token)
-        job.reason = "timeout"
+        job.reason = Fallback.TIMEOUT
     except MemoryError:  # in a worker process, its address-space limit (run_isolation.py)
-        job.reason = "memory"
+        job.reason = Fallback.MEMORY
     except Exception as err:  # the policy's bug: counted, the default decides (STYLE.md habit 5)
-        job.reason = f"exception {type(err).__name__}"
+        job.reason = f"{Fallback.EXCEPTION} {type(err).__name__}"
     if clocks:
         job.cpu_finished = time.thread_time()
     job.fn = job.args = None  # type: ignore[assignment]  # nothing of the policy's kept alive
