@@ -124,7 +124,9 @@ class Choice:
 
 
 class Capacity:
-    """Free compute (milli) and memory (bytes) per GPU and each MIG GPU's layout; a mutable snapshot.
+    """Free compute (milli) and memory (bytes) per GPU and each MIG GPU's layout: the ledger's row as the
+    node scheduler reads it (``NodeScheduler._capacity``, read again after every start, so nothing keeps
+    it in step by hand); ``take``/``give`` change only what-if copies (backfill, preemption).
 
     ``free_milli`` and ``free_memory`` (numpy, per GPU) are the ledger's row, what the fit rule reads.
     ``external`` is memory held outside gpuslice, for reasons only (it is already subtracted, through a

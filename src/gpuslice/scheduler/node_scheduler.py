@@ -305,7 +305,7 @@ class NodeScheduler:
         mig = self._assignment(choice)
         self._reserve(job.queued.job_id, spec, choice.holding, now, mig, adopting=False)
         del self._pending[job.queued.job_id]
-        p.cap.take(choice.holding)
+        p.cap = self._capacity()  # read again from the ledger, the one owner of what is free
         p.failed.clear()
         p.decisions.append(StartJob(job.queued.job_id, choice.gpus, mig))
         self.policy.on_started(self._view(now), job.queued)
@@ -459,8 +459,8 @@ class NodeScheduler:
 
     def _choose(self, demand: Demand, p: _Pass) -> Choice | None:
         """The GPUs the job gets now: MIG slots here, shares and whole GPUs from the shared placer. The
-        pass's capacity mirrors the ledger at this point (every start reserves at once), so both see the
-        same free capacity."""
+        pass's capacity is read from the ledger after every start (every start reserves at once), so
+        both see the same free capacity."""
         if demand.kind is DemandKind.MIG:
             return choose_mig(demand, p.cap, self._mig_policy, self.fallbacks)
         if not fits(demand, p.cap, self.machine.topology):
