@@ -204,10 +204,10 @@ class ClusterCapacity:
 
     def _fits(self, node: int, free: _NodeFree) -> bool:
         cpu, memory, gpu, gpu_memory, layouts = free
-        return _fits_row(self, node, cpu, memory, gpu.tolist(), gpu_memory.tolist(), layouts.values())
+        return _rule_on_row(self, node, cpu, memory, gpu.tolist(), gpu_memory.tolist(), layouts.values())
 
 
-def _fits_row(
+def _rule_on_row(
     capacity: ClusterCapacity,
     node: int,
     cpu: int,
@@ -241,7 +241,7 @@ def _fits_without(capacity: ClusterCapacity, node: int, gone: Sequence[Victim]) 
         hold = placement.mig
         if hold is not None and hold.gpu in layouts:
             freed[hold.gpu] = freed.get(hold.gpu, layouts[hold.gpu]).without(hold.instance)
-    return _fits_row(capacity, node, cpu, memory, free, free_memory, {**layouts, **freed}.values())
+    return _rule_on_row(capacity, node, cpu, memory, free, free_memory, {**layouts, **freed}.values())
 
 
 def _head_fits(capacity: ClusterCapacity) -> bool:
