@@ -260,6 +260,9 @@ def test_a_refusal_on_gpu_memory_gives_what_the_best_set_of_gpus_could_give_each
         unit=Unit.GPU_MEMORY,
     )
     assert refused.amounts == "need 8 GiB, free 6 GiB of 16 GiB GPU memory"
+    # all four: the fourth most free has nothing free (and the node's empty slots count for nothing)
+    four = Request(cpu_milli=0, num_gpu=4, gpu_milli=1000, gpu_memory_bytes=8 * GiB)
+    assert _two_nodes().refusal(0, four).free == 0
 
 
 def test_the_closest_node_is_the_one_with_the_most_of_the_missing_resource_free() -> None:
@@ -292,3 +295,71 @@ def test_the_closest_node_is_the_one_with_the_most_of_the_missing_resource_free(
         RefusalCode.INSUFFICIENT_CPU, 0, need=9_000, free=8_000, capacity=8_000, unit=Unit.CPU_MILLI
     )
     assert ledger.closest(Request(cpu_milli=1_000)) is None  # it fits somewhere
+
+
+def test_the_amounts_of_each_resource_code_on_one_node() -> None:
+    """Per code, what ``Ledger.refusal`` reports: GPUs the home lets it use against the GPUs there, a
+    share's compute on the GPUs with its memory (not the freest GPU overall), whole GPUs counted, and no
+    amounts for a code that names no resource."""
+    ledger = Ledger([NodeSpec("n", 8_000, 32 * GiB, 4, "A100", gpu_memory_bytes=16 * GiB)])
+    whole = Request(cpu_milli=0, num_gpu=1, gpu_milli=1000)
+    assert isinstance(ledger.reserve(0, (0,), whole), Placement)  # GPU 0: no compute, all its memory
+    big = Request(cpu_milli=0, num_gpu=1, gpu_milli=100, gpu_memory_bytes=12 * GiB)
+    for gpu in (1, 2):  # GPUs 1, 2: 900 milli and 4 GiB free
+        assert isinstance(ledger.reserve(0, (gpu,), big), Placement)
+    small = Request(cpu_milli=0, num_gpu=1, gpu_milli=600, gpu_memory_bytes=10 * GiB)
+    assert isinstance(ledger.reserve(0, (3,), small), Placement)  # GPU 3: 400 milli and 6 GiB free
+    usable = np.array([True, True, False, False, False, False, False, False])
+    three = Request(cpu_milli=0, num_gpu=3, gpu_milli=1000)
+    assert ledger.refusal(0, three, usable) == Refusal(
+        RefusalCode.NO_USABLE_GPU, 0, need=3, free=2, capacity=4, unit=Unit.GPUS
+    )
+    # 6 GiB and 500 milli: only GPUs 0 and 3 have the memory; the most compute free there is GPU 3's
+    # 400 (GPUs 1 and 2 have 900 but not the memory)
+    share = Request(cpu_milli=0, num_gpu=1, gpu_milli=500, gpu_memory_bytes=6 * GiB)
+    assert ledger.refusal(0, share) == Refusal(
+        RefusalCode.INSUFFICIENT_GPU, 0, need=500, free=400, capacity=1000, unit=Unit.GPU_MILLI
+    )
+    # 16 GiB: GPU 0 has exactly that much free, but no compute at all
+    full = Request(cpu_milli=0, num_gpu=1, gpu_milli=100, gpu_memory_bytes=16 * GiB)
+    assert ledger.refusal(0, full) == Refusal(
+        RefusalCode.INSUFFICIENT_GPU, 0, need=100, free=0, capacity=1000, unit=Unit.GPU_MILLI
+    )
+    # four GPUs with 8 GiB each: the fourth most free has 4 GiB
+    four = Request(cpu_milli=0, num_gpu=4, gpu_milli=1000, gpu_memory_bytes=8 * GiB)
+    assert ledger.refusal(0, four) == Refusal(
+        RefusalCode.INSUFFICIENT_GPU_MEMORY,
+        0,
+        need=8 * GiB,
+        free=4 * GiB,
+        capacity=16 * GiB,
+        unit=Unit.GPU_MEMORY,
+    )
+    t4 = Request(cpu_milli=0, num_gpu=1, gpu_milli=1000, gpu_models=("T4",))
+    assert ledger.refusal(0, t4) == Refusal(RefusalCode.GPU_MODEL_NOT_ALLOWED, 0)
+    assert ledger.refusal(0, t4).amounts == ""
+
+
+def test_the_amounts_of_many_nodes_are_each_nodes_own() -> None:
+    """``closest`` over nodes that fail alike compares each node's own amounts: whole GPUs free per node
+    (one node has one free GPU, the other none), and usable GPUs per node."""
+    ledger = Ledger(
+        [NodeSpec(f"n{i}", 8_000, 32 * GiB, 4, "A100", gpu_memory_bytes=16 * GiB) for i in range(2)]
+    )
+    whole = Request(cpu_milli=0, num_gpu=1, gpu_milli=1000)
+    for node, gpus in ((0, (0, 1, 2, 3)), (1, (0, 1, 2))):
+        for gpu in gpus:
+            assert isinstance(ledger.reserve(node, (gpu,), whole), Placement)
+    two = Request(cpu_milli=0, num_gpu=2, gpu_milli=1000)
+    assert ledger.closest(two) == Refusal(
+        RefusalCode.INSUFFICIENT_GPU, 1, need=2, free=1, capacity=4, unit=Unit.GPUS
+    )
+    usable = np.zeros((2, 8), dtype=bool)
+    usable[0, :1] = True  # node 0 lets it use one GPU, node 1 three
+    usable[1, :3] = True
+    codes = ledger.refusal_codes(Request(cpu_milli=0, num_gpu=2, gpu_milli=1000), slice(None), usable)
+    assert [code_of(int(c)) for c in codes] == [RefusalCode.NO_USABLE_GPU, RefusalCode.INSUFFICIENT_GPU]
+    four = Request(cpu_milli=0, num_gpu=4, gpu_milli=1000)
+    assert ledger.closest(four, usable=usable) == Refusal(
+        RefusalCode.NO_USABLE_GPU, 1, need=4, free=3, capacity=4, unit=Unit.GPUS
+    )
