@@ -9,12 +9,15 @@ import logging
 import random
 import re
 import threading
+import time
 from collections import Counter, defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
 
+import numpy as np
 import pytest
 from kubernetes.utils import parse_quantity
 
@@ -26,6 +29,7 @@ from gpuslice.k8s.dra.identity import gpu_identities
 from gpuslice.k8s.dra.preempt import Holder
 from gpuslice.k8s.dra.slices import DRIVER, node_slices
 from gpuslice.ledger import RefusalCode
+from gpuslice.ledger.placement import Refusal
 from gpuslice.node.discovery import discover
 from gpuslice.scheduler.placer import Unplaced
 from gpuslice.workload.request import Request
@@ -40,6 +44,7 @@ class FakeApi:
     events: list[tuple[str, str]] = field(default_factory=list)
     deleted: list[str] = field(default_factory=list)
     reasons: list[str] = field(default_factory=list)  # each event's reason, as events
+    event_objects: list[tuple[str, str, str]] = field(default_factory=list)
 
     def add_node(self, name: str, simulate: str) -> None:
         machine = discover(simulate)
@@ -78,6 +83,12 @@ class FakeApi:
         return copy.deepcopy(self.pods)
 
     def delete_pod(self, namespace: str, name: str, uid: str) -> None:
+        # as the API server: by namespace and name, with the UID as a precondition
+        if not any(
+            p["metadata"] == {**p["metadata"], "namespace": namespace, "name": name, "uid": uid}
+            for p in self.pods
+        ):
+            raise LookupError(f"404/409: no pod {namespace}/{name} with UID {uid}")
         self.deleted.append(name)
         self.pods = [p for p in self.pods if p["metadata"]["uid"] != uid]
 
@@ -94,8 +105,10 @@ class FakeApi:
                 p["spec"]["schedulingGates"] = [g for g in p["spec"]["schedulingGates"] if g["name"] != gate]
 
     def pod_event(self, pod: Mapping[str, Any], reason: str, message: str) -> None:
-        self.events.append((pod["metadata"]["name"], message))
+        meta = pod["metadata"]  # the Event's object: namespace, name and UID (DraApi.pod_event)
+        self.events.append((meta["name"], message))
         self.reasons.append(reason)
+        self.event_objects.append((meta["namespace"], meta["name"], meta["uid"]))
 
     def delete(self, name: str) -> None:
         del self.claims[("t", name)]
@@ -774,6 +787,7 @@ def test_preempted_pods_are_told_by_whom_and_the_preemptor_waits_for_them() -> N
     allocator.run_once()
     assert api.deleted == ["low0"]
     assert api.events[0] == ("low0", "gpuslice: preempted on a by t/vip (priority 35)")
+    assert api.event_objects[0] == ("t", "low0", "p-low0")
     assert api.reasons == ["Preempted", "GpusliceUnplaced"]
     assert api.events[1][0] == "vip" and api.events[1][1].endswith(
         "; preempted 1 lower-priority pod(s) on a, waiting for them to end"
@@ -795,3 +809,157 @@ def test_a_preemptor_pinned_to_a_node_preempts_only_there() -> None:
     allocator.run_once()
     assert api.deleted == ["low-b"]  # not the cheaper holder on a: the pod cannot go there
     assert "on b" in dict(api.events)["vip"]
+
+
+def test_a_pod_that_names_no_priority_preempts_no_pod_that_names_none_either() -> None:
+    api = FakeApi()
+    api.slices = [_slice("a", 1, [_device("gpu-0")])]
+    api.add("first", spec(CLASS_WHOLE))
+    allocator = DraAllocator(api)
+    allocator.run_once()
+    api.add("second", spec(CLASS_WHOLE))
+    for pod in api.pods:
+        del pod["spec"]["priority"]  # none: 0, as kube-scheduler reads it
+    allocator.run_once()
+    assert api.deleted == [] and api.gated("second")
+    unplaced = Inventory(api.list_slices(), api.list_claims(), "bestfit").place(
+        ClaimAsk("gpu", 1, 0, 100, True), None
+    )
+    assert dict(api.events)["second"] == f"claim second: {unplaced}"  # no word of preemption
+
+
+def test_a_preemptor_whose_room_was_taken_meanwhile_preempts_again() -> None:
+    api, allocator = _four_holders()
+    api.add("vip", spec(CLASS_WHOLE), priority=35)
+    allocator.run_once()
+    assert api.deleted == ["low0"]
+    del api.claims[("t", "low0")]  # low0's claim is freed, and someone else's claim takes its GPU first
+    taken = {api.results(f"low{k}")[0]["device"] for k in range(1, 4)}
+    (free,) = {"gpu-0", "gpu-1", "gpu-2", "gpu-3"} - taken
+    api.add("sneak", spec(CLASS_WHOLE), gated=False, priority=100)  # kube-scheduler allocated its claim
+    api.claims[("t", "sneak")] = _allocated(
+        "sneak", [_result(free)], [{"resource": "pods", "name": "sneak", "uid": "p-sneak"}]
+    )
+    allocator.run_once()
+    assert api.deleted == ["low0", "low1"]  # its first preemption is over: it preempts the next cheapest
+
+
+def test_a_failed_pass_waits_before_the_next_one() -> None:
+    class Down(FakeApi):
+        calls = 0
+
+        def list_pods(self) -> list[dict[str, Any]]:
+            self.calls += 1
+            raise RuntimeError("API server unreachable")
+
+    class Stop:
+        """Set at the first wait, or at a second pass (a loop that never waits must still end)."""
+
+        def __init__(self, api: Down) -> None:
+            self.api = api
+            self.waited: list[float] = []
+
+        def is_set(self) -> bool:
+            return bool(self.waited) or self.api.calls >= 2
+
+        def wait(self, timeout: float) -> bool:
+            self.waited.append(timeout)
+            return True
+
+    api = Down()
+    stop = Stop(api)
+    DraAllocator(api).run(stop, interval_s=3)  # type: ignore[arg-type]
+    assert stop.waited == [3] and api.calls == 1  # not retried at once, in a tight loop
+
+
+def test_a_reservation_the_ledger_refuses_after_its_mask_said_yes_is_unplaced_naming_the_node(
+    monkeypatch,
+) -> None:
+    inventory = Inventory([_slice("a", 1, [_device("gpu-0")])], [], "bestfit")
+    assert inventory.ledger is not None
+    broken = Refusal(RefusalCode.INSUFFICIENT_GPU_MEMORY, 0)
+    monkeypatch.setattr(inventory.ledger, "reserve", lambda node, gpus, req: broken)
+    ask = ClaimAsk("gpu", 1, 0, 100, True)
+    unplaced = inventory.place(ask, None)
+    assert isinstance(unplaced, Unplaced)
+    assert unplaced.request == inventory.request(ask) and unplaced.node_count == 1
+    assert unplaced.reasons == Counter({RefusalCode.INSUFFICIENT_GPU_MEMORY: 1}) and unplaced.note == "node a"
+
+
+def test_a_whole_gpu_is_placed_with_all_its_cores_and_memory_whatever_the_ask_named() -> None:
+    inventory = Inventory([_slice("a", 1, [_device(f"gpu-{k}", 4096) for k in range(4)])], [], "bestfit")
+    for ask in (ClaimAsk("gpu", 1, 1000, 30, True), ClaimAsk("gpu", 2, 1000, 30, False)):
+        placed = inventory.place(ask, None)
+        assert isinstance(placed, ClaimPlacement) and (placed.memory_mib, placed.cores) == (0, 100), ask
+    share = inventory.place(ClaimAsk("gpu", 1, 1000, 100, False), None)  # all the cores, not all the memory
+    assert isinstance(share, ClaimPlacement) and (share.memory_mib, share.cores) == (1024, 100)
+    assert inventory.request(ClaimAsk("gpu", 1, 0, 1, False)).gpu_milli == 10  # one core: the least
+
+
+def test_a_share_without_memory_on_no_node_is_unplaced_not_an_error() -> None:
+    inventory = Inventory([], [], "bestfit")
+    ask = ClaimAsk("gpu", 1, 0, 30, False)
+    unplaced = inventory.place(ask, None)
+    assert isinstance(unplaced, Unplaced)
+    assert unplaced.request == Request(0, num_gpu=1, gpu_milli=300) == inventory.request(ask)
+
+
+def test_under_a_match_attribute_the_tighter_group_wins_wherever_it_is_listed() -> None:
+    # on node b, root y (three GPUs) comes first by device name; the pair still goes to root x, the
+    # tighter one; node a's GPU has no root at all
+    devices = [_device("gpu-0", root="y"), _device("gpu-1", root="y"), _device("gpu-2", root="y"),
+               _device("gpu-3", root="x"), _device("gpu-4", root="x")]  # fmt: skip
+    slices = [_slice("a", 1, [_device("gpu-0")]), _slice("b", 1, devices)]
+    inventory = Inventory(slices, [], "bestfit")
+    placed = inventory.place(ClaimAsk("gpu", 2, 0, 100, True, "root"), None)
+    assert isinstance(placed, ClaimPlacement) and placed.node == "b"
+    assert [g.device for g in placed.gpus] == ["gpu-3", "gpu-4"]
+    # with two of y's GPUs taken, y is the tighter group for one GPU
+    taken = _allocated("c", [_result("gpu-0", pool="b"), _result("gpu-1", pool="b")])
+    inventory = Inventory(slices, [taken], "bestfit")
+    placed = inventory.place(ClaimAsk("gpu", 1, 0, 100, True, "root"), None)
+    assert isinstance(placed, ClaimPlacement) and placed.node == "b"
+    assert [g.device for g in placed.gpus] == ["gpu-2"]
+
+
+def test_the_placement_policy_draws_from_a_generator_seeded_0_as_the_simulator_does() -> None:
+    from gpuslice.policies import PolicyContext, make_policy
+    from gpuslice.scheduler.placer import Placer
+
+    slices = [_slice(f"n{i}", 1, [_device(f"gpu-{k}", 4096) for k in range(4)]) for i in range(4)]
+    asks = [ClaimAsk("gpu", 1, 512, 10 + k, False) for k in range(24)]
+    inventory, reference = Inventory(slices, [], "random"), Inventory(slices, [], "random")
+    assert reference.ledger is not None
+    target = TargetWorkload.from_requests([reference.request(asks[0])])
+    context = PolicyContext(np.random.default_rng(0), target=target)
+    reference.placer = Placer(reference.ledger, make_policy("random", reference.ledger.view, context))
+    decided = [inventory.place(ask, None) for ask in asks]
+    expected = [reference.place(ask, None) for ask in asks]
+    assert [(p.node, [g.device for g in p.gpus]) for p in decided] == [
+        (p.node, [g.device for g in p.gpus]) for p in expected
+    ]
+
+
+def test_the_allocation_timestamp_is_utc_whatever_the_local_time_zone(monkeypatch) -> None:
+    monkeypatch.setenv("TZ", "Asia/Tokyo")
+    time.tzset()
+    try:
+        api = FakeApi()
+        api.add_node("a", "dgx-h100")
+        api.add("w", spec(CLASS_WHOLE))
+        before = datetime.now(UTC).replace(microsecond=0)
+        DraAllocator(api).run_once()
+        after = datetime.now(UTC)
+    finally:
+        monkeypatch.undo()
+        time.tzset()
+    stamp = api.claims[("t", "w")]["status"]["allocation"]["allocationTimestamp"]
+    assert before <= datetime.strptime(stamp, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC) <= after
+
+
+def test_a_preemption_is_logged_with_the_pod_the_count_and_the_node(caplog) -> None:
+    api, allocator = _four_holders()
+    api.add("vip", spec(CLASS_WHOLE, count=2), priority=35)
+    with caplog.at_level(logging.INFO, logger="gpuslice.k8s.dra.allocator"):
+        allocator.run_once()
+    assert "pod vip preempted 2 pod(s) on a" in [r.getMessage() for r in caplog.records]
