@@ -649,15 +649,23 @@ def test_gated_pods_are_decided_oldest_first_then_by_name_and_pods_without_the_g
     allocator = DraAllocator(api)
     assert allocator.run_once() == 0 and api.results("free") == api.results("other") == []
     api.pods = []
-    api.add("young", spec(CLASS_WHOLE))
-    api.add("old", spec(CLASS_WHOLE))
+    api.add("a-young", spec(CLASS_WHOLE))
+    api.add("z-old", spec(CLASS_WHOLE))  # older, though after the other by name
     del api.pods[-1]["metadata"]["creationTimestamp"]  # none: older than any
     api.pods[-1]["spec"]["schedulingGates"].insert(0, {"name": "someone-else"})
     assert allocator.run_once() == 1  # the oldest got the GPU; the other keeps its gate
-    assert api.results("old") and not api.results("young") and api.gated("young")
-    assert [p["spec"]["schedulingGates"] for p in api.pods if p["metadata"]["name"] == "old"] == [
+    assert api.results("z-old") and not api.results("a-young") and api.gated("a-young")
+    assert [p["spec"]["schedulingGates"] for p in api.pods if p["metadata"]["name"] == "z-old"] == [
         [{"name": "someone-else"}]  # only gpuslice's gate is removed
     ]
+    api.claims.clear()
+    api.pods = []
+    api.add("a-young", spec(CLASS_WHOLE))
+    api.add("z-old", spec(CLASS_WHOLE))
+    api.pods[0]["metadata"]["creationTimestamp"] = "2026-12-04T10:00:01Z"
+    api.pods[1]["metadata"]["creationTimestamp"] = "2026-12-04T10:00:00Z"
+    allocator.run_once()
+    assert api.results("z-old") and not api.results("a-young")
     api.claims.clear()
     api.pods = []
     api.add("b", spec(CLASS_WHOLE))
@@ -698,6 +706,7 @@ def test_a_pod_with_two_claims_for_gpuslice_is_told_to_split_them_and_keeps_its_
     assert DraAllocator(api).run_once() == 0
     assert api.gated("one") and api.results("one") == api.results("two") == []
     assert api.events == [("one", "gpuslice decides one claim per pod; split the claims")]
+    assert api.reasons == ["GpusliceUnplaced"]  # the Event's reason, as every refusal of a pod
 
 
 def test_a_claim_whose_capacity_is_no_quantity_is_told_once_on_its_pod() -> None:
@@ -963,3 +972,37 @@ def test_a_preemption_is_logged_with_the_pod_the_count_and_the_node(caplog) -> N
     with caplog.at_level(logging.INFO, logger="gpuslice.k8s.dra.allocator"):
         allocator.run_once()
     assert "pod vip preempted 2 pod(s) on a" in [r.getMessage() for r in caplog.records]
+
+
+def test_a_pod_of_priority_1_preempts_a_pod_that_names_none() -> None:
+    api = FakeApi()
+    api.slices = [_slice("a", 1, [_device("gpu-0")])]
+    api.add("first", spec(CLASS_WHOLE))
+    del api.pods[-1]["spec"]["priority"]  # none: 0
+    allocator = DraAllocator(api)
+    allocator.run_once()
+    api.add("second", spec(CLASS_WHOLE), priority=1)
+    allocator.run_once()
+    assert api.deleted == ["first"]
+
+
+def test_an_ask_no_gpu_could_serve_is_told_on_its_pod_and_keeps_its_gate() -> None:
+    api = FakeApi()
+    api.add_node("a", "dgx-h100")
+    api.add("none", spec(CLASS_WHOLE, count=0))
+    assert DraAllocator(api).run_once() == 0  # nothing ungated
+    assert api.gated("none") and api.reasons == ["GpusliceUnplaced"]
+    assert dict(api.events)["none"].startswith("claim none refused: request gpu: count, memory and cores")
+
+
+def test_two_pods_sharing_one_claim_are_both_ungated_in_one_pass_and_it_is_allocated_once() -> None:
+    api = FakeApi()
+    api.add_node("a", "dgx-h100")
+    api.add("shared", spec(CLASS_SHARED, capacity={"cores": "10"}))
+    second = copy.deepcopy(api.pods[-1])
+    second["metadata"].update(name="second", uid="p-second", creationTimestamp="999999")
+    api.pods.append(second)
+    allocator = DraAllocator(api)
+    assert allocator.run_once() == 2  # the second pod sees the claim allocated in this pass
+    assert allocator.decided == 1 and len(api.results("shared")) == 1
+    assert not api.gated("shared") and not api.gated("second")
