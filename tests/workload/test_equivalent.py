@@ -24,6 +24,7 @@ H100 = 80 * GiB
         ("no GPU counts nothing", (0, 0), {}, 0.0),
         ("no GPU counts nothing, whatever memory it names", (0, 500, 8 * GiB, 0), {}, 0.0),
         ("whole GPUs by default", (3,), {}, 3.0),
+        ("whole GPUs that name memory need no GPU size", (2, 1000, 8 * GiB, 0), {}, 2.0),
         ("a share that names only its compute counts it", (1, 300), {}, 0.3),
     ],
     ids=lambda case: case if isinstance(case, str) else "",
