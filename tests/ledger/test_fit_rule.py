@@ -363,3 +363,24 @@ def test_the_amounts_of_many_nodes_are_each_nodes_own() -> None:
     assert ledger.closest(four, usable=usable) == Refusal(
         RefusalCode.NO_USABLE_GPU, 1, need=4, free=3, capacity=4, unit=Unit.GPUS
     )
+
+
+def test_the_gpu_memory_capacity_is_the_largest_usable_gpus_of_that_node() -> None:
+    """On nodes of mixed GPUs the capacity reported is the node's own largest usable GPU, not another
+    node's or another slot's: node 0 has 16 and 40 GiB GPUs, node 1 two 24 GiB ones."""
+    nodes = [
+        NodeSpec("mixed", 8_000, 32 * GiB, 2, "A100", gpu_memory_each=(16 * GiB, 40 * GiB)),
+        NodeSpec("even", 8_000, 32 * GiB, 2, "A100", gpu_memory_bytes=24 * GiB),
+    ]
+    ledger = Ledger(nodes)
+    req = Request(cpu_milli=0, num_gpu=1, gpu_milli=100, gpu_memory_bytes=48 * GiB)
+    assert ledger.refusal(0, req) == Refusal(
+        RefusalCode.INSUFFICIENT_GPU_MEMORY,
+        0,
+        need=48 * GiB,
+        free=40 * GiB,
+        capacity=40 * GiB,
+        unit=Unit.GPU_MEMORY,
+    )
+    assert ledger.refusal(1, req).capacity == 24 * GiB
+    assert ledger.closest(req) == ledger.refusal(0, req)  # 40 GiB free beats 24
