@@ -1,0 +1,133 @@
+"""The ledger's own state: a whole GPU set aside, a copy that carries its state but not its followers,
+the journal its followers read, and the invariant check that tests lean on (it must catch each column
+going wrong)."""
+
+from __future__ import annotations
+
+import pickle
+
+import numpy as np
+import pytest
+
+from gpuslice.errors import LedgerError
+from gpuslice.hardware.node import NodeSpec
+from gpuslice.ledger import Ledger, Placement, Refusal, RefusalCode
+from gpuslice.units import GiB
+from gpuslice.workload.request import Request
+
+class Follower:
+    """Something that follows a ledger (held weakly, so a plain object() will not do)."""
+
+
+SHARE = Request(cpu_milli=1000, memory_bytes=GiB, num_gpu=1, gpu_milli=300, gpu_memory_bytes=2 * GiB)
+
+
+def two_nodes() -> Ledger:
+    return Ledger(
+        [NodeSpec(f"n{i}", 8_000, 32 * GiB, 2, "A100", gpu_memory_bytes=16 * GiB) for i in range(2)]
+    )
+
+
+def test_holding_a_whole_gpu_takes_all_its_compute_and_memory_and_gives_them_back() -> None:
+    ledger = two_nodes()
+    held = ledger.hold_whole(1, 1)
+    assert isinstance(held, Placement) and (held.node, held.gpus) == (1, (1,))
+    assert (held.request.num_gpu, held.request.gpu_milli, held.request.gpu_memory_bytes) == (
+        1,
+        1000,
+        16 * GiB,
+    )
+    assert (held.request.cpu_milli, held.request.memory_bytes) == (0, 0)
+    view = ledger.view
+    assert (view.free_gpu_milli[1, 1], view.free_gpu_memory_bytes[1, 1]) == (0, 0)
+    assert (view.free_gpu_milli[1, 0], view.free_cpu_milli[1]) == (1000, 8_000)  # nothing else taken
+    assert isinstance(ledger.check(1, (1,), SHARE), Refusal)
+    ledger.check_invariants()
+    ledger.release(held)
+    assert (view.free_gpu_milli[1, 1], view.free_gpu_memory_bytes[1, 1]) == (1000, 16 * GiB)
+
+
+def test_a_gpu_that_is_partly_used_or_not_there_cannot_be_held_whole() -> None:
+    ledger = two_nodes()
+    assert isinstance(ledger.reserve(0, (0,), SHARE), Placement)
+    assert ledger.hold_whole(0, 0) == ledger.check(
+        0, (0,), Request(cpu_milli=0, num_gpu=1, gpu_milli=1000, gpu_memory_bytes=16 * GiB)
+    )
+    assert ledger.hold_whole(0, 0).code is RefusalCode.INSUFFICIENT_GPU_MEMORY
+    assert ledger.hold_whole(2, 0) == Refusal(RefusalCode.NO_SUCH_NODE, 2)
+    assert ledger.hold_whole(-1, 0) == Refusal(RefusalCode.NO_SUCH_NODE, -1)
+    assert ledger.hold_whole(0, 2).code is RefusalCode.NO_SUCH_GPU
+    assert ledger.hold_whole(0, 99).code is RefusalCode.NO_SUCH_GPU
+    ledger.check_invariants()
+
+
+def test_a_copy_carries_the_state_and_the_next_id_but_not_the_followers() -> None:
+    ledger = two_nodes()
+    ledger.follow(follower := Follower())
+    first = ledger.reserve(0, (1,), SHARE)
+    assert isinstance(first, Placement)
+    copy = pickle.loads(pickle.dumps(ledger))
+    assert copy.live_placements == ledger.live_placements
+    for column in ("free_cpu_milli", "free_memory_bytes", "free_gpu_milli", "free_gpu_memory_bytes"):
+        np.testing.assert_array_equal(getattr(copy.view, column), getattr(ledger.view, column))
+    assert copy.view.free_gpu_milli is not ledger.view.free_gpu_milli  # its view reads its own columns
+    second, third = copy.reserve(1, (0,), SHARE), ledger.reserve(1, (0,), SHARE)
+    assert isinstance(second, Placement) and isinstance(third, Placement)
+    assert second.id == third.id == first.id + 1  # ids go on from where the original was, in each
+    assert copy.view.free_gpu_milli[1, 0] == 700 and ledger.view.free_gpu_milli[1, 0] == 700
+    with pytest.raises(KeyError):
+        copy.changes(follower)  # followers stay with the original
+    assert ledger.changes(follower) == [(+1, first), (+1, third)]
+    copy.check_invariants()
+
+
+def test_each_follower_reads_every_change_once_in_order() -> None:
+    ledger = two_nodes()
+    a, b = Follower(), Follower()
+    ledger.follow(a)
+    taken = ledger.reserve(0, (0,), SHARE)
+    ledger.follow(b)  # b sees only what happens from now on
+    assert isinstance(taken, Placement)
+    ledger.release(taken)
+    again = ledger.reserve(1, (1,), SHARE)
+    assert ledger.changes(a) == [(+1, taken), (-1, taken), (+1, again)]
+    assert ledger.changes(a) == []
+    assert ledger.changes(b) == [(-1, taken), (+1, again)]  # still there after a read them
+    ledger.release(again)
+    assert ledger.changes(b) == [(-1, again)]
+    assert ledger.changes(a) == [(-1, again)]
+
+
+@pytest.mark.parametrize(
+    ("column", "node", "gpu", "delta", "named"),
+    [
+        ("_free_cpu", 0, None, -1, "free CPU"),
+        ("_free_memory", 1, None, 1, "free memory"),
+        ("_free_gpu", 0, 1, -1, "free GPU"),
+        ("_free_gpu_memory", 1, 0, 1, "free GPU memory"),
+        ("_gpu_tasks", 0, 0, 1, "GPU task counts"),
+    ],
+)
+def test_the_invariant_check_names_a_column_that_disagrees_with_the_placements(
+    column, node, gpu, delta, named
+):
+    ledger = two_nodes()
+    assert isinstance(ledger.reserve(0, (1,), SHARE), Placement)
+    ledger.check_invariants()
+    values = getattr(ledger, column)
+    values[(node, gpu) if gpu is not None else node] += delta
+    with pytest.raises(LedgerError, match=named):
+        ledger.check_invariants()
+
+
+def test_the_invariant_check_catches_a_wrong_total_and_a_negative_column() -> None:
+    ledger = two_nodes()
+    assert isinstance(ledger.reserve(0, (1,), SHARE), Placement)
+    ledger.allocated_gpu_milli += 1
+    with pytest.raises(LedgerError, match="allocated total"):
+        ledger.check_invariants()
+    ledger.allocated_gpu_milli -= 1
+    ledger._free_cpu[1] = -5  # and the capacity it is checked against, so that only the sign is wrong
+    ledger._cpu_capacity[1] = -5
+    with pytest.raises(LedgerError, match="non-negative"):
+        ledger.check_invariants()
