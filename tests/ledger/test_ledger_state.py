@@ -12,8 +12,10 @@ import pytest
 from gpuslice.errors import LedgerError
 from gpuslice.hardware.node import NodeSpec
 from gpuslice.ledger import Ledger, Placement, Refusal, RefusalCode
+from gpuslice.ledger.placement import Unit
 from gpuslice.units import GiB
 from gpuslice.workload.request import Request
+
 
 class Follower:
     """Something that follows a ledger (held weakly, so a plain object() will not do)."""
@@ -131,3 +133,36 @@ def test_the_invariant_check_catches_a_wrong_total_and_a_negative_column() -> No
     ledger._cpu_capacity[1] = -5
     with pytest.raises(LedgerError, match="non-negative"):
         ledger.check_invariants()
+
+
+def test_a_reserve_refused_on_gpu_memory_names_the_gpu_and_its_amounts() -> None:
+    ledger = two_nodes()
+    assert isinstance(ledger.reserve(1, (0,), SHARE), Placement)  # 14 GiB left on node 1 GPU 0
+    big = Request(cpu_milli=0, num_gpu=1, gpu_milli=100, gpu_memory_bytes=15 * GiB)
+    refused = ledger.reserve(1, (0,), big)
+    assert refused == Refusal(
+        RefusalCode.INSUFFICIENT_GPU_MEMORY, 1, gpu=0, need=15 * GiB, free=14 * GiB, capacity=16 * GiB,
+        unit=Unit.GPU_MEMORY,
+    )  # fmt: skip
+    assert (
+        str(refused)
+        == "insufficient free GPU memory on node 1 GPU 0 (need 15 GiB, free 14 GiB of 16 GiB GPU memory)"
+    )
+
+
+def test_host_memory_that_is_exactly_enough_is_enough() -> None:
+    ledger = two_nodes()
+    exact = Request(cpu_milli=8_000, memory_bytes=32 * GiB)
+    assert isinstance(ledger.reserve(0, (), exact), Placement)
+    assert ledger.reserve(0, (), Request(cpu_milli=0, memory_bytes=1)).code is RefusalCode.INSUFFICIENT_MEMORY
+
+
+def test_mig_mode_on_a_node_or_gpu_that_does_not_exist_is_refused() -> None:
+    from gpuslice.hardware.mig import mig_gpu
+
+    nodes = [NodeSpec("a", 8_000, 32 * GiB, 2, "A100-80GB", gpu_memory_bytes=80 * GiB)]
+    table = mig_gpu("a100-80gb")
+    for where in ((1, 0), (0, 2), (-1, 0)):
+        with pytest.raises(ValueError, match="does not exist"):
+            Ledger(nodes, mig={where: table})
+    Ledger(nodes, mig={(0, 1): table}).check_invariants()
