@@ -1006,3 +1006,38 @@ def test_two_pods_sharing_one_claim_are_both_ungated_in_one_pass_and_it_is_alloc
     assert allocator.run_once() == 2  # the second pod sees the claim allocated in this pass
     assert allocator.decided == 1 and len(api.results("shared")) == 1
     assert not api.gated("shared") and not api.gated("second")
+
+
+def test_a_claims_results_are_each_counted_past_another_drivers_and_its_consumption_read_as_allocated() -> (
+    None
+):
+    slices = [_slice("a", 0, [_device(f"gpu-{k}", 4096) for k in range(4)])]  # generation 0: a valid pool
+    claims = [
+        # another driver's result first, then gpuslice's: both of ours are counted
+        _allocated(
+            "mixed", [_result("gpu-0", driver="gpu.example.com"), _result("gpu-1", memory="1Gi", cores="1")]
+        ),
+        _allocated("over", [_result("gpu-2", memory="1Gi", cores="150")]),  # beyond 100 %: the whole GPU
+        _allocated(
+            "ghost",
+            [_result("gpu-3", memory="1Gi", cores="10")],
+            [{"resource": "pods", "name": "gone", "uid": "gone"}],
+        ),
+    ]
+    inventory = Inventory(slices, claims, "bestfit", priorities={})
+    assert inventory.nodes == ["a"]
+    assert inventory.free(0)[0] == [1000, 990, 0, 900]  # one core is 10 milli; 150 cores all 1000
+    assert [(h.claim_uid, h.gpus, h.milli, h.priority) for h in inventory.holders] == [
+        ("mixed", (1,), 10, 0),
+        ("over", (2,), 1000, 0),
+        ("ghost", (3,), 100, 0),  # a pod no longer listed has priority 0
+    ]
+
+
+def test_each_decision_is_logged_with_the_claim_the_node_and_the_gpus(caplog) -> None:
+    api = FakeApi()
+    api.slices = [_slice("a", 1, [_device("gpu-0")])]
+    api.add("s", spec(CLASS_SHARED, capacity={"cores": "10"}))
+    with caplog.at_level(logging.INFO, logger="gpuslice.k8s.dra.allocator"):
+        DraAllocator(api).run_once()
+    assert [r.getMessage() for r in caplog.records] == ["claim t/s -> a ['gpu-0']"]
