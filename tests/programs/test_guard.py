@@ -800,3 +800,12 @@ def test_with_the_watchdog_the_slowest_call_is_kept_not_the_last(config) -> None
     assert g.call("block_activate", burn, (0.2,))[1] is None  # at least 0.2 s of CPU, so as long at least
     assert g.call("block_activate", lambda: 1, ()) == (1, None)
     assert g.slowest["block_activate"] >= 0.2
+
+
+def test_a_fault_is_counted_under_its_reasons_first_word_however_many_follow() -> None:
+    g = HookGuard("placement", "p", GuardConfig(max_faults=10**6, interrupt=False))
+    g.fault("score", "crash (exit 9)")  # a worker process's death, as guard_isolated words it
+    g.fault("score", "exception ValueError")
+    g.fault("score", "nonsense from nowhere")  # no producer says this: invalid, its words still told
+    assert g.fault_counts() == {"score:crash": 1, "score:exception": 1, "score:invalid": 1}
+    assert g.events[-1] == "policy p (placement): score nonsense from nowhere; the default decided"
