@@ -38,3 +38,5 @@ def test_a_share_with_memory_but_no_gpu_size_is_a_bug_not_zero():
         gpu_equivalent(1, 1, 60 * GiB, 0)
     with pytest.raises(ValueError, match="needs its GPU's memory size"):
         gpu_equivalent(1, 1, 60 * GiB)  # no GPU size given: none assumed
+    with pytest.raises(ValueError, match="needs its GPU's memory size"):
+        gpu_equivalent(1, 1, 1, 0)  # one byte is memory too
