@@ -84,7 +84,9 @@ BOGUS = [
     pytest.param(RaisesInScore, ("score", "exception"), id="score raises"),
     pytest.param(WrongShapeScore, ("score", "wrong shape"), id="score has the wrong shape"),
     pytest.param(NanScore, ("score", "nan"), id="score is NaN"),
-    pytest.param(ImpossibleGpu, ("pick_gpus", "GPU not usable"), id="pick_gpus advises a GPU that is not there"),
+    pytest.param(
+        ImpossibleGpu, ("pick_gpus", "GPU not usable"), id="pick_gpus advises a GPU that is not there"
+    ),
     pytest.param(RaisesInPickGpus, ("pick_gpus", "exception"), id="pick_gpus raises"),
     pytest.param(RaisesInFilter, ("filter", "exception"), id="filter raises"),
     pytest.param(WrongShapeFilter, ("filter", "wrong shape"), id="filter has the wrong shape"),
