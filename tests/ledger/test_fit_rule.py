@@ -233,6 +233,17 @@ def test_only_refusals_about_what_others_hold_are_curable_by_preemption() -> Non
 # ---- amounts -----------------------------------------------------------------------------------------
 
 
+def gpu_memory_refusal(node: int, need: int, free: int, capacity: int) -> Refusal:
+    return Refusal(
+        RefusalCode.INSUFFICIENT_GPU_MEMORY,
+        node,
+        need=need,
+        free=free,
+        capacity=capacity,
+        unit=Unit.GPU_MEMORY,
+    )
+
+
 def _two_nodes() -> Ledger:
     """Two 4-GPU nodes of 16 GiB GPUs; GPU memory taken: node 0 [10, 4, 12, 16] GiB, node 1 [6, 6, 6, 6]."""
     ledger = Ledger(
@@ -251,14 +262,7 @@ def test_a_refusal_on_gpu_memory_gives_what_the_best_set_of_gpus_could_give_each
     pair gives 6 GiB each (the second most free), of 16 GiB GPUs."""
     req = Request(cpu_milli=0, num_gpu=2, gpu_milli=1000, gpu_memory_bytes=8 * GiB)
     refused = _two_nodes().refusal(0, req)
-    assert refused == Refusal(
-        RefusalCode.INSUFFICIENT_GPU_MEMORY,
-        0,
-        need=8 * GiB,
-        free=6 * GiB,
-        capacity=16 * GiB,
-        unit=Unit.GPU_MEMORY,
-    )
+    assert refused == gpu_memory_refusal(0, 8 * GiB, 6 * GiB, 16 * GiB)
     assert refused.amounts == "need 8 GiB, free 6 GiB of 16 GiB GPU memory"
     # all four: the fourth most free has nothing free (and the node's empty slots count for nothing)
     four = Request(cpu_milli=0, num_gpu=4, gpu_milli=1000, gpu_memory_bytes=8 * GiB)
@@ -276,14 +280,7 @@ def test_the_closest_node_is_the_one_with_the_most_of_the_missing_resource_free(
         RefusalCode.INSUFFICIENT_GPU_MEMORY,
     ]
     closest = ledger.closest(req)
-    assert closest == Refusal(
-        RefusalCode.INSUFFICIENT_GPU_MEMORY,
-        1,
-        need=11 * GiB,
-        free=10 * GiB,
-        capacity=16 * GiB,
-        unit=Unit.GPU_MEMORY,
-    )
+    assert closest == gpu_memory_refusal(1, 11 * GiB, 10 * GiB, 16 * GiB)
     # A whole GPU: every GPU of both nodes holds a share, so none is free; the first node is reported
     whole = Request(cpu_milli=0, num_gpu=1, gpu_milli=1000)
     assert ledger.closest(whole) == Refusal(
@@ -327,14 +324,7 @@ def test_the_amounts_of_each_resource_code_on_one_node() -> None:
     )
     # four GPUs with 8 GiB each: the fourth most free has 4 GiB
     four = Request(cpu_milli=0, num_gpu=4, gpu_milli=1000, gpu_memory_bytes=8 * GiB)
-    assert ledger.refusal(0, four) == Refusal(
-        RefusalCode.INSUFFICIENT_GPU_MEMORY,
-        0,
-        need=8 * GiB,
-        free=4 * GiB,
-        capacity=16 * GiB,
-        unit=Unit.GPU_MEMORY,
-    )
+    assert ledger.refusal(0, four) == gpu_memory_refusal(0, 8 * GiB, 4 * GiB, 16 * GiB)
     t4 = Request(cpu_milli=0, num_gpu=1, gpu_milli=1000, gpu_models=("T4",))
     assert ledger.refusal(0, t4) == Refusal(RefusalCode.GPU_MODEL_NOT_ALLOWED, 0)
     assert ledger.refusal(0, t4).amounts == ""
@@ -374,13 +364,6 @@ def test_the_gpu_memory_capacity_is_the_largest_usable_gpus_of_that_node() -> No
     ]
     ledger = Ledger(nodes)
     req = Request(cpu_milli=0, num_gpu=1, gpu_milli=100, gpu_memory_bytes=48 * GiB)
-    assert ledger.refusal(0, req) == Refusal(
-        RefusalCode.INSUFFICIENT_GPU_MEMORY,
-        0,
-        need=48 * GiB,
-        free=40 * GiB,
-        capacity=40 * GiB,
-        unit=Unit.GPU_MEMORY,
-    )
+    assert ledger.refusal(0, req) == gpu_memory_refusal(0, 48 * GiB, 40 * GiB, 40 * GiB)
     assert ledger.refusal(1, req).capacity == 24 * GiB
     assert ledger.closest(req) == ledger.refusal(0, req)  # 40 GiB free beats 24
