@@ -82,13 +82,18 @@ def test_a_job_whose_supervisor_died_while_the_server_was_down_leaves_no_process
     assert not alive(pid), "the lost job's setsid child still runs"
 
 
+def _children(parent: int) -> set[int]:
+    children: set[int] = set()
+    for task in Path(f"/proc/{parent}/task").iterdir():
+        children.update(int(p) for p in (task / "children").read_text().split())
+    return children
+
+
 def _wait_exited_children(parent: int, timeout: float = 30.0) -> None:
     """Until every child of ``parent`` has exited (a zombie its stopped parent has not reaped)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        children = set()
-        for task in Path(f"/proc/{parent}/task").iterdir():
-            children.update(int(p) for p in (task / "children").read_text().split())
+        children = _children(parent)
         states = []
         for child in children:
             try:
@@ -107,6 +112,8 @@ def test_cancel_with_a_stopped_supervisor_answers_at_once_and_the_true_exit_is_r
     job = server.submit(["sh", "-c", f"while [ ! -e {flag} ]; do sleep 0.05; done; exit 0"])
     server.wait(lambda: server.jobs()[job["id"]]["pid"] is not None, 30, "the job to start")
     supervisor = server.jobs()[job["id"]]["pid"]
+    # its pid is known once the supervisor runs; on a loaded machine the job may not be forked yet
+    server.wait(lambda: bool(_children(supervisor)), 30, "the supervisor to start the job")
     os.kill(supervisor, signal.SIGSTOP)
     try:
         flag.touch()  # the job exits 0 while its supervisor cannot see it
