@@ -36,7 +36,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from gpuslice.ledger.placement import RefusalCode, Unit
+from gpuslice.ledger.placement import Refusal, RefusalCode, Unit
 from gpuslice.workload.request import MILLI_PER_GPU, Request
 
 __all__ = [
@@ -48,6 +48,7 @@ __all__ = [
     "code_of",
     "fit_code",
     "fit_codes",
+    "refusal_at",
     "shortfall",
 ]
 
@@ -205,3 +206,13 @@ def shortfall(code: RefusalCode, request: Request, rows: Rows) -> tuple[float, n
     if code is RefusalCode.INSUFFICIENT_MEMORY:
         return request.memory_bytes, rows.free_memory, rows.memory, Unit.MEMORY
     return 0, zeros, zeros, Unit.NONE
+
+
+def refusal_at(
+    code: RefusalCode, request: Request, rows: Rows, nodes: Sequence[int], k: int | None = None
+) -> Refusal:
+    """The refusal of row ``k`` of ``rows`` (node ``nodes[k]``) with its amounts (``shortfall``); with
+    ``k`` None, of the row with the most of that resource free (the first on a tie)."""
+    need, free, capacity, unit = shortfall(code, request, rows)
+    k = int(np.argmax(free)) if k is None else k
+    return Refusal(code, int(nodes[k]), need=need, free=int(free[k]), capacity=int(capacity[k]), unit=unit)

@@ -30,7 +30,7 @@ import numpy as np
 from gpuslice.errors import LedgerError
 from gpuslice.hardware.mig import MigGpu, MigInstance, MigLayout
 from gpuslice.hardware.node import MAX_GPUS_PER_NODE, NodeSpec
-from gpuslice.ledger.fit import CHECKS, FITS, Rows, code_number, code_of, fit_codes, shortfall
+from gpuslice.ledger.fit import CHECKS, FITS, Rows, code_number, code_of, fit_codes, refusal_at
 from gpuslice.ledger.mig import MigHold, MigInstances
 from gpuslice.ledger.placement import Placement, Refusal, RefusalCode, Unit
 from gpuslice.workload.request import MILLI_PER_GPU, Request
@@ -314,18 +314,21 @@ class Ledger:
         number = max(_CHECK_NUMBERS, key=lambda k: counts[k])  # ties: the earliest check of the rule
         if counts[FITS] or not counts[number]:
             return None
-        failing = rows[codes == number]
         code = code_of(number)
         assert code is not None
         use = None if usable is None else usable[codes == number]
-        _, free, _, _ = shortfall(code, request, self._rows(failing, use))
-        return self._refusal(code, request, failing, use, int(np.argmax(free)))
+        return self._refusal(code, request, rows[codes == number], use)
 
     def _refusal(
-        self, code: RefusalCode, request: Request, rows: np.ndarray, usable: np.ndarray | None, k: int
+        self,
+        code: RefusalCode,
+        request: Request,
+        rows: np.ndarray,
+        usable: np.ndarray | None,
+        k: int | None = None,
     ) -> Refusal:
-        need, free, capacity, unit = shortfall(code, request, self._rows(rows, usable))
-        return Refusal(code, int(rows[k]), need=need, free=int(free[k]), capacity=int(capacity[k]), unit=unit)
+        """``fit.refusal_at`` on the ledger's ``rows`` (row ``k``, or the one with the most free)."""
+        return refusal_at(code, request, self._rows(rows, usable), rows, k)
 
     def _rows(self, rows: np.ndarray, usable: np.ndarray | None = None) -> Rows:
         """``ledger.fit.Rows`` of ``rows``; the usable GPUs are those present (and in ``usable``, (R, G))."""

@@ -7,7 +7,7 @@ per GPU, MIG slot layouts), for the real machine and for what-if copies (backfil
 demand_for(spec, machine)        -> Demand, or InvalidRequest when the job can never run here (at submit)
 refusal_code(demand, capacity)   -> RefusalCode or None: the ledger's fit rule (``ledger.fit``) on the
                                     machine's row, the job's eligible GPUs usable; then the topology need
-refusal(demand, capacity)        -> the same as a ``Refusal`` with its amounts (``ledger.fit.shortfall``)
+refusal(demand, capacity)        -> the same as a ``Refusal`` with its amounts (``ledger.fit.refusal_at``)
 fits(demand, capacity)           -> bool, ``refusal_code is None`` (what-ifs call it often)
 choose_mig(demand, capacity)     -> Choice (GPU, MIG slot) or None
 why_not(demand, capacity)        -> PendingReason: the refusal and a sentence in serve's words, e.g.
@@ -41,7 +41,7 @@ from gpuslice.errors import InvalidRequest, UserError
 from gpuslice.hardware.machine import Machine
 from gpuslice.hardware.mig import MigInstance, MigLayout, MigProfile, format_mask, mig_gpu, resolve_request
 from gpuslice.hardware.topology import Topology
-from gpuslice.ledger.fit import FITS, Rows, code_of, fit_codes, shortfall
+from gpuslice.ledger.fit import FITS, Rows, code_of, fit_codes, refusal_at
 from gpuslice.ledger.ledger import Ledger
 from gpuslice.ledger.mig import mig_request
 from gpuslice.ledger.placement import Refusal, RefusalCode
@@ -389,8 +389,7 @@ def refusal(demand: Demand, cap: Capacity, topology: Topology | None) -> Refusal
         _usable(demand, len(cap.free_milli)),
         zero, zero, zero, zero,
     )  # fmt: skip
-    need, free, capacity, unit = shortfall(code, demand.request, rows)
-    return Refusal(code, 0, need=need, free=int(free[0]), capacity=int(capacity[0]), unit=unit)
+    return refusal_at(code, demand.request, rows, (0,), 0)
 
 
 def fits(demand: Demand, cap: Capacity, topology: Topology | None) -> bool:
