@@ -66,6 +66,17 @@ TARGETS: dict[str, tuple[str, tuple[str, ...]]] = {
         ("tests/k8s/test_dra_allocator.py", "tests/k8s/test_dra_robust.py", "tests/k8s/test_dra_parity.py"),
     ),
     "ledger": ("src/gpuslice/ledger/", ("tests/ledger",)),
+    "preemption": ("src/gpuslice/scheduler/preemption.py", ("tests/scheduler",)),
+    "quota": ("src/gpuslice/scheduler/quota.py", ("tests/scheduler",)),
+    "placer": ("src/gpuslice/scheduler/placer.py", ("tests/scheduler", "tests/sim/test_sim_mig.py")),
+    "mig-choice": (
+        "src/gpuslice/scheduler/mig_choice.py",
+        ("tests/scheduler", "tests/sim/test_sim_mig.py", "tests/k8s/test_mig_parity.py"),
+    ),
+    "mig-planner": ("src/gpuslice/scheduler/mig_planner.py", ("tests/scheduler",)),
+    "node-gpu-choice": ("src/gpuslice/scheduler/node_gpu_choice.py", ("tests/scheduler",)),
+    "node-fit": ("src/gpuslice/scheduler/node_fit.py", ("tests/scheduler",)),
+    "node-scheduler": ("src/gpuslice/scheduler/node_scheduler.py", ("tests/scheduler",)),
     "scheduler": ("src/gpuslice/scheduler/", ("tests/scheduler",)),
 }
 
