@@ -7,6 +7,8 @@ hold(cache, built, node, ask)   each app container's slice in spec order (the fi
                                 one that does not fit gives back those held before it
 fits(cache, built, node, ask)   the same as a what-if: held, then given back (a pod where several
                                 containers ask; one where a single one asks is judged by the verdicts)
+fits_without(..., gone)         preemption's what-if: ``fits`` with the slices of the pods ``gone`` given
+                                back first and held again after (the ledger's columns as before)
 inside(ask, first)              the slices of the init containers that run inside the first slice: its
                                 first GPUs, their own memory and compute
 ```
@@ -16,15 +18,17 @@ Every function runs with ``cache.lock`` held by the caller, and ``hold`` under t
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
+from gpuslice.errors import LedgerError
 from gpuslice.k8s.annotations import PodGpuRequest
 from gpuslice.k8s.decision import ContainerDecision, MigChoice
-from gpuslice.k8s.extender.cluster import MIG_POD_REQUEST, ClusterCache, LedgerBuild, open_slots
+from gpuslice.k8s.extender.cluster import MIG_POD_REQUEST, BoundPod, ClusterCache, LedgerBuild, open_slots
 from gpuslice.ledger.placement import Placement, Refusal
 from gpuslice.scheduler.mig_choice import choose_mig_instance
 
-__all__ = ["NO_GPUS", "HeldSlices", "fits", "hold", "inside"]
+__all__ = ["NO_GPUS", "HeldSlices", "fits", "fits_without", "hold", "inside"]
 
 NO_GPUS = "no GPU set fits"  # the placer found no GPUs for a container's share or whole GPUs
 
@@ -61,6 +65,41 @@ def fits(cache: ClusterCache, built: LedgerBuild, node: int, ask: PodGpuRequest)
     for placement in held.placements:
         built.ledger.release(placement)
     return True
+
+
+def fits_without(
+    cache: ClusterCache, built: LedgerBuild, node: int, ask: PodGpuRequest, gone: Sequence[BoundPod]
+) -> bool:
+    """Would every app container's slice of ``ask`` fit on ``node`` together once the pods ``gone`` (all
+    held in ``built``) are evicted? Their slices are given back for the what-if and held again after,
+    on the same GPUs (MIG: the same instances), as new placements in their ``BoundPod``: every column
+    of the ledger ends as it began. Each slice is placed by ``hold`` itself, so a victim set is good
+    only if the GPUs it frees take the pod's slices one after another, not each slice alone."""
+    for bound in gone:
+        for placement in bound.placements:
+            built.ledger.release(placement)
+    try:
+        return fits(cache, built, node, ask)
+    finally:
+        for bound in gone:
+            _hold_again(built, bound)
+
+
+def _hold_again(built: LedgerBuild, bound: BoundPod) -> None:
+    """Hold ``bound``'s slices again exactly where they were. Only what was given back a moment ago is
+    taken, so a refusal is a broken invariant."""
+    again: list[Placement] = []
+    for placement in bound.placements:
+        if placement.mig is not None:
+            mig = placement.mig
+            result = built.ledger.reserve_mig(placement.node, mig.gpu, mig.instance, placement.request)
+        else:
+            result = built.ledger.reserve(placement.node, placement.gpus, placement.request)
+        if isinstance(result, Refusal):
+            raise LedgerError(f"{bound.namespace}/{bound.name}: a slice given back for a what-if: {result}")
+        again.append(result)
+    if again:
+        bound.placement, bound.extra = again[0], tuple(again[1:])
 
 
 def inside(ask: PodGpuRequest, first: ContainerDecision) -> tuple[ContainerDecision, ...]:

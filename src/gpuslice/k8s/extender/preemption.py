@@ -12,6 +12,7 @@ import numpy as np
 from gpuslice.errors import InvalidRequest
 from gpuslice.hardware.mig import compute_slices_by_name
 from gpuslice.k8s.annotations import PodGpuRequest
+from gpuslice.k8s.extender import pod_slices
 from gpuslice.k8s.extender.cluster import (
     BoundPod,
     ClusterCache,
@@ -60,9 +61,9 @@ class Preemption:
             return {}
         if not ask.wants_gpu:
             return dict(victims)
-        built = self._cache.ledgered()
         preemptor = JobRef(pod_meta(pod)[2], pod_priority(pod), pod_meta(pod)[0])
         with self._cache.lock:
+            built = self._cache.ledgered()  # under the lock: the pods' placements are this build's
             return {
                 name: uids
                 for name, uids in victims.items()
@@ -76,8 +77,6 @@ class Preemption:
         """Does the one preemption search find room on ``node`` among exactly the proposed victims? Pods
         that are not gpuslice's (kube-scheduler may propose them for CPU or memory) free no GPU but stay
         evicted, so the what-if always counts them as gone."""
-        if ask.multi:  # as in make_room: kube-scheduler's candidates are not judged for such a pod
-            return False
         proposed = [_victim(u, b) for u in uids if (b := self._cache.pods.get(u)) is not None]
         others = [u for u in uids if u not in self._cache.pods]
         if not proposed:
@@ -90,12 +89,17 @@ class Preemption:
         return plan is not None
 
     def _fits_without(self, built: LedgerBuild, node: int, ask: PodGpuRequest, uids: list[str]) -> bool:
-        """Would ``ask`` fit on ``node`` with the pods ``uids`` gone? Reads only (a copy of one row)."""
+        """Would ``ask`` fit on ``node`` with the pods ``uids`` gone? Called with the lock held. One slice:
+        reads only (a copy of one row). Several containers' slices: ``pod_slices.fits_without``, which
+        places them one after another in the ledger with the victims given back, and leaves every
+        column as it found it (no copy of one row can say which GPUs the second slice would get)."""
         gone = [
             b
             for u in uids
             if (b := self._cache.pods.get(u)) is not None and b.node == built.ledger.node_names[node]
         ]
+        if ask.multi:
+            return pod_slices.fits_without(self._cache, built, node, ask, gone)
         if ask.mig_profile:
             freed = [p for b in gone for p in b.placements]
             candidates = self._cache.mig_candidates(built, node, ask.mig_profile, freed)
@@ -180,13 +184,13 @@ class Preemption:
         """
         namespace, name, uid = pod_meta(pod)
         priority = pod_priority(pod)
-        if ask.multi:  # the what-if judges one slice; several containers' slices are not searched yet
-            return ""
         with self._cache.lock:
             waiting = next((n for n, h in self._cache.nominations.items() if h.uid == uid), None)
             if waiting is not None:
                 left = sum(1 for v in self._cache.nominations[waiting].victims if v in self._cache.pods)
                 return f"preempted lower-priority pods on {waiting}; waiting for {left} of them to end"
+            if not self._cache.is_current(built):  # rebuilt since filter read it: the rows have moved
+                return ""
             nominations, pods = self._cache.nominations, self._cache.pods
             cleared = {n for n, h in nominations.items() if h.uid != uid and h.priority >= priority}
             going = {v for h in nominations.values() for v in h.victims}
