@@ -23,6 +23,7 @@ import weakref
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from itertools import count
+from types import MappingProxyType
 from typing import ClassVar
 
 import numpy as np
@@ -33,6 +34,7 @@ from gpuslice.hardware.node import MAX_GPUS_PER_NODE, NodeSpec
 from gpuslice.ledger.fit import CHECKS, FITS, Rows, code_number, code_of, fit_codes, refusal_at
 from gpuslice.ledger.mig import MigHold, MigInstances
 from gpuslice.ledger.placement import Placement, Refusal, RefusalCode, Unit
+from gpuslice.ledger.whatif import NodeRow
 from gpuslice.workload.request import MILLI_PER_GPU, Request
 
 __all__ = ["Ledger", "LedgerView"]
@@ -213,6 +215,26 @@ class Ledger:
     def mig_layout(self, node: int, gpu: int) -> MigLayout | None:
         """The MIG instances held on that GPU; None if it is not in MIG mode."""
         return self._mig.layout(node, gpu)
+
+    def row(self, node: int) -> NodeRow:
+        """The node's free capacity as a value for what-ifs (``ledger.whatif``), its MIG GPUs' layouts
+        included; later changes of the ledger do not show through."""
+        layouts = MappingProxyType(self._mig.layouts_on(node))
+        return NodeRow.of(self.row_columns(), node, int(self._gpu_count[node]), layouts)
+
+    def row_columns(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """The columns a ``NodeRow`` is read from (``NodeRow.of``), in its order; the ledger's own
+        arrays (read-only views), so a what-if that keeps a snapshot copies them."""
+        return tuple(  # type: ignore[return-value]
+            _read_only(a)
+            for a in (
+                self._free_cpu,
+                self._free_memory,
+                self._free_gpu,
+                self._free_gpu_memory,
+                self._gpu_memory_capacity,
+            )
+        )
 
     def model_allowed(self, request: Request) -> np.ndarray:
         """Bool per node: the node's GPU model is one the request accepts (CPU-only nodes: False)."""

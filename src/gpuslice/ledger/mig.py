@@ -77,6 +77,10 @@ class MigInstances:
         """The node's GPUs in MIG mode, lowest first."""
         return self._gpus.get(node, ())
 
+    def layouts_on(self, node: int) -> dict[int, MigLayout]:
+        """The node's MIG GPUs and their layouts now, GPU -> layout, lowest first."""
+        return {gpu: self._layouts[node, gpu] for gpu in self.gpus_on(node)}
+
     def slots(self, profile: str) -> np.ndarray:
         """Bool per node (read-only): a MIG GPU of the node whose table has ``profile`` has a free start
         for it now."""

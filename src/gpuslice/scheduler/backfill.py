@@ -22,48 +22,61 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Generic, Protocol, Self, TypeVar
 
-from gpuslice.scheduler.node_fit import Capacity, Holding
+from gpuslice.ledger.placement import Placement
 
-__all__ = ["Shadow", "allows", "shadow"]
+__all__ = ["Shadow", "WhatIf", "allows", "shadow"]
+
+
+class WhatIf(Protocol):
+    """A capacity a what-if changes: serve's machine (``node_fit.MachineWhatIf``) or sim's cluster
+    (``queue_adapter.ClusterCapacity``), each changed by the ledger's arithmetic on placements."""
+
+    def copy(self) -> Self: ...
+    def give(self, placement: Placement) -> None: ...
+    def take(self, placement: Placement) -> None: ...
+
+
+W = TypeVar("W", bound=WhatIf)
 
 
 @dataclass(slots=True)
-class Shadow:
+class Shadow(Generic[W]):
     """The head job's reservation: when it can start at the latest, and the capacity left at that time."""
 
     time: float
-    capacity: Capacity
+    capacity: W
 
 
 def shadow(
-    now_capacity: Capacity,
-    running: Sequence[tuple[float, Holding]],
-    head_fits: Callable[[Capacity], bool],
-) -> Shadow | None:
-    """The head's reservation, given the running jobs as (expected end, holding) in a stable order."""
+    now_capacity: W,
+    running: Sequence[tuple[float, Placement]],
+    head_fits: Callable[[W], bool],
+) -> Shadow[W] | None:
+    """The head's reservation, given the running jobs as (expected end, placement) in a stable order."""
     cap = now_capacity.copy()
-    for end, holding in sorted(running, key=lambda r: r[0]):  # sorted() is stable: ties keep start order
-        cap.give(holding)
+    for end, placement in sorted(running, key=lambda r: r[0]):  # sorted() is stable: ties keep start order
+        cap.give(placement)
         if head_fits(cap):
             return Shadow(end, cap)
     return None
 
 
 def allows(
-    reservation: Shadow | None,
-    holding: Holding,
+    reservation: Shadow[W] | None,
+    placement: Placement,
     end: float,
-    head_fits: Callable[[Capacity], bool],
+    head_fits: Callable[[W], bool],
 ) -> bool:
-    """May a job holding ``holding`` until ``end`` start now without delaying the head? Keeps the
+    """May a job holding ``placement`` until ``end`` start now without delaying the head? Keeps the
     reservation up to date when the answer is yes and the job runs past it."""
     if reservation is None:
         return True
     if math.isfinite(end) and end <= reservation.time:
         return True
     trial = reservation.capacity.copy()
-    trial.take(holding)
+    trial.take(placement)
     if not head_fits(trial):
         return False
     reservation.capacity = trial

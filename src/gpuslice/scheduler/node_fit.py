@@ -1,7 +1,8 @@
 """What a job needs on one machine, whether it fits a capacity snapshot, which GPUs it gets, and why not.
 
-The node scheduler asks three questions of a ``Demand`` against a ``Capacity`` (free compute and memory
-per GPU, MIG slot layouts), for the real machine and for what-if copies (backfill, preemption):
+The node scheduler asks three questions of a ``Demand`` against a ``MachineWhatIf``: the ledger's row of
+the machine (``Ledger.row``: free compute and memory per GPU, MIG slot layouts), as it is or with
+placements given back or held in a what-if (backfill, preemption):
 
 ```text
 demand_for(spec, machine)        -> Demand, or InvalidRequest when the job can never run here (at submit)
@@ -39,12 +40,13 @@ import numpy as np
 
 from gpuslice.errors import InvalidRequest, UserError
 from gpuslice.hardware.machine import Machine
-from gpuslice.hardware.mig import MigInstance, MigLayout, MigProfile, format_mask, mig_gpu, resolve_request
+from gpuslice.hardware.mig import MigInstance, MigProfile, format_mask, mig_gpu, resolve_request
 from gpuslice.hardware.topology import Topology
-from gpuslice.ledger.fit import FITS, Rows, code_of, fit_codes, refusal_at
+from gpuslice.ledger.fit import FITS, Rows, code_of, fit_code, refusal_at
 from gpuslice.ledger.ledger import Ledger
-from gpuslice.ledger.mig import mig_request
-from gpuslice.ledger.placement import Refusal, RefusalCode
+from gpuslice.ledger.mig import MigHold, mig_request
+from gpuslice.ledger.placement import Placement, Refusal, RefusalCode
+from gpuslice.ledger.whatif import NodeRow
 from gpuslice.policies.gpuset.pick import meets_need
 from gpuslice.policies.mig_placement import MigPlacementOps
 from gpuslice.scheduler.mig_choice import MigCandidate, choose_mig_instance, mig_candidate, mig_rank
@@ -56,11 +58,11 @@ from gpuslice.workload.job import JobSpec, TopologyNeed
 from gpuslice.workload.request import MILLI_PER_GPU, Request
 
 __all__ = [
-    "Capacity",
     "Choice",
     "Demand",
     "DemandKind",
     "Holding",
+    "MachineWhatIf",
     "adopted_holding",
     "choose_mig",
     "demand_for",
@@ -114,6 +116,18 @@ class Holding:
     mig: MigInstance | None = None
     request: Request | None = field(default=None, compare=False)
 
+    @property
+    def placement(self) -> Placement:
+        """The ledger placement a start reserves for it (``Ledger.reserve`` / ``reserve_mig`` on node 0),
+        before it is reserved: what a what-if takes or gives."""
+        if self.request is None:
+            raise ValueError("a holding without its ledger request has no placement")
+        if self.mig is None:
+            return Placement(0, self.gpus, self.request)
+        return Placement(
+            0, self.gpus if self.request.num_gpu else (), self.request, mig=MigHold(self.gpus[0], self.mig)
+        )
+
 
 @dataclass(frozen=True, slots=True)
 class Choice:
@@ -123,49 +137,27 @@ class Choice:
     holding: Holding
 
 
-class Capacity:
-    """Free compute (milli) and memory (bytes) per GPU and each MIG GPU's layout: the ledger's row as the
-    node scheduler reads it (``NodeScheduler._capacity``, read again after every start, so nothing keeps
-    it in step by hand); ``take``/``give`` change only what-if copies (backfill, preemption).
+class MachineWhatIf:
+    """The machine's free capacity as the node scheduler judges a job against it: the ledger's row
+    (``Ledger.row``, a value: the ledger owns every number in it), and in a what-if (backfill, preemption)
+    that row with placements given back or held, by the ledger's own arithmetic (``NodeRow.given`` /
+    ``taken``). ``external`` is memory held outside gpuslice per GPU, for reasons only (it is already
+    subtracted, through a pseudo-placement in the ledger)."""
 
-    ``free_milli`` and ``free_memory`` (numpy, per GPU) are the ledger's row, what the fit rule reads.
-    ``external`` is memory held outside gpuslice, for reasons only (it is already subtracted, through a
-    pseudo-placement in the ledger).
-    """
+    __slots__ = ("external", "row")
 
-    __slots__ = ("external", "free_memory", "free_milli", "layouts", "total_memory")
+    def __init__(self, row: NodeRow, external: Sequence[int] = ()) -> None:
+        self.row = row
+        self.external = tuple(external) or (0,) * len(row.gpu_milli)
 
-    def __init__(
-        self,
-        free_milli: Sequence[int],
-        free_memory: Sequence[int],
-        layouts: Sequence[MigLayout | None],
-        external: Sequence[int],
-        total_memory: Sequence[int],
-    ) -> None:
-        self.free_milli = np.array(free_milli, dtype=np.int64)
-        self.free_memory = np.array(free_memory, dtype=np.int64)
-        self.layouts = list(layouts)
-        self.external = list(external)
-        self.total_memory = list(total_memory)
+    def copy(self) -> MachineWhatIf:
+        return MachineWhatIf(self.row, self.external)
 
-    def copy(self) -> Capacity:
-        return Capacity(self.free_milli, self.free_memory, self.layouts, self.external, self.total_memory)
+    def give(self, placement: Placement) -> None:
+        self.row = self.row.given((placement,))
 
-    def take(self, h: Holding) -> None:
-        self._apply(h, -1)
-
-    def give(self, h: Holding) -> None:
-        self._apply(h, +1)
-
-    def _apply(self, h: Holding, sign: int) -> None:
-        gpus = list(h.gpus)
-        self.free_milli[gpus] += sign * h.milli
-        self.free_memory[gpus] += sign * h.memory_bytes
-        if h.mig is not None:
-            layout = self.layouts[h.gpus[0]]
-            assert layout is not None, "a MIG holding on a GPU without a MIG layout"
-            self.layouts[h.gpus[0]] = layout.with_instance(h.mig) if sign < 0 else layout.without(h.mig)
+    def take(self, placement: Placement) -> None:
+        self.row = self.row.taken((placement,))
 
 
 def gpus_equivalent(h: Holding, gpu_memory_bytes: int) -> float:
@@ -322,27 +314,26 @@ def _need_text(need: TopologyNeed) -> str:
 # ---- fit, choice, reasons ---------------------------------------------------------------------------
 
 
-def _whole_free(demand: Demand, cap: Capacity) -> list[int]:
-    return [g for g in demand.eligible if cap.free_milli[g] >= MILLI_PER_GPU]
+def _whole_free(demand: Demand, cap: MachineWhatIf) -> list[int]:
+    return [g for g in demand.eligible if cap.row.gpu_milli[g] >= MILLI_PER_GPU]
 
 
-def _usable(demand: Demand, gpus: int) -> np.ndarray:
-    usable = np.zeros((1, gpus), dtype=bool)
-    usable[0, list(demand.eligible)] = True
-    return usable
+def _usable(demand: Demand, gpus: int) -> tuple[bool, ...]:
+    eligible = set(demand.eligible)
+    return tuple(g in eligible for g in range(gpus))
 
 
-def mig_candidates(demand: Demand, cap: Capacity) -> list[MigCandidate]:
+def mig_candidates(demand: Demand, cap: MachineWhatIf) -> list[MigCandidate]:
     """The job's MIG GPUs on ``cap`` as candidates of the one MIG choice (instances are created here);
     ``cap``'s layouts are the ledger's (``Ledger.mig_layout``) or a what-if copy of them."""
     return [
         mig_candidate(g, layout, profiles)
         for g, profiles in demand.mig_options
-        if (layout := cap.layouts[g]) is not None
+        if (layout := cap.row.layouts.get(g)) is not None
     ]
 
 
-def refusal_code(demand: Demand, cap: Capacity, topology: Topology | None) -> RefusalCode | None:
+def refusal_code(demand: Demand, cap: MachineWhatIf, topology: Topology | None) -> RefusalCode | None:
     """Why the job cannot start on ``cap`` now, in the ledger's vocabulary, or None if it can: the
     ledger's fit rule (``ledger.fit``) over this machine's row, the job's eligible GPUs as the usable
     ones; then, as only serve knows the wiring and the MIG layouts here, a GPU set meeting the topology
@@ -353,14 +344,9 @@ def refusal_code(demand: Demand, cap: Capacity, topology: Topology | None) -> Re
     if demand.kind is DemandKind.MIG:
         fits_one = any(mig_rank(c) is not None for c in mig_candidates(demand, cap))
         return None if fits_one else RefusalCode.NO_MIG_SLOT
-    number = int(
-        fit_codes(
-            demand.request,
-            _MODEL_OK,
-            _usable(demand, len(cap.free_milli)),
-            cap.free_milli[None],
-            cap.free_memory[None],
-        )[0]
+    row = cap.row  # CPU and host memory are not serve's to judge: left out
+    number = fit_code(
+        demand.request, True, row.gpu_milli, row.gpu_memory_bytes, usable=_usable(demand, len(row.gpu_milli))
     )
     if number != FITS:
         return code_of(number)
@@ -372,34 +358,31 @@ def refusal_code(demand: Demand, cap: Capacity, topology: Topology | None) -> Re
     return RefusalCode.NO_GPU_SET
 
 
-_MODEL_OK = np.ones(1, dtype=bool)  # the eligible GPUs already exclude models the job does not accept
-
-
-def refusal(demand: Demand, cap: Capacity, topology: Topology | None) -> Refusal | None:
+def refusal(demand: Demand, cap: MachineWhatIf, topology: Topology | None) -> Refusal | None:
     """``refusal_code`` as the one refusal record, with the amounts of the resource its code names (on
     node 0, serve's one machine), or None if the job can start on ``cap`` now."""
     code = refusal_code(demand, cap, topology)
     if code is None:
         return None
-    zero = np.zeros(1, dtype=np.int64)  # CPU and host memory are not serve's to judge
+    zero, row = np.zeros(1, dtype=np.int64), cap.row  # CPU and host memory are not serve's to judge
     rows = Rows(
-        cap.free_milli[None],
-        cap.free_memory[None],
-        np.array(cap.total_memory)[None],
-        _usable(demand, len(cap.free_milli)),
+        np.array([row.gpu_milli]),
+        np.array([row.gpu_memory_bytes]),
+        np.array([row.gpu_memory_capacity_bytes]),
+        np.array([_usable(demand, len(row.gpu_milli))]),
         zero, zero, zero, zero,
     )  # fmt: skip
     return refusal_at(code, demand.request, rows, (0,), 0)
 
 
-def fits(demand: Demand, cap: Capacity, topology: Topology | None) -> bool:
+def fits(demand: Demand, cap: MachineWhatIf, topology: Topology | None) -> bool:
     """Could the job start on ``cap`` now? ``refusal_code(...) is None``."""
     return refusal_code(demand, cap, topology) is None
 
 
 def choose_mig(
     demand: Demand,
-    cap: Capacity,
+    cap: MachineWhatIf,
     policy: MigPlacementOps | None = None,
     fallbacks: Counter[str] | None = None,
 ) -> Choice | None:
@@ -411,7 +394,7 @@ def choose_mig(
         return None
     candidate, instance = chosen
     g = int(candidate.key)  # type: ignore[call-overload]
-    request = mig_request(instance.profile, cap.total_memory[g])
+    request = mig_request(instance.profile, cap.row.gpu_memory_capacity_bytes[g])
     return Choice((g,), Holding((g,), mig=instance, request=request))
 
 
@@ -425,15 +408,14 @@ def _percent(milli: int) -> str:
     return f"{milli / 10:g} %"
 
 
-def why_not(demand: Demand, cap: Capacity, topology: Topology | None) -> PendingReason:
+def why_not(demand: Demand, cap: MachineWhatIf, topology: Topology | None) -> PendingReason:
     """Why the job does not fit ``cap`` now: the fit rule's refusal (``refusal``, with its amounts) and a
     sentence with sizes and GPU numbers (call only when it does not fit)."""
     record = refusal(demand, cap, topology) or Refusal(RefusalCode.INSUFFICIENT_GPU, 0)
     code = record.code
     if code is RefusalCode.NO_MIG_SLOT:
         slots = "; ".join(
-            f"GPU {g} slots {format_mask(cap.layouts[g].mask)}"  # type: ignore[union-attr]
-            for g, _ in demand.mig_options
+            f"GPU {g} slots {format_mask(cap.row.layouts[g].mask)}" for g, _ in demand.mig_options
         )
         return PendingReason(
             record, f"needs MIG {demand.mig_text}; no MIG GPU has a free slot for it ({slots})"
@@ -459,24 +441,25 @@ def why_not(demand: Demand, cap: Capacity, topology: Topology | None) -> Pending
     return PendingReason(record, text)
 
 
-def _share_text(demand: Demand, cap: Capacity, code: RefusalCode) -> str:
+def _share_text(demand: Demand, cap: MachineWhatIf, code: RefusalCode) -> str:
     eligible = demand.eligible
-    best_mem = max(eligible, key=lambda g: (cap.free_memory[g], -g))
-    best_milli = max(eligible, key=lambda g: (cap.free_milli[g], -g))
+    free_memory, free_milli = cap.row.gpu_memory_bytes, cap.row.gpu_milli
+    best_mem = max(eligible, key=lambda g: (free_memory[g], -g))
+    best_milli = max(eligible, key=lambda g: (free_milli[g], -g))
     if code is RefusalCode.INSUFFICIENT_GPU_MEMORY:
         text = (
             f"needs {format_size(demand.memory_bytes)} on one GPU; largest free is "
-            f"{format_size(max(0, int(cap.free_memory[best_mem])))} on GPU {best_mem}"
+            f"{format_size(max(0, free_memory[best_mem]))} on GPU {best_mem}"
         )
         if cap.external[best_mem]:
             text += f" ({format_size(cap.external[best_mem])} there is used outside gpuslice)"
         return text
-    if cap.free_milli[best_milli] < demand.milli:
+    if free_milli[best_milli] < demand.milli:
         if demand.milli == 1:  # a memory-only share: only a whole-GPU job can block it
             return f"needs a share of one GPU; every GPU it may use ({_gpu_list(eligible)}) is held whole"
         return (
             f"needs {_percent(demand.milli)} compute on one GPU; most free is "
-            f"{_percent(int(cap.free_milli[best_milli]))} on GPU {best_milli}"
+            f"{_percent(free_milli[best_milli])} on GPU {best_milli}"
         )
     return (
         f"needs {format_size(demand.memory_bytes)} and {_percent(demand.milli)} compute on one GPU; "

@@ -57,11 +57,11 @@ from gpuslice.policies.queue import queue_policy as lookup_queue_policy
 from gpuslice.scheduler import backfill
 from gpuslice.scheduler.node_decisions import GpuUsage, MigAssignment, PreemptJob, StartJob
 from gpuslice.scheduler.node_fit import (
-    Capacity,
     Choice,
     Demand,
     DemandKind,
     Holding,
+    MachineWhatIf,
     adopted_holding,
     choose_mig,
     demand_for,
@@ -115,7 +115,7 @@ class _Running:
 class _Pass:
     """State of one step: the capacity now, the head job and its reservation, decisions so far."""
 
-    cap: Capacity
+    cap: MachineWhatIf
     decisions: list[StartJob | PreemptJob] = field(default_factory=list)
     head: _Pending | None = None
     head_level: int = 0
@@ -299,7 +299,7 @@ class NodeScheduler:
             return False
         if p.head is not None:
             end = now + spec.max_runtime_seconds if spec.max_runtime_seconds else math.inf
-            if not backfill.allows(p.reservation, choice.holding, end, self._fits_head(p)):
+            if not backfill.allows(p.reservation, choice.holding.placement, end, self._fits_head(p)):
                 job.reason = self._behind(job, now, p, "backfill would delay it")
                 return False
         mig = self._assignment(choice)
@@ -336,24 +336,22 @@ class NodeScheduler:
                     reason.refusal,
                     f"preempting lower-priority job(s) {names} (grace {self.grace_seconds:g} s); {reason}",
                 ).recoded(_preempting(reason))
-        running = [(self._expected_end(r), r.holding) for r in self._by_start()]
+        running = [(self._expected_end(r), r.placement) for r in self._by_start()]
         p.reservation = backfill.shadow(p.cap, running, self._fits_head(p))
         return reason
 
-    def _victims(self, job: _Pending, now: float, cap: Capacity) -> tuple[Victim, ...] | None:
+    def _victims(self, job: _Pending, now: float, cap: MachineWhatIf) -> tuple[Victim, ...] | None:
         """``find_preemption`` over the running jobs on GPUs the head may use, not preempted already."""
         spec, demand = job.queued.spec, self._usable(job.demand)
         running = [
             Victim(r.job_id, int(r.spec.priority), r.started_at, held_gpus(self.machine, r.holding),
-                   tenant=r.spec.tenant, preemptible=r.spec.preemptible, holding=r.holding)
+                   tenant=r.spec.tenant, preemptible=r.spec.preemptible, holding=r.placement)
             for r in self._by_start()
             if r.preempt_at is None and set(demand.eligible) & set(r.holding.gpus)
         ]  # fmt: skip
 
         def fits_without(_node: object, victims: tuple[Victim, ...]) -> bool:
-            trial = cap.copy()
-            for v in victims:
-                trial.give(v.holding)
+            trial = MachineWhatIf(cap.row.given(v.holding for v in victims), cap.external)
             return fits(demand, trial, self.machine.topology)
 
         head, view = JobRef(job.queued.job_id, int(spec.priority), spec.tenant), self._view(now)
@@ -478,7 +476,7 @@ class NodeScheduler:
             r.placement.request for r in self._running.values() if r.mig is None and r.holding.gpus
         ]
 
-    def _fits_head(self, p: _Pass) -> Callable[[Capacity], bool]:
+    def _fits_head(self, p: _Pass) -> Callable[[MachineWhatIf], bool]:
         assert p.head is not None
         demand, topology = self._usable(p.head.demand), self.machine.topology
         return lambda cap: fits(demand, cap, topology)
@@ -498,7 +496,7 @@ class NodeScheduler:
             self._usable_cache[demand] = usable
         return usable
 
-    def _why_not(self, demand: Demand, usable: Demand, cap: Capacity) -> PendingReason:
+    def _why_not(self, demand: Demand, usable: Demand, cap: MachineWhatIf) -> PendingReason:
         """why_not, plus the unhealthy GPUs the job could otherwise have used."""
         lost = [g for g in demand.eligible if g in self._unhealthy]
         if not lost:
@@ -519,13 +517,8 @@ class NodeScheduler:
             ends.append(r.preempt_at + self.grace_seconds)
         return min(ends)
 
-    def _capacity(self) -> Capacity:
-        view = self.ledger.view
-        milli = [int(x) for x in view.free_gpu_milli[0, : self._n]]
-        memory = [int(view.free_gpu_memory_bytes[0, g]) for g in range(self._n)]
-        total = [g.memory_bytes for g in self.machine.gpus]
-        layouts = [self.ledger.mig_layout(0, g) for g in range(self._n)]
-        return Capacity(milli, memory, layouts, self._external, total)
+    def _capacity(self) -> MachineWhatIf:
+        return MachineWhatIf(self.ledger.row(0), self._external)
 
     def _never_reason(self, job: _Pending) -> PendingReason | None:
         tenant = job.queued.spec.tenant

@@ -2,9 +2,9 @@
 over a cluster, through the functions the node scheduler uses (``order_pending``, ``effective_priority``,
 ``backfill.shadow`` / ``backfill.allows``, ``preemption.find_preemption``).
 
-Those functions work on a capacity (``copy`` / ``give`` / ``take``) and a "does the blocked job fit"
-predicate; the node scheduler's capacity is one machine's GPUs. Here a pod of the trace lands on one
-node of many, so:
+Those functions work on a capacity (``copy`` / ``give`` / ``take`` of placements, ``backfill.WhatIf``)
+and a "does the blocked job fit" predicate; the node scheduler's capacity is one machine's GPUs. Here a
+pod of the trace lands on one node of many, so:
 
 - ``ClusterCapacity`` is the cluster's free capacity as the ledger has it, with the nodes a what-if
   changed kept aside (copy-on-write, so a copy costs only the nodes touched), bound to the blocked job's
@@ -27,14 +27,14 @@ import math
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from types import MappingProxyType
 
 import numpy as np
 
 from gpuslice.hardware.mig import MigInstance, MigLayout
-from gpuslice.ledger.fit import FITS, fit_code
+from gpuslice.ledger.fit import FITS
 from gpuslice.ledger.ledger import Ledger
 from gpuslice.ledger.placement import Placement
+from gpuslice.ledger.whatif import NO_MIG, NodeRow
 from gpuslice.policies.queue.base import JobRef, QueueOps, QueueView
 from gpuslice.scheduler import backfill
 from gpuslice.scheduler.node_fit import gpus_equivalent
@@ -114,149 +114,95 @@ class RunningPod:
     preemptible: bool = True
 
 
-# free CPU milli, free memory bytes, free milli and GPU memory bytes per GPU, and for a MIG request the
-# node's MIG layouts by GPU
-_NodeFree = tuple[int, int, np.ndarray, np.ndarray, Mapping[int, MigLayout]]
-_NO_MIG: Mapping[int, MigLayout] = MappingProxyType({})
-
-
 class ClusterCapacity:
     """The ledger's free capacity when this was made, with what-if changes, bound to one request (module
-    docstring). Later changes of the ledger do not show through: it is a snapshot. For a MIG request
-    the what-ifs also give and take instances on copies of the MIG GPUs' layouts."""
+    docstring). Later changes of the ledger do not show through: it is a snapshot. A node's row is the
+    ledger's ``NodeRow`` and changes by its arithmetic (``given`` / ``taken``); for a MIG request the rows
+    carry the MIG GPUs' layouts too."""
 
-    __slots__ = ("_allowed", "_base", "_changed", "_mig", "fit_nodes", "request")
+    __slots__ = ("_allowed", "_base", "_changed", "_gpu_count", "_mig", "fit_nodes", "request")
 
     def __init__(self, ledger: Ledger, request: Request, fit_nodes: set[int] | None = None) -> None:
-        view = ledger.view
-        self._base = (
-            view.free_cpu_milli.copy(),
-            view.free_memory_bytes.copy(),
-            view.free_gpu_milli.copy(),
-            view.free_gpu_memory_bytes.copy(),
-        )
+        cpu, memory, gpu, gpu_memory, capacity = ledger.row_columns()
+        # a snapshot of what changes; the GPU memory capacity never does
+        self._base = (cpu.copy(), memory.copy(), gpu.copy(), gpu_memory.copy(), capacity)
+        self._gpu_count = ledger.view.gpu_count
         self.request = request
         # the models the fit rule checks: a GPU request's, a MIG request's when it names any
         pinned = request.mig_profile and (request.gpu_models or request.excluded_gpu_models)
         self._allowed = ledger.model_allowed(request) if request.num_gpu or pinned else None
-        self._mig: dict[int, dict[int, MigLayout]] = {}  # node -> GPU -> layout (immutable values)
+        self._mig: dict[int, Mapping[int, MigLayout]] = {}  # node -> its MIG GPUs' layouts (immutable)
         if request.mig_profile:
-            for node, gpu in ledger.mig_gpus:
-                self._mig.setdefault(node, {})[gpu] = ledger.mig_layout(node, gpu)  # type: ignore[assignment]
-        self._changed: dict[int, _NodeFree] = {}
+            for node in {node for node, _ in ledger.mig_gpus}:
+                self._mig[node] = ledger.row(node).layouts
+        self._changed: dict[int, NodeRow] = {}
         self.fit_nodes = (
             set(np.flatnonzero(ledger.fits(request)).tolist()) if fit_nodes is None else fit_nodes
         )
 
     def copy(self) -> ClusterCapacity:
         twin = ClusterCapacity.__new__(ClusterCapacity)
-        twin._base, twin.request, twin._allowed = self._base, self.request, self._allowed
-        twin._mig = self._mig  # never changed: a what-if's layouts live in ``_changed``
-        twin._changed = dict(self._changed)  # node entries are replaced, never changed in place
+        twin._base, twin._gpu_count, twin.request, twin._allowed = (
+            self._base,
+            self._gpu_count,
+            self.request,
+            self._allowed,
+        )
+        twin._mig = self._mig  # never changed: a what-if's layouts live in its rows
+        twin._changed = dict(self._changed)  # rows are values: replaced, never changed in place
         twin.fit_nodes = set(self.fit_nodes)
         return twin
 
-    def give(self, holding: ClusterHolding) -> None:
-        self._apply(holding.placement, +1)
+    def give(self, placement: Placement) -> None:
+        self._set(placement.node, self.row(placement.node).given((placement,)))
 
-    def take(self, holding: ClusterHolding) -> None:
-        self._apply(holding.placement, -1)
+    def take(self, placement: Placement) -> None:
+        self._set(placement.node, self.row(placement.node).taken((placement,)))
 
     def fits_now(self) -> bool:
         return bool(self.fit_nodes)
 
-    def _free(self, node: int) -> _NodeFree:
-        free = self._changed.get(node)
-        if free is None:
-            cpu, memory, gpu, gpu_memory = self._base
-            free = (
-                int(cpu[node]),
-                int(memory[node]),
-                gpu[node],
-                gpu_memory[node],
-                self._mig.get(node, _NO_MIG),
-            )
-        return free
+    def row(self, node: int) -> NodeRow:
+        """The node's row in this what-if."""
+        row = self._changed.get(node)
+        if row is None:
+            row = NodeRow.of(self._base, node, int(self._gpu_count[node]), self._mig.get(node, NO_MIG))
+        return row
 
-    def _apply(self, placement: Placement, sign: int) -> None:
-        node, req = placement.node, placement.request
-        cpu, memory, gpu, gpu_memory, layouts = self._free(node)
-        if placement.gpus:
-            held = list(placement.gpus)
-            gpu = gpu.copy()
-            gpu[held] += sign * req.gpu_milli
-            if req.gpu_memory_bytes:  # arrays are shared between what-ifs: copied only when changed
-                gpu_memory = gpu_memory.copy()
-                gpu_memory[held] += sign * req.gpu_memory_bytes
-        hold = placement.mig
-        if hold is not None and hold.gpu in layouts:  # tracked for a MIG request only
-            layouts = dict(layouts)
-            layout = layouts[hold.gpu]
-            layouts[hold.gpu] = (
-                layout.without(hold.instance) if sign > 0 else layout.with_instance(hold.instance)
-            )
-        free = (cpu + sign * req.cpu_milli, memory + sign * req.memory_bytes, gpu, gpu_memory, layouts)
-        self._changed[node] = free
-        if self._fits(node, free):
+    def fits(self, node: int, row: NodeRow) -> bool:
+        """The ledger's fit rule for the request on ``row`` of ``node`` (its one-node form)."""
+        allowed = self._allowed is None or bool(self._allowed[node])
+        return row.fit_code(self.request, allowed) == FITS
+
+    def _set(self, node: int, row: NodeRow) -> None:
+        self._changed[node] = row
+        if self.fits(node, row):
             self.fit_nodes.add(node)
         else:
             self.fit_nodes.discard(node)
 
-    def _fits(self, node: int, free: _NodeFree) -> bool:
-        cpu, memory, gpu, gpu_memory, layouts = free
-        return _rule_on_row(self, node, cpu, memory, gpu.tolist(), gpu_memory.tolist(), layouts.values())
-
-
-def _rule_on_row(
-    capacity: ClusterCapacity,
-    node: int,
-    cpu: int,
-    memory: int,
-    gpu: list[int],
-    gpu_memory: list[int],
-    layouts: Iterable[MigLayout],
-) -> bool:
-    """The ledger's fit rule on one what-if node row (``ledger.fit.fit_code``, its one-node form)."""
-    req = capacity.request
-    allowed = capacity._allowed is None or bool(capacity._allowed[node])
-    slot = any(layout.has_start(req.mig_profile) for layout in layouts) if req.mig_profile else None
-    return fit_code(req, allowed, gpu, gpu_memory, cpu, memory, slot) == FITS
-
 
 def _fits_without(capacity: ClusterCapacity, node: int, gone: Sequence[Victim]) -> bool:
-    """Would the capacity's request fit on ``node`` with the ``gone`` pods' holdings given back? The fit
-    rule on the node's row with their holdings added, without building a what-if copy: the preemption
-    search asks this for many subsets."""
-    cpu, memory, gpu, gpu_memory, layouts = capacity._free(node)
-    free, free_memory = gpu.tolist(), gpu_memory.tolist()
-    freed: dict[int, MigLayout] = {}
-    for victim in gone:
-        placement = victim.holding.placement
-        req = placement.request
-        cpu += req.cpu_milli
-        memory += req.memory_bytes
-        for g in placement.gpus:
-            free[g] += req.gpu_milli
-            free_memory[g] += req.gpu_memory_bytes
-        hold = placement.mig
-        if hold is not None and hold.gpu in layouts:
-            freed[hold.gpu] = freed.get(hold.gpu, layouts[hold.gpu]).without(hold.instance)
-    return _rule_on_row(capacity, node, cpu, memory, free, free_memory, {**layouts, **freed}.values())
+    """Would the capacity's request fit on ``node`` with the ``gone`` pods' placements given back? Asked
+    for many subsets by the preemption search, on the node's row without a what-if copy."""
+    return capacity.fits(node, capacity.row(node).given(v.holding.placement for v in gone))
 
 
 def _head_fits(capacity: ClusterCapacity) -> bool:
     return capacity.fits_now()
 
 
-def reservation(ledger: Ledger, head: Request, running: Iterable[RunningPod]) -> backfill.Shadow | None:
+def reservation(
+    ledger: Ledger, head: Request, running: Iterable[RunningPod]
+) -> backfill.Shadow[ClusterCapacity] | None:
     """The blocked head's EASY reservation: ``backfill.shadow`` over the running pods' expected ends."""
-    pods = [(r.expected_end, r.holding) for r in running if math.isfinite(r.expected_end)]
-    return backfill.shadow(ClusterCapacity(ledger, head), pods, _head_fits)  # type: ignore[arg-type]
+    pods = [(r.expected_end, r.holding.placement) for r in running if math.isfinite(r.expected_end)]
+    return backfill.shadow(ClusterCapacity(ledger, head), pods, _head_fits)
 
 
-def may_backfill(shadow: backfill.Shadow | None, placement: Placement, end: float) -> bool:
+def may_backfill(shadow: backfill.Shadow[ClusterCapacity] | None, placement: Placement, end: float) -> bool:
     """``backfill.allows`` for a pod placed (not yet started) at ``placement``, running until ``end``."""
-    return backfill.allows(shadow, ClusterHolding(placement), end, _head_fits)  # type: ignore[arg-type]
+    return backfill.allows(shadow, placement, end, _head_fits)
 
 
 def cheapest_victims(

@@ -2,7 +2,7 @@
 
 When gpuslice's allocator finds no room for a gated pod's claim, it asks, per node, which claims held
 by lower-priority pods would have to go: the claims there become ``Victim``s (their GPUs, cores as
-milli-GPU, memory; the priority of their highest pod), the node's free GPUs a ``Capacity``, and the
+milli-GPU, memory; the priority of their highest pod), the node's free GPUs a ledger row, and the
 same fit rule and the one preemption search every home uses (``scheduler.node_fit.fits``,
 ``scheduler.preemption.find_preemption``) answer: only holders whose pods all have a lower priority are
 victims, and the node whose cheapest victim set is cheapest wins; its victims'
@@ -10,9 +10,10 @@ pods are deleted (their claims are freed by the resource claim controller when t
 the pod waits for the room.
 
 ```text
-holders on every node -> Victim(job_id=claim uid, priority, node, holding=Holding(gpus, milli, memory));
-                         what it frees counts as its GPU-equivalent (workload/equivalent.py)
-free GPUs of a node   -> Capacity(free milli, free memory), given the victims' holdings in the what-if
+holders on every node -> Victim(job_id=claim uid, priority, node, holding=its placement: gpus, milli,
+                         memory); what it frees counts as its GPU-equivalent (workload/equivalent.py)
+free GPUs of a node   -> NodeRow(free milli, free memory), the victims' placements given back in the
+                         what-if (``NodeRow.given``, the ledger's arithmetic)
 find_preemption(...)  -> the node and the cheapest set of victims there
 ```
 """
@@ -22,8 +23,9 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from gpuslice.ledger.whatif import NodeRow
 from gpuslice.policies.queue.base import JobRef
-from gpuslice.scheduler.node_fit import Capacity, Demand, DemandKind, Holding, fits, gpus_equivalent
+from gpuslice.scheduler.node_fit import Demand, DemandKind, Holding, MachineWhatIf, fits, gpus_equivalent
 from gpuslice.scheduler.preemption import Victim, find_preemption
 from gpuslice.workload.request import MILLI_PER_GPU, Request
 
@@ -47,6 +49,12 @@ class Holder:
 class PreemptionPlan:
     node: int
     victims: tuple[Holder, ...]
+
+
+def _holding(h: Holder) -> Holding:
+    """What a claim holds, with the ledger request its placement takes (cores as milli on each GPU)."""
+    request = Request(cpu_milli=0, num_gpu=len(h.gpus), gpu_milli=h.milli, gpu_memory_bytes=h.memory_bytes)
+    return Holding(h.gpus, h.milli, h.memory_bytes, request=request)
 
 
 def _demand(req: Request, gpu_count: int) -> Demand:
@@ -76,16 +84,15 @@ def plan_preemption(
     total = {node: free(node)[2] for node in {h.node for h in by_uid.values()}}  # GPU memory, per GPU
     running = [
         Victim(h.claim_uid, h.priority, 0.0, gpus_equivalent(hold, total[h.node][h.gpus[0]] if h.gpus else 0),
-               node=h.node, holding=hold)
+               node=h.node, holding=hold.placement)
         for h in by_uid.values()
-        for hold in (Holding(h.gpus, h.milli, h.memory_bytes),)
+        for hold in (_holding(h),)
     ]  # fmt: skip
 
     def fits_without(node: object, victims: tuple[Victim, ...]) -> bool:
         free_milli, free_memory, total = free(int(node))
-        trial = Capacity(free_milli, free_memory, [None] * len(total), [0] * len(total), total)
-        for v in victims:
-            trial.give(v.holding)
+        row = NodeRow(0, 0, tuple(free_milli), tuple(free_memory), tuple(total))  # CPU is kube-scheduler's
+        trial = MachineWhatIf(row.given(v.holding for v in victims))
         return fits(_demand(req, len(total)), trial, None)
 
     plan = find_preemption(JobRef("", priority), running, fits_without, now=0.0)
