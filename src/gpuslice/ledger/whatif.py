@@ -18,7 +18,7 @@ in that GPU's layout. Rows are immutable (plain tuples), so what-ifs branch from
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from types import MappingProxyType
 
 import numpy as np
@@ -92,13 +92,13 @@ class NodeRow:
                 layouts[hold.gpu] = (
                     layout.without(hold.instance) if sign > 0 else layout.with_instance(hold.instance)
                 )
-        return replace(
-            self,
-            cpu_milli=cpu,
-            memory_bytes=memory,
-            gpu_milli=tuple(gpu),
-            gpu_memory_bytes=tuple(gpu_memory),
-            layouts=self.layouts if layouts is None else MappingProxyType(layouts),
+        return NodeRow(  # built directly: ``dataclasses.replace`` costs a third of a what-if
+            cpu,
+            memory,
+            tuple(gpu),
+            tuple(gpu_memory),
+            self.gpu_memory_capacity_bytes,
+            self.layouts if layouts is None else MappingProxyType(layouts),
         )
 
     def mig_slot(self, profile: str) -> bool:
