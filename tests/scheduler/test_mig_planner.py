@@ -4,10 +4,18 @@ from __future__ import annotations
 
 import pytest
 
-from gpuslice.hardware.mig import MigRequestTooLarge, UnknownMigProfile, format_mask, mig_gpu, parse_layout
+from gpuslice.hardware.mig import (
+    MigInstance,
+    MigLayout,
+    MigRequestTooLarge,
+    UnknownMigProfile,
+    format_mask,
+    mig_gpu,
+    parse_layout,
+)
 from gpuslice.ledger import RefusalCode
 from gpuslice.policies.mig_placement import MigPlacementOps, mig_placement_policy
-from gpuslice.scheduler.mig_planner import plan
+from gpuslice.scheduler.mig_planner import PlacedRequest, Rejection, plan
 
 A100 = mig_gpu("a100-80gb")
 KEEP_LARGEST = mig_placement_policy("keep-largest")()
@@ -115,3 +123,43 @@ def test_a_policy_that_raises_falls_back_to_the_lowest_valid_start_and_is_counte
 
 def test_a_policy_whose_advice_is_valid_has_no_fallbacks():
     assert plan(A100, ["3g.40gb", "1g.10gb"], KEEP_LARGEST).fallbacks == {}
+
+
+def test_a_reused_instance_keeps_its_ids_and_the_next_request_is_planned_too():
+    p3g = A100.profile("3g.40gb")
+    idle = MigInstance(p3g, 4, gi_id=2, ci_ids=(1, 2), idle=True)
+    result = plan(A100, ["3g.40gb", "1g.10gb"], KEEP_LARGEST, MigLayout(A100, (idle,)), gpu_index=3)
+    busy = MigInstance(p3g, 4, gi_id=2, ci_ids=(1, 2), idle=False)
+    assert result.placed[0] == PlacedRequest("3g.40gb", busy, reused=True)
+    assert result.placed[1] == PlacedRequest("1g.10gb", MigInstance(A100.profile("1g.10gb"), 3))
+    assert busy in result.after.instances and result.after.instances[0].idle is False
+    assert (result.gpu_index, result.policy, result.before) == (3, "keep-largest", MigLayout(A100, (idle,)))
+
+
+def test_a_rejected_request_names_itself_and_every_candidate_and_the_next_request_is_planned_too():
+    full = parse_layout(A100, "1g.20gb@0, 1g.20gb@2, 1g.20gb@4, 1g.20gb@6")
+    result = plan(A100, ["12GiB", "1g.10gb+me"], KEEP_LARGEST, full)
+    assert result.rejected == (
+        Rejection(
+            "12GiB",
+            RefusalCode.NO_MIG_SLOT,
+            "no free aligned slots for 1g.20gb (starts [0, 2, 4, 6]), 2g.20gb (starts [0, 2, 4]), "
+            "3g.40gb (starts [0, 4]), 4g.40gb (starts [0]), 7g.80gb (starts [0]); "
+            "occupied slots ######## (slot 0 first)",
+        ),
+        Rejection("1g.10gb+me", RefusalCode.NO_MIG_SLOT, result.rejected[1].reason),
+    )
+    capped = plan(A100, ["1g.10gb+me", "1g.10gb+me", "1g.10gb"], KEEP_LARGEST)
+    assert capped.rejected == (
+        Rejection("1g.10gb+me", RefusalCode.NO_MIG_SLOT, "1g.10gb+me: at most 1 per GPU"),
+    )
+    assert [p.request for p in capped.placed] == ["1g.10gb+me", "1g.10gb"]
+
+
+def test_making_room_asks_the_policy_and_counts_its_faults_once_per_question():
+    layout = parse_layout(A100, "1g.10gb@2/7:idle, 1g.10gb@5/8:idle, 1g.10gb@6/9")
+    assert plan(A100, ["4g.40gb"], KEEP_LARGEST, layout).fallbacks == {}
+    made = plan(A100, ["4g.40gb"], _Crashing(), layout)
+    # once on the layout as it is, once with the first idle instance gone (which makes room)
+    assert made.fallbacks == {"exception": 2}
+    assert made.placed == (PlacedRequest("4g.40gb", MigInstance(A100.profile("4g.40gb"), 0)),)
