@@ -95,7 +95,16 @@ class FakeApi:
     def write_allocation(self, claim: Mapping[str, Any], allocation: Mapping[str, Any]) -> None:
         stored = self.claims[(claim["metadata"]["namespace"], claim["metadata"]["name"])]
         assert not stored.get("status", {}).get("allocation"), "allocated twice"
-        pod = next(p for p in self.pods if p["metadata"]["name"] == claim["metadata"]["name"])
+        name = claim["metadata"]["name"]
+        pod = next(  # the pod that names the claim: in its spec, or in its status (made from a template)
+            p
+            for p in self.pods
+            if any(r.get("resourceClaimName") == name for r in p["spec"]["resourceClaims"])
+            or any(
+                r.get("resourceClaimName") == name
+                for r in p.get("status", {}).get("resourceClaimStatuses", [])
+            )
+        )
         reserved = [{"resource": "pods", "name": pod["metadata"]["name"], "uid": pod["metadata"]["uid"]}]
         stored["status"] = {"allocation": copy.deepcopy(dict(allocation)), "reservedFor": reserved}
 
@@ -695,18 +704,110 @@ def test_a_pod_whose_claims_are_allocated_already_is_ungated_without_a_decision(
     assert api.results("mine") == [_result("gpu-3")]
 
 
-def test_a_pod_with_two_claims_for_gpuslice_is_told_to_split_them_and_keeps_its_gate() -> None:
-    api = FakeApi()
-    api.add_node("a", "dgx-h100")
-    api.add("one", spec(CLASS_WHOLE))
-    api.claims[("t", "two")] = _claim(spec(CLASS_SHARED, capacity={"cores": "10"})) | {
-        "metadata": {"namespace": "t", "name": "two", "uid": "c-two"}
+def _two_claim_pod(api: FakeApi, first: dict[str, Any], second: dict[str, Any], name: str = "p") -> None:
+    """A gated pod with two claims for gpuslice (one per asking container, as the webhook writes them)."""
+    api.add(f"{name}-0", first)
+    api.claims[("t", f"{name}-1")] = {
+        "metadata": {"namespace": "t", "name": f"{name}-1", "uid": f"c-{name}-1"},
+        "spec": second,
     }
-    api.pods[-1]["spec"]["resourceClaims"].append({"name": "more", "resourceClaimName": "two"})
-    assert DraAllocator(api).run_once() == 0
-    assert api.gated("one") and api.results("one") == api.results("two") == []
-    assert api.events == [("one", "gpuslice decides one claim per pod; split the claims")]
-    assert api.reasons == ["GpusliceUnplaced"]  # the Event's reason, as every refusal of a pod
+    api.pods[-1]["spec"]["resourceClaims"].append({"name": "gpu-1", "resourceClaimName": f"{name}-1"})
+
+
+def _pools_a_b_with_a_half_full() -> FakeApi:
+    """Two nodes of two GPUs; GPU 0 of node a is held whole, so a is best fit's choice for one GPU."""
+    api = FakeApi()
+    for pool in ("a", "b"):
+        api.slices.append(_slice(pool, 1, [_device("gpu-0", 4096), _device("gpu-1", 4096)]))
+    api.claims[("t", "held")] = _allocated("held", [_result("gpu-0")])
+    return api
+
+
+def test_a_pod_with_two_claims_gets_both_on_one_node_where_they_fit_together() -> None:
+    """Each claim alone fits node a (best fit's pick: its one free GPU is the tightest), but not both:
+    the pod goes to b whole, never one claim on each node, and a's GPU is not held for it."""
+    api = _pools_a_b_with_a_half_full()
+    _two_claim_pod(api, spec(CLASS_WHOLE), spec(CLASS_WHOLE))
+    api.add("next", spec(CLASS_WHOLE))  # decided in the same pass, after: a's GPU must be free for it
+    allocator = DraAllocator(api, "bestfit")
+    assert allocator.run_once() == 2 and allocator.decided == 3 and not api.gated("p-0")
+    placed = [(r["pool"], r["device"]) for name in ("p-0", "p-1") for r in api.results(name)]
+    assert sorted(placed) == [("b", "gpu-0"), ("b", "gpu-1")]
+    assert [(r["pool"], r["device"]) for r in api.results("next")] == [("a", "gpu-1")]
+
+
+def test_a_pod_whose_claims_fit_no_node_together_keeps_its_gate_and_no_claim_is_allocated() -> None:
+    api = _pools_a_b_with_a_half_full()
+    _two_claim_pod(api, spec(CLASS_WHOLE, count=2), spec(CLASS_WHOLE))  # three GPUs on one node: none
+    allocator = DraAllocator(api, "bestfit")
+    assert allocator.run_once() == 0 and allocator.decided == 0 and api.gated("p-0")
+    assert api.results("p-0") == api.results("p-1") == []
+    ((pod, message),) = api.events
+    assert (
+        pod == "p-0" and message == "claims p-0, p-1: 0/2 nodes fit: the pod's 2 claims fit no node together"
+    )
+    # a claim that fits nowhere even alone is named, with the fit rule's counts
+    api.events.clear()
+    api.delete("p-0")
+    _two_claim_pod(api, spec(CLASS_SHARED, capacity={"cores": "10"}), spec(CLASS_WHOLE, count=3), name="q")
+    assert allocator.run_once() == 0 and api.results("q-0") == []
+    ((pod, message),) = api.events
+    assert pod == "q-0" and message.startswith("claims q-0, q-1: 0/2 nodes fit: 2 ")
+    assert message.endswith(": claim 2 of the pod's 2")
+
+
+def test_a_pod_half_allocated_by_a_write_that_failed_gets_the_rest_on_the_same_node() -> None:
+    """The first claim's allocation is written, the second's write fails (an API outage): the pod keeps
+    its gate, and the next pass puts the second claim on the first one's node, though the policy alone
+    would choose the other."""
+    api = FakeApi()
+    for pool in ("a", "b"):
+        api.slices.append(_slice(pool, 1, [_device("gpu-0", 4096), _device("gpu-1", 4096)]))
+    _two_claim_pod(
+        api,
+        spec(CLASS_SHARED, capacity={"cores": "50", "memory": "1Gi"}),
+        spec(CLASS_SHARED, capacity={"cores": "60", "memory": "1Gi"}),
+    )
+    allocator = DraAllocator(api, "bestfit")
+    original = api.write_allocation
+    writes = []
+
+    def second_fails(claim: Mapping[str, Any], allocation: Mapping[str, Any]) -> None:
+        writes.append(claim["metadata"]["name"])
+        if len(writes) == 2:
+            raise RuntimeError("the API server answered 500")
+        original(claim, allocation)
+
+    api.write_allocation = second_fails  # type: ignore[method-assign]
+    assert allocator.run_once() == 0 and api.gated("p-0")
+    (first,) = api.results("p-0")
+    assert api.results("p-1") == []
+    # the next pass: only p-1 is pending; the other node is made the tighter fit for a 60 % share (40 %
+    # of one GPU and all of the other held), so best fit alone would choose it
+    other = "b" if first["pool"] == "a" else "a"
+    api.claims[("t", "fill")] = _allocated(
+        "fill", [_result("gpu-0", pool=other, cores="40", memory="1Gi"), _result("gpu-1", pool=other)]
+    )
+    assert (
+        Inventory(api.list_slices(), api.list_claims(), "bestfit")
+        .place(ClaimAsk("gpu", 1, 1024, 60, False), None)
+        .node
+        == other
+    )  # type: ignore[union-attr]
+    api.write_allocation = original  # type: ignore[method-assign]
+    assert allocator.run_once() == 1 and not api.gated("p-0")
+    (second,) = api.results("p-1")
+    assert second["pool"] == first["pool"]
+    # claims already on two nodes cannot be joined: said, and the pod keeps its gate
+    api.claims[("t", "p-1")]["status"]["allocation"]["devices"]["results"][0]["pool"] = other
+    api.claims[("t", "p-2")] = {
+        "metadata": {"namespace": "t", "name": "p-2", "uid": "c-p-2"},
+        "spec": spec(CLASS_WHOLE),
+    }
+    api.pods[-1]["spec"]["resourceClaims"].append({"name": "gpu-2", "resourceClaimName": "p-2"})
+    api.pods[-1]["spec"]["schedulingGates"] = [{"name": GATE}]
+    assert allocator.run_once() == 0 and api.gated("p-0") and api.results("p-2") == []
+    assert api.events[-1] == ("p-0", "its claims are allocated on a, b already: one node only")
 
 
 def test_a_claim_whose_capacity_is_no_quantity_is_told_once_on_its_pod() -> None:

@@ -171,3 +171,105 @@ def test_a_template_the_api_refuses_refuses_the_pod_with_why() -> None:
     assert answer["allowed"] is False and answer["status"]["code"] == 503
     assert "could not create ResourceClaimTemplate gpuslice-whole-1" in answer["status"]["message"]
     assert "403 Forbidden" in answer["status"]["message"]
+
+
+def containers_pod(
+    app: dict[str, dict[str, str]], init: dict[str, dict[str, str]] | None = None
+) -> dict[str, Any]:
+    """A labelled pod of app containers (and init containers), each name -> its limits."""
+    body = labelled({})
+    body["spec"]["containers"] = [
+        {"name": n, "image": "x", "resources": {"limits": dict(lim)}} for n, lim in app.items()
+    ]
+    if init:
+        body["spec"]["initContainers"] = [
+            {"name": n, "image": "x", "resources": {"limits": dict(lim)}} for n, lim in init.items()
+        ]
+    return body
+
+
+SHARE = {"gpuslice.io/gpu": "1", "gpuslice.io/gpumem": "4096", "gpuslice.io/gpucores": "30"}
+
+
+def test_each_asking_container_gets_its_own_claim_and_an_init_container_runs_on_the_first() -> None:
+    templates = Templates()
+    body = containers_pod(
+        {"train": SHARE, "log": {"cpu": "1"}, "serve": {"gpuslice.io/gpu": "1"}},
+        init={"fetch": {"gpuslice.io/gpu": "1", "gpuslice.io/gpumem": "2048", "gpuslice.io/gpucores": "10"}},
+    )
+    out = rewritten(body, templates)
+    claims = {
+        c["name"]: c["resources"].get("claims")
+        for c in (*out["spec"]["containers"], *out["spec"]["initContainers"])
+    }
+    assert claims == {
+        "train": [{"name": CLAIM_NAME}],
+        "log": None,  # asks for nothing: untouched
+        "serve": [{"name": f"{CLAIM_NAME}-1"}],
+        "fetch": [{"name": CLAIM_NAME}],  # runs inside the first slice: the first claim
+    }
+    assert out["spec"]["resourceClaims"] == [
+        {"name": CLAIM_NAME, "resourceClaimTemplateName": "gpuslice-share-4096mi-30c"},
+        {"name": f"{CLAIM_NAME}-1", "resourceClaimTemplateName": "gpuslice-whole-1"},
+    ]
+    for c in (*out["spec"]["containers"], *out["spec"]["initContainers"]):
+        assert not any(k.startswith("gpuslice.io/") for k in c["resources"]["limits"]), c
+    assert out["spec"]["schedulingGates"] == [{"name": GATE}]
+    assert sorted(name for _, name in templates.stored) == ["gpuslice-share-4096mi-30c", "gpuslice-whole-1"]
+
+
+def test_two_containers_of_one_shape_share_a_template_but_each_has_its_own_claim() -> None:
+    templates = Templates()
+    out = rewritten(containers_pod({"a": SHARE, "b": SHARE}), templates)
+    assert [(c["name"], c["resourceClaimTemplateName"]) for c in out["spec"]["resourceClaims"]] == [
+        (CLAIM_NAME, "gpuslice-share-4096mi-30c"),
+        (f"{CLAIM_NAME}-1", "gpuslice-share-4096mi-30c"),
+    ]
+    assert [c["resources"]["claims"] for c in out["spec"]["containers"]] == [
+        [{"name": CLAIM_NAME}],
+        [{"name": f"{CLAIM_NAME}-1"}],
+    ]
+    assert templates.calls == 1  # one template, made once
+
+
+def test_a_pod_whose_claims_are_named_like_ours_or_whose_init_container_asks_too_much_is_refused() -> None:
+    templates = Templates()
+    body = containers_pod({"a": SHARE, "b": SHARE})
+    body["spec"]["resourceClaims"] = [{"name": f"{CLAIM_NAME}-1", "resourceClaimName": "mine"}]
+    answer = admit(review(body), dra=DraRewrite(DraClaims.LABEL, templates))["response"]
+    assert answer["allowed"] is False
+    assert f"already has a resource claim named '{CLAIM_NAME}-1'" in answer["status"]["message"]
+    big = containers_pod({"a": SHARE}, init={"i": {"gpuslice.io/gpu": "1", "gpuslice.io/gpumem": "8192"}})
+    answer = admit(review(big), dra=DraRewrite(DraClaims.LABEL, Templates()))["response"]
+    assert answer["allowed"] is False and "'i'" in answer["status"]["message"]
+
+
+def test_the_claims_of_a_rewritten_pod_are_placed_together_by_the_allocator() -> None:
+    """The webhook's output as kube-controller-manager would turn it into claims, then one allocator pass:
+    both claims on one node, the pod ungated."""
+    import copy
+
+    from test_dra_allocator import FakeApi
+
+    from gpuslice.k8s.dra.allocator import DraAllocator
+
+    templates = Templates()
+    out = rewritten(containers_pod({"a": SHARE, "b": {"gpuslice.io/gpu": "2"}}), templates)
+    api = FakeApi()
+    api.add_node("n1", "dgx-h100")
+    api.add_node("n2", "dgx-h100")
+    by_name = {name: t for (_, name), t in templates.stored.items()}
+    statuses = []
+    for k, entry in enumerate(out["spec"]["resourceClaims"]):
+        made = f"pod-{k}"
+        template = by_name[entry["resourceClaimTemplateName"]]
+        api.claims[("t", made)] = {
+            "metadata": {"namespace": "t", "name": made, "uid": f"u-{k}"},
+            "spec": copy.deepcopy(template["spec"]["spec"]),
+        }
+        statuses.append({"name": entry["name"], "resourceClaimName": made})
+    meta = {"namespace": "t", "name": "pod", "uid": "p", "creationTimestamp": "0"}
+    api.pods.append({"metadata": meta, "spec": out["spec"], "status": {"resourceClaimStatuses": statuses}})
+    assert DraAllocator(api).run_once() == 1 and not api.gated("pod")
+    pools = {r["pool"] for k in range(2) for r in api.results(f"pod-{k}")}
+    assert len(pools) == 1 and len(api.results("pod-1")) == 2

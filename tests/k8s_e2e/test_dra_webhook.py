@@ -156,3 +156,56 @@ def test_a_bad_quantity_is_refused_at_admission_with_the_reason(
         core.create_namespaced_pod(namespace, gpu_pod("bad", limits))
     assert refused.value.status == 400
     assert "gpuslice: " in refused.value.body and reason in refused.value.body, refused.value.body
+
+
+def test_a_pod_where_two_containers_and_an_init_container_ask_gets_a_claim_each_on_one_node(
+    controller_manager: Process, dra_webhook: Process, allocator: Process, api_client: Any, core: Any,
+    namespace: str,
+) -> None:  # fmt: skip
+    """Each asking app container its own claim (the API server accepts the containers' claim references),
+    the init container on the first; kube-controller-manager makes both claims, gpuslice allocates both
+    on one node, kube-scheduler binds the pod there."""
+    body = gpu_pod(
+        "pair", {"gpuslice.io/gpu": "1", "gpuslice.io/gpumem": "4096", "gpuslice.io/gpucores": "30"}
+    )
+    body["spec"]["containers"].append(
+        {"name": "side", "image": "registry.example/job:1", "resources": {"limits": {"gpuslice.io/gpu": "1"}}}
+    )
+    body["spec"]["initContainers"] = [
+        {
+            "name": "fetch",
+            "image": "registry.example/job:1",
+            "resources": {"limits": {"gpuslice.io/gpu": "1", "gpuslice.io/gpumem": "1024"}},
+        }
+    ]
+    core.create_namespaced_pod(namespace, body)
+    stored = core.read_namespaced_pod("pair", namespace)
+    refs = {
+        c.name: [r.name for r in c.resources.claims or []]
+        for c in (*stored.spec.containers, *stored.spec.init_containers)
+    }
+    second = f"{CLAIM_NAME}-1"
+    assert refs == {"main": [CLAIM_NAME], "side": [second], "fetch": [CLAIM_NAME]}
+    assert [(e.name, e.resource_claim_template_name) for e in stored.spec.resource_claims] == [
+        (CLAIM_NAME, "gpuslice-share-4096mi-30c"),
+        (second, "gpuslice-whole-1"),
+    ]
+
+    def bound() -> Any:
+        pod = core.read_namespaced_pod("pair", namespace)
+        return pod if pod.spec.node_name else None
+
+    pod = wait_for(bound, 180, "both claims of the two-container pod to be allocated and the pod bound")
+    assert pod.spec.node_name == "rewrite-a" and not pod.spec.scheduling_gates
+    made = {s.name: s.resource_claim_name for s in pod.status.resource_claim_statuses}
+    results = {
+        name: objects(api_client).get_namespaced_custom_object(
+            GROUP, VERSION, namespace, "resourceclaims", made[name]
+        )["status"]["allocation"]["devices"]["results"]
+        for name in (CLAIM_NAME, second)
+    }
+    assert {r["pool"] for rs in results.values() for r in rs} == {"rewrite-a"}
+    (share,), (whole,) = results[CLAIM_NAME], results[second]
+    assert share["consumedCapacity"]["cores"] == "30" and whole["consumedCapacity"]["cores"] == "100"
+    # the whole GPU is not the one the share is on: bestfit puts a whole GPU on a free one
+    assert whole["device"] != share["device"]

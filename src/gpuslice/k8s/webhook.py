@@ -53,7 +53,7 @@ from gpuslice.k8s.annotations import (
     asks_for_gpuslice,
     pod_gpu_request,
 )
-from gpuslice.k8s.dra.rewrite import DraClaims, TemplateStore, claim_template, rewrite_ops, wants_rewrite
+from gpuslice.k8s.dra.rewrite import DraClaims, TemplateStore, claim_templates, rewrite_ops, wants_rewrite
 from gpuslice.k8s.mig_inventory import InventoryUnavailable, MigInventory
 from gpuslice.k8s.pod_shape import check_pod, check_review, strict_json
 from gpuslice.policies import placement_policy
@@ -134,22 +134,17 @@ def mutate_pod(
         except UnknownPolicy as err:
             raise InvalidRequest(f"annotation {ANNOTATION_PLACEMENT_POLICY}: {err}") from None
     if dra is not None and wants_rewrite(pod, dra.mode) and ask.wants_gpu:
-        if ask.multi:
-            names = ", ".join(repr(c.container) for c in (*ask.init, *ask.containers))
-            raise InvalidRequest(
-                f"containers {names} ask for {DOMAIN} resources: a pod rewritten into a DRA claim may have "
-                "one container that asks; write a ResourceClaim per container instead, or leave the pod to "
-                "the device plugin (without the gpuslice.io/dra label)"
-            )
-        template = claim_template(ask, namespace or (pod.get("metadata") or {}).get("namespace") or "default")
+        where = namespace or (pod.get("metadata") or {}).get("namespace") or "default"
+        templates = claim_templates(ask, where)  # one per asking app container
         if not dry_run and dra.templates is not None:
-            try:
-                dra.templates.ensure_template(template["metadata"]["namespace"], template)
-            except Exception as err:  # the API server refused or is unreachable: say so on the pod
-                raise TemplateUnavailable(
-                    f"could not create ResourceClaimTemplate {template['metadata']['name']}: {err}"
-                ) from None
-        return rewrite_ops(patched, ask, template["metadata"]["name"])
+            for template in {t["metadata"]["name"]: t for t in templates}.values():
+                try:
+                    dra.templates.ensure_template(template["metadata"]["namespace"], template)
+                except Exception as err:  # the API server refused or is unreachable: say so on the pod
+                    raise TemplateUnavailable(
+                        f"could not create ResourceClaimTemplate {template['metadata']['name']}: {err}"
+                    ) from None
+        return rewrite_ops(patched, ask, [t["metadata"]["name"] for t in templates])
     current = spec.get("schedulerName") or ""
     if current in ("", DEFAULT_SCHEDULER):
         ops.append({"op": "add", "path": "/spec/schedulerName", "value": scheduler_name})

@@ -7,7 +7,8 @@ a pod that should be placed by gpuslice carries the scheduling gate ``GATE`` (ku
 gated pods alone), and one pass of this allocator does, per gated pod, oldest first:
 
 ```text
-claims of the pod        -> every one for gpuslice's shared or whole-GPU class, one request, no selector
+claims of the pod        -> every one for gpuslice's shared or whole-GPU class, one request, no selector;
+                            several (one per asking container) all on one node or none (``place_pod``)
 ledger over the pools    -> one node per pool, one GPU per shared device; every allocated claim's
                             consumed memory and cores reserved (kube-scheduler's allocations too)
 Request(num_gpu, milli, memory) -> the placer: feasible & the pod's nodeSelector, the policy's node
@@ -54,7 +55,7 @@ from gpuslice.k8s.dra.slices import (
     consumed_share,
 )
 from gpuslice.ledger.ledger import Ledger
-from gpuslice.ledger.placement import Refusal
+from gpuslice.ledger.placement import Placement, Refusal
 from gpuslice.policies import DEFAULT_PLACEMENT, PolicyContext, make_policy
 from gpuslice.scheduler.placer import Placer, Unplaced
 from gpuslice.units import MiB
@@ -290,9 +291,6 @@ class Inventory:
         if self.ledger is None:
             return Unplaced(req, 0, note=f"no node publishes {DRIVER} GPUs")
         placer = self._placer(req)
-        whole = req.gpu_milli == MILLI_PER_GPU and not req.gpu_memory_bytes
-        cores = 100 if whole else ask.cores
-        mib = 0 if whole or not ask.memory_mib else _aligned_mib(ask.memory_mib)
         feasible = placer.feasible(req)
         if node_name is not None:
             feasible &= np.array([n == node_name for n in self.nodes])
@@ -314,7 +312,68 @@ class Inventory:
             return Unplaced(
                 req, self.ledger.node_count, Counter({placed.code: 1}), f"node {self.nodes[node]}"
             )
-        return ClaimPlacement(self.nodes[node], tuple(self.gpus[node][g] for g in choices[node]), mib, cores)
+        return self._claim_placement(ask, req, node, choices[node])
+
+    def place_pod(
+        self, asks: Sequence[ClaimAsk], node_name: str | None
+    ) -> tuple[ClaimPlacement, ...] | Unplaced:
+        """Every gpuslice claim of one pod on one node, all or none (each asking container's claim, as the
+        webhook writes them, or claims a user wrote). One claim: ``place``. Several: among the nodes where
+        each fits alone, the policy's choice for the first; there each claim's GPUs are picked with the
+        ones before it held, and a node where they do not fit together is given back whole before the
+        next is tried. InvalidRequest for an ask no GPU could serve."""
+        if len(asks) == 1:
+            placed = self.place(asks[0], node_name)
+            return placed if isinstance(placed, Unplaced) else (placed,)
+        reqs = [self.request(ask) for ask in asks]
+        if self.ledger is None:
+            return Unplaced(reqs[0], 0, note=f"no node publishes {DRIVER} GPUs")
+        placer = self._placer(reqs[0])
+        feasible = np.array([node_name is None or n == node_name for n in self.nodes])
+        for k, req in enumerate(reqs):
+            alone = placer.feasible(req)
+            if not (feasible & alone).any():  # this claim fits nowhere allowed, even alone
+                why = f"claim {k + 1} of the pod's {len(asks)}"
+                if alone.any():
+                    why += " fits no node the pod's node selector allows"
+                return dataclasses.replace(Unplaced.explained(req, self.ledger), note=why)
+            feasible &= alone
+        while feasible.any():
+            node = placer.choose_node(reqs[0], feasible)
+            held = self._hold_together(asks, reqs, node)
+            if held is not None:
+                return held
+            feasible[node] = False
+        return Unplaced(
+            reqs[0], self.ledger.node_count, note=f"the pod's {len(asks)} claims fit no node together"
+        )
+
+    def _hold_together(
+        self, asks: Sequence[ClaimAsk], reqs: Sequence[Request], node: int
+    ) -> tuple[ClaimPlacement, ...] | None:
+        """Reserve every claim on ``node``, each GPU pick seeing the ones before it held; None, with
+        nothing held, if one does not fit."""
+        assert self.ledger is not None
+        held: list[Placement] = []
+        decided: list[ClaimPlacement] = []
+        for ask, req in zip(asks, reqs, strict=True):
+            gpus = self._pick(req, node, ask.match_attribute)
+            placed = None if gpus is None else self.ledger.reserve(node, gpus, req)
+            if not isinstance(placed, Placement):
+                for placement in held:
+                    self.ledger.release(placement)
+                return None
+            held.append(placed)
+            decided.append(self._claim_placement(ask, req, node, placed.gpus))
+        return tuple(decided)
+
+    def _claim_placement(self, ask: ClaimAsk, req: Request, node: int, gpus: Sequence[int]) -> ClaimPlacement:
+        """The decision for ``ask`` reserved as ``req`` on ``gpus`` of ``node``: each GPU's memory as the
+        request policy rounds it (0: the whole GPU's) and its compute percent."""
+        whole = req.gpu_milli == MILLI_PER_GPU and not req.gpu_memory_bytes
+        cores = 100 if whole else ask.cores
+        mib = 0 if whole or not ask.memory_mib else _aligned_mib(ask.memory_mib)
+        return ClaimPlacement(self.nodes[node], tuple(self.gpus[node][g] for g in gpus), mib, cores)
 
     def _pick(self, req: Request, node: int, attribute: str) -> tuple[int, ...] | None:
         assert self.placer is not None
@@ -339,6 +398,13 @@ class Inventory:
             if gpus is not None:
                 return gpus
         return None
+
+
+def _allocated_pools(claim: Mapping[str, Any]) -> set[str]:
+    """The nodes (pools) where ``claim`` holds gpuslice GPUs already."""
+    allocation = (claim.get("status") or {}).get("allocation") or {}
+    results = (allocation.get("devices") or {}).get("results") or []
+    return {str(r.get("pool")) for r in results if r.get("driver") == DRIVER}
 
 
 def _allocation(ask: ClaimAsk, node: str, gpus: Sequence[_Gpu], mib: int, cores: int) -> dict[str, Any]:
@@ -440,32 +506,38 @@ class DraAllocator:
         except InvalidRequest as err:  # a quantity no one can allocate: said on the pod, once
             self._tell(pod, f"claim refused: {err}")
             return 0
-        if len(ours) > 1:
-            self.api.pod_event(
-                pod, "GpusliceUnplaced", "gpuslice decides one claim per pod; split the claims"
-            )
-            return 0
         if ours:
-            claim, ask = ours[0]
             selector = (pod["spec"].get("nodeSelector") or {}).get("kubernetes.io/hostname")
-            try:
-                decision = inventory.place(ask, selector)
-            except InvalidRequest as err:
-                self._tell(pod, f"claim {claim['metadata']['name']} refused: {err}")
-                return 0
-            if isinstance(decision, Unplaced):
+            held = {node for c in wanted if c is not None for node in _allocated_pools(c)}
+            if len(held) > 1 or (held and selector is not None and held != {selector}):
                 self._tell(
-                    pod, f"claim {claim['metadata']['name']}: {decision}{self._preempt(pod, ask, inventory)}"
+                    pod, f"its claims are allocated on {', '.join(sorted(held))} already: one node only"
                 )
                 return 0
-            node, gpus = decision.node, list(decision.gpus)
-            allocation = _allocation(ask, node, gpus, decision.memory_mib, decision.cores)
-            self.api.write_allocation(claim, allocation)
-            claim.setdefault("status", {})["allocation"] = allocation
-            self.decided += 1
-            log.info(
-                "claim %s/%s -> %s %s", namespace, claim["metadata"]["name"], node, [g.device for g in gpus]
-            )
+            node_name = next(iter(held)) if held else selector  # the rest of a pod half written before
+            said = ", ".join(c["metadata"]["name"] for c, _ in ours)
+            asks = [a for _, a in ours]
+            try:
+                decision = inventory.place_pod(asks, node_name)
+            except InvalidRequest as err:
+                self._tell(pod, f"claim {said} refused: {err}")
+                return 0
+            if isinstance(decision, Unplaced):  # a pod of several claims does not preempt (yet)
+                why = self._preempt(pod, asks[0], inventory) if len(asks) == 1 else ""
+                self._tell(pod, f"{'claim' if len(asks) == 1 else 'claims'} {said}: {decision}{why}")
+                return 0
+            for (claim, ask), placed in zip(ours, decision, strict=True):
+                allocation = _allocation(ask, placed.node, list(placed.gpus), placed.memory_mib, placed.cores)
+                self.api.write_allocation(claim, allocation)
+                claim.setdefault("status", {})["allocation"] = allocation
+                self.decided += 1
+                log.info(
+                    "claim %s/%s -> %s %s",
+                    namespace,
+                    claim["metadata"]["name"],
+                    placed.node,
+                    [g.device for g in placed.gpus],
+                )
         self.api.ungate(pod, GATE)
         return 1
 

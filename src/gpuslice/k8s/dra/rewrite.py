@@ -11,6 +11,12 @@ pod: the gpuslice.io resources removed from the container, spec.resourceClaims +
      template}, the container's resources.claims += gpuslice-gpu, spec.schedulingGates += GATE
 ```
 
+A pod where several containers ask: each asking app container gets its own claim (``gpuslice-gpu`` for
+the first, ``gpuslice-gpu-1``, ``gpuslice-gpu-2``, ... for the others, each from the template of its own
+shape), and the allocator places all of them on one node or none. An init container that asks runs
+inside the first slice, as on the device plugin path: it references the first claim, so it runs with
+that claim's GPUs and limits (the webhook has checked that its own ask fits inside them).
+
 kube-controller-manager's resourceclaim controller makes each pod's claim from its template; the
 allocator (``gpuslice k8s dra-allocator``) finds it through the pod's ``status.resourceClaimStatuses``,
 decides node and GPUs, and lifts the gate; a MIG claim is ungated unallocated, for kube-scheduler to
@@ -27,7 +33,7 @@ from __future__ import annotations
 
 import enum
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 from gpuslice.errors import InvalidRequest
@@ -46,7 +52,9 @@ __all__ = [
     "LABEL_DRA",
     "DraClaims",
     "TemplateStore",
+    "claim_name",
     "claim_template",
+    "claim_templates",
     "rewrite_ops",
     "wants_rewrite",
 ]
@@ -123,17 +131,38 @@ def claim_template(ask: PodGpuRequest, namespace: str) -> dict[str, Any]:
     }
 
 
+def claim_templates(ask: PodGpuRequest, namespace: str) -> list[dict[str, Any]]:
+    """The templates of every asking app container's claim, in ``ask.containers`` order (containers of
+    one shape share a template, so a name may repeat)."""
+    return [claim_template(one, namespace) for one in ask.containers]
+
+
+def claim_name(k: int) -> str:
+    """The pod's claim entry of its k-th asking app container (0: the first)."""
+    return CLAIM_NAME if k == 0 else f"{CLAIM_NAME}-{k}"
+
+
 def _escape(key: str) -> str:
     return key.replace("~", "~0").replace("/", "~1")
 
 
-def rewrite_ops(pod: Mapping[str, Any], ask: PodGpuRequest, template: str) -> list[dict[str, Any]]:
-    """JSONPatch operations: the pod's gpuslice resources replaced by the claim of ``template``."""
+def rewrite_ops(pod: Mapping[str, Any], ask: PodGpuRequest, templates: Sequence[str]) -> list[dict[str, Any]]:
+    """JSONPatch operations: each asking container's gpuslice resources replaced by its claim, the k-th
+    asking app container's from ``templates[k]`` (``claim_templates``), init containers on the first."""
+    if len(templates) != len(ask.containers):
+        raise ValueError(f"{len(ask.containers)} asking containers, {len(templates)} templates")
+    claim_of = {one.container: claim_name(k) for k, one in enumerate(ask.containers)}
+    claim_of.update({one.container: CLAIM_NAME for one in ask.init})
     spec = pod.get("spec") or {}
+    ours = {claim_name(k) for k in range(len(templates))}
+    taken = sorted(ours & {str(c.get("name")) for c in spec.get("resourceClaims") or []})
+    if taken:
+        raise InvalidRequest(f"the pod already has a resource claim named {taken[0]!r}; rename it")
     ops: list[dict[str, Any]] = []
     for group in ("containers", "initContainers"):
         for i, container in enumerate(spec.get(group) or []):
-            if container.get("name", "") != ask.container:
+            name = claim_of.get(container.get("name", ""))
+            if name is None:
                 continue
             path = f"/spec/{group}/{i}/resources"
             resources = container.get("resources") or {}
@@ -141,18 +170,18 @@ def rewrite_ops(pod: Mapping[str, Any], ask: PodGpuRequest, template: str) -> li
                 for key in sorted(resources.get(part) or {}):
                     if key.startswith(f"{DOMAIN}/"):
                         ops.append({"op": "remove", "path": f"{path}/{part}/{_escape(key)}"})
-            entry = {"name": CLAIM_NAME}
+            entry = {"name": name}
             if resources.get("claims"):
                 ops.append({"op": "add", "path": f"{path}/claims/-", "value": entry})
             else:
                 ops.append({"op": "add", "path": f"{path}/claims", "value": [entry]})
-    if any(c.get("name") == CLAIM_NAME for c in spec.get("resourceClaims") or []):
-        raise InvalidRequest(f"the pod already has a resource claim named {CLAIM_NAME!r}; rename it")
-    claim = {"name": CLAIM_NAME, "resourceClaimTemplateName": template}
+    claims = [
+        {"name": claim_name(k), "resourceClaimTemplateName": template} for k, template in enumerate(templates)
+    ]
     if spec.get("resourceClaims"):
-        ops.append({"op": "add", "path": "/spec/resourceClaims/-", "value": claim})
+        ops += [{"op": "add", "path": "/spec/resourceClaims/-", "value": claim} for claim in claims]
     else:
-        ops.append({"op": "add", "path": "/spec/resourceClaims", "value": [claim]})
+        ops.append({"op": "add", "path": "/spec/resourceClaims", "value": claims})
     gate = {"name": GATE}
     if spec.get("schedulingGates"):
         ops.append({"op": "add", "path": "/spec/schedulingGates/-", "value": gate})
