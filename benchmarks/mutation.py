@@ -66,6 +66,7 @@ TARGETS: dict[str, tuple[str, tuple[str, ...]]] = {
         ("tests/k8s/test_dra_allocator.py", "tests/k8s/test_dra_robust.py", "tests/k8s/test_dra_parity.py"),
     ),
     "ledger": ("src/gpuslice/ledger/", ("tests/ledger",)),
+    "ledger-mig": ("src/gpuslice/ledger/mig.py", ("tests/ledger",)),
     "preemption": ("src/gpuslice/scheduler/preemption.py", ("tests/scheduler",)),
     "quota": ("src/gpuslice/scheduler/quota.py", ("tests/scheduler",)),
     "placer": ("src/gpuslice/scheduler/placer.py", ("tests/scheduler", "tests/sim/test_sim_mig.py")),
