@@ -16,14 +16,21 @@ from gpuslice.cli import terminal
 from gpuslice.cli.options import writable
 from gpuslice.errors import UserError
 from gpuslice.hardware.topology_profiles import profile
+from gpuslice.inputs import bounded_int
 from gpuslice.policies import DEFAULT_PLACEMENT
 from gpuslice.sim.queue_setups import SETUPS, estimates_for, queue_setup
 from gpuslice.sim.timed_metrics import TimedResult, write_timed_results
 from gpuslice.sim.timed_replay import ReplayConfig, replay_timed
-from gpuslice.sim.timed_trace import load_timed_trace, repeat_trace
+from gpuslice.sim.timed_trace import every_kth_node, load_timed_trace, repeat_trace
 from gpuslice.sim.trace import DEFAULT_TRACE
 
-__all__ = ["REPLAY_EPILOG", "check_load", "replay"]
+__all__ = ["MAX_REPEAT", "MAX_SEED", "REPLAY_EPILOG", "check_load", "replay"]
+
+MAX_SEED = 2**32 - 1  # numpy's legacy seeds and the artifact's are 32-bit
+# copies of the trace in one stream: the replay keeps one declared run time (8 bytes) per pod, so a
+# typo such as 1000000000 would ask for terabytes; 1,000 copies of the bundled trace are ~8 million pods
+MAX_REPEAT = 1_000
+MAX_NODE_STRIDE = 1_000  # beyond the largest trace's node count: one node left
 
 REPLAY_EPILOG = "Queue setups:\n\n" + "\n\n".join(
     f"{s.name}: queue policy {s.queue}, backfill {'on' if s.backfill else 'off'}, {s.estimate} run times"
@@ -73,12 +80,21 @@ def replay(
     repeat: Annotated[
         int,
         typer.Option(
-            min=1,
             help="Play the trace this many times back to back, as a stream: each pod is made when it "
-            "arrives and dropped when it ends (memory stays flat; --repeat 14 is ~100,000 pods).",
+            f"arrives and dropped when it ends (memory stays flat; --repeat 14 is ~100,000 pods); "
+            f"1..{MAX_REPEAT:,}.",
         ),
     ] = 1,
-    seed: Annotated[int, typer.Option(help="Seed of the placement policy's randomness.")] = 42,
+    node_stride: Annotated[
+        int,
+        typer.Option(
+            help="Keep every K-th node of the trace's cluster (as `sim tune` does): the same pods on a "
+            "smaller cluster, so queues form at a moderate --load.",
+        ),
+    ] = 1,
+    seed: Annotated[
+        int, typer.Option(help=f"Seed of the placement policy's randomness, 0..{MAX_SEED:,}.")
+    ] = 42,
     out: Annotated[
         Path, typer.Option(help="Folder for results.csv, results.json, plots.", callback=writable)
     ] = Path("results"),
@@ -96,31 +112,46 @@ def replay(
     Placer's choice, and leave. Censored pods (running at the trace's end) hold GPUs for their recorded part
     and are left out of JCT and wait figures; pods production never started are not replayed."""
     loads = [check_load(x) for x in (load or [1.0])]
+    bounded_int(repeat, "--repeat", 1, MAX_REPEAT)
+    bounded_int(node_stride, "--node-stride", 1, MAX_NODE_STRIDE)
+    bounded_int(seed, "--seed", 0, MAX_SEED)
     if topology is not None:
         profile(topology)  # an unknown name is refused before any replay starts
     setups = [queue_setup(q) for q in (queue or ["fair-share"])]
     policies = policy or [DEFAULT_PLACEMENT]
     if out.exists() and not out.is_dir():
         raise UserError(f"--out {out} is a file: give a folder for the results")
-    traces = [repeat_trace(load_timed_trace(t, trace_dir), repeat) for t in (trace or [DEFAULT_TRACE])]
+    traces = [
+        repeat_trace(every_kth_node(load_timed_trace(t, trace_dir), node_stride), repeat)
+        for t in (trace or [DEFAULT_TRACE])
+    ]
+    # every declared run time before any replay: a setup that cannot have them is refused first
+    estimates = {
+        (timed.name, setup.estimate): estimates_for(timed.jobs, setup, seed)
+        for timed in traces
+        for setup in {s.estimate: s for s in setups}.values()
+    }
     console = terminal.console()
     runs = list(product(traces, setups, policies, loads))
     results: list[TimedResult] = []
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, console=console, transient=True, disable=not console.is_terminal) as progress:
         task = progress.add_task("replaying", total=len(runs))
-        estimates: dict[tuple[str, str], object] = {}
         for timed, setup, placement, factor in runs:
             progress.update(task, description=f"{timed.name} {placement} {setup.name} load {factor:g}")
             key = (timed.name, setup.estimate)
-            if key not in estimates:
-                estimates[key] = estimates_for(timed.jobs, setup, seed)
             config = ReplayConfig(
                 placement, setup.queue, setup.backfill, factor, seed, label=setup.name, topology=topology
             )
             results.append(replay_timed(timed, config, estimates[key]))  # type: ignore[arg-type]
             progress.update(task, advance=1)
     console.print(_table(results))
+    if not any(r.record()["wait_s"]["all"]["n"] and r.record()["wait_s"]["all"]["p99"] for r in results):  # type: ignore[index]
+        console.print(
+            "No pod waited in any run, so the queue setups cannot differ here: the cluster always had room. "
+            "Shrink it with --node-stride (e.g. 20) or raise --load to make queues form.",
+            markup=False, highlight=False, soft_wrap=True,
+        )  # fmt: skip
     for r in results:  # MIG pods: the table's alloc % leaves their GPUs out, so say how they fared
         mig = r.record().get("mig")
         if mig is not None:
@@ -143,41 +174,47 @@ def _s(value: object) -> str:
     return "—" if value is None else f"{value:,.0f}"
 
 
+# The figure columns: header (two lines, so the table fits 80 columns), and how each row reads it.
+_FIGURES = (
+    ("JCT\nmean", lambda rec: _s(rec["jct_s"]["all"]["mean"])),
+    ("JCT\np99", lambda rec: _s(rec["jct_s"]["all"]["p99"])),
+    ("wait\nmean", lambda rec: _s(rec["wait_s"]["all"]["mean"])),
+    ("wait\np99", lambda rec: _s(rec["wait_s"]["all"]["p99"])),
+    ("trace\nwait", lambda rec: _s(rec["recorded_wait_s"]["all"]["mean"])),
+    (
+        "alloc\n%",
+        lambda rec: "—" if rec["mean_allocation_pct"] is None else f"{rec['mean_allocation_pct']:.2f}",
+    ),
+    ("pre-\nempted", lambda rec: f"{rec['preemptions']:,}"),
+    ("never\nstarted", lambda rec: f"{rec['never_started']:,}"),
+)
+
+
 def _table(results: list[TimedResult]) -> Table:
+    """The runs' figures, one row per run. Columns that hold one value in every row (the trace, the
+    policy, often the load) go into the title instead; text may wrap and numbers fold rather than be
+    cut, so no digit is lost at any width."""
+    keys = {
+        "trace": [r.trace for r in results],
+        "policy": [r.placement for r in results],
+        "queue": [r.queue for r in results],
+        "load": [f"{r.load:g}" for r in results],
+    }
+    varying = [k for k, values in keys.items() if len(set(values)) > 1 or k == "queue"]
+    same = [f"{k} {keys[k][0]}" for k in keys if k not in varying and results]
+    title = "Timed replay: JCT and queueing delay of finished pods (s); production's recorded wait beside"
     table = Table(
-        title="Timed replay: JCT and queueing delay of finished pods (s); production's recorded wait beside",
+        title=title + (f" ({', '.join(same)})" if same else ""),
         box=box.SIMPLE_HEAD,
         padding=(0, 0),
         show_edge=False,
     )
-    for header in ("trace", "policy", "queue", "load"):
-        table.add_column(header, no_wrap=True)
-    for header in (
-        "JCT mean",
-        "JCT p99",
-        "wait mean",
-        "wait p99",
-        "trace wait",
-        "alloc %",
-        "preempt",
-        "unstarted",
-    ):
-        table.add_column(header, justify="right", no_wrap=True)
+    for header in varying:
+        table.add_column(header, overflow="fold")
+    for header, _ in _FIGURES:
+        table.add_column(header, justify="right", overflow="fold")
     for r in results:
         rec = r.record()
-        jct, wait, recorded = (rec[k]["all"] for k in ("jct_s", "wait_s", "recorded_wait_s"))  # type: ignore[index]
-        table.add_row(
-            r.trace,
-            r.placement,
-            r.queue,
-            f"{r.load:g}",
-            _s(jct["mean"]),
-            _s(jct["p99"]),
-            _s(wait["mean"]),
-            _s(wait["p99"]),
-            _s(recorded["mean"]),
-            "—" if rec["mean_allocation_pct"] is None else f"{rec['mean_allocation_pct']:.2f}",
-            str(rec["preemptions"]),
-            str(rec["never_started"]),
-        )
+        row = [keys[k][results.index(r)] for k in varying]
+        table.add_row(*row, *(read(rec) for _, read in _FIGURES))
     return table

@@ -13,7 +13,7 @@ from rich.table import Table
 
 from gpuslice.cli import terminal
 from gpuslice.cli.options import finite_between, writable
-from gpuslice.cli.replay import REPLAY_EPILOG, replay
+from gpuslice.cli.replay import MAX_SEED, REPLAY_EPILOG, replay
 from gpuslice.errors import UserError
 from gpuslice.policies import PLACEMENT
 from gpuslice.sim.openb import DEFAULT_TUNE, ReplayResult
@@ -24,7 +24,6 @@ from gpuslice.sim.trace import DEFAULT_TRACE, OPENB_TRACES
 
 __all__ = ["MAX_JOBS", "MAX_SEED", "MAX_SEEDS", "MAX_TUNE", "app", "openb", "parse_seeds"]
 
-MAX_SEED = 2**32 - 1  # numpy's legacy seeds and the artifact's are 32-bit
 MAX_SEEDS = 10_000  # runs per (trace, policy): a typo such as 0-99999999 is refused, not started
 MAX_JOBS = 256  # worker processes; more than any machine this runs on
 MAX_TUNE = 10.0  # ten times the cluster's GPU capacity: the paper uses 1.3; pods grow linearly with it

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from gpuslice.errors import UserError
 from gpuslice.sim.timed_trace import TimedJob
 
 __all__ = ["DEFAULT_TRAIN_FRACTION", "DurationModel", "HeldOutErrors", "cross_fitted", "held_out_errors"]
@@ -155,6 +156,13 @@ def cross_fitted(jobs: Sequence[TimedJob], seed: int = 0) -> np.ndarray:
     order = sorted(range(len(jobs)), key=lambda i: jobs[i].arrival)
     half = len(order) // 2
     first, second = order[:half], order[half:]
+    learnable = [sum(not jobs[i].censored for i in part) for part in (first, second)]
+    if min(learnable) < 2:
+        raise UserError(
+            f"predicted run times need at least two finished pods in each half of the trace by arrival "
+            f"(each half is predicted by a model of the other); this one has {learnable[0]} and "
+            f"{learnable[1]} of {len(jobs)} pods: use recorded run times (sjf-oracle) or a longer trace"
+        )
     out = np.zeros(len(jobs))
     for judged, learned in ((first, second), (second, first)):
         if not judged:

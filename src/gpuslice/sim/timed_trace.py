@@ -22,18 +22,25 @@ negative duration or wait, or a time that is not a finite number is a TraceForma
 
 from __future__ import annotations
 
-import csv
 import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from gpuslice.errors import TraceFormatError, UnknownTrace
+from gpuslice.errors import TraceFormatError
 from gpuslice.hardware.node import NodeSpec
-from gpuslice.sim.trace import DEFAULT_TRACE, bundled_dir, load_trace
+from gpuslice.sim.trace import DEFAULT_TRACE, bundled_dir, csv_rows, load_trace
 from gpuslice.workload.request import Request
 
-__all__ = ["TIME_COLUMNS", "RepeatedJobs", "TimedJob", "TimedTrace", "load_timed_trace", "repeat_trace"]
+__all__ = [
+    "TIME_COLUMNS",
+    "RepeatedJobs",
+    "TimedJob",
+    "TimedTrace",
+    "every_kth_node",
+    "load_timed_trace",
+    "repeat_trace",
+]
 
 TIME_COLUMNS = ("qos", "creation_time", "deletion_time", "scheduled_time")
 
@@ -81,15 +88,12 @@ def _time(path: Path, line: int, row: dict[str, str], column: str) -> float | No
 
 
 def _time_rows(path: Path) -> list[tuple[int, dict[str, str]]]:
-    with path.open(newline="") as handle:
-        reader = csv.DictReader(handle)
-        missing = [c for c in TIME_COLUMNS if c not in (reader.fieldnames or ())]
-        if missing:
-            raise TraceFormatError(
-                f"{path}: no timestamps (lacks {', '.join(missing)}); a timed replay needs the columns "
-                f"{', '.join(TIME_COLUMNS)} (the multigpu* traces have none)"
-            )
-        return [(reader.line_num, row) for row in reader]
+    missing = (
+        "no timestamps: a timed replay needs the columns "
+        + ", ".join(TIME_COLUMNS)
+        + " (the multigpu* traces have none); it lacks"
+    )
+    return list(csv_rows(path, TIME_COLUMNS, missing))
 
 
 def load_timed_trace(name: str = DEFAULT_TRACE, trace_dir: Path | None = None) -> TimedTrace:
@@ -98,10 +102,7 @@ def load_timed_trace(name: str = DEFAULT_TRACE, trace_dir: Path | None = None) -
     static = load_trace(name, trace_dir)  # resources and nodes, parsed and checked as `sim openb` does
     directory = Path(trace_dir) if trace_dir is not None else bundled_dir()
     path = directory / f"openb_pod_list_{name}.csv"
-    try:
-        rows = _time_rows(path)
-    except OSError as e:
-        raise UnknownTrace(f"cannot read {path}: {e.strerror}") from None
+    rows = _time_rows(path)
     parsed: list[tuple[int, str, Request, str, float, float | None, float | None]] = []
     end = 0.0
     for (line, row), pod in zip(rows, static.pods, strict=True):
@@ -142,6 +143,16 @@ def load_timed_trace(name: str = DEFAULT_TRACE, trace_dir: Path | None = None) -
     return TimedTrace(
         name=name, nodes=static.nodes, jobs=tuple(jobs), end=end, never_scheduled=len(parsed) - len(jobs)
     )
+
+
+def every_kth_node(trace: TimedTrace, k: int) -> TimedTrace:
+    """The trace on every ``k``-th node of its cluster (the first node kept): the same pods on a smaller
+    cluster, where queues form at a moderate load. Named ``NAME/K`` when ``k`` > 1."""
+    if k < 1:
+        raise ValueError("k must be at least 1")
+    if k == 1:
+        return trace
+    return replace(trace, name=f"{trace.name}/{k}", nodes=trace.nodes[::k])
 
 
 def repeat_trace(trace: TimedTrace, times: int) -> TimedTrace:

@@ -14,6 +14,7 @@ the profile says how much of the GPU it takes). Empty cells mean none.
 from __future__ import annotations
 
 import csv
+import stat
 from collections.abc import Iterator
 from dataclasses import dataclass
 from importlib import resources
@@ -79,18 +80,48 @@ def bundled_dir() -> Path:
     return Path(str(resources.files("gpuslice.data") / "openb"))
 
 
-def _rows(path: Path, required: tuple[str, ...]) -> Iterator[tuple[int, dict[str, str]]]:
+def csv_rows(
+    path: Path, required: tuple[str, ...], missing: str = "header lacks column(s)"
+) -> Iterator[tuple[int, dict[str, str]]]:
+    """(line number, row) of the CSV file at ``path``, whose header must have the ``required`` columns
+    (TraceFormatError: "<path>: <missing> <the columns>"). A folder or FIFO where the file should be, a
+    file that is not UTF-8 text, a NUL byte or a field past the csv module's limit: TraceFormatError
+    naming the file and the row, never a UnicodeDecodeError or a read that blocks."""
+    kind = file_kind(path)
+    if kind != "file":
+        raise TraceFormatError(f"{path} is {kind}, not a CSV file")
     try:
-        handle = path.open(newline="")
+        handle = path.open(newline="", encoding="utf-8")
     except OSError as e:
         raise UnknownTrace(f"cannot read {path}: {e.strerror}") from None
     with handle:
         reader = csv.DictReader(handle)
-        missing = [c for c in required if c not in (reader.fieldnames or ())]
-        if missing:
-            raise TraceFormatError(f"{path}: header lacks column(s) {', '.join(missing)}")
-        for row in reader:
-            yield reader.line_num, row
+        try:
+            absent = [c for c in required if c not in (reader.fieldnames or ())]
+            if absent:
+                raise TraceFormatError(f"{path}: {missing} {', '.join(absent)}")
+            for row in reader:
+                yield reader.line_num, row
+        except UnicodeDecodeError as e:  # decoded a chunk at a time: no exact row to name
+            raise TraceFormatError(
+                f"{path}: not UTF-8 text ({e.reason}); save the trace as UTF-8 CSV"
+            ) from None
+        except csv.Error as e:
+            raise TraceFormatError(f"{path}, row {reader.line_num}: not CSV ({e})") from None
+
+
+def file_kind(path: Path) -> str:
+    """ "file" for a regular file (or a link to one); else what it is, in words: "missing", "a folder",
+    "a FIFO", "a device or socket"."""
+    try:
+        mode = path.stat().st_mode
+    except OSError:
+        return "missing"
+    if stat.S_ISREG(mode):
+        return "file"
+    if stat.S_ISDIR(mode):
+        return "a folder"
+    return "a FIFO" if stat.S_ISFIFO(mode) else "a device or socket"
 
 
 def _int(path: Path, line: int, row: dict[str, str], column: str, empty: int | None = None) -> int:
@@ -105,7 +136,7 @@ def _int(path: Path, line: int, row: dict[str, str], column: str, empty: int | N
 
 def load_nodes(path: Path) -> tuple[NodeSpec, ...]:
     nodes = []
-    for line, row in _rows(path, _NODE_COLUMNS):
+    for line, row in csv_rows(path, _NODE_COLUMNS):
         try:
             nodes.append(
                 NodeSpec(
@@ -128,7 +159,7 @@ def load_nodes(path: Path) -> tuple[NodeSpec, ...]:
 
 def load_pods(path: Path) -> tuple[TracePod, ...]:
     pods = []
-    for line, row in _rows(path, _POD_COLUMNS):
+    for line, row in csv_rows(path, _POD_COLUMNS):
         num_gpu = _int(path, line, row, "num_gpu")
         gpu_milli = _int(path, line, row, "gpu_milli")
         if num_gpu > 0 and gpu_milli > MILLI_PER_GPU:
@@ -162,14 +193,23 @@ def load_trace(name: str = DEFAULT_TRACE, trace_dir: Path | None = None) -> Open
     bundled copy. UnknownTrace names what exists when the file is missing."""
     directory = Path(trace_dir) if trace_dir is not None else bundled_dir()
     pod_path = directory / f"openb_pod_list_{name}.csv"
-    if not pod_path.is_file():
-        known = sorted(p.name[len("openb_pod_list_") : -4] for p in directory.glob("openb_pod_list_*.csv"))
+    kind = file_kind(pod_path)
+    if kind == "missing":
+        known = sorted(
+            p.name[len("openb_pod_list_") : -4]
+            for p in directory.glob("openb_pod_list_*.csv")
+            if file_kind(p) == "file"
+        )
         hint = f"; known here: {', '.join(known)}" if known else ""
         where = "the bundled data (use --trace-dir for the other traces)" if trace_dir is None else directory
         raise UnknownTrace(f"no trace {name!r} in {where}{hint}")
+    if kind != "file":
+        raise UnknownTrace(f"trace {name!r}: {pod_path} is {kind}, not a CSV file")
     node_path = directory / NODE_FILE
-    if not node_path.is_file():
-        raise UnknownTrace(f"{directory} has no node list {NODE_FILE}")
+    kind = file_kind(node_path)
+    if kind != "file":
+        have = "has no node list" if kind == "missing" else f"has {kind} where the node list should be:"
+        raise UnknownTrace(f"{directory} {have} {NODE_FILE}")
     trace = OpenbTrace(name=name, nodes=load_nodes(node_path), pods=load_pods(pod_path))
     _check_mig_profiles(trace, pod_path)
     return trace

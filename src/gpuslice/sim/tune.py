@@ -32,7 +32,7 @@ import numpy as np
 
 from gpuslice.errors import UserError
 from gpuslice.sim.timed_replay import ReplayConfig, replay_timed
-from gpuslice.sim.timed_trace import TimedTrace, load_timed_trace
+from gpuslice.sim.timed_trace import TimedTrace, every_kth_node, load_timed_trace
 
 __all__ = [
     "DEFAULTS",
@@ -123,7 +123,7 @@ def tuning_trace(spec: str, sample: int, node_stride: int, trace_dir: Path | Non
     jobs = tuple(replace(j, arrival=j.arrival - start) for j in jobs)
     return TimedTrace(
         name=spec,
-        nodes=full.nodes[::node_stride],
+        nodes=every_kth_node(full, node_stride).nodes,
         jobs=jobs,
         end=max(j.arrival + j.duration for j in jobs),
         never_scheduled=0,
