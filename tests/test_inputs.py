@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import math
+import os
 
 import pytest
 
 from gpuslice.errors import UserError
-from gpuslice.inputs import InvalidInput, bounded_int, finite_float, read_text, writable_folder
+from gpuslice.inputs import InvalidInput, bounded_int, finite_float, read_text, writable_file, writable_folder
 
 
 @pytest.mark.parametrize("value", [math.inf, -math.inf, math.nan, float("1e400"), 0.5, 11.0])
@@ -72,3 +73,20 @@ def test_an_output_folder_that_cannot_be_made_is_refused_before_work(tmp_path, w
     target = {"file": tmp_path / "f", "under a file": tmp_path / "f" / "out", "/proc": "/proc/nope"}[where]
     with pytest.raises(InvalidInput, match="--out"):
         writable_folder(target, "--out")
+
+
+def test_a_fifo_is_refused_without_waiting_for_a_writer(tmp_path):
+    fifo = tmp_path / "in.fifo"
+    os.mkfifo(fifo)
+    with pytest.raises(InvalidInput, match=r"trace .*in\.fifo is a FIFO: give a regular file"):
+        read_text(fifo, "trace")
+
+
+@pytest.mark.parametrize("kind", ["folder", "FIFO"])
+def test_an_output_file_where_a_folder_or_fifo_is_is_refused(tmp_path, kind):
+    target = tmp_path / "out"
+    target.mkdir() if kind == "folder" else os.mkfifo(target)
+    with pytest.raises(InvalidInput, match=f"--out {target} is a {kind}: give a file name"):
+        writable_file(target, "--out")
+    assert writable_file(tmp_path / "new" / "p.py", "--out") == tmp_path / "new" / "p.py"
+    assert not (tmp_path / "new").exists()

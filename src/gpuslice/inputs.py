@@ -5,8 +5,10 @@ one kind of mistake gets one kind of answer wherever it is made:
 
 - a number must be finite and inside its documented range (``1e400`` reads as infinity, ``nan`` passes
   every comparison, and an unbounded count turns into a hang or a MemoryError far from the input);
-- a file given as text must be UTF-8 text with something in it: a binary or non-UTF-8 file, or an
-  empty one, is refused with its name and the first bad byte, never a UnicodeDecodeError;
+- a file given as text must be a regular file of UTF-8 text with something in it: a folder, a FIFO or a
+  device (whose read would block or never end), a binary or non-UTF-8 file, or an empty one, is refused
+  with its name and the first bad byte, never a UnicodeDecodeError or a hang;
+- an output file must be a regular file or absent, in a folder that can be written (as below);
 - an output folder must be writable *before* the work starts: the nearest existing folder is probed
   with a temporary entry that is removed at once (``os.access`` says yes to root everywhere, even under
   /proc), so a long run never ends in a traceback about where its results were to go.
@@ -18,12 +20,21 @@ from __future__ import annotations
 
 import math
 import os
+import stat
 import tempfile
 from pathlib import Path
 
 from gpuslice.errors import UserError
 
-__all__ = ["InvalidInput", "bounded_int", "finite_float", "read_text", "writable_folder"]
+__all__ = [
+    "InvalidInput",
+    "bounded_int",
+    "file_kind",
+    "finite_float",
+    "read_text",
+    "writable_file",
+    "writable_folder",
+]
 
 
 class InvalidInput(UserError):
@@ -46,19 +57,44 @@ def finite_float(value: float, name: str, low: float, high: float) -> float:
     return value
 
 
+def file_kind(path: str | Path) -> str:
+    """``"file"`` for a regular file (or a link to one); else what is there, in words: ``"missing"``,
+    ``"a folder"``, ``"a FIFO"``, ``"a device or socket"``."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return "missing"
+    if stat.S_ISREG(mode):
+        return "file"
+    if stat.S_ISDIR(mode):
+        return "a folder"
+    return "a FIFO" if stat.S_ISFIFO(mode) else "a device or socket"
+
+
 def read_text(path: str | Path, name: str, max_bytes: int = 256 * 1024**2) -> str:
-    """The UTF-8 text of the file at ``path``; InvalidInput when it cannot be read, is a folder, is
-    larger than ``max_bytes``, holds a NUL byte (binary), is not UTF-8, or holds only white space."""
+    """The UTF-8 text of the file at ``path``; InvalidInput when it cannot be read, is not a regular
+    file (a folder, a FIFO, a device), is larger than ``max_bytes``, holds a NUL byte (binary), is not
+    UTF-8, or holds only white space."""
     path = Path(path)
     try:
-        if path.is_dir():
-            raise InvalidInput(f"{name} {path} is a folder: give a file")
-        size = path.stat().st_size
-        if size > max_bytes:
-            raise InvalidInput(f"{name} {path} is {size:,} bytes: at most {max_bytes:,} are read")
-        data = path.read_bytes()
+        # O_NONBLOCK: opening a FIFO for reading would otherwise wait for a writer that never comes.
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     except OSError as err:
         raise InvalidInput(f"cannot read {name} {path}: {err.strerror or err}") from None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            kind = "a folder" if stat.S_ISDIR(info.st_mode) else file_kind(path)
+            raise InvalidInput(f"{name} {path} is {kind}: give a regular file")
+        if info.st_size > max_bytes:
+            raise InvalidInput(f"{name} {path} is {info.st_size:,} bytes: at most {max_bytes:,} are read")
+        os.set_blocking(fd, True)
+        with os.fdopen(fd, "rb", closefd=False) as handle:
+            data = handle.read(max_bytes + 1)
+    except OSError as err:
+        raise InvalidInput(f"cannot read {name} {path}: {err.strerror or err}") from None
+    finally:
+        os.close(fd)
     if b"\0" in data:
         at = data.index(0)
         raise InvalidInput(f"{name} {path} is a binary file (a NUL byte at offset {at}): give a text file")
@@ -71,6 +107,18 @@ def read_text(path: str | Path, name: str, max_bytes: int = 256 * 1024**2) -> st
     if not text.strip():
         raise InvalidInput(f"{name} {path} is empty")
     return text.removeprefix("\ufeff")  # a byte-order mark some editors write
+
+
+def writable_file(path: str | Path, name: str) -> Path:
+    """``path`` if it is a regular file or absent, and its folder is, or can be made, writable (see
+    ``writable_folder``); nothing is created. A folder, FIFO or device in its place is refused: writing
+    there would fail after the work, or block."""
+    path = Path(path)
+    kind = file_kind(path)
+    if kind not in ("file", "missing"):
+        raise InvalidInput(f"{name} {path} is {kind}: give a file name")
+    writable_folder(path.parent, name)
+    return path
 
 
 def writable_folder(path: str | Path, name: str) -> Path:

@@ -41,7 +41,7 @@ def test_webhook_command_serves_with_the_given_certificate(monkeypatch, tmp_path
     assert seen["port"] == 9443
 
 
-def test_extender_command_builds_the_state_with_the_policy_and_serves_it(monkeypatch):
+def test_extender_command_builds_the_state_with_the_policy_and_serves_it(monkeypatch, tmp_path):
     import uvicorn
 
     from gpuslice.k8s import extender
@@ -66,8 +66,10 @@ def test_extender_command_builds_the_state_with_the_policy_and_serves_it(monkeyp
     monkeypatch.setattr(extender, "KubernetesApi", Api)
     monkeypatch.setattr(extender, "ClusterState", state)
     monkeypatch.setattr(uvicorn, "run", lambda app, **kw: served.update(app=app, **kw))
+    kc = tmp_path / "kc"
+    kc.write_text("apiVersion: v1\nkind: Config\n")
     result = runner.invoke(
-        main.app, ["k8s", "extender", "--port", "9999", "--policy", "fgd", "--kubeconfig", "kc"]
+        main.app, ["k8s", "extender", "--port", "9999", "--policy", "fgd", "--kubeconfig", str(kc)]
     )
     assert result.exit_code == 0, result.output
     assert served["port"] == 9999
@@ -76,7 +78,7 @@ def test_extender_command_builds_the_state_with_the_policy_and_serves_it(monkeyp
     assert (served["http"], served["loop"], served["access_log"]) == ("httptools", "uvloop", False)
     # the node lock is always on, with HAMi's 5-minute expiry unless told otherwise
     assert made == {
-        "kubeconfig": "kc",
+        "kubeconfig": str(kc),
         "policy": "fgd",
         "narrow": True,
         "target": None,
@@ -124,10 +126,14 @@ def test_probe_exits_0_for_a_server_that_answers_and_1_for_none():
 def test_extender_without_a_kubernetes_configuration_is_one_error_line(tmp_path, monkeypatch, run_cli):
     monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.kube/config; not in a pod
     monkeypatch.delenv("KUBECONFIG", raising=False)
-    for args in ([], ["--kubeconfig", str(tmp_path / "missing")]):
+    missing = tmp_path / "missing"
+    for args, words in (
+        ([], "error: no usable Kubernetes configuration"),
+        (["--kubeconfig", str(missing)], f"error: cannot read --kubeconfig {missing}: No such file"),
+    ):
         code, out, err = run_cli(["k8s", "extender", *args])
         assert code == 2, out + err
-        assert (out + err).startswith("error: no usable Kubernetes configuration") and "Traceback" not in err
+        assert (out + err).startswith(words) and "Traceback" not in err
 
 
 def test_a_target_workload_that_is_not_a_pod_list_is_refused_before_anything_starts(tmp_path, run_cli):

@@ -15,7 +15,7 @@ from typing import Annotated
 import typer
 
 from gpuslice.cli import k8s_device_plugin, k8s_dra, k8s_dra_allocator, terminal
-from gpuslice.cli.options import KubeconfigOption, target_workload_option
+from gpuslice.cli.options import KubeconfigOption, port_option, target_workload_option
 from gpuslice.errors import UserError
 from gpuslice.k8s.annotations import SCHEDULER_NAME
 from gpuslice.k8s.node_lock import DEFAULT_LOCK_TIMEOUT_S
@@ -38,13 +38,8 @@ def extender(
             "anyone who reaches the bind verb can bind pods"
         ),
     ] = "127.0.0.1",
-    port: Annotated[
-        int, typer.Option(help="TCP port; the KubeSchedulerConfiguration's urlPrefix points here")
-    ] = 8888,
-    kubeconfig: Annotated[
-        Path | None,
-        typer.Option(help="kubeconfig file; default: the pod's service account, then ~/.kube/config"),
-    ] = None,
+    port: port_option("TCP port; the KubeSchedulerConfiguration's urlPrefix points here") = 8888,
+    kubeconfig: KubeconfigOption = None,
     policy: Annotated[
         str,
         typer.Option(
@@ -98,7 +93,7 @@ def extender(
 def webhook(
     cert: Annotated[Path, typer.Option(exists=True, dir_okay=False, help="TLS certificate (PEM)")],
     key: Annotated[Path, typer.Option(exists=True, dir_okay=False, help="TLS private key (PEM)")],
-    port: Annotated[int, typer.Option(help="TCP port; the webhook Service targets it")] = 8443,
+    port: port_option("TCP port; the webhook Service targets it") = 8443,
     host: Annotated[str, typer.Option(help="address to listen on")] = "0.0.0.0",
     scheduler_name: Annotated[
         str, typer.Option(help="schedulerName set on pods asking for gpuslice resources")

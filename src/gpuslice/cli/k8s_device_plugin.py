@@ -15,7 +15,7 @@ from typing import Annotated
 import typer
 
 from gpuslice.cli import terminal
-from gpuslice.cli.options import KubeconfigOption, NodeNameOption, SimulateOption
+from gpuslice.cli.options import KubeconfigOption, NodeNameOption, SimulateOption, port_option
 from gpuslice.errors import UserError
 from gpuslice.k8s.annotations import DEFAULT_SPLIT_COUNT, DEFAULT_STATE_DIR
 from gpuslice.node.enforcement import DEFAULT_SHARING
@@ -52,10 +52,9 @@ def device_plugin(
     health_checks: Annotated[
         bool, typer.Option(help="mark GPUs unhealthy on critical XID errors (NVML)")
     ] = True,
-    metrics_port: Annotated[
-        int | None,
-        typer.Option(help="serve Prometheus metrics (device health) on this port at /metrics; off if unset"),
-    ] = None,
+    metrics_port: port_option(
+        "serve Prometheus metrics (device health) on this port at /metrics; off if unset", optional=True
+    ) = None,
 ) -> None:
     """Serve this node's GPUs to the kubelet as gpuslice.io/gpu shares and MIG resources until SIGTERM."""
     try:

@@ -8,13 +8,14 @@ from typing import Annotated, Any
 
 import typer
 
-from gpuslice.inputs import finite_float, writable_folder
+from gpuslice.inputs import InvalidInput, finite_float, read_text, writable_folder
 
 __all__ = [
     "KubeconfigOption",
     "NodeNameOption",
     "SimulateOption",
     "finite_between",
+    "port_option",
     "target_workload_option",
     "writable",
 ]
@@ -28,10 +29,51 @@ NodeNameOption = Annotated[
     str | None,
     typer.Option(help="this node's Kubernetes name [env NODE_NAME, from the downward API; else hostname]"),
 ]
+
+
+def _kubeconfig(param: typer.CallbackParam, value: Path | None) -> Path | None:
+    """A kubeconfig must be a YAML mapping in a regular text file: the kubernetes package would block on
+    a FIFO and raise a bare UnicodeDecodeError or ScannerError on a binary or malformed file."""
+    if value is None:
+        return None
+    text = read_text(value, "--kubeconfig", max_bytes=16 * 1024**2)
+    try:
+        import yaml  # the k8s extra's; without it the command says which extra to install
+    except ImportError:
+        return value
+    try:
+        data = yaml.safe_load(text)
+    except (yaml.YAMLError, RecursionError) as err:
+        where = getattr(err, "problem_mark", None)
+        at = f" at line {where.line + 1}" if where is not None else ""
+        raise InvalidInput(f"--kubeconfig {value} is not valid YAML{at}: give a kubeconfig file") from None
+    if not isinstance(data, dict):
+        raise InvalidInput(
+            f"--kubeconfig {value} is not a kubeconfig: give a YAML mapping of clusters, users …"
+        )
+    return value
+
+
 KubeconfigOption = Annotated[
     Path | None,
-    typer.Option(help="kubeconfig file; default: the pod's service account, then ~/.kube/config"),
+    typer.Option(
+        help="kubeconfig file; default: the pod's service account, then ~/.kube/config", callback=_kubeconfig
+    ),
 ]
+
+
+def _port(param: typer.CallbackParam, value: int | None) -> int | None:
+    if value is not None and not 1 <= value <= 65535:
+        raise InvalidInput(f"invalid {param.opts[0]} {value}: use a TCP port from 1 to 65535")
+    return value
+
+
+def port_option(help: str, optional: bool = False) -> Any:
+    """``--port N``, a TCP port to listen on, 1..65535 (``optional``: may be left unset). Checked here,
+    before any work: asyncio raises OverflowError past 65535, and uvloop silently listens on the port
+    modulo 65536 while it prints the one given."""
+    kind = int | None if optional else int
+    return Annotated[kind, typer.Option(callback=_port, help=f"{help}; 1..65535")]
 
 
 def finite_between(low: float, high: float) -> Callable[..., float | None]:

@@ -31,7 +31,7 @@ from rich.table import Table
 from gpuslice.cli import terminal
 from gpuslice.cli.jobs import StateDir, Url
 from gpuslice.errors import UserError
-from gpuslice.inputs import InvalidInput
+from gpuslice.inputs import InvalidInput, read_text
 from gpuslice.server.client import ServeClient, ServerError
 from gpuslice.server.errors import OutcomeUnknown
 
@@ -85,11 +85,8 @@ def _client(url: str | None, state_dir: Path | None) -> ServeClient:
 
 
 def _read(file: Path) -> str:
-    try:
-        return file.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as err:
-        reason = err.strerror if isinstance(err, OSError) and err.strerror else str(err)
-        raise UserError(f"cannot read policy file {file}: {reason}") from None
+    # A folder, a FIFO (whose read would block), a binary or non-UTF-8 file: one error line naming it.
+    return read_text(file, "policy file")
 
 
 @app.command()

@@ -12,6 +12,7 @@ from rich import box
 from rich.table import Table
 
 from gpuslice.cli import terminal
+from gpuslice.cli.options import writable
 from gpuslice.errors import UserError
 from gpuslice.sim.timed_trace import load_timed_trace
 from gpuslice.sim.trace import DEFAULT_TRACE
@@ -29,14 +30,14 @@ def predict(
         float, typer.Option(help="Share of the pods, earliest first, to train on; the rest is held out.")
     ] = 0.7,
     seed: Annotated[int, typer.Option(help="Seed of the model.")] = 0,
-    out: Annotated[Path, typer.Option(help="Folder for errors.json and predictions.csv.")] = Path("results"),
+    out: Annotated[
+        Path, typer.Option(help="Folder for errors.json and predictions.csv.", callback=writable)
+    ] = Path("results"),
 ) -> None:
     """Predict pods' run times (scikit-learn gradient boosting on CPU, memory, GPUs, GPU models, QoS,
     arrival hour and weekday) and show its error on held-out pods against a constant guess."""
     if not 0 < train_fraction < 1:
         raise UserError(f"--train-fraction {train_fraction:g}: must be between 0 and 1 (exclusive)")
-    if out.exists() and not out.is_dir():
-        raise UserError(f"--out {out} is a file: give a folder for the results")
     from gpuslice.sim.duration_model import held_out_errors  # scikit-learn: ~1 s to import
 
     timed = load_timed_trace(trace, trace_dir)

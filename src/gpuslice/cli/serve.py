@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from gpuslice.cli import terminal
-from gpuslice.cli.options import target_workload_option
+from gpuslice.cli.options import port_option, target_workload_option
 from gpuslice.errors import UserError
 from gpuslice.inputs import writable_folder
 from gpuslice.node.enforcement import DEFAULT_SHARING
@@ -27,7 +27,7 @@ def serve(
     host: Annotated[
         str, typer.Option(help="address to bind; 127.0.0.1 keeps it on this machine")
     ] = "127.0.0.1",
-    port: Annotated[int, typer.Option(min=1, max=65535, help="TCP port, 1..65535")] = DEFAULT_PORT,
+    port: port_option("TCP port") = DEFAULT_PORT,
     state_dir: Annotated[
         Path | None,
         typer.Option(help="jobs database, token, logs [env GPUSLICE_STATE_DIR; ~/.local/share/gpuslice]"),

@@ -15,7 +15,7 @@ from rich.table import Table
 from gpuslice.cli import terminal
 from gpuslice.cli.replay import check_load
 from gpuslice.errors import UserError
-from gpuslice.inputs import writable_folder
+from gpuslice.inputs import InvalidInput, writable_file
 from gpuslice.sim.trace import DEFAULT_TRACE
 from gpuslice.sim.tune import DEFAULTS, OBJECTIVES, TuneSetup, tuning_trace, write_policy
 from gpuslice.sim.tune_study import run_study
@@ -25,11 +25,22 @@ __all__ = ["tune"]
 MAX_JOBS = 64
 
 
-def _file_out(path: Path, option: str) -> Path:
-    """A file this process can write: not a folder, its folder writable (InvalidInput otherwise)."""
-    if path.is_dir():
-        raise UserError(f"{option} {path} is a folder: give a file name")
-    writable_folder(path.parent, option)
+# The first bytes of every SQLite 3 database file (https://www.sqlite.org/fileformat.html).
+_SQLITE_HEADER = b"SQLite format 3\0"
+
+
+def _study_file(path: Path) -> Path:
+    """``--study``: absent, empty (sqlite makes it a database) or an SQLite database; its folder writable.
+    Anything else would reach Optuna as a storage error after the traces are loaded."""
+    writable_file(path, "--study")
+    if path.exists():
+        with path.open("rb") as handle:
+            head = handle.read(len(_SQLITE_HEADER))
+        if head and head != _SQLITE_HEADER:
+            raise InvalidInput(
+                f"--study {path} is not an SQLite database: give a study file an earlier run wrote, "
+                "or a new file name"
+            )
     return path
 
 
@@ -85,9 +96,9 @@ def tune(
             raise UserError(f"{option} {value}: must be at least {low}")
     if not 1 <= jobs <= MAX_JOBS:
         raise UserError(f"--jobs {jobs}: must be between 1 and {MAX_JOBS}")
-    _file_out(out, "--out")
+    writable_file(out, "--out")
     if study is not None:
-        _file_out(study, "--study")
+        _study_file(study)
     train_specs = train or [f"{DEFAULT_TRACE}@1"]
     holdout_specs = holdout or [f"{DEFAULT_TRACE}@2"]
     train_traces = [tuning_trace(s, sample, node_stride, trace_dir) for s in train_specs]
@@ -100,6 +111,10 @@ def tune(
         "sample": sample,
         "node_stride": node_stride,
     }
+    # Both folders were probed above; they are made only now that every input is known to be good.
+    for path in (out, study):
+        if path is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
     console = terminal.console()
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, console=console, transient=True, disable=not console.is_terminal) as progress:

@@ -29,12 +29,12 @@ from types import CodeType
 from typing import Any
 
 from gpuslice.errors import UserError
+from gpuslice.inputs import file_kind, read_text
 from gpuslice.programs.maps import Map, MapError, MapSpec
 from gpuslice.programs.verify import (
     ALLOWED_IMPORTS,
     SAFE_BUILTINS,
     Violation,
-    check_file,
     check_source,
 )
 
@@ -167,8 +167,7 @@ def load_source(source: str, filename: str) -> LoadedPolicy:
 
 def load_file(path: str | Path) -> LoadedPolicy:
     """Verify and load the policy file at ``path``."""
-    report = check_file(path)
-    return _load(report, Path(path).read_text(encoding="utf-8"), str(path))
+    return load_source(read_text(path, "policy file"), str(path))  # read once: what is checked is run
 
 
 def _load(report: Any, source: str, filename: str) -> LoadedPolicy:
@@ -227,7 +226,7 @@ def resolve(
 def _file_factory(
     path: str, family: str, guard_config: Any, on_event: Callable[[str], None] | None
 ) -> Callable[..., Any]:
-    if not Path(path).is_file():
+    if file_kind(path) == "missing":  # a folder or FIFO is named as such by read_text
         raise UserError(f"policy file {path} does not exist")
     loaded = load_for_family(path, family)
     from gpuslice.programs.guard import guarded_factory  # guard imports this module

@@ -20,7 +20,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from gpuslice.errors import UserError
+from gpuslice.inputs import read_text
 from gpuslice.programs.verify.allowlists import MAX_SOURCE_BYTES
 from gpuslice.programs.verify.calls import CALL_RULES
 from gpuslice.programs.verify.classes import (
@@ -53,14 +53,7 @@ FILE_RULES = (one_ops_class, no_recursion)  # once the whole file has been read
 
 def check_file(path: str | Path) -> CheckReport:
     """Verify the policy file at ``path``; UserError if it cannot be read as UTF-8 text."""
-    path = Path(path)
-    try:
-        source = path.read_text(encoding="utf-8")
-    except OSError as err:
-        raise UserError(f"cannot read policy file {path}: {err.strerror or err}") from None
-    except UnicodeDecodeError:
-        raise UserError(f"policy file {path} is not UTF-8 text") from None
-    return check_source(source, str(path))
+    return check_source(read_text(path, "policy file"), str(path))  # a FIFO, binary …: one message
 
 
 def check_source(source: str, filename: str) -> CheckReport:
