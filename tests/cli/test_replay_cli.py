@@ -123,7 +123,7 @@ def test_a_replay_where_no_pod_waits_says_so_and_a_smaller_cluster_makes_queues_
     code, out, _ = _run([*base, "--node-stride", "2"], capsys)
     assert code == 0 and "No pod waited" not in out
     (record,) = json.loads((tmp_path / "o" / "results.json").read_text())
-    assert record["trace"] == "t/2" and record["wait_s"]["all"]["mean"] > 0
+    assert record["trace"] == "t-every2" and record["wait_s"]["all"]["mean"] > 0
 
 
 def test_the_replay_table_keeps_every_digit_at_60_80_and_120_columns(
@@ -152,7 +152,7 @@ def test_the_replay_table_keeps_every_digit_at_60_80_and_120_columns(
         assert max(len(line) for line in table.splitlines()) <= width
         records = json.loads((tmp_path / "o" / "results.json").read_text())
         figures = [f"{r['jct_s']['all']['p99']:,.0f}" for r in records] + [
-            f"{r['mean_allocation_pct']:.2f}" for r in records
+            f"{r['busy_allocation_pct']:.2f}" for r in records
         ]
         flat = "".join(table.split())  # a number folded over two lines reads whole without blanks
         if width >= 80:

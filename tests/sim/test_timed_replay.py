@@ -211,3 +211,20 @@ def test_multi_gpu_pods_arriving_together_get_their_sets_jointly(tmp_path: Path)
     assert (apart["a"], apart["b"]) == ((4, 7), (3, 6))  # one at a time: the NV2 pair, then PCIe only
     plain = _gpu_sets(tmp_path, [*ones, a, ("b", 2, "LS", 100, 100, 5000), *end], None)
     assert (plain["a"], plain["b"]) == ((3, 4), (6, 7))  # no wiring: the lowest free GPUs, no batch
+
+
+def test_allocation_over_the_busy_window_leaves_out_the_tail_one_long_pod_makes(tmp_path: Path) -> None:
+    """Two GPUs. 100 pods hold one GPU each for 10 s, one after another (0–1,000 s); one more pod holds
+    the other GPU from 0 to 100,000 s. Over the makespan the cluster is ~25 % allocated; over the busy
+    window (the first event until 99 % of the 101 finished pods had ended: the 100th, at 1,000 s) it is
+    100 %. (The censored tail pod is not a finished pod.)"""
+    pods = [(f"p{i}", 1, "LS", 10 * i, 10 * i, 10 * i + 10) for i in range(100)]
+    pods.append(("long", 1, "LS", 0, 0, 100_000))
+    pods.append(("tail", 0, "LS", 200_000, 200_000, 200_001))  # censored: keeps "long" uncensored
+    write_trace(tmp_path, pods, gpus=2)
+    result, _ = run(tmp_path, "fifo")
+    record = result.record()
+    assert record["mean_allocation_pct"] == pytest.approx(100 * (1_000 + 100_000) / 200_000 / 2, abs=0.01)
+    start, end = record["busy_window_s"]
+    assert start == 0 and end == 1_000
+    assert record["busy_allocation_pct"] == pytest.approx(100.0)

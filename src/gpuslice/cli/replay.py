@@ -146,6 +146,11 @@ def replay(
             results.append(replay_timed(timed, config, estimates[key]))  # type: ignore[arg-type]
             progress.update(task, advance=1)
     console.print(_table(results))
+    console.print(
+        "alloc %: time-weighted over the busy window, from the first arrival until 99 % of the finished "
+        "pods had ended (results.json: busy_window_s; over the whole makespan: mean_allocation_pct)",
+        markup=False, highlight=False,
+    )  # fmt: skip
     if not any(r.record()["wait_s"]["all"]["n"] and r.record()["wait_s"]["all"]["p99"] for r in results):  # type: ignore[index]
         console.print(
             "No pod waited in any run, so the queue setups cannot differ here: the cluster always had room. "
@@ -170,6 +175,10 @@ def replay(
         console.print(f"wrote {path}", markup=False, highlight=False, soft_wrap=True)
 
 
+def _pct(value: object) -> str:
+    return "—" if value is None else f"{value:.2f}"
+
+
 def _s(value: object) -> str:
     return "—" if value is None else f"{value:,.0f}"
 
@@ -183,7 +192,7 @@ _FIGURES = (
     ("trace\nwait", lambda rec: _s(rec["recorded_wait_s"]["all"]["mean"])),
     (
         "alloc\n%",
-        lambda rec: "—" if rec["mean_allocation_pct"] is None else f"{rec['mean_allocation_pct']:.2f}",
+        lambda rec: _pct(rec["busy_allocation_pct"]),
     ),
     ("pre-\nempted", lambda rec: f"{rec['preemptions']:,}"),
     ("never\nstarted", lambda rec: f"{rec['never_started']:,}"),

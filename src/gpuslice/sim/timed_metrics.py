@@ -7,7 +7,9 @@ Definitions (seconds; arrivals after load compression):
   preemption; both over the pods that finished and are not censored (``timed_trace``);
 - recorded wait = production's ``scheduled_time − creation_time`` of the same pods: the reference;
 - makespan = last end − first arrival; allocation % = allocated milli-GPU / cluster milli-GPU, its mean
-  weighted by time over the makespan; fragmentation = FGD's measure (``ledger.fragmentation``) against
+  weighted by time over the makespan, and over the busy window (the first event to the time 99 % of the
+  finished pods had ended: a few long pods can stretch the makespan to months at near-zero allocation);
+  fragmentation = FGD's measure (``ledger.fragmentation``) against
   the trace's target workload, % of cluster GPU capacity;
 - never started = pods that fit no node of the empty cluster, plus pods still pending when no event
   was left (a strict queue whose head can never start keeps everyone behind it).
@@ -79,6 +81,7 @@ class SampleLog:
     def __init__(self, limit: int = SAMPLES_KEPT) -> None:
         self.limit, self.stride, self.count = limit, 1, 0
         self.rows: list[tuple[float, int, int, int]] = []
+        self.areas: list[float] = []  # per kept row: allocated milli-GPU × seconds up to its time
         self.last: tuple[float, int, int, int] | None = None
         self.first_time = 0.0
         self.area = 0.0  # allocated milli-GPU × seconds
@@ -93,15 +96,19 @@ class SampleLog:
         self.peak_pending = max(self.peak_pending, pending)
         if self.count % self.stride == 0:
             self.rows.append(row)
+            self.areas.append(self.area)
             if len(self.rows) >= self.limit:
                 del self.rows[1::2]
+                del self.areas[1::2]
                 self.stride *= 2
         self.count += 1
         self.last = row
 
     def fields(self) -> dict[str, object]:
         """The ``TimedResult`` fields of the samples (the last state always among them)."""
-        rows = self.rows if not self.rows or self.rows[-1] is self.last else [*self.rows, self.last]
+        tail = bool(self.rows) and self.rows[-1] is not self.last
+        rows = [*self.rows, self.last] if tail else self.rows
+        areas = [*self.areas, self.area] if tail else self.areas
         samples = np.array(rows, dtype=np.float64).reshape(-1, 4)
         span = self.last[0] - self.first_time if self.last is not None else 0.0
         if self.count < 2:
@@ -113,6 +120,7 @@ class SampleLog:
             "allocated_gpu_milli": samples[:, 1],
             "pending": samples[:, 2],
             "running": samples[:, 3],
+            "sample_area": np.array(areas, dtype=np.float64),
             "mean_allocated_gpu_milli": mean,
             "peak_pending": self.peak_pending,
         }
@@ -161,6 +169,7 @@ class TimedResult:
     wall_seconds: float
     mean_allocated_gpu_milli: float
     peak_pending: int
+    sample_area: np.ndarray  # per sample: allocated milli-GPU × seconds from the first event to its time
     fallbacks: dict[str, int] = field(default_factory=dict)
     mig: np.ndarray | None = None  # per pod: asks for a MIG instance (None: no pod does)
 
@@ -199,6 +208,27 @@ class TimedResult:
         """Allocation % averaged over time (each state holds until the next event)."""
         return float(self._pct(np.float64(self.mean_allocated_gpu_milli)))
 
+    def busy_window(self) -> tuple[float, float]:
+        """From the first event to the sample at which 99 % of the pods that finished had ended: the
+        part of the run where pods ran, without the long tail a few pods make (one pod running alone
+        for months would make a mean over the whole makespan read near 0)."""
+        times = self.sample_time
+        ended = np.sort(self.end[self.finished])
+        if not len(times) or not len(ended):
+            return (float(times[0]) if len(times) else 0.0, float(times[-1]) if len(times) else 0.0)
+        until = float(ended[min(len(ended) - 1, int(np.ceil(0.99 * len(ended))) - 1)])
+        last = max(1, int(np.searchsorted(times, until, side="right")) - 1) if len(times) > 1 else 0
+        return float(times[0]), float(times[last])
+
+    def busy_allocation_pct(self) -> float:
+        """Allocation % averaged over time inside ``busy_window`` (exact between kept samples)."""
+        start, end = self.busy_window()
+        if end <= start:
+            return self.mean_allocation_pct()
+        i, j = (int(np.searchsorted(self.sample_time, t)) for t in (start, end))
+        area = float(self.sample_area[j] - self.sample_area[i])
+        return float(self._pct(np.float64(area / (end - start))))
+
     def _pct(self, milli: np.ndarray) -> np.ndarray:
         return capacity_pct(milli, self.total_gpu_milli)
 
@@ -229,6 +259,9 @@ class TimedResult:
             "makespan_s": round(self.makespan, 1),
             # None on a cluster whose every GPU is in MIG mode (no GPU figures; see "mig")
             "mean_allocation_pct": round(self.mean_allocation_pct(), 3) if self.total_gpu_milli else None,
+            # the same over the busy window (first event to 99 % of finished pods ended), and the window
+            "busy_allocation_pct": round(self.busy_allocation_pct(), 3) if self.total_gpu_milli else None,
+            "busy_window_s": [round(t, 1) for t in self.busy_window()],
             "mean_fragmentation_pct": round(float(self.fragmentation_pct.mean()), 3)
             if len(self.fragmented_gpu_milli) and self.total_gpu_milli
             else None,
@@ -268,6 +301,7 @@ CSV_COLUMNS = (
     "preemptions",
     "makespan_s",
     "mean_allocation_pct",
+    "busy_allocation_pct",
     "mean_fragmentation_pct",
     "jct_mean_s",
     "jct_p50_s",

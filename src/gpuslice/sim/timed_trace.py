@@ -147,12 +147,13 @@ def load_timed_trace(name: str = DEFAULT_TRACE, trace_dir: Path | None = None) -
 
 def every_kth_node(trace: TimedTrace, k: int) -> TimedTrace:
     """The trace on every ``k``-th node of its cluster (the first node kept): the same pods on a smaller
-    cluster, where queues form at a moderate load. Named ``NAME/K`` when ``k`` > 1."""
+    cluster, where queues form at a moderate load. Named ``NAME-everyK`` when ``k`` > 1 (a file name too:
+    the plots are named after the trace)."""
     if k < 1:
         raise ValueError("k must be at least 1")
     if k == 1:
         return trace
-    return replace(trace, name=f"{trace.name}/{k}", nodes=trace.nodes[::k])
+    return replace(trace, name=f"{trace.name}-every{k}", nodes=trace.nodes[::k])
 
 
 def repeat_trace(trace: TimedTrace, times: int) -> TimedTrace:
