@@ -7,15 +7,19 @@ Runs in the device-plugin DaemonSet: discover the GPUs (NVML, or ``--simulate``)
 from __future__ import annotations
 
 import logging
-import os
-import socket
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
 from gpuslice.cli import terminal
-from gpuslice.cli.options import KubeconfigOption, NodeNameOption, SimulateOption, port_option
+from gpuslice.cli.options import (
+    KubeconfigOption,
+    NodeNameOption,
+    SimulateOption,
+    port_option,
+    resolve_node_name,
+)
 from gpuslice.errors import UserError
 from gpuslice.k8s.annotations import DEFAULT_SPLIT_COUNT, DEFAULT_STATE_DIR
 from gpuslice.node.enforcement import DEFAULT_SHARING
@@ -66,8 +70,8 @@ def device_plugin(
     from gpuslice.node.discovery import discover
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    name = resolve_node_name(node_name)  # before discovery: a bad name is refused at once
     machine = discover(simulate)
-    name = node_name or os.environ.get("NODE_NAME") or socket.gethostname()
     layouts = parse_mig_layouts(machine, mig_layout) if mig_layout else None
 
     def ready(plugin: DevicePlugin) -> None:

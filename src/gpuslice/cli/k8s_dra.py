@@ -8,9 +8,7 @@ ResourceSlices, serve the kubelet's DRA plugin API until SIGTERM. ``--print-slic
 from __future__ import annotations
 
 import logging
-import os
 import signal
-import socket
 import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
@@ -18,7 +16,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from gpuslice.cli import terminal
-from gpuslice.cli.options import KubeconfigOption, NodeNameOption, SimulateOption
+from gpuslice.cli.options import KubeconfigOption, NodeNameOption, SimulateOption, resolve_node_name
 from gpuslice.errors import UserError
 from gpuslice.k8s.annotations import DEFAULT_STATE_DIR
 from gpuslice.node.enforcement import DEFAULT_SHARING
@@ -82,8 +80,8 @@ def dra_driver(
     from gpuslice.k8s.dra.slices import node_slices
     from gpuslice.node.discovery import discover
 
+    name = resolve_node_name(node_name)  # before discovery: a bad name is refused at once
     machine = discover(simulate)
-    name = node_name or os.environ.get("NODE_NAME") or socket.gethostname()
     if print_slices:
         slices = node_slices(machine, name, generation=1, identities=gpu_identities(machine))
         typer.echo(yaml.safe_dump_all(slices, sort_keys=False), nl=False)

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import re
+import socket
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
@@ -16,6 +19,7 @@ __all__ = [
     "SimulateOption",
     "finite_between",
     "port_option",
+    "resolve_node_name",
     "target_workload_option",
     "writable",
 ]
@@ -52,6 +56,28 @@ def _kubeconfig(param: typer.CallbackParam, value: Path | None) -> Path | None:
             f"--kubeconfig {value} is not a kubeconfig: give a YAML mapping of clusters, users …"
         )
     return value
+
+
+# A Kubernetes object name of the DNS-subdomain kind (RFC 1123), as a Node's and a ResourceSlice's pool.
+_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+
+
+def resolve_node_name(given: str | None) -> str:
+    """This node's name: ``--node-name``, else $NODE_NAME, else the hostname in lower case (as kubelet
+    registers it). InvalidInput, naming where it came from, unless it is an RFC 1123 subdomain: the name
+    goes into ResourceSlices and object names the API server would refuse, or that name no node."""
+    if given is not None:
+        name, source = given, "--node-name"
+    elif os.environ.get("NODE_NAME"):
+        name, source = os.environ["NODE_NAME"], "$NODE_NAME"
+    else:
+        name, source = socket.gethostname().lower(), "the hostname"
+    if len(name) > 253 or not _SUBDOMAIN.fullmatch(name):
+        raise InvalidInput(
+            f"invalid node name {name!r} (from {source}): a Kubernetes node name is at most 253 lower-case "
+            "letters, digits, '-' and '.', starting and ending with a letter or digit"
+        )
+    return name
 
 
 KubeconfigOption = Annotated[
