@@ -16,12 +16,14 @@ import optuna
 import pytest
 
 from gpuslice.cli.main import main
+from gpuslice.errors import UserError
 from gpuslice.programs.verify import check_file
 from gpuslice.sim.timed_replay import ReplayConfig, replay_timed
 from gpuslice.sim.trace import NODE_FILE
 from gpuslice.sim.tune import (
     DEFAULTS,
     STUDY_NAME,
+    check_disjoint,
     objective_value,
     open_study,
     tuning_trace,
@@ -53,12 +55,13 @@ def trace_dir(tmp_path: Path) -> Path:
         "tail,1000,1024,0,0,,BE,Running,20,30000,20",
     ]
     (folder / "openb_pod_list_t.csv").write_text(HEADER + "\n" + "\n".join(rows) + "\n")
+    (folder / "openb_pod_list_h.csv").write_text(HEADER + "\n" + "\n".join(rows) + "\n")  # held out: a twin
     return folder
 
 
 def _tune(trace_dir: Path, tmp_path: Path, *extra: str) -> dict:
     out = tmp_path / "best.py"
-    args = ["tune", "--trace-dir", str(trace_dir), "--train", "t", "--holdout", "t", "--sample", "3"]
+    args = ["tune", "--trace-dir", str(trace_dir), "--train", "t", "--holdout", "h", "--sample", "3"]
     args += ["--node-stride", "1", "--load", "1", "--out", str(out), *extra]
     with pytest.raises(SystemExit) as exit_info:
         main(args)
@@ -132,13 +135,34 @@ BAD_INPUT = {
     "window past the end": (["--holdout", "t@5"], "window 5 of 3 jobs is empty"),
     "trace without timestamps": (["--train", "notimes"], "no timestamps"),
     "unknown trace": (["--holdout", "nope@1"], "no trace 'nope'"),
+    "held out what it trains on": (["--holdout", "t"], "--holdout t overlaps --train t"),
+    "held out a window of the trace named bare": (["--holdout", "t@0"], "--holdout t@0 overlaps --train t"),
 }
+
+
+@pytest.mark.parametrize(
+    ("train", "holdout", "overlap"),
+    [
+        (["t@1"], ["t@1"], True),
+        (["t"], ["t@2"], True),  # a bare name stands for the whole trace
+        (["t@1"], ["t"], True),
+        (["t@1", "u"], ["u@3"], True),
+        (["t@1"], ["t@2"], False),
+        (["t"], ["u"], False),
+    ],
+)
+def test_held_out_windows_must_be_ones_the_search_never_sees(train, holdout, overlap) -> None:
+    if overlap:
+        with pytest.raises(UserError, match="overlaps --train"):
+            check_disjoint(train, holdout)
+    else:
+        check_disjoint(train, holdout)
 
 
 @pytest.mark.parametrize("args, names", BAD_INPUT.values(), ids=BAD_INPUT.keys())
 def test_bad_input_is_one_error_line_and_exit_2(trace_dir: Path, tmp_path: Path, run_cli, args, names):
     (trace_dir / "openb_pod_list_notimes.csv").write_text(NO_TIMES)
-    base = ["tune", "--trace-dir", str(trace_dir), "--train", "t", "--holdout", "t", "--sample", "3"]
+    base = ["tune", "--trace-dir", str(trace_dir), "--train", "t", "--holdout", "h", "--sample", "3"]
     code, _, err = run_cli([*base, "--out", str(tmp_path / "best.py"), *args])
     assert code == 2, err
     lines = err.strip().splitlines()
@@ -186,8 +210,9 @@ def test_a_killed_run_leaves_a_study_the_rerun_continues(tmp_path: Path):
     )
     rows = [f"p{i},1000,1024,1,{250 * (1 + i % 4)},,LS,Running,{i},{i + 50 + i % 7},{i}" for i in range(200)]
     (folder / "openb_pod_list_t.csv").write_text(HEADER + "\n" + "\n".join(rows) + "\n")
+    (folder / "openb_pod_list_h.csv").write_text(HEADER + "\n" + "\n".join(rows) + "\n")
     study = tmp_path / "study.sqlite3"
-    args = ["tune", "--trace-dir", str(folder), "--train", "t", "--holdout", "t", "--sample", "200"]
+    args = ["tune", "--trace-dir", str(folder), "--train", "t", "--holdout", "h", "--sample", "200"]
     args += ["--node-stride", "1", "--load", "1", "--study", str(study), "--out", str(tmp_path / "best.py")]
     child = subprocess.Popen([str(Path(sys.executable).with_name("gpuslice")), *args, "--trials", "1000"])
     try:

@@ -17,7 +17,7 @@ from gpuslice.cli.replay import check_load
 from gpuslice.errors import UserError
 from gpuslice.inputs import InvalidInput, writable_file
 from gpuslice.sim.trace import DEFAULT_TRACE
-from gpuslice.sim.tune import DEFAULTS, OBJECTIVES, TuneSetup, tuning_trace, write_policy
+from gpuslice.sim.tune import DEFAULTS, OBJECTIVES, TuneSetup, check_disjoint, tuning_trace, write_policy
 from gpuslice.sim.tune_study import run_study
 
 __all__ = ["tune"]
@@ -57,7 +57,8 @@ def tune(
     holdout: Annotated[
         list[str] | None,
         typer.Option(
-            help=f"Held-out trace window, never seen by the search, repeatable. Default: {DEFAULT_TRACE}@2.",
+            help="Held-out trace window, never seen by the search (one that overlaps a --train window is "
+            f"refused; a bare NAME counts as all its windows), repeatable. Default: {DEFAULT_TRACE}@2.",
             show_default=False,
         ),
     ] = None,
@@ -103,6 +104,7 @@ def tune(
     holdout_specs = holdout or [f"{DEFAULT_TRACE}@2"]
     train_traces = [tuning_trace(s, sample, node_stride, trace_dir) for s in train_specs]
     holdout_traces = [tuning_trace(s, sample, node_stride, trace_dir) for s in holdout_specs]
+    check_disjoint(train_specs, holdout_specs)  # each window checked above; now that none is trained on
     setup = TuneSetup(objective, load)
     attrs = {
         "objective": objective,

@@ -40,6 +40,7 @@ __all__ = [
     "STUDY_NAME",
     "TuneSetup",
     "best_params",
+    "check_disjoint",
     "defaults_value",
     "evaluate",
     "evaluate_each",
@@ -128,6 +129,26 @@ def tuning_trace(spec: str, sample: int, node_stride: int, trace_dir: Path | Non
         end=max(j.arrival + j.duration for j in jobs),
         never_scheduled=0,
     )
+
+
+def check_disjoint(train: Sequence[str], holdout: Sequence[str]) -> None:
+    """UserError when a held-out window is one the search trains on: the same ``NAME@K`` in both, or a
+    trace named bare (``NAME``) on one side and in any form on the other (a bare name stands for the
+    trace, so it is never held out from itself). A held-out score on training data says nothing."""
+
+    def split(spec: str) -> tuple[str, str]:
+        name, _, window = spec.partition("@")
+        return name, window
+
+    for h in holdout:
+        name, window = split(h)
+        for t in train:
+            other, trained = split(t)
+            if other == name and (not window or not trained or window == trained):
+                raise UserError(
+                    f"--holdout {h} overlaps --train {t}: the held-out windows must be ones the search never "
+                    f"sees; name windows of {name} that differ (e.g. --train {name}@1 --holdout {name}@2)"
+                )
 
 
 def objective_value(record: dict[str, Any], objective: str) -> float:
