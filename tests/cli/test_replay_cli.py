@@ -53,10 +53,11 @@ def trace_dir(tmp_path: Path) -> Path:
 def test_replay_writes_results_with_jct_and_waits_per_qos(trace_dir: Path, tmp_path: Path, capsys) -> None:
     out = tmp_path / "out"
     args = ["sim", "replay", "--trace-dir", str(trace_dir), "--trace", "t", "--policy", "bestfit"]
-    code, stdout, _ = _run(
+    code, stdout, stderr = _run(
         [*args, "--queue", "fifo", "--queue", "sjf-oracle", "--out", str(out), "--plot"], capsys
     )
     assert code == 0
+    assert stderr.splitlines()[0] == "sim replay: 2 runs, 80 pods"  # piped: what it does, on stderr
     records = json.loads((out / "results.json").read_text())
     assert [r["queue"] for r in records] == ["fifo", "sjf-oracle"]
     assert set(records[0]["jct_s"]) == {"all", "BE", "LS"}

@@ -9,15 +9,16 @@ from typing import Annotated
 
 import typer
 from rich import box
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from gpuslice.cli import terminal
 from gpuslice.cli.options import writable
+from gpuslice.cli.progress import WorkProgress
 from gpuslice.errors import UserError
 from gpuslice.hardware.topology_profiles import profile
 from gpuslice.inputs import bounded_int
-from gpuslice.policies import DEFAULT_PLACEMENT
+from gpuslice.policies import DEFAULT_PLACEMENT, placement_policy
+from gpuslice.programs.loader import resolve
 from gpuslice.sim.queue_setups import SETUPS, estimates_for, queue_setup
 from gpuslice.sim.timed_metrics import TimedResult, write_timed_results
 from gpuslice.sim.timed_replay import ReplayConfig, replay_timed
@@ -119,6 +120,8 @@ def replay(
         profile(topology)  # an unknown name is refused before any replay starts
     setups = [queue_setup(q) for q in (queue or ["fair-share"])]
     policies = policy or [DEFAULT_PLACEMENT]
+    for name in policies:  # a bad name or file fails here, before any replay (a file is verified)
+        resolve(name, "placement", placement_policy)
     if out.exists() and not out.is_dir():
         raise UserError(f"--out {out} is a file: give a folder for the results")
     traces = [
@@ -134,17 +137,24 @@ def replay(
     console = terminal.console()
     runs = list(product(traces, setups, policies, loads))
     results: list[TimedResult] = []
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    with Progress(*columns, console=console, transient=True, disable=not console.is_terminal) as progress:
-        task = progress.add_task("replaying", total=len(runs))
+    pods = sum(len(timed.jobs) for timed, *_ in runs)
+    with WorkProgress(console, "sim replay", pods, "pods") as progress:
+        progress.say(f"sim replay: {len(runs):,} run{'s' * (len(runs) != 1)}, {pods:,} pods")
+        done = 0
         for timed, setup, placement, factor in runs:
-            progress.update(task, description=f"{timed.name} {placement} {setup.name} load {factor:g}")
+            progress.describe(f"{timed.name} {placement} {setup.name} load {factor:g}")
             key = (timed.name, setup.estimate)
             config = ReplayConfig(
                 placement, setup.queue, setup.backfill, factor, seed, label=setup.name, topology=topology
             )
-            results.append(replay_timed(timed, config, estimates[key]))  # type: ignore[arg-type]
-            progress.update(task, advance=1)
+            base = done
+            results.append(
+                replay_timed(
+                    timed, config, estimates[key], lambda arrived, _, b=base: progress.update(b + arrived)
+                )  # type: ignore[arg-type]
+            )
+            done += len(timed.jobs)
+            progress.update(done)
     console.print(_table(results))
     console.print(
         "alloc %: time-weighted over the busy window, from the first arrival until 99 % of the finished "

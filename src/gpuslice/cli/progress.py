@@ -1,0 +1,100 @@
+"""Feedback on long work: rich's bar on a terminal; elsewhere (piped, in CI) plain lines on stderr.
+
+A command that can run for more than a couple of seconds says what it does as it starts, and then, when
+no terminal shows a bar, a line every ``every_s`` seconds with how far it is, the time spent and an
+estimate of the time left, so a log shows a run that is working apart from one that hangs:
+
+```text
+sim replay: 5 runs, 40,760 pods
+sim replay: 12,000/40,760 pods (29 %), 5 s, about 12 s left (default-every20 bestfit fifo load 30)
+```
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable
+from types import TracebackType
+from typing import Self, TextIO
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+__all__ = ["WorkProgress"]
+
+
+class WorkProgress:
+    """``with WorkProgress(console, "sim replay", total, "pods") as p: p.describe(...); p.update(done)``."""
+
+    def __init__(
+        self,
+        console: Console,
+        what: str,
+        total: int,
+        unit: str,
+        *,
+        every_s: float = 5.0,
+        clock: Callable[[], float] = time.monotonic,
+        stream: TextIO | None = None,
+    ) -> None:
+        self.what, self.total, self.unit, self.every_s = what, max(0, total), unit, every_s
+        self._clock, self._stream = clock, stream
+        self._done, self._description = 0, ""
+        self._bar: Progress | None = None
+        if console.is_terminal:
+            label = TextColumn("{task.description}")
+            columns = (label, BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+            self._bar = Progress(*columns, console=console, transient=True)
+            self._task = self._bar.add_task(what, total=self.total)
+        self._started = self._last = 0.0
+
+    def __enter__(self) -> Self:
+        self._started = self._last = self._clock()
+        if self._bar is not None:
+            self._bar.start()
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None
+    ) -> None:
+        if self._bar is not None:
+            self._bar.stop()
+
+    def say(self, text: str) -> None:
+        """A line of what the work is, as it starts (on stderr; on a terminal above the bar)."""
+        if self._bar is not None:
+            self._bar.console.print(text, markup=False, highlight=False, style="dim")
+        else:
+            self._write(text)
+
+    def describe(self, text: str) -> None:
+        """What is being done now (the bar's label, and the end of each line)."""
+        self._description = text
+        if self._bar is not None:
+            self._bar.update(self._task, description=text)
+
+    def update(self, done: int) -> None:
+        """``done`` of ``total`` units finished."""
+        self._done = min(max(0, done), self.total) if self.total else max(0, done)
+        if self._bar is not None:
+            self._bar.update(self._task, completed=self._done)
+            return
+        now = self._clock()
+        if now - self._last >= self.every_s:
+            self._last = now
+            self._write(self._line(now - self._started))
+
+    def _line(self, elapsed: float) -> str:
+        text = f"{self.what}: {self._done:,}/{self.total:,} {self.unit}"
+        if self.total:
+            text += f" ({100 * self._done / self.total:.0f} %)"
+        text += f", {elapsed:.0f} s"
+        if self._done and self.total:
+            text += f", about {elapsed * (self.total - self._done) / self._done:.0f} s left"
+        return text + (f" ({self._description})" if self._description else "")
+
+    def _write(self, text: str) -> None:
+        stream = self._stream or sys.stderr
+        stream.write(text + "\n")
+        stream.flush()
