@@ -53,6 +53,15 @@ def test_a_pair_placed_beside_a_later_pair_takes_an_nvlink_pair_that_leaves_the_
     assert DGX1.nvlinks[joint.gpus[0], joint.gpus[1]] > 0
 
 
+def test_on_a_cluster_the_joint_assignment_reads_the_chosen_nodes_gpus():
+    ledger = Ledger([NodeSpec(f"dgx{i}", 96_000, 512 * GiB, 8, "V100", 16 * GiB) for i in range(2)])
+    ledger.reserve(0, tuple(range(8)), Request(cpu_milli=0, num_gpu=8, gpu_milli=1000))  # node 0 is full
+    ledger.reserve(1, (0, 1, 2, 5), Request(cpu_milli=0, num_gpu=4, gpu_milli=1000))
+    placer = placer_for(ledger, topologies=[DGX1, DGX1])
+    placed = placer.place(TWO, later=[TWO, TWO])
+    assert isinstance(placed, Placement) and placed.node == 1 and placed.gpus in ((3, 7), (4, 6))
+
+
 def test_only_later_requests_for_several_whole_gpus_join_the_assignment():
     later = [Request(cpu_milli=0, num_gpu=1, gpu_milli=1000), Request(cpu_milli=0, num_gpu=1, gpu_milli=500)]
     placed = placer_for(dgx1_with_busy(), topologies=[DGX1]).place(TWO, later=later)

@@ -75,3 +75,11 @@ def test_the_search_stops_after_max_subsets_keeping_the_best_set_so_far(monkeypa
     assert [v.job_id for v in choose_victims(running, with_d, now=1.0)] == ["d"]
     monkeypatch.setattr(preemption, "MAX_SUBSETS", 3)  # "d" alone is never reached: all four stay the answer
     assert [v.job_id for v in choose_victims(running, with_d, now=1.0)] == ["a", "b", "c", "d"]
+
+
+def test_a_set_too_large_is_passed_over_and_a_later_smaller_set_of_the_same_size_is_still_tried():
+    # by GPUs: a 0.1, b 0.4, c 0.5, d 1.0; room needs 0.9 freed. Of the pairs, (a, d) frees more than
+    # the best so far (d alone, 1.0), but (b, c), tried after it, frees 0.9 and wins
+    running = [Victim(name, 1, 0.0, gpus) for name, gpus in (("a", 0.1), ("b", 0.4), ("c", 0.5), ("d", 1.0))]
+    chosen = choose_victims(running, lambda gone: sum(v.gpus for v in gone) >= 0.9 - 1e-9, now=1.0)
+    assert [v.job_id for v in chosen] == ["b", "c"]
