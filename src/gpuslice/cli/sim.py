@@ -8,11 +8,11 @@ from typing import Annotated
 
 import typer
 from rich import box
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from gpuslice.cli import terminal
 from gpuslice.cli.options import finite_between, writable
+from gpuslice.cli.progress import WorkProgress
 from gpuslice.cli.replay import MAX_SEED, REPLAY_EPILOG, replay
 from gpuslice.errors import UserError
 from gpuslice.policies import PLACEMENT
@@ -117,15 +117,27 @@ def openb(
     traces, policies = trace or [DEFAULT_TRACE], policy or list(FGD_PAPER_POLICIES)
     seed_list = parse_seeds(seeds)  # policy and trace names: run_sweep checks them all before any run
     console = terminal.console()
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    # Off when stdout is not a terminal: a log gets the table, not a bar's last frame.
-    with Progress(*columns, console=console, transient=True, disable=not console.is_terminal) as progress:
-        task = progress.add_task("replaying openb", total=len(traces) * len(policies) * len(seed_list))
+    total = len(traces) * len(policies) * len(seed_list)
+    # a bar on a terminal; a log gets a line every few seconds on stderr and the table on stdout
+    with WorkProgress(console, "sim openb", total, "runs") as progress:
+        finished = 0
 
         def advance(result: ReplayResult) -> None:
-            progress.update(task, advance=1, description=f"{result.trace} {result.policy} seed {result.seed}")
+            nonlocal finished
+            finished += 1
+            progress.describe(f"{result.trace} {result.policy} seed {result.seed}")
+            progress.update(finished)
 
-        results = run_sweep(traces, policies, seed_list, trace_dir, jobs, tune, on_result=advance)
+        def start() -> None:
+            progress.say(
+                f"sim openb: {total:,} run{'s' * (total != 1)} ({len(traces)} trace(s) × "
+                f"{len(policies)} polic{'ies' if len(policies) != 1 else 'y'} × {len(seed_list)} seed(s)) "
+                f"on {jobs} process(es)"
+            )
+
+        results = run_sweep(
+            traces, policies, seed_list, trace_dir, jobs, tune, on_result=advance, on_start=start
+        )
     rows = summarize(results, published_results())
     console.print(_summary_table(rows))
     if any(r.mig is not None for r in results):

@@ -9,10 +9,10 @@ from typing import Annotated, Any
 
 import typer
 from rich import box
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from gpuslice.cli import terminal
+from gpuslice.cli.progress import WorkProgress
 from gpuslice.cli.replay import check_load
 from gpuslice.errors import UserError
 from gpuslice.inputs import InvalidInput, writable_file
@@ -118,9 +118,15 @@ def tune(
         if path is not None:
             path.parent.mkdir(parents=True, exist_ok=True)
     console = terminal.console()
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    with Progress(*columns, console=console, transient=True, disable=not console.is_terminal) as progress:
-        task = progress.add_task(f"tuning ({objective})", total=trials)
+    with WorkProgress(console, f"tune ({objective})", trials, "trials") as progress:
+        progress.say(f"tune: {trials:,} trials on {len(train_traces)} training window(s), {jobs} process(es)")
+        finished = 0
+
+        def advance() -> None:
+            nonlocal finished
+            finished += 1
+            progress.update(finished)
+
         run = run_study(
             setup=setup,
             train=train_traces,
@@ -131,8 +137,8 @@ def tune(
             trials=trials,
             jobs=jobs,
             study=study,
-            on_trial=lambda: progress.advance(task),
-            on_phase=lambda phase: progress.update(task, description=phase),
+            on_trial=advance,
+            on_phase=progress.describe,
         )
     write_policy(run.best, out)
     meta = out.with_name(out.name + ".json")

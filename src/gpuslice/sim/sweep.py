@@ -48,15 +48,19 @@ def run_sweep(
     jobs: int = 1,
     tune: float = DEFAULT_TUNE,
     on_result: Callable[[ReplayResult], None] | None = None,
+    on_start: Callable[[], None] | None = None,
 ) -> list[ReplayResult]:
     """Replay every combination; ``jobs`` > 1 uses that many processes. Traces are loaded (and so
-    validated) up front, as are policy names, so a bad name or file fails before any work starts."""
+    validated) up front, as are policy names, so a bad name or file fails before any work starts;
+    ``on_start`` is called once they all are, as the runs begin."""
     for name in policies:
         resolve(name, "placement", placement_policy)  # a policy file is verified here, before any run
     for name in traces:
         _trace(name, trace_dir)
     specs = [RunSpec(t, p, s, trace_dir, tune) for t, p, s in product(traces, policies, seeds)]
     results: list[ReplayResult] = []
+    if on_start is not None:
+        on_start()
     if jobs <= 1:
         for spec in specs:
             results.append(_run(spec))
