@@ -141,12 +141,14 @@ def test_an_unknown_gpu_or_both_options_are_user_errors(cli, daemon):
     assert daemon.watch.health.unhealthy() == {}
 
 
-def test_ps_cuts_a_long_command_with_an_ellipsis(cli, daemon):
-    long_command = ["python", "train.py", "--config", "configs/a-very-long-experiment-name.yaml"]
+def test_ps_cuts_a_command_past_80_characters_with_an_ellipsis(cli, daemon):
+    """`ps` shows 80 characters of a command (wrapped in its column; `show` prints it whole)."""
+    long_command = ["python", "train.py", "--config", "configs/a-very-long-experiment-name.yaml", "--seed"]
+    long_command += ["1234567890" * 3]
     assert cli("submit", "--mem", "1GiB", "--", *long_command)[0] == 0
     code, ps = cli("ps")
     assert code == 0
-    shown = " ".join(long_command)[:39] + "…"
+    shown = " ".join(long_command)[:79] + "…"
     assert shown in ps and " ".join(long_command) not in ps
 
 

@@ -71,7 +71,7 @@ def host_limits_text(spec: dict[str, Any]) -> str:
     return " · ".join(parts) or "none"
 
 
-_COMMAND_WIDTH = 40  # characters of a job's command in `ps`; `show` prints it whole
+_COMMAND_WIDTH = 80  # characters of a job's command in `ps` (wrapped to its column); `show` prints it whole
 
 
 def _shorten(text: str, width: int) -> str:
@@ -220,11 +220,20 @@ def ps(
     """List jobs: pending, running and preempted ones (--all: finished ones too)."""
     with _client(url, state_dir) as client:
         jobs = client.jobs(None if all_jobs else _ACTIVE, limit=limit)
-    table = Table("ID", "STATE", "PRIORITY", "TENANT", "SLICE", "GPUS", "AGE", "COMMAND", "REASON", box=None)
+    # Priority and tenant get a column only where jobs differ in them (else the caption says it), so the
+    # command and the reason keep room to wrap at 80 columns; the short columns never wrap.
+    shared = {k: {j[k] for j in jobs} for k in ("priority", "tenant")}
+    varying = [k for k, values in shared.items() if len(values) > 1]
+    caption = ", ".join(f"{k} {escape(next(iter(v)))}" for k, v in shared.items() if len(v) == 1)
+    table = Table(box=None, caption=f"all jobs: {caption}" if caption else None, caption_justify="left")
+    for header in ("ID", "STATE", *(k.upper() for k in varying), "SLICE", "GPUS", "AGE"):
+        table.add_column(header, no_wrap=True)
+    table.add_column("COMMAND", overflow="fold", ratio=1, min_width=8)
+    table.add_column("REASON", ratio=1, min_width=8)
     for j in jobs:
         gpus_text = ",".join(map(str, j["gpus"])) if j["state"] == "RUNNING" else "—"
         command = escape(_shorten(" ".join(j["command"]), _COMMAND_WIDTH))
-        table.add_row(j["id"], j["state"], j["priority"], escape(j["tenant"]), slice_text(j), gpus_text,
+        table.add_row(j["id"], j["state"], *(escape(str(j[k])) for k in varying), slice_text(j), gpus_text,
                       _ago(j["submitted_at"]), command, escape(j["reason"]))  # fmt: skip
     _out.print(
         table if jobs else "no jobs" + ("" if all_jobs else " pending or running (--all for finished)")
@@ -315,10 +324,11 @@ def gpus(
         elif mark_healthy is not None:
             client.set_gpu_health(mark_healthy, True)
         rows = client.gpus()
-    table = Table(
-        "GPU", "MODEL", "MEMORY FREE", "COMPUTE FREE", "OTHERS", "HEALTH", "SLICES (job: memory · compute)",
-        box=None,
-    )  # fmt: skip
+    table = Table(box=None)  # the short columns never wrap, so a size stays on one line at 80 columns
+    for header in ("GPU", "MODEL", "MEMORY FREE", "COMPUTE\nFREE", "OTHERS"):
+        table.add_column(header, no_wrap=True)
+    table.add_column("HEALTH")
+    table.add_column("SLICES\n(job: memory · compute)", ratio=1)
     for g in rows:
         slices = ", ".join(
             f"{s['id']}: {s['mig'] or format_size(s['memory_bytes'])}"

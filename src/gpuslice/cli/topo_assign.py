@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich import box
 from rich.table import Table
 
 from gpuslice.cli import terminal
@@ -119,13 +120,18 @@ def assign(
         typer.echo(json.dumps(report, indent=2))
         return
     title = f"{topo.name}: jobs {jobs}, busy {sorted(taken) or 'none'}; ms = modelled 1 GB ring all-reduce"
-    table = Table(title=title)
+    # Two-line headers and no outer border keep the table inside 80 columns; a value that still does not
+    # fit folds onto the next line, never cut (a GPU list's commas let it wrap where it reads well).
+    table = Table(title=title, box=box.SIMPLE_HEAD, show_edge=False, padding=(0, 0))
     columns = ("job", "gpus_asked", "batch", "latency_hops", "bandwidth", "balance", "cost",
                "batch_allreduce_ms", "greedy", "greedy_allreduce_ms", "round_robin",
                "round_robin_allreduce_ms")  # fmt: skip
-    headers = ("job", "k", "batch", "hops", "bw", "bal", "cost", "ms", "greedy", "ms", "round-robin", "ms")
+    headers = ("job", "k", "batch\nGPUs", "hops", "bw", "bal", "cost", "batch\nms", "greedy\nGPUs",
+               "greedy\nms", "round-\nrobin", "round-\nrobin ms")  # fmt: skip
     for header in headers:
-        table.add_column(header, justify="left" if header in ("job", "batch", "greedy") else "right")
+        left = header in ("job", "batch\nGPUs", "greedy\nGPUs", "round-\nrobin")
+        # numbers never wrap (the text columns give way first); text folds
+        table.add_column(header, justify="left" if left else "right", overflow="fold", no_wrap=not left)
     rows: list[dict[str, object]] = report["jobs"]  # type: ignore[assignment]
     for row in rows:
         table.add_row(*(_cell(row[c]) for c in columns))
