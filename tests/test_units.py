@@ -64,9 +64,23 @@ def test_a_bare_number_is_refused_because_it_could_be_bytes_or_gib(text: str) ->
         parse_size(text)
 
 
-@pytest.mark.parametrize("text", ["0", "0GiB", "0.0MiB", "0B"])
-def test_zero_is_refused_in_any_unit(text: str) -> None:
-    with pytest.raises(InvalidSize, match=r"at least one byte|bare number"):
+@pytest.mark.parametrize("text", ["0", "0GiB", "0.0MiB", "0B", "0.0", "-5GiB", "-0"])
+def test_zero_or_a_negative_size_is_refused_in_any_unit_and_never_told_to_add_one(text: str) -> None:
+    with pytest.raises(InvalidSize, match=r"at least one byte") as info:
+        parse_size(text)
+    assert "write 0" not in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("text", "words"),
+    [
+        ("1.5.2GiB", "'1.5.2' is not a number"),
+        ("+5GiB", "a size has no sign"),
+        ("9" * 5000 + "GiB", "5,000 digits"),
+    ],
+)
+def test_a_size_that_is_malformed_says_what_is_wrong_with_it(text: str, words: str) -> None:
+    with pytest.raises(InvalidSize, match=words):
         parse_size(text)
 
 

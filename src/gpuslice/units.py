@@ -20,7 +20,7 @@ from fractions import Fraction
 
 from gpuslice.errors import InvalidSize
 
-__all__ = ["SIZE_PATTERN", "GiB", "KiB", "MiB", "TiB", "format_size", "parse_size"]
+__all__ = ["SIZE_PATTERN", "GiB", "KiB", "MiB", "TiB", "format_size", "looks_like_size", "parse_size"]
 
 KiB = 1024
 MiB = 1024**2
@@ -57,8 +57,10 @@ SIZE_PATTERN = (
     f"({'|'.join(_any_case(u) for u in sorted(_UNITS, key=len, reverse=True))}){_SPACE}*$"
 )
 _SIZE = re.compile(SIZE_PATTERN)
-_LOOSE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$", re.ASCII)  # only to word the refusal
+# Something meant as a size ("0", "-5GiB", "1.5.2GiB", "8Gb"), only to word the refusal.
+_LOOSE = re.compile(r"^\s*([-+]?)([0-9][0-9.]*)\s*([a-zA-Z]*)\s*$", re.ASCII)
 _HINT = "use a number and a unit, e.g. 8GiB, 8000MiB, 8G"
+_MAX_DIGITS = 30  # a yottabyte in bytes has 25; more is a typo or an attack, never a size
 
 
 def parse_size(text: str | int) -> int:
@@ -72,17 +74,10 @@ def parse_size(text: str | int) -> int:
         return text
     match = _SIZE.fullmatch(str(text))
     if match is None:
-        loose = _LOOSE.fullmatch(str(text))
-        if loose is None:
-            raise InvalidSize(f"invalid size {text!r}: {_HINT}")
-        number, unit = loose.groups()
-        if not unit:
-            raise InvalidSize(
-                f"invalid size {text!r}: a bare number has no unit; "
-                f"write {number}GiB (or {number}B for bytes)"
-            )
-        raise InvalidSize(f"invalid size {text!r}: unknown unit {unit!r}; {_HINT}")
+        raise InvalidSize(f"invalid size {text!r}: {_size_mistake(str(text))}")
     number, unit = match.groups()
+    if len(number) > _MAX_DIGITS:  # int() refuses past 4,300 digits with a ValueError, slowly before that
+        raise InvalidSize(f"invalid size {text[:_MAX_DIGITS]!r}…: {len(number):,} digits; {_HINT}")
     factor = _UNITS[unit.lower()]
     value = Fraction(number) * factor  # exact: a float would round "9007199254740993B"
     if value.denominator != 1:
@@ -90,6 +85,29 @@ def parse_size(text: str | int) -> int:
     if value == 0:
         raise InvalidSize(f"invalid size {text!r}: a size must be at least one byte")
     return int(value)
+
+
+def looks_like_size(text: str) -> bool:
+    """Whether ``text`` was meant as a size (a number, perhaps signed or malformed, then letters), so a
+    refusal can say what is wrong with the size rather than with whatever else the input could be."""
+    return _LOOSE.fullmatch(text) is not None
+
+
+def _size_mistake(text: str) -> str:
+    """What is wrong with ``text``, which the size grammar refused, and what to write instead."""
+    loose = _LOOSE.fullmatch(text)
+    if loose is None:
+        return _HINT
+    sign, number, unit = loose.groups()
+    if not re.fullmatch(r"[0-9]+(\.[0-9]+)?", number):
+        return f"{number!r} is not a number; {_HINT}"
+    if sign == "-" or not number.strip("0."):  # zero, however written
+        return f"a size must be at least one byte; {_HINT}"
+    if sign:
+        return f"a size has no sign; {_HINT}"
+    if not unit:
+        return f"a bare number has no unit; write {number}GiB (or {number}B for bytes)"
+    return f"unknown unit {unit!r}; {_HINT}"
 
 
 def format_size(size_bytes: int) -> str:

@@ -152,7 +152,7 @@ def test_a_change_whose_answer_does_not_come_says_it_was_sent_and_how_to_check(
 def test_a_change_with_nothing_listening_still_says_there_is_no_server(args, refused_url, capsys):
     code, _, err = gpuslice([*args, "--url", refused_url, "--wait", "0.5"], capsys)
     assert code == 2
-    assert err.startswith(f"error: no gpuslice server at {refused_url} (ConnectError;")
+    assert err.startswith(f"error: no gpuslice server at {refused_url} (the URL given with --url):")
     assert "gpuslice serve" in err and "sent" not in err and "unknown" not in err
 
 

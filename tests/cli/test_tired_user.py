@@ -94,3 +94,19 @@ def test_tune_makes_the_folder_of_its_output_or_study_file_after_checking_it(tmp
     done = _run(tmp_path, "tune", *args)
     assert done.returncode == 0, done.stderr
     assert out.is_file() and out.with_name("T.py.json").is_file() and new.is_file()
+
+
+def test_with_no_server_anywhere_the_first_error_is_one_plain_sentence(tmp_path, monkeypatch, capsys):
+    from gpuslice.cli.main import main
+    from gpuslice.server import client
+
+    monkeypatch.setattr(client, "DEFAULT_URL", "http://127.0.0.1:9")  # the discard port: nothing answers
+    for name in ("GPUSLICE_URL", "GPUSLICE_TOKEN"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("GPUSLICE_STATE_DIR", str(tmp_path / "state"))
+    with pytest.raises(SystemExit) as exit_info:
+        main(["ps"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    plain = "no gpuslice server is running here: start one with `gpuslice serve` (or give --url)"
+    assert err == f"error: {plain}\n"

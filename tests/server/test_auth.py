@@ -91,6 +91,14 @@ def test_no_bearer_and_a_wrong_bearer_are_told_apart():
     assert bearer_problem("Bearer secret", "secret") is None
 
 
+@pytest.mark.parametrize("header", ["nope", "Token nope", "Basic bm9wZQ==", "Bearer", "Bearer  "])
+def test_a_token_sent_without_its_bearer_scheme_is_rejected_not_told_it_is_missing(header):
+    problem = bearer_problem(header, "secret")
+    assert problem.startswith("token rejected") and "must read 'Bearer <token>'" in problem
+    assert "needs" not in problem and "secret" not in problem
+    assert bearer_problem("   ", "secret").startswith("this call needs")
+
+
 def test_a_new_state_directory_is_made_with_its_parents_and_readable_by_its_owner_only(tmp_path):
     state = tmp_path / "a" / "b" / "state"
     load_or_create_token(state)
@@ -160,7 +168,7 @@ def test_a_bearer_with_no_token_on_the_server_is_rejected_and_says_the_file_is_u
     assert "no usable token file" in bearer_problem("Bearer secret", None)
     with pytest.raises(NotAuthenticated, match="no usable token file"):
         check_bearer("Bearer secret", None)
-    assert bearer_problem(None, None) == bearer_problem("Basic x", "secret")  # told it needs a bearer first
+    assert bearer_problem(None, None) == bearer_problem("", "secret")  # told it needs a bearer first
 
 
 def _replace_token(path, text):

@@ -25,7 +25,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
 from gpuslice.errors import InvalidSize, UnknownName, UserError
-from gpuslice.units import MiB, format_size, parse_size
+from gpuslice.units import MiB, format_size, looks_like_size, parse_size
 
 __all__ = [
     "COMPUTE_SLICES",
@@ -323,7 +323,9 @@ def resolve_request(gpu: MigGpu, text: str) -> tuple[MigProfile, ...]:
             raise UnknownMigProfile(f"{err}; a memory size needs a unit, e.g. 12GiB") from None
         try:
             size = parse_size(text.strip())
-        except InvalidSize:
+        except InvalidSize as bad:
+            if looks_like_size(text):  # "0GiB", "-5GiB", "1.5.2GiB": meant as a size, so say what is wrong
+                raise bad from None
             raise UnknownMigProfile(f"{err}; or give a memory size such as 12GiB") from None
     return smallest_profiles(gpu, size)
 

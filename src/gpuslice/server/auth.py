@@ -162,9 +162,17 @@ class TokenFile:
 def bearer_problem(authorization: str | None, token: str | None) -> str | None:
     """Why ``authorization`` does not carry ``token`` (constant-time compare), or None when it does:
     no bearer at all, a wrong one ("token rejected"), or no token on the server now."""
-    scheme, _, given = (authorization or "").partition(" ")
-    if scheme.lower() != "bearer" or not given.strip():
+    header = (authorization or "").strip()
+    if not header:
         return NEEDS_BEARER
+    scheme, _, given = header.partition(" ")
+    if scheme.lower() != "bearer" or not given.strip():
+        # A header was sent, so the caller holds something it believes is the token: tell it that this is
+        # refused and how it must be sent, never what was expected.
+        return (
+            "token rejected: the Authorization header must read 'Bearer <token>', with the token from the "
+            "server's state directory (file 'token') or GPUSLICE_TOKEN"
+        )
     if token is None:
         return "token rejected: the server has no usable token file now; write one (mode 0600) or restart it"
     if not hmac.compare_digest(given.strip().encode(), token.encode()):

@@ -16,6 +16,7 @@ the server is there but did not answer for a read.
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import time
 from collections.abc import Iterator
@@ -40,6 +41,7 @@ _CONNECT_SECONDS = 5.0  # the least time given to open the connection, however s
 _AFTER_CONNECT = (httpx.ReadTimeout, httpx.WriteTimeout, httpx.ReadError, httpx.WriteError,
                   httpx.RemoteProtocolError)  # fmt: skip
 _READS = ("GET", "HEAD")
+_TOKEN_TEXT = re.compile(r"[A-Za-z0-9._~+/-]+=*")  # what a bearer token may hold (RFC 6750's b64token)
 
 
 class ServerError(UserError):
@@ -87,6 +89,14 @@ class ServeClient:
             else f"the default: no server wrote its URL in {self.state_dir}"
         )  # fmt: skip
         self._token = token or os.environ.get("GPUSLICE_TOKEN") or None
+        if self._token is not None and not _TOKEN_TEXT.fullmatch(self._token):
+            # Sent as is, a space or a non-ASCII letter breaks the request before it leaves (a traceback,
+            # or "no server"); the token itself is never echoed.
+            where = "the token given" if token else "GPUSLICE_TOKEN"
+            raise UserError(
+                f"{where} is not a gpuslice token (it holds white space or characters a token never has): "
+                "copy it from the file 'token' in the server's state directory"
+            )
         # ``http``: an httpx.Client to use instead (tests pass one bound to the app in-process).
         self._owns_http = http is None
         self.timeout = timeout
@@ -181,10 +191,13 @@ class ServeClient:
         return where
 
     def _unavailable(self, err: Exception) -> ServerUnavailable:
+        if self._url_origin.startswith("the default"):  # nothing was named: most likely none was started
+            return ServerUnavailable(
+                "no gpuslice server is running here: start one with `gpuslice serve` (or give --url)"
+            )
         return ServerUnavailable(
-            f"no gpuslice server at {self.url} ({type(err).__name__}; the URL {self._url_origin}); start "
-            "one with `gpuslice serve` (add --simulate dgx-h100 on a machine without GPUs), or point at "
-            "a running one with --state-dir / GPUSLICE_STATE_DIR (its state dir) or --url / GPUSLICE_URL"
+            f"no gpuslice server at {self.url} (the URL {self._url_origin}): start one with "
+            "`gpuslice serve`, or point at a running one with --url or --state-dir"
         )
 
     def health(self) -> dict[str, Any]:

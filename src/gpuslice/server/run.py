@@ -270,9 +270,37 @@ def listen(host: str, port: int) -> socket.socket:
                 f"port {port} on {host} is held by another process (another gpuslice serve?); nothing was "
                 "started or written: stop that one, or pick another --port"
             ) from None
-        raise InvalidRequest(f"cannot listen on {host}:{port} ({err.strerror}); pick another --port or --host"
-                             ) from None  # fmt: skip
+        raise InvalidRequest(_bind_refused(host, port, err)) from None
     return sock
+
+
+def check_host(host: str) -> None:
+    """InvalidRequest unless ``host`` is an address of this machine: bound on an ephemeral port and let
+    go at once, before the state directory is locked or made, so a mistyped --host leaves nothing behind
+    (the port itself is tried by ``listen``, under the lock)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        try:
+            probe.bind((host, 0))
+        except OSError as err:
+            raise InvalidRequest(_bind_refused(host, 0, err)) from None
+
+
+def _bind_refused(host: str, port: int, err: OSError) -> str:
+    """Why ``host``:``port`` cannot be listened on, naming the option that is wrong."""
+    if isinstance(err, socket.gaierror):
+        return (
+            f"--host {host!r} is neither an IP address nor a name this machine resolves ({err.strerror}): "
+            "give 127.0.0.1 (this machine only), 0.0.0.0 (every interface) or one of its addresses"
+        )
+    if err.errno == errno.EADDRNOTAVAIL:
+        return (
+            f"--host {host} is not an address of this machine: give 127.0.0.1 (this machine only), "
+            "0.0.0.0 (every interface) or one of its addresses"
+        )
+    if err.errno == errno.EACCES:
+        return f"--port {port} needs privileges this process lacks ({err.strerror}): pick a port from 1024"
+    return f"cannot listen on {host}:{port} ({err.strerror}): check --host and --port"
 
 
 class _Stop(Exception):
@@ -289,6 +317,7 @@ def run(options: ServeOptions, on_ready: Callable[[str, Path, str], None] = lamb
     ``on_ready(url, token_path, sign_in_url)`` is called once the state is recovered, just before
     serving; ``sign_in_url`` opens the dashboard once and leaves a read-only cookie."""
     state_dir = options.state_dir.expanduser().resolve()
+    check_host(options.host)
     previous = signal.signal(signal.SIGTERM, _stop_on_sigterm)
     try:
         _run(options, state_dir, on_ready)
