@@ -64,6 +64,16 @@ def test_a_fifo_where_a_file_is_read_is_refused_not_waited_on(tmp_path, args):
     _refused(done, str(fifo), "is a FIFO", "give a regular file")
 
 
+@pytest.mark.parametrize("kind", ["a folder", "a FIFO"])
+def test_a_folder_or_fifo_where_a_trace_csv_should_be_is_named_as_such(tmp_path, kind):
+    traces = tmp_path / "traces"
+    traces.mkdir()
+    pods = traces / "openb_pod_list_x.csv"
+    pods.mkdir() if kind == "a folder" else os.mkfifo(pods)
+    done = _run(tmp_path, "sim", "openb", "--trace-dir", str(traces), "--trace", "x")
+    _refused(done, f"{pods} is {kind}")
+
+
 @pytest.mark.parametrize("option", ["--out", "--study"])
 def test_tune_refuses_a_fifo_as_its_output_or_study_file_before_any_work(tmp_path, option):
     fifo = _fifo(tmp_path, "out.fifo")

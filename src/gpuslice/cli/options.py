@@ -117,6 +117,14 @@ def writable(param: typer.CallbackParam, value: Path | None) -> Path | None:
     return None if value is None else writable_folder(value, param.opts[0])
 
 
+def _text_file(param: typer.CallbackParam, value: Path | None) -> Path | None:
+    """An input file that must be UTF-8 text, checked as the options are read: a binary file, a FIFO or
+    an empty one is named with its flag before anything starts (the loader reads it again)."""
+    if value is not None:
+        read_text(value, param.opts[0])
+    return value
+
+
 def target_workload_option(default: str) -> Any:
     """``--target-workload PATH``: the workload FGD-style placement keeps room for, as serve and the
     Kubernetes extender take it; ``default`` says what is used without it."""
@@ -125,6 +133,7 @@ def target_workload_option(default: str) -> Any:
         typer.Option(
             exists=True,
             dir_okay=False,
+            callback=_text_file,
             help="CSV of representative pods in openb's pod-list format (num_gpu, gpu_milli, …): the "
             f"workload fgd keeps room for; default: {default}",
         ),
