@@ -11,7 +11,7 @@ from gpuslice.errors import LedgerError
 from gpuslice.hardware.mig import MigInstance, mig_gpu
 from gpuslice.hardware.node import NodeSpec
 from gpuslice.ledger import Ledger, Placement, Refusal, RefusalCode
-from gpuslice.ledger.mig import MigHold
+from gpuslice.ledger.mig import MigHold, mig_request
 from gpuslice.units import GiB
 from gpuslice.workload.request import Request
 
@@ -97,3 +97,10 @@ def test_the_invariant_check_sees_a_stale_slot_and_an_instance_on_a_gpu_not_in_m
     led.check_invariants()
     stray = Placement(node=0, gpus=(), request=NONE, id=99, mig=MigHold(0, MigInstance(P1G, 0)))
     assert not led._mig.agrees_with([*led.live_placements, stray])  # GPU 0 of node 0 is not in MIG mode
+
+
+def test_a_mig_instances_columns_take_no_cpu_and_whole_bytes_of_its_gpus_memory():
+    odd = 80 * GiB + 1  # not a multiple of the 8 memory slices
+    request = mig_request(P3G, odd)
+    assert request == Request(cpu_milli=0, num_gpu=1, gpu_milli=428, gpu_memory_bytes=odd * 4 // 8)
+    assert type(request.gpu_memory_bytes) is int
