@@ -324,3 +324,24 @@ def test_a_what_if_copy_keeps_the_memory_used_outside():
     cap = cap_of(m, external=(GiB, 2 * GiB))
     assert cap.copy().external == (GiB, 2 * GiB)
     assert cap_of(m).external == (0, 0)
+
+
+def test_a_job_without_gpus_found_running_holds_nothing():
+    m = machine(80, 80)
+    assert adopted_holding("j", demand_for(spec(gpus=0), m), (), None, ledger_of(m), m) == Holding(())
+
+
+def test_every_model_of_the_machine_is_named_when_none_is_allowed():
+    gpus = (GpuInfo(0, "GPU-0", "A100-80GB", 80 * GiB), GpuInfo(1, "GPU-1", "H100", 80 * GiB))
+    m = Machine("test", gpus, None)
+    with pytest.raises(InvalidRequest) as err:
+        demand_for(spec(gpu_models=("L4",)), m)
+    assert (
+        str(err.value) == f"gpu_models: no GPU model in {{L4}} on this machine (it has {', '.join(m.models)})"
+    )
+    with pytest.raises(InvalidRequest) as err:
+        demand_for(spec(excluded_gpu_models=("A100-80GB", "H100")), m)
+    assert str(err.value) == (
+        f"excluded_gpu_models: every GPU model on this machine ({', '.join(m.models)}) is excluded"
+    )
+    assert len(m.models) == 2
