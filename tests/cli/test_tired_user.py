@@ -7,8 +7,11 @@ written; a hang shows up as the generous timeout, not as a slow pass.
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -120,3 +123,35 @@ def test_with_no_server_anywhere_the_first_error_is_one_plain_sentence(tmp_path,
     err = capsys.readouterr().err
     plain = "no gpuslice server is running here: start one with `gpuslice serve` (or give --url)"
     assert err == f"error: {plain}\n"
+
+
+def test_ctrl_c_on_a_parallel_sim_openb_stops_its_workers_at_once_and_writes_nothing(tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUSLICE_")}
+    env.update(HOME=str(tmp_path), COLUMNS="80")
+    args = ["sim", "openb", "--jobs", "2", "--seeds", "1-8", "--out", str(tmp_path / "out")]
+    child = subprocess.Popen(
+        [*_command(), *args], cwd=tmp_path, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True, start_new_session=True,  # its own group, as a terminal's job
+    )  # fmt: skip
+    watchdog = threading.Timer(TIME_LIMIT_S, child.kill)
+    watchdog.start()
+    try:
+        seen = []
+        for line in child.stderr:  # the first progress line: the workers are busy with the 48 runs
+            seen.append(line)
+            if "/48 runs" in line:
+                break
+        assert any("/48 runs" in line for line in seen), "".join(seen)
+        pressed = time.monotonic()
+        os.killpg(child.pid, signal.SIGINT)  # what Ctrl-C sends: the whole foreground group
+        _, err = child.communicate()
+        took = time.monotonic() - pressed
+    finally:
+        watchdog.cancel()
+    # Before: every queued run went on to the end (a minute here); now ~1 s, 20 on a loaded machine.
+    assert took < 20, f"took {took:.1f} s to stop"
+    assert child.returncode == 130, err
+    assert "Traceback" not in err
+    errors = [line for line in err.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and "interrupted after" in errors[0] and "of 48 runs" in errors[0], err
+    assert "nothing was written" in errors[0] and not (tmp_path / "out").exists()

@@ -11,6 +11,7 @@ from rich import box
 from rich.table import Table
 
 from gpuslice.cli import terminal
+from gpuslice.cli.interrupt import workers_stop_on_interrupt
 from gpuslice.cli.options import finite_between, writable
 from gpuslice.cli.progress import WorkProgress
 from gpuslice.cli.replay import MAX_SEED, REPLAY_EPILOG, replay
@@ -135,9 +136,18 @@ def openb(
                 f"on {jobs} process(es)"
             )
 
-        results = run_sweep(
-            traces, policies, seed_list, trace_dir, jobs, tune, on_result=advance, on_start=start
-        )
+        def interrupted() -> str:
+            # Results are written only once every run is done, so an interrupted sweep leaves no file.
+            return f"error: interrupted after {finished:,} of {total:,} runs; nothing was written to {out}"
+
+        try:
+            with workers_stop_on_interrupt(interrupted):
+                results = run_sweep(
+                    traces, policies, seed_list, trace_dir, jobs, tune, on_result=advance, on_start=start
+                )
+        except KeyboardInterrupt:
+            terminal.console(stderr=True).print(interrupted(), markup=False, highlight=False, soft_wrap=True)
+            raise typer.Exit(130) from None
     rows = summarize(results, published_results())
     console.print(_summary_table(rows))
     if any(r.mig is not None for r in results):
