@@ -77,6 +77,21 @@ def test_a_folder_or_fifo_where_a_trace_csv_should_be_is_named_as_such(tmp_path,
     _refused(done, f"{pods} is {kind}")
 
 
+@pytest.mark.parametrize(
+    ("args", "result"),
+    [(("sim", "openb", "--seeds", "1", "--policy", "random"), "results.csv"), (("predict",), "errors.json")],
+    ids=["sim openb", "predict"],
+)
+@pytest.mark.parametrize("kind", ["a folder", "a FIFO"])
+def test_a_folder_or_fifo_in_a_result_files_place_is_refused_before_the_work(tmp_path, args, result, kind):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / result).mkdir() if kind == "a folder" else os.mkfifo(out / result)
+    done = _run(tmp_path, *args, "--out", str(out))
+    _refused(done, "--out", f"{out / result} is {kind}")
+    assert [p.name for p in out.iterdir()] == [result]
+
+
 @pytest.mark.parametrize("option", ["--out", "--study"])
 def test_tune_refuses_a_fifo_as_its_output_or_study_file_before_any_work(tmp_path, option):
     fifo = _fifo(tmp_path, "out.fifo")

@@ -14,10 +14,13 @@ from rich.table import Table
 from gpuslice.cli import terminal
 from gpuslice.cli.options import writable
 from gpuslice.errors import UserError
+from gpuslice.inputs import writable_file
 from gpuslice.sim.timed_trace import load_timed_trace
 from gpuslice.sim.trace import DEFAULT_TRACE
 
 __all__ = ["predict"]
+
+_OUTPUTS = ("errors.json", "predictions.csv")
 
 
 def predict(
@@ -38,6 +41,8 @@ def predict(
     arrival hour and weekday) and show its error on held-out pods against a constant guess."""
     if not 0 < train_fraction < 1:
         raise UserError(f"--train-fraction {train_fraction:g}: must be between 0 and 1 (exclusive)")
+    for name in _OUTPUTS:  # a folder or FIFO in a result's place would fail only after the training
+        writable_file(out / name, "--out")
     from gpuslice.sim.duration_model import held_out_errors  # scikit-learn: ~1 s to import
 
     timed = load_timed_trace(trace, trace_dir)
@@ -64,5 +69,5 @@ def predict(
         writer.writerow(("name", "qos", "duration_s", "predicted_s"))
         for job, guess in zip(judged, predicted.tolist(), strict=True):
             writer.writerow((job.name, job.qos, job.duration, round(guess, 1)))
-    for name in ("errors.json", "predictions.csv"):
+    for name in _OUTPUTS:
         console.print(f"wrote {out / name}", markup=False, highlight=False, soft_wrap=True)

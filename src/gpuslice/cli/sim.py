@@ -16,6 +16,7 @@ from gpuslice.cli.options import finite_between, writable
 from gpuslice.cli.progress import WorkProgress
 from gpuslice.cli.replay import MAX_SEED, REPLAY_EPILOG, replay
 from gpuslice.errors import UserError
+from gpuslice.inputs import writable_file
 from gpuslice.policies import PLACEMENT
 from gpuslice.sim.openb import DEFAULT_TUNE, ReplayResult
 from gpuslice.sim.published import FGD_PAPER_POLICIES, published_results
@@ -117,6 +118,8 @@ def openb(
     """The FGD paper's openb experiment: unallocated GPU % as the inflated trace arrives, per policy."""
     traces, policies = trace or [DEFAULT_TRACE], policy or list(FGD_PAPER_POLICIES)
     seed_list = parse_seeds(seeds)  # policy and trace names: run_sweep checks them all before any run
+    for name in ("results.json", "results.csv"):  # a folder or FIFO there would fail after every run
+        writable_file(out / name, "--out")
     console = terminal.console()
     total = len(traces) * len(policies) * len(seed_list)
     # a bar on a terminal; a log gets a line every few seconds on stderr and the table on stdout
