@@ -90,3 +90,21 @@ def test_an_output_file_where_a_folder_or_fifo_is_is_refused(tmp_path, kind):
         writable_file(target, "--out")
     assert writable_file(tmp_path / "new" / "p.py", "--out") == tmp_path / "new" / "p.py"
     assert not (tmp_path / "new").exists()
+
+
+def test_a_name_longer_than_the_file_system_allows_is_refused_before_the_work(tmp_path) -> None:
+    """A folder or file name of 300 characters: the write would fail only after the work (a stat of it
+    raises ENAMETOOLONG instead of saying it is missing)."""
+    from gpuslice.inputs import InvalidInput, writable_file, writable_folder
+
+    long = "a" * 300
+    for check, path in (
+        (writable_folder, tmp_path / long),
+        (writable_folder, tmp_path / "new" / long / "x"),
+        (writable_file, tmp_path / long),
+        (writable_file, tmp_path / long / "f.py"),
+    ):
+        with pytest.raises(InvalidInput, match="a name of 300 characters is too long"):
+            check(path, "--out")
+    assert list(tmp_path.iterdir()) == []  # nothing made by the probes
+    assert writable_folder(tmp_path / "new" / "b", "--out") == tmp_path / "new" / "b"  # ordinary names pass

@@ -22,6 +22,7 @@ import math
 import os
 import stat
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 
 from gpuslice.errors import UserError
@@ -118,26 +119,50 @@ def writable_file(path: str | Path, name: str) -> Path:
     if kind not in ("file", "missing"):
         raise InvalidInput(f"{name} {path} is {kind}: give a file name")
     writable_folder(path.parent, name)
+    _check_name_lengths(path.parent, [path.name], name)
     return path
+
+
+def _check_name_lengths(folder: Path, names: Sequence[str], option: str) -> None:
+    """InvalidInput when one of ``names`` (to be made in or under ``folder``) is longer than the file
+    system there allows: the write would fail only after the work."""
+    try:
+        longest = os.pathconf(folder, "PC_NAME_MAX")
+    except OSError:  # not there yet: the usual limit
+        longest = 255
+    for part in names:
+        if len(os.fsencode(part)) > longest:
+            raise InvalidInput(
+                f"{option}: a name of {len(part):,} characters is too long (at most {longest})"
+            )
 
 
 def writable_folder(path: str | Path, name: str) -> Path:
     """``path`` if it is, or can be made, a folder this process may write into; nothing is created.
 
-    The nearest existing folder on the way to ``path`` is probed with a temporary folder, removed at
-    once; InvalidInput names ``name`` when ``path`` or an ancestor is a file, or the probe fails.
+    The nearest existing folder on the way to ``path`` is probed by making (and at once removing) the
+    first folder that would be made there, or a temporary one when ``path`` exists; InvalidInput names
+    ``name`` when ``path`` or an ancestor is a file, or the probe fails (no permission, a name too long).
     """
     path = Path(path)
     existing = path
-    while not existing.exists():
+    while file_kind(existing) == "missing":  # a name too long to look up counts as missing, never raises
         if existing.parent == existing:
             break
         existing = existing.parent
     if not existing.is_dir():
         what = "is a file" if existing == path else f"is under {existing}, which is a file"
         raise InvalidInput(f"{name} {path} {what}: give a folder")
+    _check_name_lengths(existing, path.relative_to(existing).parts, name)
+    first = path  # the first folder that would be made: probing it also catches a name too long
+    while first != existing and first.parent != existing:
+        first = first.parent
     try:
-        os.rmdir(tempfile.mkdtemp(prefix=".gpuslice-probe-", dir=existing))
+        if first == existing:
+            os.rmdir(tempfile.mkdtemp(prefix=".gpuslice-probe-", dir=existing))
+        else:
+            os.mkdir(first)
+            os.rmdir(first)
     except OSError as err:
         raise InvalidInput(f"{name} {path} cannot be written: {err.strerror or err} in {existing}") from None
     return path

@@ -14,7 +14,6 @@ the profile says how much of the GPU it takes). Empty cells mean none.
 from __future__ import annotations
 
 import csv
-import stat
 from collections.abc import Iterator
 from dataclasses import dataclass
 from importlib import resources
@@ -22,6 +21,7 @@ from pathlib import Path
 
 from gpuslice.errors import GpusliceError, TraceFormatError, UnknownTrace, UserError
 from gpuslice.hardware.node import NodeSpec
+from gpuslice.inputs import file_kind
 from gpuslice.units import MiB
 from gpuslice.workload.request import MILLI_PER_GPU, Request
 from gpuslice.workload.target import TargetWorkload
@@ -108,20 +108,6 @@ def csv_rows(
             ) from None
         except csv.Error as e:
             raise TraceFormatError(f"{path}, row {reader.line_num}: not CSV ({e})") from None
-
-
-def file_kind(path: Path) -> str:
-    """ "file" for a regular file (or a link to one); else what it is, in words: "missing", "a folder",
-    "a FIFO", "a device or socket"."""
-    try:
-        mode = path.stat().st_mode
-    except OSError:
-        return "missing"
-    if stat.S_ISREG(mode):
-        return "file"
-    if stat.S_ISDIR(mode):
-        return "a folder"
-    return "a FIFO" if stat.S_ISFIFO(mode) else "a device or socket"
 
 
 def _int(path: Path, line: int, row: dict[str, str], column: str, empty: int | None = None) -> int:
