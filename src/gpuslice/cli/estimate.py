@@ -19,6 +19,7 @@ from gpuslice.cli import terminal
 from gpuslice.estimate import BUNDLED, RECOMPUTE, WEIGHT_DTYPES, EstimateOptions, fit_slice, run_estimate
 from gpuslice.estimate.fit import SliceFit
 from gpuslice.estimate.result import Estimate
+from gpuslice.hardware.gpu_models import GPU_MODELS
 from gpuslice.units import format_size
 
 __all__ = [
@@ -119,7 +120,8 @@ def print_estimate(console: Console, result: Estimate, fit: SliceFit) -> None:
     console.print(table)
     per = f" per GPU × {fit.gpus} GPUs" if fit.gpus > 1 else ""
     console.print(f"smallest slice: --mem {fit.mem}{per}", markup=False, highlight=False)
-    console.print(f"GPU models that hold it: {', '.join(fit.gpu_models) or 'none in the catalogue'}",
+    held = ", ".join(GPU_MODELS[name].vendor_name for name in fit.gpu_models)
+    console.print(f"GPU models that hold it: {held or 'none in the catalogue'}",
                   markup=False, highlight=False)  # fmt: skip
     if fit.gpus == 1:
         console.print(f"MIG profiles that hold it: {', '.join(fit.mig_profiles) or 'none'}",
