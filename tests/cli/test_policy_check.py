@@ -93,9 +93,10 @@ def test_export_prints_a_builtin_as_a_file_that_check_accepts(tmp_path):
     assert code == 0 and "placement policy BestFit" in out
 
 
-def test_export_writes_to_a_file_with_output(tmp_path):
+@pytest.mark.parametrize("flag", ["--out", "-o", "--output"])
+def test_export_writes_to_a_file_with_out_as_every_command_names_it(tmp_path, flag):
     path = tmp_path / "lfu.py"
-    code, out, _ = run("export", "lfu", "--output", str(path))
+    code, out, _ = run("export", "lfu", flag, str(path))
     assert code == 0 and out == ""
     assert "class Lfu(MemoryOps)" in path.read_text()
 

@@ -31,7 +31,7 @@ from rich.table import Table
 from gpuslice.cli import terminal
 from gpuslice.cli.jobs import StateDir, Url
 from gpuslice.errors import UserError
-from gpuslice.inputs import InvalidInput, read_text
+from gpuslice.inputs import InvalidInput, read_text, writable_file
 from gpuslice.server.client import ServeClient, ServerError
 from gpuslice.server.errors import OutcomeUnknown
 
@@ -115,7 +115,14 @@ def export(
         typer.Option(help="placement, queue, eviction or prefetch; needed when the name is in several"),
     ] = None,
     output: Annotated[
-        Path | None, typer.Option("--output", "-o", help="write here instead of printing", show_default=False)
+        Path | None,
+        typer.Option(
+            "--out",
+            "-o",
+            "--output",  # --out as every other command; --output, its old name, still works
+            help="write here instead of printing",
+            show_default=False,
+        ),
     ] = None,
 ) -> None:
     """Write a built-in policy as a policy file: its own source, importing from the policy API.
@@ -124,6 +131,8 @@ def export(
     built-in. Built-ins that build on another policy (fgd-scarcity, priority) cannot be exported."""
     from gpuslice.programs.export import export_source
 
+    if output is not None:
+        writable_file(output, "--out")  # a FIFO there would block the write; a folder would fail it
     text = export_source(name, family)
     if output is None:
         _out.print(text, markup=False, end="")
