@@ -96,3 +96,28 @@ def test_a_gpu_healthy_again_is_used_at_once_while_another_stays_unhealthy():
     assert started(s.step(1)) == {}
     s.set_gpu_health(0, True)
     assert started(s.step(2)) == {"two": (0, 1)}
+
+
+def test_memory_used_outside_is_taken_from_what_shares_may_use_and_retaken_after_a_whole_gpu_job():
+    s = NodeScheduler(machine(2, mig=(1,), topology=None))
+    with pytest.raises(InvalidRequest, match=r"^gpu: GPU 2 does not exist \(this machine has 0–1\)$"):
+        s.set_external_usage(2, GiB)
+    free_memory = s.ledger.view.free_gpu_memory_bytes
+    s.set_external_usage(0, 30 * GiB)
+    assert free_memory[0, 0] == 50 * GiB and s.ledger.view.free_gpu_milli[0, 0] == 999
+    s.set_external_usage(0, 20 * GiB)  # the old amount is given back first
+    assert free_memory[0, 0] == 60 * GiB
+    s.set_external_usage(1, 20 * GiB)  # a GPU in MIG mode: counted, not taken from the ledger
+    assert free_memory[0, 1] == 80 * GiB and s.gpu_usage()[1].external_bytes == 20 * GiB
+    s.set_external_usage(0, -5)
+    assert free_memory[0, 0] == 80 * GiB and s.gpu_usage()[0].external_bytes == 0
+    s.submit("whole", spec(gpus=1), 0)
+    assert started(s.step(1)) == {"whole": (0,)}
+    s.set_external_usage(0, 10 * GiB)  # held whole: nothing to take now
+    assert s.ledger.view.free_gpu_milli[0, 0] == 0 and free_memory[0, 0] == 80 * GiB
+    assert s.gpu_usage()[0].external_bytes == 10 * GiB
+    s.finished("whole")
+    assert free_memory[0, 0] == 70 * GiB and s.ledger.view.free_gpu_milli[0, 0] == 999
+    s.set_external_usage(0, 100 * GiB)  # more than the GPU has: clamped to what is free
+    assert free_memory[0, 0] == 0
+    s.ledger.check_invariants()
