@@ -22,7 +22,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 TEST = "tests/cli/test_fuzz_inputs.py"
-COMMANDS = ("predict", "sim openb", "sim replay", "tune")
+COMMANDS = ("estimate", "mig plan", "predict", "sim openb", "sim replay", "topo assign", "tune")
 
 
 def main() -> None:

@@ -21,6 +21,7 @@ from gpuslice.errors import UserError
 from gpuslice.hardware.topology import Topology
 from gpuslice.hardware.topology_profiles import PROFILES, profile
 from gpuslice.hardware.topology_smi import read_topo_file
+from gpuslice.inputs import file_kind
 from gpuslice.policies.gpuset.batch import BatchJob, assign_batch
 from gpuslice.policies.gpuset.batch_compare import greedy_sets, ring_allreduce_seconds, round_robin_sets
 
@@ -38,7 +39,7 @@ def load_machine(text: str) -> Topology:
     if name in PROFILES:
         return profile(name)
     path = Path(text)
-    if text and path.is_file():
+    if text and file_kind(path) == "file":  # never raises: a name too long is no file either
         return read_topo_file(path)
     known = ", ".join([*MACHINES, *PROFILES])
     raise UserError(f"--machine {text!r} is neither a machine ({known}) nor a readable topology file")

@@ -20,7 +20,7 @@ from typing import Any
 from gpuslice.estimate.errors import MalformedModelConfig
 from gpuslice.estimate.exact import exact_parameter_count
 from gpuslice.estimate.model_shapes import MlaShape, ModelShape
-from gpuslice.inputs import InvalidInput, read_text
+from gpuslice.inputs import InvalidInput, file_kind, read_text
 
 __all__ = ["load_hf_config", "parse_hf_config"]
 
@@ -35,7 +35,7 @@ def load_hf_config(path: str | Path) -> ModelShape:
     meta device (``estimate.exact``); the shape's ``parameter_source`` says which path was used.
     """
     path = Path(path)
-    if path.is_dir():
+    if file_kind(path) == "a folder":
         path = path / "config.json"
     try:
         text = read_text(path, "model config", max_bytes=16 * 1024**2)  # binary, non-UTF-8, empty: refused

@@ -18,6 +18,7 @@ from gpuslice.estimate.inference import estimate_inference
 from gpuslice.estimate.model_shapes import ModelShape, bundled_model
 from gpuslice.estimate.result import Estimate
 from gpuslice.estimate.training import estimate_training
+from gpuslice.inputs import file_kind
 from gpuslice.units import MiB, format_size
 
 __all__ = ["DEFAULT_MARGIN", "EstimateOptions", "estimate_request_bytes", "resolve_model", "run_estimate"]
@@ -75,7 +76,7 @@ def resolve_model(model: str | None, params: float | None = None) -> ModelShape 
         return round(params)
     assert model is not None
     path = Path(model).expanduser()
-    if path.exists() or model.endswith(".json"):
+    if file_kind(path) != "missing" or model.endswith(".json"):
         return load_hf_config(path)
     return bundled_model(model)
 
