@@ -3,29 +3,12 @@ split over two lines, a job's command is shown whole (wrapped, not cut) and no n
 
 from __future__ import annotations
 
-import warnings
-
 import pytest
+from test_cli_terminal import client  # noqa: F401 - the fixture: the CLI against an in-process server
 
-from gpuslice.cli import jobs
 from gpuslice.cli.main import main
-from gpuslice.server.app import create_app
-from gpuslice.server.client import ServeClient
 
-with warnings.catch_warnings():
-    warnings.simplefilter("ignore", UserWarning)  # starlette asks for httpx2; httpx works the same here
-    from fastapi.testclient import TestClient
-
-TOKEN = "width-token"
 LONG = "python train.py --config configs/a-rather-long-experiment-name.yaml --epochs 90"
-
-
-@pytest.fixture
-def client(daemon, monkeypatch):
-    http = TestClient(create_app(daemon, TOKEN))
-    monkeypatch.setattr(jobs, "_client", lambda url, state_dir: ServeClient(token=TOKEN, http=http))
-    yield http
-    http.close()
 
 
 def _run(capsys, monkeypatch, width: int, *args: str) -> str:
@@ -52,8 +35,9 @@ def _lines_fit(text: str, width: int) -> None:
     assert not wide, f"wider than {width}: {wide}"
 
 
+@pytest.mark.usefixtures("client")
 def test_ps_at_80_columns_wraps_the_command_whole_and_drops_columns_every_job_shares(
-    client, capsys, monkeypatch
+    capsys, monkeypatch
 ) -> None:
     for command in (LONG.split(), ["sleep", "100"]):
         _run(capsys, monkeypatch, 300, "submit", "--gpus", "8", "--", *command)
@@ -67,7 +51,8 @@ def test_ps_at_80_columns_wraps_the_command_whole_and_drops_columns_every_job_sh
     assert "PRIORITY" in out and "TENANT" in out and "all jobs:" not in out
 
 
-def test_gpus_at_80_columns_keeps_each_size_on_one_line(client, capsys, monkeypatch) -> None:
+@pytest.mark.usefixtures("client")
+def test_gpus_at_80_columns_keeps_each_size_on_one_line(capsys, monkeypatch) -> None:
     _run(capsys, monkeypatch, 300, "submit", "--mem", "20GiB", "--", "sleep", "100")
     out = _run(capsys, monkeypatch, 80, "gpus")
     _lines_fit(out, 80)
