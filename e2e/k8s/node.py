@@ -134,13 +134,22 @@ class Node:
 
     def start(self) -> None:
         _claim_device_plugin_dir()
+        self.start_runtime()
+        try:
+            self._make_cgroups()
+            self.start_kubelet()
+        except BaseException:
+            self.stop()
+            raise
+
+    def start_runtime(self) -> None:
+        """Only the node's containerd, with its images imported (``stop`` stops it): enough to run an
+        image with ``ctr run`` and no kubelet."""
         try:
             self.root.mkdir(parents=True)
             self._start_containerd()
             for archive in self.images.values():
                 self.ctr("images", "import", str(archive))
-            self._make_cgroups()
-            self.start_kubelet()
         except BaseException:
             self.stop()
             raise
@@ -176,6 +185,17 @@ class Node:
         rows = [line.split() for line in self.ctr("tasks", "ls").stdout.splitlines()[1:]]
         return {row[0] for row in rows if len(row) >= 3 and row[2] == "RUNNING"}
 
+    def run_image(self, image: str, *argv: str) -> subprocess.CompletedProcess[str]:
+        """Run ``argv`` in a new container of ``image`` with ``ctr run --rm`` (no kubelet, no pod): host
+        network, runc's state under the node's folder, its cgroup below this process's own."""
+        name = f"run-{uuid.uuid4().hex[:8]}"
+        cgroup = f"{_own_memory_cgroup().rstrip('/')}/gpuslice-e2e-{name}"
+        return self.ctr(
+            "run", "--rm", "--net-host", "--cgroup", cgroup,
+            "--runc-binary", self.runtime, "--runc-root", str(self.root / "runtime"),
+            image, name, *argv, check=False,
+        )  # fmt: skip
+
     def ctr(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
         done = subprocess.run(
             ["ctr", "--address", str(self.containerd_socket), "--namespace", "k8s.io", *args],
@@ -196,7 +216,7 @@ class Node:
         (self.root / "cni/conf/10-hostnetwork.conflist").write_text(
             '{"cniVersion": "1.0.0", "name": "e2e-host", "plugins": [{"type": "loopback"}]}\n'
         )
-        pause = next(name for name in self.images if "pause" in name)
+        pause = next((name for name in self.images if "pause" in name), "none")  # CRI sandboxes only
         cri = 'plugins."io.containerd.grpc.v1.cri"'
         config = self.root / "containerd.toml"
         config.write_text(

@@ -2,7 +2,8 @@
 
 Each image is written as an OCI image layout archive (``oci-layout``, ``index.json``, ``blobs/sha256/…``:
 one uncompressed layer, its config and manifest), which ``ctr -n k8s.io images import`` reads; the name
-is carried by the ``io.containerd.image.name`` annotation of the index entry.
+is carried by the ``io.containerd.image.name`` annotation of the index entry. ``oci_image`` writes one
+from a prebuilt layer (``scripts/build-image`` gives it a whole Debian root file system).
 
 * ``PAUSE_IMAGE``: the pod sandbox, one static binary (``pause.c`` here) that waits for SIGTERM.
 * ``TOOLS_IMAGE``: what the test pods run: busybox (Debian's busybox-static) for the shell and its
@@ -24,7 +25,7 @@ import tarfile
 from collections.abc import Mapping
 from pathlib import Path
 
-__all__ = ["PAUSE_IMAGE", "TOOLS_IMAGE", "build_images", "oci_archive"]
+__all__ = ["PAUSE_IMAGE", "TOOLS_IMAGE", "build_images", "oci_archive", "oci_image"]
 
 PAUSE_IMAGE = "gpuslice.local/pause:e2e"
 TOOLS_IMAGE = "gpuslice.local/e2e-tools:1"
@@ -69,25 +70,43 @@ def oci_archive(
     links: Mapping[str, str] | None = None,
 ) -> Path:
     """Write the image ``name`` (one layer of ``files`` and ``links``) as an OCI layout tar at ``out``."""
-    blobs: dict[str, bytes] = {}
+    return oci_image(out, name, _layer(files, links or {}), entrypoint=entrypoint)
 
-    def blob(data: bytes) -> dict[str, object]:
-        digest = "sha256:" + hashlib.sha256(data).hexdigest()
+
+def oci_image(
+    out: Path,
+    name: str,
+    layer: bytes | Path,
+    *,
+    entrypoint: list[str],
+    path: str = "/usr/local/bin:/usr/bin:/bin",
+) -> Path:
+    """Write the image ``name`` with one prebuilt layer (an uncompressed tar, in memory or a file such
+    as a whole root file system) as an OCI layout tar at ``out``; ``path`` is the image's PATH."""
+    blobs: dict[str, bytes | Path] = {}
+
+    def blob(data: bytes | Path) -> dict[str, object]:
+        if isinstance(data, Path):
+            with data.open("rb") as stream:
+                digest = "sha256:" + hashlib.file_digest(stream, "sha256").hexdigest()
+            size = data.stat().st_size
+        else:
+            digest, size = "sha256:" + hashlib.sha256(data).hexdigest(), len(data)
         blobs[digest] = data
-        return {"digest": digest, "size": len(data)}
+        return {"digest": digest, "size": size}
 
-    layer = _layer(files, links or {})
+    layer_ref = blob(layer)
     config = {
         "architecture": "amd64",
         "os": "linux",
-        "config": {"Entrypoint": entrypoint, "Env": ["PATH=/usr/local/bin:/usr/bin:/bin"]},
-        "rootfs": {"type": "layers", "diff_ids": ["sha256:" + hashlib.sha256(layer).hexdigest()]},
+        "config": {"Entrypoint": entrypoint, "Env": [f"PATH={path}"]},
+        "rootfs": {"type": "layers", "diff_ids": [layer_ref["digest"]]},  # uncompressed: digest = diff_id
     }
     manifest = {
         "schemaVersion": 2,
         "mediaType": "application/vnd.oci.image.manifest.v1+json",
         "config": {"mediaType": "application/vnd.oci.image.config.v1+json", **blob(_json(config))},
-        "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar", **blob(layer)}],
+        "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar", **layer_ref}],
     }
     index = {
         "schemaVersion": 2,
@@ -104,14 +123,23 @@ def oci_archive(
             }
         ],
     }
-    entries = {"oci-layout": _json({"imageLayoutVersion": "1.0.0"}), "index.json": _json(index)}
+    entries: dict[str, bytes | Path] = {
+        "oci-layout": _json({"imageLayoutVersion": "1.0.0"}),
+        "index.json": _json(index),
+    }
     entries.update({f"blobs/sha256/{d.partition(':')[2]}": data for d, data in blobs.items()})
     out.parent.mkdir(parents=True, exist_ok=True)
     with tarfile.open(out, "w") as tar:
-        for path, data in entries.items():
-            info = tarfile.TarInfo(path)
-            info.size, info.mode = len(data), 0o644
-            tar.addfile(info, io.BytesIO(data))
+        for member, data in entries.items():
+            info = tarfile.TarInfo(member)
+            info.mode = 0o644
+            if isinstance(data, Path):
+                info.size = data.stat().st_size
+                with data.open("rb") as stream:
+                    tar.addfile(info, stream)
+            else:
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
     return out
 
 
