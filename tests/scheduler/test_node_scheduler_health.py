@@ -121,3 +121,28 @@ def test_memory_used_outside_is_taken_from_what_shares_may_use_and_retaken_after
     s.set_external_usage(0, 100 * GiB)  # more than the GPU has: clamped to what is free
     assert free_memory[0, 0] == 0
     s.ledger.check_invariants()
+
+
+def test_a_job_id_must_be_new_and_not_empty_and_a_cancelled_job_leaves_the_queue():
+    s = NodeScheduler(machine(1, topology=None))
+    with pytest.raises(InvalidRequest, match=r"^job_id: cannot be empty$"):
+        s.submit("", spec(gpus=1), 0)
+    s.submit("a", spec(gpus=1), 0)
+    s.submit("b", spec(gpus=1), 0)
+    with pytest.raises(InvalidRequest, match=r"^job_id: 'b' is already pending; finish or cancel it first$"):
+        s.submit("b", spec(gpus=1), 0)
+    assert started(s.step(1)) == {"a": (0,)}
+    with pytest.raises(InvalidRequest, match=r"^job_id: 'a' is already running; finish or cancel it first$"):
+        s.adopt("a", spec(gpus=1), (0,), 0)
+    s.submit("c", spec(gpus=1), 1)
+    s.step(2)
+    s.cancel("b")
+    s.cancel("a")  # running: left alone
+    assert s.running() == {"a": (0,)}
+    with pytest.raises(KeyError):
+        s.pending_reason("b")
+    s.submit("b", spec(gpus=1), 2)  # submitted again: it queues behind the jobs of the last step
+    assert [i for i, _ in s.queue()] == ["c", "b"]
+    s.cancel("b")
+    s.finished("a")
+    assert started(s.step(3)) == {"c": (0,)}
