@@ -176,6 +176,22 @@ CASES = [
         ),
     ),
     (
+        "backfill: a job with a run time that ends past the reservation waits (its end is now + run time)",
+        {},
+        [
+            ("submit", "a", spec(gpus=4, max_runtime_seconds=100), 0),
+            ("submit", "b", spec(gpus=2), 0),
+            ("step", 0),
+            ("submit", "head", spec(gpus=6), 1),
+            ("submit", "long", spec(gpus=2, max_runtime_seconds=1000), 2),  # ends at 1,004: past t=100
+            ("step", 4),
+        ],
+        lambda s, d: (
+            d == []
+            and s.pending_reason("long") == "waiting behind earlier job head (backfill would delay it)"
+        ),
+    ),
+    (
         "backfill: a job on GPUs the head does not need starts",
         {},
         [
@@ -296,6 +312,18 @@ CASES = [
             ("step", 1),
         ],
         lambda s, d: started(d)["pair"] in {(0, 1), (2, 3), (4, 5), (6, 7)} and 0 not in started(d)["pair"],
+    ),
+    (
+        "topology: a pair that needs one PCIe switch preempts the job whose GPU completes a pair",
+        {"machine": machine(8, topology="pcie-8gpu-2socket")},
+        [
+            ("adopt", "low", spec(gpus=1, priority=Priority.LOW), (0,), 0.0),
+            *(("adopt", f"s{g}", spec(gpus=1, preemptible=False), (g,), 0.0) for g in (2, 3, 4, 5, 6)),
+            ("submit", "pair", spec(gpus=2, topology=TopologyNeed.PCIE_SWITCH, priority=Priority.HIGH), 1),
+            ("step", 1),
+        ],
+        # free: GPUs 1 and 7, on different switches; freeing GPU 0 makes (0, 1), judged with the wiring
+        lambda s, d: preempted(d) == ["low"],
     ),
     (
         "topology: a need no free set meets waits with a reason",
