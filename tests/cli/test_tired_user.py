@@ -57,6 +57,7 @@ FIFO_READS = {
     "estimate": ("estimate", "{fifo}"),
     "dra-allocator --kubeconfig": ("k8s", "dra-allocator", "--kubeconfig", "{fifo}"),
     "extender --kubeconfig": ("k8s", "extender", "--kubeconfig", "{fifo}"),
+    "webhook --cert": ("k8s", "webhook", "--cert", "{fifo}", "--key", "{fifo}"),
 }
 
 

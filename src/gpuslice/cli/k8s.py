@@ -17,6 +17,7 @@ import typer
 from gpuslice.cli import k8s_device_plugin, k8s_dra, k8s_dra_allocator, terminal
 from gpuslice.cli.options import KubeconfigOption, port_option, target_workload_option
 from gpuslice.errors import UserError
+from gpuslice.inputs import file_kind
 from gpuslice.k8s.annotations import SCHEDULER_NAME
 from gpuslice.k8s.node_lock import DEFAULT_LOCK_TIMEOUT_S
 from gpuslice.policies import DEFAULT_PLACEMENT, PLACEMENT
@@ -165,9 +166,14 @@ def probe(
 
 
 def _check_tls_pair(cert: Path, key: Path) -> None:
-    """Load the certificate and key as the server will, so a wrong file is one error line, not a trace."""
+    """Load the certificate and key as the server will, so a wrong file is one error line, not a trace
+    (a FIFO or device in their place is refused first: loading it would block or never end)."""
     import ssl
 
+    for option, path in (("--cert", cert), ("--key", key)):
+        kind = file_kind(path)
+        if kind != "file":
+            raise UserError(f"{option} {path} is {kind}: give a regular file (PEM)")
     try:
         ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(cert, key)
     except (ssl.SSLError, OSError) as err:
