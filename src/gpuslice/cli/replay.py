@@ -155,20 +155,21 @@ def replay(
             )
             done += len(timed.jobs)
             progress.update(done)
-    console.print(_table(results))
+    records = [r.record() for r in results]  # each computes its figures over every pod: once here
+    console.print(_table(results, records))
     console.print(
         "alloc %: time-weighted over the busy window, from the first arrival until 99 % of the finished "
         "pods had ended (results.json: busy_window_s; over the whole makespan: mean_allocation_pct)",
         markup=False, highlight=False,
     )  # fmt: skip
-    if not any(r.record()["wait_s"]["all"]["n"] and r.record()["wait_s"]["all"]["p99"] for r in results):  # type: ignore[index]
+    if not any(rec["wait_s"]["all"]["n"] and rec["wait_s"]["all"]["p99"] for rec in records):  # type: ignore[index]
         console.print(
             "No pod waited in any run, so the queue setups cannot differ here: the cluster always had room. "
             "Shrink it with --node-stride (e.g. 20) or raise --load to make queues form.",
             markup=False, highlight=False, soft_wrap=True,
         )  # fmt: skip
-    for r in results:  # MIG pods: the table's alloc % leaves their GPUs out, so say how they fared
-        mig = r.record().get("mig")
+    for r, rec in zip(results, records, strict=True):  # MIG pods: alloc % leaves their GPUs out
+        mig = rec.get("mig")
         if mig is not None:
             wait = mig["wait_s"]  # type: ignore[index]
             console.print(
@@ -200,16 +201,13 @@ _FIGURES = (
     ("wait\nmean", lambda rec: _s(rec["wait_s"]["all"]["mean"])),
     ("wait\np99", lambda rec: _s(rec["wait_s"]["all"]["p99"])),
     ("trace\nwait", lambda rec: _s(rec["recorded_wait_s"]["all"]["mean"])),
-    (
-        "alloc\n%",
-        lambda rec: _pct(rec["busy_allocation_pct"]),
-    ),
+    ("alloc\n%", lambda rec: _pct(rec["busy_allocation_pct"])),
     ("pre-\nempted", lambda rec: f"{rec['preemptions']:,}"),
     ("never\nstarted", lambda rec: f"{rec['never_started']:,}"),
 )
 
 
-def _table(results: list[TimedResult]) -> Table:
+def _table(results: list[TimedResult], records: list[dict[str, object]]) -> Table:
     """The runs' figures, one row per run. Columns that hold one value in every row (the trace, the
     policy, often the load) go into the title instead; text may wrap and numbers fold rather than be
     cut, so no digit is lost at any width."""
@@ -232,8 +230,6 @@ def _table(results: list[TimedResult]) -> Table:
         table.add_column(header, overflow="fold")
     for header, _ in _FIGURES:
         table.add_column(header, justify="right", overflow="fold")
-    for r in results:
-        rec = r.record()
-        row = [keys[k][results.index(r)] for k in varying]
-        table.add_row(*row, *(read(rec) for _, read in _FIGURES))
+    for i, rec in enumerate(records):
+        table.add_row(*(keys[k][i] for k in varying), *(read(rec) for _, read in _FIGURES))
     return table

@@ -213,16 +213,18 @@ class TimedResult:
         part of the run where pods ran, without the long tail a few pods make (one pod running alone
         for months would make a mean over the whole makespan read near 0)."""
         times = self.sample_time
-        ended = np.sort(self.end[self.finished])
+        ended = self.end[self.finished]
         if not len(times) or not len(ended):
             return (float(times[0]) if len(times) else 0.0, float(times[-1]) if len(times) else 0.0)
-        until = float(ended[min(len(ended) - 1, int(np.ceil(0.99 * len(ended))) - 1)])
+        k = min(len(ended) - 1, int(np.ceil(0.99 * len(ended))) - 1)
+        until = float(np.partition(ended, k)[k])  # the k-th smallest end, without sorting them all
         last = max(1, int(np.searchsorted(times, until, side="right")) - 1) if len(times) > 1 else 0
         return float(times[0]), float(times[last])
 
-    def busy_allocation_pct(self) -> float:
-        """Allocation % averaged over time inside ``busy_window`` (exact between kept samples)."""
-        start, end = self.busy_window()
+    def busy_allocation_pct(self, window: tuple[float, float] | None = None) -> float:
+        """Allocation % averaged over time inside ``window`` (default: ``busy_window``), exact between
+        kept samples."""
+        start, end = self.busy_window() if window is None else window
         if end <= start:
             return self.mean_allocation_pct()
         i, j = (int(np.searchsorted(self.sample_time, t)) for t in (start, end))
@@ -243,6 +245,7 @@ class TimedResult:
 
     def record(self) -> dict[str, object]:
         """The JSON record of this run (``results.json`` holds a list of these)."""
+        busy = self.busy_window()
         return {
             "trace": self.trace,
             "placement": self.placement,
@@ -260,8 +263,8 @@ class TimedResult:
             # None on a cluster whose every GPU is in MIG mode (no GPU figures; see "mig")
             "mean_allocation_pct": round(self.mean_allocation_pct(), 3) if self.total_gpu_milli else None,
             # the same over the busy window (first event to 99 % of finished pods ended), and the window
-            "busy_allocation_pct": round(self.busy_allocation_pct(), 3) if self.total_gpu_milli else None,
-            "busy_window_s": [round(t, 1) for t in self.busy_window()],
+            "busy_allocation_pct": round(self.busy_allocation_pct(busy), 3) if self.total_gpu_milli else None,
+            "busy_window_s": [round(t, 1) for t in busy],
             "mean_fragmentation_pct": round(float(self.fragmentation_pct.mean()), 3)
             if len(self.fragmented_gpu_milli) and self.total_gpu_milli
             else None,
