@@ -62,9 +62,13 @@ def file_kind(path: str | Path) -> str:
     """``"file"`` for a regular file (or a link to one); else what is there, in words: ``"missing"``,
     ``"a folder"``, ``"a FIFO"``, ``"a device or socket"``."""
     try:
-        mode = os.stat(path).st_mode
+        return _kind_of(os.stat(path).st_mode)
     except OSError:
         return "missing"
+
+
+def _kind_of(mode: int) -> str:
+    """``file_kind``'s words for a file mode (``st_mode``)."""
     if stat.S_ISREG(mode):
         return "file"
     if stat.S_ISDIR(mode):
@@ -84,9 +88,8 @@ def read_text(path: str | Path, name: str, max_bytes: int = 256 * 1024**2) -> st
         raise InvalidInput(f"cannot read {name} {path}: {err.strerror or err}") from None
     try:
         info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            kind = "a folder" if stat.S_ISDIR(info.st_mode) else file_kind(path)
-            raise InvalidInput(f"{name} {path} is {kind}: give a regular file")
+        if not stat.S_ISREG(info.st_mode):  # what was opened, not a second look at the name
+            raise InvalidInput(f"{name} {path} is {_kind_of(info.st_mode)}: give a regular file")
         if info.st_size > max_bytes:
             raise InvalidInput(f"{name} {path} is {info.st_size:,} bytes: at most {max_bytes:,} are read")
         os.set_blocking(fd, True)
