@@ -519,7 +519,7 @@ def test_an_inventory_of_no_node_places_nothing_and_preempts_nothing() -> None:
     ask = ClaimAsk("gpu", 1, 0, 100, True)
     unplaced = inventory.place(ask, None)
     assert isinstance(unplaced, Unplaced) and unplaced.node_count == 0 and DRIVER in unplaced.note
-    assert inventory.preemption(ask, 100, None) is None
+    assert inventory.preemption([ask], 100, None) is None
 
 
 def _allocated(
@@ -592,7 +592,7 @@ def test_an_ask_no_gpu_could_serve_is_refused_and_never_preempts(ask: ClaimAsk) 
     inventory = Inventory([_slice("a", 1, [_device("gpu-0")])], [], "bestfit")
     with pytest.raises(InvalidRequest, match="count, memory and cores must be positive"):
         inventory.place(ask, None)
-    assert inventory.preemption(ask, 100, None) is None
+    assert inventory.preemption([ask], 100, None) is None
     assert inventory.request(ClaimAsk("gpu", 1, 0, 100, False)).gpu_milli == 1000  # 100 cores: the edge
 
 
@@ -1142,3 +1142,79 @@ def test_each_decision_is_logged_with_the_claim_the_node_and_the_gpus(caplog) ->
     with caplog.at_level(logging.INFO, logger="gpuslice.k8s.dra.allocator"):
         DraAllocator(api).run_once()
     assert [r.getMessage() for r in caplog.records] == ["claim t/s -> a ['gpu-0']"]
+
+
+def test_a_pod_of_two_claims_preempts_the_cheapest_holders_that_make_room_for_both() -> None:
+    api, allocator = _four_holders()
+    _two_claim_pod(api, spec(CLASS_WHOLE), spec(CLASS_WHOLE), name="vip")
+    api.pods[-1]["spec"]["priority"] = 35
+    allocator.run_once()
+    assert sorted(api.deleted) == ["low0", "low1"] and allocator.preemptions == 2  # one GPU each
+    assert "preempted 2 lower-priority pod(s) on a" in dict(api.events)["vip-0"]
+    freed = {api.results(f"low{k}")[0]["device"] for k in (0, 1)}
+    for gone in ("low0", "low1"):  # the resource claim controller frees the victims' claims
+        del api.claims[("t", gone)]
+    allocator.run_once()
+    assert not api.gated("vip-0") and len(api.results("vip-0")) == len(api.results("vip-1")) == 1
+    assert {api.results(f"vip-{k}")[0]["device"] for k in (0, 1)} == freed  # the GPUs the victims held
+
+
+def _two_gpus_each_held_by_a_share(api: FakeApi) -> None:
+    """Node a: two 4 GiB GPUs, each held by one 3 GiB share (priorities 10 and 20): no GPU takes a
+    second 3 GiB share until its holder goes."""
+    api.slices = [_slice("a", 1, [_device("gpu-0", 4096), _device("gpu-1", 4096)])]
+    for k in range(2):
+        api.add(
+            f"low{k}", spec(CLASS_SHARED, capacity={"memory": "3Gi", "cores": "50"}), priority=10 * (k + 1)
+        )
+
+
+def test_a_victim_set_is_judged_with_all_of_the_pods_claims_held_together_not_each_alone() -> None:
+    """Each 3 GiB claim alone fits once the cheapest holder goes; both together need both GPUs free.
+    Judging the first claim alone would evict one pod and leave the preemptor waiting forever."""
+    api = FakeApi()
+    _two_gpus_each_held_by_a_share(api)
+    allocator = DraAllocator(api, "bestfit")
+    allocator.run_once()
+    assert {api.results(f"low{k}")[0]["device"] for k in range(2)} == {"gpu-0", "gpu-1"}
+    share = spec(CLASS_SHARED, capacity={"memory": "3Gi", "cores": "50"})
+    _two_claim_pod(api, share, share, name="vip")
+    api.pods[-1]["spec"]["priority"] = 30
+    allocator.run_once()
+    assert sorted(api.deleted) == ["low0", "low1"]
+    for gone in ("low0", "low1"):
+        del api.claims[("t", gone)]
+    allocator.run_once()
+    assert not api.gated("vip-0")
+    assert {api.results(f"vip-{k}")[0]["device"] for k in range(2)} == {"gpu-0", "gpu-1"}
+
+
+def test_a_pod_whose_claims_do_not_fit_together_even_with_every_victim_gone_preempts_nobody() -> None:
+    api = FakeApi()
+    _two_gpus_each_held_by_a_share(api)
+    allocator = DraAllocator(api, "bestfit")
+    allocator.run_once()
+    _two_claim_pod(api, spec(CLASS_WHOLE, count=2), spec(CLASS_WHOLE), name="vip")  # three GPUs on a
+    api.pods[-1]["spec"]["priority"] = 100
+    allocator.run_once()
+    assert api.deleted == [] and api.gated("vip-0") and api.results("vip-0") == api.results("vip-1") == []
+
+
+def test_a_preemption_what_if_leaves_the_inventorys_ledger_as_it_found_it() -> None:
+    """The what-if gives the victims' claims back and holds the pod's claims in the real ledger, then
+    undoes both: every column as before, every holder still held (a second plan is the same)."""
+    api = FakeApi()
+    _two_gpus_each_held_by_a_share(api)
+    DraAllocator(api, "bestfit").run_once()
+    inventory = Inventory(api.list_slices(), api.list_claims(), "bestfit", {"p-low0": 10, "p-low1": 20})
+    assert inventory.ledger is not None
+    before = inventory.free(0)
+    ask = ClaimAsk("gpu", 1, 3072, 50, False)
+    first = inventory.preemption([ask, ask], 30, None)
+    assert first is not None and sorted(h.pods[0][1] for h in first.victims) == ["low0", "low1"]
+    assert inventory.free(0) == before
+    inventory.ledger.check_invariants()
+    assert inventory.preemption([ask, ask], 30, None) == first
+    assert inventory.preemption([ask], 30, None) is not None  # one claim: the cheapest holder only
+    (alone,) = inventory.preemption([ask], 30, None).victims  # type: ignore[union-attr]
+    assert alone.pods[0][1] == "low0" and inventory.free(0) == before

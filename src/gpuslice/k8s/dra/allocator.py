@@ -40,7 +40,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from gpuslice.errors import InvalidRequest
+from gpuslice.errors import InvalidRequest, LedgerError
 from gpuslice.hardware.node import MAX_GPUS_PER_NODE, NodeSpec
 from gpuslice.k8s import quantity
 from gpuslice.k8s.dra.classes import CLASS_SHARED, CLASS_WHOLE
@@ -196,6 +196,7 @@ class Inventory:
         self.policy, self.target = policy, target
         self.shapes: list[Request] = []  # every allocated claim's request: the default target workload
         self.holders: list[Holder] = []  # every allocated claim on these nodes, for preemption
+        self._held: dict[str, list[Placement]] = {}  # claim uid -> its reservations in the ledger
         if not self.nodes:
             return
         specs = [
@@ -208,6 +209,7 @@ class Inventory:
         for c in claims:
             allocation = (c.get("status") or {}).get("allocation") or {}
             taken: list[int] = []
+            held: list[Placement] = []
             milli = memory = 0
             node = -1
             for r in (allocation.get("devices") or {}).get("results") or []:
@@ -219,8 +221,11 @@ class Inventory:
                 req = Request(
                     0, num_gpu=1, gpu_milli=max(1, min(cores, 100)) * 10, gpu_memory_bytes=mib * MiB
                 )
-                if isinstance(self.ledger.reserve(node, (gpu,), req), Refusal):  # allocated beyond capacity
+                placed = self.ledger.reserve(node, (gpu,), req)
+                if isinstance(placed, Refusal):  # allocated beyond capacity
                     log.error("claims allocated on %s %s exceed its capacity", r.get("pool"), r.get("device"))
+                else:
+                    held.append(placed)
                 taken.append(gpu)
                 milli, memory = req.gpu_milli, req.gpu_memory_bytes
             if taken:
@@ -233,6 +238,7 @@ class Inventory:
                 top = max((priorities.get(uid, 0) for _, _, uid in pods), default=0)
                 uid = str(c["metadata"].get("uid", ""))
                 self.holders.append(Holder(uid, node, tuple(taken), milli, memory, pods, top))
+                self._held[uid] = held
 
     def _placer(self, req: Request) -> Placer:
         """The placer of this pass; its policy's target as the extender's (see the module docstring)."""
@@ -270,19 +276,50 @@ class Inventory:
         )
 
     def preemption(
-        self, ask: ClaimAsk, priority: int, node_name: str | None, going: frozenset[str] = frozenset()
+        self,
+        asks: Sequence[ClaimAsk],
+        priority: int,
+        node_name: str | None,
+        going: frozenset[str] = frozenset(),
     ) -> PreemptionPlan | None:
-        """Claims of lower-priority pods whose release makes room for ``ask`` (see ``preempt``); the
-        claims in ``going`` (their pods are being preempted already) are no victims."""
-        if self.ledger is None:
+        """Claims of lower-priority pods whose release makes room for all of one pod's ``asks`` on one
+        node (see ``preempt``); the claims in ``going`` (their pods are being preempted already) are no
+        victims. A victim set is judged as the pod will be placed: its claims given back in the ledger,
+        the pod's claims held together by the policy's GPU picks (``_hold_together``), all undone."""
+        if self.ledger is None or not asks:
             return None
         try:
-            req = self.request(ask)
+            reqs = [self.request(ask) for ask in asks]
         except InvalidRequest:
             return None
+        self._placer(reqs[0])
         nodes = [i for i, n in enumerate(self.nodes) if node_name is None or n == node_name]
         holders = [h for h in self.holders if h.claim_uid not in going]
-        return plan_preemption(req, priority, holders, self.free, nodes)
+
+        def fits_without(node: int, victims: Sequence[Holder]) -> bool:
+            assert self.ledger is not None
+            for victim in victims:
+                for placement in self._held[victim.claim_uid]:
+                    self.ledger.release(placement)
+            try:
+                trial = self._reserve_together(asks, reqs, node)
+                for placement in trial or ():
+                    self.ledger.release(placement)
+                return trial is not None
+            finally:
+                for victim in victims:
+                    self._held[victim.claim_uid] = [self._again(p) for p in self._held[victim.claim_uid]]
+
+        return plan_preemption(priority, holders, self.free, nodes, fits_without)
+
+    def _again(self, placement: Placement) -> Placement:
+        """Reserve again a placement given back a moment ago for a what-if: only what was freed is
+        taken, so a refusal is a broken ledger."""
+        assert self.ledger is not None
+        again = self.ledger.reserve(placement.node, placement.gpus, placement.request)
+        if isinstance(again, Refusal):
+            raise LedgerError(f"a claim given back for a what-if cannot be held again: {again}")
+        return again
 
     def place(self, ask: ClaimAsk, node_name: str | None) -> ClaimPlacement | Unplaced:
         """Decide and reserve ``ask``, or say why no node can take it now (the fit rule's codes counted
@@ -353,9 +390,21 @@ class Inventory:
     ) -> tuple[ClaimPlacement, ...] | None:
         """Reserve every claim on ``node``, each GPU pick seeing the ones before it held; None, with
         nothing held, if one does not fit."""
+        held = self._reserve_together(asks, reqs, node)
+        if held is None:
+            return None
+        return tuple(
+            self._claim_placement(ask, req, node, placed.gpus)
+            for ask, req, placed in zip(asks, reqs, held, strict=True)
+        )
+
+    def _reserve_together(
+        self, asks: Sequence[ClaimAsk], reqs: Sequence[Request], node: int
+    ) -> list[Placement] | None:
+        """The ledger's reservations of every claim on ``node``, each GPU pick seeing the ones before it
+        held; None, with nothing held, if one does not fit."""
         assert self.ledger is not None
         held: list[Placement] = []
-        decided: list[ClaimPlacement] = []
         for ask, req in zip(asks, reqs, strict=True):
             gpus = self._pick(req, node, ask.match_attribute)
             placed = None if gpus is None else self.ledger.reserve(node, gpus, req)
@@ -364,8 +413,7 @@ class Inventory:
                     self.ledger.release(placement)
                 return None
             held.append(placed)
-            decided.append(self._claim_placement(ask, req, node, placed.gpus))
-        return tuple(decided)
+        return held
 
     def _claim_placement(self, ask: ClaimAsk, req: Request, node: int, gpus: Sequence[int]) -> ClaimPlacement:
         """The decision for ``ask`` reserved as ``req`` on ``gpus`` of ``node``: each GPU's memory as the
@@ -522,8 +570,8 @@ class DraAllocator:
             except InvalidRequest as err:
                 self._tell(pod, f"claim {said} refused: {err}")
                 return 0
-            if isinstance(decision, Unplaced):  # a pod of several claims does not preempt (yet)
-                why = self._preempt(pod, asks[0], inventory) if len(asks) == 1 else ""
+            if isinstance(decision, Unplaced):
+                why = self._preempt(pod, asks, inventory)
                 self._tell(pod, f"{'claim' if len(asks) == 1 else 'claims'} {said}: {decision}{why}")
                 return 0
             for (claim, ask), placed in zip(ours, decision, strict=True):
@@ -541,7 +589,7 @@ class DraAllocator:
         self.api.ungate(pod, GATE)
         return 1
 
-    def _preempt(self, pod: Mapping[str, Any], ask: ClaimAsk, inventory: Inventory) -> str:
+    def _preempt(self, pod: Mapping[str, Any], asks: Sequence[ClaimAsk], inventory: Inventory) -> str:
         """Evict the cheapest set of lower-priority claim holders that makes room; what was done, or ''."""
         uid = str(pod["metadata"].get("uid", ""))
         priority = int(pod["spec"].get("priority") or 0)
@@ -552,7 +600,7 @@ class DraAllocator:
             return "; waiting for the pods it preempted to end"
         selector = (pod["spec"].get("nodeSelector") or {}).get("kubernetes.io/hostname")
         going = frozenset().union(*self._preempting.values())  # as in every home: never evicted twice
-        plan = inventory.preemption(ask, priority, selector, going)
+        plan = inventory.preemption(asks, priority, selector, going)
         if plan is None:
             return ""
         self._preempting[uid] = {h.claim_uid for h in plan.victims}

@@ -1,19 +1,19 @@
 """Preemption for DRA pods, which kube-scheduler does not do for DRA resources.
 
-When gpuslice's allocator finds no room for a gated pod's claim, it asks, per node, which claims held
+When gpuslice's allocator finds no room for a gated pod's claims, it asks, per node, which claims held
 by lower-priority pods would have to go: the claims there become ``Victim``s (their GPUs, cores as
-milli-GPU, memory; the priority of their highest pod), the node's free GPUs a ledger row, and the
-same fit rule and the one preemption search every home uses (``scheduler.node_fit.fits``,
-``scheduler.preemption.find_preemption``) answer: only holders whose pods all have a lower priority are
-victims, and the node whose cheapest victim set is cheapest wins; its victims'
-pods are deleted (their claims are freed by the resource claim controller when the pods are gone) and
-the pod waits for the room.
+milli-GPU, memory; the priority of their highest pod) and the one preemption search every home uses
+(``scheduler.preemption.find_preemption``) answers with the allocator's own what-if: the victims'
+claims given back in its ledger, all of the pod's claims held together as it will place them, then
+everything undone (``Inventory.preemption``). Only holders whose pods all have a lower priority are
+victims, and the node whose cheapest victim set is cheapest wins; its victims' pods are deleted (their
+claims are freed by the resource claim controller when the pods are gone) and the pod waits for the
+room.
 
 ```text
 holders on every node -> Victim(job_id=claim uid, priority, node, holding=its placement: gpus, milli,
                          memory); what it frees counts as its GPU-equivalent (workload/equivalent.py)
-free GPUs of a node   -> NodeRow(free milli, free memory), the victims' placements given back in the
-                         what-if (``NodeRow.given``, the ledger's arithmetic)
+fits_without(node, victims) -> the allocator's what-if on its ledger (all the pod's claims together)
 find_preemption(...)  -> the node and the cheapest set of victims there
 ```
 """
@@ -23,11 +23,10 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from gpuslice.ledger.whatif import NodeRow
 from gpuslice.policies.queue.base import JobRef
-from gpuslice.scheduler.node_fit import Demand, DemandKind, Holding, MachineWhatIf, fits, gpus_equivalent
+from gpuslice.scheduler.node_fit import Holding, gpus_equivalent
 from gpuslice.scheduler.preemption import Victim, find_preemption
-from gpuslice.workload.request import MILLI_PER_GPU, Request
+from gpuslice.workload.request import Request
 
 __all__ = ["Holder", "PreemptionPlan", "plan_preemption"]
 
@@ -57,28 +56,18 @@ def _holding(h: Holder) -> Holding:
     return Holding(h.gpus, h.milli, h.memory_bytes, request=request)
 
 
-def _demand(req: Request, gpu_count: int) -> Demand:
-    eligible = tuple(range(gpu_count))
-    if req.num_gpu == 1 and req.gpu_milli < MILLI_PER_GPU:
-        share = Request(
-            cpu_milli=0, num_gpu=1, gpu_milli=req.gpu_milli, gpu_memory_bytes=req.gpu_memory_bytes
-        )
-        return Demand(DemandKind.SHARE, 1, share.gpu_milli, share.gpu_memory_bytes, eligible, request=share)
-    whole = Request(cpu_milli=0, num_gpu=req.num_gpu, gpu_milli=MILLI_PER_GPU)
-    return Demand(DemandKind.WHOLE, req.num_gpu, MILLI_PER_GPU, 0, eligible, request=whole)
-
-
 def plan_preemption(
-    req: Request,
     priority: int,
     holders: Sequence[Holder],
     free: Callable[[int], tuple[list[int], list[int], list[int]]],
     nodes: Sequence[int],
+    fits_without: Callable[[int, Sequence[Holder]], bool],
 ) -> PreemptionPlan | None:
-    """The cheapest way to make room for ``req`` (a pod of ``priority``) on one of ``nodes``, or None.
+    """The cheapest way to make room for a pod of ``priority`` on one of ``nodes``, or None.
 
-    ``free(node)`` gives that node's (free milli, free memory, total memory) per GPU. Only holders whose
-    pods all have a lower priority may be victims."""
+    ``free(node)`` gives that node's (free milli, free memory, total memory) per GPU, the total to
+    weigh what a victim frees; ``fits_without(node, victims)`` whether the pod fits once they are gone.
+    Only holders whose pods all have a lower priority may be victims."""
     wanted = set(nodes)
     by_uid = {h.claim_uid: h for h in holders if h.node in wanted}
     total = {node: free(node)[2] for node in {h.node for h in by_uid.values()}}  # GPU memory, per GPU
@@ -89,13 +78,10 @@ def plan_preemption(
         for hold in (_holding(h),)
     ]  # fmt: skip
 
-    def fits_without(node: object, victims: tuple[Victim, ...]) -> bool:
-        free_milli, free_memory, total = free(int(node))
-        row = NodeRow(0, 0, tuple(free_milli), tuple(free_memory), tuple(total))  # CPU is kube-scheduler's
-        trial = MachineWhatIf(row.given(v.holding for v in victims))
-        return fits(_demand(req, len(total)), trial, None)
+    def judged(node: object, victims: tuple[Victim, ...]) -> bool:
+        return fits_without(int(node), [by_uid[v.job_id] for v in victims])
 
-    plan = find_preemption(JobRef("", priority), running, fits_without, now=0.0)
+    plan = find_preemption(JobRef("", priority), running, judged, now=0.0)
     if plan is None:
         return None
     return PreemptionPlan(int(plan.node), tuple(by_uid[v.job_id] for v in plan.victims))
