@@ -29,6 +29,7 @@ from gpuslice.sim.tune import (
     tuning_trace,
     write_policy,
 )
+from gpuslice.sim.tune_study import holdout_variant, noise_verdict
 
 HEADER = (
     "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase,"
@@ -75,6 +76,84 @@ def test_tune_finds_the_weight_that_lets_the_wide_pod_start(trace_dir: Path, tmp
     assert summary["holdout_best"] == pytest.approx(5_004.5, abs=2)
     best = summary["best"]
     assert best["GPU_WEIGHT"] > 3.5 * best["CPU_WEIGHT"]
+
+
+def test_the_held_out_result_has_its_spread_and_a_clear_gain_is_beyond_noise(
+    trace_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # two held-out windows (the twin, and window 0 of the training trace's twin under another name) ×
+    # 3 replay seeds: every one of the 6 pairs gains ~5,000 s, so the gain is beyond noise
+    (trace_dir / "openb_pod_list_g.csv").write_text((trace_dir / "openb_pod_list_h.csv").read_text())
+    summary = _tune(trace_dir, tmp_path, "--trials", "8", "--holdout", "g", "--holdout-seeds", "3")
+    assert summary["holdout"] == ["h", "g"] and summary["holdout_seeds"] == [42, 43, 44]
+    assert [(r["window"], r["seed"]) for r in summary["holdout_runs"]] == [
+        (w, s) for w in ("h", "g") for s in (42, 43, 44)
+    ]
+    spread = summary["holdout_spread"]
+    assert spread["n"] == 6
+    assert spread["defaults"]["mean"] == pytest.approx(10_004.5, abs=2)
+    assert spread["best"]["max"] == pytest.approx(5_004.5, abs=2)
+    assert spread["difference"]["min"] == pytest.approx(5_000, abs=2)
+    assert spread["difference"]["sd"] == pytest.approx(0, abs=1e-6)
+    assert summary["holdout_beyond_noise"] is True
+    verdict = summary["holdout_verdict"]
+    assert verdict.startswith("beyond noise: the best is better than the defaults in all 6"), verdict
+    out = capsys.readouterr().out
+    assert "held-out: beyond noise" in out and "sd over 2 window(s) × 3 seed(s)" in out
+
+
+def test_weights_that_change_nothing_are_no_difference_and_one_run_is_too_few(
+    tmp_path: Path,
+) -> None:
+    # one node that fits every pod at once: no parameter changes a score, so tuning is tuning against itself
+    folder = tmp_path / "traces"
+    folder.mkdir()
+    (folder / NODE_FILE).write_text("sn,cpu_milli,memory_mib,gpu,model\na,64000,393216,8,V100M16\n")
+    rows = [f"p{i},1000,1024,1,1000,,LS,Running,{i},{100 + 37 * i},{i}" for i in range(4)]
+    for name in ("t", "h"):
+        (folder / f"openb_pod_list_{name}.csv").write_text(HEADER + "\n" + "\n".join(rows) + "\n")
+    summary = _tune(folder, tmp_path, "--trials", "3", "--sample", "4")
+    assert summary["holdout_spread"]["n"] == 3
+    assert summary["holdout_spread"]["difference"] == {"mean": 0.0, "sd": 0.0, "min": 0.0, "max": 0.0}
+    assert summary["holdout_beyond_noise"] is False
+    assert summary["holdout_verdict"].startswith("no difference")
+    one = _tune(folder, tmp_path, "--trials", "2", "--sample", "4", "--holdout-seeds", "1")
+    assert one["holdout_beyond_noise"] is None
+    assert one["holdout_verdict"].startswith("too few paired held-out runs to judge noise (1, need 3)")
+
+
+def test_seed_k_leaves_out_a_tenth_of_the_window_drawn_from_its_seed(trace_dir: Path) -> None:
+    rows = [f"p{i},1000,1024,1,1000,,LS,Running,{i},{i + 50},{i}" for i in range(40)]
+    (trace_dir / "openb_pod_list_w.csv").write_text(HEADER + "\n" + "\n".join(rows) + "\n")
+    window = tuning_trace("w", 40, 1, trace_dir)
+    assert holdout_variant(window, 0, 42) is window
+    one, again, other = (
+        holdout_variant(window, 1, 43),
+        holdout_variant(window, 1, 43),
+        holdout_variant(window, 2, 44),
+    )
+    assert len(one.jobs) == len(other.jobs) == 36
+    assert one.jobs == again.jobs and one.jobs != other.jobs
+    assert set(one.jobs) <= set(window.jobs)
+    small = tuning_trace("t", 3, 1, trace_dir)
+    assert holdout_variant(small, 2, 44) is small  # under 10 pods: nothing left out
+
+
+@pytest.mark.parametrize(
+    ("differences", "beyond", "start"),
+    [
+        ([5.0, 6.0, 7.0], True, "beyond noise: the best is better"),
+        ([-5.0, -6.0, -7.0], True, "beyond noise: the best is worse"),
+        ([5.0, -1.0, 7.0], False, "within noise: the best is better in 2 of 3"),
+        ([1.0, 1.0, 1.0, 100.0], False, "within noise"),  # one sign, but the mean is within 2 SE
+        ([0.0, 0.0, 0.0], False, "no difference"),
+        ([5.0, 0.0, 7.0], False, "within noise"),  # a tie is not a win
+        ([5.0, 6.0, float("nan"), float("inf")], None, "too few paired held-out runs"),  # 2 finite
+    ],
+)
+def test_the_noise_rule(differences: list[float], beyond: bool | None, start: str) -> None:
+    got, verdict = noise_verdict(differences)
+    assert got is beyond and verdict.startswith(start), verdict
 
 
 def test_a_second_run_continues_the_study(trace_dir: Path, tmp_path: Path) -> None:
@@ -137,6 +216,8 @@ BAD_INPUT = {
     "unknown trace": (["--holdout", "nope@1"], "no trace 'nope'"),
     "held out what it trains on": (["--holdout", "t"], "--holdout t overlaps --train t"),
     "held out a window of the trace named bare": (["--holdout", "t@0"], "--holdout t@0 overlaps --train t"),
+    "no held-out seed": (["--holdout-seeds", "0"], "--holdout-seeds 0: must be between 1 and 32"),
+    "too many held-out seeds": (["--holdout-seeds", "33"], "--holdout-seeds 33"),
 }
 
 

@@ -23,6 +23,7 @@ from gpuslice.sim.tune_study import run_study
 __all__ = ["tune"]
 
 MAX_JOBS = 64
+MAX_HOLDOUT_SEEDS = 32
 
 
 # The first bytes of every SQLite 3 database file (https://www.sqlite.org/fileformat.html).
@@ -72,6 +73,16 @@ def tune(
     trials: Annotated[int, typer.Option(help="Trials to add to the study in this run.")] = 20,
     jobs: Annotated[int, typer.Option(help="Trials run in parallel (processes).")] = 1,
     seed: Annotated[int, typer.Option(help="Seed of the sampler (TPE).")] = 0,
+    holdout_seeds: Annotated[
+        int,
+        typer.Option(
+            help=f"Seeds per held-out window, 1..{MAX_HOLDOUT_SEEDS}: the best and the defaults are "
+            "replayed on each (window, seed) pair (seed k: replay seed 42+k and, for k ≥ 1, a random "
+            "tenth of the window's pods left out); the result gives mean, sd and min–max over the pairs "
+            "and says whether the paired difference is beyond noise (every pair the same sign and the "
+            "mean difference over 2 standard errors; needs 3 pairs or more)."
+        ),
+    ] = 3,
     study: Annotated[
         Path | None,
         typer.Option(help="Optuna sqlite file: a second run continues the study. Default: a temporary one."),
@@ -97,6 +108,8 @@ def tune(
             raise UserError(f"{option} {value}: must be at least {low}")
     if not 1 <= jobs <= MAX_JOBS:
         raise UserError(f"--jobs {jobs}: must be between 1 and {MAX_JOBS}")
+    if not 1 <= holdout_seeds <= MAX_HOLDOUT_SEEDS:
+        raise UserError(f"--holdout-seeds {holdout_seeds}: must be between 1 and {MAX_HOLDOUT_SEEDS}")
     writable_file(out, "--out")
     if study is not None:
         _study_file(study)
@@ -137,6 +150,7 @@ def tune(
             trials=trials,
             jobs=jobs,
             study=study,
+            holdout_seeds=holdout_seeds,
             on_trial=advance,
             on_phase=progress.describe,
         )
@@ -145,7 +159,7 @@ def tune(
     meta.write_text(json.dumps(run.summary, indent=2) + "\n")
     meta.chmod(0o600)
     console.print(_table(run.best, run.summary))
-    for line in (f"wrote {out}", f"wrote {meta}"):
+    for line in (f"held-out: {run.summary['holdout_verdict']}", f"wrote {out}", f"wrote {meta}"):
         console.print(line, markup=False, highlight=False, soft_wrap=True)
 
 
@@ -157,18 +171,27 @@ def _table(best: dict[str, Any], summary: dict[str, Any]) -> Table:
     table.add_column("best", justify="right")
     for key in DEFAULTS:
         table.add_row(key, _fmt(DEFAULTS[key]), _fmt(best[key]))
+    seeds = len(summary["holdout_seeds"])
     for w in summary["holdout_windows"]:
         gain = "—" if w["improvement_pct"] is None else f"{w['improvement_pct']:+.2f} %"
         table.add_row(f"{objective}, {w['window']}", _fmt(w["defaults"]), f"{_fmt(w['best'])} ({gain})")
+    spread = summary["holdout_spread"]
+    runs = f"{len(summary['holdout_windows'])} window(s) × {seeds} seed(s)"
     table.add_row(
         f"held-out {objective}, mean", _fmt(summary["holdout_defaults"]), _fmt(summary["holdout_best"])
     )
+    for stat, label in (("sd", f"sd over {runs}"), ("min", "min"), ("max", "max")):
+        table.add_row(label, _fmt(spread["defaults"][stat]), _fmt(spread["best"][stat]))
     gain = summary["holdout_improvement_pct"]
     table.add_row("improvement", "", "—" if gain is None else f"{gain:+.2f} %")
+    diff = spread["difference"]
+    table.add_row(f"defaults − best, n {spread['n']}", "", f"{_fmt(diff['mean'])} ± {_fmt(diff['sd'])}")
     return table
 
 
 def _fmt(value: Any) -> str:
+    if value is None:
+        return "—"
     if isinstance(value, bool):
         return "on" if value else "off"
     return f"{value:,.3f}" if isinstance(value, float) else str(value)
