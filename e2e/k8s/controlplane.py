@@ -26,14 +26,23 @@ import subprocess
 import tempfile
 import time
 import urllib.request
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-__all__ = ["BIN_ENV", "FEATURE_GATES", "ControlPlane", "Process", "binaries_dir", "free_port", "wait_http"]
+__all__ = [
+    "BIN_ENV",
+    "FEATURE_GATES",
+    "ControlPlane",
+    "Process",
+    "binaries_dir",
+    "free_port",
+    "wait_for",
+    "wait_http",
+]
 
 BIN_ENV = "GPUSLICE_K8S_BIN"  # where scripts/k8s-e2e put kube-apiserver, kube-scheduler, kubectl, etcd, helm
 ADMIN_TOKEN = "gpuslice-e2e-admin-token"  # a static token of system:masters, for the tests only
@@ -80,6 +89,17 @@ def wait_http(url: str, timeout_s: float, *, insecure: bool = False, proc: Proce
     )
 
 
+def wait_for(predicate: Callable[[], Any], timeout_s: float, what: str, interval_s: float = 0.2) -> Any:
+    """Poll until ``predicate`` returns something truthy; fail naming ``what``."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval_s)
+    raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
+
+
 @dataclass
 class Process:
     """One child process in its own group, its output in a log file."""
@@ -120,6 +140,11 @@ class ControlPlane:
     processes: list[Process] = field(default_factory=list)
     apiserver_port: int = 0
     kubeconfig: Path = Path()
+    # The install tests' plane: the API server on the pod network's gateway (pods reach it there), pods
+    # get service-account tokens (ServiceAccount admission; kube-controller-manager makes the accounts),
+    # and a webhook Service is dialled at its endpoint's address (no kube-proxy).
+    address: str = "127.0.0.1"
+    pod_tokens: bool = False
 
     # ---- lifecycle -------------------------------------------------------------------------------------
 
@@ -203,9 +228,9 @@ class ControlPlane:
                 "--etcd-servers",
                 f"http://127.0.0.1:{client}",
                 "--bind-address",
-                "127.0.0.1",
+                self.address,
                 "--advertise-address",
-                "127.0.0.1",
+                self.address,
                 # the kubernetes Service's endpoint may not be a loopback address: keep none
                 "--endpoint-reconciler-type",
                 "none",
@@ -227,14 +252,17 @@ class ControlPlane:
                 "RBAC",
                 "--enable-admission-plugins",
                 "MutatingAdmissionWebhook,ValidatingAdmissionWebhook",
-                # no controller-manager creates each namespace's "default" service account
-                "--disable-admission-plugins",
-                "ServiceAccount",
+                *(
+                    ["--enable-aggregator-routing=true"]
+                    if self.pod_tokens
+                    # no controller-manager creates each namespace's "default" service account
+                    else ["--disable-admission-plugins", "ServiceAccount"]
+                ),
                 "--allow-privileged=true",
                 f"--feature-gates={FEATURE_GATES}",
             ],
         )
-        wait_http(f"https://127.0.0.1:{self.apiserver_port}/readyz", 120, insecure=True, proc=apiserver)
+        wait_http(f"{self.server}/readyz", 120, insecure=True, proc=apiserver)
         self.kubeconfig = self.root / "kubeconfig"
         self.kubeconfig.write_text(
             yaml.safe_dump(
@@ -261,7 +289,7 @@ class ControlPlane:
 
     @property
     def server(self) -> str:
-        return f"https://127.0.0.1:{self.apiserver_port}"
+        return f"https://{self.address}:{self.apiserver_port}"
 
     # ---- kube-scheduler --------------------------------------------------------------------------------
 
@@ -299,6 +327,29 @@ class ControlPlane:
         )
         wait_http(f"https://127.0.0.1:{port}/healthz", 60, insecure=True, proc=proc)
         return proc, port
+
+    # ---- kube-controller-manager -----------------------------------------------------------------------
+
+    def start_controller_manager(self, controllers: str = "*") -> Process:
+        """kube-controller-manager running ``controllers`` (its ``--controllers``; ``*``: every one on by
+        default: Deployments, DaemonSets, EndpointSlices, service accounts, the root CA ConfigMap,
+        garbage collection, namespaces, resource claims …)."""
+        if not (self.bin / "kube-controller-manager").is_file():
+            raise AssertionError(f"no kube-controller-manager in {self.bin}: scripts/k8s-e2e builds it")
+        return self.spawn(
+            "kube-controller-manager",
+            [
+                str(self.bin / "kube-controller-manager"),
+                "--kubeconfig", str(self.kubeconfig),
+                "--controllers", controllers,
+                "--leader-elect=false",
+                "--secure-port", "0",
+                "--use-service-account-credentials=false",
+                # the CA pods trust the API server by (kube-root-ca.crt in every namespace)
+                "--root-ca-file", str(self.root / "pki" / "apiserver.crt"),
+                f"--feature-gates={FEATURE_GATES}",
+            ],
+        )  # fmt: skip
 
     # ---- gpuslice's extender ------------------------------------------------------------------------
 

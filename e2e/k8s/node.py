@@ -5,14 +5,16 @@ What it takes from the machine, and how it keeps out of the way of everything el
 
 * containerd runs with its own root, state, socket and runc root under the node's temp folder; the
   images come from ``images.build_images`` (no registry) through ``ctr -n k8s.io images import``.
-* No CNI plugin is installed: pods use the host network. A CNI config file is written only so that
-  containerd reports its network ready (the loopback network it adds needs no binary for such pods).
+* Pods use the host network, unless the node is given a ``PodNetwork`` (``network.py``: a bridge and
+  Debian's CNI plugins). Without one, a CNI config file is written only so that containerd reports its
+  network ready (the loopback network it adds needs no binary for such pods).
 * The kubelet's cgroups live below this process's own memory cgroup (``cgroupRoot``), created here in
   every cgroup v1 hierarchy and removed again on stop; the host's hierarchies are never remounted.
   Kubernetes 1.35+ refuses cgroup v1 unless ``failCgroupV1: false``, which the configuration sets.
 * The kubelet writes kernel sysctls it expects (``vm.overcommit_memory`` …) when they differ. It runs
   in a mount namespace of its own where those files are read-only bind mounts of the values it wants,
-  so the shared machine's settings stay as they are.
+  so the shared machine's settings stay as they are. Its own folder is a shared mount, so the volumes
+  it mounts there (Secrets, service-account tokens) reach containerd and the containers.
 * The device-plugin registration socket is fixed by the kubelet at ``/var/lib/kubelet/device-plugins``:
   one such node per machine at a time.
 
@@ -37,6 +39,7 @@ from typing import Any
 
 import yaml
 from controlplane import ControlPlane, Process, free_port, wait_http
+from network import CNI_BIN, PodNetwork
 
 __all__ = ["DEVICE_PLUGIN_DIR", "Node", "cgroup_v1_hierarchies"]
 
@@ -105,6 +108,7 @@ class Node:
     images: dict[str, Path]
     runtime: str = "runc"  # or "crun"
     taints: tuple[str, ...] = ()  # NoSchedule taint keys the kubelet registers the node with
+    network: PodNetwork | None = None  # pods on a bridge (network.py); None: the host network only
     root: Path = Path()
     containerd: Process | None = None
     kubelet: Process | None = None
@@ -213,9 +217,13 @@ class Node:
     def _start_containerd(self) -> None:
         for folder in ("cni/conf", "cni/bin"):
             (self.root / folder).mkdir(parents=True)
-        (self.root / "cni/conf/10-hostnetwork.conflist").write_text(
-            '{"cniVersion": "1.0.0", "name": "e2e-host", "plugins": [{"type": "loopback"}]}\n'
-        )
+        if self.network is not None:
+            (self.root / "cni/conf/10-bridge.conflist").write_text(self.network.conflist())
+        else:
+            (self.root / "cni/conf/10-hostnetwork.conflist").write_text(
+                '{"cniVersion": "1.0.0", "name": "e2e-host", "plugins": [{"type": "loopback"}]}\n'
+            )
+        cni_bin = CNI_BIN if self.network is not None else self.root / "cni/bin"
         pause = next((name for name in self.images if "pause" in name), "none")  # CRI sandboxes only
         cri = 'plugins."io.containerd.grpc.v1.cri"'
         config = self.root / "containerd.toml"
@@ -242,7 +250,7 @@ state = "{self.root}/containerd/state"
         BinaryName = "{self.runtime}"
         Root = "{self.root}/runtime"
   [{cri}.cni]
-    bin_dir = "{self.root}/cni/bin"
+    bin_dir = "{cni_bin}"
     conf_dir = "{self.root}/cni/conf"
 """
         )
@@ -381,12 +389,36 @@ state = "{self.root}/containerd/state"
             "--v", "2",
         ]  # fmt: skip
         script = " && ".join([*masks, 'exec "$@"'])
+        self._share_kubelet_dir()
         self.kubelet = self.plane.spawn(
             f"kubelet-{self.name}",
-            ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c", script, "kubelet", *kubelet],
+            [
+                "unshare",
+                "--mount",
+                "--propagation",
+                "unchanged",
+                "--",
+                "sh",
+                "-c",
+                script,
+                "kubelet",
+                *kubelet,
+            ],
         )
         wait_http(f"http://127.0.0.1:{self.healthz_port}/healthz", 120, proc=self.kubelet)
         return self.kubelet
+
+    def _share_kubelet_dir(self) -> None:
+        """Make the kubelet's folder a shared mount of its own, so that what the kubelet mounts below it
+        in its namespace (the tmpfs of every Secret and service-account token volume) is seen by
+        containerd, which bind-mounts those folders into containers from this namespace. Everything
+        else stays private: the sysctl masks never leave the kubelet's namespace (``unshare
+        --propagation unchanged`` keeps this machine's private mounts private)."""
+        self.kubelet_dir.mkdir(parents=True, exist_ok=True)
+        mounted = {line.split(" ")[4] for line in Path("/proc/self/mountinfo").read_text().splitlines()}
+        if str(self.kubelet_dir) not in mounted:
+            subprocess.run(["mount", "--bind", str(self.kubelet_dir), str(self.kubelet_dir)], check=True)
+            subprocess.run(["mount", "--make-shared", str(self.kubelet_dir)], check=True)
 
     def stop_kubelet(self, *, kill: bool = False) -> None:
         if self.kubelet is not None:

@@ -14,7 +14,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,6 +29,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "e2e" / "k8s"))  # the control-plane harness lives beside its Go build
 
 from controlplane import ControlPlane, Process, binaries_dir, free_port, wait_http  # noqa: E402
+from controlplane import wait_for as wait_for  # noqa: E402  (the tests import it from here)
 
 DEPLOY = REPO / "deploy" / "kubernetes"
 GPUSLICE = str(Path(sys.executable).parent / "gpuslice")  # the console script pip installed
@@ -312,14 +313,3 @@ def namespace(core: Any) -> str:
     name = f"e2e-{uuid.uuid4().hex[:8]}"
     core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name)))
     return name
-
-
-def wait_for(predicate: Callable[[], Any], timeout_s: float, what: str, interval_s: float = 0.2) -> Any:
-    """Poll until ``predicate`` returns something truthy; fail naming ``what``."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval_s)
-    raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")

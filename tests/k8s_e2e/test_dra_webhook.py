@@ -28,19 +28,7 @@ CONFIG = "gpuslice-dra-e2e"  # sorts before the stack's "gpuslice-e2e": called f
 @pytest.fixture(scope="module")
 def controller_manager(plane: ControlPlane) -> Iterator[Process]:
     """kube-controller-manager with only the resourceclaim controller (claims from templates)."""
-    if not (plane.bin / "kube-controller-manager").is_file():
-        raise AssertionError(f"no kube-controller-manager in {plane.bin}: run scripts/k8s-e2e (it builds it)")
-    proc = plane.spawn(
-        "kube-controller-manager",
-        [
-            str(plane.bin / "kube-controller-manager"),
-            "--kubeconfig", str(plane.kubeconfig),
-            "--controllers", "resourceclaim-controller",
-            "--leader-elect=false",
-            "--secure-port", "0",
-            "--use-service-account-credentials=false",
-        ],
-    )  # fmt: skip
+    proc = plane.start_controller_manager("resourceclaim-controller")
     yield proc
     plane.forget(proc)
 

@@ -2,6 +2,16 @@
 {{ .Values.image.repository }}:{{ .Values.image.tag }}
 {{- end -}}
 
+{{/* Where pods reach the API server when no kube-proxy serves the kubernetes Service (kube-proxy-free
+     networking, or a node without it): the in-cluster client reads these two, and a container's own
+     variables win over the ones the kubelet injects. Empty: the kubelet's, as usual. */}}
+{{- define "gpuslice.apiServerEnv" -}}
+{{- with .Values.kubernetesService.host -}}
+- {name: KUBERNETES_SERVICE_HOST, value: {{ . | quote }}}
+- {name: KUBERNETES_SERVICE_PORT, value: {{ required "kubernetesService.port is needed with its host" $.Values.kubernetesService.port | quote }}}
+{{- end -}}
+{{- end -}}
+
 {{- define "gpuslice.labels" -}}
 app.kubernetes.io/name: gpuslice
 app.kubernetes.io/instance: {{ .Release.Name }}

@@ -1,0 +1,224 @@
+"""The chart on a real node, installed as a cluster admin installs it (``helm install``).
+
+A plane of its own (a second pytest session in ``scripts/k8s-e2e``, after the other e2e tests: the
+kubelet's device-plugin folder is fixed, one node per machine):
+
+```text
+PodNetwork (network.py)    bridge gse2e0 10.244.77.1/24, Debian's bridge + host-local CNI plugins
+ControlPlane               etcd, kube-apiserver on 10.244.77.1 (pods reach it there), ServiceAccount
+                           admission on, webhook Services dialled at their endpoints (no kube-proxy)
+kube-controller-manager    every default controller: Deployments, DaemonSets, EndpointSlices, service
+                           accounts and kube-root-ca.crt, garbage collection, namespaces, claims
+Node                       containerd + runc + the kubelet, pods on the bridge; the images of
+                           scripts/build-image (gpuslice, kube-scheduler) and the e2e's pause and tools
+helm install gpuslice      the chart with kubernetesService = the API server's address and a simulated
+                           machine for the device plugin (the fake NVML stands in for the GPUs)
+```
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "e2e" / "k8s"))  # the harness lives beside its Go build
+
+from controlplane import ControlPlane, Process, binaries_dir, wait_for  # noqa: E402
+from images import TOOLS_IMAGE, build_images  # noqa: E402
+from network import PodNetwork  # noqa: E402
+
+from node import Node  # noqa: E402
+
+NODE = "install-node"
+SIMULATE = "pcie-4x-l4"  # four L4s (fake NVML)
+SPLIT_COUNT = 10
+RELEASE, NAMESPACE = "gpuslice", "gpuslice-system"
+DEFAULT_SCHEDULER = {
+    "apiVersion": "kubescheduler.config.k8s.io/v1",
+    "kind": "KubeSchedulerConfiguration",
+    "leaderElection": {"leaderElect": False},
+}
+
+
+@dataclass
+class Cluster:
+    """What the install tests share: the plane, its node, the API client and the chart's values."""
+
+    plane: ControlPlane
+    node: Node
+    network: PodNetwork
+    controller_manager: Process
+    api: Any
+    values: dict[str, str]
+    install_s: float = 0.0
+
+    def helm(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        return self.plane.helm(*args, check=check)
+
+    def core(self) -> Any:
+        from kubernetes import client
+
+        return client.CoreV1Api(self.api)
+
+    def apps(self) -> Any:
+        from kubernetes import client
+
+        return client.AppsV1Api(self.api)
+
+    def describe(self) -> str:
+        """Every pod's state and the namespace's events, the kubelet's last lines: why something is not
+        Ready, for a failure's message."""
+        core = self.core()
+        lines = []
+        for pod in core.list_pod_for_all_namespaces().items:
+            states = [
+                f"{c.name}: ready={c.ready} restarts={c.restart_count} "
+                f"{c.state.waiting or c.state.terminated or ''}"
+                for c in pod.status.container_statuses or []
+            ]
+            lines.append(f"{pod.metadata.namespace}/{pod.metadata.name} {pod.status.phase} {states}")
+        for event in core.list_event_for_all_namespaces().items[-30:]:
+            lines.append(f"event {event.involved_object.name}: {event.reason} {event.message}")
+        kubelet = self.node.kubelet.tail(30) if self.node.kubelet is not None else ""
+        return "\n".join(lines) + "\nkubelet:\n" + kubelet
+
+    def set_args(self) -> list[str]:
+        return [arg for key, value in self.values.items() for arg in ("--set", f"{key}={value}")]
+
+
+def _chart_images(work: Path) -> dict[str, Path]:
+    """{image name: OCI archive}: the node's pause and tools images, gpuslice's and kube-scheduler's."""
+    images = build_images(work)
+    done = subprocess.run(
+        [str(REPO / "scripts" / "build-image"), "gpuslice", "kube-scheduler"],
+        capture_output=True,
+        text=True,
+        timeout=1800,
+        check=False,
+        env={**os.environ, "GPUSLICE_K8S_BIN": str(binaries_dir() or "")},
+    )
+    if done.returncode != 0:
+        raise AssertionError(f"scripts/build-image exited {done.returncode}:\n{done.stderr[-4000:]}")
+    built = (line.split() for line in done.stdout.splitlines())
+    images.update({name: Path(archive) for name, archive in built})
+    return images
+
+
+def _node_ready(core: Any) -> bool:
+    from kubernetes import client
+
+    try:
+        node = core.read_node(NODE)
+    except client.exceptions.ApiException as err:
+        if err.status == 404:
+            return False
+        raise
+    ready = next((c for c in node.status.conditions or [] if c.type == "Ready"), None)
+    return ready is not None and ready.status == "True" and not node.spec.taints
+
+
+def user_pod(name: str, script: str, limits: dict[str, str]) -> dict[str, Any]:
+    """A pod as a user writes it: no scheduler name, no node, no host network; the webhook does the rest."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name},
+        "spec": {
+            "restartPolicy": "Never",
+            "terminationGracePeriodSeconds": 2,
+            "containers": [
+                {
+                    "name": "main",
+                    "image": TOOLS_IMAGE,
+                    "imagePullPolicy": "Never",
+                    "command": ["/bin/sh", "-c", script],
+                    "resources": {"requests": {"cpu": "10m"}, "limits": limits},
+                }
+            ],
+        },
+    }
+
+
+@pytest.fixture(scope="session")
+def cluster() -> Iterator[Cluster]:
+    from kubernetes import client, config
+
+    folder = binaries_dir()
+    if folder is None:
+        pytest.fail("no Kubernetes binaries: run these tests with scripts/k8s-e2e (it builds them)")
+    network = PodNetwork(Path("/tmp") / f"gpuslice-install-net-{os.getpid()}")
+    network.up()
+    plane = ControlPlane(folder, address=network.gateway, pod_tokens=True)
+    node: Node | None = None
+    try:
+        plane.start()
+        manager = plane.start_controller_manager()
+        plane.start_scheduler(DEFAULT_SCHEDULER)  # the cluster's own, for the chart's pods
+        api = config.new_client_from_config(str(plane.kubeconfig))
+        node = Node(plane, NODE, _chart_images(plane.root / "images"), network=network)
+        node.start()
+        core = client.CoreV1Api(api)
+        wait_for(lambda: _node_ready(core), 180, f"node {NODE} Ready, its not-ready taint lifted")
+        core.patch_node(NODE, {"metadata": {"labels": {"gpuslice.io/gpu-node": "true"}}})
+        values = {
+            "kubernetesService.host": network.gateway,
+            "kubernetesService.port": str(plane.apiserver_port),
+            "devicePlugin.simulate": SIMULATE,
+            "devicePlugin.sharing": "shim",  # the native shim fences memory in the container
+            "devicePlugin.splitCount": str(SPLIT_COUNT),
+            "devicePlugin.stateDir": str(node.root / "gpuslice-state"),
+            "dra.kubeletPluginsDir": str(node.kubelet_dir / "plugins"),
+            "dra.kubeletRegistryDir": str(node.kubelet_dir / "plugins_registry"),
+            "dra.cdiDir": str(node.root / "cdi"),
+            "dra.stateDir": str(node.root / "gpuslice-state"),
+            "dra.simulate": SIMULATE,
+        }
+        yield Cluster(plane, node, network, manager, api, values)
+    finally:
+        if node is not None:
+            node.stop()
+        plane.stop()
+        network.down()
+
+
+@pytest.fixture(scope="session")
+def installed(cluster: Cluster) -> Cluster:
+    """``helm install`` as the README tells a user, waiting until every Deployment and DaemonSet is Ready."""
+    start = time.monotonic()
+    done = cluster.helm(
+        "install", RELEASE, str(REPO / "deploy" / "helm" / "gpuslice"),
+        "--namespace", NAMESPACE, "--create-namespace", "--wait", "--timeout", "10m",
+        *cluster.set_args(), check=False,
+    )  # fmt: skip
+    if done.returncode != 0:
+        raise AssertionError(f"helm install exited {done.returncode}: {done.stderr}\n{cluster.describe()}")
+    cluster.install_s = time.monotonic() - start
+    print(f"\nhelm install -> every workload Ready: {cluster.install_s:.1f} s", file=sys.stderr)
+    return cluster
+
+
+@pytest.fixture
+def user_namespace(installed: Cluster) -> Iterator[str]:
+    """A fresh namespace (kube-controller-manager gives it its default service account), its pods
+    deleted and gone after the test."""
+    from kubernetes import client
+
+    core = installed.core()
+    name = f"user-{uuid.uuid4().hex[:8]}"
+    core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name)))
+    wait_for(
+        lambda: core.list_namespaced_service_account(name).items, 60, f"{name}'s default service account"
+    )
+    yield name
+    core.delete_collection_namespaced_pod(name)
+    wait_for(lambda: not core.list_namespaced_pod(name).items, 120, f"the pods of {name} to be gone")
