@@ -12,7 +12,10 @@ VisibleBytes       the same for a job's raw output, a chunk at a time: a UTF-8 c
                    chunks is decoded whole, and a byte that is not UTF-8 is shown as \\xNN
 shown(text)        visible(text) with rich markup escaped: user text inside a markup string
 console(**kw)      the CLI's rich Console: emoji codes stay text, and every string it renders (printed
-                   or a table cell) goes through visible() first
+                   or a table cell) goes through visible() first; a table printed on it that cannot fit
+                   the width without cutting a cell is printed stacked instead (fitted)
+fitted(table, w)   ``table`` if it fits ``w`` columns whole, else the same cells stacked: one block per
+                   row, a line per column (header, value), so no number loses a digit on a narrow terminal
 ```
 
 A backslash itself is left as it is, so a job that prints the four characters ``\\x1b`` looks like one
@@ -25,11 +28,13 @@ import codecs
 import re
 from typing import Any
 
-from rich.console import Console
+from rich.console import Console, RenderableType
 from rich.markup import escape
+from rich.measure import Measurement
+from rich.table import Table
 from rich.text import Text
 
-__all__ = ["VisibleBytes", "console", "shown", "visible"]
+__all__ = ["VisibleBytes", "console", "fitted", "shown", "visible"]
 
 # C0 but TAB and LF, DEL, C1 (U+0080-U+009F: 8-bit CSI, OSC, ST …), and the bidirectional embeddings,
 # overrides and isolates (Unicode UAX #9), which can show a line in another order than its characters.
@@ -66,12 +71,70 @@ class VisibleBytes:
         return visible(self._decoder.decode(b"", final=True)).encode("utf-8")
 
 
+_ROOM = 100_000  # columns to measure a table's own minimum width in
+
+
+def fitted(table: Table, console: Console, width: int | None = None) -> Table:
+    """``table`` when ``width`` (default: the console's) holds it with every word of every cell whole
+    (rich wraps text between words, but a cell narrower than its longest word is cut or folded, a number
+    too; a column that folds on purpose may be narrow, ``_minimum_width``); else the same title, cells
+    and caption stacked: for each row, one line per column with its header and value, rows apart by a
+    blank line."""
+    width = console.width if width is None else width
+    if _minimum_width(table, console) <= width:
+        return table
+    stacked = Table(
+        title=table.title,
+        caption=table.caption,
+        caption_justify=table.caption_justify,
+        box=None,
+        show_header=False,
+        pad_edge=False,
+    )
+    stacked.add_column(style="bold", no_wrap=True)
+    stacked.add_column(overflow="fold")
+    headers = [_header(c.header, i) for i, c in enumerate(table.columns)]
+    rows = list(zip(*(list(c.cells) for c in table.columns), strict=True))
+    for n, cells in enumerate(rows):
+        if n:
+            stacked.add_row("", "")
+        for header, cell in zip(headers, cells, strict=True):
+            stacked.add_row(header, cell)
+    return stacked
+
+
+def _minimum_width(table: Table, console: Console) -> int:
+    """The narrowest ``table`` can be drawn with no cell cut: every word whole, but in a column that
+    folds its text (``overflow="fold"``: a command, a path), which may be as narrow as its min_width
+    (or 8). Measured with room to spare: rich clamps a measure to the width it is given."""
+    folding = [c for c in table.columns if c.overflow == "fold" and not c.no_wrap]
+    saved = [c.max_width for c in folding]
+    try:
+        for column in folding:
+            column.max_width = column.min_width or 8
+        return Measurement.get(console, console.options.update_width(_ROOM), table).minimum
+    finally:
+        for column, max_width in zip(folding, saved, strict=True):
+            column.max_width = max_width
+
+
+def _header(header: RenderableType, index: int) -> RenderableType:
+    """A column's header as the stacked layout's label (a header left empty: the column's number)."""
+    if isinstance(header, str | Text) and not str(header).strip():
+        return f"#{index + 1}" if index else ""
+    return header
+
+
 class _VisibleConsole(Console):
     """A Console that makes controls visible in every string it renders; rich itself only drops a few
-    (BEL, backspace, CR, VT, FF) and passes ESC on."""
+    (BEL, backspace, CR, VT, FF) and passes ESC on. A table printed on it is ``fitted`` to its width."""
 
     def render_str(self, text: str, **kwargs: Any) -> Text:
         return super().render_str(visible(text), **kwargs)
+
+    def print(self, *objects: Any, **kwargs: Any) -> None:
+        objects = tuple(fitted(o, self) if isinstance(o, Table) else o for o in objects)
+        super().print(*objects, **kwargs)
 
 
 def console(**kwargs: Any) -> Console:
