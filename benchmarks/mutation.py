@@ -59,6 +59,7 @@ TARGETS: dict[str, tuple[str, tuple[str, ...]]] = {
             "tests/k8s/test_extender_mig_ledger.py",
             "tests/k8s/test_extender_bind_race.py",
             "tests/k8s/test_extender_containers.py",
+            "tests/k8s/test_extender_state.py",
         ),
     ),
     "dra-allocator": (
