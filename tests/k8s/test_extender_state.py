@@ -10,7 +10,8 @@ from typing import Any
 
 import numpy as np
 import pytest
-from test_extender import FakeApi, _bound_pod, client_for, inventory, make_state, pod_json
+from test_extender import FakeApi, _bound_pod, client_for, inventory, make_state, node_event, pod_json
+from test_extender_bind_race import BindingApi
 from test_extender_containers import SHARE as SHARE_40G
 from test_extender_containers import two_container_pod
 from test_extender_decide import BIG, full_node, with_priority
@@ -19,7 +20,7 @@ from test_extender_mig_ledger import SLOTS
 
 from gpuslice.k8s.annotations import MigSlot
 from gpuslice.k8s.decision import Decision, MigChoice
-from gpuslice.k8s.extender import WatchEvent
+from gpuslice.k8s.extender import ClusterState, WatchEvent
 from gpuslice.k8s.extender import state as state_module
 from gpuslice.k8s.extender.kube import AlreadyBound
 from gpuslice.k8s.extender.state import MAX_EXTENDER_PRIORITY, _rescale
@@ -360,3 +361,33 @@ def test_deciding_a_mig_pod_counts_the_mig_choices_fallbacks_in_the_clusters_cou
     monkeypatch.setattr(state_module, "choose_mig_instance", recording)
     assert state.filter(pod_json("p", MIG_3G), ["a", "b"]).passed == ["a"]
     assert seen == [state.cache.mig_fallbacks] and seen[0] is state.cache.mig_fallbacks
+
+
+# ---- the node lock and the invariant check ------------------------------------------------------------
+
+
+class _FailingBinding(BindingApi):
+    """Node locks work; every Binding fails."""
+
+    def create_binding(self, namespace: str, name: str, uid: str, node: str) -> None:
+        raise RuntimeError("500 Internal Server Error")
+
+
+def test_a_failed_binding_releases_the_node_lock_it_took():
+    api = _FailingBinding(delay_s=0.0)
+    state = ClusterState(api, default_policy="bestfit", lock_timeout_s=300.0, lock_wait_s=0.5)
+    state.apply(node_event("n0", inventory(gpus=1)))
+    api.pods[("team-a", "p")] = pod_json("p", WHOLE)
+    assert state.bind("team-a", "p", "uid-p", "n0").startswith("binding team-a/p to n0 failed")
+    assert api.lock_of("n0") is None
+
+
+def test_the_invariant_check_finds_a_cached_verdict_that_is_out_of_date():
+    state = make_state(FakeApi(), {"a": inventory(gpus=1), "b": inventory(gpus=1)})
+    state.filter(pod_json("p", WHOLE), ["a", "b"])
+    state.check_invariants()
+    built = state.cache.ledgered()
+    (cache,) = built.verdicts.values()
+    cache.codes[0] = 1 + int(cache.codes[0])  # a cached answer no longer what the ledger says
+    with pytest.raises(AssertionError, match=r"outdated verdicts cached for .*: nodes \[0\]"):
+        state.check_invariants()
