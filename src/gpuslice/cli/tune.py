@@ -12,6 +12,7 @@ from rich import box
 from rich.table import Table
 
 from gpuslice.cli import terminal
+from gpuslice.cli.interrupt import workers_stop_on_interrupt
 from gpuslice.cli.progress import WorkProgress
 from gpuslice.cli.replay import check_load
 from gpuslice.errors import UserError
@@ -140,20 +141,38 @@ def tune(
             finished += 1
             progress.update(finished)
 
-        run = run_study(
-            setup=setup,
-            train=train_traces,
-            holdout=holdout_traces,
-            holdout_names=holdout_specs,
-            attrs=attrs,
-            seed=seed,
-            trials=trials,
-            jobs=jobs,
-            study=study,
-            holdout_seeds=holdout_seeds,
-            on_trial=advance,
-            on_phase=progress.describe,
-        )
+        def interrupted() -> str:
+            # The policy file and its record are written only once the run is done: none is left half
+            # written. The study keeps every trial told to it (each is one transaction of sqlite).
+            when = (
+                "in the held-out replay" if finished == trials else f"after {finished:,} of {trials:,} trials"
+            )
+            kept = (
+                f"kept {study} with the trials that finished (run again with --study {study} to continue)"
+                if study is not None
+                else "kept nothing (the study was a temporary one; --study FILE keeps it)"
+            )
+            return f"error: interrupted {when}; {kept}; nothing was written to {out}"
+
+        try:
+            with workers_stop_on_interrupt(interrupted):
+                run = run_study(
+                    setup=setup,
+                    train=train_traces,
+                    holdout=holdout_traces,
+                    holdout_names=holdout_specs,
+                    attrs=attrs,
+                    seed=seed,
+                    trials=trials,
+                    jobs=jobs,
+                    study=study,
+                    holdout_seeds=holdout_seeds,
+                    on_trial=advance,
+                    on_phase=progress.describe,
+                )
+        except KeyboardInterrupt:
+            terminal.console(stderr=True).print(interrupted(), markup=False, highlight=False, soft_wrap=True)
+            raise typer.Exit(130) from None
     write_policy(run.best, out)
     meta = out.with_name(out.name + ".json")
     meta.write_text(json.dumps(run.summary, indent=2) + "\n")

@@ -25,7 +25,7 @@ from __future__ import annotations
 import math
 import tempfile
 from collections.abc import Callable, Sequence
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -89,9 +89,16 @@ def run_study(
         else:
             with ProcessPoolExecutor(max_workers=jobs) as pool:
                 futures = [pool.submit(run_trial, storage, s, train, setup, workdir) for s in seeds]
-                for future in futures:
-                    future.result()
-                    on_trial()
+                try:
+                    for future in as_completed(futures):
+                        future.result()
+                        on_trial()
+                except BaseException:  # Ctrl-C (cli/interrupt.py) or a failed trial: no trial starts after it
+                    # The pool's own thread cancels what is queued (a future cancelled here races with it
+                    # marking the pool broken: InvalidStateError). wait=True: it is joined now, under
+                    # cli/interrupt.py's watch, not at the exit, past it.
+                    pool.shutdown(wait=True, cancel_futures=True)
+                    raise
         opened = open_study(storage, attrs, seed)
         best = best_params(opened)
         on_phase("held-out replay")
