@@ -20,8 +20,9 @@ from test_extender_mig_ledger import SLOTS
 
 from gpuslice.k8s.annotations import MigSlot
 from gpuslice.k8s.decision import Decision, MigChoice
-from gpuslice.k8s.extender import ClusterState, WatchEvent
+from gpuslice.k8s.extender import REASON_RESERVED, ClusterState, WatchEvent
 from gpuslice.k8s.extender import state as state_module
+from gpuslice.k8s.extender.cluster import Nomination
 from gpuslice.k8s.extender.kube import AlreadyBound
 from gpuslice.k8s.extender.state import MAX_EXTENDER_PRIORITY, _rescale
 from gpuslice.workload.request import Request
@@ -391,3 +392,45 @@ def test_the_invariant_check_finds_a_cached_verdict_that_is_out_of_date():
     cache.codes[0] = 1 + int(cache.codes[0])  # a cached answer no longer what the ledger says
     with pytest.raises(AssertionError, match=r"outdated verdicts cached for .*: nodes \[0\]"):
         state.check_invariants()
+
+
+def _locked_state(api: BindingApi) -> ClusterState:
+    state = ClusterState(api, default_policy="bestfit", lock_timeout_s=300.0, lock_wait_s=0.25)
+    state.apply(node_event("n0", inventory(gpus=1)))
+    return state
+
+
+def test_the_node_lock_takes_the_timeout_and_wait_given_and_names_the_pod_that_holds_it():
+    api = BindingApi(delay_s=0.0)
+    state = _locked_state(api)
+    assert state.bind_locks is not None
+    assert (state.bind_locks.timeout_s, state.bind_locks.wait_s) == (300.0, 0.25)
+    api.pods[("team-a", "p")] = pod_json("p", WHOLE)
+    assert state.bind("team-a", "p", "uid-p", "n0") == ""
+    holder = api.lock_of("n0")
+    assert holder is not None and (holder.uid, holder.namespace, holder.name) == ("uid-p", "team-a", "p")
+
+
+def test_a_bind_that_raises_releases_the_node_lock_it_took(monkeypatch):
+    api = BindingApi(delay_s=0.0)
+    state = _locked_state(api)
+    api.pods[("team-a", "p")] = pod_json("p", WHOLE)
+
+    def raising(*args: Any) -> str:
+        raise RuntimeError("a bug in bind")
+
+    monkeypatch.setattr(state, "_bind", raising)
+    with pytest.raises(RuntimeError, match="a bug in bind"):
+        state.bind("team-a", "p", "uid-p", "n0")
+    assert api.lock_of("n0") is None
+
+
+@pytest.mark.parametrize(("priority", "refused"), [(10, True), (9, True), (11, False)])
+def test_a_node_held_for_a_preemptor_refuses_a_pod_of_no_higher_priority(priority, refused):
+    api = FakeApi()
+    state = make_state(api, {"n": inventory(gpus=2)})
+    state.cache.nominations["n"] = Nomination("uid-preemptor", 10, frozenset(), deadline=float("inf"))
+    api.pods[("team-a", "p")] = with_priority(pod_json("p", WHOLE), priority)
+    error = state.bind("team-a", "p", "uid-p", "n")
+    assert (error == f"pod team-a/p on n: {REASON_RESERVED}") is refused
+    assert (error == "") is not refused
