@@ -6,6 +6,7 @@ of an invalid pod, a MIG pod and a pod whose closest node has full share slots."
 from __future__ import annotations
 
 import types
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -343,6 +344,31 @@ def test_a_bound_pod_of_two_containers_holds_both_slices_until_it_goes():
     state.check_invariants()
 
 
+def test_a_retried_bind_on_the_same_node_picks_again_and_takes_a_better_gpu_freed_since():
+    """p's earlier bind wrote its decision (GPU 0 of n: GPU 1 was too full) but made no Binding; the
+    watch holds it. The big pod on GPU 1 has gone since. kube-scheduler's retried bind of p to n does not
+    reuse that hold: it gives it back and picks again, and bestfit packs p next to the small pod on GPU 1."""
+    api = FakeApi()
+    state = make_state(api, {"n": inventory(gpus=2)})
+    big = {**SHARE, "gpuslice.io/gpumem": "60000"}
+    small = {**SHARE, "gpuslice.io/gpumem": "10000"}
+    for name, resources in (("big", big), ("small", small)):
+        state.apply(WatchEvent("Pod", "ADDED", _bound_pod(name, "n", "1", resources)))
+    earlier = Decision("n", "train", (0,), ("GPU-A100-80GB-00",), 20000, 20)
+    pod = pod_json("p", SHARE, earlier.to_annotations())
+    api.pods[("team-a", "p")] = pod
+    state.apply(WatchEvent("Pod", "ADDED", pod))
+    assert state.ledger.view.free_gpu_memory_bytes[0, 0] == (81920 - 20000) * 2**20  # the earlier hold
+    state.apply(WatchEvent("Pod", "DELETED", _bound_pod("big", "n", "1", big)))
+    assert state.bind("team-a", "p", "uid-p", "n") == ""
+    ((_, _, written),) = api.patches
+    decision = Decision.from_annotations(written)
+    assert decision is not None and decision.gpu_indices == (1,)
+    free = state.ledger.view.free_gpu_memory_bytes
+    assert free[0, :2].tolist() == [81920 * 2**20, (81920 - 30000) * 2**20]
+    state.check_invariants()
+
+
 def test_the_default_policy_and_target_given_are_the_clusters():
     target = TargetWorkload.from_requests([Request(cpu_milli=0, num_gpu=1, gpu_milli=500)])
     state = state_module.ClusterState(FakeApi(), "fgd", narrow=True, target=target)
@@ -423,6 +449,40 @@ def test_a_bind_that_raises_releases_the_node_lock_it_took(monkeypatch):
     with pytest.raises(RuntimeError, match="a bug in bind"):
         state.bind("team-a", "p", "uid-p", "n0")
     assert api.lock_of("n0") is None
+
+
+class _BindsDuring(BindingApi):
+    """Runs ``during`` once, as pod ``name``'s bind writes its decision: the bind holds its node lock, and
+    the API server does not yet show the pod waiting for an allocation."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(delay_s=0.0)
+        self.name = name
+        self.during: Any = None
+
+    def patch_pod_annotations(self, namespace: str, name: str, annotations: Mapping[str, str]) -> None:
+        if name == self.name and self.during is not None:
+            during, self.during = self.during, None
+            during()
+        super().patch_pod_annotations(namespace, name, annotations)
+
+
+def test_the_node_lock_of_a_pod_whose_bind_still_runs_here_is_live_whatever_the_api_says():
+    """The node lock is given the state's bind tracker: while p's bind runs in this process, p's lock
+    blocks q although the API server does not yet show p waiting for an allocation (no bind-phase)."""
+    api = _BindsDuring("p")
+    state = ClusterState(api, default_policy="bestfit", lock_timeout_s=300.0, lock_wait_s=0.05)
+    state.apply(node_event("n0", inventory(gpus=2)))
+    api.pods[("team-a", "p")] = pod_json("p", WHOLE)
+    api.pods[("team-a", "q")] = pod_json("q", WHOLE)
+    answers = []
+    api.during = lambda: answers.append(state.bind("team-a", "q", "uid-q", "n0"))
+    assert state.bind("team-a", "p", "uid-p", "n0") == ""
+    (refused,) = answers
+    assert refused.startswith("pod team-a/q on n0: node n0 is locked by pod team-a/p, waiting for Allocate")
+    holder = api.lock_of("n0")
+    assert holder is not None and holder.uid == "uid-p"
+    assert "uid-q" not in api.node_of
 
 
 @pytest.mark.parametrize(("priority", "refused"), [(10, True), (9, True), (11, False)])
