@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import queue
+import socket
 import stat
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -702,3 +703,35 @@ def test_start_fails_clearly_when_no_kubelet_listens(socket_dir, api, tmp_path, 
         plugin.start()
     plugin.stop()
     assert not (socket_dir / "gpuslice-gpu.sock").exists()
+
+
+def test_an_old_instance_stopping_after_a_new_one_started_leaves_the_new_one_serving(
+    make_plugin, kubelet, socket_dir
+):
+    """A DaemonSet rolled with surge: each instance serves on a socket of its own name (the kubelet keeps
+    a resource's devices while one of its endpoints remains), so the old one's stop leaves the new one
+    registered and reachable; each removes only its own socket."""
+    old = make_plugin(instance="0ld")
+    assert kubelet.next_request().endpoint == "gpuslice-gpu-0ld.sock"
+    new = make_plugin(instance="n3w")
+    assert kubelet.next_request().endpoint == "gpuslice-gpu-n3w.sock"
+    old.stop()
+    assert sorted(p.name for p in socket_dir.glob("gpuslice-*")) == ["gpuslice-gpu-n3w.sock"]
+    options = kubelet.dial("gpuslice-gpu-n3w.sock").GetDevicePluginOptions(pb.Empty(), timeout=TIMEOUT_S)
+    assert options.get_preferred_allocation_available  # served, by the new instance
+    new.stop()
+    assert not list(socket_dir.glob("gpuslice-*"))
+
+
+def test_a_socket_left_by_a_killed_instance_is_removed_at_start_and_a_live_one_is_not(
+    make_plugin, kubelet, socket_dir
+):
+    dead = socket_dir / "gpuslice-gpu-dead.sock"
+    with socket.socket(socket.AF_UNIX) as left:
+        left.bind(str(dead))  # bound, never listening, closed without unlink: what SIGKILL leaves
+    live = make_plugin(instance="live")
+    kubelet.next_request()
+    assert not dead.exists()
+    make_plugin(instance="next")
+    kubelet.next_request()
+    assert (socket_dir / "gpuslice-gpu-live.sock").exists() and live.registrations == 1

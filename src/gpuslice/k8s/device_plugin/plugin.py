@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import socket
 import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -16,6 +17,7 @@ import grpc
 from gpuslice.errors import UserError
 from gpuslice.hardware.machine import Machine
 from gpuslice.hardware.mig import MigLayout
+from gpuslice.k8s import plugin_socket
 from gpuslice.k8s.annotations import (
     ANNOTATION_NODE_INVENTORY,
     DEFAULT_SPLIT_COUNT,
@@ -145,6 +147,7 @@ class DevicePlugin(Allocation):
         gpuset_policy: str = "exact",
         watch_interval_s: float = 1.0,
         health_poll_s: float = 1.0,
+        instance: str = "",
     ) -> None:
         if split_count < 1:
             raise UserError(f"--split-count {split_count}: each GPU needs at least 1 share")
@@ -167,6 +170,9 @@ class DevicePlugin(Allocation):
                 "(MIG instances are advertised as their own gpuslice.io/mig-<profile> resources)"
             )
         self.sharing = SharingMode(sharing)
+        # In the socket names: two instances (a DaemonSet rolled with surge) serve side by side, and the
+        # kubelet keeps a resource's devices while one of its endpoints remains (it keys them by path).
+        self.instance = instance
         self.state_dir = Path(state_dir)
         self.policy = make_gpuset_policy(gpuset_policy)
         self.watch_interval_s = watch_interval_s
@@ -184,6 +190,7 @@ class DevicePlugin(Allocation):
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._kubelet_id: tuple[int, int] | None = None
+        self._own: dict[str, tuple[int, int]] = {}  # endpoint -> (device, inode) of the socket we published
         self._minors = gpu_minors(machine)  # for the device nodes Allocate passes
         self._simulated = is_simulated(machine)
 
@@ -219,7 +226,7 @@ class DevicePlugin(Allocation):
             raise UserError(f"device id {too_long[0]!r} is longer than the kubelet's 63 characters")
         resources = []
         if shares:
-            resources.append(Resource(RESOURCE_GPU, "gpuslice-gpu.sock", shares))
+            resources.append(Resource(RESOURCE_GPU, self._endpoint("gpuslice-gpu"), shares))
         by_profile: dict[str, list[PluginDevice]] = {}
         for gpu, slots in self._mig.items():
             for slot in slots:
@@ -227,7 +234,7 @@ class DevicePlugin(Allocation):
                 by_profile.setdefault(slot.profile, []).append(device)
         for profile, devices in sorted(by_profile.items()):
             resources.append(
-                Resource(mig_resource(profile), f"gpuslice-mig-{profile}.sock", devices, profile)
+                Resource(mig_resource(profile), self._endpoint(f"gpuslice-mig-{profile}"), devices, profile)
             )
         if not resources:
             raise UserError(
@@ -283,26 +290,46 @@ class DevicePlugin(Allocation):
         self._stop.wait()
 
     def _serve_all(self) -> None:
+        """Serve every resource on its socket, published over any socket there (a killed run's, or the
+        live one of the instance this one replaces in a rolling update: ``k8s.plugin_socket``)."""
         self.socket_dir.mkdir(parents=True, exist_ok=True)
+        self._remove_stale_sockets()
         for resource in self.resources:
             path = self.socket_dir / resource.endpoint
-            with contextlib.suppress(FileNotFoundError):
-                path.unlink()  # a socket left by an earlier run would make bind fail
             # Each ListAndWatch stream holds a worker for its lifetime; the kubelet opens one per resource.
             server = grpc.server(futures.ThreadPoolExecutor(max_workers=8))
             pb_grpc.add_DevicePluginServicer_to_server(_Servicer(self, resource), server)
-            server.add_insecure_port(f"unix://{path}")
+            private = plugin_socket.listen(server, path)
             server.start()
             resource.server = server
+            self._own[resource.endpoint] = plugin_socket.publish(private, path)
             log.info("serving %s on %s (%d devices)", resource.name, path, len(resource.devices))
 
+    def _endpoint(self, stem: str) -> str:
+        return f"{stem}-{self.instance}.sock" if self.instance else f"{stem}.sock"
+
+    def _remove_stale_sockets(self) -> None:
+        """Remove gpuslice sockets no server listens on (left by a killed instance); a live one (the
+        instance this one replaces, still serving) stays."""
+        for path in self.socket_dir.glob("gpuslice-*.sock"):
+            with socket.socket(socket.AF_UNIX) as probe:
+                probe.settimeout(1.0)
+                try:
+                    probe.connect(str(path))
+                except ConnectionRefusedError:
+                    path.unlink(missing_ok=True)
+                except OSError:
+                    pass
+
     def _stop_servers(self) -> None:
+        """Stop the servers; remove each socket only if it is still ours (a newer instance's stays)."""
         for resource in self.resources:
             if resource.server is not None:
                 resource.server.stop(grace=0.5).wait()
                 resource.server = None
-            with contextlib.suppress(FileNotFoundError):
-                (self.socket_dir / resource.endpoint).unlink()
+            plugin_socket.unlink_own(
+                self.socket_dir / resource.endpoint, self._own.pop(resource.endpoint, None)
+            )
 
     def register_all(self) -> None:
         """Register every resource with the kubelet (retrying while a restarted kubelet comes up)."""

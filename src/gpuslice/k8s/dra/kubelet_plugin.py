@@ -14,14 +14,13 @@ in one claim is reported as such without taking the others or the server down.
 from __future__ import annotations
 
 import logging
-import os
-import secrets
 from concurrent import futures
 from pathlib import Path
 
 import grpc
 
 from gpuslice.errors import UserError
+from gpuslice.k8s import plugin_socket
 from gpuslice.k8s.dra.prepare import ClaimRef, Preparer
 from gpuslice.k8s.dra.proto import dra_pb2 as dra
 from gpuslice.k8s.dra.proto import dra_pb2_grpc as dra_grpc
@@ -119,41 +118,6 @@ class _RegistrationServicer(reg_grpc.RegistrationServicer):
         return reg.RegistrationStatusResponse()
 
 
-def _listen(server: grpc.Server, path: Path) -> Path:
-    """Bind ``server`` to a private name beside ``path`` (a dot file, which the kubelet's plugin watcher
-    ignores); ``_publish`` moves it to ``path`` once the server runs. Why not bind ``path`` itself: gRPC
-    unlinks a server's socket path when the server stops, whoever's socket is there by then, so an
-    old instance stopping after a new one started (a rolling update with surge) would take the new
-    one's socket away. The private name is gone from the directory by then, so gRPC removes nothing."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    private = path.with_name(f".{path.name}.{secrets.token_hex(3)}")  # 8 bytes more than path (107 at most)
-    server.add_insecure_port(f"unix://{private}")
-    return private
-
-
-def _publish(private: Path, path: Path) -> tuple[int, int]:
-    """Move the running server's socket to ``path``, replacing in one step a socket left by a killed
-    predecessor or the live one of the instance this one replaces; (device, inode) of it, by which
-    ``_unlink_own`` later knows it."""
-    os.chmod(private, 0o600)  # before it has its public name: never reachable by others
-    os.replace(private, path)
-    st = os.lstat(path)
-    return (st.st_dev, st.st_ino)
-
-
-def _unlink_own(path: Path, own: tuple[int, int] | None) -> None:
-    """Remove ``path`` only if it is still the socket this instance published: after a newer instance
-    published its own there, removing it would leave the kubelet nothing to connect to. (A newer
-    instance publishing between this check and the unlink is not guarded against; its window is
-    microseconds, at its start.)"""
-    try:
-        st = os.lstat(path)
-    except FileNotFoundError:
-        return
-    if own is not None and (st.st_dev, st.st_ino) == own:
-        path.unlink(missing_ok=True)
-
-
 class KubeletPlugin:
     """The two gRPC servers of the driver: start(), then stop(). ``registered`` reports what the
     kubelet last said (None: not asked yet)."""
@@ -176,15 +140,15 @@ class KubeletPlugin:
     def start(self) -> None:
         dra_server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
         dra_grpc.add_DRAPluginServicer_to_server(_DraServicer(self.preparer), dra_server)
-        private = _listen(dra_server, self.endpoint)
+        private = plugin_socket.listen(dra_server, self.endpoint)
         dra_server.start()
-        self._own[self.endpoint] = _publish(private, self.endpoint)
+        self._own[self.endpoint] = plugin_socket.publish(private, self.endpoint)
         # Registration last: the kubelet may call the endpoint as soon as it sees this socket.
         reg_server = grpc.server(futures.ThreadPoolExecutor(max_workers=1))
         reg_grpc.add_RegistrationServicer_to_server(self._registration, reg_server)
-        private = _listen(reg_server, self.registration_path)
+        private = plugin_socket.listen(reg_server, self.registration_path)
         reg_server.start()
-        self._own[self.registration_path] = _publish(private, self.registration_path)
+        self._own[self.registration_path] = plugin_socket.publish(private, self.registration_path)
         self._dra_server, self._reg_server = dra_server, reg_server
         log.info(
             "DRA driver %s serving %s, registration at %s", DRIVER, self.endpoint, self.registration_path
@@ -196,4 +160,4 @@ class KubeletPlugin:
                 server.stop(grace=2).wait()
         self._dra_server = self._reg_server = None
         for path in (self.registration_path, self.endpoint):
-            _unlink_own(path, self._own.pop(path, None))
+            plugin_socket.unlink_own(path, self._own.pop(path, None))
