@@ -166,7 +166,8 @@ def test_kustomize_base_and_helm_chart_apply_to_the_real_api_server(
     finally:
         # Neither webhook can be reached here (no Service network): with failurePolicy Fail they would
         # refuse the other tests' gpuslice pods, so they go; the stack's own registration stays.
-        plane.helm("uninstall", "gs", "--namespace", "gpuslice-helm", check=False)
+        # no hooks: the pre-delete Job would wait for a Job controller and a kubelet this plane has not
+        plane.helm("uninstall", "gs", "--namespace", "gpuslice-helm", "--no-hooks", check=False)
         for name in ("gpuslice", "gs"):
             try:
                 admission.delete_mutating_webhook_configuration(name)

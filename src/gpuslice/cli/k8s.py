@@ -15,14 +15,14 @@ from typing import Annotated
 import typer
 
 from gpuslice.cli import k8s_device_plugin, k8s_dra, k8s_dra_allocator, terminal
-from gpuslice.cli.options import KubeconfigOption, port_option, target_workload_option
+from gpuslice.cli.options import KubeconfigOption, object_name, port_option, target_workload_option
 from gpuslice.errors import UserError
 from gpuslice.inputs import file_kind
 from gpuslice.k8s.annotations import SCHEDULER_NAME
 from gpuslice.k8s.node_lock import DEFAULT_LOCK_TIMEOUT_S
 from gpuslice.policies import DEFAULT_PLACEMENT, PLACEMENT
 
-__all__ = ["app", "extender", "probe", "webhook"]
+__all__ = ["app", "extender", "probe", "remove_daemonsets", "webhook"]
 
 app = typer.Typer(
     help="Kubernetes: scheduler extender, admission webhook, device plugin.", no_args_is_help=True
@@ -163,6 +163,33 @@ def probe(
     if status != 200:
         _out.print(f"error: {url} answered {status}")
         raise typer.Exit(1)
+
+
+@app.command("remove-daemonsets")
+def remove_daemonsets(
+    namespace: Annotated[str, typer.Option(help="their namespace")],
+    daemonset: Annotated[
+        list[str], typer.Option(help="a DaemonSet to remove, e.g. gpuslice-device-plugin (repeatable)")
+    ],
+    kubeconfig: KubeconfigOption = None,
+    timeout: Annotated[
+        float, typer.Option(min=1, max=3600, help="seconds to wait until they are gone")
+    ] = 120.0,
+) -> None:
+    """Delete DaemonSets in the foreground and wait until they are gone: the chart's pre-delete hook, so
+    that the node components stop while their DaemonSet is being deleted and their accounts still work,
+    and take back what they wrote on each node (annotations, labels, state files). Exit 1 if some are
+    still there after --timeout."""
+    from gpuslice.k8s import kube_client
+    from gpuslice.k8s.uninstall import remove_daemonsets as remove
+
+    object_name(namespace, "namespace")
+    names = [object_name(name, "DaemonSet name") for name in daemonset]
+    left = remove(kube_client.api_client(str(kubeconfig) if kubeconfig else None), namespace, names, timeout)
+    if left:
+        _out.print(f"error: still there after {timeout:g} s: {', '.join(left)} (namespace {namespace})")
+        raise typer.Exit(1)
+    _out.print(f"removed {', '.join(names)} from namespace {namespace}")
 
 
 def _check_tls_pair(cert: Path, key: Path) -> None:

@@ -59,6 +59,22 @@ def device_plugin(
     metrics_port: port_option(
         "serve Prometheus metrics (device health) on this port at /metrics; off if unset", optional=True
     ) = None,
+    instance: Annotated[
+        str,
+        typer.Option(
+            envvar="POD_UID",
+            help="this instance's name in its socket names (the chart gives the pod's UID), so that the "
+            "old and the new pod of a rolling update serve side by side; empty: fixed names",
+        ),
+    ] = "",
+    daemonset: Annotated[
+        str | None,
+        typer.Option(
+            envvar="GPUSLICE_DAEMONSET",
+            help="NAMESPACE/NAME of the DaemonSet this runs in: stopped while it is gone or being deleted "
+            "(helm uninstall), the plugin takes back its node annotation, labels and state files",
+        ),
+    ] = None,
 ) -> None:
     """Serve this node's GPUs to the kubelet as gpuslice.io/gpu shares and MIG resources until SIGTERM."""
     try:
@@ -67,10 +83,12 @@ def device_plugin(
         raise UserError(
             f"the device plugin needs the k8s extra ({err}): pip install 'gpuslice[k8s]'"
         ) from None
+    from gpuslice.k8s.uninstall import parse_owner
     from gpuslice.node.discovery import discover
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     name = resolve_node_name(node_name)  # before discovery: a bad name is refused at once
+    owner = parse_owner(daemonset) if daemonset else None
     machine = discover(simulate)
     layouts = parse_mig_layouts(machine, mig_layout) if mig_layout else None
 
@@ -91,4 +109,14 @@ def device_plugin(
         health_checks=health_checks,
         on_ready=ready,
         metrics_port=metrics_port,
+        daemonset=owner,
+        instance=_instance(instance),
     )
+
+
+def _instance(value: str) -> str:
+    """The first 8 characters of a pod UID (or any name of lower-case letters, digits and '-')."""
+    short = value.strip().lower()[:8]
+    if (short and not all(c.isalnum() or c == "-" for c in short)) or not short.isascii():
+        raise UserError(f"--instance {value!r}: use lower-case letters, digits and '-' (a pod's UID)")
+    return short

@@ -72,10 +72,15 @@ def resolve_node_name(given: str | None) -> str:
         name, source = os.environ["NODE_NAME"], "$NODE_NAME"
     else:
         name, source = socket.gethostname().lower(), "the hostname"
+    return object_name(name, f"node name (from {source})")
+
+
+def object_name(name: str, what: str) -> str:
+    """``name`` if it is a Kubernetes object name (an RFC 1123 subdomain); InvalidInput naming ``what``."""
     if len(name) > 253 or not _SUBDOMAIN.fullmatch(name):
         raise InvalidInput(
-            f"invalid node name {name!r} (from {source}): a Kubernetes node name is at most 253 lower-case "
-            "letters, digits, '-' and '.', starting and ending with a letter or digit"
+            f"invalid {what} {name!r}: a Kubernetes object name is at most 253 lower-case letters, digits, "
+            "'-' and '.', starting and ending with a letter or digit"
         )
     return name
 

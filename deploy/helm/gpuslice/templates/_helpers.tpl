@@ -12,6 +12,14 @@
 {{- end -}}
 {{- end -}}
 
+{{/* podAnnotations as a JSON object of strings: `--set podAnnotations.x=2` gives a number, which
+     the API server refuses as an annotation. */}}
+{{- define "gpuslice.podAnnotations" -}}
+{{- $out := dict -}}
+{{- range $key, $value := .Values.podAnnotations }}{{ $_ := set $out $key (toString $value) }}{{ end -}}
+{{- toJson $out -}}
+{{- end -}}
+
 {{- define "gpuslice.labels" -}}
 app.kubernetes.io/name: gpuslice
 app.kubernetes.io/instance: {{ .Release.Name }}

@@ -123,6 +123,20 @@ class NodeKubeClient:
     def release_node_lock(self, node_name: str, uid: str) -> bool:
         return node_lock.release(self, node_name, uid)
 
+    @property
+    def api_client(self) -> Any:
+        return self._api_client
+
+    def slice_holders(self, node_name: str) -> list[str]:
+        """``namespace/name`` of every pod on ``node_name`` that has not ended and asks for a device of
+        this plugin: its containers may still use the node's shim and job regions."""
+        listed = self.core.list_pod_for_all_namespaces(field_selector=f"spec.nodeName={node_name}")
+        return [
+            f"{pod.metadata.namespace}/{pod.metadata.name}"
+            for pod in listed.items
+            if pod.status.phase not in ("Succeeded", "Failed") and _asks_for_devices(pod)
+        ]
+
     def read_node_annotations(self, node_name: str) -> tuple[dict[str, str], str]:
         return node_lock.read_node_annotations(self.core, node_name)
 

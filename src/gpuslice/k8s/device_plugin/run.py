@@ -2,22 +2,34 @@
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
+import shutil
 import signal
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
 
 from prometheus_client import start_http_server
 
 from gpuslice.hardware.machine import Machine
 from gpuslice.hardware.mig import MigLayout
 from gpuslice.k8s.annotations import (
+    ANNOTATION_NODE_INVENTORY,
     DEFAULT_SPLIT_COUNT,
     DEFAULT_STATE_DIR,
 )
-from gpuslice.k8s.device_plugin.devices import default_mig_layouts, mig_health_keys, nvml_mig_layouts
+from gpuslice.k8s.device_plugin.devices import (
+    default_mig_layouts,
+    mig_health_keys,
+    node_labels,
+    nvml_mig_layouts,
+)
 from gpuslice.k8s.device_plugin.kube import NodeKubeClient, NodePublisher, PodSource
 from gpuslice.k8s.device_plugin.plugin import DEVICE_PLUGIN_PATH, DevicePlugin
+from gpuslice.k8s.uninstall import STATE_FOLDERS, daemonset_gone
 from gpuslice.node.enforcement import SharingMode
 from gpuslice.node.gpu_faults import (
     FakeHealthSource,
@@ -30,6 +42,8 @@ from gpuslice.observe.k8s_metrics import DevicePluginMetrics
 __all__ = [
     "serve",
 ]
+
+log = logging.getLogger(__name__)
 
 
 def serve(
@@ -50,6 +64,8 @@ def serve(
     on_ready: Callable[[DevicePlugin], None] | None = None,
     metrics_port: int | None = None,
     metrics_host: str = "0.0.0.0",
+    daemonset: tuple[str, str] | None = None,
+    instance: str = "",
 ) -> None:
     """Run the device plugin for ``machine`` until ``stop`` is set (default: until SIGTERM or SIGINT).
 
@@ -57,7 +73,9 @@ def serve(
     no NVML health checks; a real one reads its MIG layouts and XID events through NVML. Without
     ``pods``, ``NodeKubeClient(kubeconfig)`` serves as
     both the pod source and the node publisher. With ``metrics_port``, Prometheus metrics (device and
-    GPU health, observe/k8s_metrics.py) are served at ``http://metrics_host:metrics_port/metrics``."""
+    GPU health, observe/k8s_metrics.py) are served at ``http://metrics_host:metrics_port/metrics``.
+    With ``daemonset`` (namespace, name: the DaemonSet this runs in), a stop while it is gone or being
+    deleted takes back what the plugin wrote on the node (``k8s.uninstall``)."""
     if mig_layouts is None:
         mig_layouts = default_mig_layouts(machine) if simulated else nvml_mig_layouts(machine)
     owned: NodeKubeClient | None = None
@@ -81,6 +99,7 @@ def serve(
         mig_layouts=mig_layouts,
         sharing=sharing,
         state_dir=state_dir,
+        instance=instance,
     )
     done = stop if stop is not None else threading.Event()
     if stop is None:
@@ -102,4 +121,40 @@ def serve(
             metrics_server.server_close()
         plugin.stop()
         if owned is not None:
+            if daemonset is not None and daemonset_gone(owned.api_client, *daemonset):
+                _forget_node(owned, node_name, machine, Path(state_dir))
             owned.close()
+
+
+def _forget_node(node: NodeKubeClient, node_name: str, machine: Machine, state_dir: Path) -> None:
+    try:
+        kept = forget_node(node.core, node_name, machine, state_dir, node.slice_holders(node_name))
+    except Exception as err:  # the API server away: the next install overwrites what is left
+        log.error("gpuslice is being removed, but node %s could not be cleared: %s", node_name, err)
+        return
+    log.info(
+        "gpuslice is being removed: node %s cleared%s", node_name, f"; kept {'; '.join(kept)}" if kept else ""
+    )
+
+
+def forget_node(
+    core: Any, node_name: str, machine: Machine, state_dir: Path, holders: Sequence[str]
+) -> list[str]:
+    """Take back what the device plugin wrote on ``node_name``: its inventory annotation and feature
+    labels, and (when no pod in ``holders`` still holds a slice there) its state folders, then the
+    state folder itself if that leaves it empty (in a pod, the folder is the hostPath volume's mount point
+    and stays, empty). What was left, in words (for the log)."""
+    labels = dict.fromkeys(node_labels(machine))  # None: a merge patch deletes the key
+    core.patch_node(
+        node_name, {"metadata": {"annotations": {ANNOTATION_NODE_INVENTORY: None}, "labels": labels}}
+    )
+    if holders:
+        return [f"{state_dir}: {len(holders)} pod(s) still hold slices here ({', '.join(holders[:5])})"]
+    for folder in STATE_FOLDERS:
+        shutil.rmtree(state_dir / folder, ignore_errors=True)
+    others = sorted(p.name for p in state_dir.iterdir()) if state_dir.is_dir() else []
+    if others:  # another component's files stay, and so does the folder
+        return [f"{state_dir}: other files than gpuslice's ({', '.join(others[:5])})"]
+    with contextlib.suppress(OSError):  # in a pod it is the hostPath's mount point: the host keeps it, empty
+        state_dir.rmdir()
+    return []
