@@ -41,7 +41,7 @@ import yaml
 from controlplane import ControlPlane, Process, free_port, wait_http
 from network import CNI_BIN, PodNetwork
 
-__all__ = ["DEVICE_PLUGIN_DIR", "Node", "cgroup_v1_hierarchies"]
+__all__ = ["DEVICE_PLUGIN_DIR", "Node", "cgroup_v1_hierarchies", "node_ready"]
 
 DEVICE_PLUGIN_DIR = Path("/var/lib/kubelet/device-plugins")  # fixed in the kubelet
 CGROUP_FS = Path("/sys/fs/cgroup")
@@ -72,6 +72,23 @@ def cgroup_v1_hierarchies(*, unified: bool = False) -> dict[str, Path]:
         controllers = [o for o in options.split(",") if o not in ("rw", "ro")]
         found[",".join(controllers)] = Path(left.split(" ")[4])
     return found
+
+
+def node_ready(core: Any, name: str, *, untainted: bool = False) -> Any:
+    """The Node ``name`` once its kubelet reports it Ready (and, with ``untainted``, once the node
+    lifecycle controller lifted its not-ready taints too), else None; ``core`` a CoreV1Api."""
+    from kubernetes import client
+
+    try:
+        node = core.read_node(name)
+    except client.exceptions.ApiException as err:
+        if err.status == 404:
+            return None
+        raise
+    ready = next((c for c in node.status.conditions or [] if c.type == "Ready"), None)
+    if ready is None or ready.status != "True" or (untainted and node.spec.taints):
+        return None
+    return node
 
 
 def _claim_device_plugin_dir() -> None:

@@ -23,7 +23,7 @@ from gpuslice.k8s.annotations import (
     SCHEDULER_NAME,
 )
 from gpuslice.k8s.decision import Decision
-from node import DEVICE_PLUGIN_DIR, Node
+from node import DEVICE_PLUGIN_DIR, Node, node_ready
 
 __all__ = [
     "NODE_NAME",
@@ -51,19 +51,6 @@ SPLIT_COUNT = 10
 RUNTIME_ENV = "GPUSLICE_E2E_RUNTIME"  # runc (default) or crun (refuses a cgroup v1/v2 hybrid host)
 
 
-def _node_ready(core: Any) -> Any:
-    from kubernetes import client
-
-    try:
-        obj = core.read_node(NODE_NAME)
-    except client.exceptions.ApiException as err:
-        if err.status == 404:
-            return None
-        raise
-    ready = next((c for c in obj.status.conditions or [] if c.type == "Ready"), None)
-    return obj if ready is not None and ready.status == "True" else None
-
-
 def start_node(plane: ControlPlane, core: Any) -> Node:
     """The real node, Ready and schedulable (stopped again if it does not get there)."""
     if not (plane.bin / "kubelet").is_file():
@@ -72,7 +59,7 @@ def start_node(plane: ControlPlane, core: Any) -> Node:
     real = Node(plane, NODE_NAME, images, runtime=os.environ.get(RUNTIME_ENV, "runc"), taints=(NODE_TAINT,))
     real.start()
     try:
-        wait_for(lambda: _node_ready(core), 180, f"node {NODE_NAME} to be registered and Ready")
+        wait_for(lambda: node_ready(core, NODE_NAME), 180, f"node {NODE_NAME} to be registered and Ready")
         lift_not_ready_taint(core)
     except BaseException:
         real.stop()

@@ -9,14 +9,13 @@ cache (``$GPUSLICE_E2E_CACHE/images``) these tests take seconds.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import tarfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from controlplane import ControlPlane, binaries_dir
+from images import built_component_images
 
 from node import Node
 
@@ -31,17 +30,7 @@ COMPILERS = {"usr/bin/gcc", "usr/bin/cc", "usr/bin/c99", "usr/bin/x86_64-linux-g
 @pytest.fixture(scope="module")
 def images() -> dict[str, Path]:
     """{image name: archive} from scripts/build-image (both images)."""
-    done = subprocess.run(
-        [str(REPO / "scripts" / "build-image"), "gpuslice", "kube-scheduler"],
-        capture_output=True,
-        text=True,
-        timeout=1800,
-        check=False,
-        env={**os.environ, "GPUSLICE_K8S_BIN": str(binaries_dir() or "")},
-    )
-    if done.returncode != 0:
-        pytest.fail(f"scripts/build-image exited {done.returncode}:\n{done.stderr[-4000:]}")
-    return {name: Path(archive) for name, archive in (line.split() for line in done.stdout.splitlines())}
+    return built_component_images(binaries_dir())
 
 
 @pytest.fixture(scope="module")

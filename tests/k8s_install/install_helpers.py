@@ -34,10 +34,10 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "e2e" / "k8s"))  # the harness lives beside its Go build
 
 from controlplane import ControlPlane, Process, binaries_dir, wait_for  # noqa: E402
-from images import TOOLS_IMAGE, build_images  # noqa: E402
+from images import TOOLS_IMAGE, build_images, built_component_images  # noqa: E402
 from network import PodNetwork  # noqa: E402
 
-from node import Node  # noqa: E402
+from node import Node, node_ready  # noqa: E402
 
 NODE = "install-node"
 SIMULATE = "pcie-4x-l4"  # four L4s (fake NVML)
@@ -98,33 +98,7 @@ class Cluster:
 
 def _chart_images(work: Path) -> dict[str, Path]:
     """{image name: OCI archive}: the node's pause and tools images, gpuslice's and kube-scheduler's."""
-    images = build_images(work)
-    done = subprocess.run(
-        [str(REPO / "scripts" / "build-image"), "gpuslice", "kube-scheduler"],
-        capture_output=True,
-        text=True,
-        timeout=1800,
-        check=False,
-        env={**os.environ, "GPUSLICE_K8S_BIN": str(binaries_dir() or "")},
-    )
-    if done.returncode != 0:
-        raise AssertionError(f"scripts/build-image exited {done.returncode}:\n{done.stderr[-4000:]}")
-    built = (line.split() for line in done.stdout.splitlines())
-    images.update({name: Path(archive) for name, archive in built})
-    return images
-
-
-def _node_ready(core: Any) -> bool:
-    from kubernetes import client
-
-    try:
-        node = core.read_node(NODE)
-    except client.exceptions.ApiException as err:
-        if err.status == 404:
-            return False
-        raise
-    ready = next((c for c in node.status.conditions or [] if c.type == "Ready"), None)
-    return ready is not None and ready.status == "True" and not node.spec.taints
+    return {**build_images(work), **built_component_images(binaries_dir())}
 
 
 def user_pod(name: str, script: str, limits: dict[str, str]) -> dict[str, Any]:
@@ -168,7 +142,11 @@ def cluster() -> Iterator[Cluster]:
         node = Node(plane, NODE, _chart_images(plane.root / "images"), network=network)
         node.start()
         core = client.CoreV1Api(api)
-        wait_for(lambda: _node_ready(core), 180, f"node {NODE} Ready, its not-ready taint lifted")
+        wait_for(
+            lambda: node_ready(core, NODE, untainted=True),
+            180,
+            f"node {NODE} Ready, its not-ready taint lifted",
+        )
         core.patch_node(NODE, {"metadata": {"labels": {"gpuslice.io/gpu-node": "true"}}})
         values = {
             "kubernetesService.host": network.gateway,

@@ -25,7 +25,7 @@ import tarfile
 from collections.abc import Mapping
 from pathlib import Path
 
-__all__ = ["PAUSE_IMAGE", "TOOLS_IMAGE", "build_images", "oci_archive", "oci_image"]
+__all__ = ["PAUSE_IMAGE", "TOOLS_IMAGE", "build_images", "built_component_images", "oci_archive", "oci_image"]
 
 PAUSE_IMAGE = "gpuslice.local/pause:e2e"
 TOOLS_IMAGE = "gpuslice.local/e2e-tools:1"
@@ -206,3 +206,23 @@ def build_images(work: Path) -> dict[str, Path]:
     }
     shutil.rmtree(fake, ignore_errors=True)
     return archives
+
+
+def built_component_images(k8s_bin: Path | None) -> dict[str, Path]:
+    """{image name: archive} of gpuslice's and kube-scheduler's images from ``scripts/build-image``
+    (built, or found in its cache; kube-scheduler from ``k8s_bin``). AssertionError with the script's
+    last words if it fails."""
+    import os
+    import subprocess
+
+    done = subprocess.run(
+        [str(REPO / "scripts" / "build-image"), "gpuslice", "kube-scheduler"],
+        capture_output=True,
+        text=True,
+        timeout=1800,
+        check=False,
+        env={**os.environ, "GPUSLICE_K8S_BIN": str(k8s_bin or "")},
+    )
+    if done.returncode != 0:
+        raise AssertionError(f"scripts/build-image exited {done.returncode}:\n{done.stderr[-4000:]}")
+    return {name: Path(archive) for name, archive in (line.split() for line in done.stdout.splitlines())}
