@@ -39,7 +39,7 @@ from network import PodNetwork  # noqa: E402
 
 from node import Node, node_ready  # noqa: E402
 
-NODE = "install-node"
+NODE = "inst"  # short: the DRA plugin's sockets under the node's folder stay within gRPC's 105 characters
 SIMULATE = "pcie-4x-l4"  # four L4s (fake NVML)
 SPLIT_COUNT = 10
 RELEASE, NAMESPACE = "gpuslice", "gpuslice-system"
