@@ -22,7 +22,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["CNI_BIN", "PodNetwork"]
+__all__ = ["CNI_BIN", "GATEWAY", "PodNetwork"]
 
 CNI_BIN = Path("/usr/lib/cni")  # Debian's containernetworking-plugins
 BRIDGE = "gse2e0"

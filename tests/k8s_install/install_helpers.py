@@ -18,7 +18,6 @@ helm install gpuslice      the chart with kubernetesService = the API server's a
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import time
@@ -35,7 +34,7 @@ sys.path.insert(0, str(REPO / "e2e" / "k8s"))  # the harness lives beside its Go
 
 from controlplane import ControlPlane, Process, binaries_dir, wait_for  # noqa: E402
 from images import TOOLS_IMAGE, build_images, built_component_images  # noqa: E402
-from network import PodNetwork  # noqa: E402
+from network import GATEWAY, PodNetwork  # noqa: E402
 
 from node import Node, node_ready  # noqa: E402
 
@@ -130,9 +129,13 @@ def cluster() -> Iterator[Cluster]:
     folder = binaries_dir()
     if folder is None:
         pytest.fail("no Kubernetes binaries: run these tests with scripts/k8s-e2e (it builds them)")
-    network = PodNetwork(Path("/tmp") / f"gpuslice-install-net-{os.getpid()}")
-    network.up()
-    plane = ControlPlane(folder, address=network.gateway, pod_tokens=True)
+    plane = ControlPlane(folder, address=GATEWAY, pod_tokens=True)  # not started: its folder only
+    network = PodNetwork(plane.root / "pod-network")  # removed with the plane's folder
+    try:
+        network.up()
+    except BaseException:
+        plane.stop()
+        raise
     node: Node | None = None
     try:
         plane.start()
