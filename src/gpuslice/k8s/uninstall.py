@@ -46,14 +46,9 @@ def daemonset_gone(api_client: Any, namespace: str, name: str) -> bool:
     client = kube_client.kubernetes_client_module()
     try:
         found = client.AppsV1Api(api_client).read_namespaced_daemon_set(name, namespace)
-    except client.exceptions.ApiException as err:
-        if err.status == 404:
+    except Exception as err:  # a refusal, or the API server away: keep everything, as for an update
+        if isinstance(err, client.exceptions.ApiException) and err.status == 404:
             return True
-        log.warning(
-            "cannot read DaemonSet %s/%s (%s): leaving this node's state in place", namespace, name, err
-        )
-        return False
-    except Exception as err:  # the API server away: keep everything, as for an update
         log.warning(
             "cannot read DaemonSet %s/%s (%s): leaving this node's state in place", namespace, name, err
         )
