@@ -23,6 +23,8 @@ from gpuslice.node.enforcement import DEFAULT_SHARING
 
 if TYPE_CHECKING:
     from gpuslice.hardware.machine import Machine
+    from gpuslice.k8s.dra.driver import DraDriver
+    from gpuslice.k8s.dra.kube import DraApi
     from gpuslice.node.gpu_faults import HealthSource
 
 __all__ = ["dra_driver"]
@@ -54,6 +56,15 @@ def dra_driver(
     state_dir: Annotated[
         Path, typer.Option(help="host directory of the soft-cap file, the shim and the driver's checkpoint")
     ] = Path(DEFAULT_STATE_DIR),
+    daemonset: Annotated[
+        str | None,
+        typer.Option(
+            envvar="GPUSLICE_DAEMONSET",
+            help="NAMESPACE/NAME of the DaemonSet this runs in: stopped while it is gone or being deleted "
+            "(helm uninstall), the driver deletes the node's ResourceSlices and, unless a claim is still "
+            "prepared, its CDI specs, checkpoint and state files",
+        ),
+    ] = None,
     print_slices: Annotated[
         bool, typer.Option("--print-slices", help="print this node's ResourceSlices as YAML and exit")
     ] = False,
@@ -78,9 +89,11 @@ def dra_driver(
         raise UserError(f"--sharing {sharing!r}: pods get soft or shim sharing, not {mode.value}")
     from gpuslice.k8s.dra.identity import gpu_identities
     from gpuslice.k8s.dra.slices import node_slices
+    from gpuslice.k8s.uninstall import parse_owner
     from gpuslice.node.discovery import discover
 
     name = resolve_node_name(node_name)  # before discovery: a bad name is refused at once
+    owner = parse_owner(daemonset) if daemonset else None
     machine = discover(simulate)
     if print_slices:
         slices = node_slices(machine, name, generation=1, identities=gpu_identities(machine))
@@ -117,7 +130,25 @@ def dra_driver(
             pass
     finally:
         driver.stop()
+        if owner is not None:
+            _forget_if_removed(driver, api, owner)
         api.close()
+
+
+def _forget_if_removed(driver: DraDriver, api: DraApi, owner: tuple[str, str]) -> None:
+    """At a stop while the DaemonSet is gone or being deleted, take back the pool and the node's files."""
+    from gpuslice.k8s.uninstall import daemonset_gone
+
+    if not daemonset_gone(api.api_client, *owner):
+        return
+    log = logging.getLogger(__name__)
+    try:
+        kept = driver.forget()
+    except Exception as err:  # the API server away, a MIG command refused: the next install overwrites
+        log.error("gpuslice is being removed, but node %s could not be cleared: %s", driver.node_name, err)
+        return
+    left = f"; kept {'; '.join(kept)}" if kept else ""
+    log.info("gpuslice is being removed: node %s cleared%s", driver.node_name, left)
 
 
 def _health(machine: Machine, *, simulated: bool) -> HealthSource:

@@ -11,25 +11,50 @@ answering) means it will be back, and everything stays.
 What the device plugin takes back (``device_plugin.run``): its inventory annotation and feature
 labels on the node, and its files in the state folder, unless a pod on the node still holds a slice
 (its containers still read the shim and their job regions there). Its sockets it removes at every stop.
+
+What the DRA driver takes back (``dra.driver.DraDriver.forget``): the node's ResourceSlices of its
+driver (the pool is served no more), and, unless a claim is still prepared on the node, the idle MIG
+instances it made, its CDI specs, its checkpoint and its state files. Its sockets it removes at every stop.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import shutil
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from gpuslice.errors import UserError
 from gpuslice.k8s import kube_client
 
-__all__ = ["STATE_FOLDERS", "daemonset_gone", "parse_owner", "remove_daemonsets"]
+__all__ = ["STATE_FOLDERS", "clear_state_folder", "daemonset_gone", "parse_owner", "remove_daemonsets"]
 
 # What a node component writes in its state folder: the shim and its regions (``k8s.shim_mounts``),
 # the soft cap (``node.enforcement.softcap_dir``), the stand-in device nodes of a simulated node.
 STATE_FOLDERS = ("shim", "softcap", "dev")
 
 log = logging.getLogger(__name__)
+
+
+def clear_state_folder(state_dir: Path, own: Sequence[str] = ()) -> list[str]:
+    """Remove gpuslice's folders (``STATE_FOLDERS``) and the component's ``own`` entries from
+    ``state_dir``, then the folder itself if that leaves it empty (in a pod it is the hostPath volume's
+    mount point: the host keeps it, empty). What was left, in words (for the log)."""
+    for entry in (*STATE_FOLDERS, *own):
+        path = state_dir / entry
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
+    others = sorted(p.name for p in state_dir.iterdir()) if state_dir.is_dir() else []
+    if others:  # another component's files stay, and so does the folder
+        return [f"{state_dir}: other files than this component's ({', '.join(others[:5])})"]
+    with contextlib.suppress(OSError):
+        state_dir.rmdir()
+    return []
 
 
 def parse_owner(value: str) -> tuple[str, str]:

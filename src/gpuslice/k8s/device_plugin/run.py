@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
-import shutil
 import signal
 import threading
 from collections.abc import Callable, Mapping, Sequence
@@ -29,7 +27,7 @@ from gpuslice.k8s.device_plugin.devices import (
 )
 from gpuslice.k8s.device_plugin.kube import NodeKubeClient, NodePublisher, PodSource
 from gpuslice.k8s.device_plugin.plugin import DEVICE_PLUGIN_PATH, DevicePlugin
-from gpuslice.k8s.uninstall import STATE_FOLDERS, daemonset_gone
+from gpuslice.k8s.uninstall import clear_state_folder, daemonset_gone
 from gpuslice.node.enforcement import SharingMode
 from gpuslice.node.gpu_faults import (
     FakeHealthSource,
@@ -150,11 +148,4 @@ def forget_node(
     )
     if holders:
         return [f"{state_dir}: {len(holders)} pod(s) still hold slices here ({', '.join(holders[:5])})"]
-    for folder in STATE_FOLDERS:
-        shutil.rmtree(state_dir / folder, ignore_errors=True)
-    others = sorted(p.name for p in state_dir.iterdir()) if state_dir.is_dir() else []
-    if others:  # another component's files stay, and so does the folder
-        return [f"{state_dir}: other files than gpuslice's ({', '.join(others[:5])})"]
-    with contextlib.suppress(OSError):  # in a pod it is the hostPath's mount point: the host keeps it, empty
-        state_dir.rmdir()
-    return []
+    return clear_state_folder(state_dir)

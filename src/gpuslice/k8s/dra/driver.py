@@ -6,6 +6,8 @@ start:  slices = node_slices(machine, node, generation = stored + 1)  -> DraApi.
         KubeletPlugin.start()                                         (DRA socket, then registration)
 loop:   health.wait() -> changes -> healthy[gpu] -> publish again with generation + 1
 stop:   KubeletPlugin.stop(); the slices stay (the pool is still there while the driver restarts)
+forget: gpuslice leaves the node (its DaemonSet gone, ``k8s.uninstall``): the pool unpublished, the
+        node's files taken back unless a claim is still prepared (``Preparer.forget``)
 ```
 """
 
@@ -36,6 +38,8 @@ class SlicePublisher(ClaimSource, Protocol):
     def next_generation(self, node_name: str) -> int: ...
 
     def publish(self, node_name: str, slices: Sequence[dict]) -> None: ...
+
+    def unpublish(self, node_name: str) -> None: ...
 
 
 class DraDriver:
@@ -130,6 +134,12 @@ class DraDriver:
         self.plugin.start()
         self._thread = threading.Thread(target=self._watch_health, name="dra-health", daemon=True)
         self._thread.start()
+
+    def forget(self) -> list[str]:
+        """After ``stop``, when gpuslice is being removed: no new claim may land in a pool nobody serves,
+        so the pool goes whatever happens to the files. What was kept, in words (for the log)."""
+        self.api.unpublish(self.node_name)
+        return self.preparer.forget()
 
     def stop(self) -> None:
         self._stop.set()

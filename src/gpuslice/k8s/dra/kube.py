@@ -35,6 +35,11 @@ class DraApi:
         self._kubeconfig = kubeconfig
         self._events: Any | None = None
 
+    @property
+    def api_client(self) -> Any:
+        """The kubernetes ApiClient every call here goes through."""
+        return self._client
+
     def close(self) -> None:
         self._client.close()
 

@@ -57,6 +57,7 @@ from gpuslice.k8s.dra.slices import (
     memory_default_mib,
     parse_mig_device_name,
 )
+from gpuslice.k8s.uninstall import clear_state_folder
 from gpuslice.node.discovery import is_simulated
 from gpuslice.node.enforcement import SharingMode
 from gpuslice.node.mig_manager import MigManager
@@ -145,8 +146,11 @@ def entry_problem(entry: Any) -> str:
     return ""
 
 
+_CDI_SPEC_PREFIX = "gpuslice.io-claim_"  # every spec this driver writes, and only those, starts so
+
+
 def cdi_spec_path(cdi_dir: Path, uid: str) -> Path:
-    return cdi_dir / f"gpuslice.io-claim_{uid}.json"
+    return cdi_dir / f"{_CDI_SPEC_PREFIX}{uid}.json"
 
 
 def _atomic_write(path: Path, text: str) -> None:
@@ -239,6 +243,26 @@ class Preparer:
         """Claim UID -> its prepared devices (from the checkpoint)."""
         with self._lock:
             return {uid: [PreparedDevice(**d) for d in e["devices"]] for uid, e in self._prepared.items()}
+
+    def forget(self) -> list[str]:
+        """gpuslice is leaving the node (``k8s.uninstall``): unless a claim is still prepared, destroy
+        the idle MIG instances gpuslice made, remove every CDI spec of this driver (a crash's leftovers
+        too), the checkpoint and the state files. What was kept, in words (for the log)."""
+        with self._lock:
+            if self._prepared:
+                names = [f"{e['namespace']}/{e['name']}" for e in self._prepared.values()]
+                return [
+                    f"{len(names)} claim(s) still prepared here ({', '.join(names[:5])}): their CDI specs, "
+                    f"the checkpoint and {self.state_dir} stay"
+                ]
+            own = [self.checkpoint_path.name]
+            if self.mig is not None:
+                self.mig.destroy_idle()
+                if not self.mig.owned:  # an instance that could not be destroyed keeps its record
+                    own.append(self.mig.path.parent.name)
+            for spec in self.cdi_dir.glob(f"{_CDI_SPEC_PREFIX}*.json"):
+                spec.unlink(missing_ok=True)
+            return clear_state_folder(self.state_dir, own)
 
     # -- prepare / unprepare -------------------------------------------------------------------------
 
