@@ -1,0 +1,177 @@
+"""The cluster dashboard's routes on the extender (k8s/extender/dashboard): the page, its files and
+view.json, read-only, for the loopback only, nothing but the fixed files.
+
+``CONTRACT_VIEW`` is the cluster view as the page reads it; test_cluster_dashboard_browser.py draws it.
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+from collections.abc import Mapping
+from typing import Any
+
+import pytest
+from starlette.applications import Starlette
+
+with warnings.catch_warnings():
+    # starlette asks for its httpx2 fork at import; the httpx we have serves these tests the same.
+    warnings.simplefilter("ignore")
+    from fastapi.testclient import TestClient
+
+from gpuslice.k8s.extender.dashboard import ViewCache, mount
+
+XSS = "<img src=x onerror=alert(1)>"
+
+# Two nodes: n1 with two pods sharing GPU 0, n2 with its GPU 1 in MIG mode holding two instances.
+CONTRACT_VIEW: dict[str, Any] = {
+    "generated": 1733380000.0,
+    "synced": True,
+    "totals": {"nodes": 2, "gpus": 4, "unallocated_percent": 62.5, "fragmentation_percent": 12.0,
+               "pending": 2, "preemptions": 1},
+    "nodes": [
+        {"name": "n1", "model": "A100-SXM4-80GB", "unallocated_percent": 62.5, "fragmentation_percent": 10.0,
+         "gpus": [
+             {"index": 0, "memory_mib": 81920, "milli_free": 100, "memory_free_mib": 20480, "mig": False,
+              "slices": [
+                  {"pod": "default/train-1", "milli": 600, "memory_mib": 40960, "mig_profile": None,
+                   "mig_start": None},
+                  {"pod": "default/infer-2", "milli": 300, "memory_mib": 20480, "mig_profile": None,
+                   "mig_start": None}]},
+             {"index": 1, "memory_mib": 81920, "milli_free": 1000, "memory_free_mib": 81920, "mig": False,
+              "slices": []}]},
+        {"name": "n2", "model": "A100-SXM4-80GB", "unallocated_percent": 50.0, "fragmentation_percent": 0.0,
+         "gpus": [
+             {"index": 0, "memory_mib": 81920, "milli_free": 1000, "memory_free_mib": 81920, "mig": False,
+              "slices": []},
+             {"index": 1, "memory_mib": 81920, "milli_free": 0, "memory_free_mib": 0, "mig": True,
+              "slices": [
+                  {"pod": "ml/mig-small", "milli": 142, "memory_mib": 9728, "mig_profile": "1g.10gb",
+                   "mig_start": 6},
+                  {"pod": "ml/mig-big", "milli": 428, "memory_mib": 40192, "mig_profile": "3g.40gb",
+                   "mig_start": 0}]}]},
+    ],
+    "pending": [
+        {"pod": "default/big", "code": "insufficient_memory",
+         "reason": "0/2 nodes fit: 2 insufficient GPU memory (need 90000 MiB, free at most 81920 MiB)",
+         "since": 1733379000.0},
+        {"pod": f"default/{XSS}", "code": "insufficient_gpu", "reason": f"needs 9 GPUs {XSS}", "since": None},
+    ],
+    "claims": [
+        {"claim": "ml/shared-claim", "node": "n1", "pool": "n1", "devices": ["gpu-1"], "share": "50%"}],
+    "history": [
+        {"t": 1733379900.0, "unallocated_percent": 71.0, "fragmentation_percent": 11.5},
+        {"t": 1733379960.0, "unallocated_percent": 66.0, "fragmentation_percent": 14.0},
+        {"t": 1733380000.0, "unallocated_percent": 62.5, "fragmentation_percent": 12.0},
+    ],
+}  # fmt: skip
+
+
+def dashboard_app(view: Mapping[str, Any]) -> Starlette:
+    """The dashboard's routes alone, over a fixed view (create_app adds them over a ClusterState)."""
+    app = Starlette()
+    mount(app, lambda: view)
+    return app
+
+
+@pytest.fixture
+def http() -> TestClient:
+    return TestClient(dashboard_app(CONTRACT_VIEW), base_url="http://localhost:8888")
+
+
+def test_the_page_and_its_files_are_served_under_the_same_csp_as_serves_dashboard(http):
+    from gpuslice.server.dashboard import CONTENT_SECURITY_POLICY
+
+    page = http.get("/cluster/")
+    assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+    assert 'src="cluster.js"' in page.text and 'href="cluster.css"' in page.text
+    for name, media in (("cluster.js", "text/javascript"), ("cluster.css", "text/css")):
+        reply = http.get(f"/cluster/{name}")
+        assert reply.status_code == 200 and reply.headers["content-type"].startswith(media)
+        assert reply.headers["content-security-policy"] == CONTENT_SECURITY_POLICY
+        assert reply.headers["x-content-type-options"] == "nosniff"
+    assert page.headers["content-security-policy"] == CONTENT_SECURITY_POLICY
+
+
+def test_cluster_without_the_slash_redirects_to_the_page(http):
+    reply = http.get("/cluster", follow_redirects=False)
+    assert reply.status_code == 308 and reply.headers["location"] == "cluster/"
+    assert http.get("/cluster").text == http.get("/cluster/").text
+
+
+def test_view_json_is_the_view_as_json(http):
+    reply = http.get("/cluster/view.json")
+    assert reply.status_code == 200 and reply.headers["content-type"] == "application/json"
+    assert reply.json() == CONTRACT_VIEW
+
+
+@pytest.mark.parametrize("method", ["POST", "PUT", "PATCH", "DELETE"])
+@pytest.mark.parametrize("path", ["/cluster/", "/cluster/view.json", "/cluster/cluster.js", "/cluster"])
+def test_every_method_but_get_is_refused_with_405(http, method, path):
+    reply = http.request(method, path, content=b"{}")
+    assert reply.status_code == 405
+    assert set(reply.headers["allow"].split(", ")) == {"GET", "HEAD"}
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/cluster/..%2F..%2F..%2Fpyproject.toml",  # %2F decoded: not one path segment, no route
+        "/cluster/..%2F__init__.py",
+        "/cluster/%2e%2e/app.py",
+        "/cluster/__init__.py",  # in the package folder, not one of the page's files
+        "/cluster/static%2Fcluster.js",
+        "/cluster/index.html",  # the page is /cluster/, under one name only
+        "/cluster/cluster.js%00.html",
+        "/cluster/CLUSTER.JS",
+    ],
+)
+def test_only_the_pages_own_files_are_served_whatever_the_path(http, path):
+    reply = http.get(path)
+    assert reply.status_code == 404, reply.text
+    assert "cluster" not in reply.headers.get("content-type", "") and "import" not in reply.text
+
+
+@pytest.mark.parametrize("host", ["localhost", "localhost:8888", "127.0.0.1:9000", "[::1]:8888", "LOCALHOST"])
+def test_the_loopback_is_answered_under_any_port(host):
+    http = TestClient(dashboard_app(CONTRACT_VIEW))
+    for path in ("/cluster/", "/cluster/view.json", "/cluster/cluster.js"):
+        assert http.get(path, headers={"host": host}).status_code == 200
+
+
+@pytest.mark.parametrize(
+    "host", ["evil.example", "evil.example:8888", "10.0.0.7", "localhost.evil.example", ""]
+)
+def test_a_host_that_is_not_the_loopback_is_refused_as_dns_rebinding(host):
+    http = TestClient(dashboard_app(CONTRACT_VIEW))
+    for path in ("/cluster/", "/cluster/view.json", "/cluster/cluster.js"):
+        reply = http.get(path, headers={"host": host})
+        assert reply.status_code == 400 and "kubectl port-forward" in reply.text
+        assert "default/big" not in reply.text
+
+
+def test_two_host_headers_are_refused_whichever_is_the_loopback(http):
+    for hosts in (["localhost", "evil.example"], ["evil.example", "localhost"]):
+        reply = http.get("/cluster/view.json", headers=[("host", h) for h in hosts])
+        assert reply.status_code == 400
+
+
+def test_html_in_names_reaches_the_page_as_json_strings_never_as_markup(http):
+    reply = http.get("/cluster/view.json")
+    assert reply.headers["content-type"] == "application/json"
+    assert reply.headers["x-content-type-options"] == "nosniff"  # never sniffed into HTML
+    pending = {p["pod"]: p["reason"] for p in json.loads(reply.content)["pending"]}
+    assert pending[f"default/{XSS}"] == f"needs 9 GPUs {XSS}"
+
+
+def test_the_view_is_built_once_per_max_age_however_many_pages_ask():
+    builds: list[int] = []
+
+    def view() -> dict[str, Any]:
+        builds.append(1)
+        return {"n": len(builds)}
+
+    cached = ViewCache(view, max_age_s=3600)
+    assert [cached.body() for _ in range(5)] == [b'{"n":1}'] * 5
+    fresh = ViewCache(view, max_age_s=0)
+    assert fresh.body() == b'{"n":2}' and fresh.body() == b'{"n":3}'
