@@ -100,7 +100,7 @@ def test_with_no_claim_prepared_the_pool_specs_checkpoint_and_state_all_go(root:
     assert api.pool == []
     assert sorted(p.name for p in (root / "cdi").iterdir()) == [foreign.name]
     assert not state.exists()
-    assert not list((root / "plugins").rglob("*.sock")) and not list((root / "registry").iterdir())
+    assert not list((root / "plugins").iterdir()) and not list((root / "registry").iterdir())
 
 
 def test_a_claim_still_prepared_keeps_the_nodes_files_but_not_the_pool(root: Path) -> None:

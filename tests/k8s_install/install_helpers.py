@@ -74,6 +74,11 @@ class Cluster:
 
         return client.AppsV1Api(self.api)
 
+    def objects(self) -> Any:
+        from kubernetes import client
+
+        return client.CustomObjectsApi(self.api)
+
     def describe(self) -> str:
         """Every pod's state and the namespace's events, the kubelet's last lines: why something is not
         Ready, for a failure's message."""
@@ -120,6 +125,57 @@ def user_pod(name: str, script: str, limits: dict[str, str]) -> dict[str, Any]:
             ],
         },
     }
+
+
+def pool_slices(cluster: Cluster) -> list[dict[str, Any]]:
+    """gpuslice's DRA driver's ResourceSlices of the node."""
+    from gpuslice.k8s.dra.kube import GROUP, VERSION
+    from gpuslice.k8s.dra.slices import DRIVER
+
+    found = cluster.objects().list_cluster_custom_object(
+        GROUP, VERSION, "resourceslices", field_selector=f"spec.nodeName={NODE},spec.driver={DRIVER}"
+    )
+    return list(found["items"])
+
+
+def gpuslice_keys(mapping: dict[str, str] | None) -> set[str]:
+    return {k for k in mapping or {} if k.startswith("gpuslice.io/")}
+
+
+def release_objects(cluster: Cluster) -> list[str]:
+    """Every object helm made for the release, cluster-wide, that is still there."""
+    found = cluster.plane.kubectl(
+        "get", "all,serviceaccounts,roles,rolebindings,clusterroles,clusterrolebindings,configmaps,secrets,"
+        "mutatingwebhookconfigurations,validatingadmissionpolicies,validatingadmissionpolicybindings,"
+        "deviceclasses,jobs", "-A", "-l", f"app.kubernetes.io/instance={RELEASE}", "-o", "name",
+    ).stdout.split()  # fmt: skip
+    hooks = cluster.plane.kubectl(
+        "get", "jobs,serviceaccounts,roles,rolebindings", "-n", NAMESPACE, "-o", "name"
+    ).stdout.split()
+    return [*found, *(h for h in hooks if "uninstall" in h)]
+
+
+def create_claim_pod(cluster: Cluster, namespace: str, name: str, memory: str, cores: str) -> None:
+    """A ResourceClaim for a share of one GPU (``memory``, ``cores``) and a pod that uses it, gated for
+    gpuslice's DRA allocator, as a user writes them for a node labelled for DRA."""
+    from gpuslice.k8s.dra.allocator import GATE
+    from gpuslice.k8s.dra.classes import CLASS_SHARED
+    from gpuslice.k8s.dra.kube import GROUP, VERSION
+
+    claim = {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "ResourceClaim",
+        "metadata": {"name": name},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+            "deviceClassName": CLASS_SHARED, "count": 1, "allocationMode": "ExactCount",
+            "capacity": {"requests": {"memory": memory, "cores": cores}}}}]}},
+    }  # fmt: skip
+    cluster.objects().create_namespaced_custom_object(GROUP, VERSION, namespace, "resourceclaims", claim)
+    pod = user_pod(name, "env; sleep 3600", {})
+    pod["spec"]["schedulingGates"] = [{"name": GATE}]
+    pod["spec"]["resourceClaims"] = [{"name": "gpu", "resourceClaimName": name}]
+    pod["spec"]["containers"][0]["resources"] = {"requests": {"cpu": "10m"}, "claims": [{"name": "gpu"}]}
+    cluster.core().create_namespaced_pod(namespace, pod)
 
 
 @pytest.fixture(scope="session")

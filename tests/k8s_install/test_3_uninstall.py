@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 from controlplane import wait_for
-from install_helpers import NAMESPACE, NODE, RELEASE, Cluster
+from install_helpers import NAMESPACE, NODE, RELEASE, Cluster, gpuslice_keys, release_objects
 
 from gpuslice.k8s.annotations import ANNOTATION_NODE_INVENTORY, LABEL_GPU_NODE
 from node import DEVICE_PLUGIN_DIR
@@ -19,29 +19,12 @@ from node import DEVICE_PLUGIN_DIR
 pytestmark = [pytest.mark.k8s_e2e, pytest.mark.timeout(1200)]
 
 
-def _gpuslice_keys(mapping: dict[str, str] | None) -> set[str]:
-    return {k for k in mapping or {} if k.startswith("gpuslice.io/")}
-
-
-def _release_objects(cluster: Cluster) -> list[str]:
-    """Every object helm made for the release, cluster-wide, that is still there."""
-    found = cluster.plane.kubectl(
-        "get", "all,serviceaccounts,roles,rolebindings,clusterroles,clusterrolebindings,configmaps,secrets,"
-        "mutatingwebhookconfigurations,validatingadmissionpolicies,validatingadmissionpolicybindings,"
-        "deviceclasses,jobs", "-A", "-l", f"app.kubernetes.io/instance={RELEASE}", "-o", "name",
-    ).stdout.split()  # fmt: skip
-    hooks = cluster.plane.kubectl(
-        "get", "jobs,serviceaccounts,roles,rolebindings", "-n", NAMESPACE, "-o", "name"
-    ).stdout.split()
-    return [*found, *(h for h in hooks if "uninstall" in h)]
-
-
 def test_uninstall_leaves_nothing_of_gpuslice_on_the_node_or_in_the_cluster(installed: Cluster) -> None:
     core = installed.core()
     state = Path(installed.values["devicePlugin.stateDir"])
     node = core.read_node(NODE)
     assert ANNOTATION_NODE_INVENTORY in (node.metadata.annotations or {})  # what there is to take back
-    assert _gpuslice_keys(node.metadata.labels) - {LABEL_GPU_NODE}
+    assert gpuslice_keys(node.metadata.labels) - {LABEL_GPU_NODE}
     assert (state / "shim").is_dir() and list(DEVICE_PLUGIN_DIR.glob("gpuslice-*.sock"))
 
     start = time.monotonic()
@@ -53,8 +36,8 @@ def test_uninstall_leaves_nothing_of_gpuslice_on_the_node_or_in_the_cluster(inst
     print(f"\nhelm uninstall -> every pod gone: {time.monotonic() - start:.1f} s", file=sys.stderr)
 
     node = core.read_node(NODE)
-    assert _gpuslice_keys(node.metadata.annotations) == set()  # inventory, node lock
-    assert _gpuslice_keys(node.metadata.labels) == {LABEL_GPU_NODE}  # only the admin's own label
+    assert gpuslice_keys(node.metadata.annotations) == set()  # inventory, node lock
+    assert gpuslice_keys(node.metadata.labels) == {LABEL_GPU_NODE}  # only the admin's own label
     wait_for(
         lambda: not (core.read_node(NODE).status.allocatable or {}).get("gpuslice.io/gpu", "0").strip("0"),
         60,
@@ -63,4 +46,4 @@ def test_uninstall_leaves_nothing_of_gpuslice_on_the_node_or_in_the_cluster(inst
     assert not list(DEVICE_PLUGIN_DIR.glob("gpuslice-*"))
     # the folder itself was the plugin's hostPath mount point: the kubelet made it, and it stays, empty
     assert not state.exists() or not list(state.iterdir()), sorted(str(p) for p in state.rglob("*"))
-    assert _release_objects(installed) == []
+    assert release_objects(installed) == []

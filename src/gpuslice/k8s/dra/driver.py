@@ -13,6 +13,7 @@ forget: gpuslice leaves the node (its DaemonSet gone, ``k8s.uninstall``): the po
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 from collections.abc import Sequence
@@ -139,6 +140,8 @@ class DraDriver:
         """After ``stop``, when gpuslice is being removed: no new claim may land in a pool nobody serves,
         so the pool goes whatever happens to the files. What was kept, in words (for the log)."""
         self.api.unpublish(self.node_name)
+        with contextlib.suppress(OSError):  # the folder made for the socket (gone at stop), if empty
+            self.plugin.endpoint.parent.rmdir()
         return self.preparer.forget()
 
     def stop(self) -> None:
