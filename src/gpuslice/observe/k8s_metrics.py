@@ -44,7 +44,7 @@ __all__ = [
 ]
 
 # An extender call is on kube-scheduler's critical path (its default extender timeout is 5 s); the
-# issue-6 target is milliseconds, so the buckets are fine below 10 ms.
+# target is a few milliseconds, so the buckets are fine below 10 ms.
 EXTENDER_BUCKETS_SECONDS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 # The results each verb can record, created at zero so rates exist before the first event.
 EXTENDER_RESULTS = {
