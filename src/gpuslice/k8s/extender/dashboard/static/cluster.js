@@ -149,8 +149,9 @@ function nodeRow(node, position) {
   row.style.top = `${position * ROW_PX}px`;
   row.append(el("div", "node-head",
     withTitle(el("div", "node-name", node.name), node.name),
-    el("div", "node-stats", `${node.model} · ${percent(node.unallocated_percent)} free · ` +
-      `${percent(node.fragmentation_percent)} frag.`)));
+    el("div", "node-stats", node.model),
+    el("div", "node-stats", `${percent(node.unallocated_percent)} free · ` +
+      `${percent(node.fragmentation_percent)} fragmented`)));
   const gpus = el("div", "gpus", ...node.gpus.map(gpuCell));
   gpus.style.setProperty("--gpus", String(Math.max(1, node.gpus.length)));
   row.append(gpus);
