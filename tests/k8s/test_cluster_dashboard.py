@@ -175,3 +175,14 @@ def test_the_view_is_built_once_per_max_age_however_many_pages_ask():
     assert [cached.body() for _ in range(5)] == [b'{"n":1}'] * 5
     fresh = ViewCache(view, max_age_s=0)
     assert fresh.body() == b'{"n":2}' and fresh.body() == b'{"n":3}'
+
+
+def test_view_json_is_gzipped_only_for_a_client_that_accepts_it(http):
+    import gzip
+
+    with http.stream("GET", "/cluster/view.json", headers={"accept-encoding": "gzip, deflate, br"}) as zipped:
+        wire_bytes = b"".join(zipped.iter_raw())  # as they went over the wire, not decoded by httpx
+    assert zipped.headers["content-encoding"] == "gzip" and zipped.headers["vary"] == "Accept-Encoding"
+    assert json.loads(gzip.decompress(wire_bytes)) == CONTRACT_VIEW
+    plain = http.get("/cluster/view.json", headers={"accept-encoding": "identity"})
+    assert "content-encoding" not in plain.headers and plain.json() == CONTRACT_VIEW

@@ -15,13 +15,15 @@ names the loopback (localhost, 127.0.0.1, ::1): a page on evil.example that a DN
 
 The page asks for view.json once per refresh, whatever the cluster's size, and draws only the nodes
 scrolled into view. The JSON is built at most once per ``VIEW_MAX_AGE_S`` however many pages are open,
-in a worker thread, so the dashboards of a whole team cost kube-scheduler's calls little.
+in a worker thread, so the dashboards of a whole team cost kube-scheduler's calls little; gzipped for a
+page that accepts it (every browser does).
 Every name on the page comes from the cluster, so the script only ever sets text, never HTML, under the
 same Content-Security-Policy as serve's dashboard (no inline scripts or styles, nothing from elsewhere).
 """
 
 from __future__ import annotations
 
+import gzip
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -37,12 +39,15 @@ from gpuslice.k8s import extender_wire as wire
 from gpuslice.server.dashboard import CONTENT_SECURITY_POLICY
 from gpuslice.server.guard import host_name
 
-__all__ = ["LOOPBACK_HOSTS", "VIEW_MAX_AGE_S", "ViewCache", "mount"]
+__all__ = ["GZIP_LEVEL", "LOOPBACK_HOSTS", "VIEW_MAX_AGE_S", "ViewCache", "mount"]
 
 # kubectl port-forward listens on the loopback; these are the names a browser sends for it.
 LOOPBACK_HOSTS = frozenset({"localhost", "127.0.0.1", "::1"})
 # The page refreshes every 3 s (cluster.js); ten open pages share one build per second.
 VIEW_MAX_AGE_S = 1.0
+# view.json is mostly repeated keys: gzip's fastest levels take it to about a tenth (the figures are in
+# benchmarks/cluster_dashboard.py's output), which matters through kubectl port-forward every 3 s.
+GZIP_LEVEL = 1
 
 _MEDIA_TYPES = {
     "index.html": "text/html; charset=utf-8",
@@ -59,7 +64,8 @@ _TEXT = "text/plain; charset=utf-8"
 
 
 class ViewCache:
-    """``view()`` encoded as JSON, rebuilt when the last build is older than ``max_age_s``.
+    """``view()`` encoded as JSON, rebuilt when the last build is older than ``max_age_s``; gzipped on
+    demand, once per build.
 
     One build at a time: a request that arrives during a build waits for it and takes its result.
     """
@@ -70,13 +76,18 @@ class ViewCache:
         self._lock = threading.Lock()
         self._built_at = float("-inf")  # time.monotonic() of the last build
         self._body = b""
+        self._gzipped: bytes | None = None  # of _body, made by the first page that accepts gzip
 
-    def body(self) -> bytes:
+    def body(self, gzipped: bool = False) -> bytes:
         with self._lock:
             if time.monotonic() - self._built_at >= self.max_age_s:
-                self._body = wire.encode(self._view())
+                self._body, self._gzipped = wire.encode(self._view()), None
                 self._built_at = time.monotonic()
-            return self._body
+            if not gzipped:
+                return self._body
+            if self._gzipped is None:
+                self._gzipped = gzip.compress(self._body, GZIP_LEVEL, mtime=0)
+            return self._gzipped
 
 
 def mount(app: Starlette, view: Callable[[], Mapping[str, Any]]) -> None:
@@ -101,8 +112,12 @@ def mount(app: Starlette, view: Callable[[], Mapping[str, Any]]) -> None:
             return refusal
         # A worker thread: a 1,000-node view takes tens of milliseconds of Python, which on the event loop
         # would hold up kube-scheduler's /filter calls for all of it.
-        body = await run_in_threadpool(latest.body)
-        return Response(body, media_type="application/json", headers=_HEADERS)
+        gzipped = "gzip" in request.headers.get("accept-encoding", "").lower()
+        body = await run_in_threadpool(latest.body, gzipped)
+        headers = {**_HEADERS, "Vary": "Accept-Encoding"}
+        if gzipped:
+            headers["Content-Encoding"] = "gzip"
+        return Response(body, media_type="application/json", headers=headers)
 
     async def page(request: Request) -> Response:
         if (refusal := refused(request)) is not None:

@@ -301,6 +301,7 @@ function showStatus(error) {
 
 async function refresh() {
   try {
+    if (document.hidden && state.view) return; // a tab in the background asks the extender for nothing
     const view = await getView();
     state.lastOk = new Date();
     draw(view);
