@@ -44,6 +44,7 @@ __all__ = [
     "ClusterCache",
     "LedgerBuild",
     "Nomination",
+    "PendingPod",
     "VerdictCache",
     "open_slots",
     "pod_ask",
@@ -85,6 +86,18 @@ class Nomination:
     priority: int
     victims: frozenset[str]
     deadline: float  # time.monotonic()
+
+
+@dataclass(frozen=True, slots=True)
+class PendingPod:
+    """A pod the extender refused and that is not bound yet: why (a fixed reason code, and the line of
+    its FailedScheduling Event with the amounts), and since when it waits (time.time())."""
+
+    namespace: str
+    name: str
+    code: str  # RefusalCode.label, or observe.cluster_metrics.INVALID_REQUEST
+    reason: str
+    since: float
 
 
 @dataclass
@@ -222,6 +235,8 @@ class ClusterCache:
         self.seen: OrderedDict[str, Mapping[str, Any]] = OrderedDict()  # uid -> pod, from /filter
         self._events = ThreadPoolExecutor(max_workers=1, thread_name_prefix="events")
         self._last_event: dict[str, tuple[str, float]] = {}
+        # uid -> why a refused pod waits; gone once a node passes it, it binds, or it is deleted
+        self.pending: dict[str, PendingPod] = {}
         self.conflicts = 0  # bound pods the ledger could not hold (over-committed from outside)
         # Kinds (Node, Pod) whose first full list has been applied. Until both have, the ledger does not
         # hold every bound pod, and a decision made from it could over-commit a GPU (see ``synced``).
@@ -294,6 +309,7 @@ class ClusterCache:
             bound_to = (pod.get("spec") or {}).get("nodeName")
             if bound_to and uid:
                 self.bound_to[uid] = str(bound_to)
+                self.pending.pop(uid, None)
             if uid in self.pods:
                 return
             annotations = (pod.get("metadata") or {}).get("annotations") or {}
@@ -324,7 +340,7 @@ class ClusterCache:
                     self._built = None
             elif event.kind == "Pod":
                 listed = {pod_meta(o)[2] for o in items}
-                for uid in [u for u in self.pods if u not in listed]:
+                for uid in [u for u in (*self.pods, *self.pending) if u not in listed]:
                     self.forget(uid)
 
     def forget(self, uid: str) -> None:
@@ -333,6 +349,7 @@ class ClusterCache:
         bound = self.pods.pop(uid, None)
         self.seen.pop(uid, None)
         self._last_event.pop(uid, None)
+        self.pending.pop(uid, None)
         if bound is None or self._built is None:
             return
         for placement in bound.placements:
@@ -504,12 +521,20 @@ class ClusterCache:
             while len(self.seen) > SEEN_PODS_MAX:
                 self.seen.popitem(last=False)
 
-    def explain(self, pod: Mapping[str, Any], total: int, reasons: Counter[str], closest: str = "") -> None:
+    def explain(
+        self, pod: Mapping[str, Any], total: int, reasons: Counter[str], closest: str = "", code: str = ""
+    ) -> None:
         """Post 'gpuslice: 0/N nodes fit: …[; closest: NODE (amounts)]' as a Warning Event, at most once a
-        minute per message."""
+        minute per message, and keep it as the pod's pending reason with ``code`` (the fixed reason code
+        of the metrics) until the pod passes a node, binds or goes."""
         namespace, name, uid = pod_meta(pod)
         detail = "; ".join(f"{count} {reason}" for reason, count in reasons.most_common())
         message = f"gpuslice: 0/{total} nodes fit: {detail}" + (f"; {closest}" if closest else "")
+        if uid:
+            with self.lock:
+                waiting = self.pending.get(uid)
+                since = time.time() if waiting is None else waiting.since
+                self.pending[uid] = PendingPod(namespace, name, code, message, since)
         now = time.monotonic()
         last = self._last_event.get(uid)
         if last is not None and last[0] == message and now - last[1] < EVENT_REPEAT_S:

@@ -43,9 +43,10 @@ from gpuslice.k8s.extender.verdicts import (
     Verdicts,
 )
 from gpuslice.k8s.node_lock import ask_key
-from gpuslice.ledger.fit import UNCURABLE
+from gpuslice.ledger.fit import UNCURABLE, code_of
 from gpuslice.ledger.ledger import Ledger
 from gpuslice.ledger.placement import RefusalCode
+from gpuslice.observe.cluster_metrics import INVALID_REQUEST
 from gpuslice.policies import DEFAULT_PLACEMENT
 from gpuslice.scheduler.mig_choice import FullestByNode, choose_mig_instance
 from gpuslice.workload.target import TargetWorkload
@@ -170,7 +171,7 @@ class ClusterState:
             ask = pod_ask(pod)
         except InvalidRequest as err:
             reason = f"{REASON_INVALID}: {err}"
-            self.cache.explain(pod, len(node_names), Counter({reason: len(node_names)}))
+            self.cache.explain(pod, len(node_names), Counter({reason: len(node_names)}), code=INVALID_REQUEST)
             return FilterResult([], {}, dict.fromkeys(node_names, reason))
         if not ask.wants_gpu:
             return FilterResult(list(node_names), {}, {})
@@ -214,6 +215,8 @@ class ClusterState:
             dict(zip(names[unresolvable].tolist(), reason[codes[unresolvable]].tolist(), strict=True)),
         )
         self._keep_passed(pod, built, result.passed, idx[ok])
+        if ok.any():  # refused before, it waits no more for gpuslice
+            self.cache.pending.pop(uid, None)
         if chosen >= 0:
             self._assume(pod, ask, node_names[chosen])
         if not ok.any() and node_names:
@@ -222,8 +225,13 @@ class ClusterState:
             preempting = self.preemption.make_room(pod, built, ask, node_names, idx, codes)
             if preempting:
                 why = Counter({preempting: len(node_names)})
+            top = RefusalCode.PREEMPTING if preempting else code_of(int(np.argmax(counts[1:])) + 1)
             self.cache.explain(
-                pod, len(node_names), why, "" if preempting else self._closest(built, ask, idx, codes)
+                pod,
+                len(node_names),
+                why,
+                "" if preempting else self._closest(built, ask, idx, codes),
+                code=top.label if top is not None else "",
             )
         return result
 
