@@ -1,12 +1,15 @@
 """The cluster dashboard's routes on the extender (k8s/extender/dashboard): the page, its files and
 view.json, read-only, for the loopback only, nothing but the fixed files.
 
-``CONTRACT_VIEW`` is the cluster view as the page reads it; test_cluster_dashboard_browser.py draws it.
+``CONTRACT_VIEW`` is the cluster view as the page reads it, and ``cluster_with_pods`` a real ClusterState
+whose view (snapshot.cluster_view) the extender's own app serves; test_cluster_dashboard_browser.py draws
+both.
 """
 
 from __future__ import annotations
 
 import json
+import time
 import warnings
 from collections.abc import Mapping
 from typing import Any
@@ -19,7 +22,11 @@ with warnings.catch_warnings():
     warnings.simplefilter("ignore")
     from fastapi.testclient import TestClient
 
-from gpuslice.k8s.extender.dashboard import ViewCache, mount
+from test_extender import FakeApi, args, inventory, make_state, pod_json
+
+from gpuslice.k8s.annotations import MigSlot
+from gpuslice.k8s.extender import RELISTED, ClusterState, WatchEvent, create_app
+from gpuslice.k8s.extender.dashboard import VIEW_MAX_AGE_S, ViewCache, mount
 
 XSS = "<img src=x onerror=alert(1)>"
 
@@ -186,3 +193,98 @@ def test_view_json_is_gzipped_only_for_a_client_that_accepts_it(http):
     assert json.loads(gzip.decompress(wire_bytes)) == CONTRACT_VIEW
     plain = http.get("/cluster/view.json", headers={"accept-encoding": "identity"})
     assert "content-encoding" not in plain.headers and plain.json() == CONTRACT_VIEW
+
+
+# ---- through the extender's app, over a real ClusterState -------------------------------------------
+
+SHARE = {"gpuslice.io/gpu": "1", "gpuslice.io/gpumem": "20000", "gpuslice.io/gpucores": "30"}
+
+
+def cluster_with_pods(api: FakeApi) -> ClusterState:
+    """n1: two pods sharing one GPU (best fit packs the second onto the first's GPU), one of them named
+    as HTML; n2: GPU 1 in MIG mode with a 3g.40gb at slot 0 and a 1g.10gb at slot 6, both held by pods;
+    "big" (9 whole GPUs) refused by /filter and so pending, with its reason."""
+    mig = {1: (MigSlot("3g.40gb", 0, "MIG-3g", 1), MigSlot("1g.10gb", 6, "MIG-1g", 2))}
+    state = make_state(api, {"n1": inventory(gpus=2), "n2": inventory(gpus=2, mig=mig)})
+    # the watch's first full lists, as the extender takes them in at startup: the state is synced
+    state.apply(WatchEvent("Node", RELISTED, {"items": [{"metadata": {"name": n}} for n in ("n1", "n2")]}))
+    state.apply(WatchEvent("Pod", RELISTED, {"items": []}))
+    for name, resources, node in (
+        ("train-1", SHARE, "n1"),
+        (XSS, SHARE, "n1"),
+        ("mig-big", {"gpuslice.io/mig-3g.40gb": "1"}, "n2"),
+        ("mig-small", {"gpuslice.io/mig-1g.10gb": "1"}, "n2"),
+    ):
+        pod = pod_json(name, resources)
+        api.pods[("team-a", name)] = pod
+        assert state.bind("team-a", name, pod["metadata"]["uid"], node) == "", name
+    assert state.filter(pod_json("big", {"gpuslice.io/gpu": "9"}), ["n1", "n2"]).passed == []
+    return state
+
+
+def extender_client(state: ClusterState, events: Any = None) -> TestClient:
+    return TestClient(create_app(state, events), base_url="http://localhost:8888")
+
+
+def test_view_json_of_a_real_cluster_shows_each_gpus_pods_mig_instances_and_pending_reasons():
+    with extender_client(cluster_with_pods(FakeApi())) as http:
+        reply = http.get("/cluster/view.json")
+    assert reply.status_code == 200 and reply.headers["content-type"] == "application/json"
+    view = reply.json()
+    nodes = {n["name"]: n for n in view["nodes"]}
+    assert view["synced"] is True and sorted(nodes) == ["n1", "n2"]
+    assert view["totals"]["nodes"] == 2 and view["totals"]["gpus"] == 4 and view["totals"]["pending"] == 1
+    shared = [g for g in nodes["n1"]["gpus"] if g["slices"]]
+    assert len(shared) == 1  # both pods on one GPU
+    assert sorted((s["pod"], s["milli"], s["memory_mib"]) for s in shared[0]["slices"]) == [
+        (f"team-a/{XSS}", 300, 20000),  # the HTML name, as a JSON string
+        ("team-a/train-1", 300, 20000),
+    ]
+    assert shared[0]["milli_free"] == 400 and shared[0]["mig"] is False
+    mig = nodes["n2"]["gpus"][1]
+    assert mig["mig"] is True
+    assert sorted((s["pod"], s["mig_profile"], s["mig_start"]) for s in mig["slices"]) == [
+        ("team-a/mig-big", "3g.40gb", 0),
+        ("team-a/mig-small", "1g.10gb", 6),
+    ]
+    [pending] = view["pending"]
+    assert pending["pod"] == "team-a/big" and "0/2 nodes fit" in pending["reason"] and pending["code"]
+    assert view["history"] and set(view["history"][0]) == {
+        "t",
+        "unallocated_percent",
+        "fragmentation_percent",
+    }
+
+
+def test_the_extenders_app_serves_the_page_read_only():
+    with extender_client(cluster_with_pods(FakeApi())) as http:
+        assert 'src="cluster.js"' in http.get("/cluster/").text
+        assert http.post("/cluster/view.json", json={}).status_code == 405
+        assert http.get("/cluster/..%2Fapp.py").status_code == 404
+        assert http.get("/cluster/view.json", headers={"host": "evil.example"}).status_code == 400
+        assert http.get("/healthz").status_code == 200  # the verbs keep answering any Host
+
+
+def test_an_empty_cluster_is_an_empty_view():
+    with extender_client(ClusterState(FakeApi())) as http:
+        view = http.get("/cluster/view.json").json()
+    assert view["nodes"] == [] and view["pending"] == [] and view["totals"]["gpus"] == 0
+
+
+def test_before_the_first_full_lists_the_view_says_it_is_not_synced():
+    def nothing_listed_yet() -> Any:
+        yield WatchEvent("Node", "ADDED", {"metadata": {"name": "n"}})  # and never a relist
+
+    with extender_client(ClusterState(FakeApi()), nothing_listed_yet()) as http:
+        view = http.get("/cluster/view.json").json()
+    assert view["synced"] is False
+
+
+def test_a_pod_refused_after_a_refresh_shows_once_the_view_is_older_than_its_max_age():
+    state = cluster_with_pods(FakeApi())
+    with extender_client(state) as http:
+        assert len(http.get("/cluster/view.json").json()["pending"]) == 1
+        http.post("/filter", json=args(pod_json("bigger", {"gpuslice.io/gpu": "10"}), ["n1", "n2"]))
+        time.sleep(VIEW_MAX_AGE_S)
+        pending = http.get("/cluster/view.json").json()["pending"]
+    assert [p["pod"] for p in pending] == ["team-a/big", "team-a/bigger"]

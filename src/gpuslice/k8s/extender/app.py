@@ -17,11 +17,14 @@ from starlette.responses import Response
 
 from gpuslice.errors import GpusliceError, InvalidRequest
 from gpuslice.k8s import extender_wire as wire
+from gpuslice.k8s.extender import dashboard
 from gpuslice.k8s.extender.bind_lock import BIND_BUDGET_S
 from gpuslice.k8s.extender.cluster import pod_meta
 from gpuslice.k8s.extender.kube import WatchEvent
+from gpuslice.k8s.extender.snapshot import FragmentationHistory, cluster_figures, cluster_view
 from gpuslice.k8s.extender.state import ClusterState
 from gpuslice.k8s.pod_shape import check_pod
+from gpuslice.observe.cluster_metrics import ClusterCollector
 from gpuslice.observe.k8s_metrics import instrument_extender
 
 __all__ = ["SERVER_OPTIONS", "create_app"]
@@ -38,7 +41,8 @@ NOT_SYNCED = "gpuslice extender is starting: waiting for its first full list of 
 
 
 def create_app(state: ClusterState, events: Iterable[WatchEvent] | None = None) -> Any:
-    """The extender's ASGI app: POST /filter, /prioritize, /preempt, /bind (extender/v1), GET /healthz.
+    """The extender's ASGI app: POST /filter, /prioritize, /preempt, /bind (extender/v1), GET /healthz,
+    GET /metrics, and the cluster dashboard under GET /cluster/ (read-only; extender/dashboard).
 
     ``events``: a watch source followed on a daemon thread from startup (``KubernetesApi.events()``).
     With one, no verb decides until the state has taken in the first full lists of nodes and pods
@@ -158,7 +162,12 @@ def create_app(state: ClusterState, events: Iterable[WatchEvent] | None = None) 
             )
         return JSONResponse({"ok": True, "conflicts": state.conflicts})
 
-    instrument_extender(app)  # GET /metrics; latency and result of every verb (observe/k8s_metrics.py)
+    metrics = instrument_extender(app)  # GET /metrics; each verb's latency and result (k8s_metrics.py)
+    # GET /cluster/: the read-only cluster dashboard, over kubectl port-forward (extender/dashboard)
+    history = FragmentationHistory()
+    dashboard.mount(app, lambda: cluster_view(state, history))
+    # and the ledger's per-node and pending series on /metrics, sampling the same history
+    metrics.registry.register(ClusterCollector(lambda: cluster_figures(state, history)))
     return app
 
 
