@@ -203,7 +203,7 @@ SHARE = {"gpuslice.io/gpu": "1", "gpuslice.io/gpumem": "20000", "gpuslice.io/gpu
 def cluster_with_pods(api: FakeApi) -> ClusterState:
     """n1: two pods sharing one GPU (best fit packs the second onto the first's GPU), one of them named
     as HTML; n2: GPU 1 in MIG mode with a 3g.40gb at slot 0 and a 1g.10gb at slot 6, both held by pods;
-    "big" (9 whole GPUs) refused by /filter and so pending, with its reason."""
+    "big" (90,000 MiB on one GPU) refused by /filter and so pending, with its reason."""
     mig = {1: (MigSlot("3g.40gb", 0, "MIG-3g", 1), MigSlot("1g.10gb", 6, "MIG-1g", 2))}
     state = make_state(api, {"n1": inventory(gpus=2), "n2": inventory(gpus=2, mig=mig)})
     # the watch's first full lists, as the extender takes them in at startup: the state is synced
@@ -218,7 +218,8 @@ def cluster_with_pods(api: FakeApi) -> ClusterState:
         pod = pod_json(name, resources)
         api.pods[("team-a", name)] = pod
         assert state.bind("team-a", name, pod["metadata"]["uid"], node) == "", name
-    assert state.filter(pod_json("big", {"gpuslice.io/gpu": "9"}), ["n1", "n2"]).passed == []
+    big = {"gpuslice.io/gpu": "1", "gpuslice.io/gpumem": "90000"}  # more than any GPU has
+    assert state.filter(pod_json("big", big), ["n1", "n2"]).passed == []
     return state
 
 
@@ -284,7 +285,8 @@ def test_a_pod_refused_after_a_refresh_shows_once_the_view_is_older_than_its_max
     state = cluster_with_pods(FakeApi())
     with extender_client(state) as http:
         assert len(http.get("/cluster/view.json").json()["pending"]) == 1
-        http.post("/filter", json=args(pod_json("bigger", {"gpuslice.io/gpu": "10"}), ["n1", "n2"]))
+        bigger = {"gpuslice.io/gpu": "1", "gpuslice.io/gpumem": "95000"}
+        http.post("/filter", json=args(pod_json("bigger", bigger), ["n1", "n2"]))
         time.sleep(VIEW_MAX_AGE_S)
         pending = http.get("/cluster/view.json").json()["pending"]
     assert [p["pod"] for p in pending] == ["team-a/big", "team-a/bigger"]

@@ -24,8 +24,11 @@ import uvicorn
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tests" / "server"))
-from test_cluster_dashboard import CONTRACT_VIEW, XSS, dashboard_app  # noqa: E402
+from test_cluster_dashboard import CONTRACT_VIEW, XSS, cluster_with_pods, dashboard_app  # noqa: E402
 from test_dashboard_browser import UPDATE_SCREENSHOT, browser, until  # noqa: E402
+from test_extender import FakeApi  # noqa: E402
+
+from gpuslice.k8s.extender import create_app  # noqa: E402
 
 __all__ = ["browser"]  # the fixture, imported for pytest to find
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
@@ -97,33 +100,27 @@ def gpu_of(page: dict[str, Any], node: str, index: int) -> dict[str, Any]:
     return next(g for g in row["gpus"] if g["gpu"] == str(index))
 
 
-def test_dashboard_shows_each_gpus_pods_mig_instances_pending_reasons_and_claims(browser, tmp_path):
-    with served(dashboard_app(CONTRACT_VIEW)) as url:
+def test_dashboard_of_a_real_extender_shows_each_gpus_pods_mig_instances_and_pending_reasons(
+    browser, tmp_path
+):
+    with served(create_app(cluster_with_pods(FakeApi()))) as url:
         page = loaded(browser, url)
 
-        # Two pods on one GPU: both on that GPU's bar, side by side, each as wide as its share.
-        shared = gpu_of(page, "n1", 0)
-        assert [(s["pod"], s["label"]) for s in shared["segments"]] == [
-            ("default/train-1", "train-1"),
-            ("default/infer-2", "infer-2"),
-        ]
-        assert [(s["left"], s["width"]) for s in shared["segments"]] == [(0, 60), (60, 30)]
-        assert gpu_of(page, "n1", 1)["segments"] == []
+        # Two pods on one GPU: both on that GPU's bar, side by side, each as wide as its share (30 %).
+        [shared] = [g for g in next(r for r in page["rows"] if r["node"] == "n1")["gpus"] if g["segments"]]
+        assert sorted(s["pod"] for s in shared["segments"]) == [f"team-a/{XSS}", "team-a/train-1"]
+        assert sorted((s["left"], s["width"]) for s in shared["segments"]) == [(0, 30), (30, 30)]
         # A MIG GPU: its instances where they sit, 3g.40gb over slots 0-3, 1g.10gb on slot 6 (of 8).
         mig = gpu_of(page, "n2", 1)
         assert mig["mig"] and all(s["mig"] for s in mig["segments"])
-        at = {s["pod"]: (s["left"], s["width"]) for s in mig["segments"]}
-        assert at == {"ml/mig-big": (0, 50), "ml/mig-small": (75, 12.5)}
+        at = {s["label"]: (s["left"], s["width"]) for s in mig["segments"]}
+        assert at == {"mig-big": (0, 50), "mig-small": (75, 12.5)}
+        # The refused pod, with the extender's reason.
+        assert "0/2 nodes fit" in page["pending"]["team-a/big"]
+        assert page["totals"]["nodes"] == "2" and page["totals"]["pending"] == "1"
 
-        # Pending pods with their reasons; the claim; the totals; both history lines.
-        assert "insufficient GPU memory (need 90000 MiB" in page["pending"]["default/big"]
-        assert any("ml/shared-claim" in c and "gpu-1" in c for c in page["claims"])
-        assert page["totals"] == {"nodes": "2", "GPUs": "4", "unallocated": "62.5%", "fragmented": "12%",
-                                  "pending": "2", "preemptions": "1"}  # fmt: skip
-        assert page["lines"] == 2 and page["banner"] == ""
-
-        # A pod whose name is HTML is text: no element was made from it, nothing ran.
-        assert page["pending"][f"default/{XSS}"].startswith(f"default/{XSS}")
+        # The pod whose name is HTML is text on its segment: no element was made from it, nothing ran.
+        assert f"{XSS}" in {s["label"] for s in shared["segments"]}
         assert page["images"] == 0
 
         # The screenshot for the docs: the whole page at laptop width.
@@ -140,6 +137,29 @@ def test_dashboard_shows_each_gpus_pods_mig_instances_pending_reasons_and_claims
         assert browser.save_screenshot(str(shot)) and shot.stat().st_size > 10_000
         width = browser.execute_script("return [document.documentElement.scrollWidth, window.innerWidth]")
         assert width[0] <= width[1], width  # nothing overflows sideways at 1366 px
+
+
+def test_dashboard_draws_every_part_of_the_view(browser):
+    with served(dashboard_app(CONTRACT_VIEW)) as url:
+        page = loaded(browser, url)
+        shared = gpu_of(page, "n1", 0)
+        assert [(s["pod"], s["label"], s["left"], s["width"]) for s in shared["segments"]] == [
+            ("default/train-1", "train-1", 0, 60),
+            ("default/infer-2", "infer-2", 60, 30),
+        ]
+        assert gpu_of(page, "n1", 1)["segments"] == []
+        assert "insufficient GPU memory (need 90000 MiB" in page["pending"]["default/big"]
+        assert page["pending"][f"default/{XSS}"].startswith(f"default/{XSS}") and page["images"] == 0
+        assert any("ml/shared-claim" in c and "gpu-1" in c for c in page["claims"])
+        assert page["totals"] == {"nodes": "2", "GPUs": "4", "unallocated": "62.5%", "fragmented": "12%",
+                                  "pending": "2", "preemptions": "1"}  # fmt: skip
+        assert page["lines"] == 2 and page["banner"] == ""
+
+
+def test_an_extender_still_listing_the_cluster_says_so_above_what_it_has(browser):
+    with served(dashboard_app({**CONTRACT_VIEW, "synced": False})) as url:
+        page = loaded(browser, url)
+    assert "The extender is starting" in page["banner"] and len(page["rows"]) == 2
 
 
 def big_view(nodes: int, gpus: int = 8) -> dict[str, Any]:

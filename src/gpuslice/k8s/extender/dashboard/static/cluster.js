@@ -118,15 +118,19 @@ function segment(className, pod, left, width, title) {
 }
 
 function gpuCell(gpu) {
-  const cell = el("div", gpu.mig ? "gpu mig" : "gpu");
+  const unhealthy = gpu.healthy === false;
+  const cell = el("div", ["gpu", gpu.mig ? "mig" : null, unhealthy ? "unhealthy" : null].filter(Boolean).join(" "));
   cell.dataset.gpu = String(gpu.index);
-  const free = gpu.mig
-    ? `MIG · ${gpu.slices.length} in use`
-    : `${percent(gpu.milli_free / 10)} · ${mib(gpu.memory_free_mib)} free`;
+  if (gpu.uuid) withTitle(cell, gpu.uuid);
+  let free = `${percent(gpu.milli_free / 10)} · ${mib(gpu.memory_free_mib)} free`;
+  if (gpu.mig) free = `MIG · ${gpu.slices.length} in use`;
+  if (unhealthy) free = "unhealthy: nothing new lands here";
   cell.append(el("div", "gpu-label", el("strong", null, `GPU ${gpu.index}`), ` ${free}`));
   const bar = el("div", "bar");
   let left = 0; // shares are drawn side by side, each as wide as its compute share
-  for (const s of gpu.slices) {
+  for (const slice of gpu.slices) {
+    // a slice whose pod the extender no longer knows (deleted between two reads) still takes its room
+    const s = { ...slice, pod: slice.pod || "(a pod being deleted)" };
     if (s.mig_profile) {
       // an instance sits where the GPU placed it: its start, as many slots as its memory takes
       const slots = Math.max(1, Math.round((MIG_SLOTS * s.memory_mib) / gpu.memory_mib));
@@ -237,7 +241,8 @@ function drawClaims(claims) {
 
 // ---- fragmentation over time: two lines, 0-100 % ----------------------------------------------------
 
-function drawHistory(history) {
+function drawHistory(history, target) {
+  document.getElementById("history-target").textContent = target ? `, measured against ${target}` : "";
   const chart = document.getElementById("history");
   document.getElementById("history-empty").hidden = history.length > 0;
   chart.hidden = history.length === 0;
@@ -277,7 +282,7 @@ function draw(view) {
     [n.name, ...n.gpus.flatMap((g) => g.slices.map((s) => s.pod))].join("\n").toLowerCase());
   drawTotals(view.totals);
   applyFilter();
-  drawHistory(view.history);
+  drawHistory(view.history, view.fragmentation_target);
 }
 
 function showStatus(error) {
