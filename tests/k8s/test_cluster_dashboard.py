@@ -30,7 +30,8 @@ from gpuslice.k8s.extender.dashboard import VIEW_MAX_AGE_S, ViewCache, mount
 
 XSS = "<img src=x onerror=alert(1)>"
 
-# Two nodes: n1 with two pods sharing GPU 0, n2 with its GPU 1 in MIG mode holding two instances.
+# Two nodes: n1 with two pods sharing GPU 0, n2<img…> (a name that is HTML) with its GPU 1 in MIG mode
+# holding two instances.
 CONTRACT_VIEW: dict[str, Any] = {
     "generated": 1733380000.0,
     "synced": True,
@@ -47,7 +48,8 @@ CONTRACT_VIEW: dict[str, Any] = {
                    "mig_start": None}]},
              {"index": 1, "memory_mib": 81920, "milli_free": 1000, "memory_free_mib": 81920, "mig": False,
               "slices": []}]},
-        {"name": "n2", "model": "A100-SXM4-80GB", "unallocated_percent": 50.0, "fragmentation_percent": 0.0,
+        {"name": f"n2{XSS}", "model": "A100-SXM4-80GB", "unallocated_percent": 50.0,
+         "fragmentation_percent": 0.0,
          "gpus": [
              {"index": 0, "memory_mib": 81920, "milli_free": 1000, "memory_free_mib": 81920, "mig": False,
               "slices": []},

@@ -28,7 +28,7 @@ from test_cluster_dashboard import CONTRACT_VIEW, XSS, cluster_with_pods, dashbo
 from test_dashboard_browser import UPDATE_SCREENSHOT, browser, until  # noqa: E402
 from test_extender import FakeApi  # noqa: E402
 
-from gpuslice.k8s.extender import create_app  # noqa: E402
+from gpuslice.k8s.extender import ClusterState, create_app  # noqa: E402
 
 __all__ = ["browser"]  # the fixture, imported for pytest to find
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
@@ -154,17 +154,33 @@ def test_dashboard_draws_every_part_of_the_view(browser):
         assert page["totals"] == {"nodes": "2", "GPUs": "4", "unallocated": "62.5%", "fragmented": "12%",
                                   "pending": "2", "preemptions": "1"}  # fmt: skip
         assert page["lines"] == 2 and page["banner"] == ""
+        # A node whose name is HTML: its row carries the name as text.
+        assert f"n2{XSS}" in {r["node"] for r in page["rows"]}
+        assert any(r["text"].startswith(f"n2{XSS}") for r in page["rows"]) and page["images"] == 0
+
+    # The extender goes away (the port-forward ended): a banner says so, the last data stays.
+    banner = until("the unreachable banner", lambda: read(browser)["banner"])
+    assert "Cannot reach the gpuslice extender" in banner and "port-forward" in banner
+    assert len(read(browser)["rows"]) == 2
 
 
-def test_an_extender_still_listing_the_cluster_says_so_above_what_it_has(browser):
+def test_an_extender_still_listing_the_cluster_says_so_and_shows_what_it_has(browser):
     with served(dashboard_app({**CONTRACT_VIEW, "synced": False})) as url:
         page = loaded(browser, url)
     assert "The extender is starting" in page["banner"] and len(page["rows"]) == 2
 
 
+def test_an_empty_cluster_says_no_node_has_gpus(browser):
+    with served(create_app(ClusterState(FakeApi()))) as url:
+        page = loaded(browser, url)
+        empty = browser.find_element("id", "map-empty").text
+    assert page["rows"] == [] and page["mapCount"] == "0 nodes" and "No node advertises GPUs" in empty
+
+
 def big_view(nodes: int, gpus: int = 8) -> dict[str, Any]:
-    """``nodes`` nodes of ``gpus`` GPUs, each GPU with one pod on it."""
+    """``nodes`` nodes of ``gpus`` GPUs, each GPU with one pod on it, and as many pending pods."""
     view = copy.deepcopy(CONTRACT_VIEW)
+    view["pending"] = [{**CONTRACT_VIEW["pending"][0], "pod": f"ns/waiting-{i}"} for i in range(nodes)]
     gpu = CONTRACT_VIEW["nodes"][0]["gpus"][0]
     view["nodes"] = [
         {**CONTRACT_VIEW["nodes"][0], "name": f"node-{i:04d}",
@@ -181,6 +197,9 @@ def test_a_thousand_nodes_keep_only_the_rows_in_view_in_the_dom_and_reach_the_la
         assert page["mapCount"] == "1000 nodes"
         assert 0 < page["gpuElements"] < 400  # of 8,000
         assert "node-0000" in {r["node"] for r in page["rows"]}
+        # 1,000 pending pods: the first 200 listed, and how many more there are
+        assert len(page["pending"]) == 200
+        assert browser.find_element("id", "pending-more").text.startswith("and 800 more")
 
         # Scrolled to the bottom: the last node is drawn, the first is gone.
         browser.execute_script("const m = document.getElementById('map'); m.scrollTop = m.scrollHeight")
