@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 from prometheus_client import CollectorRegistry
 
 from gpuslice.ledger.placement import RefusalCode
+from gpuslice.observe.cluster_metrics import ClusterCollector, ClusterFigures
 from gpuslice.observe.k8s_metrics import DeviceHealthRow, DevicePluginMetrics, ExtenderMetrics
 from gpuslice.observe.metrics import GpuState, PendingState, ServeMetrics, ServeSnapshot, SliceState
 from gpuslice.observe.reasons import FailureCode
@@ -39,6 +41,7 @@ def exported() -> dict[str, tuple[str, frozenset[str]]]:
         lambda: [(0, "GPU-a", "H100", True)],
     )
     registries: list[CollectorRegistry] = [serve.registry, ExtenderMetrics().registry, plugin.registry]
+    registries.append(cluster_registry())
     found: dict[str, tuple[str, frozenset[str]]] = {}
     for registry in registries:
         for family in registry.collect():
@@ -49,6 +52,17 @@ def exported() -> dict[str, tuple[str, frozenset[str]]]:
                 assert found[name] == (family.type, frozenset(labels)), name
             found[name] = (family.type, frozenset(labels))
     return found
+
+
+def cluster_registry() -> CollectorRegistry:
+    """The ledger's cluster families (extender, DRA allocator): one node, one pod pending, one preempted."""
+    one = np.array([1])
+    figures = ClusterFigures(
+        ["n"], ["H100"], one, one, one, one, one, np.array([1.0]), pending={"quota": (1, 5.0)}, preemptions=1
+    )
+    registry = CollectorRegistry()
+    registry.register(ClusterCollector(lambda: figures))
+    return registry
 
 
 @pytest.fixture(scope="session")

@@ -9,12 +9,13 @@ from __future__ import annotations
 import logging
 import signal
 import threading
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
 from gpuslice.cli import terminal
-from gpuslice.cli.options import KubeconfigOption, target_workload_option
+from gpuslice.cli.options import KubeconfigOption, port_option, target_workload_option
+from gpuslice.errors import UserError
 from gpuslice.policies import DEFAULT_PLACEMENT, PLACEMENT
 
 __all__ = ["dra_allocator"]
@@ -31,6 +32,11 @@ def dra_allocator(
         float, typer.Option(min=0.05, help="seconds between passes when no gated pod waits")
     ] = 0.5,
     target_workload: target_workload_option("the claims allocated when each pass begins") = None,
+    metrics_port: port_option(
+        "serve Prometheus metrics (the pools' GPUs, pending pods, preemptions) on this port at /metrics; "
+        "off if unset",
+        optional=True,
+    ) = None,
 ) -> None:
     """Allocate the claims of gated pods with gpuslice's placement policy, then ungate them, until SIGTERM."""
     from gpuslice.k8s.dra.allocator import GATE, DraAllocator
@@ -45,8 +51,30 @@ def dra_allocator(
     done = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: done.set())
-    _out.print(f"gpuslice DRA allocator, policy {policy}: allocating claims of pods gated by {GATE}")
+    allocator = DraAllocator(api, policy, target)
+    server = None
     try:
-        DraAllocator(api, policy, target).run(done, interval)
+        if metrics_port is not None:
+            server = _serve_metrics(metrics_port, api, allocator)
+        _out.print(f"gpuslice DRA allocator, policy {policy}: allocating claims of pods gated by {GATE}")
+        allocator.run(done, interval)
     finally:
+        if server is not None:
+            server.shutdown()
+            server.server_close()
         api.close()
+
+
+def _serve_metrics(port: int, api: Any, allocator: Any) -> Any:
+    """GET /metrics on ``port`` (all addresses: Prometheus scrapes the pod's IP) from a thread of its own."""
+    from prometheus_client import start_http_server
+
+    from gpuslice.k8s.dra.pool_metrics import DraMetrics
+
+    try:
+        server, _thread = start_http_server(port, "0.0.0.0", registry=DraMetrics(api, allocator).registry)
+    except OSError as err:
+        raise UserError(
+            f"--metrics-port {port}: cannot listen there ({err.strerror or err}); give a free port"
+        ) from None
+    return server

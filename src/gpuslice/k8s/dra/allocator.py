@@ -55,7 +55,8 @@ from gpuslice.k8s.dra.slices import (
     consumed_share,
 )
 from gpuslice.ledger.ledger import Ledger
-from gpuslice.ledger.placement import Placement, Refusal
+from gpuslice.ledger.placement import Placement, Refusal, RefusalCode
+from gpuslice.observe.cluster_metrics import INVALID_REQUEST
 from gpuslice.policies import DEFAULT_PLACEMENT, PolicyContext, make_policy
 from gpuslice.scheduler.placer import Placer, Unplaced
 from gpuslice.units import MiB
@@ -448,6 +449,13 @@ class Inventory:
         return None
 
 
+def _top_code(unplaced: Unplaced) -> RefusalCode:
+    """The refusal most nodes gave; no node at all, or none the pod's selector or constraint leaves:
+    ``NO_SUCH_NODE``."""
+    top = unplaced.reasons.most_common(1)
+    return top[0][0] if top else RefusalCode.NO_SUCH_NODE
+
+
 def _allocated_pools(claim: Mapping[str, Any]) -> set[str]:
     """The nodes (pools) where ``claim`` holds gpuslice GPUs already."""
     allocation = (claim.get("status") or {}).get("allocation") or {}
@@ -501,9 +509,14 @@ class DraAllocator:
         self._told: dict[str, str] = {}  # pod UID -> the last reason posted, so each is posted once
         self._preempting: dict[str, set[str]] = {}  # pod UID -> claims it evicted, while they are held
         self.preemptions = 0
+        # pod UID -> (reason code, time.time() of its first refusal) of each gated pod not placed: the
+        # metrics' pending pods (observe/cluster_metrics.py); gone once it is ungated or no longer gated
+        self.pending: dict[str, tuple[str, float]] = {}
 
-    def _tell(self, pod: Mapping[str, Any], message: str) -> None:
+    def _tell(self, pod: Mapping[str, Any], message: str, code: str) -> None:
         uid = str(pod["metadata"].get("uid", ""))
+        waiting = self.pending.get(uid)
+        self.pending[uid] = (code, time.time() if waiting is None else waiting[1])
         if self._told.get(uid) != message:
             self._told[uid] = message
             self.api.pod_event(pod, "GpusliceUnplaced", message)
@@ -519,6 +532,8 @@ class DraAllocator:
             gated,
             key=lambda p: (p["metadata"].get("creationTimestamp", ""), p["metadata"]["name"]),
         )
+        still = {str(p["metadata"].get("uid", "")) for p in pods}
+        self.pending = {uid: why for uid, why in self.pending.items() if uid in still}
         if not pods:
             return 0
         claims = self.api.list_claims()
@@ -527,7 +542,10 @@ class DraAllocator:
         ungated = 0
         for pod in pods:
             try:
-                ungated += self._one(pod, by_key, inventory)
+                placed = self._one(pod, by_key, inventory)
+                if placed:
+                    self.pending.pop(str(pod["metadata"].get("uid", "")), None)
+                ungated += placed
             except Exception as err:  # an API refusal (409: changed meanwhile) or outage: next pass retries
                 log.warning("pod %s/%s: %s", pod["metadata"]["namespace"], pod["metadata"]["name"], err)
         return ungated
@@ -552,14 +570,16 @@ class DraAllocator:
         try:
             ours = [(c, a) for c in pending if (a := claim_ask(c)) is not None]
         except InvalidRequest as err:  # a quantity no one can allocate: said on the pod, once
-            self._tell(pod, f"claim refused: {err}")
+            self._tell(pod, f"claim refused: {err}", INVALID_REQUEST)
             return 0
         if ours:
             selector = (pod["spec"].get("nodeSelector") or {}).get("kubernetes.io/hostname")
             held = {node for c in wanted if c is not None for node in _allocated_pools(c)}
             if len(held) > 1 or (held and selector is not None and held != {selector}):
                 self._tell(
-                    pod, f"its claims are allocated on {', '.join(sorted(held))} already: one node only"
+                    pod,
+                    f"its claims are allocated on {', '.join(sorted(held))} already: one node only",
+                    INVALID_REQUEST,  # no placement can mend it
                 )
                 return 0
             node_name = next(iter(held)) if held else selector  # the rest of a pod half written before
@@ -568,11 +588,14 @@ class DraAllocator:
             try:
                 decision = inventory.place_pod(asks, node_name)
             except InvalidRequest as err:
-                self._tell(pod, f"claim {said} refused: {err}")
+                self._tell(pod, f"claim {said} refused: {err}", INVALID_REQUEST)
                 return 0
             if isinstance(decision, Unplaced):
                 why = self._preempt(pod, asks, inventory)
-                self._tell(pod, f"{'claim' if len(asks) == 1 else 'claims'} {said}: {decision}{why}")
+                code = RefusalCode.PREEMPTING if why else _top_code(decision)
+                self._tell(
+                    pod, f"{'claim' if len(asks) == 1 else 'claims'} {said}: {decision}{why}", code.label
+                )
                 return 0
             for (claim, ask), placed in zip(ours, decision, strict=True):
                 allocation = _allocation(ask, placed.node, list(placed.gpus), placed.memory_mib, placed.cores)

@@ -44,25 +44,26 @@ import numpy as np
 
 from gpuslice.k8s.extender.cluster import BoundPod, LedgerBuild, PendingPod
 from gpuslice.k8s.extender.state import ClusterState
-from gpuslice.ledger.fragmentation import FragmentationMeasure
 from gpuslice.ledger.placement import Placement
-from gpuslice.observe.cluster_metrics import ClusterFigures, GpuTally, pending_by_reason, tally_gpus
+from gpuslice.observe.cluster_metrics import (
+    WHOLE_GPU_TARGET,
+    ClusterFigures,
+    GpuTally,
+    ledger_figures,
+    pending_by_reason,
+)
 from gpuslice.units import MiB
-from gpuslice.workload.request import MILLI_PER_GPU, Request
+from gpuslice.workload.request import MILLI_PER_GPU
 from gpuslice.workload.target import TargetWorkload
 
 __all__ = [
     "HISTORY_INTERVAL_S",
     "HISTORY_MAX_AGE_S",
-    "WHOLE_GPU_TARGET",
     "FragmentationHistory",
     "cluster_figures",
     "cluster_view",
 ]
 
-# Fragmentation before any pod is bound: against a pod of one whole GPU, the free capacity on GPUs a
-# share has started is what is fragmented.
-WHOLE_GPU_TARGET = TargetWorkload.from_requests([Request(0, num_gpu=1, gpu_milli=MILLI_PER_GPU)])
 HISTORY_INTERVAL_S = 30.0  # Prometheus' usual scrape interval; a dashboard refreshing every 3 s adds nothing
 HISTORY_MAX_AGE_S = 24 * 3600.0  # 2,880 samples of three floats
 
@@ -159,34 +160,26 @@ def _read(state: ClusterState, owners: bool) -> _Reading:
     )
 
 
-def _tally(r: _Reading) -> tuple[GpuTally, np.ndarray]:
-    """The tally, and per GPU whether a pod may land on it (a share's GPU, or in MIG mode)."""
+def _figures(r: _Reading, now: float) -> tuple[ClusterFigures, GpuTally, np.ndarray]:
+    """The figures, their tally, and per GPU whether a pod may land on it (a share's GPU, or in MIG
+    mode). The extender's ledger holds no CPU (kube-scheduler's): FGD judges the GPUs alone."""
     ledger = r.built.ledger
     mig = np.zeros_like(r.built.healthy)
     for node, gpu in ledger.mig_gpus:
         mig[node, gpu] = True
-    usable = r.built.healthy | mig
-    return tally_gpus(r.placements, ledger.view.gpu_memory_capacity_bytes, r.built.healthy, mig), usable
-
-
-def _figures(r: _Reading, tally: GpuTally, now: float) -> ClusterFigures:
-    n = r.nodes
-    view = r.built.ledger.view
-    # The extender's ledger holds no CPU (kube-scheduler's), so every column but the GPUs' is 0.
-    measure = FragmentationMeasure(r.target, view.models)
-    fragmented = measure(r.free_gpu_milli, view.free_cpu_milli, view.node_model)
-    return ClusterFigures(
-        nodes=view.node_names[:n],
-        models=[inv.model for inv in r.built.inventories],
-        gpus=view.gpu_count[:n].copy(),
-        gpu_memory_bytes=view.gpu_memory_capacity_bytes[:n].sum(axis=1),
-        allocated_milli=tally.allocated_milli[:n].sum(axis=1),
-        allocated_memory_bytes=tally.allocated_memory_bytes[:n].sum(axis=1),
-        unallocated_milli=tally.unallocated_milli[:n].sum(axis=1),
-        fragmented_milli=fragmented[:n],
+    figures, tally = ledger_figures(
+        ledger,
+        r.nodes,
+        [inv.model for inv in r.built.inventories],
+        r.placements,
+        r.built.healthy,
+        r.target,
+        mig_gpus=mig,
+        free_gpu_milli=r.free_gpu_milli,
         pending=pending_by_reason(((p.code, p.since) for p in r.pending), now),
         preemptions=r.preemptions,
     )
+    return figures, tally, r.built.healthy | mig
 
 
 def cluster_figures(state: ClusterState, history: FragmentationHistory | None = None) -> ClusterFigures:
@@ -194,7 +187,7 @@ def cluster_figures(state: ClusterState, history: FragmentationHistory | None = 
     ``history`` if given."""
     now = time.time()
     reading = _read(state, owners=False)
-    figures = _figures(reading, _tally(reading)[0], now)
+    figures = _figures(reading, now)[0]
     if history is not None:
         history.observe(figures, now)
     return figures
@@ -208,8 +201,7 @@ def cluster_view(state: ClusterState, history: FragmentationHistory | None = Non
     """The whole cluster as JSON types (module docstring); a sample into ``history`` if given."""
     now = time.time()
     r = _read(state, owners=True)
-    tally, usable = _tally(r)
-    f = _figures(r, tally, now)
+    f, tally, usable = _figures(r, now)
     if history is not None:
         history.observe(f, now)
     capacity = r.built.ledger.view.gpu_memory_capacity_bytes
