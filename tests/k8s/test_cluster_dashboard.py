@@ -9,6 +9,7 @@ both.
 from __future__ import annotations
 
 import json
+import threading
 import time
 import warnings
 from collections.abc import Mapping
@@ -292,3 +293,37 @@ def test_a_pod_refused_after_a_refresh_shows_once_the_view_is_older_than_its_max
         time.sleep(VIEW_MAX_AGE_S)
         pending = http.get("/cluster/view.json").json()["pending"]
     assert [p["pod"] for p in pending] == ["team-a/big", "team-a/bigger"]
+
+
+def test_pages_waiting_for_a_slow_view_leave_the_worker_threads_to_bind():
+    """Eight pages ask while a build is slow: they wait without a thread each, so the worker threads
+    /bind runs on (the default pool) stay free."""
+    import asyncio
+
+    import anyio.to_thread
+    import httpx
+
+    started, release = threading.Event(), threading.Event()
+
+    def slow_view() -> dict[str, Any]:
+        started.set()
+        release.wait(10)
+        return CONTRACT_VIEW
+
+    app = Starlette()
+    mount(app, slow_view)
+
+    async def eight_pages() -> tuple[float, list[httpx.Response]]:
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as client:
+            pages = [asyncio.create_task(client.get("/cluster/view.json")) for _ in range(8)]
+            while not started.is_set():
+                await asyncio.sleep(0.01)
+            await asyncio.sleep(0.2)  # every request has reached its wait
+            borrowed = anyio.to_thread.current_default_thread_limiter().borrowed_tokens
+            release.set()
+            return borrowed, await asyncio.gather(*pages)
+
+    borrowed, replies = asyncio.run(eight_pages())
+    assert borrowed == 0  # none of the default pool's threads waits on the dashboard
+    assert [r.json() for r in replies] == [CONTRACT_VIEW] * 8

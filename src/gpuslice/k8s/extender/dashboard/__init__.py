@@ -30,8 +30,9 @@ from collections.abc import Callable, Mapping
 from importlib.resources import files
 from typing import Any
 
+import anyio.to_thread
+from anyio import CapacityLimiter
 from starlette.applications import Starlette
-from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
@@ -96,6 +97,9 @@ def mount(app: Starlette, view: Callable[[], Mapping[str, Any]]) -> None:
     # Read once: the files are part of the installed package and never change while it runs.
     contents = {name: (static / name).read_bytes() for name in _MEDIA_TYPES}
     latest = ViewCache(view)
+    # One worker thread for the dashboard, whatever the number of pages: builds take turns anyway
+    # (ViewCache), and the others wait here without a thread, leaving the pool to /bind.
+    view_thread = CapacityLimiter(1)
 
     def refused(request: Request) -> Response | None:
         host = request.headers.get("host", "")
@@ -113,7 +117,7 @@ def mount(app: Starlette, view: Callable[[], Mapping[str, Any]]) -> None:
         # A worker thread: a 1,000-node view takes tens of milliseconds of Python, which on the event loop
         # would hold up kube-scheduler's /filter calls for all of it.
         gzipped = "gzip" in request.headers.get("accept-encoding", "").lower()
-        body = await run_in_threadpool(latest.body, gzipped)
+        body = await anyio.to_thread.run_sync(latest.body, gzipped, limiter=view_thread)
         headers = {**_HEADERS, "Vary": "Accept-Encoding"}
         if gzipped:
             headers["Content-Encoding"] = "gzip"
