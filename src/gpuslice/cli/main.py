@@ -130,12 +130,14 @@ class _WholeWords(_textwrap.TextWrapper):
         super().__init__(*args, **kwargs)
 
 
-def build_command() -> Any:
-    """The click command tree of ``app``, with plain value names and whole summaries in --help (what
-    ``main`` runs); help is wrapped at whole words only."""
-    _plain_help(app)
+def build_command(typer_app: typer.Typer | None = None) -> Any:
+    """The click command tree of ``typer_app`` (default ``app``; the kubectl plugin passes its own), with
+    plain value names and whole summaries in --help (what ``main`` runs); help is wrapped at whole words
+    only."""
+    typer_app = app if typer_app is None else typer_app
+    _plain_help(typer_app)
     _textwrap.TextWrapper = _WholeWords  # click's help formatter looks it up here on every call
-    command = typer.main.get_command(app)
+    command = typer.main.get_command(typer_app)
     _name_value_types(command)
     _full_summaries(command)
     return command

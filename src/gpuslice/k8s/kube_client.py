@@ -1,12 +1,14 @@
 """The one place gpuslice's Kubernetes components get an API client from the official ``kubernetes`` package.
 
-Configuration order: ``kubeconfig`` if given, else the pod's service account (in-cluster), else
-~/.kube/config. The package is imported here, lazily, so the ``k8s`` extra stays optional.
+Configuration order (``api_client``, gpuslice's components): ``kubeconfig`` if given, else the pod's
+service account (in-cluster), else ~/.kube/config. ``kubectl_api_client`` (the kubectl plugin) finds it as
+kubectl does instead. The package is imported here, lazily, so the ``k8s`` extra stays optional.
 """
 
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from types import ModuleType
@@ -14,7 +16,10 @@ from typing import Any
 
 from gpuslice.errors import GpusliceError, UserError
 
-__all__ = ["ApiError", "api_client", "api_errors", "kubernetes_client_module"]
+__all__ = ["ApiError", "api_client", "api_errors", "kubectl_api_client", "kubernetes_client_module"]
+
+# Where the pod's service account mounts the namespace it runs in (in-cluster configuration).
+SERVICE_ACCOUNT_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
 
 
 class ApiError(GpusliceError):
@@ -75,3 +80,38 @@ def api_client(kubeconfig: str | None = None) -> Any:
             f"no usable Kubernetes configuration ({where}): {err}; give --kubeconfig FILE or run it in a pod"
         ) from None
     return client.ApiClient()
+
+
+def kubectl_api_client(kubeconfig: str | None = None, context: str | None = None) -> tuple[Any, str]:
+    """A ``kubernetes.client.ApiClient`` and the namespace to use, found as kubectl finds them: the
+    kubeconfig ``kubeconfig``, else the files in $KUBECONFIG (joined by ':'), else ~/.kube/config; its
+    ``context`` (default: the current one) and that context's namespace ("default" if it names none). With
+    no kubeconfig file at all, the pod's service account and its namespace (kubectl's in-cluster
+    fallback). UserError, one line, when none of them is usable. One difference from kubectl: with several
+    files in $KUBECONFIG the current-context of the last file that sets one wins (the client's merge)."""
+    client = kubernetes_client_module()
+    from kubernetes import config
+
+    paths = kubeconfig or os.environ.get("KUBECONFIG") or "~/.kube/config"
+    found = [p for p in paths.split(os.pathsep) if p and os.path.exists(os.path.expanduser(p))]
+    configuration = client.Configuration()
+    try:
+        if not found and not kubeconfig and os.environ.get("KUBERNETES_SERVICE_HOST"):
+            config.load_incluster_config(client_configuration=configuration)
+            with open(SERVICE_ACCOUNT_NAMESPACE) as file:
+                namespace = file.read().strip() or "default"
+        else:
+            config.load_kube_config(
+                config_file=paths, context=context, client_configuration=configuration, persist_config=False
+            )
+            contexts, current = config.list_kube_config_contexts(config_file=paths)
+            chosen = next((c for c in contexts if c.get("name") == context), current) if context else current
+            namespace = str(((chosen or {}).get("context") or {}).get("namespace") or "default")
+    except (config.ConfigException, OSError, ValueError, TypeError) as err:
+        where = f"--kubeconfig {kubeconfig}" if kubeconfig else f"kubeconfig {paths}"
+        if not found and not kubeconfig:
+            where = f"no kubeconfig ({paths} does not exist) and not in a pod"
+        raise UserError(f"no usable Kubernetes configuration ({where}): {err}") from None
+    # One try per request, as kubectl: urllib3 would retry a refused connection three times.
+    configuration.retries = 0
+    return client.ApiClient(configuration), namespace
