@@ -27,7 +27,7 @@ def promtool(external_tool) -> str:
 def test_promtool_accepts_the_rules(promtool):
     result = subprocess.run([promtool, "check", "rules", str(RULES)], capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "SUCCESS: 6 rules found" in result.stdout
+    assert "SUCCESS: 18 rules found" in result.stdout
 
 
 def test_each_alert_fires_on_its_case_and_not_on_the_others(promtool):
@@ -37,11 +37,25 @@ def test_each_alert_fires_on_its_case_and_not_on_the_others(promtool):
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-def test_every_alert_has_a_unit_test():
-    alerts = {r["alert"] for g in yaml.safe_load(RULES.read_text())["groups"] for r in g["rules"]}
+def rules() -> list[dict]:
+    return [r for g in yaml.safe_load(RULES.read_text())["groups"] for r in g["rules"]]
+
+
+def test_every_alert_has_a_unit_test_where_it_fires_and_one_where_it_does_not():
+    alerts = {r["alert"] for r in rules() if "alert" in r}
+    checks = [
+        t for case in yaml.safe_load(RULE_TESTS.read_text())["tests"] for t in case.get("alert_rule_test", [])
+    ]
+    assert alerts == {t["alertname"] for t in checks}
+    assert alerts == {t["alertname"] for t in checks if t["exp_alerts"]}
+    assert alerts == {t["alertname"] for t in checks if not t["exp_alerts"]}
+
+
+def test_every_recording_rule_has_a_unit_test():
+    recorded = {r["record"] for r in rules() if "record" in r}
     cases = yaml.safe_load(RULE_TESTS.read_text())["tests"]
-    tested = {t["alertname"] for case in cases for t in case["alert_rule_test"]}
-    assert alerts == tested
+    tested = {t["expr"] for case in cases for t in case.get("promql_expr_test", [])}
+    assert recorded and recorded <= tested
 
 
 def test_the_rules_use_only_metrics_gpuslice_exports(exported_metrics):
