@@ -9,11 +9,13 @@ pending pod the extender refused, a pod that asks for no GPU, and gpu-a's device
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import subprocess
 import sys
 import time
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -629,3 +631,187 @@ def test_tables_keep_every_digit_at_80_columns_with_long_names(cluster, capsys, 
     assert len(printed) == 5  # top: per node, its GPUs and its slices; pods: one table
     for table in printed:
         assert lost_digits(table, 80) == []
+
+
+# ---- a real kube-apiserver (etcd + kube-apiserver only: nothing schedules or runs the pods) -------------
+
+
+def control_plane_binaries() -> Path | None:
+    """The upstream binaries scripts/k8s-e2e builds: $GPUSLICE_K8S_BIN, else its cache folder."""
+    given = os.environ.get("GPUSLICE_K8S_BIN")
+    candidates = [Path(given)] if given else []
+    candidates += sorted(p.parent for p in Path.home().glob(".cache/gpuslice-e2e/*/bin/kube-apiserver"))
+    wanted = ("etcd", "kube-apiserver", "kubectl")
+    return next((c for c in candidates if all((c / b).is_file() for b in wanted)), None)
+
+
+BINARIES = control_plane_binaries()
+
+
+@pytest.fixture(scope="module")
+def real_api() -> Iterator[Any]:
+    """etcd and kube-apiserver with RBAC (about 5 s to start), the test cluster written into it as the
+    device plugin, the extender and kube-scheduler would write it."""
+    if BINARIES is None:
+        pytest.skip(
+            "no kube-apiserver and etcd (GPUSLICE_K8S_BIN, or ~/.cache/gpuslice-e2e from scripts/k8s-e2e)"
+        )
+    sys.path.insert(0, str(Path(__file__).parents[2] / "e2e" / "k8s"))
+    from controlplane import ControlPlane
+
+    plane = ControlPlane(BINARIES)
+    plane.start()
+    try:
+        write_cluster(plane)
+        yield plane
+    finally:
+        plane.stop()
+
+
+def write_cluster(plane: Any) -> None:
+    """The fake API's cluster, less the usage: nodes and pods applied as they are, the device plugin pod
+    marked Running, the extender's refusal posted by the extender's own Event code and kube-scheduler's
+    through events.k8s.io/v1 as kube-scheduler posts it; and a ServiceAccount that may read the pods and
+    events of namespace team and nothing else."""
+    import yaml
+
+    from gpuslice.k8s.extender.kube import KubernetesApi
+
+    api = two_node_cluster()
+    for item in api.nodes:
+        item.update(apiVersion="v1")
+    for item in api.pods:
+        item.update(apiVersion="v1")
+        item["metadata"].pop("uid"), item["metadata"].pop("creationTimestamp")
+        item.pop("status")
+    namespaces = [
+        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": n}}
+        for n in ("team", "research", "gpuslice")
+    ]
+    rbac = [
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "viewer", "namespace": "team"}},
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+            "metadata": {"name": "viewer", "namespace": "team"},
+            "rules": [{"apiGroups": [""], "resources": ["pods", "events"], "verbs": ["get", "list"]}],
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+            "metadata": {"name": "viewer", "namespace": "team"},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "viewer"},
+            "subjects": [{"kind": "ServiceAccount", "name": "viewer", "namespace": "team"}],
+        },
+    ]  # fmt: skip
+    plane.kubectl("apply", "-f", "-", stdin=yaml.safe_dump_all([*namespaces, *rbac, *api.nodes, *api.pods]))
+    running = [("gpuslice-device-plugin-x1", "gpuslice"), ("mig-job", "research")]
+    for name, namespace in [*running, ("train", "team"), ("infer-1", "team"), ("infer-2", "team")]:
+        plane.kubectl("patch", "pod", name, "-n", namespace, "--subresource=status", "--type=merge",
+                      "-p", '{"status": {"phase": "Running"}}')  # fmt: skip
+    waiting = json.loads(plane.kubectl("get", "pod", "waiting", "-n", "team", "-o", "json").stdout)
+    with warnings.catch_warnings():  # the extender's client, made here only for this: collected now
+        warnings.simplefilter("ignore", ResourceWarning)
+        extender = KubernetesApi(str(plane.kubeconfig))
+        extender.create_event(
+            "team", "waiting", waiting["metadata"]["uid"], "FailedScheduling", EXTENDER_SAYS
+        )
+        del extender
+        gc.collect()
+    scheduler_event = {
+        "apiVersion": "events.k8s.io/v1", "kind": "Event",
+        "metadata": {"name": "waiting.scheduler", "namespace": "team"},
+        "eventTime": "2020-01-01T00:00:00.000000Z",  # long before the extender's: listed after it
+        "reportingController": "gpuslice-scheduler", "reportingInstance": "gpuslice-scheduler-node-1",
+        "action": "Scheduling", "reason": "FailedScheduling", "type": "Warning", "note": SCHEDULER_SAYS,
+        "regarding": {"kind": "Pod", "namespace": "team", "name": "waiting",
+                      "uid": waiting["metadata"]["uid"], "apiVersion": "v1"},
+    }  # fmt: skip
+    plane.kubectl("apply", "-f", "-", stdin=yaml.safe_dump(scheduler_event))
+
+
+def test_against_a_real_api_server_as_admin(real_api, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("KUBECONFIG", str(real_api.kubeconfig))
+    monkeypatch.setenv("COLUMNS", "80")
+    text = said(capsys, "top", "--interval", "0")
+    assert text.startswith(
+        "gpu-a: 2 × H100-80GB GPU MEMORY MEM ALLOC MEM FREE CORE ALLOC USED BUSY "
+        "0 80 GiB 80 GiB 0 B 100 % - - 1 80 GiB 30 GiB 50 GiB 50 % - - "
+    )
+    assert "research/mig-job 0 MIG 1g.10gb - -" in text
+    # the plugin pod has no address (no kubelet runs it): the API server's proxy cannot reach it
+    assert (
+        "note: usage not shown for gpu-a: its device plugin's /metrics did not answer through the pod proxy"
+        in text
+    )
+    text = said(capsys, "pods", "-A", "--interval", "0")
+    assert (
+        "team train Running 1 GPU 0 gpu-a - -" in text
+        and "research mig-job Running MIG 1g.10gb 0 gpu-b" in text
+    )
+    text = said(capsys, "why", "waiting", "-n", "team")
+    assert text.startswith(
+        "pod team/waiting is pending; it asks for 90000 MiB of 1 GPU. "
+        "FailedScheduling from gpuslice-extender, "
+    )
+    assert " ".join(EXTENDER_SAYS.split()) in text
+    assert (
+        text.index("from gpuslice-extender") < text.index("from gpuslice-scheduler")
+        and SCHEDULER_SAYS in text
+    )
+    assert (
+        one_line_error(capsys, "why", "nope", "-n", "team") == "error: pod nope not found in namespace team"
+    )
+
+
+def test_against_a_real_api_server_with_rbac(real_api, tmp_path, monkeypatch, capsys):
+    """A ServiceAccount that may get and list pods and events in namespace team, nothing else."""
+    import yaml
+
+    token = real_api.kubectl("create", "token", "viewer", "-n", "team").stdout.strip()
+    admin = yaml.safe_load(real_api.kubeconfig.read_text())
+    admin["users"] = [{"name": "admin", "user": {"token": token}}]
+    admin["contexts"][0]["context"]["namespace"] = "team"
+    (tmp_path / "viewer").write_text(yaml.safe_dump(admin))
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "viewer"))
+    assert one_line_error(capsys, "top") == (
+        "error: no permission to list nodes: 403 Forbidden: nodes is forbidden: User "
+        '"system:serviceaccount:team:viewer" cannot list resource "nodes" in API group "" at the cluster '
+        "scope"
+    )
+    text = said(capsys, "pods", "--interval", "0")
+    assert text.startswith(
+        "POD STATUS SLICE GPU NODE USED BUSY infer-1 Running 20480 MiB, 30 % of 1 GPU 1 gpu-a - -"
+    )
+    assert "note: slices from the pods' decisions only (no permission to list nodes: 403" in text
+    assert "note: usage not shown: no permission to list pods in every namespace: 403" in text
+    assert "FailedScheduling from gpuslice-extender" in said(capsys, "why", "waiting")
+    assert one_line_error(capsys, "pods", "-A").startswith(
+        "error: no permission to list pods in every namespace: 403 Forbidden: pods is forbidden"
+    )
+    assert one_line_error(capsys, "why", "mig-job", "-n", "research").startswith(
+        "error: no permission to get pod mig-job in namespace research: 403 Forbidden"
+    )
+
+
+def test_why_orders_both_event_apis_by_when_each_was_last_seen():
+    """core/v1 Events (the extender's: lastTimestamp, count) and events.k8s.io/v1 ones (kube-scheduler's:
+    eventTime, series), as the core API lists both; an Event's creationTimestamp is when it was written."""
+    from gpuslice.k8s.pending_reason import pod_story
+
+    waiting = two_node_cluster().pods[4]
+    core = refusal_event("waiting", "core", "2026-12-05T05:10:00Z", "gpuslice-extender")
+    repeated = {
+        "metadata": {"namespace": "team", "creationTimestamp": "2026-12-05T05:00:00Z"},
+        "involvedObject": {"kind": "Pod", "name": "waiting", "uid": "uid-team-waiting"},
+        "reason": "FailedScheduling", "message": "repeated", "reportingComponent": "gpuslice-scheduler",
+        "eventTime": "2026-12-05T05:00:00.000000Z",
+        "series": {"count": 7, "lastObservedTime": "2026-12-05T05:20:00.5Z"},
+    }  # fmt: skip
+    late = {**repeated, "message": "written late", "series": None, "eventTime": "2026-12-05T04:00:00.000000Z"}
+    late["metadata"] = {"namespace": "team", "creationTimestamp": "2026-12-05T06:00:00Z"}
+    other_pod = {**core, "involvedObject": {"kind": "Pod", "name": "waiting", "uid": "an-earlier-pod"}}
+    story = pod_story(waiting, [late, core, repeated, other_pod])
+    assert [(e.message, e.source, e.count) for e in story.events] == [
+        ("repeated", "gpuslice-scheduler", 7),
+        ("core", "gpuslice-extender", 1),
+        ("written late", "gpuslice-scheduler", 1),
+    ]

@@ -26,7 +26,8 @@ import logging
 import time
 import warnings
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from enum import StrEnum
 from itertools import groupby
@@ -39,7 +40,7 @@ from rich.text import Text
 
 from gpuslice.cli import terminal
 from gpuslice.cli.options import KubeconfigOption
-from gpuslice.errors import Forbidden, GpusliceError, Unavailable, UserError
+from gpuslice.errors import Forbidden, GpusliceError, NotFound, Unavailable, UserError
 from gpuslice.k8s.annotations import ANNOTATION_NODE_INVENTORY, asks_for_gpuslice
 from gpuslice.k8s.cluster_reads import ClusterReads
 from gpuslice.k8s.kube_client import ApiError, kubectl_api_client
@@ -111,9 +112,11 @@ def _name(obj: Mapping[str, Any]) -> str:
     return str((obj.get("metadata") or {}).get("name", ""))
 
 
-def _connect(kubeconfig: Any, context: str | None) -> tuple[ClusterReads, str]:
+@contextmanager
+def _connect(kubeconfig: Any, context: str | None) -> Iterator[tuple[ClusterReads, str]]:
     api_client, namespace = kubectl_api_client(str(kubeconfig) if kubeconfig else None, context)
-    return ClusterReads(api_client), namespace
+    with ClusterReads(api_client) as reads:
+        yield reads, namespace
 
 
 # ---- top ------------------------------------------------------------------------------------------------
@@ -131,12 +134,12 @@ def top(
 
     Example: kubectl gpuslice top
     """
-    reads, _ = _connect(kubeconfig, context)
-    nodes = reads.nodes()
-    if not inventory_nodes(nodes):
-        raise UserError(NOT_INSTALLED)
-    pods = reads.pods(None)
-    usage, notes = _usage(reads, pods, {_name(n) for n in inventory_nodes(nodes)}, interval)
+    with _connect(kubeconfig, context) as (reads, _):
+        nodes = reads.nodes()
+        if not inventory_nodes(nodes):
+            raise UserError(NOT_INSTALLED)
+        pods = reads.pods(None)
+        usage, notes = _usage(reads, pods, {_name(n) for n in inventory_nodes(nodes)}, interval)
     report = cluster_report(nodes, pods, usage)
     notes = [*report.unreadable, *_conflict_note(report), *notes]
     if output is Output.json:
@@ -249,19 +252,19 @@ def pods(
 
     Example: kubectl gpuslice pods -n team-a
     """
-    reads, default_namespace = _connect(kubeconfig, context)
-    scope = None if all_namespaces else (namespace or default_namespace)
-    listed = reads.pods(scope)
-    notes: list[str] = []
-    try:
-        nodes = reads.nodes()
-    except Forbidden as err:  # a namespace's user often may not list nodes: decisions only, no ledger
-        nodes, notes = [], [f"slices from the pods' decisions only ({err})"]
-    else:
-        if not inventory_nodes(nodes):
+    with _connect(kubeconfig, context) as (reads, default_namespace):
+        scope = None if all_namespaces else (namespace or default_namespace)
+        listed = reads.pods(scope)
+        notes: list[str] = []
+        nodes: list[dict[str, Any]] | None = None
+        try:
+            nodes = reads.nodes()
+        except Forbidden as err:  # a namespace's user often may not list nodes: no ledger, decisions only
+            notes.append(f"slices from the pods' decisions only ({err})")
+        if nodes is not None and not inventory_nodes(nodes):
             raise UserError(NOT_INSTALLED)
-    bound_to = {str((p.get("spec") or {}).get("nodeName") or "") for p in listed if asks_for_gpuslice(p)}
-    usage, usage_notes = _usage(reads, None, bound_to - {""}, interval)
+        bound_to = {str((p.get("spec") or {}).get("nodeName") or "") for p in listed if asks_for_gpuslice(p)}
+        usage, usage_notes = _usage(reads, None, bound_to - {""}, interval)
     found = pod_reports(listed, nodes, usage)
     notes += usage_notes
     if output is Output.json:
@@ -330,15 +333,14 @@ def why(
 
     Example: kubectl gpuslice why train-7 -n team-a
     """
-    reads, default_namespace = _connect(kubeconfig, context)
-    scope = namespace or default_namespace
-    try:
-        found = reads.pod(scope, pod)
-    except GpusliceError as err:
-        if getattr(err, "http_status", 0) == 404:
-            raise UserError(f"pod {pod} not found in namespace {scope}") from None
-        raise
-    story = pod_story(found, reads.events(scope, pod) if _pending(found) else [])
+    with _connect(kubeconfig, context) as (reads, default_namespace):
+        scope = namespace or default_namespace
+        try:
+            found = reads.pod(scope, pod)
+        except NotFound:
+            raise NotFound(f"pod {pod} not found in namespace {scope}") from None
+        events = reads.events(scope, pod) if _pending(found) else []
+    story = pod_story(found, events)
     if output is Output.json:
         _print_json(_story_json(story))
         return

@@ -35,8 +35,15 @@ class ClusterReads:
     """Read-only calls on one ``kubernetes.client.ApiClient`` (``kube_client.kubectl_api_client``)."""
 
     def __init__(self, api_client: Any) -> None:
+        self._client = api_client
         self._core = kubernetes_client_module().CoreV1Api(api_client)
         self.server = str(api_client.configuration.host)
+
+    def __enter__(self) -> ClusterReads:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._client.close()  # its connection pool: the sockets close now, not when collected
 
     def nodes(self) -> list[dict[str, Any]]:
         return self._items("list", "nodes", self._core.list_node)

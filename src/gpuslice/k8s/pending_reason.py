@@ -124,9 +124,11 @@ def _event(event: Mapping[str, Any]) -> SchedulingEvent:
     """A core/v1 Event, written through that API (``lastTimestamp``, ``count``) or through
     events.k8s.io/v1 as kube-scheduler does (``eventTime``, ``series``, ``reportingComponent``)."""
     series = event.get("series") or {}
+    # When it was last seen, the first of these that is set: a repeated events.k8s.io Event's series, a
+    # core Event's lastTimestamp, an events.k8s.io Event's eventTime; when it was written, failing all.
     seen = [
-        _time(event.get("lastTimestamp")),
         _time(series.get("lastObservedTime")),
+        _time(event.get("lastTimestamp")),
         _time(event.get("eventTime")),
         _time((event.get("metadata") or {}).get("creationTimestamp")),
     ]
@@ -137,7 +139,7 @@ def _event(event: Mapping[str, Any]) -> SchedulingEvent:
         source=str(source),
         message=str(event.get("message") or ""),
         count=int(count) if isinstance(count, int) and not isinstance(count, bool) and count > 0 else 1,
-        last_seen=max((t for t in seen if t is not None), default=None),
+        last_seen=next((t for t in seen if t is not None), None),
     )
 
 

@@ -246,13 +246,14 @@ def _gpu_total(usage: Mapping[UsageKey, GpuUsage], gpu: int) -> GpuUsage:
 
 def pod_reports(
     pods: Sequence[Mapping[str, Any]],
-    nodes: Sequence[Mapping[str, Any]],
+    nodes: Sequence[Mapping[str, Any]] | None,
     usage: Mapping[str, Mapping[UsageKey, GpuUsage]] | None = None,
 ) -> list[PodReport]:
     """Each of ``pods`` that asks for gpuslice.io resources and has not ended, in namespace and name
-    order. ``nodes``: to hold the bound ones in the ledger (their slices; empty: their decisions only)."""
+    order. ``nodes``: to hold the bound ones in the ledger (their slices); None when they cannot be read:
+    each pod's GPUs from its decision alone, and nothing said about the ledger."""
     asking = [p for p in pods if asks_for_gpuslice(p) and _phase(p) not in ("Succeeded", "Failed")]
-    view, _ = _view(nodes, asking)
+    view, _ = _view(nodes, asking) if nodes is not None else ({"nodes": []}, 0)
     held: dict[tuple[str, str], list[tuple[int, GpuSlice]]] = {}
     for node in view["nodes"]:
         for gpu in node["gpus"]:
@@ -269,7 +270,7 @@ def pod_reports(
             problem = str(err)
         node = decision.node if decision else str((pod.get("spec") or {}).get("nodeName") or "")
         slices = held.get((namespace, name), [])
-        if node and not problem and not slices:
+        if node and not problem and not slices and nodes is not None:
             problem = _not_held(decision)
         node_usage = None if usage is None or not node else usage.get(node)
         out.append(
