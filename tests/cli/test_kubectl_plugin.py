@@ -112,28 +112,29 @@ SCHEDULER_SAYS = (
 
 
 def metrics_page(busy: dict[tuple[str, int], float]) -> str:
-    """gpu-a's device plugin: per pod and GPU, memory used and busy seconds (growing between reads)."""
+    """gpu-a's device plugin as observe.node_slices writes it: per slice and GPU, memory used and busy
+    seconds (growing between reads); ``infer-1`` has two asking containers, and a DRA claim's series
+    (no pod) is there too."""
     lines = [
-        "# HELP gpuslice_pod_gpu_memory_used_bytes GPU memory the pod's processes hold.",
-        "# TYPE gpuslice_pod_gpu_memory_used_bytes gauge",
+        "# HELP gpuslice_pod_memory_used_bytes GPU memory the slice holds through the shim",
+        "# TYPE gpuslice_pod_memory_used_bytes gauge",
     ]
-    used = {("train", 0): 60 * GiB, ("infer-1", 1): 18 * GiB, ("infer-2", 1): 2 * GiB}
-    for (name, gpu), value in used.items():
-        lines.append(
-            f'gpuslice_pod_gpu_memory_used_bytes{{namespace="team",pod="{name}",gpu="{gpu}"}} {value}'
-        )
+    labels = 'namespace="team",pod="{}",container="{}",claim="",gpu="{}"'
+    used = {("train", "", 0): 60 * GiB, ("infer-1", "a", 1): 10 * GiB, ("infer-1", "b", 1): 8 * GiB,
+            ("infer-2", "", 1): 2 * GiB}  # fmt: skip
+    for (name, container, gpu), value in used.items():
+        lines.append(f"gpuslice_pod_memory_used_bytes{{{labels.format(name, container, gpu)}}} {value}")
+    lines.append('gpuslice_pod_memory_used_bytes{namespace="team",pod="",container="",claim="c1",gpu="1"} 99')
     lines += [
-        "# HELP gpuslice_pod_compute_busy_seconds_total Seconds the pod kept the GPU busy.",
-        "# TYPE gpuslice_pod_compute_busy_seconds_total counter",
+        "# HELP gpuslice_pod_compute_busy_seconds kernel time the shim measured",
+        "# TYPE gpuslice_pod_compute_busy_seconds counter",
     ]
     for (name, gpu), value in busy.items():
-        lines.append(
-            f'gpuslice_pod_compute_busy_seconds_total{{namespace="team",pod="{name}",gpu="{gpu}"}} {value}'
-        )
+        lines.append(f"gpuslice_pod_compute_busy_seconds_total{{{labels.format(name, '', gpu)}}} {value}")
     lines += [
-        "# HELP gpuslice_gpu_healthy x",
-        "# TYPE gpuslice_gpu_healthy gauge",
-        'gpuslice_gpu_healthy{gpu="0"} 1',
+        "# HELP gpuslice_gpu_slices x",
+        "# TYPE gpuslice_gpu_slices gauge",
+        'gpuslice_gpu_slices{gpu="0"} 1',
     ]
     return "\n".join(lines) + "\n"
 

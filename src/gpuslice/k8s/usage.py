@@ -1,13 +1,16 @@
 """What the pods on a node use of their GPUs, from its device plugin's Prometheus metrics.
 
 ```text
-gpuslice_pod_gpu_memory_used_bytes{namespace,pod,gpu}       gauge: memory the pod's processes hold
-gpuslice_pod_compute_busy_seconds_total{namespace,pod,gpu}  counter: seconds the pod kept the GPU busy
+gpuslice_pod_memory_used_bytes{namespace,pod,container,claim,gpu}        gauge: memory the slice holds
+gpuslice_pod_compute_busy_seconds_total{namespace,pod,container,claim,gpu} counter: its kernel time
 ```
 
-Busy is a counter, so a percentage needs two reads: ``usage_between(first, second, seconds)`` gives
-the busy share of the time between them (100 % = one GPU busy the whole time). A pod with only one read
-(it started in between) has its memory and no busy figure.
+(``observe.node_slices`` writes them, from each slice's shim region: a node without shim sharing has
+none.) A pod where several containers ask has a series per container: they are summed per pod and GPU;
+a DRA claim's series (no pod) are left out. Busy is a counter, so a percentage needs two reads:
+``usage_between(first, second, seconds)`` gives the busy share of the time between them (100 % = one
+GPU busy the whole time). A pod with only one read (it started in between) has its memory and no busy
+figure.
 """
 
 from __future__ import annotations
@@ -27,8 +30,8 @@ __all__ = [
     "usage_between",
 ]
 
-MEMORY_USED_BYTES = "gpuslice_pod_gpu_memory_used_bytes"
-BUSY_SECONDS = "gpuslice_pod_compute_busy_seconds_total"
+MEMORY_USED_BYTES = "gpuslice_pod_memory_used_bytes"
+BUSY_SECONDS = "gpuslice_pod_compute_busy_seconds_total"  # the sample; its family is named without _total
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -65,8 +68,9 @@ class GpuUsage:
 
 
 def parse_usage(text: str) -> dict[UsageKey, PodGpuSample] | None:
-    """The per-pod series of a metrics page; other series are skipped, and so is a sample whose labels
-    are not a namespace, a pod and a GPU index, or whose value is not a finite non-negative number.
+    """The per-pod series of a metrics page, summed over a pod's containers; other series are skipped,
+    and so is a sample whose labels are not a namespace, a pod (a claim's has none) and a GPU index, or
+    whose value is not a finite non-negative number.
     None when the page declares neither series (a device plugin that does not export them: its pods'
     use is unknown, not zero). ValueError when the page is not Prometheus text at all."""
     memory: dict[UsageKey, int] = {}
@@ -87,9 +91,9 @@ def parse_usage(text: str) -> dict[UsageKey, PodGpuSample] | None:
                 continue
             key = UsageKey(labels["namespace"], labels["pod"], int(gpu))
             if sample.name == MEMORY_USED_BYTES:
-                memory[key] = int(value)
+                memory[key] = memory.get(key, 0) + int(value)  # one series per asking container
             else:
-                busy[key] = value
+                busy[key] = busy.get(key, 0.0) + value
     if not declared:
         return None
     return {k: PodGpuSample(memory.get(k), busy.get(k)) for k in sorted({*memory, *busy})}
