@@ -337,12 +337,13 @@ def _figures(unallocated: int, fragmented: float) -> ClusterFigures:
 
 def test_history_keeps_one_sample_per_interval_for_its_maximum_age():
     history = FragmentationHistory(interval_s=30, max_age_s=90)
-    for t, unallocated in ((0, 1000), (10, 900), (30, 800), (61, 700), (95, 600), (130, 500)):
+    for t, unallocated in ((0, 1000), (10, 900), (30, 800), (61, 700), (91, 600), (130, 500)):
         history.observe(_figures(unallocated, 250.0), t)
-    # 10 came within 30 s of 0: not kept; 0 and 30 are older than 90 s at 130
+    # 10 came within 30 s of 0: not kept (30 s after, 30 and 91 are); 0 and 30 are older than 90 s at 130
+    assert [s["t"] for s in history.samples(now=160)] == [91, 130]  # as of a later time
     assert history.samples() == [
         {"t": 61, "unallocated_percent": 70.0, "fragmentation_percent": 25.0},
-        {"t": 95, "unallocated_percent": 60.0, "fragmentation_percent": 25.0},
+        {"t": 91, "unallocated_percent": 60.0, "fragmentation_percent": 25.0},
         {"t": 130, "unallocated_percent": 50.0, "fragmentation_percent": 25.0},
     ]
 

@@ -5,6 +5,7 @@ own --metrics-port; a scrape costs a fixed number of series per node."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import warnings
 from collections.abc import Mapping
@@ -26,6 +27,7 @@ from gpuslice.k8s.annotations import ANNOTATION_NODE_INVENTORY, InventoryGpu, No
 from gpuslice.k8s.decision import Decision
 from gpuslice.k8s.extender import ClusterState, WatchEvent, create_app
 from gpuslice.observe.cluster_metrics import PENDING_REASONS, ClusterCollector, ClusterFigures, tally_gpus
+from gpuslice.observe.k8s_metrics import ExtenderMetrics
 
 GIB = 1 << 30
 MIB = 1 << 20
@@ -205,6 +207,26 @@ def test_series_grow_by_six_per_node_and_never_per_pod():
     assert at(s, "gpuslice_cluster_pending_pods", reason="insufficient_gpu") == 30
 
 
+def test_the_exposition_is_built_off_the_event_loop(monkeypatch):
+    """1,000 nodes' series take tens of milliseconds to write out: on the event loop that would hold up
+    kube-scheduler's /filter calls (benchmarks/cluster_metrics.py)."""
+    on_loop: list[bool] = []
+    real = ExtenderMetrics.exposition
+
+    def exposition(self: ExtenderMetrics) -> bytes:
+        try:
+            asyncio.get_running_loop()
+            on_loop.append(True)
+        except RuntimeError:
+            on_loop.append(False)
+        return real(self)
+
+    monkeypatch.setattr(ExtenderMetrics, "exposition", exposition)
+    with TestClient(create_app(cluster())) as client:
+        assert b"gpuslice_cluster_node_gpus" in client.get("/metrics").content
+    assert on_loop == [False]
+
+
 def test_a_home_that_cannot_read_its_ledger_shows_none_of_the_families():
     registry = CollectorRegistry()
     registry.register(ClusterCollector(lambda: None))
@@ -346,9 +368,20 @@ def test_the_dra_allocator_exports_its_pools_pending_pods_and_preemptions():
 
 
 def test_a_dra_pod_that_is_placed_later_or_loses_its_gate_is_pending_no_more():
+    from gpuslice.k8s.dra.classes import CLASS_SHARED
+
     api, allocator = _allocated_pools()
-    assert set(allocator.pending) == {"p-huge"}
-    api.pods = [p for p in api.pods if p["metadata"]["name"] != "huge"]  # deleted
+    api.add("also-huge", CLASS_SHARED, {"memory": "4Ti", "cores": "10"})
+    allocator.run_once()
+    assert set(allocator.pending) == {"p-huge", "p-also-huge"}
+    since = allocator.pending["p-huge"][1]
+    # its claim asks for less now: placed and ungated in this pass
+    huge = next(c for c in api.claims if c["metadata"]["name"] == "huge")
+    huge["spec"]["devices"]["requests"][0]["exactly"]["capacity"]["requests"]["memory"] = "1Gi"
+    allocator.run_once()
+    assert set(allocator.pending) == {"p-also-huge"} and api.claims[2].get("status")
+    assert allocator.pending["p-also-huge"][1] >= since  # refused again: its first refusal's time kept
+    api.pods = [p for p in api.pods if p["metadata"]["name"] != "also-huge"]  # deleted
     allocator.run_once()
     assert allocator.pending == {}
 

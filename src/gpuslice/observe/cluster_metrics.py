@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
+from prometheus_client.samples import Sample
 
 from gpuslice.ledger.fragmentation import FragmentationMeasure
 from gpuslice.ledger.ledger import Ledger
@@ -250,8 +251,8 @@ class ClusterCollector(Collector):
 
 def _per_node(name: str, doc: str, f: ClusterFigures, values: np.ndarray) -> GaugeMetricFamily:
     family = GaugeMetricFamily(name, doc, labels=["node"])
-    for node, value in zip(f.nodes, values.tolist(), strict=True):
-        family.add_metric([node], value)
+    # the samples as add_metric makes them, without its per-call zip: 1,000 nodes make 6,000
+    family.samples = [Sample(name, {"node": n}, v) for n, v in zip(f.nodes, values.tolist(), strict=True)]
     return family
 
 

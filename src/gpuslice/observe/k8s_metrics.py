@@ -27,6 +27,7 @@ from typing import Any
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
+from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import Response
 
@@ -137,7 +138,9 @@ def instrument_extender(app: Any, metrics: ExtenderMetrics | None = None) -> Ext
     metrics = metrics or ExtenderMetrics()
 
     async def endpoint(_: Request) -> Response:
-        return Response(metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
+        # A worker thread: with the cluster's series (observe/cluster_metrics.py) the exposition of 1,000
+        # nodes takes tens of milliseconds, which on the event loop would hold up kube-scheduler's calls.
+        return Response(await run_in_threadpool(metrics.exposition), media_type=CONTENT_TYPE_LATEST)
 
     app.add_route("/metrics", endpoint, methods=["GET"])
     app.add_middleware(ExtenderMetricsMiddleware, metrics=metrics)
