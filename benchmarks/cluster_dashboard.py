@@ -1,6 +1,7 @@
 """The extender's cluster dashboard at 1,000 nodes of 8 GPUs with 10 pods a node: how long headless
 Chromium takes from navigation start to the GPU map drawn, how big view.json is and how long the
-extender takes to build it. Writes benchmarks/out/cluster_dashboard.md.
+extender takes to build it, and what a page open beside kube-scheduler's calls costs them. Writes
+benchmarks/out/cluster_dashboard.md.
 
 The cluster is benchmarks/extender.py's (``cluster``, four GPU models, split count 10), filled by binding
 pods of its first five shapes (shares and whole GPUs) through ``ClusterState.bind``, as that benchmark's
@@ -33,6 +34,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import uvicorn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -42,9 +44,12 @@ from gpuslice.k8s.extender import ClusterState, create_app
 from gpuslice.k8s.extender.dashboard import GZIP_LEVEL, VIEW_MAX_AGE_S
 from gpuslice.k8s.extender.snapshot import cluster_view
 
+BLOCK_ROUNDS = 50  # filter rounds with the page closed, then as many with it open, and so on
 
-def filled(n_nodes: int, pods_per_node: int, seed: int) -> tuple[ClusterState, int]:
-    """The cluster and how many pods were bound (a bind with no room left is refused and not counted)."""
+
+def filled(n_nodes: int, pods_per_node: int, seed: int) -> tuple[ClusterState, int, list[str]]:
+    """The cluster, how many pods were bound (a bind with no room left is refused and not counted), and
+    its node names."""
     rng = random.Random(seed)
     state, names, _ = cluster(n_nodes, "bestfit", rng)
     bound = 0
@@ -54,7 +59,7 @@ def filled(n_nodes: int, pods_per_node: int, seed: int) -> tuple[ClusterState, i
         state.api.pods[p["metadata"]["name"]] = p
         node = names[i % n_nodes]
         bound += not state.bind("bench", p["metadata"]["name"], p["metadata"]["uid"], node)
-    return state, bound
+    return state, bound, names
 
 
 def server_build(state: ClusterState, builds: int) -> dict[str, Any]:
@@ -109,6 +114,47 @@ def browser_loads(url: str, loads: int) -> list[float]:
     return times[1:]
 
 
+def filter_latency(port: int, names: list[str], rounds: int, seed: int) -> dict[bool, list[float]]:
+    """Milliseconds of one pod's POST /filter + /prioritize over HTTP (as benchmarks/extender.py's
+    rounds, without its binds), by whether a dashboard page was asking for view.json every second (each
+    ask a fresh build: the most the extender does for any number of pages). The rounds run in blocks of
+    ``BLOCK_ROUNDS``, the page open in every other one, so both see the same drift of a shared machine."""
+    import httpx
+
+    rng = random.Random(seed)
+    page_open, stop = threading.Event(), threading.Event()
+
+    def page() -> None:
+        with httpx.Client(base_url=f"http://localhost:{port}", timeout=30) as http:
+            while not stop.is_set():
+                if page_open.is_set():
+                    http.get("/cluster/view.json")
+                stop.wait(VIEW_MAX_AGE_S)
+
+    poller = threading.Thread(target=page, daemon=True)
+    poller.start()
+    took: dict[bool, list[float]] = {False: [], True: []}
+    try:
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30) as http:
+            for i in range(-20, 2 * rounds):  # the first 20 warm the verdict caches and are not counted
+                opened = i >= 0 and (i // BLOCK_ROUNDS) % 2 == 1
+                if opened:
+                    page_open.set()
+                else:
+                    page_open.clear()
+                resources, annotations = rng.choice(SHAPES)
+                p = pod(i, resources, annotations, "bestfit")
+                start = time.perf_counter()
+                passed = http.post("/filter", json={"Pod": p, "Nodes": None, "NodeNames": names}).json()
+                http.post("/prioritize", json={"Pod": p, "Nodes": None, "NodeNames": passed["NodeNames"]})
+                if i >= 0:
+                    took[opened].append((time.perf_counter() - start) * 1e3)
+    finally:
+        stop.set()
+        poller.join()
+    return took
+
+
 def serve(app: Any) -> tuple[uvicorn.Server, int]:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
@@ -126,24 +172,34 @@ def main() -> None:
     parser.add_argument("--pods-per-node", type=int, default=10)
     parser.add_argument("--loads", type=int, default=7, help="timed page loads (after one warm-up)")
     parser.add_argument("--builds", type=int, default=9, help="timed view builds")
+    parser.add_argument(
+        "--rounds", type=int, default=300, help="timed /filter + /prioritize rounds, each way"
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "out" / "cluster_dashboard.md")
     args = parser.parse_args()
 
     started = time.perf_counter()
-    state, bound = filled(args.nodes, args.pods_per_node, args.seed)
+    state, bound, names = filled(args.nodes, args.pods_per_node, args.seed)
     print(f"cluster filled: {bound:,} pods bound in {time.perf_counter() - started:.0f} s", flush=True)
     build = server_build(state, args.builds)
     print(build, flush=True)
     server, port = serve(create_app(state))
     try:
         loads = browser_loads(f"http://localhost:{port}/cluster/", args.loads)
+        took = filter_latency(port, names, args.rounds, args.seed)
     finally:
         server.should_exit = True
+    pct = {
+        (key, q): float(np.percentile(values, q))
+        for key, values in (("alone", took[False]), ("beside", took[True]))
+        for q in (50, 90, 99)
+    }
     load = os.getloadavg()
     command = (
         f"`.venv/bin/python benchmarks/cluster_dashboard.py --nodes {args.nodes} "
-        f"--pods-per-node {args.pods_per_node} --loads {args.loads} --builds {args.builds}`"
+        f"--pods-per-node {args.pods_per_node} --loads {args.loads} --builds {args.builds} "
+        f"--rounds {args.rounds}`"
     )
     rows = [
         f"| {args.nodes:,} | {args.nodes * 8:,} | {bound:,} | {build['bytes'] / 1e6:.2f} MB "
@@ -165,12 +221,22 @@ def main() -> None:
         "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
         *rows,
         "",
+        "| dashboard | /filter + /prioritize p50 ms | p90 ms | p99 ms |",
+        "|---|---:|---:|---:|",
+        f"| none open | {pct['alone', 50]:.1f} | {pct['alone', 90]:.1f} | {pct['alone', 99]:.1f} |",
+        f"| a view.json build every {VIEW_MAX_AGE_S:g} s "
+        f"| {pct['beside', 50]:.1f} | {pct['beside', 90]:.1f} | {pct['beside', 99]:.1f} |",
+        "",
         f"Server: medians of {args.builds} builds, called directly (no HTTP); gzip at level {GZIP_LEVEL}, "
         "as the extender sends it to a browser. "
         f"Load: navigation start -> the map drawn in headless Chromium, median of {len(loads)} loads "
         f"(each {VIEW_MAX_AGE_S:g} s after the last, so each waits for a fresh view): "
         + ", ".join(f"{t:.0f}" for t in loads)
-        + " ms.",
+        + " ms. "
+        f"Scheduling beside it: {args.rounds} pods each way, POST /filter (all {args.nodes:,} node names) + "
+        "POST /prioritize over HTTP to the same uvicorn (benchmarks/extender.py's shapes, no binds, 20 "
+        f"warm-up rounds), in blocks of {BLOCK_ROUNDS} alternately without and with a page asking for "
+        "view.json every second.",
     ]
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text("\n".join(text) + "\n")
