@@ -48,6 +48,7 @@ preemption.py  Preemption: the preempt verb's what-if, and evictions the extende
 bind_lock.py   PodBinds: one bind per pod; BindLocks: the node lock taken at bind (waiting a little)
 state.py       ClusterState: filter, prioritize, bind, preempt; GPUs chosen by Placer.pick_gpus
 app.py         create_app: the HTTP verbs over a ClusterState
+dashboard/     the read-only cluster page under /cluster/ and its view.json (snapshot.cluster_view)
 ```
 
 GPUs inside a node are never chosen here: ``Placer.pick_gpus`` (the policy's advice checked by the ledger,

@@ -15,8 +15,8 @@ names the loopback (localhost, 127.0.0.1, ::1): a page on evil.example that a DN
 
 The page asks for view.json once per refresh, whatever the cluster's size, and draws only the nodes
 scrolled into view. The JSON is built at most once per ``VIEW_MAX_AGE_S`` however many pages are open,
-in a worker thread, so the dashboards of a whole team cost kube-scheduler's calls little; gzipped for a
-page that accepts it (every browser does).
+on one worker thread of its own, so the dashboards of a whole team cost kube-scheduler's calls little;
+gzipped for a page that accepts it (every browser does).
 Every name on the page comes from the cluster, so the script only ever sets text, never HTML, under the
 same Content-Security-Policy as serve's dashboard (no inline scripts or styles, nothing from elsewhere).
 """
