@@ -30,6 +30,7 @@ from gpuslice.k8s.dra.slices import DRIVER
 pytestmark = [pytest.mark.k8s_e2e, pytest.mark.timeout(1800)]
 
 HOLDING = 6  # pods holding claims before the roll
+ARRIVING = 30  # at most, one every 2 s while it rolls: with the held ones, 36 of the node's 40 shares
 MEMORY, CORES = "1Gi", "10"  # a small share: the node's four GPUs take 40 of them
 
 
@@ -72,10 +73,10 @@ def test_an_upgrade_rolls_the_dra_driver_and_no_claim_fails_to_prepare(
     )
 
     rolling = threading.Event()
-    arrived: list[str] = []  # claims made while the chart rolls, one every 1.5 s
+    arrived: list[str] = []  # claims made while the chart rolls
 
     def arrive() -> None:
-        while not rolling.wait(1.5):
+        while not rolling.wait(2.0) and len(arrived) < ARRIVING:
             name = f"r{len(arrived)}"
             create_claim_pod(installed, user_namespace, name, MEMORY, CORES)
             arrived.append(name)
