@@ -296,7 +296,7 @@ def test_a_node_removed_is_gone_from_the_view_and_its_pods_with_it():
 
 def test_views_taken_while_pods_bind_always_agree_with_the_ledger():
     """The view copies the ledger under the cache's lock: whatever binds run beside it, its slices sum to
-    each GPU's allocation and never exceed a GPU."""
+    each GPU's allocation, and its fragmentation is FGD's measure of those same GPUs."""
     api = FakeApi()
     state = make_state(api, {f"n{i}": inventory(gpus=8) for i in range(4)})
     stop = threading.Event()
@@ -320,6 +320,11 @@ def test_views_taken_while_pods_bind_always_agree_with_the_ledger():
                 held = sum(s["milli"] for s in gpu["slices"])
                 if held + gpu["milli_free"] != 1000:
                     errors.append(f"{node['name']}/{gpu['index']}: {held} + {gpu['milli_free']}")
+            # no pod was bound when the ledger was built: the target is one whole GPU
+            free = np.array([g["milli_free"] for g in node["gpus"]])
+            fragmented = 100 * free[free < 1000].sum() / 8000
+            if node["fragmentation_percent"] != pytest.approx(fragmented):
+                errors.append(f"{node['name']}: {node['fragmentation_percent']} % fragmented, {free}")
     worker.join()
     assert not errors
     assert cluster_view(state)["totals"]["allocated_milli"] == 200 * 100
