@@ -112,16 +112,27 @@ SCHEDULER_SAYS = (
 
 
 def metrics_page(busy: dict[tuple[str, int], float]) -> str:
-    """gpu-a's device plugin as observe.node_slices writes it: per slice and GPU, memory used and busy
-    seconds (growing between reads); ``infer-1`` has two asking containers, and a DRA claim's series
-    (no pod) is there too."""
+    """gpu-a's device plugin as observe.node_slices writes it: per slice and GPU the memory limit it was
+    given, and from its shim region memory used and busy seconds (growing between reads). ``infer-1``
+    has two asking containers; ``infer-2`` runs without the shim (a limit, no usage series); a DRA
+    claim's series (no pod) is there too."""
+    labels = 'namespace="team",pod="{}",container="{}",claim="",gpu="{}"'
     lines = [
+        "# HELP gpuslice_pod_memory_limit_bytes GPU memory the slice was given on the GPU",
+        "# TYPE gpuslice_pod_memory_limit_bytes gauge",
+    ]
+    for name, container, gpu in (
+        ("train", "", 0),
+        ("infer-1", "a", 1),
+        ("infer-1", "b", 1),
+        ("infer-2", "", 1),
+    ):
+        lines.append(f"gpuslice_pod_memory_limit_bytes{{{labels.format(name, container, gpu)}}} {10 * GiB}")
+    lines += [
         "# HELP gpuslice_pod_memory_used_bytes GPU memory the slice holds through the shim",
         "# TYPE gpuslice_pod_memory_used_bytes gauge",
     ]
-    labels = 'namespace="team",pod="{}",container="{}",claim="",gpu="{}"'
-    used = {("train", "", 0): 60 * GiB, ("infer-1", "a", 1): 10 * GiB, ("infer-1", "b", 1): 8 * GiB,
-            ("infer-2", "", 1): 2 * GiB}  # fmt: skip
+    used = {("train", "", 0): 60 * GiB, ("infer-1", "a", 1): 10 * GiB, ("infer-1", "b", 1): 8 * GiB}
     for (name, container, gpu), value in used.items():
         lines.append(f"gpuslice_pod_memory_used_bytes{{{labels.format(name, container, gpu)}}} {value}")
     lines.append('gpuslice_pod_memory_used_bytes{namespace="team",pod="",container="",claim="c1",gpu="1"} 99')
@@ -130,7 +141,7 @@ def metrics_page(busy: dict[tuple[str, int], float]) -> str:
         "# TYPE gpuslice_pod_compute_busy_seconds counter",
     ]
     for (name, gpu), value in busy.items():
-        lines.append(f"gpuslice_pod_compute_busy_seconds_total{{{labels.format(name, '', gpu)}}} {value}")
+        lines.append(f"gpuslice_pod_compute_busy_seconds_total{{{labels.format(name, 'a', gpu)}}} {value}")
     lines += [
         "# HELP gpuslice_gpu_slices x",
         "# TYPE gpuslice_gpu_slices gauge",
@@ -141,7 +152,7 @@ def metrics_page(busy: dict[tuple[str, int], float]) -> str:
 
 class BusyCounter:
     """gpu-a's metrics as a live plugin serves them: ``train`` keeps GPU 0 busy all the time, ``infer-1``
-    a quarter of it (the counters grow with the clock), ``infer-2`` not at all."""
+    a quarter of it (the counters grow with the clock); ``infer-2`` has no shim region to measure."""
 
     def __init__(self) -> None:
         self.reads = 0
@@ -149,7 +160,7 @@ class BusyCounter:
     def __call__(self) -> str:
         self.reads += 1
         now = time.monotonic()
-        return metrics_page({("train", 0): 1.0 * now, ("infer-1", 1): 0.25 * now, ("infer-2", 1): 7.0})
+        return metrics_page({("train", 0): 1.0 * now, ("infer-1", 1): 0.25 * now})
 
 
 def two_node_cluster() -> FakeKubeApi:
@@ -232,51 +243,45 @@ def test_top_shows_each_gpu_with_the_slices_its_annotations_hold(cluster, capsys
     no_wider_than(out)
     # whole GPU 0: nothing else can land, all its memory is allocated; GPU 1: 20 + 10 GiB, 30 + 20 %;
     # the MIG GPU: its 1g.10gb instance, 1 of its 8 memory slices and 1 of its 7 compute slices
-    assert rows(out)[:14] == [
+    assert rows(out)[:13] == [
         ["gpu-a:", "2", "×", "H100-80GB"],
         ["GPU", "MEMORY", "MEM", "ALLOC", "MEM", "FREE", "CORE", "ALLOC", "USED", "BUSY"],
         ["0", "80", "GiB", "80", "GiB", "0", "B", "100", "%", "60", "GiB", "-"],
-        ["1", "80", "GiB", "30", "GiB", "50", "GiB", "50", "%", "20", "GiB", "-"],
+        ["1", "80", "GiB", "30", "GiB", "50", "GiB", "50", "%", "-", "-"],  # infer-2's use is unknown
         ["POD", "GPU", "SLICE", "USED", "BUSY"],
         ["team/train", "0", "whole", "60", "GiB", "-"],
-        ["team/infer-1", "1", "20480", "MiB,", "30", "%", "18", "GiB", "-"],
-        ["team/infer-2", "1", "10240", "MiB,", "20", "%", "2", "GiB", "-"],
+        ["team/infer-1", "1", "20480", "MiB,", "30", "%", "18", "GiB", "-"],  # its two containers
+        ["team/infer-2", "1", "10240", "MiB,", "20", "%", "-", "-"],
         ["gpu-b:", "1", "×", "A100-80GB"],
         ["GPU", "MEMORY", "MEM", "ALLOC", "MEM", "FREE", "CORE", "ALLOC", "USED", "BUSY"],
         ["0", "MIG", "80", "GiB", "10", "GiB", "70", "GiB", "14", "%", "-", "-"],
         ["POD", "GPU", "SLICE", "USED", "BUSY"],
         ["research/mig-job", "0", "MIG", "1g.10gb", "-", "-"],
-        [
-            "note:",
-            "usage",
-            "not",
-            "shown",
-            "for",
-            "gpu-b:",
-            "no",
-            "running",
-            "gpuslice",
-            "device",
-            "plugin",
-            "with",
-            "a",
-        ],
     ]
-    # gpu-b runs no device plugin: its usage is "-", said once, dimly, not as an error
-    assert "note: usage not shown for gpu-b: no running gpuslice device plugin" in " ".join(out.split())
+    # why a figure is "-": said once each, dimly, not as an error
+    notes = [n.strip() for n in " ".join(out.split()).split("note: ")[1:]]
+    assert notes == [
+        "usage not shown for gpu-b: no running gpuslice device plugin with a metrics port",
+        "no usage series for team/infer-2: their device plugin reads usage from the shim's regions, which a "
+        "slice without shim sharing does not have",
+    ]
 
 
-def test_top_reads_compute_busy_from_two_reads_of_the_device_plugin(cluster, capsys):
+def test_top_and_pods_read_compute_busy_from_two_reads_of_the_device_plugin(cluster, capsys):
     code, out, err = run(capsys, "top", "--interval", "0.3", "-o", "json")
     assert (code, err) == (0, "")
     gpus = {(g["node"], g["index"]): g for g in json.loads(out)["gpus"]}
-    busy = {(s["pod"], g["index"]): s for g in gpus.values() for s in g["slices"]}
-    assert busy  # the slices are there; their use is on the GPU (per pod: see pods)
     assert gpus[("gpu-a", 0)]["busyPercent"] == pytest.approx(100, abs=5)  # train: busy all the time
-    assert gpus[("gpu-a", 1)]["busyPercent"] == pytest.approx(25, abs=5)  # infer-1 a quarter, infer-2 idle
-    assert gpus[("gpu-a", 1)]["usedMemoryBytes"] == 20 * GiB
+    assert gpus[("gpu-a", 0)]["usedMemoryBytes"] == 60 * GiB
+    assert gpus[("gpu-a", 1)]["busyPercent"] is None  # infer-2 has no usage series: the sum is unknown
     assert gpus[("gpu-b", 0)]["busyPercent"] is None and gpus[("gpu-b", 0)]["usedMemoryBytes"] is None
     assert cluster.metrics[("gpuslice", "gpuslice-device-plugin-x1", 9445)].reads == 2
+    code, out, err = run(capsys, "pods", "--interval", "0.3", "-o", "json")
+    found = {p["name"]: p for p in json.loads(out)["pods"]}
+    assert found["infer-1"]["busyPercent"] == pytest.approx(25, abs=5)  # a quarter of the time
+    assert found["infer-1"]["usedMemoryBytes"] == 18 * GiB
+    assert found["infer-2"]["busyPercent"] is None and found["infer-2"]["usedMemoryBytes"] is None
+    assert found["waiting"]["busyPercent"] is None
 
 
 def test_top_json_has_the_documented_keys(cluster, capsys):
@@ -296,8 +301,8 @@ def test_top_json_has_the_documented_keys(cluster, capsys):
         "freeMemoryBytes": 50 * GiB,
         "allocatedComputePercent": 50.0,
         "freeComputePercent": 50.0,
-        "usedMemoryBytes": 20 * GiB,
-        "busyPercent": None,  # one read (--interval 0): memory only
+        "usedMemoryBytes": None,  # infer-2 has no usage series: the sum is unknown
+        "busyPercent": None,
         "slices": [
             {"namespace": "team", "pod": "infer-1", "kind": "share", "memoryBytes": 20 * GiB,
              "computePercent": 30.0, "migProfile": None},
@@ -322,7 +327,7 @@ def test_pods_lists_the_namespaces_gpu_pods_with_slice_gpu_node_and_use(cluster,
     assert rows(out) == [
         ["POD", "STATUS", "SLICE", "GPU", "NODE", "USED", "BUSY"],
         ["infer-1", "Running", "20480", "MiB,", "30", "%", "of", "1", "GPU", "1", "gpu-a", "18", "GiB", "-"],
-        ["infer-2", "Running", "10240", "MiB,", "20", "%", "of", "1", "GPU", "1", "gpu-a", "2", "GiB", "-"],
+        ["infer-2", "Running", "10240", "MiB,", "20", "%", "of", "1", "GPU", "1", "gpu-a", "-", "-"],
         ["train", "Running", "1", "GPU", "0", "gpu-a", "60", "GiB", "-"],
         ["waiting", "Pending", "90000", "MiB", "of", "1", "GPU", "-", "-", "-", "-"],
     ]  # web asks for no GPU; mig-job is in namespace research

@@ -23,7 +23,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from gpuslice.errors import InvalidRequest
+from gpuslice.errors import InvalidRequest, UserError
 from gpuslice.k8s.annotations import (
     ANNOTATION_NODE,
     ANNOTATION_NODE_INVENTORY,
@@ -48,6 +48,7 @@ __all__ = [
     "cluster_report",
     "inventory_nodes",
     "pod_reports",
+    "require_installed",
 ]
 
 
@@ -132,6 +133,18 @@ def inventory_nodes(nodes: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any
     ]
 
 
+def require_installed(nodes: Sequence[Mapping[str, Any]]) -> None:
+    """UserError unless gpuslice is installed, judged by its one visible mark: a node carrying the
+    inventory annotation its device plugin publishes on each GPU node. gpuslice has no CRD, and the chart
+    may be installed in any namespace, so a namespace says nothing."""
+    if not inventory_nodes(nodes):
+        raise UserError(
+            f"gpuslice is not installed in this cluster: no node carries the {ANNOTATION_NODE_INVENTORY} "
+            "annotation (gpuslice's device plugin publishes it on each GPU node it runs on); install "
+            "gpuslice and label the GPU nodes gpuslice.io/gpu-node=true (docs/kubernetes.md)"
+        )
+
+
 def _view(
     nodes: Sequence[Mapping[str, Any]], pods: Sequence[Mapping[str, Any]]
 ) -> tuple[dict[str, Any], int]:
@@ -174,6 +187,7 @@ def cluster_report(
         node_usage = None if usage is None else usage.get(name)
         for gpu in node["gpus"]:
             memory = gpu["memory_mib"] * MiB
+            slices = tuple(_gpu_slices(gpu))
             gpus.append(
                 GpuReport(
                     node=name,
@@ -185,8 +199,8 @@ def cluster_report(
                     # free is 0 where no pod may land (an unhealthy GPU): all of it counts as taken
                     allocated_memory_bytes=memory - gpu["memory_free_mib"] * MiB,
                     allocated_compute_percent=100 * (MILLI_PER_GPU - gpu["milli_free"]) / MILLI_PER_GPU,
-                    slices=tuple(_gpu_slices(gpu)),
-                    usage=None if node_usage is None else _gpu_total(node_usage, gpu["index"]),
+                    slices=slices,
+                    usage=None if node_usage is None else _gpu_total(node_usage, gpu["index"], slices),
                 )
             )
     unreadable = [
@@ -239,9 +253,10 @@ def _unreadable_pods(pods: Sequence[Mapping[str, Any]]) -> list[tuple[str, str, 
     return out
 
 
-def _gpu_total(usage: Mapping[UsageKey, GpuUsage], gpu: int) -> GpuUsage:
-    """Every pod's usage on ``gpu`` summed (a GPU no pod uses reads as zero: its plugin answered)."""
-    return GpuUsage.total([u for key, u in usage.items() if key.gpu == gpu])
+def _gpu_total(usage: Mapping[UsageKey, GpuUsage], gpu: int, slices: Sequence[GpuSlice]) -> GpuUsage | None:
+    """What the GPU's slices use, summed: None when one of them has no usage series (its node's plugin
+    reads usage from the shim's regions, which sharing without the shim does not have)."""
+    return GpuUsage.total(usage.get(UsageKey(s.namespace, s.pod, gpu)) for s in slices)
 
 
 def pod_reports(
@@ -272,7 +287,11 @@ def pod_reports(
         slices = held.get((namespace, name), [])
         if node and not problem and not slices and nodes is not None:
             problem = _not_held(decision)
+        gpus = tuple(sorted({g for g, _ in slices})) or _decided_gpus(decision)
         node_usage = None if usage is None or not node else usage.get(node)
+        used = None
+        if node_usage is not None and gpus:
+            used = GpuUsage.total(node_usage.get(UsageKey(namespace, name, g)) for g in gpus)
         out.append(
             PodReport(
                 namespace=namespace,
@@ -280,13 +299,9 @@ def pod_reports(
                 phase=_phase(pod),
                 asks=asks,
                 node=node,
-                gpus=tuple(sorted({g for g, _ in slices})) or _decided_gpus(decision),
+                gpus=gpus,
                 slices=tuple(slices),
-                usage=None
-                if node_usage is None
-                else GpuUsage.total(
-                    [u for k, u in node_usage.items() if (k.namespace, k.pod) == (namespace, name)]
-                ),
+                usage=used,
                 problem=problem,
             )
         )

@@ -57,14 +57,18 @@ class GpuUsage:
     busy_percent: float | None
 
     @classmethod
-    def total(cls, parts: Iterable[GpuUsage]) -> GpuUsage:
-        """The sum; a figure none of ``parts`` has stays None, and no parts at all reads as zero use."""
+    def total(cls, parts: Iterable[GpuUsage | None]) -> GpuUsage | None:
+        """The sum of ``parts``; None when one of them is unknown (a slice without usage series: a sum
+        without it would read as the whole), and zero use for no parts at all."""
         parts = list(parts)
-        if not parts:
-            return cls(0, 0.0)
-        memory = [p.memory_used_bytes for p in parts if p.memory_used_bytes is not None]
-        busy = [p.busy_percent for p in parts if p.busy_percent is not None]
-        return cls(sum(memory) if memory else None, sum(busy) if busy else None)
+        if any(p is None for p in parts):
+            return None
+        known = [p for p in parts if p is not None]
+        memory = [p.memory_used_bytes for p in known if p.memory_used_bytes is not None]
+        busy = [p.busy_percent for p in known if p.busy_percent is not None]
+        return cls(
+            sum(memory) if len(memory) == len(known) else None, sum(busy) if len(busy) == len(known) else None
+        )
 
 
 def parse_usage(text: str) -> dict[UsageKey, PodGpuSample] | None:
