@@ -12,7 +12,8 @@ GET /api/v1/namespaces/NS/pods/NAME:PORT/proxy/metrics   ``metrics[(NS, NAME, PO
                                                     it is called on each read), or a 503 Status
 ```
 
-``forbidden`` holds path prefixes answered with RBAC's 403 Status; ``seen`` records every path asked.
+``forbidden`` holds path prefixes answered with RBAC's 403 Status, ``unauthorized`` answers everything
+with a 401 Status; ``seen`` records every path asked.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ class FakeKubeApi:
     events: list[dict[str, Any]] = field(default_factory=list)
     metrics: dict[tuple[str, str, int], Callable[[], str]] = field(default_factory=dict)
     forbidden: dict[str, str] = field(default_factory=dict)  # path prefix -> "verb resource" refused
+    unauthorized: bool = False  # every request answered 401, as for an expired token
     seen: list[str] = field(default_factory=list)
     port: int = 0
 
@@ -79,6 +81,8 @@ class FakeKubeApi:
         url = urlparse(raw)
         query = {k: v[0] for k, v in parse_qs(url.query).items()}
         path = unquote(url.path)  # the client writes NAME:PORT as NAME%3APORT
+        if self.unauthorized:
+            return 401, _status(401, "Unauthorized", "Unauthorized"), "application/json"
         for prefix, refused in self.forbidden.items():
             if path.startswith(prefix):
                 verb, resource = refused.split(" ", 1)

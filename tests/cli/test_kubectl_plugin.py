@@ -449,6 +449,27 @@ def test_a_verb_rbac_refuses_is_named(cluster, capsys):
     assert one_line_error(capsys, "why", "waiting").startswith("error: no permission to get pod waiting in ")
 
 
+def test_credentials_the_api_server_refuses_are_one_line(cluster, capsys):
+    cluster.unauthorized = True
+    assert one_line_error(capsys, "pods") == (
+        f"error: the API server at {cluster.url} refused the credentials (401 Unauthorized: Unauthorized): "
+        "check the kubeconfig's user"
+    )
+
+
+def test_help_explains_each_command_with_an_example_at_80_columns(capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "80")
+    code, out, _ = run(capsys, "--help")
+    assert code == 0 and all(f"  {c} " in out for c in ("top", "pods", "why"))
+    for command, example in (("top", "kubectl gpuslice top"), ("pods", "kubectl gpuslice pods -n team-a"),
+                             ("why", "kubectl gpuslice why train-7 -n team-a")):  # fmt: skip
+        code, out, _ = run(capsys, command, "--help")
+        assert code == 0 and f"Example: {example}\n" in out
+        assert "$KUBECONFIG, then ~/.kube/config, then the pod's service account" in " ".join(out.split())
+        no_wider_than(out)
+    assert run(capsys)[:2] == (0, run(capsys, "--help")[1])  # no command: the help, as kubectl's own
+
+
 def test_pods_without_permission_on_nodes_shows_the_decisions(cluster, capsys):
     """A namespace's user often may not list nodes: the pods and their decisions still show."""
     cluster.forbidden["/api/v1/nodes"] = "list nodes"
@@ -765,6 +786,22 @@ def test_against_a_real_api_server_as_admin(real_api, tmp_path, monkeypatch, cap
     )
     assert (
         one_line_error(capsys, "why", "nope", "-n", "team") == "error: pod nope not found in namespace team"
+    )
+
+
+def test_a_real_api_server_whose_certificate_is_not_trusted_is_one_line(
+    real_api, tmp_path, monkeypatch, capsys
+):
+    import yaml
+
+    config = yaml.safe_load(real_api.kubeconfig.read_text())
+    del config["clusters"][0]["cluster"]["certificate-authority"]  # the system's CAs: none signed it
+    (tmp_path / "untrusted").write_text(yaml.safe_dump(config))
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "untrusted"))
+    line = one_line_error(capsys, "top")
+    assert (
+        line.startswith(f"error: cannot reach the API server at {real_api.server}: ")
+        and "CERTIFICATE" in line
     )
 
 

@@ -28,7 +28,7 @@ from gpuslice.cli.kubectl_view import (
     usage_cells,
     usage_json,
 )
-from gpuslice.cli.options import KubeconfigOption
+from gpuslice.cli.options import KubectlKubeconfigOption
 from gpuslice.errors import Forbidden
 from gpuslice.k8s.annotations import asks_for_gpuslice
 from gpuslice.k8s.plugin_usage import read_usage
@@ -38,7 +38,7 @@ __all__ = ["pods"]
 
 
 def pods(
-    kubeconfig: KubeconfigOption = None,
+    kubeconfig: KubectlKubeconfigOption = None,
     context: ContextOption = None,
     namespace: NamespaceOption = None,
     all_namespaces: AllNamespacesOption = False,

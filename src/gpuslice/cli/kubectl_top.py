@@ -29,7 +29,7 @@ from gpuslice.cli.kubectl_view import (
     usage_cells,
     usage_json,
 )
-from gpuslice.cli.options import KubeconfigOption
+from gpuslice.cli.options import KubectlKubeconfigOption
 from gpuslice.k8s.plugin_usage import read_usage
 from gpuslice.k8s.slice_report import (
     ClusterReport,
@@ -46,7 +46,7 @@ __all__ = ["top"]
 
 
 def top(
-    kubeconfig: KubeconfigOption = None,
+    kubeconfig: KubectlKubeconfigOption = None,
     context: ContextOption = None,
     interval: IntervalOption = 1.0,
     output: OutputOption = Output.table,

@@ -21,7 +21,7 @@ from gpuslice.cli.kubectl_view import (
     print_json,
     text,
 )
-from gpuslice.cli.options import KubeconfigOption
+from gpuslice.cli.options import KubectlKubeconfigOption
 from gpuslice.errors import NotFound
 from gpuslice.k8s.pending_reason import PodStory, extender_scheduler, pod_story
 
@@ -30,7 +30,7 @@ __all__ = ["why"]
 
 def why(
     pod: Annotated[str, typer.Argument(help="the pod's name")],
-    kubeconfig: KubeconfigOption = None,
+    kubeconfig: KubectlKubeconfigOption = None,
     context: ContextOption = None,
     namespace: NamespaceOption = None,
     output: OutputOption = Output.table,

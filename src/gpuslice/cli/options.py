@@ -15,6 +15,7 @@ from gpuslice.inputs import InvalidInput, finite_float, read_text, writable_fold
 
 __all__ = [
     "KubeconfigOption",
+    "KubectlKubeconfigOption",
     "NodeNameOption",
     "SimulateOption",
     "finite_between",
@@ -89,6 +90,14 @@ KubeconfigOption = Annotated[
     Path | None,
     typer.Option(
         help="kubeconfig file; default: the pod's service account, then ~/.kube/config", callback=_kubeconfig
+    ),
+]
+# The kubectl plugin finds its configuration as kubectl does (``kube_client.kubectl_api_client``).
+KubectlKubeconfigOption = Annotated[
+    Path | None,
+    typer.Option(
+        help="kubeconfig file; default: $KUBECONFIG, then ~/.kube/config, then the pod's service account",
+        callback=_kubeconfig,
     ),
 ]
 
