@@ -102,10 +102,34 @@ def refusal_event(pod_name: str, message: str, when: str, source: str, count: in
     }
 
 
-EXTENDER_SAYS = (
-    "gpuslice: 0/2 nodes fit: 1 insufficient GPU memory, 1 no free MIG instance of that profile; closest: "
-    "gpu-a (needs 90000 MiB of GPU memory on 1 GPU, 61440 MiB free, 80 GiB capacity)"
-)
+class EventRecorder:
+    """Where the extender's refusal goes: the one call of its API it makes here (``create_event``)."""
+
+    def __init__(self) -> None:
+        self.messages: list[str] = []
+
+    def create_event(self, namespace: str, pod_name: str, pod_uid: str, reason: str, message: str) -> None:
+        self.messages.append(message)
+
+
+def extender_refuses(
+    nodes: list[dict[str, Any]], pods: list[dict[str, Any]], pod_name: str, api: Any
+) -> None:
+    """The real extender over these objects filters the pod on every node and posts its FailedScheduling
+    Event through ``api``: what ``why`` reads is the extender's own wording and amounts."""
+    from gpuslice.k8s.extender.kube import RELISTED, WatchEvent
+    from gpuslice.k8s.extender.state import ClusterState
+
+    state = ClusterState(api)
+    for kind, items in (("Node", nodes), ("Pod", pods)):
+        for item in items:
+            state.apply(WatchEvent(kind, "ADDED", item))
+        state.apply(WatchEvent(kind, RELISTED, {"items": items}))
+    pending = next(p for p in pods if p["metadata"]["name"] == pod_name)
+    assert not state.filter(pending, [n["metadata"]["name"] for n in nodes]).passed
+    state.flush_events()
+
+
 SCHEDULER_SAYS = (
     "0/3 nodes are available: 1 node(s) didn't match Pod's node affinity/selector, 2 gpuslice refused."
 )
@@ -197,12 +221,14 @@ def two_node_cluster() -> FakeKubeApi:
                 node_name="gpu-a",
             ),
         ],
-        events=[
-            refusal_event("waiting", SCHEDULER_SAYS, "2026-12-05T05:10:00Z", "gpuslice-scheduler", count=4),
-            refusal_event("waiting", EXTENDER_SAYS, "2026-12-05T05:12:00Z", "gpuslice-extender", count=2),
-            refusal_event("web", "0/3 nodes are available: something else", "2026-12-05T05:13:00Z", "x"),
-        ],
     )
+    recorder = EventRecorder()
+    extender_refuses(api.nodes, api.pods, "waiting", recorder)
+    api.events = [
+        refusal_event("waiting", SCHEDULER_SAYS, "2026-12-05T05:10:00Z", "gpuslice-scheduler", count=4),
+        refusal_event("waiting", recorder.messages[0], "2026-12-05T05:12:00Z", "gpuslice-extender", count=2),
+        refusal_event("web", "0/3 nodes are available: something else", "2026-12-05T05:13:00Z", "x"),
+    ]
     api.metrics[("gpuslice", "gpuslice-device-plugin-x1", 9445)] = BusyCounter()
     return api
 
@@ -360,7 +386,13 @@ def test_why_prints_the_refusals_newest_first_with_their_amounts(cluster, capsys
     extender = text.index("FailedScheduling from gpuslice-extender")
     scheduler = text.index("FailedScheduling from gpuslice-scheduler")
     assert extender < scheduler  # 05:12 before 05:10
-    assert " ".join(EXTENDER_SAYS.split()) in text and "2 times" in text and "4 times" in text
+    refusal = cluster.events[1]["message"]  # the extender's own, with its amounts
+    assert (
+        refusal.startswith("gpuslice: 0/3 nodes fit: ")
+        and "90000 MiB" in refusal
+        and "; closest: " in refusal
+    )
+    assert " ".join(refusal.split()) in text and "2 times" in text and "4 times" in text
     assert "something else" not in text  # another pod's event
 
 
@@ -735,13 +767,11 @@ def write_cluster(plane: Any) -> None:
         plane.kubectl("patch", "pod", name, "-n", namespace, "--subresource=status", "--type=merge",
                       "-p", '{"status": {"phase": "Running"}}')  # fmt: skip
     waiting = json.loads(plane.kubectl("get", "pod", "waiting", "-n", "team", "-o", "json").stdout)
+    nodes = json.loads(plane.kubectl("get", "nodes", "-o", "json").stdout)["items"]
+    pods = json.loads(plane.kubectl("get", "pods", "-A", "-o", "json").stdout)["items"]
     with warnings.catch_warnings():  # the extender's client, made here only for this: collected now
         warnings.simplefilter("ignore", ResourceWarning)
-        extender = KubernetesApi(str(plane.kubeconfig))
-        extender.create_event(
-            "team", "waiting", waiting["metadata"]["uid"], "FailedScheduling", EXTENDER_SAYS
-        )
-        del extender
+        extender_refuses(nodes, pods, "waiting", KubernetesApi(str(plane.kubeconfig)))
         gc.collect()
     scheduler_event = {
         "apiVersion": "events.k8s.io/v1", "kind": "Event",
@@ -779,7 +809,7 @@ def test_against_a_real_api_server_as_admin(real_api, tmp_path, monkeypatch, cap
         "pod team/waiting is pending; it asks for 90000 MiB of 1 GPU. "
         "FailedScheduling from gpuslice-extender, "
     )
-    assert " ".join(EXTENDER_SAYS.split()) in text
+    assert "gpuslice: 0/3 nodes fit: " in text and "; closest: " in text
     assert (
         text.index("from gpuslice-extender") < text.index("from gpuslice-scheduler")
         and SCHEDULER_SAYS in text
