@@ -14,6 +14,8 @@ from typing import Any
 import numpy as np
 import pytest
 from test_extender import FakeApi, _bound_pod, inventory, make_state, node_event, pod_json
+from test_extender_containers import SHARE as SHARE_40G
+from test_extender_containers import SMALL, two_container_pod
 from test_extender_decide import BIG, full_node, with_priority
 from test_extender_mig_ledger import RESOURCES as MIG_3G
 from test_extender_mig_ledger import SLOTS
@@ -198,6 +200,20 @@ def test_a_cluster_without_gpuslice_nodes_is_empty_not_a_placeholder_node():
     assert view["totals"]["unallocated_percent"] == 0.0 and view["totals"]["fragmentation_percent"] == 0.0
 
 
+def test_each_container_slice_of_a_pod_is_shown_where_it_is_held():
+    """A pod whose two app containers ask gets two slices (the kubelet allocates each container's): both
+    are the pod's, here packed on one GPU by bestfit."""
+    api = FakeApi()
+    state = make_state(api, {"n": inventory(gpus=2)})
+    pod = two_container_pod("two", SHARE_40G, SMALL)
+    api.pods[("team-a", "two")] = pod
+    assert state.filter(pod, ["n"]).passed == ["n"]
+    assert state.bind("team-a", "two", "uid-two", "n") == ""
+    gpus = cluster_view(state)["nodes"][0]["gpus"]
+    assert [g["slices"] for g in gpus] == [[_slice("two", 300, 40000), _slice("two", 100, 10000)], []]
+    assert cluster_figures(state).allocated_milli.tolist() == [400]
+
+
 # ---- pending pods ----------------------------------------------------------------------------------------
 
 
@@ -292,6 +308,34 @@ def test_a_node_removed_is_gone_from_the_view_and_its_pods_with_it():
     assert [n["name"] for n in view["nodes"]] == ["m", "u"]
     assert view["totals"]["gpus"] == 4
     assert view["totals"]["allocated_milli"] == 428 + 300  # a's pods are held nowhere now
+
+
+class _RebuiltDuringTheRead(dict):
+    """The cache's pending pods, read last under the lock by a view: the first read adds a node that
+    sorts first, so the ledger is rebuilt and every pod's placement moves to the next row."""
+
+    def __init__(self, state: ClusterState) -> None:
+        super().__init__()
+        self.state = state
+        self.fired = False
+
+    def values(self) -> Any:
+        if not self.fired:
+            self.fired = True
+            self.state.apply(node_event("0-new", inventory(gpus=2)))
+            self.state.cache.ledgered()
+        return super().values()
+
+
+def test_a_view_that_saw_the_ledger_rebuilt_while_it_read_reads_again():
+    state = known_cluster()
+    state.cache.ledgered()
+    state.cache.pending = _RebuiltDuringTheRead(state)
+    view = cluster_view(state)
+    assert [n["name"] for n in view["nodes"]] == ["0-new", "a", "m", "u"]
+    assert view["nodes"][1:] == EXPECTED_NODES
+    assert view["nodes"][0]["unallocated_percent"] == 100.0
+    assert [g["slices"] for g in view["nodes"][0]["gpus"]] == [[], []]
 
 
 def test_views_taken_while_pods_bind_always_agree_with_the_ledger():

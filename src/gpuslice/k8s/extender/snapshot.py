@@ -122,8 +122,8 @@ class _Reading:
     built: LedgerBuild
     nodes: int  # ledger rows with an inventory (a cluster without one has a placeholder row)
     free_gpu_milli: np.ndarray
-    placements: list[Placement]  # the pods', without the build's blockers
-    owners: dict[int, BoundPod]  # placement id -> its pod (read for the view only)
+    placements: list[Placement]  # every slice the pods hold (the build's own blockers are no pod's)
+    holders: list[BoundPod]  # the pod of each placement
     pending: list[PendingPod]
     target: TargetWorkload
     target_name: str
@@ -131,30 +131,38 @@ class _Reading:
     synced: bool
 
 
-def _read(state: ClusterState, owners: bool) -> _Reading:
+READ_TRIES = 3  # a read that saw the ledger rebuilt while it went through the pods is made again
+
+
+def _read(state: ClusterState) -> _Reading:
+    """Under the cache's lock only what a bind changes: the free column and the list of pods (copies,
+    under a millisecond at 10,000 pods). Each pod's placements are read after: they move only when the
+    ledger is rebuilt (then the read is made again) or when a preemption's what-if gives a victim's
+    slices back and holds them again, on the same GPUs."""
     cache = state.cache
-    with cache.lock:
-        built = cache.ledgered()
-        free_gpu = built.ledger.view.free_gpu_milli.copy()
-        live = built.ledger.live_placements
-        held: dict[int, BoundPod] = {}
-        if owners:  # under the lock, so the fastest form: 10,000 pods in about a millisecond
-            held = {b.placement.id: b for b in cache.pods.values() if b.placement is not None}
-            held.update({p.id: b for b in cache.pods.values() if b.extra for p in b.extra})
-        pending = list(cache.pending.values())
+    for _ in range(READ_TRIES):
+        with cache.lock:
+            built = cache.ledgered()
+            free_gpu = built.ledger.view.free_gpu_milli.copy()
+            pods = list(cache.pods.values())
+            pending = list(cache.pending.values())
+        held = [(b.placement, b) for b in pods if b.placement is not None]
+        held += [(p, b) for b in pods if b.extra for p in b.extra]
+        with cache.lock:
+            if cache.is_current(built):
+                break
     if cache.target is not None:
         target, name = cache.target, "operator"
     elif built.targets is not None:
         target, name = built.targets, "bound pods"
     else:
         target, name = WHOLE_GPU_TARGET, "one whole GPU"
-    blockers = {p.id for p in built.blockers}
     return _Reading(
         built=built,
         nodes=len(built.inventories),
         free_gpu_milli=free_gpu,
-        placements=[p for p in live if p.id not in blockers],
-        owners=held,
+        placements=[p for p, _ in held],
+        holders=[b for _, b in held],
         pending=pending,
         target=target,
         target_name=name,
@@ -189,7 +197,7 @@ def cluster_figures(state: ClusterState, history: FragmentationHistory | None = 
     """The metrics' figures of the extender's ledger (``observe.cluster_metrics``); a sample into
     ``history`` if given."""
     now = time.time()
-    reading = _read(state, owners=False)
+    reading = _read(state)
     figures = _figures(reading, now)[0]
     if history is not None:
         history.observe(figures, now)
@@ -203,7 +211,7 @@ def _percent(milli: float, capacity: int) -> float:
 def cluster_view(state: ClusterState, history: FragmentationHistory | None = None) -> dict[str, Any]:
     """The whole cluster as JSON types (module docstring); a sample into ``history`` if given."""
     now = time.time()
-    r = _read(state, owners=True)
+    r = _read(state)
     f, tally, usable = _figures(r, now)
     if history is not None:
         history.observe(f, now)
@@ -220,11 +228,10 @@ def cluster_view(state: ClusterState, history: FragmentationHistory | None = Non
         tally.slice_memory_bytes.tolist(),
         strict=True,
     ):
-        p = r.placements[k]
-        owner = r.owners.get(p.id)
+        p, owner = r.placements[k], r.holders[k]
         slices.setdefault((node, gpu), []).append(
             {
-                "pod": f"{owner.namespace}/{owner.name}" if owner is not None else "",
+                "pod": f"{owner.namespace}/{owner.name}",
                 "milli": milli,
                 "memory_mib": memory // MiB,
                 "mig_profile": p.mig.instance.profile.name if p.mig is not None else None,
