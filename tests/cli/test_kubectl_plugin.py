@@ -381,6 +381,10 @@ def test_why_prints_the_refusals_newest_first_with_their_amounts(cluster, capsys
     code, out, err = run(capsys, "why", "waiting")
     assert (code, err) == (0, "")
     no_wider_than(out)
+    lines = out.splitlines()
+    # each message indented under its heading, every wrapped line too, with no padding after it
+    assert [line[:2] for line in lines[2:-3]] == ["  "] * (len(lines) - 5) and len(lines) > 6
+    assert all(line == line.rstrip() for line in lines)
     text = " ".join(out.split())
     assert text.startswith("pod team/waiting is pending; it asks for 90000 MiB of 1 GPU.")
     extender = text.index("FailedScheduling from gpuslice-extender")

@@ -3,12 +3,12 @@ newest first), or where it runs and with which slice, or that it asks for no GPU
 
 from __future__ import annotations
 
+import textwrap
 import time
 from collections.abc import Mapping
 from typing import Annotated, Any
 
 import typer
-from rich.padding import Padding
 from rich.text import Text
 
 from gpuslice.cli.kubectl_view import (
@@ -59,7 +59,7 @@ def _pending(pod: Mapping[str, Any]) -> bool:
     return not (pod.get("spec") or {}).get("nodeName")
 
 
-def _story_lines(story: PodStory) -> list[Text | Padding]:
+def _story_lines(story: PodStory) -> list[Text]:
     who = f"pod {story.namespace}/{story.name}"
     if story.state == "no-gpu":
         return [text(f"{who} does not ask for a GPU: no container names a gpuslice.io resource.")]
@@ -69,7 +69,7 @@ def _story_lines(story: PodStory) -> list[Text | Padding]:
         return [text(f"{who} has ended ({story.phase}); it asked for {story.asks}.")]
     if story.state == "bound":
         held = "; ".join(story.slices) or "no gpuslice slice"
-        lines: list[Text | Padding] = [
+        lines: list[Text] = [
             text(f"{who} is not pending: bound to node {story.node} with {held} ({story.phase}).")
         ]
         return lines + ([text(story.problem, style="yellow")] if story.problem else [])
@@ -82,7 +82,10 @@ def _story_lines(story: PodStory) -> list[Text | Padding]:
         lines.append(
             text(f"{event.reason} from {event.source or 'an unnamed source'}, {seen}{times}:", "bold")
         )
-        lines.append(Padding(text(event.message), (0, 0, 0, 2)))  # its wrapped lines indented too
+        # indented, every wrapped line too, and whole words: an amount is never split
+        width = max(20, out.width - 2)
+        wrapped = textwrap.wrap(event.message, width, break_long_words=False, break_on_hyphens=False)
+        lines += [text(f"  {part}") for part in wrapped]
     if story.condition and not story.events:
         lines.append(text(f"Its PodScheduled condition: {story.condition}"))
     if not extender_scheduler(story) and not any(e.source == "gpuslice-extender" for e in story.events):
