@@ -558,6 +558,12 @@ def test_a_pod_that_does_not_exist_is_one_line(cluster, capsys):
     )
 
 
+def test_a_name_that_cannot_be_a_kubernetes_name_is_one_line_and_never_sent(cluster, capsys):
+    assert one_line_error(capsys, "why", "../nodes").startswith("error: invalid pod name '../nodes': ")
+    assert one_line_error(capsys, "pods", "-n", "Team A").startswith("error: invalid namespace 'Team A': ")
+    assert cluster.seen == []
+
+
 def test_a_mistyped_command_or_option_is_one_line(cluster, capsys):
     assert "No such command 'topp'" in one_line_error(capsys, "topp")
     assert "--output" in one_line_error(capsys, "top", "-o", "yaml")

@@ -14,6 +14,7 @@ import typer
 from rich.text import Text
 
 from gpuslice.cli import terminal
+from gpuslice.cli.options import object_name
 from gpuslice.k8s.cluster_reads import ClusterReads
 from gpuslice.k8s.kube_client import kubectl_api_client
 from gpuslice.k8s.slice_report import GpuSlice
@@ -29,6 +30,7 @@ __all__ = [
     "OutputOption",
     "connect",
     "out",
+    "pod_name",
     "print_json",
     "print_notes",
     "slice_json",
@@ -46,8 +48,23 @@ class Output(StrEnum):
 
 
 ContextOption = Annotated[str | None, typer.Option("--context", help="the kubeconfig context to use")]
+
+
+def _namespace(value: str | None) -> str | None:
+    """A namespace must be an object name: another would only come back as a 404 or a 400 with the API
+    server's words (or, with a '/', as a path to something else)."""
+    return None if value is None else object_name(value, "namespace")
+
+
+def pod_name(value: str) -> str:
+    return object_name(value, "pod name")
+
+
 NamespaceOption = Annotated[
-    str | None, typer.Option("--namespace", "-n", help="the namespace; default: the context's, else default")
+    str | None,
+    typer.Option(
+        "--namespace", "-n", callback=_namespace, help="the namespace; default: the context's, else default"
+    ),
 ]
 AllNamespacesOption = Annotated[
     bool, typer.Option("--all-namespaces", "-A", help="every namespace (the namespace is ignored)")

@@ -18,6 +18,7 @@ from gpuslice.cli.kubectl_view import (
     OutputOption,
     connect,
     out,
+    pod_name,
     print_json,
     text,
 )
@@ -29,7 +30,7 @@ __all__ = ["why"]
 
 
 def why(
-    pod: Annotated[str, typer.Argument(help="the pod's name")],
+    pod: Annotated[str, typer.Argument(help="the pod's name", callback=pod_name)],
     kubeconfig: KubectlKubeconfigOption = None,
     context: ContextOption = None,
     namespace: NamespaceOption = None,
