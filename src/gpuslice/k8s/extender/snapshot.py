@@ -146,8 +146,13 @@ def _read(state: ClusterState) -> _Reading:
             free_gpu = built.ledger.view.free_gpu_milli.copy()
             pods = list(cache.pods.values())
             pending = list(cache.pending.values())
-        held = [(b.placement, b) for b in pods if b.placement is not None]
-        held += [(p, b) for b in pods if b.extra for p in b.extra]
+        # two lists, no pair per pod: allocations the garbage collector would count (10,000 pods)
+        holders = [b for b in pods if b.placement is not None]
+        placements = [b.placement for b in holders]
+        for b in pods:
+            if b.extra:
+                holders += [b] * len(b.extra)
+                placements += b.extra
         with cache.lock:
             if cache.is_current(built):
                 break
@@ -161,8 +166,8 @@ def _read(state: ClusterState) -> _Reading:
         built=built,
         nodes=len(built.inventories),
         free_gpu_milli=free_gpu,
-        placements=[p for p, _ in held],
-        holders=[b for _, b in held],
+        placements=placements,  # type: ignore[arg-type]  # no None: only the holders' placements
+        holders=holders,
         pending=pending,
         target=target,
         target_name=name,
