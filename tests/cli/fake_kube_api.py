@@ -139,6 +139,9 @@ class FakeKubeApi:
 
 
 def _labelled(items: list[dict[str, Any]], query: dict[str, str]) -> list[dict[str, Any]]:
+    """The items a ``labelSelector`` (``k=v``) and a ``fieldSelector`` of ``status.phase!=P`` terms keep."""
+    left_out = {t.removeprefix("status.phase!=") for t in query.get("fieldSelector", "").split(",") if t}
+    items = [i for i in items if (i.get("status") or {}).get("phase") not in left_out]
     selector = query.get("labelSelector")
     if not selector:
         return items

@@ -592,6 +592,16 @@ def test_garbage_annotations_are_notes_not_tracebacks(cluster, capsys):
     assert "team/train: container 'main': gpuslice.io/gpumem: 'lots' is not a Kubernetes quantity" in text
 
 
+def test_an_ended_pod_holds_nothing_and_is_not_even_sent(cluster, capsys):
+    finished = pod("done", {RESOURCE_GPU: "1"}, decision=Decision("gpu-a", "main", (0,), ("GPU-a0",)))
+    finished["status"]["phase"] = "Succeeded"  # its decision stays on it; its GPU is free again
+    cluster.pods.append(finished)
+    assert "team/done" not in said(capsys, "top", "--interval", "0")
+    assert " done " not in said(capsys, "pods", "--interval", "0")
+    assert all("fieldSelector=status.phase%21%3DSucceeded%2Cstatus.phase%21%3DFailed" in p
+               for p in cluster.seen if "/pods?" in p)  # fmt: skip
+
+
 def test_a_decision_the_ledger_cannot_hold_is_counted_as_a_conflict(cluster, capsys):
     by_name = {p["metadata"]["name"]: p for p in cluster.pods}
     # a second whole-GPU pod on GPU 0, placed from outside gpuslice

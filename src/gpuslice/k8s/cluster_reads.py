@@ -5,6 +5,7 @@ answer.
 ```text
 nodes()                          GET /api/v1/nodes
 pods(namespace | None)           GET /api/v1/namespaces/NS/pods, or /api/v1/pods for every namespace
+                                 (those that have not ended)
 pod(namespace, name)             GET /api/v1/namespaces/NS/pods/NAME        (NotFound: no such pod)
 events(pod)                      GET /api/v1/namespaces/NS/events?fieldSelector=involvedObject.name=...
 metrics(plugin_pod, port)        GET /api/v1/namespaces/NS/pods/NAME:PORT/proxy/metrics  (the device
@@ -29,6 +30,7 @@ __all__ = ["REQUEST_TIMEOUT_S", "ClusterReads"]
 # (connect, read) seconds per request: an address that drops packets fails in seconds, not minutes;
 # a list of every pod of a large cluster still has half a minute to arrive.
 REQUEST_TIMEOUT_S = (5.0, 30.0)
+ENDED_LEFT_OUT = "status.phase!=Succeeded,status.phase!=Failed"
 
 
 class ClusterReads:
@@ -49,9 +51,10 @@ class ClusterReads:
         return self._items("list", "nodes", self._core.list_node)
 
     def pods(self, namespace: str | None, label: str = "") -> list[dict[str, Any]]:
-        """The pods of ``namespace``, or of every namespace when it is None; only those with ``label``
-        (a label selector, ``app=NAME``) when one is given."""
-        selector = {"label_selector": label} if label else {}
+        """The pods of ``namespace``, or of every namespace when it is None, that have not ended (an
+        ended pod holds no slice: the API server leaves them out of a large cluster's answer); only
+        those with ``label`` (a label selector, ``app=NAME``) when one is given."""
+        selector = {"field_selector": ENDED_LEFT_OUT} | ({"label_selector": label} if label else {})
         if namespace is None:
             return self._items(
                 "list", "pods in every namespace", self._core.list_pod_for_all_namespaces, **selector

@@ -20,7 +20,7 @@ from gpuslice.k8s.annotations import BIND_PHASE_FAILED, SCHEDULER_NAME, asks_for
 from gpuslice.k8s.decision import ContainerDecision, Decision, MigChoice
 from gpuslice.k8s.extender.cluster import pod_ask, pod_meta
 
-__all__ = ["REFUSAL_REASON", "PodStory", "SchedulingEvent", "pod_story"]
+__all__ = ["REFUSAL_REASON", "PodStory", "SchedulingEvent", "extender_scheduler", "pod_story"]
 
 REFUSAL_REASON = "FailedScheduling"  # the Event reason of kube-scheduler's and the extender's refusals
 

@@ -92,7 +92,7 @@ class GpuReport:
     allocated_memory_bytes: int
     allocated_compute_percent: float
     slices: tuple[GpuSlice, ...]
-    usage: GpuUsage | None  # None: the device plugin's metrics could not be read for this node
+    usage: GpuUsage | None  # None: not read for this node, or a slice on it has no usage series
 
     @property
     def free_memory_bytes(self) -> int:
@@ -120,10 +120,11 @@ class PodReport:
 
 @dataclass(frozen=True, slots=True)
 class ClusterReport:
+    """Every GPU of the nodes with a readable inventory, in node and index order, and what was left out."""
+
     gpus: tuple[GpuReport, ...]
-    nodes_without_inventory: int  # nodes that carry no (readable) inventory: no gpuslice GPUs
     unreadable: tuple[str, ...]  # "node X: why" / "NS/POD: why" for what the extender skips too
-    conflicts: int  # bound pods the ledger could not hold (over-committed from outside gpuslice)
+    conflicts: int  # slices of bound pods the ledger could not hold (placed from outside gpuslice)
 
 
 def inventory_nodes(nodes: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
@@ -176,11 +177,7 @@ def cluster_report(
     """Every GPU of every node with an inventory, with the slices of ``pods`` bound there. ``usage``:
     per node whose device plugin could be read, its pods' usage per GPU."""
     view, conflicts = _view(nodes, pods)
-    models = {
-        _node_name(n): {g.index: g.model for g in NodeInventory.from_json(_inventory_text(n)).gpus}
-        for n in inventory_nodes(nodes)
-        if _readable(n)
-    }
+    inventories, unreadable = _inventories(nodes)
     gpus: list[GpuReport] = []
     for node in view["nodes"]:
         name = node["name"]
@@ -192,7 +189,7 @@ def cluster_report(
                 GpuReport(
                     node=name,
                     index=gpu["index"],
-                    model=models.get(name, {}).get(gpu["index"], node["model"]),
+                    model=_model(inventories.get(name), gpu["index"], node["model"]),
                     memory_bytes=memory,
                     healthy=gpu["healthy"],
                     mig=gpu["mig"],
@@ -203,38 +200,30 @@ def cluster_report(
                     usage=None if node_usage is None else _gpu_total(node_usage, gpu["index"], slices),
                 )
             )
-    unreadable = [
+    unreadable += [
         f"{namespace}/{name}: {err}; not counted" for namespace, name, err in _unreadable_pods(pods)
     ]
+    return ClusterReport(gpus=tuple(gpus), unreadable=tuple(unreadable), conflicts=conflicts)
+
+
+def _inventories(nodes: Sequence[Mapping[str, Any]]) -> tuple[dict[str, NodeInventory], list[str]]:
+    """Each node's readable inventory by name, and "node X: why" for each one the extender skips too."""
+    readable, unreadable = {}, []
     for node in inventory_nodes(nodes):
-        if not _readable(node):
-            unreadable.append(f"node {_node_name(node)}: {_inventory_error(node)}")
-    return ClusterReport(
-        gpus=tuple(gpus),
-        nodes_without_inventory=len(nodes) - len(inventory_nodes(nodes)),
-        unreadable=tuple(unreadable),
-        conflicts=conflicts,
-    )
+        name = str((node.get("metadata") or {}).get("name", ""))
+        try:
+            readable[name] = NodeInventory.from_json(
+                str(node["metadata"]["annotations"][ANNOTATION_NODE_INVENTORY])
+            )
+        except InvalidRequest as err:
+            unreadable.append(f"node {name}: {err}")
+    return readable, unreadable
 
 
-def _node_name(node: Mapping[str, Any]) -> str:
-    return str((node.get("metadata") or {}).get("name", ""))
-
-
-def _inventory_text(node: Mapping[str, Any]) -> str:
-    return str(((node.get("metadata") or {}).get("annotations") or {}).get(ANNOTATION_NODE_INVENTORY, ""))
-
-
-def _inventory_error(node: Mapping[str, Any]) -> str:
-    try:
-        NodeInventory.from_json(_inventory_text(node))
-    except InvalidRequest as err:
-        return str(err)
-    return ""
-
-
-def _readable(node: Mapping[str, Any]) -> bool:
-    return not _inventory_error(node)
+def _model(inventory: NodeInventory | None, index: int, node_model: str) -> str:
+    """The GPU's own model in the inventory (the ledger keeps one per node: its first GPU's)."""
+    models = {g.index: g.model for g in inventory.gpus} if inventory is not None else {}
+    return models.get(index, node_model)
 
 
 def _unreadable_pods(pods: Sequence[Mapping[str, Any]]) -> list[tuple[str, str, InvalidRequest]]:
