@@ -114,11 +114,20 @@ def browser_loads(url: str, loads: int) -> list[float]:
     return times[1:]
 
 
-def filter_latency(port: int, names: list[str], rounds: int, seed: int) -> dict[bool, list[float]]:
+def filter_latency(
+    port: int,
+    names: list[str],
+    rounds: int,
+    seed: int,
+    path: str = "/cluster/view.json",
+    every_s: float = VIEW_MAX_AGE_S,
+) -> dict[bool, list[float]]:
     """Milliseconds of one pod's POST /filter + /prioritize over HTTP (as benchmarks/extender.py's
     rounds, without its binds), by whether a dashboard page was asking for view.json every second (each
     ask a fresh build: the most the extender does for any number of pages). The rounds run in blocks of
-    ``BLOCK_ROUNDS``, the page open in every other one, so both see the same drift of a shared machine."""
+    ``BLOCK_ROUNDS``, the page open in every other one, so both see the same drift of a shared machine.
+    ``path`` and ``every_s``: another GET asked as often instead (benchmarks/cluster_metrics.py: /metrics,
+    back to back)."""
     import httpx
 
     rng = random.Random(seed)
@@ -128,8 +137,10 @@ def filter_latency(port: int, names: list[str], rounds: int, seed: int) -> dict[
         with httpx.Client(base_url=f"http://localhost:{port}", timeout=30) as http:
             while not stop.is_set():
                 if page_open.is_set():
-                    http.get("/cluster/view.json")
-                stop.wait(VIEW_MAX_AGE_S)
+                    http.get(path)
+                    stop.wait(every_s)
+                else:
+                    stop.wait(0.01)
 
     poller = threading.Thread(target=page, daemon=True)
     poller.start()

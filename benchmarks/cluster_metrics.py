@@ -5,7 +5,8 @@ benchmarks/out/cluster_metrics.md.
 
 The cluster is benchmarks/cluster_dashboard.py's ``filled`` (benchmarks/extender.py's ``cluster``: four GPU
 models, split count 10, filled by binding pods of its first five shapes through ``ClusterState.bind``),
-plus ``--pending`` pods of 8 GPUs each refused by /filter over every node, so the pending series exist.
+plus ``--pending`` pods of 8 GPUs each refused by /filter over every node, so the pending series exist;
+the filter rounds are that benchmark's ``filter_latency`` with /metrics asked back to back.
 /metrics is the real extender app (``create_app``) in-process over httpx's ASGI transport, as
 benchmarks/extender.py times /filter: the whole exposition is built and sent, but no socket.
 
@@ -19,10 +20,8 @@ import argparse
 import asyncio
 import os
 import platform
-import random
 import statistics
 import sys
-import threading
 import time
 from datetime import UTC, datetime
 from pathlib import Path
@@ -33,8 +32,8 @@ import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from cluster_dashboard import filled, serve  # the dashboard benchmark's cluster and uvicorn server
-from extender import SHAPES, pod, scheduling
+from cluster_dashboard import filled, filter_latency, serve  # the dashboard benchmark's cluster, server
+from extender import pod, scheduling
 from gpuslice.k8s.extender import ClusterState, create_app
 from gpuslice.k8s.extender import snapshot as snapshot_module
 from gpuslice.k8s.extender.snapshot import cluster_figures, cluster_view
@@ -120,48 +119,6 @@ def lock_hold(state: ClusterState, count: int) -> tuple[list[float], list[float]
     return held, held_cpu
 
 
-BLOCK_ROUNDS = 25  # filter rounds per block; scrapes run in every other block
-
-
-def filter_beside_scrapes(port: int, names: list[str], rounds: int) -> dict[bool, list[float]]:
-    """Milliseconds of one pod's POST /filter + /prioritize over HTTP to the extender under uvicorn, by
-    whether another client was scraping GET /metrics back to back (the worst case: Prometheus scrapes
-    every 15-60 s). Blocks of ``BLOCK_ROUNDS`` alternate, so both see the same drift of a shared machine."""
-    rng = random.Random(7)
-    scraping, stop = threading.Event(), threading.Event()
-
-    def scrape() -> None:
-        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30) as http:
-            while not stop.is_set():
-                if scraping.is_set():
-                    http.get("/metrics")
-                else:
-                    stop.wait(0.01)
-
-    scraper = threading.Thread(target=scrape, daemon=True)
-    scraper.start()
-    took: dict[bool, list[float]] = {False: [], True: []}
-    try:
-        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30) as http:
-            for i in range(-20, 2 * rounds):  # the first 20 warm the verdict caches and are not counted
-                on = i >= 0 and (i // BLOCK_ROUNDS) % 2 == 1
-                if on:
-                    scraping.set()
-                else:
-                    scraping.clear()
-                resources, annotations = rng.choice(SHAPES)
-                p = pod(20_000_000 + i, resources, annotations, "bestfit")
-                start = time.perf_counter()
-                passed = http.post("/filter", json={"Pod": p, "Nodes": None, "NodeNames": names}).json()
-                http.post("/prioritize", json={"Pod": p, "Nodes": None, "NodeNames": passed["NodeNames"]})
-                if i >= 0:
-                    took[on].append((time.perf_counter() - start) * 1e3)
-    finally:
-        stop.set()
-        scraper.join()
-    return took
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nodes", type=int, default=1000)
@@ -189,7 +146,8 @@ def main() -> None:
     held, held_cpu = lock_hold(state, args.views)
     server, port = serve(create_app(state))
     try:
-        filters = filter_beside_scrapes(port, names, args.rounds)
+        # scraped back to back, the worst case: Prometheus scrapes every 15-60 s
+        filters = filter_latency(port, names, args.rounds, args.seed, path="/metrics", every_s=0.0)
     finally:
         server.should_exit = True
 
