@@ -459,6 +459,33 @@ def test_no_kubeconfig_anywhere_is_one_line(tmp_path, monkeypatch, capsys):
     assert "not a kubeconfig" in one_line_error(capsys, "top", "--kubeconfig", str(tmp_path / "list.yaml"))
 
 
+@pytest.mark.parametrize(
+    ("content", "said"),
+    [
+        ("a: [\n", "expected the node content"),  # not YAML
+        ("- a\n- b\n", "no usable Kubernetes configuration"),  # YAML, not a mapping
+        ("apiVersion: v1\nkind: Config\n", "Expected key current-context"),
+        (b"\x85\xff\x00binary", "can't decode"),
+        (None, "is not a regular file"),  # a FIFO: the client's open() would wait for a writer for ever
+        ("", "is not a regular file"),  # a folder
+    ],
+    ids=["not-yaml", "a-list", "no-context", "binary", "fifo", "folder"],
+)
+def test_a_kubeconfig_in_kubeconfig_env_that_is_not_one_is_one_line(
+    content, said, tmp_path, monkeypatch, capsys
+):
+    path = tmp_path / "config"
+    if content is None:
+        os.mkfifo(path)
+    elif content == "":
+        path.mkdir()
+    else:
+        path.write_bytes(content if isinstance(content, bytes) else content.encode())
+    monkeypatch.setenv("KUBECONFIG", f"{tmp_path / 'missing'}{os.pathsep}{path}")
+    line = one_line_error(capsys, "top")
+    assert line.startswith("error: no usable Kubernetes configuration") and said in line
+
+
 def test_an_unknown_context_is_one_line(cluster, capsys):
     line = one_line_error(capsys, "top", "--context", "prod")
     assert "no usable Kubernetes configuration" in line and "prod" in line

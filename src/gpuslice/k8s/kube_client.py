@@ -90,10 +90,14 @@ def kubectl_api_client(kubeconfig: str | None = None, context: str | None = None
     fallback). UserError, one line, when none of them is usable. One difference from kubectl: with several
     files in $KUBECONFIG the current-context of the last file that sets one wins (the client's merge)."""
     client = kubernetes_client_module()
+    import yaml
     from kubernetes import config
 
     paths = kubeconfig or os.environ.get("KUBECONFIG") or "~/.kube/config"
     found = [p for p in paths.split(os.pathsep) if p and os.path.exists(os.path.expanduser(p))]
+    for path in found:  # a FIFO would block the client's open() for ever, a folder fail inside it
+        if not os.path.isfile(os.path.expanduser(path)):
+            raise UserError(f"no usable Kubernetes configuration: kubeconfig {path} is not a regular file")
     configuration = client.Configuration()
     try:
         if not found and not kubeconfig and os.environ.get("KUBERNETES_SERVICE_HOST"):
@@ -107,11 +111,13 @@ def kubectl_api_client(kubeconfig: str | None = None, context: str | None = None
             contexts, current = config.list_kube_config_contexts(config_file=paths)
             chosen = next((c for c in contexts if c.get("name") == context), current) if context else current
             namespace = str(((chosen or {}).get("context") or {}).get("namespace") or "default")
-    except (config.ConfigException, OSError, ValueError, TypeError) as err:
+    except (config.ConfigException, OSError, ValueError, TypeError, AttributeError, yaml.YAMLError) as err:
+        # (a file that is not YAML, or YAML that is not a mapping, fails inside the client's merge)
         where = f"--kubeconfig {kubeconfig}" if kubeconfig else f"kubeconfig {paths}"
         if not found and not kubeconfig:
             where = f"no kubeconfig ({paths} does not exist) and not in a pod"
-        raise UserError(f"no usable Kubernetes configuration ({where}): {err}") from None
+        said = " ".join(str(err).split())  # YAML's errors span lines
+        raise UserError(f"no usable Kubernetes configuration ({where}): {said}") from None
     # One try per request, as kubectl: urllib3 would retry a refused connection three times.
     configuration.retries = 0
     return client.ApiClient(configuration), namespace
