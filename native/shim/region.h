@@ -11,7 +11,8 @@
  *   28   u32 proc_hwm         slots [0, proc_hwm) have been used
  *   32   u64 created_unix_ns
  *   64   pthread_mutex_t      process-shared, robust (64 bytes reserved)
- *   128  dev[16]            64 bytes each: limit, host_gpu, tokens, refill, busy, launches, throttled, 0
+ *   128  dev[16]            64 bytes each: limit, host_gpu, tokens, refill, busy, launches, throttled,
+ *                           oom_refusals (was reserved and always 0: older regions read 0 refusals)
  *   1152 proc[256]          144 bytes each: pid, 0, start_ticks, used[16]
  *
  * gpu region (one file per node, every job's processes map it): per host GPU and priority, when a
@@ -40,7 +41,7 @@ struct gs_device {
     uint64_t busy_ns;       /* measured kernel time, all processes, since the region was made */
     uint64_t launches;      /* launches seen (kernels and graphs) */
     uint64_t throttled_ns;  /* time launches waited for tokens or for a higher priority */
-    uint64_t reserved;
+    uint64_t oom_refusals;  /* allocations refused for the memory limit (not for a full process table) */
 };
 
 struct gs_proc {

@@ -556,7 +556,11 @@ static CUresult reserve(int dev, uint64_t bytes) {
             reclaim_locked();
             used = used_locked(dev);
         }
-        if (used + bytes > limit || used + bytes < used) rc = CUDA_ERROR_OUT_OF_MEMORY;
+        if (used + bytes > limit || used + bytes < used) {
+            rc = CUDA_ERROR_OUT_OF_MEMORY;
+            /* atomic although under the lock: readers (the node's metrics) take no lock */
+            __atomic_add_fetch(&R->dev[dev].oom_refusals, 1, __ATOMIC_RELAXED);
+        }
     }
     if (rc == CUDA_SUCCESS) R->proc[slot].used[dev] += bytes;
     job_unlock();

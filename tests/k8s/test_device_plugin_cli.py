@@ -113,7 +113,7 @@ class FakeApiServer:
                     pod
                     for pod in server.pods.values()
                     if pod["spec"]["nodeName"] == selector["spec.nodeName"]
-                    and pod["status"]["phase"] == selector["status.phase"]
+                    and pod["status"]["phase"] == selector.get("status.phase", pod["status"]["phase"])
                 ]
                 self._send(200, {"apiVersion": "v1", "kind": "PodList", "metadata": {}, "items": items})
 
@@ -236,6 +236,20 @@ def test_kube_api_lists_only_pods_waiting_in_bind_phase_allocating(tmp_path, api
     api.close()
     got = sorted((p.name, p.uid, p.decision.gpu_uuids if p.decision else None) for p in pods)
     assert got == [("by-hand", "uid-by-hand", None), ("waiting", "uid-waiting", ("GPU-x",))]
+
+
+def test_kube_api_lists_the_nodes_pods_that_have_not_ended_from_the_watch_cache(tmp_path, apiserver):
+    api = NodeKubeClient(str(kubeconfig(tmp_path / "kc.json", apiserver.url)))
+    phases = {"starting": "Pending", "running": "Running", "done": "Succeeded", "oom": "Failed"}
+    for name, phase in phases.items():
+        apiserver.add_pod("a", name, {})
+        apiserver.pods[("a", name)]["status"]["phase"] = phase
+    apiserver.add_pod("a", "elsewhere", {}, "node-b")
+    uids = api.live_pod_uids(NODE)
+    api.close()
+    assert uids == {"uid-starting", "uid-running"}
+    (listed,) = [path for method, path, _ in apiserver.requests if method == "GET"]
+    assert "resourceVersion=0" in listed  # the metrics list at every scrape: never an etcd read
 
 
 def test_kube_api_releases_only_its_pods_node_lock_with_the_resource_version(tmp_path, apiserver):

@@ -2,15 +2,21 @@
 
 from __future__ import annotations
 
+import tempfile
+from pathlib import Path
+
 import numpy as np
 import pytest
 from prometheus_client import CollectorRegistry
 
+from gpuslice.hardware.machine import GpuInfo, Machine
 from gpuslice.ledger.placement import RefusalCode
 from gpuslice.observe.cluster_metrics import ClusterCollector, ClusterFigures
 from gpuslice.observe.k8s_metrics import DeviceHealthRow, DevicePluginMetrics, ExtenderMetrics
 from gpuslice.observe.metrics import GpuState, PendingState, ServeMetrics, ServeSnapshot, SliceState
+from gpuslice.observe.node_slices import NodeSliceCollector, SliceHolder
 from gpuslice.observe.reasons import FailureCode
+from gpuslice.shim.region import DeviceUsage, pack_region
 
 INTERNAL_LABELS = {"le"}  # histogram buckets
 
@@ -27,7 +33,7 @@ def full_snapshot() -> ServeSnapshot:
 
 
 def exported() -> dict[str, tuple[str, frozenset[str]]]:
-    """{exposed name: (type, labels)} over the serve, extender and device-plugin registries."""
+    """{exposed name: (type, labels)} over the serve, extender, device-plugin and node-slice registries."""
     serve = ServeMetrics(full_snapshot)
     serve.started("normal", 1.0)
     serve.preempted("ml", "low")
@@ -42,16 +48,9 @@ def exported() -> dict[str, tuple[str, frozenset[str]]]:
     )
     registries: list[CollectorRegistry] = [serve.registry, ExtenderMetrics().registry, plugin.registry]
     registries.append(cluster_registry())
-    found: dict[str, tuple[str, frozenset[str]]] = {}
-    for registry in registries:
-        for family in registry.collect():
-            name = family.name + "_total" if family.type == "counter" else family.name
-            labels = {k for s in family.samples for k in s.labels} - INTERNAL_LABELS
-            assert family.samples, f"{name} exported no sample in the test snapshot"
-            if name in found:  # the same gauge from two processes must mean the same thing
-                assert found[name] == (family.type, frozenset(labels)), name
-            found[name] = (family.type, frozenset(labels))
-    return found
+    with tempfile.TemporaryDirectory() as folder:
+        registries.append(node_slices_registry(Path(folder)))
+        return _families(registries)
 
 
 def cluster_registry() -> CollectorRegistry:
@@ -63,6 +62,30 @@ def cluster_registry() -> CollectorRegistry:
     registry = CollectorRegistry()
     registry.register(ClusterCollector(lambda: figures))
     return registry
+
+
+def node_slices_registry(folder: Path) -> CollectorRegistry:
+    """The node's slice metrics with one shim slice whose region exists, on a GPU NVML reads."""
+    region = folder / "job.region"
+    region.write_bytes(pack_region([DeviceUsage(0, 1, 1, 1, 1, 1, 1)]))
+    machine = Machine("n", (GpuInfo(0, "GPU-a", "H100", 80),))
+    holder = SliceHolder("ml", (0,), 10, 0.5, region, pod="p")
+    registry = CollectorRegistry()
+    registry.register(NodeSliceCollector(machine, lambda: [holder], lambda: True, nvml_used=lambda: {0: 5}))
+    return registry
+
+
+def _families(registries: list[CollectorRegistry]) -> dict[str, tuple[str, frozenset[str]]]:
+    found: dict[str, tuple[str, frozenset[str]]] = {}
+    for registry in registries:
+        for family in registry.collect():
+            name = family.name + "_total" if family.type == "counter" else family.name
+            labels = {k for s in family.samples for k in s.labels} - INTERNAL_LABELS
+            assert family.samples, f"{name} exported no sample in the test snapshot"
+            if name in found:  # the same gauge from two processes must mean the same thing
+                assert found[name] == (family.type, frozenset(labels)), name
+            found[name] = (family.type, frozenset(labels))
+    return found
 
 
 @pytest.fixture(scope="session")

@@ -8,7 +8,7 @@ held to the same limits whichever API asked for it.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -16,9 +16,17 @@ from typing import Any
 from gpuslice.hardware.machine import Machine
 from gpuslice.k8s.shim_mounts import HostMount, container_setup
 from gpuslice.node.enforcement import SharingMode, SliceLimits, job_env, mig_device_uuid, softcap_dir
+from gpuslice.observe.node_slices import SliceHolder
 from gpuslice.scheduler.node_decisions import MigAssignment
 
-__all__ = ["CONTROL_DEVICES", "ContainerSlice", "HostMount", "container_slice", "device_nodes"]
+__all__ = [
+    "CONTROL_DEVICES",
+    "ContainerSlice",
+    "HostMount",
+    "container_slice",
+    "device_nodes",
+    "slice_holder",
+]
 
 # Device nodes every CUDA container needs besides its GPUs' /dev/nvidia<minor> (NVIDIA's plugin and
 # container toolkit pass the same set).
@@ -79,3 +87,23 @@ def container_slice(
         mounts.append(HostMount(cap, cap, read_only=True))
     mounts += container_setup(state_dir, namespace, pod, env)  # --sharing shim
     return ContainerSlice(env, tuple(mounts), tuple(device_nodes(minors, gpus)), uuids, tuple(gpus))
+
+
+def slice_holder(
+    env: Mapping[str, str], namespace: str, *, pod: str = "", container: str = "", claim: str = "",
+    inside: bool = False,
+) -> SliceHolder:  # fmt: skip
+    """The slice a container was given, read back from the environment ``container_slice`` gave it (the
+    variables of ``job_env``; the region only under shim sharing): what the node's metrics show as given."""
+    region = env.get("GPUSLICE_SHIM_REGION")
+    return SliceHolder(
+        namespace=namespace,
+        gpus=tuple(int(g) for g in env.get("GPUSLICE_GPUS", "").split(",") if g),
+        memory_bytes=int(env.get("GPUSLICE_GPU_MEMORY_BYTES") or 0),
+        compute_ratio=int(env.get("GPUSLICE_COMPUTE_PERCENT") or 100) / 100,
+        region=Path(region) if region else None,
+        pod=pod,
+        container=container,
+        claim=claim,
+        inside=inside,
+    )

@@ -7,20 +7,26 @@ plugin and the DRA kubelet plugin.
 listen(server, path)    -> bind .<name>.<random> beside path (the kubelet's watchers ignore dot files)
 publish(private, path)  -> rename over path in one step; (device, inode) to know it by
 unlink_own(path, own)   -> remove path only if it is that socket still
+remove_stale(folder, g) -> remove sockets matching g that no server listens on (a killed instance's)
 ```
+
+Each instance has its own public name too (the pod's UID in it): the kubelet takes a socket that
+disappears, or is replaced, as the plugin leaving, and would drop it while the new instance is the one
+serving; with a name per instance it keeps every registered instance and uses the newest.
 """
 
 from __future__ import annotations
 
 import os
 import secrets
+import socket
 from pathlib import Path
 
 import grpc
 
 from gpuslice.errors import UserError
 
-__all__ = ["MAX_PATH", "listen", "publish", "unlink_own"]
+__all__ = ["MAX_PATH", "listen", "publish", "remove_stale", "unlink_own"]
 
 # The longest Unix socket path gRPC binds (measured with grpcio 1.85: 105 binds, 106 is refused with
 # "Path name should not have more than 107 characters"; the kernel's own limit is 107).
@@ -66,3 +72,17 @@ def unlink_own(path: Path, own: tuple[int, int] | None) -> None:
         return
     if own is not None and (st.st_dev, st.st_ino) == own:
         path.unlink(missing_ok=True)
+
+
+def remove_stale(folder: Path, pattern: str) -> None:
+    """Remove the sockets in ``folder`` matching ``pattern`` that no server listens on (left by an
+    instance that was killed); a live one (the instance this one replaces, still serving) stays."""
+    for path in Path(folder).glob(pattern):
+        with socket.socket(socket.AF_UNIX) as probe:
+            probe.settimeout(1.0)
+            try:
+                probe.connect(str(path))
+            except ConnectionRefusedError:
+                path.unlink(missing_ok=True)
+            except OSError:  # not a socket, or busy: not ours to judge
+                pass

@@ -14,6 +14,11 @@ device plugin calls ``container_setup`` in Allocate, which rewrites them and ret
 LD_PRELOAD points at the library copy, GPUSLICE_SHIM_REGION at the pod's region (a pod has no
 GPUSLICE_JOB_ID), and LD_LIBRARY_PATH, when set, at the fake driver copy. The state dir is a hostPath
 mounted into the plugin's pod at the same path, as for the MPS pipes and the soft-cap file.
+
+A new slice starts from a new region: a region left in the folder (a pod of the same name that ended,
+as a StatefulSet's pods come back) is removed, or the new pod would inherit its limits and counters (the
+shim initialises a region only when it makes it). The node's metrics (``observe.node_slices``) read the
+region, never trusting it: the pod can write anything there.
 """
 
 from __future__ import annotations
@@ -26,7 +31,9 @@ from pathlib import Path
 
 from gpuslice import shim
 
-__all__ = ["HostMount", "container_setup"]
+__all__ = ["REGION_NAME", "HostMount", "container_setup"]
+
+REGION_NAME = "job.region"  # in the pod's folder
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,10 +74,15 @@ def container_setup(state_dir: Path, namespace: str, pod: str, env: dict[str, st
         env["LD_LIBRARY_PATH"] = str(lib / "fake")
     pod_dir = base / "pods" / _UNSAFE.sub("_", f"{namespace}.{pod}")
     pod_dir.mkdir(parents=True, exist_ok=True)
+    stale = pod_dir / REGION_NAME  # removed by name: a link left there is not followed
+    if stale.is_dir() and not stale.is_symlink():
+        shutil.rmtree(stale)
+    else:
+        stale.unlink(missing_ok=True)
     gpu_region = base / shim.GPU_REGION
     gpu_region.touch(exist_ok=True)  # a file bind mount needs the file; the shim initialises it
     env["GPUSLICE_SHIM_DIR"] = str(pod_dir)
-    env["GPUSLICE_SHIM_REGION"] = str(pod_dir / "job.region")
+    env["GPUSLICE_SHIM_REGION"] = str(pod_dir / REGION_NAME)
     env["GPUSLICE_SHIM_GPU_REGION"] = str(gpu_region)
     return [
         HostMount(str(lib), str(lib), read_only=True),

@@ -52,8 +52,9 @@ Modules, one job each:
 kube.py        PodSource, NodePublisher and NodeKubeClient: the pods bound to this node, the node itself
 devices.py     the devices advertised (shares, MIG instances), the node inventory and labels, device nodes
 allocation.py  GetPreferredAllocation (pick_gpu_set when no decision names GPUs) and Allocate
+record.py      the plugin's own record of the slices it gave (pod UID, GPUs, limits), for the metrics
 plugin.py      DevicePlugin: gRPC servers, kubelet registration and its watch, health, inventory
-run.py         serve: the plugin wired to the API server, NVML health and metrics
+run.py         serve: the plugin wired to the API server, NVML health and metrics (observe.node_slices)
 ```
 """
 

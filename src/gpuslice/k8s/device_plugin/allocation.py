@@ -19,7 +19,7 @@ from gpuslice.k8s.annotations import (
     BIND_PHASE_FAILED,
     MigSlot,
 )
-from gpuslice.k8s.container_slice import container_slice
+from gpuslice.k8s.container_slice import container_slice, slice_holder
 from gpuslice.k8s.decision import Decision
 from gpuslice.k8s.device_plugin.devices import (
     CDI_KIND,
@@ -28,6 +28,7 @@ from gpuslice.k8s.device_plugin.devices import (
     stand_in_device_node,
 )
 from gpuslice.k8s.device_plugin.kube import PendingPod, PodSource
+from gpuslice.k8s.device_plugin.record import AllocationRecord
 from gpuslice.k8s.node_lock import allocate_key, decision_key
 from gpuslice.k8s.proto import deviceplugin_pb2 as pb
 from gpuslice.node.enforcement import SharingMode
@@ -58,6 +59,7 @@ class Allocation:
     policy: GpuSetOps
     sharing: SharingMode
     state_dir: Path
+    record: AllocationRecord  # the slices given, for the node's metrics
     _mig: dict[int, tuple[MigSlot, ...]]
     _by_id: dict[str, PluginDevice]
     _health: dict[str, bool]
@@ -168,6 +170,7 @@ class Allocation:
                     self._release_lock(pod)
                     raise AllocationRefused(f"pod {pod.namespace}/{pod.name}: {err}") from None
                 assert pod.decision is not None  # _pod_for returns only pods with a decision
+                inside = pod.decision.current_is_inside
                 done = pod.decision.allocated + 1
                 if done < pod.decision.slice_count:  # more of its containers come: the pod still waits
                     self._mark(pod, {ANNOTATION_ALLOCATED_CONTAINERS: str(done)})
@@ -177,6 +180,11 @@ class Allocation:
                         marks[ANNOTATION_ALLOCATED_CONTAINERS] = str(done)
                     self._mark(pod, marks)
                     self._release_lock(pod)
+                container = decision.container if pod.decision.containers else ""
+                given = slice_holder(
+                    response.envs, pod.namespace, pod=pod.name, container=container, inside=inside
+                )
+                self.record.add(pod.uid, given)
                 log.info(
                     "allocated %s for pod %s/%s%s", resource.name, pod.namespace, pod.name,
                     f" container {decision.container}" if pod.decision.containers else "",

@@ -137,6 +137,19 @@ class NodeKubeClient:
             if pod.status.phase not in ("Succeeded", "Failed") and _asks_for_devices(pod)
         ]
 
+    def live_pod_uids(self, node_name: str) -> set[str]:
+        """UIDs of the pods on ``node_name`` that have not ended (their slices are still held). Read from
+        the API server's watch cache (resourceVersion "0", as the kubelet lists its pods): the metrics
+        ask at every scrape, and a moment's lag only delays a series' end."""
+        listed = self.core.list_pod_for_all_namespaces(
+            field_selector=f"spec.nodeName={node_name}", resource_version="0", _request_timeout=5
+        )  # a scrape waits for it: 5 s at most (Prometheus' default scrape timeout is 10 s)
+        return {
+            str(pod.metadata.uid)
+            for pod in listed.items
+            if pod.status is None or pod.status.phase not in ("Succeeded", "Failed")
+        }
+
     def read_node_annotations(self, node_name: str) -> tuple[dict[str, str], str]:
         return node_lock.read_node_annotations(self.core, node_name)
 

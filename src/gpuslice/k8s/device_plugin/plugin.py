@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import socket
 import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -41,6 +40,7 @@ from gpuslice.k8s.device_plugin.devices import (
     node_labels,
 )
 from gpuslice.k8s.device_plugin.kube import NodePublisher, PodSource
+from gpuslice.k8s.device_plugin.record import ALLOCATION_RECORD, AllocationRecord
 from gpuslice.k8s.proto import deviceplugin_pb2 as pb
 from gpuslice.k8s.proto import deviceplugin_pb2_grpc as pb_grpc
 from gpuslice.node.discovery import is_simulated
@@ -178,6 +178,8 @@ class DevicePlugin(Allocation):
         self.watch_interval_s = watch_interval_s
         self.health_poll_s = health_poll_s
         self.registrations = 0  # successful Register calls, all resources; tests and logs read it
+        self._registered = False  # every resource registered since its servers last started
+        self.record = AllocationRecord(self.state_dir / ALLOCATION_RECORD)
 
         self._mig = self._mig_slots(mig_layouts or {})
         self.resources = self._build_resources()
@@ -261,6 +263,7 @@ class DevicePlugin(Allocation):
         except RegistrationFailed:
             self._stop_servers()  # nothing half-started: no socket left for a kubelet to find
             raise
+        self._registered = True
         for target, name in ((self._watch_kubelet, "kubelet-watch"), (self._watch_health, "health")):
             thread = threading.Thread(target=target, name=f"gpuslice-dp-{name}", daemon=True)
             thread.start()
@@ -311,18 +314,17 @@ class DevicePlugin(Allocation):
     def _remove_stale_sockets(self) -> None:
         """Remove gpuslice sockets no server listens on (left by a killed instance); a live one (the
         instance this one replaces, still serving) stays."""
-        for path in self.socket_dir.glob("gpuslice-*.sock"):
-            with socket.socket(socket.AF_UNIX) as probe:
-                probe.settimeout(1.0)
-                try:
-                    probe.connect(str(path))
-                except ConnectionRefusedError:
-                    path.unlink(missing_ok=True)
-                except OSError:
-                    pass
+        plugin_socket.remove_stale(self.socket_dir, "gpuslice-*.sock")
+
+    @property
+    def registered(self) -> bool:
+        """Registered with the kubelet, and every socket still where the kubelet dials it (a restarting
+        kubelet removes them; the watcher then serves and registers again)."""
+        return self._registered and all((self.socket_dir / r.endpoint).exists() for r in self.resources)
 
     def _stop_servers(self) -> None:
         """Stop the servers; remove each socket only if it is still ours (a newer instance's stays)."""
+        self._registered = False
         for resource in self.resources:
             if resource.server is not None:
                 resource.server.stop(grace=0.5).wait()
@@ -393,6 +395,7 @@ class DevicePlugin(Allocation):
                 self._stop_servers()
                 self._serve_all()
                 self.register_all()
+                self._registered = True
                 self._kubelet_id = identity
                 self.publish_inventory()
             except (RegistrationFailed, OSError, RuntimeError) as err:

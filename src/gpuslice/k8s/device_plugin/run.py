@@ -27,6 +27,8 @@ from gpuslice.k8s.device_plugin.devices import (
 )
 from gpuslice.k8s.device_plugin.kube import NodeKubeClient, NodePublisher, PodSource
 from gpuslice.k8s.device_plugin.plugin import DEVICE_PLUGIN_PATH, DevicePlugin
+from gpuslice.k8s.device_plugin.record import ALLOCATION_RECORD
+from gpuslice.k8s.node_metrics import device_plugin_collector
 from gpuslice.k8s.uninstall import clear_state_folder, daemonset_gone
 from gpuslice.node.enforcement import SharingMode
 from gpuslice.node.gpu_faults import (
@@ -71,7 +73,8 @@ def serve(
     no NVML health checks; a real one reads its MIG layouts and XID events through NVML. Without
     ``pods``, ``NodeKubeClient(kubeconfig)`` serves as
     both the pod source and the node publisher. With ``metrics_port``, Prometheus metrics (device and
-    GPU health, observe/k8s_metrics.py) are served at ``http://metrics_host:metrics_port/metrics``.
+    GPU health, observe/k8s_metrics.py; each slice's use, observe/node_slices.py) are served at
+    ``http://metrics_host:metrics_port/metrics``.
     With ``daemonset`` (namespace, name: the DaemonSet this runs in), a stop while it is gone or being
     deleted takes back what the plugin wrote on the node (``k8s.uninstall``)."""
     if mig_layouts is None:
@@ -108,6 +111,7 @@ def serve(
         plugin.start()
         if metrics_port is not None:
             registry = DevicePluginMetrics(plugin.device_health, plugin.gpu_health).registry
+            registry.register(device_plugin_collector(plugin, pods, simulated=simulated))
             metrics_server, _thread = start_http_server(metrics_port, metrics_host, registry=registry)
         if on_ready is not None:
             on_ready(plugin)
@@ -148,4 +152,4 @@ def forget_node(
     )
     if holders:
         return [f"{state_dir}: {len(holders)} pod(s) still hold slices here ({', '.join(holders[:5])})"]
-    return clear_state_folder(state_dir)
+    return clear_state_folder(state_dir, (ALLOCATION_RECORD,))
