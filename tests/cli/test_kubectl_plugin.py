@@ -935,3 +935,28 @@ def test_why_orders_both_event_apis_by_when_each_was_last_seen():
         ("core", "gpuslice-extender", 1),
         ("written late", "gpuslice-scheduler", 1),
     ]
+
+
+def test_why_says_what_it_can_of_an_unreadable_an_ended_and_an_unasked_pod(cluster, capsys):
+    cluster.pods += [
+        pod("garbled", {RESOURCE_GPU: "1", RESOURCE_GPUMEM: "lots"}, phase="Pending"),
+        pod("finished", {RESOURCE_GPU: "1"}, phase="Succeeded"),
+        pod("stray", {RESOURCE_GPU: "1"}, phase="Pending", scheduler="default-scheduler"),
+    ]
+    cluster.pods[-1]["status"]["conditions"] = [
+        {"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+         "message": "0/3 nodes are available: 3 Insufficient gpuslice.io/gpu."}
+    ]  # fmt: skip
+    assert said(capsys, "why", "garbled") == (
+        "pod team/garbled: its gpuslice ask or decision cannot be read: container 'main': "
+        "gpuslice.io/gpumem: 'lots' is not a Kubernetes quantity (e.g. 2, 500m, 8Gi)"
+    )
+    assert said(capsys, "why", "finished") == "pod team/finished has ended (Succeeded); it asked for 1 GPU."
+    # no event left, a scheduler that never asks the extender: the condition, and why no refusal of
+    # gpuslice's is there
+    assert said(capsys, "why", "stray") == (
+        "pod team/stray is pending; it asks for 1 GPU. No FailedScheduling event about it (events are kept "
+        "for an hour). Its PodScheduled condition: 0/3 nodes are available: 3 Insufficient gpuslice.io/gpu. "
+        "Its scheduler is default-scheduler, not gpuslice's: the gpuslice extender is not asked about it "
+        "(gpuslice's admission webhook sets it on pods that ask for gpuslice.io resources)."
+    )
