@@ -960,3 +960,27 @@ def test_why_says_what_it_can_of_an_unreadable_an_ended_and_an_unasked_pod(clust
         "Its scheduler is default-scheduler, not gpuslice's: the gpuslice extender is not asked about it "
         "(gpuslice's admission webhook sets it on pods that ask for gpuslice.io resources)."
     )
+
+
+def test_usage_reads_what_the_device_plugins_node_metrics_write(tmp_path):
+    """The writer (``observe.node_slices``, the device plugin's /metrics) and this reader agree on the
+    series: a slice with a shim region has its memory and busy seconds, one without has none."""
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from gpuslice.hardware.machine import GpuInfo, Machine
+    from gpuslice.k8s.usage import PodGpuSample, UsageKey, parse_usage
+    from gpuslice.observe.node_slices import NodeSliceCollector, SliceHolder
+    from gpuslice.shim.region import DeviceUsage, pack_region
+
+    region = tmp_path / "job.region"
+    region.write_bytes(pack_region([DeviceUsage(1, 8 * GiB, 3 * GiB, 2_500_000_000, 10, 0)]))
+    machine = Machine("n", (GpuInfo(0, "GPU-a", "H100", 80 * GiB), GpuInfo(1, "GPU-b", "H100", 80 * GiB)))
+    holders = [
+        SliceHolder("team", (1,), 8 * GiB, 0.3, region, pod="infer"),
+        SliceHolder("team", (0,), 80 * GiB, 1.0, None, pod="no-shim"),
+    ]
+    registry = CollectorRegistry()
+    registry.register(NodeSliceCollector(machine, lambda: holders, lambda: True))
+    assert parse_usage(generate_latest(registry).decode()) == {
+        UsageKey("team", "infer", 1): PodGpuSample(memory_used_bytes=3 * GiB, busy_seconds=2.5)
+    }
