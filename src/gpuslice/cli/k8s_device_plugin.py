@@ -14,6 +14,7 @@ import typer
 
 from gpuslice.cli import terminal
 from gpuslice.cli.options import (
+    InstanceOption,
     KubeconfigOption,
     NodeNameOption,
     SimulateOption,
@@ -57,16 +58,10 @@ def device_plugin(
         bool, typer.Option(help="mark GPUs unhealthy on critical XID errors (NVML)")
     ] = True,
     metrics_port: port_option(
-        "serve Prometheus metrics (device health) on this port at /metrics; off if unset", optional=True
+        "serve Prometheus metrics (device health, each slice's use) on this port at /metrics; off if unset",
+        optional=True,
     ) = None,
-    instance: Annotated[
-        str,
-        typer.Option(
-            envvar="POD_UID",
-            help="this instance's name in its socket names (the chart gives the pod's UID), so that the "
-            "old and the new pod of a rolling update serve side by side; empty: fixed names",
-        ),
-    ] = "",
+    instance: InstanceOption = "",
     daemonset: Annotated[
         str | None,
         typer.Option(
@@ -110,13 +105,5 @@ def device_plugin(
         on_ready=ready,
         metrics_port=metrics_port,
         daemonset=owner,
-        instance=_instance(instance),
+        instance=instance,
     )
-
-
-def _instance(value: str) -> str:
-    """The first 8 characters of a pod UID (or any name of lower-case letters, digits and '-')."""
-    short = value.strip().lower()[:8]
-    if (short and not all(c.isalnum() or c == "-" for c in short)) or not short.isascii():
-        raise UserError(f"--instance {value!r}: use lower-case letters, digits and '-' (a pod's UID)")
-    return short

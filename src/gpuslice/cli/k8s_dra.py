@@ -16,7 +16,14 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from gpuslice.cli import terminal
-from gpuslice.cli.options import KubeconfigOption, NodeNameOption, SimulateOption, resolve_node_name
+from gpuslice.cli.options import (
+    InstanceOption,
+    KubeconfigOption,
+    NodeNameOption,
+    SimulateOption,
+    port_option,
+    resolve_node_name,
+)
 from gpuslice.errors import UserError
 from gpuslice.k8s.annotations import DEFAULT_STATE_DIR
 from gpuslice.node.enforcement import DEFAULT_SHARING
@@ -56,6 +63,7 @@ def dra_driver(
     state_dir: Annotated[
         Path, typer.Option(help="host directory of the soft-cap file, the shim and the driver's checkpoint")
     ] = Path(DEFAULT_STATE_DIR),
+    instance: InstanceOption = "",
     daemonset: Annotated[
         str | None,
         typer.Option(
@@ -65,6 +73,11 @@ def dra_driver(
             "prepared, its CDI specs, checkpoint and state files",
         ),
     ] = None,
+    metrics_port: port_option(
+        "serve Prometheus metrics (each prepared claim's slice, and what the shim measures of it) on this "
+        "port at /metrics; off if unset",
+        optional=True,
+    ) = None,
     print_slices: Annotated[
         bool, typer.Option("--print-slices", help="print this node's ResourceSlices as YAML and exit")
     ] = False,
@@ -115,13 +128,20 @@ def dra_driver(
         sharing=mode,
         plugins_dir=plugins_dir,
         registry_dir=registry_dir,
+        instance=instance,
         health=_health(machine, simulated=bool(simulate)),
     )
     done = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: done.set())
+    stop_metrics = None
     try:
         driver.start()
+        if metrics_port is not None:
+            from gpuslice.k8s.node_metrics import dra_collector, start_metrics
+
+            collector = dra_collector(machine, driver.preparer, driver.plugin, simulated=bool(simulate))
+            stop_metrics = start_metrics(collector, metrics_port)
         _out.print(
             f"gpuslice DRA driver on node {name}: {machine.gpu_count} GPUs in pool {name} (generation "
             f"{driver.generation}); kubelet socket {driver.plugin.endpoint}"
@@ -129,6 +149,8 @@ def dra_driver(
         while not done.wait(1.0):
             pass
     finally:
+        if stop_metrics is not None:
+            stop_metrics()
         driver.stop()
         if owner is not None:
             _forget_if_removed(driver, api, owner)

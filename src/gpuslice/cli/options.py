@@ -102,6 +102,28 @@ KubectlKubeconfigOption = Annotated[
 ]
 
 
+def _instance(param: typer.CallbackParam, value: str) -> str:
+    """The first 8 characters of a pod UID (or any name of lower-case letters, digits and '-')."""
+    short = value.strip().lower()[:8]
+    if (short and not all(c.isalnum() or c == "-" for c in short)) or not short.isascii():
+        raise InvalidInput(f"--instance {value!r}: use lower-case letters, digits and '-' (a pod's UID)")
+    return short
+
+
+# A node plugin's name in its socket names: two pods of one DaemonSet rolled with surge serve side by
+# side, and the kubelet keeps each registered by its own socket (``k8s.plugin_socket``).
+InstanceOption = Annotated[
+    str,
+    typer.Option(
+        envvar="POD_UID",
+        callback=_instance,
+        help="this instance's name in its socket names (the chart gives the pod's UID; its first 8 "
+        "characters are used), so that the old and the new pod of a rolling update serve side by side; "
+        "empty: fixed names",
+    ),
+]
+
+
 def _port(param: typer.CallbackParam, value: int | None) -> int | None:
     if value is not None and not 1 <= value <= 65535:
         raise InvalidInput(f"invalid {param.opts[0]} {value}: use a TCP port from 1 to 65535")

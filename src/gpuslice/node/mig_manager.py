@@ -151,6 +151,11 @@ class MigManager:
             return []
         return [OwnedInstance(**row) for row in json.loads(self.path.read_text(encoding="utf-8"))]
 
+    def reload(self) -> None:
+        """Read the record again: another process (the DRA driver's other instance in a roll) may have
+        written it; the caller holds the lock they share."""
+        self.owned = self._load()
+
     def _save(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_name(f".instances.{os.getpid()}.tmp")

@@ -58,6 +58,7 @@ class DraDriver:
         sharing: SharingMode | str = SharingMode.SOFT,
         plugins_dir: Path = PLUGINS_DIR,
         registry_dir: Path = REGISTRY_DIR,
+        instance: str = "",
         health: HealthSource | None = None,
         identities: dict[int, GpuIdentity] | None = None,
         minors: Sequence[int] | None = None,
@@ -81,7 +82,9 @@ class DraDriver:
             minors=minors,
             healthy=lambda gpu: self.healthy[gpu],
         )
-        self.plugin = KubeletPlugin(self.preparer, plugins_dir=plugins_dir, registry_dir=registry_dir)
+        self.plugin = KubeletPlugin(
+            self.preparer, plugins_dir=plugins_dir, registry_dir=registry_dir, instance=instance
+        )
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._publish_lock = threading.Lock()

@@ -1,9 +1,15 @@
 """The kubelet side of the DRA driver: plugin registration and the ``v1.DRAPlugin`` gRPC service.
 
 ```text
-<plugins_registry>/gpu.gpuslice.io-reg.sock   Registration: GetInfo -> type, name, endpoint, versions
-<plugins>/gpu.gpuslice.io/dra.sock            DRAPlugin: NodePrepareResources, NodeUnprepareResources
+<plugins_registry>/gpu.gpuslice.io-<instance>.sock   Registration: GetInfo -> type, name, endpoint
+<plugins>/gpu.gpuslice.io/dra-<instance>.sock        DRAPlugin: NodePrepareResources, Unprepare
 ```
+
+``<instance>`` is the pod's (the first 8 characters of its UID; without one the names are
+``gpu.gpuslice.io-reg.sock`` and ``dra.sock``): in a roll with surge the old and the new pod serve side
+by side, the kubelet keeps both registered and calls the newest, and each removes only its own sockets
+(``k8s.plugin_socket``). Both may be called at once: the checkpoint they share is read and written
+under a lock across processes (``Preparer``).
 
 The kubelet watches its plugins_registry directory, calls GetInfo on a new socket, then talks to the
 named endpoint. Every claim of a request gets an entry in the answer; a claim that cannot be prepared
@@ -46,12 +52,13 @@ REGISTRY_DIR = Path("/var/lib/kubelet/plugins_registry")
 PLUGINS_DIR = Path("/var/lib/kubelet/plugins")
 
 
-def dra_socket(plugins_dir: Path) -> Path:
-    return Path(plugins_dir) / DRIVER / "dra.sock"
+def dra_socket(plugins_dir: Path, instance: str = "") -> Path:
+    return Path(plugins_dir) / DRIVER / (f"dra-{instance}.sock" if instance else "dra.sock")
 
 
-def registration_socket(registry_dir: Path) -> Path:
-    return Path(registry_dir) / f"{DRIVER}-reg.sock"
+def registration_socket(registry_dir: Path, instance: str = "") -> Path:
+    # not <driver>-<instance>-reg.sock: four characters fewer under gRPC's socket path limit
+    return Path(registry_dir) / (f"{DRIVER}-{instance}.sock" if instance else f"{DRIVER}-reg.sock")
 
 
 class _DraServicer(dra_grpc.DRAPluginServicer):
@@ -123,11 +130,16 @@ class KubeletPlugin:
     kubelet last said (None: not asked yet)."""
 
     def __init__(
-        self, preparer: Preparer, *, plugins_dir: Path = PLUGINS_DIR, registry_dir: Path = REGISTRY_DIR
+        self,
+        preparer: Preparer,
+        *,
+        plugins_dir: Path = PLUGINS_DIR,
+        registry_dir: Path = REGISTRY_DIR,
+        instance: str = "",
     ):
         self.preparer = preparer
-        self.endpoint = dra_socket(plugins_dir)
-        self.registration_path = registration_socket(registry_dir)
+        self.endpoint = dra_socket(plugins_dir, instance)
+        self.registration_path = registration_socket(registry_dir, instance)
         self._registration = _RegistrationServicer(self.endpoint)
         self._dra_server: grpc.Server | None = None
         self._reg_server: grpc.Server | None = None
@@ -138,6 +150,8 @@ class KubeletPlugin:
         return self._registration.registered
 
     def start(self) -> None:
+        plugin_socket.remove_stale(self.endpoint.parent, "dra*.sock")
+        plugin_socket.remove_stale(self.registration_path.parent, f"{DRIVER}-*.sock")
         dra_server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
         dra_grpc.add_DRAPluginServicer_to_server(_DraServicer(self.preparer), dra_server)
         private = plugin_socket.listen(dra_server, self.endpoint)

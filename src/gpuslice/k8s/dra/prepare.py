@@ -34,12 +34,14 @@ each CDI device node names its host file in ``hostPath``, since the runtime refu
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import logging
 import os
 import threading
 import weakref
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any, Protocol
@@ -200,10 +202,12 @@ class Preparer:
             mig = MigManager(machine, self.state_dir, nvml=nvml)
         self.mig = mig
         self.checkpoint_path = self.state_dir / "dra-checkpoint.json"
+        self.lock_path = self.state_dir / "dra-checkpoint.lock"
         # Two levels: a claim's own lock is held across its API read, so a slow read holds up only
         # that claim (a second prepare of it waits and then answers from the checkpoint); the node's
         # ``_lock`` guards the devices, the MIG instances, the files and the checkpoint, and is never
-        # held across an API call.
+        # held across an API call. ``_node()`` takes it and the lock file's flock: in a roll with surge
+        # the other pod's driver prepares on the same node, from the same checkpoint.
         self._lock = threading.Lock()
         self._claim_locks: weakref.WeakValueDictionary[str, Any] = weakref.WeakValueDictionary()
         self._prepared: dict[str, dict[str, Any]] = self._load()
@@ -239,23 +243,46 @@ class Preparer:
     def _save(self) -> None:
         _atomic_write(self.checkpoint_path, json.dumps({"version": 1, "claims": self._prepared}, indent=1))
 
+    @contextlib.contextmanager
+    def _node(self) -> Iterator[None]:
+        """The node's lock: this process's threads and, by an flock on ``lock_path``, the driver's other
+        instance (the old and the new pod of a roll are both registered, and the kubelet may call
+        either). Inside it the checkpoint and the MIG record are read afresh: the other may have
+        written them."""
+        with self._lock:
+            self.state_dir.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+                self._prepared = self._load()
+                if self.mig is not None:
+                    self.mig.reload()
+                yield
+            finally:
+                os.close(fd)  # the flock goes with it
+
     def prepared(self) -> dict[str, list[PreparedDevice]]:
         """Claim UID -> its prepared devices (from the checkpoint)."""
-        with self._lock:
+        with self._node():
             return {uid: [PreparedDevice(**d) for d in e["devices"]] for uid, e in self._prepared.items()}
+
+    def prepared_claims(self) -> list[tuple[str, str, str, str]]:
+        """(UID, namespace, name, CDI spec path) of every prepared claim (the node's metrics read them)."""
+        with self._node():
+            return [(uid, e["namespace"], e["name"], e["cdi_spec"]) for uid, e in self._prepared.items()]
 
     def forget(self) -> list[str]:
         """gpuslice is leaving the node (``k8s.uninstall``): unless a claim is still prepared, destroy
         the idle MIG instances gpuslice made, remove every CDI spec of this driver (a crash's leftovers
         too), the checkpoint and the state files. What was kept, in words (for the log)."""
-        with self._lock:
+        with self._node():
             if self._prepared:
                 names = [f"{e['namespace']}/{e['name']}" for e in self._prepared.values()]
                 return [
                     f"{len(names)} claim(s) still prepared here ({', '.join(names[:5])}): their CDI specs, "
                     f"the checkpoint and {self.state_dir} stay"
                 ]
-            own = [self.checkpoint_path.name]
+            own = [self.checkpoint_path.name, self.lock_path.name]
             if self.mig is not None:
                 self.mig.destroy_idle()
                 if not self.mig.owned:  # an instance that could not be destroyed keeps its record
@@ -277,7 +304,7 @@ class Preparer:
     def prepare(self, ref: ClaimRef) -> list[PreparedDevice]:
         """The claim's devices, its CDI spec written; PrepareRefused says why not (nothing is written)."""
         with self._claim_lock(ref.uid):
-            with self._lock:
+            with self._node():
                 done = self._prepared.get(ref.uid)
             if done is not None:
                 return [PreparedDevice(**d) for d in done["devices"]]
@@ -291,11 +318,14 @@ class Preparer:
                     f"ResourceClaim {ref.namespace}/{ref.name} has UID {uid}, not {ref.uid}: it was deleted "
                     "and created again; the pod must be recreated"
                 )
-            with self._lock:
+            with self._node():
                 return self._prepare_read(ref, claim)
 
     def _prepare_read(self, ref: ClaimRef, claim: Mapping[str, Any]) -> list[PreparedDevice]:
         """Under both locks, the claim read: plan its devices, write its spec and the checkpoint."""
+        done = self._prepared.get(ref.uid)
+        if done is not None:  # the driver's other instance prepared it meanwhile
+            return [PreparedDevice(**d) for d in done["devices"]]
         path = cdi_spec_path(self.cdi_dir, ref.uid)
         try:
             devices, spec = self._plan(ref, claim)
@@ -318,7 +348,7 @@ class Preparer:
 
     def unprepare(self, uid: str) -> None:
         """Undo ``prepare``: its CDI spec and checkpoint entry go. A UID never prepared is a success."""
-        with self._claim_lock(uid), self._lock:
+        with self._claim_lock(uid), self._node():
             entry = self._prepared.get(uid)
             Path(entry["cdi_spec"] if entry else cdi_spec_path(self.cdi_dir, uid)).unlink(missing_ok=True)
             if entry is None:
