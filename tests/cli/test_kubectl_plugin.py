@@ -669,6 +669,7 @@ needs_kubectl = pytest.mark.skipif(
 
 
 @needs_script
+@pytest.mark.k8s_e2e
 @needs_kubectl
 def test_kubectl_finds_the_plugin_on_path_and_runs_it(cluster, tmp_path):
     env = {
@@ -740,6 +741,8 @@ def test_tables_keep_every_digit_at_80_columns_with_long_names(cluster, capsys, 
 
 
 # ---- a real kube-apiserver (etcd + kube-apiserver only: nothing schedules or runs the pods) -------------
+# Marked k8s_e2e, as the kubectl test above: scripts/k8s-e2e runs them once it has built the binaries
+# (a fresh machine has none when the unit tests run, and they would only be skipped there).
 
 
 def control_plane_binaries() -> Path | None:
@@ -832,6 +835,7 @@ def write_cluster(plane: Any) -> None:
     plane.kubectl("apply", "-f", "-", stdin=yaml.safe_dump(scheduler_event))
 
 
+@pytest.mark.k8s_e2e
 def test_against_a_real_api_server_as_admin(real_api, tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("KUBECONFIG", str(real_api.kubeconfig))
     monkeypatch.setenv("COLUMNS", "80")
@@ -866,6 +870,7 @@ def test_against_a_real_api_server_as_admin(real_api, tmp_path, monkeypatch, cap
     )
 
 
+@pytest.mark.k8s_e2e
 def test_a_real_api_server_whose_certificate_is_not_trusted_is_one_line(
     real_api, tmp_path, monkeypatch, capsys
 ):
@@ -882,6 +887,7 @@ def test_a_real_api_server_whose_certificate_is_not_trusted_is_one_line(
     )
 
 
+@pytest.mark.k8s_e2e
 def test_against_a_real_api_server_with_rbac(real_api, tmp_path, monkeypatch, capsys):
     """A ServiceAccount that may get and list pods and events in namespace team, nothing else."""
     import yaml
