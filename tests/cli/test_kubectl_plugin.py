@@ -660,6 +660,18 @@ def kubectl_binary() -> Path | None:
 
 
 KUBECTL = kubectl_binary()
+
+
+def on_real_cluster(test: Any) -> Any:
+    """Run by scripts/k8s-e2e with its binaries (k8s_e2e); as in tests/k8s_e2e, the kubernetes client's
+    unclosed sockets are not this test's findings."""
+    for mark in (
+        pytest.mark.k8s_e2e,
+        pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning"),
+        pytest.mark.filterwarnings("ignore::ResourceWarning"),
+    ):
+        test = mark(test)
+    return test
 needs_script = pytest.mark.skipif(
     not SCRIPT.is_file(), reason="the package is not installed (no console script)"
 )
@@ -669,7 +681,7 @@ needs_kubectl = pytest.mark.skipif(
 
 
 @needs_script
-@pytest.mark.k8s_e2e
+@on_real_cluster
 @needs_kubectl
 def test_kubectl_finds_the_plugin_on_path_and_runs_it(cluster, tmp_path):
     env = {
@@ -835,7 +847,7 @@ def write_cluster(plane: Any) -> None:
     plane.kubectl("apply", "-f", "-", stdin=yaml.safe_dump(scheduler_event))
 
 
-@pytest.mark.k8s_e2e
+@on_real_cluster
 def test_against_a_real_api_server_as_admin(real_api, tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("KUBECONFIG", str(real_api.kubeconfig))
     monkeypatch.setenv("COLUMNS", "80")
@@ -870,7 +882,7 @@ def test_against_a_real_api_server_as_admin(real_api, tmp_path, monkeypatch, cap
     )
 
 
-@pytest.mark.k8s_e2e
+@on_real_cluster
 def test_a_real_api_server_whose_certificate_is_not_trusted_is_one_line(
     real_api, tmp_path, monkeypatch, capsys
 ):
@@ -887,7 +899,7 @@ def test_a_real_api_server_whose_certificate_is_not_trusted_is_one_line(
     )
 
 
-@pytest.mark.k8s_e2e
+@on_real_cluster
 def test_against_a_real_api_server_with_rbac(real_api, tmp_path, monkeypatch, capsys):
     """A ServiceAccount that may get and list pods and events in namespace team, nothing else."""
     import yaml
