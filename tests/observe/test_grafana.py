@@ -43,6 +43,26 @@ def test_the_dashboard_covers_the_views_of_the_web_dashboard():
         assert metric in text
 
 
+def test_the_dashboard_shows_the_cluster_from_the_ledgers_and_the_pods_on_nodes():
+    text = " ".join(queries())
+    for metric in (
+        "gpuslice_cluster_node_gpus_allocated",
+        "gpuslice_cluster_node_gpu_unallocated_ratio",
+        "gpuslice_cluster_node_gpu_fragmentation_ratio",
+        "gpuslice_cluster_node_gpu_memory_allocated_bytes",
+        "gpuslice_cluster_pending_pods",
+        "gpuslice_cluster_pending_longest_wait_seconds",
+        "gpuslice_cluster_preemptions_total",
+        "gpuslice_pod_memory_used_bytes",
+        "gpuslice_pod_memory_limit_bytes",
+        "gpuslice_pod_compute_busy_seconds_total",
+        "gpuslice_pod_compute_limit_ratio",
+        "gpuslice_pod_oom_refusals_total",
+        "gpuslice_node_plugin_registered",
+    ):
+        assert metric in text, metric
+
+
 def test_every_query_is_valid_promql(tmp_path, external_tool):
     # $instance is a Grafana variable; as a regex matcher any value is valid PromQL.
     rules = [{"record": f"gpuslice:dashboard_query_{i}", "expr": q.replace("$instance", ".*")}
