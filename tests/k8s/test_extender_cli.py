@@ -91,6 +91,43 @@ def test_extender_command_builds_the_state_with_the_policy_and_serves_it(monkeyp
     ]
 
 
+def test_extender_metrics_port_serves_the_apps_series_on_every_address_and_stops_with_it(monkeypatch):
+    """/bind stays on loopback; Prometheus scrapes the pod's IP on --metrics-port, which serves the same
+    registry as the app's /metrics (the verbs' and the cluster's series), and closes when it stops."""
+    import socket
+
+    import httpx
+    import uvicorn
+
+    from gpuslice.k8s import extender
+
+    class Api:
+        def __init__(self, kubeconfig: str | None) -> None:
+            pass
+
+        def events(self):
+            return iter(())
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    scraped: dict[str, str] = {}
+
+    def run(app, **kw):
+        scraped["host"] = kw["host"]
+        scraped["text"] = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
+
+    monkeypatch.setattr(extender, "KubernetesApi", Api)
+    monkeypatch.setattr(uvicorn, "run", run)
+    result = runner.invoke(main.app, ["k8s", "extender", "--metrics-port", str(port)])
+    assert result.exit_code == 0, result.output
+    assert scraped["host"] == "127.0.0.1"
+    assert "# TYPE gpuslice_extender_request_duration_seconds histogram" in scraped["text"]
+    assert "gpuslice_cluster_preemptions_total" in scraped["text"]
+    with pytest.raises(httpx.TransportError):  # the extender stopped: so did its metrics port
+        httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=2)
+
+
 def test_probe_exits_0_for_a_server_that_answers_and_1_for_none():
     """The exec readiness probe of the loopback-only extender."""
     import http.server

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 import time
 import warnings
 from collections.abc import Mapping
@@ -413,21 +414,25 @@ def test_a_dra_scrape_without_the_api_has_no_pool_series_but_still_its_pending_p
 
 
 def test_the_dra_allocators_metrics_port_serves_and_a_taken_port_is_one_clear_error():
-    from gpuslice.cli.k8s_dra_allocator import _serve_metrics
+    from gpuslice.k8s.dra.pool_metrics import DraMetrics
+    from gpuslice.observe.metrics_server import serve_metrics
 
     api, allocator = _allocated_pools()
-    server = _serve_metrics(0, api, allocator)  # 0: any free port
+    with socket.socket() as probe:  # a port free now
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    stop = serve_metrics(DraMetrics(api, allocator).registry, port)
     try:
-        port = server.server_address[1]
         text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
         assert 'gpuslice_cluster_node_gpus{model="L4",node="gpu-1"} 4.0' in text
         with pytest.raises(
             UserError, match=rf"--metrics-port {port}: cannot listen there .*; give a free port"
         ):
-            _serve_metrics(port, api, allocator)
+            serve_metrics(DraMetrics(api, allocator).registry, port)
     finally:
-        server.shutdown()
-        server.server_close()
+        stop()
+    with pytest.raises(httpx.TransportError):  # stopped: the port answers no more
+        httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=2)
 
 
 def test_the_dra_allocators_metrics_port_is_checked_before_anything_starts(run_cli):

@@ -40,6 +40,11 @@ def extender(
         ),
     ] = "127.0.0.1",
     port: port_option("TCP port; the KubeSchedulerConfiguration's urlPrefix points here") = 8888,
+    metrics_port: port_option(
+        "serve GET /metrics (the verbs' latency and results, the cluster's series) on this port on every "
+        "address, for Prometheus to scrape at the pod's IP while --host stays loopback; off if unset",
+        optional=True,
+    ) = None,
     kubeconfig: KubeconfigOption = None,
     policy: Annotated[
         str,
@@ -86,8 +91,18 @@ def extender(
     state = ClusterState(
         api, default_policy=policy, narrow=decide, target=target, lock_timeout_s=node_lock_timeout
     )
+    app = create_app(state, api.events())
+    stop_metrics = None
+    if metrics_port is not None:
+        from gpuslice.observe.metrics_server import serve_metrics
+
+        stop_metrics = serve_metrics(app.state.metrics.registry, metrics_port)
     _out.print(f"gpuslice extender on {host}:{port}, default policy {policy}; watching nodes and pods")
-    uvicorn.run(create_app(state, api.events()), host=host, port=port, log_level="info", **SERVER_OPTIONS)
+    try:
+        uvicorn.run(app, host=host, port=port, log_level="info", **SERVER_OPTIONS)
+    finally:
+        if stop_metrics is not None:
+            stop_metrics()
 
 
 @app.command()

@@ -138,10 +138,16 @@ def dra_driver(
     try:
         driver.start()
         if metrics_port is not None:
-            from gpuslice.k8s.node_metrics import dra_collector, start_metrics
+            from prometheus_client import CollectorRegistry
 
-            collector = dra_collector(machine, driver.preparer, driver.plugin, simulated=bool(simulate))
-            stop_metrics = start_metrics(collector, metrics_port)
+            from gpuslice.k8s.node_metrics import dra_collector
+            from gpuslice.observe.metrics_server import serve_metrics
+
+            registry = CollectorRegistry()
+            registry.register(
+                dra_collector(machine, driver.preparer, driver.plugin, simulated=bool(simulate))
+            )
+            stop_metrics = serve_metrics(registry, metrics_port)
         _out.print(
             f"gpuslice DRA driver on node {name}: {machine.gpu_count} GPUs in pool {name} (generation "
             f"{driver.generation}); kubelet socket {driver.plugin.endpoint}"

@@ -9,13 +9,12 @@ from __future__ import annotations
 import logging
 import signal
 import threading
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 
 from gpuslice.cli import terminal
 from gpuslice.cli.options import KubeconfigOption, port_option, target_workload_option
-from gpuslice.errors import UserError
 from gpuslice.policies import DEFAULT_PLACEMENT, PLACEMENT
 
 __all__ = ["dra_allocator"]
@@ -52,29 +51,16 @@ def dra_allocator(
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: done.set())
     allocator = DraAllocator(api, policy, target)
-    server = None
+    stop_metrics = None
     try:
         if metrics_port is not None:
-            server = _serve_metrics(metrics_port, api, allocator)
+            from gpuslice.k8s.dra.pool_metrics import DraMetrics
+            from gpuslice.observe.metrics_server import serve_metrics
+
+            stop_metrics = serve_metrics(DraMetrics(api, allocator).registry, metrics_port)
         _out.print(f"gpuslice DRA allocator, policy {policy}: allocating claims of pods gated by {GATE}")
         allocator.run(done, interval)
     finally:
-        if server is not None:
-            server.shutdown()
-            server.server_close()
+        if stop_metrics is not None:
+            stop_metrics()
         api.close()
-
-
-def _serve_metrics(port: int, api: Any, allocator: Any) -> Any:
-    """GET /metrics on ``port`` (all addresses: Prometheus scrapes the pod's IP) from a thread of its own."""
-    from prometheus_client import start_http_server
-
-    from gpuslice.k8s.dra.pool_metrics import DraMetrics
-
-    try:
-        server, _thread = start_http_server(port, "0.0.0.0", registry=DraMetrics(api, allocator).registry)
-    except OSError as err:
-        raise UserError(
-            f"--metrics-port {port}: cannot listen there ({err.strerror or err}); give a free port"
-        ) from None
-    return server

@@ -22,8 +22,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from prometheus_client import CollectorRegistry, start_http_server
-
 from gpuslice.k8s.container_slice import slice_holder
 from gpuslice.observe.node_slices import NodeSliceCollector, SliceHolder
 
@@ -40,7 +38,6 @@ __all__ = [
     "device_plugin_collector",
     "dra_collector",
     "nvml_memory_used",
-    "start_metrics",
 ]
 
 log = logging.getLogger(__name__)
@@ -135,17 +132,3 @@ def dra_collector(
 
     nvml = None if simulated else nvml_memory_used
     return NodeSliceCollector(machine, DraSlices(preparer), registered, nvml_used=nvml)
-
-
-def start_metrics(collector: NodeSliceCollector, port: int, host: str = "0.0.0.0") -> Callable[[], None]:
-    """Serve ``collector`` at ``http://host:port/metrics`` (prometheus_client's threaded server, as the
-    device plugin's); the function that stops the server."""
-    registry = CollectorRegistry()
-    registry.register(collector)
-    server, _thread = start_http_server(port, host, registry=registry)
-
-    def stop() -> None:
-        server.shutdown()
-        server.server_close()
-
-    return stop

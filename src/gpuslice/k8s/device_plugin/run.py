@@ -10,8 +10,6 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from prometheus_client import start_http_server
-
 from gpuslice.hardware.machine import Machine
 from gpuslice.hardware.mig import MigLayout
 from gpuslice.k8s.annotations import (
@@ -38,6 +36,7 @@ from gpuslice.node.gpu_faults import (
     NvmlHealthSource,
 )
 from gpuslice.observe.k8s_metrics import DevicePluginMetrics
+from gpuslice.observe.metrics_server import serve_metrics
 
 __all__ = [
     "serve",
@@ -106,21 +105,20 @@ def serve(
     if stop is None:
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: done.set())
-    metrics_server = None
+    stop_metrics = None
     try:
         plugin.start()
         if metrics_port is not None:
             registry = DevicePluginMetrics(plugin.device_health, plugin.gpu_health).registry
             registry.register(device_plugin_collector(plugin, pods, simulated=simulated))
-            metrics_server, _thread = start_http_server(metrics_port, metrics_host, registry=registry)
+            stop_metrics = serve_metrics(registry, metrics_port, metrics_host)
         if on_ready is not None:
             on_ready(plugin)
         while not done.wait(1.0):
             pass
     finally:
-        if metrics_server is not None:
-            metrics_server.shutdown()
-            metrics_server.server_close()
+        if stop_metrics is not None:
+            stop_metrics()
         plugin.stop()
         if owned is not None:
             if daemonset is not None and daemonset_gone(owned.api_client, *daemonset):

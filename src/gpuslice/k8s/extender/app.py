@@ -168,6 +168,7 @@ def create_app(state: ClusterState, events: Iterable[WatchEvent] | None = None) 
     dashboard.mount(app, lambda: cluster_view(state, history))
     # and the ledger's per-node and pending series on /metrics, sampling the same history
     metrics.registry.register(ClusterCollector(lambda: cluster_figures(state, history)))
+    app.state.metrics = metrics  # also served on a port of its own (gpuslice k8s extender --metrics-port)
     return app
 
 
