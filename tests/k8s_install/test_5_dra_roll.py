@@ -41,11 +41,14 @@ def _running(core: Any, namespace: str, name: str) -> Any:
 
 
 def _failed_prepares(core: Any, namespace: str) -> list[str]:
-    """The kubelet's events for pods whose claims it could not have prepared."""
+    """The kubelet's events for pods whose claims it could not have prepared (FailedPrepareDynamicResources:
+    no driver registered, or the driver refused). kube-scheduler's own retries are not counted: when it
+    sees a claim before its cache has gpuslice's allocation, its PreBind finds the claim "allocated
+    elsewhere in the meantime" and schedules the pod again."""
     return [
         f"{e.involved_object.name}: {e.reason} {e.message}"
         for e in core.list_namespaced_event(namespace).items
-        if "Prepare" in (e.reason or "") or "Failed" in (e.reason or "")
+        if "Prepare" in (e.reason or "") or "prepare dynamic resources" in (e.message or "")
     ]
 
 
