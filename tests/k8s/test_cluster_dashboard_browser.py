@@ -170,6 +170,15 @@ def test_an_extender_still_listing_the_cluster_says_so_and_shows_what_it_has(bro
     assert "The extender is starting" in page["banner"] and len(page["rows"]) == 2
 
 
+def test_claims_the_extender_cannot_list_say_why_instead_of_none(browser):
+    refused = "cannot list ResourceClaims: 403 Forbidden"
+    with served(dashboard_app({**CONTRACT_VIEW, "claims": [], "claims_error": refused})) as url:
+        loaded(browser, url)
+        said = browser.find_element("id", "claims-error")
+        empty = browser.find_element("id", "claims-empty")
+        assert said.is_displayed() and said.text == refused and not empty.is_displayed()
+
+
 def test_an_empty_cluster_says_no_node_has_gpus(browser):
     with served(create_app(ClusterState(FakeApi()))) as url:
         page = loaded(browser, url)

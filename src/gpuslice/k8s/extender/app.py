@@ -19,6 +19,7 @@ from gpuslice.errors import GpusliceError, InvalidRequest
 from gpuslice.k8s import extender_wire as wire
 from gpuslice.k8s.extender import dashboard
 from gpuslice.k8s.extender.bind_lock import BIND_BUDGET_S
+from gpuslice.k8s.extender.claims import ClaimReader
 from gpuslice.k8s.extender.cluster import pod_meta
 from gpuslice.k8s.extender.kube import WatchEvent
 from gpuslice.k8s.extender.snapshot import FragmentationHistory, cluster_figures, cluster_view
@@ -165,7 +166,8 @@ def create_app(state: ClusterState, events: Iterable[WatchEvent] | None = None) 
     metrics = instrument_extender(app)  # GET /metrics; each verb's latency and result (k8s_metrics.py)
     # GET /cluster/: the read-only cluster dashboard, over kubectl port-forward (extender/dashboard)
     history = FragmentationHistory()
-    dashboard.mount(app, lambda: cluster_view(state, history))
+    claims = ClaimReader(getattr(state.api, "list_resource_claims", None))  # None: a test's API
+    dashboard.mount(app, lambda: cluster_view(state, history, claims))
     # and the ledger's per-node and pending series on /metrics, sampling the same history
     metrics.registry.register(ClusterCollector(lambda: cluster_figures(state, history)))
     app.state.metrics = metrics  # also served on a port of its own (gpuslice k8s extender --metrics-port)

@@ -134,6 +134,14 @@ class KubernetesApi:
             raise
         return bool(pod.metadata.uid != uid)
 
+    def list_resource_claims(self) -> list[dict[str, Any]]:
+        """Every ResourceClaim in the cluster (the cluster view keeps gpuslice's allocated ones)."""
+        from gpuslice.k8s.dra.kube import GROUP, VERSION
+
+        objects = self._client.CustomObjectsApi(self._core.api_client)
+        found = objects.list_cluster_custom_object(GROUP, VERSION, "resourceclaims", _request_timeout=10)
+        return list(found.get("items") or [])
+
     def read_node_annotations(self, node_name: str) -> tuple[dict[str, str], str]:
         return node_lock.read_node_annotations(self._core, node_name)
 

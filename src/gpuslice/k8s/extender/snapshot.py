@@ -19,8 +19,8 @@ nodes[]              by name: name, model, unallocated_percent, fragmentation_pe
                      GPU's), mig_profile and mig_start (null for a share or a whole GPU)
 pending[]            oldest first: pod, code (a fixed reason code), reason (its FailedScheduling line,
                      with the amounts), since (unix seconds of its first refusal)
-claims[]             DRA claims: always empty here (the extender does not read ResourceClaims; the DRA
-                     allocator's pools are in its own metrics)
+claims[]             DRA claims gpuslice's driver holds (``claims.ClaimReader``): claim, node, pool,
+                     devices, share; ``claims_error``: why they could not be listed ("" when they were)
 history[]            oldest first: t, unallocated_percent, fragmentation_percent (``FragmentationHistory``)
 ```
 
@@ -42,6 +42,7 @@ from typing import Any
 
 import numpy as np
 
+from gpuslice.k8s.extender.claims import ClaimReader
 from gpuslice.k8s.extender.cluster import BoundPod, LedgerBuild, PendingPod
 from gpuslice.k8s.extender.state import ClusterState
 from gpuslice.ledger.placement import Placement
@@ -213,9 +214,15 @@ def _percent(milli: float, capacity: int) -> float:
     return 100.0 * milli / capacity if capacity else 0.0
 
 
-def cluster_view(state: ClusterState, history: FragmentationHistory | None = None) -> dict[str, Any]:
-    """The whole cluster as JSON types (module docstring); a sample into ``history`` if given."""
+def cluster_view(
+    state: ClusterState,
+    history: FragmentationHistory | None = None,
+    claims: ClaimReader | None = None,
+) -> dict[str, Any]:
+    """The whole cluster as JSON types (module docstring); a sample into ``history`` if given; the DRA
+    claims from ``claims`` if given."""
     now = time.time()
+    claim_rows, claims_error = claims.rows() if claims is not None else ([], "")
     r = _read(state)
     f, tally, usable = _figures(r, now)
     if history is not None:
@@ -294,6 +301,7 @@ def cluster_view(state: ClusterState, history: FragmentationHistory | None = Non
             {"pod": f"{p.namespace}/{p.name}", "code": p.code, "reason": p.reason, "since": p.since}
             for p in sorted(r.pending, key=lambda p: (p.since, p.namespace, p.name))
         ],
-        "claims": [],
+        "claims": claim_rows,
+        "claims_error": claims_error,
         "history": history.samples(now) if history is not None else [],
     }

@@ -196,7 +196,7 @@ function applyFilter() {
   empty.textContent = nodes.length ? "No node or pod matches the filter." : "No node advertises GPUs yet.";
   drawRows();
   drawPending(state.view.pending);
-  drawClaims(state.view.claims);
+  drawClaims(state.view.claims, state.view.claims_error || "");
 }
 
 // ---- pending pods, claims ---------------------------------------------------------------------------
@@ -224,7 +224,11 @@ function drawPending(pending) {
   }), kept.length);
 }
 
-function drawClaims(claims) {
+function drawClaims(claims, error) {
+  // the extender could not list them (no permission on resourceclaims, no DRA API): say so, not "none"
+  const said = document.getElementById("claims-error");
+  said.textContent = error;
+  said.hidden = !error;
   const kept = claims.filter((c) => matches(c.claim) || matches(c.node || ""));
   document.getElementById("claims-count").textContent = String(claims.length);
   fillTable("claims", kept.slice(0, LIST_SHOWN).map((c) => {
@@ -237,6 +241,7 @@ function drawClaims(claims) {
     row.dataset.claim = c.claim;
     return row;
   }), kept.length);
+  if (error) document.getElementById("claims-empty").hidden = true;
 }
 
 // ---- fragmentation over time: two lines, 0-100 % ----------------------------------------------------
