@@ -247,9 +247,9 @@ def test_view_json_of_a_real_cluster_shows_each_gpus_pods_mig_instances_and_pend
     assert shared[0]["milli_free"] == 400 and shared[0]["mig"] is False
     mig = nodes["n2"]["gpus"][1]
     assert mig["mig"] is True
-    assert sorted((s["pod"], s["mig_profile"], s["mig_start"]) for s in mig["slices"]) == [
-        ("team-a/mig-big", "3g.40gb", 0),
-        ("team-a/mig-small", "1g.10gb", 6),
+    assert sorted((s["pod"], s["mig_profile"], s["mig_start"], s["mig_slots"]) for s in mig["slices"]) == [
+        ("team-a/mig-big", "3g.40gb", 0, 4),  # its memory slots of the GPU's 8, from the profile
+        ("team-a/mig-small", "1g.10gb", 6, 1),
     ]
     [pending] = view["pending"]
     assert pending["pod"] == "team-a/big" and "0/2 nodes fit" in pending["reason"] and pending["code"]

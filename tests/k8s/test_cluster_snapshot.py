@@ -68,13 +68,21 @@ def known_cluster(api: FakeApi | None = None) -> ClusterState:
     return state
 
 
-def _slice(pod: str, milli: int, mib: int, profile: str | None = None, start: int | None = None) -> dict:
+def _slice(
+    pod: str,
+    milli: int,
+    mib: int,
+    profile: str | None = None,
+    start: int | None = None,
+    slots: int | None = None,
+) -> dict:
     return {
         "pod": f"team-a/{pod}",
         "milli": milli,
         "memory_mib": mib,
         "mig_profile": profile,
         "mig_start": start,
+        "mig_slots": slots,
     }
 
 
@@ -116,7 +124,7 @@ EXPECTED_NODES = [
         "gpus": [
             _gpu("m", 0, 1000, MIB_80G, []),
             # 4 of 8 memory slices: half the GPU's memory
-            _gpu("m", 1, 572, MIB_80G // 2, [_slice("mig", 428, MIB_80G // 2, "3g.40gb", 0)], mig=True),
+            _gpu("m", 1, 572, MIB_80G // 2, [_slice("mig", 428, MIB_80G // 2, "3g.40gb", 0, 4)], mig=True),
         ],
     },
     {

@@ -16,7 +16,7 @@ nodes[]              by name: name, model, unallocated_percent, fragmentation_pe
   gpus[]             index, uuid, healthy, mig (in MIG mode), milli_free, memory_mib, memory_free_mib,
                      slices[]
     slices[]         pod ("namespace/name"), milli, memory_mib (a slice without a memory limit: the
-                     GPU's), mig_profile and mig_start (null for a share or a whole GPU)
+                     GPU's), mig_profile, mig_start and mig_slots (null for a share or a whole GPU)
 pending[]            oldest first: pod, code (a fixed reason code), reason (its FailedScheduling line,
                      with the amounts), since (unix seconds of its first refusal)
 claims[]             DRA claims gpuslice's driver holds (``claims.ClaimReader``): claim, node, pool,
@@ -248,6 +248,8 @@ def cluster_view(
                 "memory_mib": memory // MiB,
                 "mig_profile": p.mig.instance.profile.name if p.mig is not None else None,
                 "mig_start": p.mig.instance.start if p.mig is not None else None,
+                # the memory slots it spans, of the 8 every MIG GPU in hardware.mig has
+                "mig_slots": p.mig.instance.profile.memory_slices if p.mig is not None else None,
             }
         )
     gpu_counts = f.gpus.tolist()

@@ -133,7 +133,7 @@ function gpuCell(gpu) {
     const s = { ...slice, pod: slice.pod || "(a pod being deleted)" };
     if (s.mig_profile) {
       // an instance sits where the GPU placed it: its start, as many slots as its memory takes
-      const slots = Math.max(1, Math.round((MIG_SLOTS * s.memory_mib) / gpu.memory_mib));
+      const slots = s.mig_slots ?? Math.max(1, Math.round((MIG_SLOTS * s.memory_mib) / gpu.memory_mib));
       const title = `${s.pod}: MIG ${s.mig_profile} at slot ${s.mig_start} (${mib(s.memory_mib)})`;
       bar.append(segment("mig", s.pod, (100 * s.mig_start) / MIG_SLOTS, (100 * slots) / MIG_SLOTS, title));
     } else {
