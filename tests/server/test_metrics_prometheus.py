@@ -7,93 +7,34 @@ GPUSLICE_REQUIRE_EXTERNAL is set (CI), where a missing Prometheus fails the test
 
 from __future__ import annotations
 
-import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
-from server_helpers import free_port
 
+sys.path.insert(0, str(Path(__file__).parents[1]))
 from gpuslice.units import GiB
+from prometheus_server import Prometheus
 
 FAKE_LOAD = str(Path(sys.executable).parent / "gpuslice-fake-load")
 pytestmark = [pytest.mark.prometheus, pytest.mark.slow]
-
-
-class Prometheus:
-    def __init__(self, url: str) -> None:
-        self.url = url
-        self.http = httpx.Client(base_url=url, timeout=10)
-
-    def query(self, promql: str) -> list[dict[str, Any]]:
-        r = self.http.get("/api/v1/query", params={"query": promql})
-        assert r.status_code == 200, r.text
-        body = r.json()
-        assert body["status"] == "success", body
-        return body["data"]["result"]
-
-    def wait_for(self, promql: str, timeout: float, ok=lambda result: bool(result)) -> list[dict[str, Any]]:
-        deadline = time.monotonic() + timeout
-        while True:
-            result = self.query(promql)
-            if ok(result):
-                return result
-            if time.monotonic() > deadline:
-                raise AssertionError(f"{promql!r} still gave {result} after {timeout} s")
-            time.sleep(0.5)
 
 
 @pytest.fixture
 def prometheus(tmp_path, external_tool) -> Iterator[Any]:
     """start(target) -> a Prometheus scraping ``target`` (host:port) every second, stopped after."""
     binary = external_tool("prometheus", "Debian: apt install prometheus")
-    procs: list[tuple[subprocess.Popen[bytes], Any]] = []
-    clients: list[Prometheus] = []
+    started: list[Prometheus] = []
 
     def start(target: str) -> Prometheus:
-
-        port = free_port()
-        config = tmp_path / "prometheus.yml"
-        config.write_text(
-            "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n"
-            "scrape_configs:\n"
-            f"  - job_name: gpuslice\n    metrics_path: /metrics\n"
-            f"    static_configs:\n      - targets: ['{target}']\n"
-        )
-        log = open(tmp_path / "prometheus.log", "wb")  # noqa: SIM115 (closed after the process)
-        proc = subprocess.Popen(
-            [binary, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-             f"--web.listen-address=127.0.0.1:{port}", "--storage.tsdb.retention.time=1h"],
-            stdout=log, stderr=log, start_new_session=True,
-        )  # fmt: skip
-        procs.append((proc, log))
-        prom = Prometheus(f"http://127.0.0.1:{port}")
-        clients.append(prom)
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            assert proc.poll() is None, (tmp_path / "prometheus.log").read_text()
-            try:
-                if prom.http.get("/-/ready").status_code == 200:
-                    return prom
-            except httpx.TransportError:
-                pass
-            time.sleep(0.2)
-        raise AssertionError("prometheus did not become ready in 30 s")
+        started.append(Prometheus(binary, tmp_path / f"prometheus-{len(started)}", {"gpuslice": [target]}))
+        return started[-1]
 
     yield start
-    for prom in clients:
-        prom.http.close()
-    for proc, log in procs:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        log.close()
+    for prom in started:
+        prom.stop()
 
 
 def by(result: list[dict[str, Any]], label: str) -> dict[str, float]:
