@@ -127,6 +127,13 @@ def user_pod(name: str, script: str, limits: dict[str, str]) -> dict[str, Any]:
     }
 
 
+def running_pod(core: Any, namespace: str, name: str) -> Any:
+    """The pod, once it runs with every container ready; None before (for ``wait_for``)."""
+    pod = core.read_namespaced_pod(name, namespace)
+    statuses = pod.status.container_statuses or []
+    return pod if pod.status.phase == "Running" and statuses and all(s.ready for s in statuses) else None
+
+
 def pool_slices(cluster: Cluster) -> list[dict[str, Any]]:
     """gpuslice's DRA driver's ResourceSlices of the node."""
     from gpuslice.k8s.dra.kube import GROUP, VERSION

@@ -7,11 +7,10 @@ from __future__ import annotations
 import sys
 import threading
 import time
-from typing import Any
 
 import pytest
 from controlplane import wait_for
-from install_helpers import NAMESPACE, NODE, RELEASE, REPO, SPLIT_COUNT, Cluster, user_pod
+from install_helpers import NAMESPACE, NODE, RELEASE, REPO, SPLIT_COUNT, Cluster, running_pod, user_pod
 
 from gpuslice.k8s.decision import Decision
 
@@ -39,12 +38,6 @@ def _generations(cluster: Cluster) -> dict[str, int]:
     return found
 
 
-def _running(core: Any, namespace: str, name: str) -> Any:
-    pod = core.read_namespaced_pod(name, namespace)
-    statuses = pod.status.container_statuses or []
-    return pod if pod.status.phase == "Running" and statuses and all(s.ready for s in statuses) else None
-
-
 def test_an_upgrade_rolls_every_workload_and_no_running_pod_loses_its_slice(
     installed: Cluster, user_namespace: str
 ) -> None:
@@ -54,7 +47,7 @@ def test_an_upgrade_rolls_every_workload_and_no_running_pod_loses_its_slice(
         limits = {"gpuslice.io/gpumem": "500", "gpuslice.io/gpucores": "10"}
         core.create_namespaced_pod(user_namespace, user_pod(name, "sleep 3600", limits))
     held = {
-        n: wait_for(lambda n=n: _running(core, user_namespace, n), 300, f"pod {n} Running") for n in names
+        n: wait_for(lambda n=n: running_pod(core, user_namespace, n), 300, f"pod {n} Running") for n in names
     }
     decisions = {n: Decision.from_annotations(p.metadata.annotations) for n, p in held.items()}
     before = _generations(installed)
@@ -101,7 +94,7 @@ def test_an_upgrade_rolls_every_workload_and_no_running_pod_loses_its_slice(
         user_namespace,
         user_pod("c", "sleep 3600", {"gpuslice.io/gpumem": "1000", "gpuslice.io/gpucores": "50"}),
     )
-    placed = wait_for(lambda: _running(core, user_namespace, "c"), 300, "pod c Running after the roll")
+    placed = wait_for(lambda: running_pod(core, user_namespace, "c"), 300, "pod c Running after the roll")
     decisions["c"] = Decision.from_annotations(placed.metadata.annotations)
     percent: dict[int, int] = {}
     for decision in decisions.values():

@@ -23,6 +23,7 @@ from install_helpers import (
     gpuslice_keys,
     pool_slices,
     release_objects,
+    running_pod,
 )
 
 from gpuslice.k8s.dra.slices import DRIVER
@@ -32,12 +33,6 @@ pytestmark = [pytest.mark.k8s_e2e, pytest.mark.timeout(1800)]
 HOLDING = 6  # pods holding claims before the roll
 ARRIVING = 30  # at most, one every 2 s while it rolls: with the held ones, 36 of the node's 40 shares
 MEMORY, CORES = "1Gi", "10"  # a small share: the node's four GPUs take 40 of them
-
-
-def _running(core: Any, namespace: str, name: str) -> Any:
-    pod = core.read_namespaced_pod(name, namespace)
-    statuses = pod.status.container_statuses or []
-    return pod if pod.status.phase == "Running" and statuses and all(s.ready for s in statuses) else None
 
 
 def _failed_prepares(core: Any, namespace: str) -> list[str]:
@@ -69,7 +64,7 @@ def test_an_upgrade_rolls_the_dra_driver_and_no_claim_fails_to_prepare(
     for name in names:
         create_claim_pod(installed, user_namespace, name, MEMORY, CORES)
     held = {
-        n: wait_for(lambda n=n: _running(core, user_namespace, n), 300, f"pod {n} Running") for n in names
+        n: wait_for(lambda n=n: running_pod(core, user_namespace, n), 300, f"pod {n} Running") for n in names
     }
     generation = (
         installed.apps().read_namespaced_daemon_set("gpuslice-dra-driver", NAMESPACE).metadata.generation
@@ -106,7 +101,9 @@ def test_an_upgrade_rolls_the_dra_driver_and_no_claim_fails_to_prepare(
     assert daemon.metadata.generation > generation and _ready_driver_pods(installed) == 1
     assert arrived, "no claim was made during the roll"
     for name in arrived:  # every claim made during the roll is prepared: its pod runs
-        wait_for(lambda n=name: _running(core, user_namespace, n), 300, f"pod {name} Running after the roll")
+        wait_for(
+            lambda n=name: running_pod(core, user_namespace, n), 300, f"pod {name} Running after the roll"
+        )
     for name, pod in held.items():  # the pods that held claims through the roll kept running, untouched
         now = core.read_namespaced_pod(name, user_namespace)
         assert now.metadata.uid == pod.metadata.uid and now.status.phase == "Running", name

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import yaml
 from controlplane import wait_for
-from install_helpers import NODE, REPO, SIMULATE, SPLIT_COUNT, Cluster, gpuslice_keys, user_pod
+from install_helpers import NODE, REPO, SIMULATE, SPLIT_COUNT, Cluster, gpuslice_keys, running_pod, user_pod
 
 from gpuslice.k8s.annotations import ANNOTATION_NODE_INVENTORY, LABEL_GPU_NODE
 from gpuslice.k8s.decision import Decision
@@ -111,12 +111,6 @@ def overlay(cluster: Cluster, folder: Path) -> Path:
     return folder
 
 
-def _running(core: Any, namespace: str, name: str) -> Any:
-    pod = core.read_namespaced_pod(name, namespace)
-    statuses = pod.status.container_statuses or []
-    return pod if pod.status.phase == "Running" and statuses and all(s.ready for s in statuses) else None
-
-
 def test_the_kustomize_base_runs_on_the_node_and_its_uninstall_leaves_nothing(
     cluster: Cluster, user_namespace: str
 ) -> None:
@@ -138,7 +132,7 @@ def test_the_kustomize_base_runs_on_the_node_and_its_uninstall_leaves_nothing(
 
     limits = {"gpuslice.io/gpumem": "64", "gpuslice.io/gpucores": "20"}
     core.create_namespaced_pod(user_namespace, user_pod("k", "sleep 3600", limits))
-    pod = wait_for(lambda: _running(core, user_namespace, "k"), 240, "the user's pod Running")
+    pod = wait_for(lambda: running_pod(core, user_namespace, "k"), 240, "the user's pod Running")
     assert pod.spec.scheduler_name == "gpuslice-scheduler"  # the base's webhook mutated it
     decision = Decision.from_annotations(pod.metadata.annotations)  # the base's extender decided it
     assert decision is not None and decision.cores_percent == 20 and pod.spec.node_name == NODE
