@@ -250,6 +250,10 @@ class ControlPlane:
                 str(tokens),
                 "--authorization-mode",
                 "RBAC",
+                # a node's kubelet is dialled at its InternalIP (the bridge's address on a pod network),
+                # never by its made-up host name, which no DNS resolves
+                "--kubelet-preferred-address-types",
+                "InternalIP,Hostname",
                 "--enable-admission-plugins",
                 "MutatingAdmissionWebhook,ValidatingAdmissionWebhook",
                 *(

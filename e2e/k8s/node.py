@@ -361,7 +361,9 @@ state = "{self.root}/containerd/state"
             "failCgroupV1": False,  # this machine has cgroup v1 (Kubernetes 1.35+ refuses it otherwise)
             "cgroupDriver": "cgroupfs",
             "cgroupRoot": self.cgroup_root,
-            "address": "127.0.0.1",
+            # on a pod network the kubelet serves on the bridge's address, which is the node's address:
+            # the API server dials it there for logs, exec and port-forward (loopback is refused as one)
+            "address": self.network.gateway if self.network is not None else "127.0.0.1",
             "port": self.kubelet_port,
             "readOnlyPort": 0,
             "healthzBindAddress": "127.0.0.1",
@@ -403,6 +405,7 @@ state = "{self.root}/containerd/state"
             "--kubeconfig", str(self.plane.kubeconfig),
             "--root-dir", str(self.kubelet_dir),
             "--hostname-override", self.name,
+            *(["--node-ip", self.network.gateway] if self.network is not None else []),
             "--v", "2",
         ]  # fmt: skip
         script = " && ".join([*masks, 'exec "$@"'])
