@@ -338,16 +338,34 @@ class CgroupV1(Container):
         if not frozen:
             self.signal(signal.SIGCONT)
 
+    def _wait_frozen(self, by: float) -> None:
+        """Until the freezer says FROZEN, or ``by`` (a member in D state never freezes)."""
+        with contextlib.suppress(OSError):
+            while (self.paths["freezer"] / "freezer.state").read_text().strip() != "FROZEN":
+                if time.monotonic() > by:
+                    return
+                time.sleep(POLL / 10)
+
+    def populated(self) -> bool:
+        """Whether any process is in the container. An empty listing is confirmed with the members frozen:
+        v1's cgroup.procs is read in pieces, and a process that forks a child and exits every millisecond
+        can be missed between them (the job was then recorded as ended while it ran on)."""
+        if self.members():
+            return True
+        self._set_state("FROZEN")  # nobody forks or exits while the listing is read again
+        try:
+            self._wait_frozen(time.monotonic() + 1.0)
+            return bool(self.members())
+        finally:
+            self._set_state("THAWED")
+
     def kill(self) -> None:
         deadline = time.monotonic() + KILL_ROUNDS_SECONDS
-        while self.members() and time.monotonic() < deadline:
+        while self.populated() and time.monotonic() < deadline:
             self._set_state("FROZEN")  # no member runs, so none forks between the listing and the kill
-            frozen_by = time.monotonic() + 1.0
-            with contextlib.suppress(OSError):
-                while (self.paths["freezer"] / "freezer.state").read_text().strip() != "FROZEN":
-                    if time.monotonic() > frozen_by:  # one in D state: kill what we have, then again
-                        break
-                    time.sleep(POLL / 10)
+            # a loaded machine may take seconds to schedule every member into the freezer; waiting only 1 s
+            # then killing the listed ones let a re-forker's unlisted child run on after the thaw
+            self._wait_frozen(min(deadline, time.monotonic() + 5.0))
             signal_all(self.members(), signal.SIGKILL)
             self._set_state("THAWED")  # a frozen process dies of SIGKILL only once thawed
             time.sleep(POLL)

@@ -272,12 +272,24 @@ class Supervisor:
             _reap_orphans()
             if self._kill_at is not None and time.monotonic() >= self._kill_at:
                 killed = len(self.container.members())
-                self.container.kill()
+                self._kill_until_empty()
                 return len(left), killed
             while self._requests:
                 self._forward(self._requests.pop(0))
             time.sleep(_POLL_SECONDS)
         return len(left), 0
+
+    def _kill_until_empty(self) -> None:
+        """Kill the container's processes until none is left: the job is recorded as ended only then,
+        since its GPU slice is given to the next job at that moment. One kill gives up after its rounds
+        (``KILL_ROUNDS_SECONDS``: a process forking faster than a loaded machine freezes it, or one in D
+        state); it is tried again, and the job stays running to whoever looks until it is empty."""
+        assert self.container is not None
+        self.container.kill()
+        while self.container.populated():
+            _reap_orphans()
+            time.sleep(_POLL_SECONDS)
+            self.container.kill()
 
     def run(self) -> dict[str, object]:
         for sig in SUPERVISOR_DEFERRED_SIGNALS:
