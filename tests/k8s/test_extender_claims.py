@@ -85,8 +85,14 @@ def test_the_list_is_read_at_most_once_per_window_however_often_the_view_is_buil
 def test_a_refused_list_is_one_line_not_an_empty_list_that_looks_like_none() -> None:
     from kubernetes.client.exceptions import ApiException
 
-    reader = ClaimReader(Lister(error=ApiException(status=403, reason="Forbidden")))
-    assert reader.rows() == ([], "cannot list ResourceClaims: 403 Forbidden")
+    from gpuslice.k8s.kube_client import api_errors
+
+    def refused() -> list[Any]:  # as KubernetesApi.list_resource_claims words the API's refusal
+        with api_errors():
+            raise ApiException(status=403, reason="Forbidden")
+
+    reader = ClaimReader(refused)
+    assert reader.rows() == ([], "cannot list ResourceClaims: the API server answered 403 Forbidden")
     assert ClaimReader(None).rows() == ([], "")  # an API that cannot list claims: nothing to say
 
 

@@ -115,8 +115,6 @@ class ClaimReader:
 
 
 def _one_line(err: Exception) -> str:
-    status = getattr(err, "status", None)
-    reason = getattr(err, "reason", None)
-    if status is not None and reason:
-        return f"{status} {reason}"
+    """The failure in one line: an API refusal is already worded by ``kube_client.api_errors`` (status,
+    reason and the Status message); anything else (the API away) is cut to its first 200 characters."""
     return " ".join(str(err).split())[:200] or type(err).__name__

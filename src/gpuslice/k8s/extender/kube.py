@@ -139,7 +139,8 @@ class KubernetesApi:
         from gpuslice.k8s.dra.kube import GROUP, VERSION
 
         objects = self._client.CustomObjectsApi(self._core.api_client)
-        found = objects.list_cluster_custom_object(GROUP, VERSION, "resourceclaims", _request_timeout=10)
+        with api_errors():
+            found = objects.list_cluster_custom_object(GROUP, VERSION, "resourceclaims", _request_timeout=10)
         return list(found.get("items") or [])
 
     def read_node_annotations(self, node_name: str) -> tuple[dict[str, str], str]:
