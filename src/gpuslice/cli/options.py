@@ -11,7 +11,7 @@ from typing import Annotated, Any
 
 import typer
 
-from gpuslice.inputs import InvalidInput, finite_float, read_text, writable_folder
+from gpuslice.inputs import InvalidInput, bounded_int, finite_float, read_text, writable_folder
 
 __all__ = [
     "KubeconfigOption",
@@ -125,9 +125,7 @@ InstanceOption = Annotated[
 
 
 def _port(param: typer.CallbackParam, value: int | None) -> int | None:
-    if value is not None and not 1 <= value <= 65535:
-        raise InvalidInput(f"invalid {param.opts[0]} {value}: use a TCP port from 1 to 65535")
-    return value
+    return None if value is None else bounded_int(value, param.opts[0], 1, 65535)
 
 
 def port_option(help: str, optional: bool = False) -> Any:
