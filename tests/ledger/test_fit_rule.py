@@ -7,6 +7,7 @@ from __future__ import annotations
 import random
 
 import numpy as np
+import pytest
 
 from gpuslice.hardware.mig import MigInstance, mig_gpu
 from gpuslice.hardware.node import NodeSpec
@@ -367,3 +368,50 @@ def test_the_gpu_memory_capacity_is_the_largest_usable_gpus_of_that_node() -> No
     assert ledger.refusal(0, req) == gpu_memory_refusal(0, 48 * GiB, 40 * GiB, 40 * GiB)
     assert ledger.refusal(1, req).capacity == 24 * GiB
     assert ledger.closest(req) == ledger.refusal(0, req)  # 40 GiB free beats 24
+
+
+def test_a_mig_request_judged_without_its_slots_is_refused_naming_the_argument() -> None:
+    """A home that forgets ``mig_slot`` for a MIG request gets an error that names the argument to pass
+    and what it holds, in both forms of the rule, rather than a verdict that skipped the slot check."""
+    req = Request(0, mig_profile="1g.10gb")
+    expected = "^a MIG request is judged with mig_slot \\(the node's free MIG starts\\)$"
+    with pytest.raises(ValueError, match=expected):
+        fit_codes(req, np.array([True]), None, np.zeros((1, 1)), np.zeros((1, 1)))
+    with pytest.raises(ValueError, match=expected):
+        fit_code(req, True, [0], [0])
+
+
+def test_the_model_and_mig_slot_masks_may_be_any_truth_values() -> None:
+    """``model_ok`` and ``mig_slot`` are read as truth values, so masks of 0/1 numbers give the verdicts of
+    the same masks as bools (``fit_code`` reads its one node's the same way), never a bitwise not."""
+    mig = Request(1000, mig_profile="1g.10gb", gpu_models=("A100",))
+    whole = Request(1000, num_gpu=1, gpu_milli=1000)
+    model_ok, slot = np.array([1, 0, 1, 0], dtype=np.uint8), np.array([1, 1, 0, 0], dtype=np.uint8)
+    free_milli, free_memory = np.full((4, 1), 1000), np.full((4, 1), 16 * GiB)
+    cpu = np.full(4, 4000)
+    for req in (mig, whole):
+        as_numbers = fit_codes(req, model_ok, None, free_milli, free_memory, cpu, None, slot)
+        as_bools = fit_codes(
+            req, model_ok.astype(bool), None, free_milli, free_memory, cpu, None, slot.astype(bool)
+        )
+        np.testing.assert_array_equal(as_numbers, as_bools)
+        one_node = [
+            fit_code(req, bool(m), [1000], [16 * GiB], 4000, None, bool(s))
+            for m, s in zip(model_ok, slot, strict=True)
+        ]
+        np.testing.assert_array_equal(as_numbers, one_node)
+    model, no_slot = code_number(RefusalCode.GPU_MODEL_NOT_ALLOWED), code_number(RefusalCode.NO_MIG_SLOT)
+    np.testing.assert_array_equal(
+        fit_codes(mig, model_ok, None, free_milli, free_memory, cpu, None, slot),
+        [FITS, model, no_slot, model],
+    )
+
+
+def test_the_one_node_form_refuses_gpu_columns_of_different_lengths() -> None:
+    """Free milli and free memory given for different numbers of GPUs is a home's bug: ``fit_code`` raises
+    instead of judging only the GPUs both name."""
+    req = Request(0, num_gpu=1, gpu_milli=500)
+    with pytest.raises(ValueError, match="zip"):
+        fit_code(req, True, [1000, 1000], [16 * GiB])
+    with pytest.raises(ValueError, match="zip"):
+        fit_code(req, True, [0], [16 * GiB, 16 * GiB])

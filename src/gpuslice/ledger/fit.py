@@ -171,8 +171,9 @@ def fit_code(
 @dataclass(frozen=True, slots=True)
 class Rows:
     """Nodes' capacity as the fit rule reads it, one row per node: per GPU slot (N, G) the free milli-GPU,
-    the free and total memory (0 on a slot with no GPU) and whether the home lets the request use it; per
-    node (N,) the free and total CPU and memory (zeros where the home does not judge them)."""
+    the free and total memory (0 on a slot with no GPU) and whether the home lets the request use it (a
+    bool array); per node (N,) the free and total CPU and memory (zeros where the home does not judge
+    them)."""
 
     free_gpu_milli: np.ndarray
     free_gpu_memory: np.ndarray
@@ -187,12 +188,12 @@ class Rows:
 def shortfall(code: RefusalCode, request: Request, rows: Rows) -> tuple[float, np.ndarray, np.ndarray, Unit]:
     """(need, free per row, capacity per row, unit) of the resource ``code`` names, for ``request`` on
     ``rows``; zeros and ``Unit.NONE`` for a code that names none (a model, a MIG slot)."""
-    n, use = request.num_gpu, np.asarray(rows.usable, dtype=bool)
+    n, use = request.num_gpu, rows.usable
     zeros = np.zeros(len(use), dtype=np.int64)
     if code is RefusalCode.NO_USABLE_GPU:
         return n, use.sum(axis=-1), (rows.gpu_memory > 0).sum(axis=-1), Unit.GPUS
     if code is RefusalCode.INSUFFICIENT_GPU_MEMORY:  # the n-th most free usable GPU: the best set's least
-        free = np.sort(np.where(use, rows.free_gpu_memory, 0), axis=-1)[:, -n] if n else zeros
+        free = np.sort(np.where(use, rows.free_gpu_memory, 0))[:, -n] if n else zeros  # each row sorted
         return request.gpu_memory_bytes, free, np.where(use, rows.gpu_memory, 0).max(axis=-1), Unit.GPU_MEMORY
     if code is RefusalCode.INSUFFICIENT_GPU:
         memory = use & (rows.free_gpu_memory >= request.gpu_memory_bytes)
