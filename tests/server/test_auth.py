@@ -5,6 +5,9 @@ from __future__ import annotations
 import logging
 import os
 import stat
+import subprocess
+import sys
+import textwrap
 import threading
 import time
 
@@ -40,7 +43,11 @@ def test_token_readable_by_others_is_refused_with_the_fix(tmp_path):
 def test_missing_token_says_how_to_start_the_server(tmp_path):
     with pytest.raises(InvalidRequest, match="gpuslice serve --state-dir") as refused:
         read_token(tmp_path)
-    assert "GPUSLICE_TOKEN" in str(refused.value)  # the variable's name as the client reads it
+    # the client prints this line as it is: the command to run and the variable's name, exactly
+    assert str(refused.value) == (
+        f"no token at {tmp_path / 'token'}: start the server with `gpuslice serve --state-dir {tmp_path}` "
+        "or set GPUSLICE_TOKEN"
+    )
 
 
 @pytest.mark.parametrize(
@@ -66,8 +73,23 @@ def test_a_token_file_that_is_a_link_or_a_fifo_is_refused_without_following_or_b
         read_token(tmp_path)
     (tmp_path / "token").unlink()
     os.mkfifo(tmp_path / "token", 0o600)  # a reader of a FIFO would wait for a writer for ever
-    with pytest.raises(InvalidRequest, match="not a regular file"):
-        read_token(tmp_path)
+    outcome: list[BaseException] = []
+
+    def read():
+        try:
+            read_token(tmp_path)
+        except BaseException as err:  # handed to the test's thread
+            outcome.append(err)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    reader.join(timeout=10)  # generous: a read that does not block returns at once
+    blocked = reader.is_alive()
+    if blocked:  # let the blocked open go on (a writer arrives), so that no thread is left behind
+        os.close(os.open(tmp_path / "token", os.O_WRONLY | os.O_NONBLOCK))
+        reader.join(timeout=10)
+    assert not blocked, "reading a FIFO in the token file's place waited for a writer"
+    assert isinstance(outcome[0], InvalidRequest) and "not a regular file" in str(outcome[0])
 
 
 def test_the_token_file_is_followed_as_it_changes_and_none_while_it_is_gone(tmp_path):
@@ -116,6 +138,37 @@ def test_a_token_file_that_holds_no_single_token_is_refused(tmp_path, content):
     path.chmod(0o600)
     with pytest.raises(InvalidRequest, match="does not hold one token; delete it"):
         read_token(tmp_path)
+
+
+def test_a_huge_token_file_is_refused_without_reading_it_into_memory(tmp_path):
+    """A sparse 1 GiB file read whole would need 1 GiB of memory; under an address-space limit of 256 MiB
+    more than the process has, the read must stop after 4 KiB and refuse the file."""
+    path = tmp_path / "token"
+    with open(path, "wb") as f:
+        f.truncate(1 << 30)
+    path.chmod(0o600)
+    program = textwrap.dedent(
+        """
+        import re, resource, sys
+        from gpuslice.errors import InvalidRequest
+        from gpuslice.server.auth import read_token
+        size = int(re.search(r"VmSize:\\s+(\\d+) kB", open("/proc/self/status").read()).group(1)) * 1024
+        resource.setrlimit(resource.RLIMIT_AS, (size + (256 << 20), resource.RLIM_INFINITY))
+        try:
+            read_token(sys.argv[1])
+        except InvalidRequest as err:
+            print(err)
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", program, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "does not hold one token" in done.stdout
 
 
 def test_a_token_file_of_exactly_4_kib_is_still_read(tmp_path):
@@ -215,8 +268,12 @@ def test_changes_are_logged_without_the_token_and_the_first_read_and_unchanged_r
         watched.reload()
         watched.reload()
     messages = [record.getMessage() for record in caplog.records]
-    assert len(messages) == 2, messages
-    assert "previous one is refused" in messages[0] and "missing" in messages[1]
+    # each line says it is about the token, for an operator searching the log
+    path = tmp_path / "token"
+    assert messages == [
+        f"token: read again from {path}; the previous one is refused",
+        f"token: the token file {path} is missing",
+    ]
     assert not any(token in m or "second" in m for m in messages)
 
 

@@ -74,11 +74,11 @@ def _read_token_file(path: Path) -> str:
     is unusable."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise  # no file: the callers say what to do about it
     except OSError as err:
         if err.errno == errno.ELOOP:
             raise InvalidRequest(f"token file {path} is a symbolic link; write the token into it") from None
-        if err.errno == errno.ENOENT:
-            raise FileNotFoundError(errno.ENOENT, "no token file", str(path)) from None
         raise InvalidRequest(f"token file {path} cannot be read ({err.strerror})") from None
     with os.fdopen(fd, "rb") as f:
         info = os.fstat(f.fileno())
@@ -102,33 +102,36 @@ class TokenFile:
     """The server's token as its file holds it now; None while there is no usable file (every call that
     needs the token is then refused). ``reload`` reads it again (SIGHUP); ``start`` watches the file."""
 
+    problem: str  # why there is no token now, for the refusal's message ("" while there is one)
+
     def __init__(self, state_dir: Path, poll_seconds: float = POLL_SECONDS) -> None:
         self.path = Path(state_dir) / TOKEN_FILE
         self.poll_seconds = poll_seconds
-        self.problem = ""  # why there is no token now, for the refusal's message
-        self._current: str | None = None
-        self._seen: tuple[int, ...] | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._seen_once = False  # the first read is the start, not a change worth a log line
-        self.reload()
+        # the first read is the start, not a change worth a log line
+        self._seen, self._current, self.problem = self._read()
 
     @property
     def current(self) -> str | None:
         return self._current
 
+    def _read(self) -> tuple[tuple[int, ...] | None, str | None, str]:
+        """The file's stamp (``_stamp``), then its token (None when there is no usable one) and why not."""
+        seen = self._stamp()
+        try:
+            return seen, _read_token_file(self.path), ""
+        except FileNotFoundError:
+            return seen, None, f"the token file {self.path} is missing"
+        except InvalidRequest as err:
+            return seen, None, str(err)
+
     def reload(self) -> None:
         """Read the file now; a change is logged (never the token)."""
-        self._seen = self._stamp()
-        try:
-            token, problem = _read_token_file(self.path), ""
-        except FileNotFoundError:
-            token, problem = None, f"the token file {self.path} is missing"
-        except InvalidRequest as err:
-            token, problem = None, str(err)
-        if self._seen_once and (token != self._current or problem != self.problem):
+        self._seen, token, problem = self._read()
+        if token != self._current or problem != self.problem:
             _log.warning("token: %s", problem or f"read again from {self.path}; the previous one is refused")
-        self._current, self.problem, self._seen_once = token, problem, True
+        self._current, self.problem = token, problem
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._watch, name="gpuslice-token", daemon=True)
