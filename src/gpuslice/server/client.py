@@ -27,6 +27,7 @@ from urllib.parse import quote
 import httpx
 
 from gpuslice.errors import InternalError, UserError
+from gpuslice.inputs import file_kind
 from gpuslice.server.auth import TOKEN_FILE, read_token
 from gpuslice.server.errors import OutcomeUnknown, ServerUnavailable
 from gpuslice.server.url_file import read_url
@@ -88,6 +89,7 @@ class ServeClient:
             else f"written by the server in {self.state_dir}" if written
             else f"the default: no server wrote its URL in {self.state_dir}"
         )  # fmt: skip
+        _check_url(self.url, self._url_origin)
         self._token = token or os.environ.get("GPUSLICE_TOKEN") or None
         if self._token is not None and not _TOKEN_TEXT.fullmatch(self._token):
             # Sent as is, a space or a non-ASCII letter breaks the request before it leaves (a traceback,
@@ -115,7 +117,7 @@ class ServeClient:
     @property
     def token(self) -> str:
         if self._token is None:
-            if not (self.state_dir / TOKEN_FILE).exists():
+            if file_kind(self.state_dir / TOKEN_FILE) == "missing":  # a name too long to look up too
                 raise UserError(
                     f"no token in {self.state_dir} (the state dir {self._state_dir_origin}): point at the "
                     "one `gpuslice serve` printed with --state-dir DIR or GPUSLICE_STATE_DIR=DIR, or set "
@@ -315,6 +317,26 @@ class ServeClient:
                 yield from r.iter_bytes()
         except httpx.TransportError as err:
             raise self._transport_failed("GET", path, err, None, None) from None
+
+
+def _check_url(url: str, origin: str) -> None:
+    """UserError naming ``url`` and where it came from unless it is an http(s) URL with a host and, if
+    given, a TCP port: httpx raises its own InvalidURL for some (a line break, a bad port) and takes
+    others (no scheme, ftp://, port 99999) only to fail at the connection, far from the mistake."""
+    try:
+        parsed = httpx.URL(url)
+        port = parsed.port
+    except (httpx.InvalidURL, ValueError, TypeError):
+        parsed, port = None, None
+    if (
+        parsed is None
+        or parsed.scheme not in ("http", "https")
+        or not parsed.host
+        or not (port is None or 0 < port < 65536)
+    ):
+        raise UserError(
+            f"invalid server URL {url[:200]!r} (the URL {origin}): give http://HOST:PORT, e.g. {DEFAULT_URL}"
+        )
 
 
 def _job_path(job_id: str) -> str:

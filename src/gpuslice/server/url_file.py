@@ -11,9 +11,12 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from gpuslice.inputs import InvalidInput, read_text
+
 __all__ = ["URL_FILE", "read_url", "write_url"]
 
 URL_FILE = "url"
+_MAX_URL_BYTES = 4096  # a URL, and room to spare
 
 
 def write_url(state_dir: Path, url: str) -> None:
@@ -29,7 +32,8 @@ def write_url(state_dir: Path, url: str) -> None:
 def read_url(state_dir: Path) -> str | None:
     """The URL a server in ``state_dir`` wrote, or None when there is none (or it is not an http URL)."""
     try:
-        text = (Path(state_dir) / URL_FILE).read_text(encoding="utf-8").strip()
-    except (OSError, UnicodeDecodeError):
+        # read_text: a FIFO or a device in its place is refused, not read for ever
+        text = read_text(Path(state_dir) / URL_FILE, "server URL file", max_bytes=_MAX_URL_BYTES).strip()
+    except InvalidInput:
         return None
     return text if text.startswith(("http://", "https://")) and "\n" not in text else None
