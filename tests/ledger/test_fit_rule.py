@@ -12,7 +12,7 @@ import pytest
 from gpuslice.hardware.mig import MigInstance, mig_gpu
 from gpuslice.hardware.node import NodeSpec
 from gpuslice.ledger import FITS, Ledger, Placement, Refusal, RefusalCode, code_number, code_of, fit_codes
-from gpuslice.ledger.fit import CHECKS, fit_code
+from gpuslice.ledger.fit import CHECKS, Rows, fit_code, refusal_at
 from gpuslice.ledger.placement import Unit
 from gpuslice.units import GiB
 from gpuslice.workload.request import Request
@@ -415,3 +415,23 @@ def test_the_one_node_form_refuses_gpu_columns_of_different_lengths() -> None:
         fit_code(req, True, [1000, 1000], [16 * GiB])
     with pytest.raises(ValueError, match="zip"):
         fit_code(req, True, [0], [16 * GiB, 16 * GiB])
+
+
+def test_a_refusal_at_a_given_row_is_that_rows_even_where_another_has_more_free() -> None:
+    """``refusal_at`` with ``k`` reports row ``k``'s amounts and node, not the row with the most free (which
+    it picks only when ``k`` is None)."""
+    ledger = Ledger(
+        [NodeSpec(f"n{i}", 8_000, 32 * GiB, 1, "A100", gpu_memory_bytes=16 * GiB) for i in range(2)]
+    )
+    assert isinstance(ledger.reserve(1, (), Request(cpu_milli=6_000)), Placement)
+    no_gpu = np.zeros((2, 1), dtype=np.int64)
+    view = ledger.view
+    rows = Rows(
+        no_gpu, no_gpu, no_gpu, no_gpu == 0, view.free_cpu_milli, view.cpu_capacity_milli, no_gpu, no_gpu
+    )
+    cpu = Request(cpu_milli=9_000)
+    nodes = (7, 9)  # the rows' node numbers, as a home's subset of nodes gives them
+    assert refusal_at(RefusalCode.INSUFFICIENT_CPU, cpu, rows, nodes, 1) == Refusal(
+        RefusalCode.INSUFFICIENT_CPU, 9, need=9_000, free=2_000, capacity=8_000, unit=Unit.CPU_MILLI
+    )
+    assert refusal_at(RefusalCode.INSUFFICIENT_CPU, cpu, rows, nodes).node == 7  # the most free
