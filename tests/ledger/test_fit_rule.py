@@ -435,3 +435,43 @@ def test_a_refusal_at_a_given_row_is_that_rows_even_where_another_has_more_free(
         RefusalCode.INSUFFICIENT_CPU, 9, need=9_000, free=2_000, capacity=8_000, unit=Unit.CPU_MILLI
     )
     assert refusal_at(RefusalCode.INSUFFICIENT_CPU, cpu, rows, nodes).node == 7  # the most free
+
+
+def test_a_node_the_request_fits_has_no_refusal() -> None:
+    ledger = Ledger(NODES)
+    share = Request(cpu_milli=1000, num_gpu=1, gpu_milli=500)
+    assert ledger.refusal(0, share) is None
+    assert ledger.refusal(2, share) == Refusal(RefusalCode.GPU_MODEL_NOT_ALLOWED, 2)  # no GPUs at all
+
+
+def test_the_closest_node_is_none_where_the_request_fits_on_one_of_the_rows() -> None:
+    """Node "a" has the CPU for 6 CPUs, "b" (after a reserve) and "c" do not: the request fits, so there is
+    no closest refusal, over every node or over rows that include "a"; over "b" and "c" there is."""
+    ledger = Ledger(NODES)
+    assert isinstance(ledger.reserve(1, (), Request(cpu_milli=4_000)), Placement)
+    six = Request(cpu_milli=6_000)
+    assert ledger.closest(six) is None
+    assert ledger.closest(six, rows=np.array([2, 0])) is None
+    assert ledger.closest(six, rows=np.array([1, 2])) == Refusal(
+        RefusalCode.INSUFFICIENT_CPU, 1, need=6_000, free=4_000, capacity=8_000, unit=Unit.CPU_MILLI
+    )
+
+
+def test_the_closest_node_is_among_the_rows_asked_and_by_the_codes_given() -> None:
+    """``rows`` limits the search to those nodes (the most free CPU elsewhere is not reported), and a home's
+    own ``codes`` are what is counted, not the rule's codes recomputed."""
+    ledger = Ledger(NODES)
+    nine = Request(cpu_milli=9_000)
+    assert ledger.closest(nine).node == 0  # 8 CPUs free on "a" and "b": the first
+    assert ledger.closest(nine, rows=[2]) == Refusal(
+        RefusalCode.INSUFFICIENT_CPU, 2, need=9_000, free=4_000, capacity=4_000, unit=Unit.CPU_MILLI
+    )
+    memory = code_number(RefusalCode.INSUFFICIENT_MEMORY)
+    given = [memory, memory, code_number(RefusalCode.INSUFFICIENT_CPU)]  # the home says: memory on a, b
+    assert ledger.closest(nine, codes=given) == Refusal(
+        RefusalCode.INSUFFICIENT_MEMORY, 0, need=0, free=64 * GiB, capacity=64 * GiB, unit=Unit.MEMORY
+    )
+    assert ledger.why_not(nine, np.array(given)) == {
+        RefusalCode.INSUFFICIENT_MEMORY: 2, RefusalCode.INSUFFICIENT_CPU: 1
+    }  # fmt: skip
+    assert ledger.why_not(nine) == {RefusalCode.INSUFFICIENT_CPU: 3}

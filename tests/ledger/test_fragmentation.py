@@ -47,6 +47,7 @@ def frag(shapes: list[Request], free: np.ndarray, cpu: int, model: int) -> float
             WHOLE_1, row(1000, 300, 700), 16000, V100_NODE, 1000, id="whole fits: 300 and 700 too small"
         ),
         pytest.param(SHARE_500, row(500, 200), 16000, V100_NODE, 200, id="exactly enough is not a fragment"),
+        pytest.param(SHARE_500, row(1000, 300), 4000, V100_NODE, 300, id="exactly enough CPU: it runs"),
         pytest.param(SHARE_500_V100, row(1000, 300), 16000, T4_NODE, 1300, id="model not allowed: all free"),
         pytest.param(
             SHARE_500_V100, row(1000, 300), 16000, V100_NODE, 300, id="model allowed: too small only"
@@ -131,6 +132,7 @@ def test_a_batch_of_variants_per_node_gives_the_same_as_one_state_at_a_time() ->
 
 def test_node_fragmentation_is_the_one_off_form_of_the_measure() -> None:
     target = TargetWorkload.from_requests(THREE)
+    assert FragmentationMeasure(target, MODELS).target is target  # what a policy file reads it by
     free, cpu, model = _random_states(np.random.default_rng(3), 10)
     np.testing.assert_allclose(
         node_fragmentation(target, MODELS, free, cpu, model),

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from gpuslice.errors import LedgerError
-from gpuslice.hardware.node import NodeSpec
+from gpuslice.hardware.node import MAX_GPUS_PER_NODE, NodeSpec
 from gpuslice.ledger import Ledger, Placement, Refusal, RefusalCode
 from gpuslice.ledger.placement import Unit
 from gpuslice.units import GiB
@@ -60,6 +60,9 @@ def test_a_gpu_that_is_partly_used_or_not_there_cannot_be_held_whole() -> None:
     assert ledger.hold_whole(-1, 0) == Refusal(RefusalCode.NO_SUCH_NODE, -1)
     assert ledger.hold_whole(0, 2).code is RefusalCode.NO_SUCH_GPU
     assert ledger.hold_whole(0, 99).code is RefusalCode.NO_SUCH_GPU
+    assert ledger.hold_whole(0, MAX_GPUS_PER_NODE) == Refusal(
+        RefusalCode.NO_SUCH_GPU, 0, gpu=MAX_GPUS_PER_NODE
+    )
     ledger.check_invariants()
 
 
@@ -118,7 +121,7 @@ def test_the_invariant_check_names_a_column_that_disagrees_with_the_placements(
     ledger.check_invariants()
     values = getattr(ledger, column)
     values[(node, gpu) if gpu is not None else node] += delta
-    with pytest.raises(LedgerError, match=named):
+    with pytest.raises(LedgerError, match=f"^ledger invariant broken: {named}$"):
         ledger.check_invariants()
 
 
@@ -166,3 +169,44 @@ def test_mig_mode_on_a_node_or_gpu_that_does_not_exist_is_refused() -> None:
         with pytest.raises(ValueError, match="does not exist"):
             Ledger(nodes, mig={where: table})
     Ledger(nodes, mig={(0, 1): table}).check_invariants()
+
+
+def test_a_copy_can_be_followed_and_carries_no_journal_nor_view() -> None:
+    """A copy starts a journal of its own for its own followers. What it is made of does not depend on the
+    original's followers or what they left unread: its pickle is the same as that of a twin that never
+    had any, and it does not carry the view (bound again on load)."""
+    ledger, twin = two_nodes(), two_nodes()
+    ledger.follow(follower := Follower())
+    for copy_from in (ledger, twin):
+        assert isinstance(copy_from.reserve(0, (1,), SHARE), Placement)
+    ledger.changes(follower)  # read, so the journal has moved on ...
+    for copy_from in (ledger, twin):
+        assert isinstance(copy_from.reserve(1, (0,), SHARE), Placement)  # ... and one entry left unread
+    assert pickle.dumps(ledger) == pickle.dumps(twin)
+    assert b"LedgerView" not in pickle.dumps(ledger)
+    copy = pickle.loads(pickle.dumps(ledger))
+    copy.follow(mine := Follower())
+    taken = copy.reserve(1, (1,), SHARE)
+    assert isinstance(taken, Placement)
+    copy.release(taken)
+    assert copy.changes(mine) == [(+1, taken), (-1, taken)]
+    assert copy.changes(mine) == []
+
+
+def test_shares_of_one_gpu_are_counted_and_every_broken_invariant_is_named_at_once() -> None:
+    """Two shares on one GPU keep the invariants (its task count is 2). A placement the columns never took
+    (put among the live ones by hand), worth more than GPU 0 has, breaks five at once, named in the
+    check's order."""
+    ledger = two_nodes()
+    for _ in range(2):
+        assert isinstance(ledger.reserve(0, (1,), SHARE), Placement)
+    assert ledger.view.gpu_tasks[0, 1] == 2
+    ledger.check_invariants()
+    whole = Request(cpu_milli=0, num_gpu=1, gpu_milli=1000, gpu_memory_bytes=16 * GiB)
+    ledger._live[99] = Placement(node=0, gpus=(1,), request=whole, id=99)
+    with pytest.raises(LedgerError) as broken:
+        ledger.check_invariants()
+    assert str(broken.value) == (
+        "ledger invariant broken: free GPU, free GPU memory, GPU memory in 0..capacity, GPU task counts, "
+        "GPU in 0..capacity, allocated total"
+    )

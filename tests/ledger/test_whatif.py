@@ -121,3 +121,42 @@ def test_a_row_read_from_columns_takes_the_nodes_own_gpu_count() -> None:
     ledger = Ledger(nodes())
     row = ledger.row(1)
     assert row == NodeRow(8_000, 32 * GiB, (1000, 1000), (16 * GiB, 16 * GiB), (16 * GiB, 16 * GiB))
+
+
+def test_the_fit_rule_on_a_row_reads_its_cpu_and_memory_and_the_gpus_the_home_lets_it_use() -> None:
+    """``NodeRow.fit_code`` passes the row's own CPU and host memory and the home's usable GPUs on to the
+    rule: a request short of CPU or memory there is refused for it, and GPUs it may not use are not
+    counted."""
+    row = Ledger(nodes()).row(1)  # 8 CPUs, 32 GiB, two free 16 GiB GPUs
+    whole = Request(1000, GiB, 1, 1000)
+    assert row.fit_code(whole, True) == FITS
+    assert row.fit_code(Request(9_000, GiB, 1, 1000), True) == code_number(RefusalCode.INSUFFICIENT_CPU)
+    assert row.fit_code(Request(1000, 33 * GiB, 1, 1000), True) == code_number(
+        RefusalCode.INSUFFICIENT_MEMORY
+    )
+    assert row.fit_code(whole, True, [False, True]) == FITS
+    assert row.fit_code(whole, True, (False, False)) == code_number(RefusalCode.NO_USABLE_GPU)
+    two = Request(1000, GiB, 2, 1000)
+    assert row.fit_code(two, True, [True, False]) == code_number(RefusalCode.NO_USABLE_GPU)
+    assert row.fit_code(whole, True, iter([False, True])) == FITS  # any iterable of flags, read once
+
+
+def test_two_mig_instances_given_back_at_once_both_free_their_slots() -> None:
+    """A what-if that gives back several MIG placements of one GPU in one call frees every one of them,
+    as releasing each in turn does (the row's layouts are copied once, then changed by each)."""
+    table = mig_gpu("a100-80gb")
+    spec = NodeSpec("m", 8_000, 32 * GiB, 2, "A100-80GB", gpu_memory_bytes=80 * GiB)
+    ledger = Ledger([spec], mig={(0, 0): table, (0, 1): table})
+    profile = table.profile("7g.80gb")
+    held = [
+        ledger.reserve_mig(0, gpu, MigInstance(profile, 0), mig_request(profile, 80 * GiB)) for gpu in (0, 1)
+    ]
+    assert all(isinstance(p, Placement) for p in held)
+    full = ledger.row(0)
+    assert not full.mig_slot("7g.80gb")
+    freed = full.given(held)
+    for placement in held:
+        ledger.release(placement)
+    assert freed == ledger.row(0)
+    assert all(layout.has_start("7g.80gb") for layout in freed.layouts.values())
+    assert full.given(held).taken(held) == full  # and taking both back fills both again
