@@ -48,3 +48,17 @@ def test_on_a_terminal_the_bar_shows_it_and_stderr_gets_no_lines() -> None:
         work.update(5)
     assert out.getvalue() == ""
     assert "starting" in console.file.getvalue()  # type: ignore[attr-defined]
+
+
+def test_a_total_learnt_on_the_way_counts_from_then_on() -> None:
+    clock, out = Clock(), io.StringIO()
+    console = Console(file=io.StringIO(), force_terminal=False)
+    with WorkProgress(console, "reading trace big", 0, "MiB", every_s=5, clock=clock, stream=out) as work:
+        clock.now += 5
+        work.update(18, 73)  # the reader has opened the file: 73 MiB in all
+        clock.now += 5
+        work.update(36)
+    assert out.getvalue().splitlines() == [
+        "reading trace big: 18/73 MiB (25 %), 5 s, about 15 s left",
+        "reading trace big: 36/73 MiB (49 %), 10 s, about 10 s left",
+    ]

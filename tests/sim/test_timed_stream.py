@@ -4,6 +4,7 @@ bounded sample log whose mean allocation and peak queue are still over every eve
 from __future__ import annotations
 
 from pathlib import Path
+from unittest import mock
 
 import numpy as np
 from hypothesis import given, settings
@@ -80,3 +81,45 @@ def test_the_replay_holds_a_pod_only_while_it_is_in_the_system(tmp_path: Path) -
     replay.run(None)
     assert max(seen) == 2 and replay.live == {}
     assert replay.pods.never_fits.tolist() == [False, False, True]
+
+
+def _burst_trace(tmp_path: Path, pods: int, burst: int) -> Path:
+    """``pods`` CPU-only pods arriving ``burst`` at a time, one second apart, each running 1 s."""
+    rows = [(f"p{i}", 0, "LS", i // burst, i // burst, i // burst + 1) for i in range(pods)]
+    return write_trace(tmp_path, rows)
+
+
+def test_progress_is_told_every_thousand_arrivals_also_when_pods_arrive_several_at_a_time(
+    tmp_path: Path,
+) -> None:
+    # 7 pods a step: the count of arrivals passes 1000, 2000, ... without landing on them (but at 7000)
+    trace = load_timed_trace("t", _burst_trace(tmp_path, 7_007, 7))
+    told: list[int] = []
+    _Replay(trace, ReplayConfig("bestfit", "fifo", False), None).run(
+        lambda arrived, total: told.append(arrived)
+    )
+    assert told[-1] == 7_007
+    gaps = np.diff([0, *told])
+    assert len(told) >= 7 and gaps.max() <= 1_000 + 7
+
+
+def test_a_timed_trace_is_read_in_one_pass_with_its_size_told_as_it_goes(tmp_path: Path) -> None:
+    path = _burst_trace(tmp_path, 40_000, 40) / "openb_pod_list_t.csv"
+    size, told, opened = path.stat().st_size, [], []
+    real_open = Path.open
+
+    def counting_open(self: Path, *args, **kwargs):  # type: ignore[no-untyped-def]
+        opened.append(self.name)
+        return real_open(self, *args, **kwargs)
+
+    with mock.patch.object(Path, "open", counting_open):
+        trace = load_timed_trace("t", tmp_path, lambda done, total: told.append((done, total)))
+    assert opened.count(path.name) == 1  # a million-pod trace is read once, not once per column set
+    assert len(trace.jobs) == 40_000
+    assert len(told) >= 2 and all(total == size for _, total in told)
+    assert [done for done, _ in told] == sorted(done for done, _ in told) and 0 < told[-1][0] <= size
+
+
+def test_pods_asking_the_same_share_one_request(tmp_path: Path) -> None:
+    trace = load_timed_trace("t", _burst_trace(tmp_path, 500, 5))
+    assert len({id(j.request) for j in trace.jobs}) == 1  # 500 equal asks: one (frozen) Request held

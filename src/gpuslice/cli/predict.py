@@ -13,9 +13,9 @@ from rich.table import Table
 
 from gpuslice.cli import terminal
 from gpuslice.cli.options import writable
+from gpuslice.cli.progress import read_timed_trace
 from gpuslice.errors import UserError
 from gpuslice.inputs import writable_file
-from gpuslice.sim.timed_trace import load_timed_trace
 from gpuslice.sim.trace import DEFAULT_TRACE
 
 __all__ = ["predict"]
@@ -45,7 +45,8 @@ def predict(
         writable_file(out / name, "--out")
     from gpuslice.sim.duration_model import held_out_errors  # scikit-learn: ~1 s to import
 
-    timed = load_timed_trace(trace, trace_dir)
+    console = terminal.console()
+    timed = read_timed_trace(console, trace, trace_dir)
     try:
         errors, judged, predicted = held_out_errors(timed.jobs, train_fraction, seed)
     except ValueError as e:
@@ -59,7 +60,6 @@ def predict(
     table.add_row("median abs error (s)", f"{errors.median_ae_s:,.0f}", f"{errors.baseline_median_ae_s:,.0f}")
     table.add_row("mean |log ratio|", f"{errors.log_mae:.2f}", f"{errors.baseline_log_mae:.2f}")
     table.add_row("rank correlation", f"{errors.rank_correlation:.3f}", "—")
-    console = terminal.console()
     console.print(table)
     console.print(f"trained on {errors.train_pods} pods, judged on {errors.test_pods} later ones")
     out.mkdir(parents=True, exist_ok=True)

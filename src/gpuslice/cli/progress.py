@@ -15,13 +15,16 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from types import TracebackType
 from typing import Self, TextIO
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-__all__ = ["WorkProgress"]
+from gpuslice.sim.timed_trace import TimedTrace, load_timed_trace
+
+__all__ = ["WorkProgress", "read_timed_trace"]
 
 
 class WorkProgress:
@@ -74,8 +77,13 @@ class WorkProgress:
         if self._bar is not None:
             self._bar.update(self._task, description=text)
 
-    def update(self, done: int) -> None:
-        """``done`` of ``total`` units finished."""
+    def update(self, done: int, total: int | None = None) -> None:
+        """``done`` of ``total`` units finished (``total``: a new total, where it is learnt on the way,
+        e.g. a file's size once its reader has opened it)."""
+        if total is not None and total != self.total:
+            self.total = max(0, total)
+            if self._bar is not None:
+                self._bar.update(self._task, total=self.total)
         self._done = min(max(0, done), self.total) if self.total else max(0, done)
         if self._bar is not None:
             self._bar.update(self._task, completed=self._done)
@@ -98,3 +106,9 @@ class WorkProgress:
         stream = self._stream or sys.stderr
         stream.write(text + "\n")
         stream.flush()
+
+
+def read_timed_trace(console: Console, name: str, trace_dir: Path | None) -> TimedTrace:
+    """``load_timed_trace`` with feedback: a million-pod trace takes tens of seconds to read and check."""
+    with WorkProgress(console, f"reading trace {name}", 0, "MiB") as progress:
+        return load_timed_trace(name, trace_dir, lambda done, size: progress.update(done >> 20, size >> 20))

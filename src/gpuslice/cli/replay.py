@@ -13,7 +13,7 @@ from rich.table import Table
 
 from gpuslice.cli import terminal
 from gpuslice.cli.options import writable
-from gpuslice.cli.progress import WorkProgress
+from gpuslice.cli.progress import WorkProgress, read_timed_trace
 from gpuslice.errors import UserError
 from gpuslice.hardware.topology_profiles import profile
 from gpuslice.inputs import bounded_int
@@ -22,7 +22,7 @@ from gpuslice.programs.loader import resolve
 from gpuslice.sim.queue_setups import SETUPS, estimates_for, queue_setup
 from gpuslice.sim.timed_metrics import TimedResult, write_timed_results
 from gpuslice.sim.timed_replay import ReplayConfig, replay_timed
-from gpuslice.sim.timed_trace import every_kth_node, load_timed_trace, repeat_trace
+from gpuslice.sim.timed_trace import every_kth_node, repeat_trace
 from gpuslice.sim.trace import DEFAULT_TRACE
 
 __all__ = ["MAX_REPEAT", "MAX_SEED", "REPLAY_EPILOG", "check_load", "replay"]
@@ -124,8 +124,9 @@ def replay(
         resolve(name, "placement", placement_policy)
     if out.exists() and not out.is_dir():
         raise UserError(f"--out {out} is a file: give a folder for the results")
+    console = terminal.console()
     traces = [
-        repeat_trace(every_kth_node(load_timed_trace(t, trace_dir), node_stride), repeat)
+        repeat_trace(every_kth_node(read_timed_trace(console, t, trace_dir), node_stride), repeat)
         for t in (trace or [DEFAULT_TRACE])
     ]
     # every declared run time before any replay: a setup that cannot have them is refused first
@@ -134,7 +135,6 @@ def replay(
         for timed in traces
         for setup in {s.estimate: s for s in setups}.values()
     }
-    console = terminal.console()
     runs = list(product(traces, setups, policies, loads))
     results: list[TimedResult] = []
     pods = sum(len(timed.jobs) for timed, *_ in runs)

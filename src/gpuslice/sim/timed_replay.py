@@ -166,7 +166,7 @@ class _Replay:
     # ---- the loop ------------------------------------------------------------------------------------
 
     def run(self, progress: Callable[[int, int], None] | None) -> None:
-        n, a, load = len(self.jobs), 0, self.config.load
+        n, a, told, load = len(self.jobs), 0, 0, self.config.load
         # Fragmentation: evenly spaced over the arrivals, then at geometrically growing steps through
         # the tail of long pods (the measure costs a pass over every node).
         first = self.jobs[0].arrival / load if n else 0.0
@@ -195,8 +195,9 @@ class _Replay:
             self._step(now)
             allocated = self.ledger.allocated_gpu_milli - self.aside
             self.samples.add(now, allocated, len(self.pending), len(self.running))
-            if progress is not None and a % 1000 == 0:
+            if progress is not None and a - told >= 1000:  # several pods may arrive in one step
                 progress(a, n)
+                told = a
         if progress is not None:
             progress(n, n)
 

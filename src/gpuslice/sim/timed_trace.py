@@ -23,13 +23,23 @@ negative duration or wait, or a time that is not a finite number is a TraceForma
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Sequence
+import sys
+from array import array
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from gpuslice.errors import TraceFormatError
 from gpuslice.hardware.node import NodeSpec
-from gpuslice.sim.trace import DEFAULT_TRACE, bundled_dir, csv_rows, load_trace
+from gpuslice.sim.trace import (
+    DEFAULT_TRACE,
+    POD_COLUMNS,
+    PodReader,
+    check_mig_profiles,
+    csv_rows,
+    load_nodes,
+    trace_files,
+)
 from gpuslice.workload.request import Request
 
 __all__ = [
@@ -87,25 +97,38 @@ def _time(path: Path, line: int, row: dict[str, str], column: str) -> float | No
     return value
 
 
-def _time_rows(path: Path) -> list[tuple[int, dict[str, str]]]:
-    missing = (
-        "no timestamps: a timed replay needs the columns "
-        + ", ".join(TIME_COLUMNS)
-        + " (the multigpu* traces have none); it lacks"
-    )
-    return list(csv_rows(path, TIME_COLUMNS, missing))
+_NO_TIMES = (
+    "no timestamps: a timed replay needs the columns "
+    + ", ".join(TIME_COLUMNS)
+    + " (the multigpu* traces have none); it lacks"
+)
 
 
-def load_timed_trace(name: str = DEFAULT_TRACE, trace_dir: Path | None = None) -> TimedTrace:
+def load_timed_trace(
+    name: str = DEFAULT_TRACE,
+    trace_dir: Path | None = None,
+    read: Callable[[int, int], None] | None = None,
+) -> TimedTrace:
     """Trace ``name`` with its time columns, from ``trace_dir`` or the bundled copy (see the module
-    docstring for what is left out and why). UnknownTrace / TraceFormatError name the problem."""
-    static = load_trace(name, trace_dir)  # resources and nodes, parsed and checked as `sim openb` does
-    directory = Path(trace_dir) if trace_dir is not None else bundled_dir()
-    path = directory / f"openb_pod_list_{name}.csv"
-    rows = _time_rows(path)
-    parsed: list[tuple[int, str, Request, str, float, float | None, float | None]] = []
-    end = 0.0
-    for (line, row), pod in zip(rows, static.pods, strict=True):
+    docstring for what is left out and why). UnknownTrace / TraceFormatError name the problem. The pod
+    CSV is read once, its resources parsed and checked as `sim openb` does; ``read(bytes_read,
+    file_bytes)`` is told how far the read is every few thousand rows."""
+    path, node_path = trace_files(name, trace_dir)
+    nodes = load_nodes(node_path)
+    size = path.stat().st_size
+    pods = PodReader(path)
+    rows = csv_rows(
+        path,
+        POD_COLUMNS,
+        also=(TIME_COLUMNS, _NO_TIMES),
+        read=None if read is None else lambda n: read(n, size),
+    )
+    jobs: list[TimedJob] = []
+    deleted_at = array("d")  # jobs[i]'s deletion time: censored once the trace's end is known
+    end, rows_read = 0.0, 0
+    for line, row in rows:
+        rows_read += 1
+        pod = pods.pod(line, row)
         created = _time(path, line, row, "creation_time")
         if created is None:
             raise TraceFormatError(f"{path}, row {line}: creation_time is empty; every pod needs one")
@@ -123,25 +146,24 @@ def load_timed_trace(name: str = DEFAULT_TRACE, trace_dir: Path | None = None) -
                 "(a negative duration)"
             )
         end = max(end, created, scheduled or 0.0, deleted or 0.0)
-        parsed.append((line, pod.name, pod.request, row.get("qos") or "", created, scheduled, deleted))
-    jobs = [
-        TimedJob(
-            name=pod_name,
-            request=request,
-            qos=qos or "unknown",
-            arrival=created,
-            duration=deleted - scheduled,
-            recorded_wait=scheduled - created,
-            censored=deleted >= end,
+        if scheduled is None or deleted is None:
+            continue  # never started in production: no duration (module docstring)
+        qos = sys.intern(row.get("qos") or "unknown")  # a few distinct values over a million pods
+        jobs.append(
+            TimedJob(pod.name, pod.request, qos, created, deleted - scheduled, scheduled - created, False)
         )
-        for _, pod_name, request, qos, created, scheduled, deleted in parsed
-        if scheduled is not None and deleted is not None
-    ]
+        deleted_at.append(deleted)
+    if not rows_read:
+        raise TraceFormatError(f"{path}: no pods")
+    check_mig_profiles(nodes, pods.requests, path)
     if not jobs:
         raise TraceFormatError(f"{path}: no pod was ever scheduled, so none has a duration to replay")
+    for i, deleted in enumerate(deleted_at):
+        if deleted >= end:  # still running when the trace ends
+            jobs[i] = replace(jobs[i], censored=True)
     jobs.sort(key=lambda j: j.arrival)  # stable: equal arrivals keep file order
     return TimedTrace(
-        name=name, nodes=static.nodes, jobs=tuple(jobs), end=end, never_scheduled=len(parsed) - len(jobs)
+        name=name, nodes=nodes, jobs=tuple(jobs), end=end, never_scheduled=rows_read - len(jobs)
     )
 
 

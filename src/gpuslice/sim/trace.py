@@ -14,7 +14,8 @@ the profile says how much of the GPU it takes). Empty cells mean none.
 from __future__ import annotations
 
 import csv
-from collections.abc import Iterator
+import io
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -31,13 +32,18 @@ __all__ = [
     "DEFAULT_TRACE",
     "NODE_FILE",
     "OPENB_TRACES",
+    "POD_COLUMNS",
     "OpenbTrace",
+    "PodReader",
     "TracePod",
     "bundled_dir",
+    "check_mig_profiles",
+    "csv_rows",
     "load_nodes",
     "load_pods",
     "load_target_workload",
     "load_trace",
+    "trace_files",
 ]
 
 NODE_FILE = "openb_node_list_gpu_node.csv"
@@ -52,7 +58,9 @@ OPENB_TRACES = (
     "multigpu40", "multigpu50",
 )  # fmt: skip
 _NODE_COLUMNS = ("sn", "cpu_milli", "memory_mib", "gpu", "model")
-_POD_COLUMNS = ("name", "cpu_milli", "memory_mib", "num_gpu", "gpu_milli")
+POD_COLUMNS = ("name", "cpu_milli", "memory_mib", "num_gpu", "gpu_milli")
+# How often (in rows) a long read tells its caller how far it is.
+_PROGRESS_ROWS = 16_384
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,27 +89,37 @@ def bundled_dir() -> Path:
 
 
 def csv_rows(
-    path: Path, required: tuple[str, ...], missing: str = "header lacks column(s)"
+    path: Path,
+    required: tuple[str, ...],
+    missing: str = "header lacks column(s)",
+    *,
+    also: tuple[tuple[str, ...], str] | None = None,
+    read: Callable[[int], None] | None = None,
 ) -> Iterator[tuple[int, dict[str, str]]]:
     """(line number, row) of the CSV file at ``path``, whose header must have the ``required`` columns
-    (TraceFormatError: "<path>: <missing> <the columns>"). A folder or FIFO where the file should be, a
-    file that is not UTF-8 text, a NUL byte or a field past the csv module's limit: TraceFormatError
-    naming the file and the row, never a UnicodeDecodeError or a read that blocks."""
+    (TraceFormatError: "<path>: <missing> <the columns>"), then ``also``'s columns (with its own
+    message). A folder or FIFO where the file should be, a file that is not UTF-8 text, a NUL byte or a
+    field past the csv module's limit: TraceFormatError naming the file and the row, never a
+    UnicodeDecodeError or a read that blocks. ``read`` is told the bytes read so far every few thousand
+    rows (a million-pod trace takes tens of seconds)."""
     kind = file_kind(path)
     if kind != "file":
         raise TraceFormatError(f"{path} is {kind}, not a CSV file")
     try:
-        handle = path.open(newline="", encoding="utf-8")
+        raw = path.open("rb")
     except OSError as e:
         raise UnknownTrace(f"cannot read {path}: {e.strerror}") from None
-    with handle:
+    with raw, io.TextIOWrapper(raw, encoding="utf-8", newline="") as handle:
         reader = csv.DictReader(handle)
         try:
-            absent = [c for c in required if c not in (reader.fieldnames or ())]
-            if absent:
-                raise TraceFormatError(f"{path}: {missing} {', '.join(absent)}")
+            for columns, message in ((required, missing), *([also] if also else [])):
+                absent = [c for c in columns if c not in (reader.fieldnames or ())]
+                if absent:
+                    raise TraceFormatError(f"{path}: {message} {', '.join(absent)}")
             for row in reader:
                 yield reader.line_num, row
+                if read is not None and reader.line_num % _PROGRESS_ROWS == 0:
+                    read(raw.tell())
         except UnicodeDecodeError as e:  # decoded a chunk at a time: no exact row to name
             raise TraceFormatError(
                 f"{path}: not UTF-8 text ({e.reason}); save the trace as UTF-8 CSV"
@@ -143,9 +161,28 @@ def load_nodes(path: Path) -> tuple[NodeSpec, ...]:
     return tuple(nodes)
 
 
-def load_pods(path: Path) -> tuple[TracePod, ...]:
-    pods = []
-    for line, row in csv_rows(path, _POD_COLUMNS):
+class PodReader:
+    """A pod CSV's rows as TracePods. Equal resource cells give one shared Request (it is frozen): a
+    trace of a million pods holds a few thousand requests, each parsed and checked once."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._requests: dict[tuple[str | None, ...], Request] = {}
+
+    def pod(self, line: int, row: dict[str, str]) -> TracePod:
+        key = tuple(row.get(c) for c in _REQUEST_CELLS)
+        request = self._requests.get(key)
+        if request is None:
+            request = self._requests[key] = self._request(line, row)
+        return TracePod(name=row["name"], request=request)
+
+    @property
+    def requests(self) -> Iterable[Request]:
+        """Every distinct request read so far."""
+        return self._requests.values()
+
+    def _request(self, line: int, row: dict[str, str]) -> Request:
+        path = self.path
         num_gpu = _int(path, line, row, "num_gpu")
         gpu_milli = _int(path, line, row, "gpu_milli")
         if num_gpu > 0 and gpu_milli > MILLI_PER_GPU:
@@ -158,7 +195,7 @@ def load_pods(path: Path) -> tuple[TracePod, ...]:
                 f"num_gpu must be 1, not {num_gpu}"
             )
         try:
-            request = Request(
+            return Request(
                 cpu_milli=_int(path, line, row, "cpu_milli"),
                 memory_bytes=_int(path, line, row, "memory_mib") * MiB,
                 num_gpu=0 if mig else num_gpu,
@@ -168,15 +205,33 @@ def load_pods(path: Path) -> tuple[TracePod, ...]:
             )
         except GpusliceError as e:
             raise TraceFormatError(f"{path}, row {line}: {e}") from None
-        pods.append(TracePod(name=row["name"], request=request))
+
+
+# The cells a pod's Request is made of (PodReader shares one Request among rows equal in these).
+_REQUEST_CELLS = ("cpu_milli", "memory_mib", "num_gpu", "gpu_milli", "gpu_spec", "mig_profile")
+
+
+def load_pods(path: Path) -> tuple[TracePod, ...]:
+    reader = PodReader(path)
+    pods = tuple(reader.pod(line, row) for line, row in csv_rows(path, POD_COLUMNS))
     if not pods:
         raise TraceFormatError(f"{path}: no pods")
-    return tuple(pods)
+    return pods
 
 
 def load_trace(name: str = DEFAULT_TRACE, trace_dir: Path | None = None) -> OpenbTrace:
     """Trace ``name`` (``openb_pod_list_NAME.csv``) with the GPU node list, from ``trace_dir`` or the
     bundled copy. UnknownTrace names what exists when the file is missing."""
+    pod_path, node_path = trace_files(name, trace_dir)
+    nodes = load_nodes(node_path)
+    pods = load_pods(pod_path)
+    check_mig_profiles(nodes, (p.request for p in pods), pod_path)
+    return OpenbTrace(name=name, nodes=nodes, pods=pods)
+
+
+def trace_files(name: str, trace_dir: Path | None) -> tuple[Path, Path]:
+    """The pod CSV and the node list of trace ``name``, checked to be regular files (UnknownTrace names
+    the traces that exist when the pod CSV is missing)."""
     directory = Path(trace_dir) if trace_dir is not None else bundled_dir()
     pod_path = directory / f"openb_pod_list_{name}.csv"
     kind = file_kind(pod_path)
@@ -196,17 +251,15 @@ def load_trace(name: str = DEFAULT_TRACE, trace_dir: Path | None = None) -> Open
     if kind != "file":
         have = "has no node list" if kind == "missing" else f"has {kind} where the node list should be:"
         raise UnknownTrace(f"{directory} {have} {NODE_FILE}")
-    trace = OpenbTrace(name=name, nodes=load_nodes(node_path), pods=load_pods(pod_path))
-    _check_mig_profiles(trace, pod_path)
-    return trace
+    return pod_path, node_path
 
 
-def _check_mig_profiles(trace: OpenbTrace, pod_path: Path) -> None:
+def check_mig_profiles(nodes: tuple[NodeSpec, ...], requests: Iterable[Request], pod_path: Path) -> None:
     """A MIG pod whose profile no MIG-mode GPU of the node list offers could never run: say so at load."""
-    asked = sorted({p.request.mig_profile for p in trace.pods if p.request.mig_profile})
+    asked = sorted({r.mig_profile for r in requests if r.mig_profile})
     if not asked:
         return
-    tables = {n.mig_geometry.key: n.mig_geometry for n in trace.nodes if n.mig_geometry is not None}
+    tables = {n.mig_geometry.key: n.mig_geometry for n in nodes if n.mig_geometry is not None}
     for profile in asked:
         if not any(table.named(profile) is not None for table in tables.values()):
             have = f"their MIG tables: {', '.join(sorted(tables))}" if tables else "no node has mig_gpus"
