@@ -91,7 +91,7 @@ def test_the_invariant_check_sees_a_stale_slot_and_an_instance_on_a_gpu_not_in_m
     led.check_invariants()
     slots.flags.writeable = True
     slots[1] = True  # the cache says a 7g still fits on node 1
-    with pytest.raises(LedgerError, match="MIG instances"):
+    with pytest.raises(LedgerError, match=r"^ledger invariant broken: MIG instances$"):
         led.check_invariants()
     slots[1] = False
     led.check_invariants()
@@ -104,3 +104,18 @@ def test_a_mig_instances_columns_take_no_cpu_and_whole_bytes_of_its_gpus_memory(
     request = mig_request(P3G, odd)
     assert request == Request(cpu_milli=0, num_gpu=1, gpu_milli=428, gpu_memory_bytes=odd * 4 // 8)
     assert type(request.gpu_memory_bytes) is int
+
+
+def test_a_slot_array_once_returned_is_the_one_kept_current():
+    """``mig_slots`` hands out the ledger's own array ("read-only, kept current"): asking again gives the
+    same array, and one a caller kept follows later reserves."""
+    led = two_nodes()
+    kept = led.mig_slots("7g.80gb")
+    assert led.mig_slots("7g.80gb") is kept
+    assert isinstance(led.reserve_mig(1, 0, MigInstance(P7G, 0), NONE), Placement)
+    assert kept.tolist() == [True, False, False]
+
+
+def test_the_view_lists_a_nodes_mig_gpus_as_the_ledger_does():
+    led = two_nodes()
+    assert [led.view.mig_gpus_on(node) for node in range(3)] == [(1, 2), (0,), ()]

@@ -134,7 +134,7 @@ def test_the_invariant_check_catches_a_wrong_total_and_a_negative_column() -> No
     ledger.allocated_gpu_milli -= 1
     ledger._free_cpu[1] = -5  # and the capacity it is checked against, so that only the sign is wrong
     ledger._cpu_capacity[1] = -5
-    with pytest.raises(LedgerError, match="non-negative"):
+    with pytest.raises(LedgerError, match=r"^ledger invariant broken: non-negative$"):
         ledger.check_invariants()
 
 
@@ -210,3 +210,26 @@ def test_shares_of_one_gpu_are_counted_and_every_broken_invariant_is_named_at_on
         "ledger invariant broken: free GPU, free GPU memory, GPU memory in 0..capacity, GPU task counts, "
         "GPU in 0..capacity, allocated total"
     )
+
+
+def test_a_node_with_nothing_left_keeps_the_invariants() -> None:
+    """Every CPU and byte of a node taken: free 0 is within 0..capacity, not broken."""
+    ledger = two_nodes()
+    assert isinstance(ledger.reserve(1, (), Request(cpu_milli=8_000, memory_bytes=32 * GiB)), Placement)
+    assert (ledger.view.free_cpu_milli[1], ledger.view.free_memory_bytes[1]) == (0, 0)
+    ledger.check_invariants()
+
+
+def test_a_release_that_cannot_be_done_says_whether_it_was_never_reserved_or_is_not_held() -> None:
+    """The message tells a placement built by hand (id -1) from one released already, the very first one
+    (id 0) included."""
+    ledger = two_nodes()
+    first = ledger.reserve(0, (0,), SHARE)
+    assert isinstance(first, Placement) and first.id == 0
+    ledger.release(first)
+    with pytest.raises(LedgerError) as twice:
+        ledger.release(first)
+    assert str(twice.value) == "cannot release placement 0 on node 0: it is not held (released twice?)"
+    with pytest.raises(LedgerError) as never:
+        ledger.release(Placement(node=1, gpus=(0,), request=SHARE))
+    assert str(never.value) == "cannot release placement -1 on node 1: it was never reserved"
