@@ -118,3 +118,27 @@ def test_mig_mode_on_a_gpu_that_does_not_exist_is_refused():
     node = NodeSpec("a", 0, 0, 2, "A100-80GB")
     with pytest.raises(ValueError, match="GPU 2 of node 0"):
         Ledger([node], mig={(0, 2): A100})
+
+
+def test_a_mig_request_is_refused_as_columns_alone_naming_its_node():
+    """``check`` and ``reserve`` never hold a MIG request without its instance (``reserve_mig`` does):
+    refused with NO_MIG_SLOT on that node, and nothing taken."""
+    led = ledger()
+    before = state(led)
+    mig = Request(cpu_milli=0, mig_profile="1g.10gb")
+    assert led.check(0, (), mig) == Refusal(RefusalCode.NO_MIG_SLOT, 0)
+    assert led.reserve(0, (1,), mig) == Refusal(RefusalCode.NO_MIG_SLOT, 0)
+    assert_same(before, state(led))
+
+
+class _Follower:
+    """Held weakly by the ledger, so a plain object() will not do."""
+
+
+def test_a_follower_reads_mig_instances_taken_and_given_back():
+    led = ledger()
+    led.follow(follower := _Follower())
+    held = led.reserve_mig(0, 2, MigInstance(P3G, 4), mig_request(P3G, 80 * GiB))
+    assert isinstance(held, Placement)
+    led.release(held)
+    assert led.changes(follower) == [(+1, held), (-1, held)]
