@@ -56,6 +56,18 @@ def test_csv_with_a_bad_row_names_the_row(tmp_path):
         read_trace_csv(path)
 
 
+@pytest.mark.parametrize(
+    "row",
+    ["0,1,2,r,inf", "0,1,2,r,1e400", "0,1,2,,5", "0,1,2,rw,5"],
+    ids=["time infinite", "time past a float", "op empty", "op two letters"],
+)
+def test_a_row_with_an_infinite_time_or_an_op_that_is_not_r_w_0_1_names_the_row(tmp_path, row):
+    path = tmp_path / "t.csv"
+    path.write_text(f"tenant,block,page,op,time\n0,1,1,r,0\n{row}\n")
+    with pytest.raises(TraceFormatError, match="row 3"):
+        read_trace_csv(path)
+
+
 def test_a_block_shared_by_two_tenants_is_refused(tmp_path):
     path = tmp_path / "shared.csv"
     path.write_text("tenant,block,page,op,time\n0,1,2,0,0\n1,1,3,1,1\n")

@@ -445,6 +445,9 @@ def write_trace_csv(trace: Trace, path: Path) -> None:
 _MAX_FIELD = 2**31  # tenants, blocks and steps beyond this are no trace a simulation can hold
 
 
+_OPS = {"r": 0, "w": 1}  # a trace's op column: r/w, or 0/1
+
+
 def read_trace_csv(path: Path) -> Trace:
     """Read a trace CSV (header ``tenant,block,page,op,time`` and optionally ``,stream``; op is 0/1 or
     r/w); rows are sorted by time (stable). TraceFormatError names the file and the first bad row."""
@@ -471,18 +474,18 @@ def read_trace_csv(path: Path) -> Trace:
                     int(row[0]),
                     int(row[1]),
                     int(row[2]),
-                    {"r": 0, "w": 1}.get(opv) if opv in "rw" else int(opv),
+                    _OPS[opv] if opv in _OPS else int(opv),
                     int(float(row[4])),
                     *(int(v) for v in row[5:]),
                 ]
-            except (ValueError, TypeError):
+            except (ValueError, OverflowError):  # OverflowError: a time of inf or 1e400
                 raise TraceFormatError(
-                    f"{path}, row {row_no}: expected {width} integers, got {','.join(row)}"
+                    f"{path}, row {row_no}: expected {width} integers, got {','.join(row)[:200]}"
                 ) from None
             if not all(0 <= v < _MAX_FIELD for v in values):  # the int64 columns must hold them
                 raise TraceFormatError(
                     f"{path}, row {row_no}: each field must be from 0 to {_MAX_FIELD - 1:,}, "
-                    f"got {','.join(row)}"
+                    f"got {','.join(row)[:200]}"
                 )
             for c, v in zip(cols, values, strict=True):
                 c.append(v)
