@@ -1,205 +1,203 @@
-"""A property-based fuzzer of the command line: hostile values drawn for one option (or input file) of a
-command at a time, the others left at their defaults, and the contract every input surface keeps:
-
-- the command refuses the input before any work, with exit status 2, exactly one ``error:`` line on
-  stderr, no traceback, and nothing written in its folder; or
-- it accepts it and reaches its work (stood in for here by an exception where the work would start:
-  the replay, the sweep's runs, the study, the model's fit), within the time bound either way.
+"""A property-based fuzzer of the command line: hostile values drawn for one option (or positional
+argument) of a command at a time, the others left at their defaults, run through ``cli_fuzz.check``:
+refused with exit 2 and one ``error:`` line before any work and with nothing written, or accepted up to
+where the work starts, within the time bound.
 
 The values come from a grammar of what an attacker or a tired user types (huge, negative, zero, NaN and
-infinities, non-ASCII digits, empty, blank, very long, a folder, a FIFO, a device, binary or empty
-files, a missing folder's child). CI runs a bounded number of examples per command (``GPUSLICE_FUZZ_
-EXAMPLES``, default 25); ``benchmarks/fuzz_inputs.py`` runs many more and records what it found.
+infinities, non-ASCII digits, empty, blank, very long, URLs that do not parse, a folder, a FIFO, a
+device, a link, binary or empty files, a missing folder's child). CI runs ``GPUSLICE_FUZZ_EXAMPLES``
+examples for each of the first seven commands (default 25) and a third of that for the others (``FULL``);
+``benchmarks/fuzz_inputs.py`` runs many more and records what it found. Every number option is also
+checked to refuse NaN, infinity and 30 digits. What a command reads from
+its input files is fuzzed in ``test_fuzz_file_contents.py``.
 """
 
 from __future__ import annotations
 
-import contextlib
-import io
-import os
-import signal
-import time
-from collections.abc import Callable, Iterator
-from pathlib import Path
-from unittest import mock
-
 import pytest
-from hypothesis import HealthCheck, given, settings
+from cli_fuzz import NUMBERS, PATHS, TEXT, Command, check, command_line, fuzz_settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpuslice.cli.main import main
 from gpuslice.cli.mig import REJECTED_EXIT
 
-EXAMPLES = int(os.environ.get("GPUSLICE_FUZZ_EXAMPLES", "25"))
-# CI draws the same examples every run (a failure there is a defect, never luck); the benchmark draws
-# fresh ones (GPUSLICE_FUZZ_RANDOM=1)
-RANDOM = os.environ.get("GPUSLICE_FUZZ_RANDOM") == "1"
-TIME_LIMIT_S = 10
+# Where the client commands' work starts: the HTTP request, after the URL, token and body are built.
+HTTP = ("httpx.Client.send",)
+# ... and where the node and cluster components' work starts: a connection to the API server, a socket.
+K8S_API = ("gpuslice.k8s.kube_client.api_client", "gpuslice.k8s.dra.kube.DraApi")
+SERVER = {"--url": TEXT, "--state-dir": PATHS}
+KUBE = {"--kubeconfig": PATHS}
+SECONDS = NUMBERS.map(lambda n: n + "s")
 
-
-class Reached(Exception):
-    """The command got past its checks to where its work starts."""
-
-
-def _reached(*_args: object, **_kwargs: object) -> None:
-    raise Reached
-
-
-# Where each command's work starts: patched to raise Reached.
-WORK = {
-    "sim openb": ("gpuslice.sim.sweep._run",),
-    # the declared run times of every pod (a stream of many copies: seconds) come before the replays
-    "sim replay": ("gpuslice.cli.replay.replay_timed", "gpuslice.cli.replay.estimates_for"),
-    "tune": ("gpuslice.cli.tune.run_study",),
-    "predict": ("gpuslice.sim.duration_model.held_out_errors",),
-    # quick commands run whole: exit 0 is their answer
-    "topo assign": (),
-    "mig plan": (),
-    "estimate": (),
-}
-
-# Exit codes a command documents for accepted input besides 0 (`mig plan`: some requests were rejected).
-ANSWERS = {"mig plan": {0, REJECTED_EXIT}}
-
-NUMBERS = st.one_of(
-    st.integers(min_value=-(10**40), max_value=10**40).map(str),
-    st.sampled_from(["0", "-1", "1", "2", "nan", "inf", "-inf", "1e400", "-0", "0x10", "1_000", "٤٢", "²",
-                     "１２", "1.5", ".5", "5.", "", " ", "9" * 5000, "-" + "9" * 400, "1e-400", "+3"]),
-    st.text(max_size=12),
-)  # fmt: skip
-TEXT = st.one_of(
-    st.sampled_from(["", " ", "default", "fgd", "bestfit", "../../etc/passwd", "a" * 10_000, "x\ny", "é",
-                     "fifo", "sjf-predicted", "default@1", "default@x", "default@99999999999999", "@", "-"]),
-    st.text(max_size=40).filter(lambda s: "\x00" not in s),
-)  # fmt: skip
-# Paths are names in the example's folder, made by ``_files`` below.
-PATHS = st.sampled_from(["folder", "fifo", "binary", "empty", "latin1", "missing/child", "/dev/zero", "out",
-                         "folder/new", "readonly/x", "a" * 300])  # fmt: skip
-
-# command -> (fixed arguments, {option: strategy})
-COMMANDS: dict[str, tuple[list[str], dict[str, st.SearchStrategy[str]]]] = {
-    "sim openb": (
+COMMANDS: dict[str, Command] = {
+    "sim openb": Command(
         ["sim", "openb"],
         {"--seeds": NUMBERS, "--jobs": NUMBERS, "--tune": NUMBERS, "--policy": TEXT, "--trace": TEXT,
          "--trace-dir": PATHS, "--out": PATHS},
+        work=("gpuslice.sim.sweep._run",),
     ),
-    "sim replay": (
+    "sim replay": Command(
         ["sim", "replay"],
         {"--load": NUMBERS, "--repeat": NUMBERS, "--node-stride": NUMBERS, "--seed": NUMBERS,
          "--queue": TEXT, "--policy": TEXT, "--trace": TEXT, "--trace-dir": PATHS, "--out": PATHS,
          "--topology": TEXT},
+        # the declared run times of every pod (a stream of many copies: seconds) come before the replays
+        work=("gpuslice.cli.replay.replay_timed", "gpuslice.cli.replay.estimates_for"),
     ),
-    "tune": (
+    "tune": Command(
         ["tune"],
         {"--objective": TEXT, "--train": TEXT, "--holdout": TEXT, "--sample": NUMBERS,
          "--node-stride": NUMBERS, "--load": NUMBERS, "--trials": NUMBERS, "--jobs": NUMBERS,
          "--seed": NUMBERS, "--study": PATHS, "--out": PATHS},
+        work=("gpuslice.cli.tune.run_study",),
     ),
-    "topo assign": (
+    "predict": Command(
+        ["predict"],
+        {"--trace": TEXT, "--trace-dir": PATHS, "--train-fraction": NUMBERS, "--seed": NUMBERS,
+         "--out": PATHS},
+        work=("gpuslice.sim.duration_model.held_out_errors",),
+    ),
+    # quick commands run whole: exit 0 is their answer (`mig plan`: also some requests were rejected)
+    "topo assign": Command(
         ["topo", "assign", "--machine", "dgx1", "--jobs", "2,2"],
         {"--machine": st.one_of(TEXT, PATHS), "--jobs": st.one_of(NUMBERS, TEXT),
          "--busy": st.one_of(NUMBERS, TEXT)},
     ),
-    "mig plan": (
+    "mig plan": Command(
         ["mig", "plan", "--gpu", "a100-80gb", "--request", "3g.40gb"],
         {"--gpu": TEXT, "--request": st.one_of(NUMBERS, TEXT, NUMBERS.map(lambda n: n + "GiB")),
          "--policy": TEXT, "--from-layout": TEXT, "--gpu-index": NUMBERS},
+        answers=frozenset({0, REJECTED_EXIT}),
     ),
-    "estimate": (
+    "estimate": Command(
         ["estimate", "llama-3-8b"],
         {"--params": NUMBERS, "--dtype": TEXT, "--tp": NUMBERS, "--context": NUMBERS, "--batch": NUMBERS,
          "--kv-dtype": TEXT, "--gpus": NUMBERS, "--zero": NUMBERS, "--recompute": TEXT,
          "--micro-batch": NUMBERS, "--seq-len": NUMBERS},
     ),
-    "predict": (
-        ["predict"],
-        {"--trace": TEXT, "--trace-dir": PATHS, "--train-fraction": NUMBERS, "--seed": NUMBERS,
-         "--out": PATHS},
+    "memsim": Command(
+        ["memsim", "--scale", "0.05"],
+        {"--workload": TEXT, "--oversub": NUMBERS, "--evict": st.one_of(TEXT, PATHS),
+         "--prefetch": st.one_of(TEXT, PATHS), "--tenants": TEXT, "--trace": PATHS, "--compare": TEXT,
+         "--visibility": TEXT, "--scale": NUMBERS, "--cost-profile": PATHS, "--out": PATHS},
+        work=("gpuslice.cli.memsim._simulate",),
+    ),
+    "serve": Command(
+        ["serve"],
+        {"--host": TEXT, "--port": NUMBERS, "--state-dir": PATHS, "--simulate": TEXT, "--sharing": TEXT,
+         "--grace": st.one_of(TEXT, SECONDS), "--busy-timeout": TEXT,
+         "--queue-policy": st.one_of(TEXT, PATHS), "--placement": st.one_of(TEXT, PATHS),
+         "--policy-memory": st.one_of(TEXT, NUMBERS.map(lambda n: n + "MiB")),
+         "--target-workload": PATHS, "--containment": TEXT, "--pids-max": NUMBERS, "--allow-host": TEXT},
+        work=("gpuslice.server.run.listen",),
+        env={"GPUSLICE_CONTAINMENT": "subreaper"},
+    ),
+    "submit": Command(
+        ["submit"],
+        {"--gpus": NUMBERS, "--mem": st.one_of(TEXT, NUMBERS.map(lambda n: n + "GiB")), "--cores": NUMBERS,
+         "--mig": TEXT, "--gpu-model": TEXT, "--exclude-model": TEXT, "--topology": TEXT,
+         "--priority": TEXT, "--tenant": TEXT, "--max-runtime": st.one_of(TEXT, SECONDS),
+         "--restart": TEXT, "--host-memory": st.one_of(TEXT, NUMBERS.map(lambda n: n + "GiB")),
+         "--cpus": NUMBERS, "--estimate": TEXT, "--params": NUMBERS, "--margin": NUMBERS, "--tp": NUMBERS,
+         **SERVER},
+        work=HTTP,
+        tail=["--", "true"],
+    ),
+    "ps": Command(["ps"], {"--limit": NUMBERS, **SERVER}, work=HTTP),
+    "show": Command(["show", "JOB"], {"JOB": TEXT, **SERVER}, work=HTTP),
+    "cancel": Command(["cancel", "JOB"], {"JOB": TEXT, **SERVER}, work=HTTP),
+    "logs": Command(["logs", "JOB"], {"JOB": TEXT, "--stream": TEXT, **SERVER}, work=HTTP),
+    "gpus": Command(
+        ["gpus"],
+        {"--mark-unhealthy": NUMBERS, "--mark-healthy": NUMBERS, "--reason": TEXT, **SERVER},
+        work=HTTP,
+    ),
+    "queue": Command(["queue"], SERVER, work=HTTP),
+    "top": Command(["top", "--once"], {"--interval": NUMBERS, **SERVER}, work=HTTP),
+    "tenants set": Command(
+        ["tenants", "set", "NAME"],
+        {"NAME": TEXT, "--weight": NUMBERS, "--max-gpus": st.one_of(NUMBERS, TEXT),
+         "--max-gpu-memory": st.one_of(TEXT, NUMBERS.map(lambda n: n + "GiB")), **SERVER},
+        work=HTTP,
+    ),
+    "tenants show": Command(["tenants", "show", "NAME"], {"NAME": TEXT, **SERVER}, work=HTTP),
+    "policy load": Command(
+        ["policy", "load", "FILE"], {"FILE": PATHS, "--wait": NUMBERS, **SERVER}, work=HTTP
+    ),
+    "policy unload": Command(
+        ["policy", "unload", "FAMILY"], {"FAMILY": TEXT, "--wait": NUMBERS, **SERVER}, work=HTTP
+    ),
+    "policy events": Command(["policy", "events"], {"--limit": NUMBERS, **SERVER}, work=HTTP),
+    "policy map update": Command(
+        ["policy", "map", "update", "NAME", "KEY", "VALUE"],
+        {"NAME": TEXT, "KEY": st.one_of(NUMBERS, TEXT), "VALUE": st.one_of(NUMBERS, TEXT), "--family": TEXT,
+         "--wait": NUMBERS, **SERVER},
+        work=HTTP,
+    ),
+    "policy export": Command(
+        ["policy", "export", "NAME", "--out", "exported.py"], {"NAME": TEXT, "--family": TEXT, "--out": PATHS}
+    ),
+    "k8s extender": Command(
+        ["k8s", "extender"],
+        {"--host": TEXT, "--port": NUMBERS, "--metrics-port": NUMBERS, "--policy": st.one_of(TEXT, PATHS),
+         "--target-workload": PATHS, "--node-lock-timeout": NUMBERS, **KUBE},
+        work=("gpuslice.k8s.extender.KubernetesApi",),
+    ),
+    "k8s webhook": Command(
+        ["k8s", "webhook", "--cert", "cert.pem", "--key", "key.pem"],
+        {"--cert": PATHS, "--key": PATHS, "--port": NUMBERS, "--host": TEXT, "--scheduler-name": TEXT,
+         "--dra-claims": TEXT, **KUBE},
+        work=(*K8S_API, "gpuslice.k8s.webhook.run"),
+    ),
+    "k8s probe": Command(
+        ["k8s", "probe", "URL"], {"URL": TEXT, "--timeout": NUMBERS}, work=("urllib.request.urlopen",)
+    ),
+    "k8s remove-daemonsets": Command(
+        ["k8s", "remove-daemonsets", "--namespace", "gpuslice", "--daemonset", "gpuslice-device-plugin"],
+        {"--namespace": TEXT, "--daemonset": TEXT, "--timeout": NUMBERS, **KUBE},
+        work=K8S_API,
+    ),
+    "k8s device-plugin": Command(
+        ["k8s", "device-plugin", "--simulate", "dgx-a100"],
+        {"--simulate": TEXT, "--split-count": NUMBERS, "--socket-dir": PATHS, "--node-name": TEXT,
+         "--sharing": TEXT, "--state-dir": PATHS, "--mig-layout": TEXT, "--metrics-port": NUMBERS,
+         "--instance": TEXT, "--daemonset": TEXT, **KUBE},
+        work=("gpuslice.k8s.device_plugin.serve",),
+        env={"NODE_NAME": "node-a"},
+    ),
+    "k8s dra-driver": Command(
+        ["k8s", "dra-driver", "--simulate", "dgx-a100"],
+        {"--simulate": TEXT, "--node-name": TEXT, "--plugins-dir": PATHS, "--registry-dir": PATHS,
+         "--cdi-dir": PATHS, "--sharing": TEXT, "--state-dir": PATHS, "--instance": TEXT,
+         "--daemonset": TEXT, "--metrics-port": NUMBERS, **KUBE},
+        work=K8S_API,
+        env={"NODE_NAME": "node-a"},
+    ),
+    "k8s dra-allocator": Command(
+        ["k8s", "dra-allocator"],
+        {"--policy": TEXT, "--interval": NUMBERS, "--target-workload": PATHS, "--metrics-port": NUMBERS,
+         **KUBE},
+        work=K8S_API,
     ),
 }  # fmt: skip
+# The first seven commands fuzzed get every example; the rest (added later, many sharing their options:
+# the server client's, a kubeconfig) a third, to keep CI's whole fuzz under its time.
+FULL = {"sim openb", "sim replay", "tune", "predict", "topo assign", "mig plan", "estimate"}
 
 
-@contextlib.contextmanager
-def _files(folder: Path) -> Iterator[None]:
-    """The example's folder with the things PATHS names, as its working directory."""
-    (folder / "folder").mkdir()
-    os.mkfifo(folder / "fifo")
-    (folder / "binary").write_bytes(bytes(range(256)) * 4)
-    (folder / "empty").write_bytes(b"")
-    (folder / "latin1").write_bytes("name,cpu_milli\ncafé,1\n".encode("latin-1"))
-    (folder / "readonly").mkdir(mode=0o500)
-    old = Path.cwd()
-    os.chdir(folder)
-    try:
-        yield
-    finally:
-        os.chdir(old)
-        (folder / "readonly").chmod(0o700)
-
-
-def _tree(folder: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(folder)): p.read_bytes() if p.is_file() else b"" for p in folder.rglob("*")
-            if not p.is_fifo()}  # fmt: skip
-
-
-def _alarm(_signum: int, _frame: object) -> None:
-    raise TimeoutError(f"no answer within {TIME_LIMIT_S} s")
-
-
-def _check(command: str, option: str, value: str, folder: Path) -> None:
-    fixed, _ = COMMANDS[command]
-    args = [
-        *fixed,
-        f"{option}={value}" if value.startswith("-") else option,
-        *([] if value.startswith("-") else [value]),
-    ]
-    with _files(folder):
-        before = _tree(folder)
-        out, err = io.StringIO(), io.StringIO()
-        previous = signal.signal(signal.SIGALRM, _alarm)
-        signal.alarm(TIME_LIMIT_S)
-        started = time.monotonic()
-        try:
-            with contextlib.ExitStack() as stack:
-                for target in WORK[command]:
-                    stack.enter_context(mock.patch(target, _reached))
-                stack.enter_context(contextlib.redirect_stdout(out))
-                stack.enter_context(contextlib.redirect_stderr(err))
-                main(args)
-            code = 0
-        except Reached:
-            return  # accepted: its work would start now
-        except SystemExit as ended:
-            code = int(ended.code or 0)
-            if code in ANSWERS.get(command, {0}) and not WORK[command]:
-                return  # a quick command that ran whole: accepted
-        finally:
-            signal.alarm(0)
-            signal.signal(signal.SIGALRM, previous)
-        said = err.getvalue()
-        where = f"{' '.join(args)[:300]!r} ({time.monotonic() - started:.1f} s)"
-        assert "Traceback" not in said + out.getvalue(), f"{where}: {said[-2000:]}"
-        assert code == 2, f"{where}: exit {code}: {said[-1000:]}"
-        errors = [line for line in said.splitlines() if line.startswith("error: ")]
-        assert len(errors) == 1, f"{where}: {said[-1000:]}"
-        assert _tree(folder) == before, f"{where}: a refused command left files behind"
-
-
-def _fuzz(command: str) -> Callable[..., None]:
-    _, options = COMMANDS[command]
+def _fuzz(name: str):
+    command = COMMANDS[name]
+    options = command.options
     pairs = st.sampled_from(sorted(options)).flatmap(lambda o: st.tuples(st.just(o), options[o]))
+    chosen = fuzz_settings()
+    if name not in FULL:
+        chosen = settings(chosen, max_examples=max(1, chosen.max_examples // 3))
 
-    @settings(
-        max_examples=EXAMPLES,
-        deadline=None,
-        suppress_health_check=list(HealthCheck),
-        database=None,
-        derandomize=not RANDOM,
-    )
+    @chosen
     @given(pair=pairs)
     def run(tmp_path_factory: pytest.TempPathFactory, pair: tuple[str, str]) -> None:
         option, value = pair
-        _check(command, option, value, tmp_path_factory.mktemp("fuzz"))
+        check(command, command_line(command, option, value), tmp_path_factory.mktemp("fuzz"))
 
     return run
 
@@ -207,3 +205,27 @@ def _fuzz(command: str) -> Callable[..., None]:
 @pytest.mark.parametrize("command", sorted(COMMANDS))
 def test_every_drawn_input_is_refused_cleanly_before_any_work_or_accepted(command, tmp_path_factory) -> None:
     _fuzz(command)(tmp_path_factory)
+
+
+# Values no count, ratio, port or duration of any command takes: each number option refuses them.
+# nan passes every comparison (click's min and max too), 1e400 reads as infinity (past a min-only check),
+# and 30 digits pass where a whole number has no upper bound.
+OUT_OF_EVERY_RANGE = ("nan", "1e400", "9" * 30)
+
+
+# Found unbounded and not fixed here: their modules were being changed by others at the time (see the
+# fuzzer's section of benchmarks/RESULTS.md). strict: the case fails loudly once they are bounded.
+_UNBOUNDED = {("predict", "--seed"), ("sim replay", "--load"), ("tune", "--load")}
+
+
+@pytest.mark.parametrize(
+    ("command", "option"),
+    [pytest.param(name, option, marks=[pytest.mark.xfail(strict=True, reason="no upper bound yet")]
+                  if (name, option) in _UNBOUNDED else [])
+     for name, c in sorted(COMMANDS.items())
+     for option, drawn in sorted(c.options.items()) if drawn is NUMBERS],
+)  # fmt: skip
+def test_every_number_option_refuses_non_finite_and_huge_values(command, option, tmp_path_factory) -> None:
+    for value in OUT_OF_EVERY_RANGE:
+        fuzzed = COMMANDS[command]
+        check(fuzzed, command_line(fuzzed, option, value), tmp_path_factory.mktemp("n"), refused=True)

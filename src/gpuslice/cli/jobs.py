@@ -18,9 +18,11 @@ from rich.table import Table
 
 from gpuslice.cli import estimate as est
 from gpuslice.cli import terminal
+from gpuslice.cli.options import finite_between
 from gpuslice.errors import UserError
 from gpuslice.estimate import EstimateOptions, estimate_request_bytes
-from gpuslice.server.client import ServeClient
+from gpuslice.hardware.node import MAX_GPU_INDEX
+from gpuslice.server.client import MAX_PAGE, ServeClient
 from gpuslice.units import format_size
 from gpuslice.workload.job import DEFAULT_TENANT
 
@@ -144,7 +146,10 @@ def submit(
     micro_batch: est.MicroBatch = None,
     seq_len: est.SeqLen = None,
     margin: Annotated[
-        float, typer.Option(help="with --estimate: safety margin over the estimate, 0..1")
+        float,
+        typer.Option(
+            help="with --estimate: safety margin over the estimate, 0..1", callback=finite_between(0, 1)
+        ),
     ] = 0.1,
     url: Url = None,
     state_dir: StateDir = None,
@@ -213,7 +218,7 @@ def check_submit(body: dict[str, Any]) -> None:
 
 def ps(
     all_jobs: Annotated[bool, typer.Option("--all", "-a", help="include finished jobs")] = False,
-    limit: Annotated[int, typer.Option(help="at most this many, newest first")] = 100,
+    limit: Annotated[int, typer.Option(min=1, max=MAX_PAGE, help="at most this many, newest first")] = 100,
     url: Url = None,
     state_dir: StateDir = None,
 ) -> None:
@@ -310,9 +315,15 @@ def gpus(
     state_dir: StateDir = None,
     mark_unhealthy: Annotated[
         int | None,
-        typer.Option(help="mark this GPU unhealthy: no new jobs go there (injects a fault on --simulate)"),
+        typer.Option(
+            min=0,
+            max=MAX_GPU_INDEX,
+            help="mark this GPU unhealthy: no new jobs go there (injects a fault on --simulate)",
+        ),
     ] = None,
-    mark_healthy: Annotated[int | None, typer.Option(help="put this GPU back in service")] = None,
+    mark_healthy: Annotated[
+        int | None, typer.Option(min=0, max=MAX_GPU_INDEX, help="put this GPU back in service")
+    ] = None,
     reason: Annotated[str, typer.Option(help='why, with --mark-unhealthy, e.g. "XID 79"')] = "",
 ) -> None:
     """Each GPU with its slices, free memory and health; --mark-unhealthy / --mark-healthy change health."""

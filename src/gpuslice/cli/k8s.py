@@ -15,7 +15,13 @@ from typing import Annotated
 import typer
 
 from gpuslice.cli import k8s_device_plugin, k8s_dra, k8s_dra_allocator, terminal
-from gpuslice.cli.options import KubeconfigOption, object_name, port_option, target_workload_option
+from gpuslice.cli.options import (
+    KubeconfigOption,
+    finite_between,
+    object_name,
+    port_option,
+    target_workload_option,
+)
 from gpuslice.errors import UserError
 from gpuslice.inputs import file_kind
 from gpuslice.k8s.annotations import SCHEDULER_NAME
@@ -157,7 +163,10 @@ def webhook(
 @app.command()
 def probe(
     url: Annotated[str, typer.Argument(help="http(s) URL to GET, e.g. http://127.0.0.1:8888/healthz")],
-    timeout: Annotated[float, typer.Option(help="seconds to wait for the answer")] = 2.0,
+    timeout: Annotated[
+        float,
+        typer.Option(callback=finite_between(0.01, 3600), help="seconds to wait for the answer, 0.01..3600"),
+    ] = 2.0,
 ) -> None:
     """Exit 0 if URL answers 200, else 1: an exec readiness probe for a server that listens on loopback
     only (an httpGet probe comes from the node, to the pod's address, and cannot reach it)."""
@@ -188,7 +197,8 @@ def remove_daemonsets(
     ],
     kubeconfig: KubeconfigOption = None,
     timeout: Annotated[
-        float, typer.Option(min=1, max=3600, help="seconds to wait until they are gone")
+        float,
+        typer.Option(callback=finite_between(1, 3600), help="seconds to wait until they are gone, 1..3600"),
     ] = 120.0,
 ) -> None:
     """Delete DaemonSets in the foreground and wait until they are gone: the chart's pre-delete hook, so

@@ -22,7 +22,7 @@ from gpuslice.cli.options import (
     resolve_node_name,
 )
 from gpuslice.errors import UserError
-from gpuslice.k8s.annotations import DEFAULT_SPLIT_COUNT, DEFAULT_STATE_DIR
+from gpuslice.k8s.annotations import DEFAULT_SPLIT_COUNT, DEFAULT_STATE_DIR, MAX_SPLIT_COUNT
 from gpuslice.node.enforcement import DEFAULT_SHARING
 
 __all__ = ["device_plugin"]
@@ -33,7 +33,12 @@ _out = terminal.console(highlight=False, soft_wrap=True)
 def device_plugin(
     simulate: SimulateOption = None,
     split_count: Annotated[
-        int, typer.Option(min=1, help="shares of gpuslice.io/gpu per GPU: at most this many pods per GPU")
+        int,
+        typer.Option(
+            min=1,
+            max=MAX_SPLIT_COUNT,
+            help=f"shares of gpuslice.io/gpu per GPU, 1..{MAX_SPLIT_COUNT:,}: at most this many pods per GPU",
+        ),
     ] = DEFAULT_SPLIT_COUNT,
     socket_dir: Annotated[
         Path, typer.Option(help="the kubelet's device-plugins directory (holds kubelet.sock)")

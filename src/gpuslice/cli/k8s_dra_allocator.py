@@ -14,7 +14,7 @@ from typing import Annotated
 import typer
 
 from gpuslice.cli import terminal
-from gpuslice.cli.options import KubeconfigOption, port_option, target_workload_option
+from gpuslice.cli.options import KubeconfigOption, finite_between, port_option, target_workload_option
 from gpuslice.policies import DEFAULT_PLACEMENT, PLACEMENT
 
 __all__ = ["dra_allocator"]
@@ -28,7 +28,11 @@ def dra_allocator(
         str, typer.Option(help=f"placement policy deciding node and GPUs: {', '.join(sorted(PLACEMENT))}")
     ] = DEFAULT_PLACEMENT,
     interval: Annotated[
-        float, typer.Option(min=0.05, help="seconds between passes when no gated pod waits")
+        float,
+        typer.Option(
+            callback=finite_between(0.05, 3600),
+            help="seconds between passes when no gated pod waits, 0.05..3600",
+        ),
     ] = 0.5,
     target_workload: target_workload_option("the claims allocated when each pass begins") = None,
     metrics_port: port_option(

@@ -17,6 +17,7 @@ from rich.table import Table
 from gpuslice.cli import terminal
 from gpuslice.errors import UserError
 from gpuslice.hardware.mig import MEMORY_SLICES, MIG_GPUS, MigGpu, MigLayout, mig_gpu, parse_layout
+from gpuslice.hardware.node import MAX_GPU_INDEX
 from gpuslice.policies.mig_placement import DEFAULT_MIG_PLACEMENT, MIG_PLACEMENT, mig_placement_policy
 from gpuslice.scheduler.mig_planner import MigPlan
 from gpuslice.scheduler.mig_planner import plan as make_plan
@@ -64,7 +65,9 @@ def plan(
     from_nvml: Annotated[
         bool, typer.Option(help="Read the current layout from NVML (nvidia-ml-py).")
     ] = False,
-    gpu_index: Annotated[int, typer.Option(min=0, help="Physical GPU index for nvidia-smi -i.")] = 0,
+    gpu_index: Annotated[
+        int, typer.Option(min=0, max=MAX_GPU_INDEX, help="Physical GPU index for nvidia-smi -i.")
+    ] = 0,
 ) -> None:
     """Place MIG requests on one GPU; print the slots, the placements and the nvidia-smi commands.
 

@@ -32,7 +32,7 @@ from gpuslice.cli import terminal
 from gpuslice.cli.jobs import StateDir, Url
 from gpuslice.errors import UserError
 from gpuslice.inputs import InvalidInput, read_text, writable_file
-from gpuslice.server.client import ServeClient, ServerError
+from gpuslice.server.client import MAX_PAGE, ServeClient, ServerError
 from gpuslice.server.errors import OutcomeUnknown
 
 __all__ = ["app", "map_app"]
@@ -52,7 +52,6 @@ map_app = typer.Typer(
 )
 app.add_typer(map_app, name="map")
 
-_PAGE = 10_000  # the most events one GET /v1/events returns
 
 Family = Annotated[str, typer.Option("--family", help="the policy family whose map it is")]
 MapName = Annotated[str, typer.Argument(help="the map's name in the policy file", show_default=False)]
@@ -216,16 +215,16 @@ def unload(
 
 @app.command()
 def events(
-    limit: Annotated[int, typer.Option(help="at most this many, the newest")] = 50,
+    limit: Annotated[int, typer.Option(min=1, max=MAX_PAGE, help="at most this many, the newest")] = 50,
     url: Url = None,
     state_dir: StateDir = None,
 ) -> None:
     """Policy events, oldest first: loaded, unloaded, faults (hook and reason), detached."""
     rows: list[dict[str, Any]] = []
     with _client(url, state_dir) as client:
-        while page := client.events(kind="policy", after=rows[-1]["id"] if rows else 0, limit=_PAGE):
+        while page := client.events(kind="policy", after=rows[-1]["id"] if rows else 0, limit=MAX_PAGE):
             rows = (rows + page)[-limit:]
-            if len(page) < _PAGE:
+            if len(page) < MAX_PAGE:
                 break
     for e in rows:
         stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(e["time"]))

@@ -20,6 +20,10 @@ from gpuslice.workload.job import DEFAULT_GRACE_SECONDS
 
 __all__ = ["serve"]
 
+PID_MAX_LIMIT = (
+    2**22
+)  # Linux's most processes and threads (kernel PID_MAX_LIMIT on 64-bit): no pids.max is above
+
 _out = terminal.console(highlight=False, soft_wrap=True, markup=False)  # paths are text, never markup
 
 
@@ -96,6 +100,7 @@ def serve(
         int,
         typer.Option(
             min=0,
+            max=PID_MAX_LIMIT,
             help="processes and threads one job may have (its cgroup's pids.max; a fork "
             "bomb stops there); 0: no limit",
         ),

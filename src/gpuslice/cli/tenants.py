@@ -22,6 +22,7 @@ from gpuslice.hardware.node import MAX_GPUS_PER_NODE
 from gpuslice.inputs import finite_float
 from gpuslice.server.client import ServerError
 from gpuslice.units import format_size, parse_size
+from gpuslice.workload.job import MAX_TENANT_WEIGHT
 
 __all__ = ["app"]
 
@@ -94,7 +95,9 @@ def _gpus(text: str) -> float | None:
 @app.command("set")
 def set_tenant(
     name: Name,
-    weight: Annotated[float | None, typer.Option(help="fair-share weight, > 0 (default 1)")] = None,
+    weight: Annotated[
+        float | None, typer.Option(help=f"fair-share weight, > 0 and <= {MAX_TENANT_WEIGHT:g} (default 1)")
+    ] = None,
     max_gpus: Annotated[
         str | None,
         typer.Option(
@@ -110,8 +113,10 @@ def set_tenant(
 ) -> None:
     """Set a tenant's weight and quotas (what is not given stays as it is; a new tenant starts with
     weight 1 and no limits). A waiting job the new quota can never admit is kept and marked."""
-    if weight is not None and not (math.isfinite(weight) and weight > 0):
-        raise UserError(f"--weight: {weight!r} must be a finite number above 0")
+    if weight is not None and not (math.isfinite(weight) and 0 < weight <= MAX_TENANT_WEIGHT):
+        raise UserError(
+            f"--weight: {weight!r} must be a finite number above 0, at most {MAX_TENANT_WEIGHT:g}"
+        )
     with job_cli._client(url, state_dir) as client:  # the jobs commands' one client
         try:
             row = client.tenant(name)

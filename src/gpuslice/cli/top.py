@@ -22,6 +22,7 @@ from rich.text import Text
 
 from gpuslice.cli import jobs as job_cli
 from gpuslice.cli import terminal
+from gpuslice.cli.options import finite_between
 from gpuslice.errors import GpusliceError
 from gpuslice.server.client import ServeClient
 from gpuslice.units import format_size
@@ -254,7 +255,9 @@ def next_frame(
 
 
 def top(
-    interval: Annotated[float, typer.Option(min=0.2, help="seconds between refreshes")] = 2.0,
+    interval: Annotated[
+        float, typer.Option(help="seconds between refreshes, 0.2..3600", callback=finite_between(0.2, 3600))
+    ] = 2.0,
     once: Annotated[bool, typer.Option("--once", help="print one frame and exit")] = False,
     url: job_cli.Url = None,
     state_dir: job_cli.StateDir = None,

@@ -14,9 +14,9 @@ from rich.table import Table
 from gpuslice.cli import terminal
 from gpuslice.cli.interrupt import workers_stop_on_interrupt
 from gpuslice.cli.progress import WorkProgress
-from gpuslice.cli.replay import check_load
+from gpuslice.cli.replay import MAX_NODE_STRIDE, MAX_SEED, check_load
 from gpuslice.errors import UserError
-from gpuslice.inputs import InvalidInput, writable_file
+from gpuslice.inputs import InvalidInput, bounded_int, writable_file
 from gpuslice.sim.trace import DEFAULT_TRACE
 from gpuslice.sim.tune import DEFAULTS, OBJECTIVES, TuneSetup, check_disjoint, tuning_trace, write_policy
 from gpuslice.sim.tune_study import run_study
@@ -24,6 +24,7 @@ from gpuslice.sim.tune_study import run_study
 __all__ = ["tune"]
 
 MAX_JOBS = 64
+MAX_TRIALS = 10_000  # a trial replays every training window: 10,000 is days of work already
 MAX_HOLDOUT_SEEDS = 32
 
 
@@ -69,11 +70,15 @@ def tune(
         typer.Option(help="Folder of openb CSVs; default: the bundled data.", exists=True, file_okay=False),
     ] = None,
     sample: Annotated[int, typer.Option(help="Jobs per trace window (N).")] = 800,
-    node_stride: Annotated[int, typer.Option(help="Keep every K-th node of the cluster.")] = 20,
+    node_stride: Annotated[
+        int, typer.Option(help=f"Keep every K-th node of the cluster, 1..{MAX_NODE_STRIDE:,}.")
+    ] = 20,
     load: Annotated[float, typer.Option(help="Arrival compression: arrivals at creation_time / LOAD.")] = 1e4,
-    trials: Annotated[int, typer.Option(help="Trials to add to the study in this run.")] = 20,
+    trials: Annotated[
+        int, typer.Option(help=f"Trials to add to the study in this run, 1..{MAX_TRIALS:,}.")
+    ] = 20,
     jobs: Annotated[int, typer.Option(help="Trials run in parallel (processes).")] = 1,
-    seed: Annotated[int, typer.Option(help="Seed of the sampler (TPE).")] = 0,
+    seed: Annotated[int, typer.Option(help=f"Seed of the sampler (TPE), 0..{MAX_SEED:,}.")] = 0,
     holdout_seeds: Annotated[
         int,
         typer.Option(
@@ -100,13 +105,11 @@ def tune(
     if objective not in OBJECTIVES:
         raise UserError(f"--objective {objective!r}: must be one of {', '.join(OBJECTIVES)}")
     check_load(load)
-    for value, option, low in (
-        (trials, "--trials", 1),
-        (sample, "--sample", 2),
-        (node_stride, "--node-stride", 1),
-    ):
-        if value < low:
-            raise UserError(f"{option} {value}: must be at least {low}")
+    if sample < 2:
+        raise UserError(f"--sample {sample}: must be at least 2")
+    bounded_int(trials, "--trials", 1, MAX_TRIALS)
+    bounded_int(node_stride, "--node-stride", 1, MAX_NODE_STRIDE)
+    bounded_int(seed, "--seed", 0, MAX_SEED)
     if not 1 <= jobs <= MAX_JOBS:
         raise UserError(f"--jobs {jobs}: must be between 1 and {MAX_JOBS}")
     if not 1 <= holdout_seeds <= MAX_HOLDOUT_SEEDS:

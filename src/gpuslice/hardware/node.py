@@ -8,10 +8,13 @@ from gpuslice.errors import InvalidRequest
 from gpuslice.hardware.gpu_models import GPU_MODELS
 from gpuslice.hardware.mig import MigGpu, mig_gpu
 
-__all__ = ["MAX_GPUS_PER_NODE", "NodeSpec"]
+__all__ = ["MAX_GPUS_PER_NODE", "MAX_GPU_INDEX", "NodeSpec"]
 
 # Eight is the most GPUs any node in openb (and any HGX/DGX board) carries; the ledger pads to this.
 MAX_GPUS_PER_NODE = 8
+# The largest GPU index a user may name (nvidia-smi -i, a GPU to mark): NVML numbers devices with an
+# unsigned int. A number past the machine's GPUs is the machine's to refuse ("no GPU 12").
+MAX_GPU_INDEX = 2**32 - 1
 
 
 @dataclass(frozen=True, slots=True)

@@ -144,6 +144,7 @@ INVENTORY_VERSION = 1
 SCHEDULER_NAME = "gpuslice-scheduler"  # the kube-scheduler profile that calls the extender
 # HAMi's default deviceSplitCount is 10 (hami_and_peers.md): ten pods may share one GPU.
 DEFAULT_SPLIT_COUNT = 10
+MAX_SPLIT_COUNT = 1_000  # shares of one GPU: past 1,000 a share is less than a milli-GPU
 # Host directory of the soft-cap file and the shim library, mounted into every pod that gets a share.
 DEFAULT_STATE_DIR = "/var/lib/gpuslice"
 

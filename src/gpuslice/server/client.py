@@ -32,10 +32,11 @@ from gpuslice.server.auth import TOKEN_FILE, read_token
 from gpuslice.server.errors import OutcomeUnknown, ServerUnavailable
 from gpuslice.server.url_file import read_url
 
-__all__ = ["DEFAULT_PORT", "DEFAULT_URL", "ServeClient", "ServerError", "default_state_dir"]
+__all__ = ["DEFAULT_PORT", "DEFAULT_URL", "MAX_PAGE", "ServeClient", "ServerError", "default_state_dir"]
 
 DEFAULT_PORT = 8787
 DEFAULT_URL = f"http://127.0.0.1:{DEFAULT_PORT}"
+MAX_PAGE = 10_000  # the most rows one list call (GET /v1/jobs, /v1/events) returns: the server's limit
 _RETRY_SECONDS = 1.0
 _CONNECT_SECONDS = 5.0  # the least time given to open the connection, however short the wait for the answer
 # Transport errors after the connection was open: the request (or part of it) went to a server.

@@ -44,7 +44,15 @@ from gpuslice.scheduler.reasons import PendingReason
 from gpuslice.server.codec import spec_to_json
 from gpuslice.server.store import JobRecord, TenantRecord
 from gpuslice.units import SIZE_PATTERN, parse_size
-from gpuslice.workload.job import DEFAULT_TENANT, JobSpec, JobState, Priority, RestartPolicy, TopologyNeed
+from gpuslice.workload.job import (
+    DEFAULT_TENANT,
+    MAX_TENANT_WEIGHT,
+    JobSpec,
+    JobState,
+    Priority,
+    RestartPolicy,
+    TopologyNeed,
+)
 
 __all__ = [
     "DURATION_PATTERN",
@@ -434,7 +442,7 @@ class TenantIn(BaseModel):
 
     model_config = _STRICT
 
-    weight: float = Field(1.0, gt=0, le=1e6, description="fair-share weight")
+    weight: float = Field(1.0, gt=0, le=MAX_TENANT_WEIGHT, description="fair-share weight")
     max_gpus: float | None = Field(
         None, ge=0, le=MAX_GPUS_PER_NODE,
         description="GPUs its running jobs may hold; a share counts the larger of its memory and compute "

@@ -95,6 +95,7 @@ TERMINAL_STATES = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCE
 DEFAULT_GRACE_SECONDS = 30.0
 # The tenant (team) a job counts against when it names none; listed by the server even when unused.
 DEFAULT_TENANT = "default"
+MAX_TENANT_WEIGHT = 1e6  # a tenant's fair-share weight; past a million, the others' shares round to nothing
 
 
 def check_transition(old: JobState, new: JobState) -> None:
