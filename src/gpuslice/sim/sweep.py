@@ -1,14 +1,15 @@
 """Many replays at once: every (trace, policy, seed) combination, in parallel worker processes.
 
-Each worker loads its trace once and keeps it, so a sweep pays the CSV parsing once per process, not
-once per run. Results come back in completion order through ``on_result`` (for progress bars) and are
-returned sorted by (trace, policy, seed).
+The traces are loaded once, up front, and the forked workers inherit them: a sweep pays the CSV
+parsing once, not once per run. Results come back in completion order through ``on_result`` (for
+progress bars) and are returned sorted by (trace, policy, seed).
 """
 
 from __future__ import annotations
 
+import multiprocessing
+import signal
 from collections.abc import Callable, Sequence
-from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 from functools import cache
 from itertools import product
@@ -40,6 +41,12 @@ def _run(spec: RunSpec) -> ReplayResult:
     return replay(_trace(spec.trace, spec.trace_dir), spec.policy, spec.seed, spec.tune)
 
 
+def _ignore_interrupts() -> None:
+    """A worker leaves Ctrl-C to the sweep's process, which terminates it (a worker's own
+    KeyboardInterrupt would only print its traceback beside the command's one line)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 def run_sweep(
     traces: Sequence[str],
     policies: Sequence[str],
@@ -67,10 +74,12 @@ def run_sweep(
             if on_result is not None:
                 on_result(results[-1])
     else:
-        with ProcessPoolExecutor(max_workers=jobs) as pool:
-            for future in as_completed([pool.submit(_run, spec) for spec in specs]):
-                results.append(future.result())
+        # multiprocessing's Pool, not concurrent.futures: leaving its block terminates the workers, so a
+        # failed run or an interrupt ends the sweep at once instead of after every run still queued
+        with multiprocessing.get_context("fork").Pool(jobs, _ignore_interrupts) as pool:
+            for result in pool.imap_unordered(_run, specs):
+                results.append(result)
                 if on_result is not None:
-                    on_result(results[-1])
+                    on_result(result)
     order = {(t, p): i for i, (t, p) in enumerate(product(traces, policies))}
     return sorted(results, key=lambda r: (order[(r.trace, r.policy)], r.seed))
