@@ -148,6 +148,7 @@ def serve(
     if busy_seconds <= 0:
         raise UserError(f"--busy-timeout {busy_timeout}: use a positive duration, e.g. 2s")
     policy_memory_bytes = _policy_memory(policy_memory)
+    _check_names(simulate, sharing, queue_policy, placement)
     state_dir = writable_folder(state_dir or default_state_dir(), "--state-dir")  # before anything is made
     if sharing == "mig":
         _check_mig(simulate)
@@ -214,6 +215,22 @@ def _policy_memory(text: str) -> int:
             "address space for Python and the policy API alone; give at least that, e.g. 512MiB"
         )
     return limit
+
+
+def _check_names(simulate: str | None, sharing: str, queue_policy: str, placement: str) -> None:
+    """The machine to simulate, the sharing mode and the policies (a name, or a file verified now): the
+    server checks them again only once it holds the state folder (its lock, token and URL file made)."""
+    from gpuslice.node.discovery import discover
+    from gpuslice.node.enforcement import sharing_mode
+    from gpuslice.policies import placement_policy
+    from gpuslice.policies.queue import queue_policy as queue_lookup
+    from gpuslice.programs.loader import resolve
+
+    if simulate:
+        discover(simulate)  # a built-in profile and model: no NVML, nothing started
+    sharing_mode(sharing, "--sharing")
+    resolve(queue_policy, "queue", queue_lookup)
+    resolve(placement, "placement", placement_policy)
 
 
 def _check_mig(simulate: str | None) -> None:

@@ -64,6 +64,7 @@ __all__ = [
     "mig_device_uuid",
     "mps_dirs",
     "mps_memory_limit",
+    "sharing_mode",
     "shim_dir",
     "softcap_dir",
 ]
@@ -87,6 +88,15 @@ class SharingMode(enum.StrEnum):
 
 # `serve --sharing` and the device plugin's --sharing when none is named: needs nothing on the machine.
 DEFAULT_SHARING = SharingMode.SOFT
+
+
+def sharing_mode(text: str, what: str = "sharing mode") -> SharingMode:
+    """The SharingMode ``text`` names; InvalidRequest naming ``what`` and the known modes otherwise."""
+    try:
+        return SharingMode(text)
+    except ValueError:
+        known = ", ".join(m.value for m in SharingMode)
+        raise InvalidRequest(f"{what} {text!r} is not known; known: {known}") from None
 
 
 class MpsUnavailable(Unavailable):
@@ -226,11 +236,7 @@ def job_env(
     a real MIG instance's UUID. ``spec``: a serve job's, or a pod container's ``SliceLimits``."""
     if isinstance(spec, JobSpec):
         spec = SliceLimits.of_job(spec)
-    try:
-        mode = SharingMode(mode)
-    except ValueError:
-        known = ", ".join(m.value for m in SharingMode)
-        raise InvalidRequest(f"sharing mode {mode!r} is not known; known: {known}") from None
+    mode = sharing_mode(mode)
     for g in gpus:
         if not 0 <= g < machine.gpu_count:
             raise InternalError(f"GPU {g} is not on machine {machine.name!r} ({machine.gpu_count} GPUs)")

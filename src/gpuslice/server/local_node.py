@@ -67,11 +67,7 @@ class LocalNode:
 
         On a simulated machine there is no MPS to start: jobs get the MPS variables all the same.
         ``contain`` (its mode already resolved by ``containment.detect``) is how jobs are kept together."""
-        try:
-            mode = enforcement.SharingMode(sharing)
-        except ValueError:
-            known = ", ".join(m.value for m in enforcement.SharingMode)
-            raise InvalidRequest(f"--sharing {sharing!r} is not known; known: {known}") from None
+        mode = enforcement.sharing_mode(sharing, "--sharing")
         machine = discover(simulate, instance=str(Path(state_dir).resolve()))
         mps = None
         if mode is enforcement.SharingMode.MPS and simulate is None:
