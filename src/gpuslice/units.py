@@ -115,6 +115,6 @@ def format_size(size_bytes: int) -> str:
     for unit, factor in (("TiB", TiB), ("GiB", GiB), ("MiB", MiB), ("KiB", KiB)):
         if abs(size_bytes) >= factor:
             value = size_bytes / factor
-            text = f"{value:.1f}".rstrip("0").rstrip(".")
+            text = f"{value:.1f}".removesuffix(".0")  # one decimal, kept only when it is not 0
             return f"{text} {unit}"
     return f"{size_bytes} B"
