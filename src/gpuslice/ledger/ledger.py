@@ -316,7 +316,7 @@ class Ledger:
         lets the request use."""
         rows = np.array([node])
         code = code_of(int(self.refusal_codes(request, rows, None if usable is None else usable[None])[0]))
-        return None if code is None else self._refusal(code, request, rows, usable, 0)
+        return None if code is None else self._refusal(code, request, rows, usable)
 
     def closest(
         self,
@@ -346,11 +346,11 @@ class Ledger:
         code: RefusalCode,
         request: Request,
         rows: np.ndarray,
-        usable: np.ndarray | None,
-        k: int | None = None,
+        usable: np.ndarray | None = None,
     ) -> Refusal:
-        """``fit.refusal_at`` on the ledger's ``rows`` (row ``k``, or the one with the most free)."""
-        return refusal_at(code, request, self._rows(rows, usable), rows, k)
+        """``fit.refusal_at`` on the ledger's ``rows``: of the row with the most free (on one row, that
+        row)."""
+        return refusal_at(code, request, self._rows(rows, usable), rows)
 
     def _rows(self, rows: np.ndarray, usable: np.ndarray | None = None) -> Rows:
         """``ledger.fit.Rows`` of ``rows``; the usable GPUs are those present (and in ``usable``, (R, G))."""
@@ -415,9 +415,9 @@ class Ledger:
                     unit=Unit.GPU_MILLI,
                 )
         if self._free_cpu[node] < request.cpu_milli:  # the amounts only for a refusal: reserve is hot
-            return self._refusal(RefusalCode.INSUFFICIENT_CPU, request, np.array([node]), None, 0)
+            return self._refusal(RefusalCode.INSUFFICIENT_CPU, request, np.array([node]))
         if self._free_memory[node] < request.memory_bytes:
-            return self._refusal(RefusalCode.INSUFFICIENT_MEMORY, request, np.array([node]), None, 0)
+            return self._refusal(RefusalCode.INSUFFICIENT_MEMORY, request, np.array([node]))
         return None
 
     def reserve(self, node: int, gpus: Sequence[int], request: Request) -> Placement | Refusal:
