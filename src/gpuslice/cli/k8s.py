@@ -90,8 +90,11 @@ def extender(
     from gpuslice.k8s.extender import SERVER_OPTIONS, ClusterState, KubernetesApi, create_app
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from gpuslice.policies import placement_policy
+    from gpuslice.programs.loader import resolve
     from gpuslice.sim.trace import load_target_workload
 
+    resolve(policy, "placement", placement_policy)  # a name, or a file verified now
     target = load_target_workload(target_workload) if target_workload is not None else None
     api = KubernetesApi(str(kubeconfig) if kubeconfig else None)  # after the cheap checks of the options
     state = ClusterState(

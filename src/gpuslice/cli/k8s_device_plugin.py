@@ -78,7 +78,7 @@ def device_plugin(
 ) -> None:
     """Serve this node's GPUs to the kubelet as gpuslice.io/gpu shares and MIG resources until SIGTERM."""
     try:
-        from gpuslice.k8s.device_plugin import DevicePlugin, parse_mig_layouts, serve
+        from gpuslice.k8s.device_plugin import DevicePlugin, parse_mig_layouts, pod_sharing, serve
     except ImportError as err:  # grpc or the kubernetes client missing
         raise UserError(
             f"the device plugin needs the k8s extra ({err}): pip install 'gpuslice[k8s]'"
@@ -89,6 +89,7 @@ def device_plugin(
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     name = resolve_node_name(node_name)  # before discovery: a bad name is refused at once
     owner = parse_owner(daemonset) if daemonset else None
+    pod_sharing(sharing)  # before the API is reached
     machine = discover(simulate)
     layouts = parse_mig_layouts(machine, mig_layout) if mig_layout else None
 

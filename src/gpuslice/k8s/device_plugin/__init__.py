@@ -88,6 +88,7 @@ from gpuslice.k8s.device_plugin.plugin import (
     KUBELET_SOCKET,
     DevicePlugin,
     RegistrationFailed,
+    pod_sharing,
 )
 from gpuslice.k8s.device_plugin.run import serve
 
@@ -120,5 +121,6 @@ __all__ = [
     "node_inventory",
     "node_labels",
     "parse_mig_layouts",
+    "pod_sharing",
     "serve",
 ]

@@ -60,6 +60,7 @@ __all__ = [
     "KUBELET_SOCKET",
     "DevicePlugin",
     "RegistrationFailed",
+    "pod_sharing",
 ]
 
 log = logging.getLogger(__name__)
@@ -68,6 +69,24 @@ API_VERSION = "v1beta1"
 DEVICE_PLUGIN_PATH = "/var/lib/kubelet/device-plugins/"
 KUBELET_SOCKET = "kubelet.sock"
 K8S_SHARING = (SharingMode.SOFT.value, SharingMode.SHIM.value)  # the sharing modes that work in pods
+
+
+def pod_sharing(sharing: SharingMode | str) -> SharingMode:
+    """The device plugin's --sharing: one of ``K8S_SHARING``; UserError saying why otherwise."""
+    if str(sharing) == SharingMode.MPS.value:
+        raise UserError(
+            "--sharing mps is not offered on Kubernetes: MPS needs its control daemon outside the "
+            "device plugin's container and a host /dev/shm shared by the daemon and every pod, which "
+            "this deployment does not set up; use soft (MIG instances are hard partitions on their own)"
+        )
+    if str(sharing) not in K8S_SHARING:
+        raise UserError(
+            f"--sharing {str(sharing)!r}: use {' or '.join(K8S_SHARING)} for gpuslice.io/gpu shares "
+            "(MIG instances are advertised as their own gpuslice.io/mig-<profile> resources)"
+        )
+    return SharingMode(sharing)
+
+
 _REGISTER_TIMEOUT_S = 5.0
 _REGISTER_ATTEMPTS = 5  # after a kubelet restart its socket can appear before it answers
 
@@ -158,18 +177,7 @@ class DevicePlugin(Allocation):
         self.health = health if health is not None else NoHealthChecks()
         self.split_count = split_count
         self.socket_dir = Path(socket_dir)
-        if str(sharing) == SharingMode.MPS.value:
-            raise UserError(
-                "--sharing mps is not offered on Kubernetes: MPS needs its control daemon outside the "
-                "device plugin's container and a host /dev/shm shared by the daemon and every pod, which "
-                "this deployment does not set up; use soft (MIG instances are hard partitions on their own)"
-            )
-        if str(sharing) not in K8S_SHARING:
-            raise UserError(
-                f"--sharing {str(sharing)!r}: use {' or '.join(K8S_SHARING)} for gpuslice.io/gpu shares "
-                "(MIG instances are advertised as their own gpuslice.io/mig-<profile> resources)"
-            )
-        self.sharing = SharingMode(sharing)
+        self.sharing = pod_sharing(sharing)
         # In the socket names: two instances (a DaemonSet rolled with surge) serve side by side, and the
         # kubelet keeps a resource's devices while one of its endpoints remains (it keys them by path).
         self.instance = instance
