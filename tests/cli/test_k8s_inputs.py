@@ -40,3 +40,19 @@ def test_the_device_plugin_refuses_a_sharing_mode_pods_cannot_have_before_the_ap
     args = ["k8s", "device-plugin", "--simulate", "dgx-a100", "--node-name", "node-a", "--sharing", sharing]
     error = _refused(args, "gpuslice.k8s.device_plugin.serve", capsys)
     assert "--sharing" in error
+
+
+@pytest.mark.parametrize("option", ["--socket-dir", "--state-dir"])
+def test_the_device_plugin_refuses_a_folder_it_cannot_write_before_the_api(option, tmp_path, capsys) -> None:
+    taken = tmp_path / "a-file"
+    taken.write_text("")
+    args = ["k8s", "device-plugin", "--simulate", "dgx-a100", "--node-name", "node-a", option, str(taken)]
+    assert option in _refused(args, "gpuslice.k8s.device_plugin.serve", capsys)
+
+
+@pytest.mark.parametrize("option", ["--plugins-dir", "--registry-dir", "--cdi-dir", "--state-dir"])
+def test_the_dra_driver_refuses_a_folder_it_cannot_write_before_the_api(option, tmp_path, capsys) -> None:
+    taken = tmp_path / "a-file"
+    taken.write_text("")
+    args = ["k8s", "dra-driver", "--simulate", "dgx-a100", "--node-name", "node-a", option, str(taken)]
+    assert option in _refused(args, "gpuslice.k8s.dra.kube.DraApi", capsys)

@@ -22,6 +22,7 @@ from gpuslice.cli.options import (
     resolve_node_name,
 )
 from gpuslice.errors import UserError
+from gpuslice.inputs import writable_folder
 from gpuslice.k8s.annotations import DEFAULT_SPLIT_COUNT, DEFAULT_STATE_DIR, MAX_SPLIT_COUNT
 from gpuslice.node.enforcement import DEFAULT_SHARING
 
@@ -90,6 +91,9 @@ def device_plugin(
     name = resolve_node_name(node_name)  # before discovery: a bad name is refused at once
     owner = parse_owner(daemonset) if daemonset else None
     pod_sharing(sharing)  # before the API is reached
+    # the folders it writes (sockets; soft-cap file and shim), before it registers anywhere
+    writable_folder(socket_dir, "--socket-dir")
+    writable_folder(state_dir, "--state-dir")
     machine = discover(simulate)
     layouts = parse_mig_layouts(machine, mig_layout) if mig_layout else None
 

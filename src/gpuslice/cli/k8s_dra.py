@@ -25,6 +25,7 @@ from gpuslice.cli.options import (
     resolve_node_name,
 )
 from gpuslice.errors import UserError
+from gpuslice.inputs import writable_folder
 from gpuslice.k8s.annotations import DEFAULT_STATE_DIR
 from gpuslice.node.enforcement import DEFAULT_SHARING
 
@@ -112,6 +113,10 @@ def dra_driver(
         slices = node_slices(machine, name, generation=1, identities=gpu_identities(machine))
         typer.echo(yaml.safe_dump_all(slices, sort_keys=False), nl=False)
         return
+    # the folders it writes (sockets, CDI specs, checkpoint and state files), before it publishes anything
+    for folder, option in ((plugins_dir, "--plugins-dir"), (registry_dir, "--registry-dir"),
+                           (cdi_dir, "--cdi-dir"), (state_dir, "--state-dir")):  # fmt: skip
+        writable_folder(folder, option)
     try:
         from gpuslice.k8s.dra.driver import DraDriver
         from gpuslice.k8s.dra.kube import DraApi
