@@ -103,6 +103,13 @@ def test_invalid_json_names_the_file_and_the_line(tmp_path):
         load_hf_config(path)
 
 
+def test_a_config_nested_10000_deep_is_a_malformed_config_not_a_recursion_error(tmp_path):
+    path = tmp_path / "config.json"
+    path.write_text('{"hidden_size": ' + "[" * 10_000 + "]" * 10_000 + "}")
+    with pytest.raises(MalformedModelConfig, match="nests too deeply"):
+        load_hf_config(path)
+
+
 def test_a_json_list_and_a_missing_file_are_malformed_configs(tmp_path):
     with pytest.raises(MalformedModelConfig, match="expected a JSON object, got list"):
         parse_hf_config([1, 2])

@@ -71,6 +71,11 @@ def test_a_profile_changes_the_simulated_time_as_its_numbers_say(tmp_path):
         pytest.param({**GOOD, "batch_overhead": 1e-6}, "unknown field 'batch_overhead'", id="typo"),
         pytest.param({**GOOD, "name": 7}, "name must be text", id="name"),
         pytest.param({**GOOD, "source": "lab"}, "source must be a JSON object", id="source"),
+        pytest.param(
+            '{"format": 1, "source": ' + "[" * 10_000 + "]" * 10_000 + "}",
+            "nests too deeply",
+            id="10,000 deep",
+        ),
     ],
 )
 def test_a_bad_profile_is_one_clear_user_error(tmp_path, data, message):

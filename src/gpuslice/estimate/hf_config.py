@@ -45,6 +45,8 @@ def load_hf_config(path: str | Path) -> ModelShape:
         data = json.loads(text)
     except json.JSONDecodeError as err:
         raise MalformedModelConfig(f"{path} is not valid JSON: {err.msg} at line {err.lineno}") from None
+    except RecursionError:  # 10,000 brackets: the decoder's recursion, not a JSONDecodeError
+        raise MalformedModelConfig(f"{path} nests too deeply for a model config") from None
     shape = parse_hf_config(data, source=str(path))
     exact = exact_parameter_count(data) if isinstance(data, dict) else None
     return replace(shape, exact_parameters=exact) if exact else shape

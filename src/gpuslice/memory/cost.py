@@ -121,6 +121,8 @@ def load_cost_profile(path: Path | str) -> CostModel:
         raise CostProfileError(
             f"cost profile {path} is not JSON (line {err.lineno}, column {err.colno}: {err.msg})"
         ) from None
+    except RecursionError:  # 10,000 brackets: the decoder's recursion, not a JSONDecodeError
+        raise CostProfileError(f"cost profile {path} nests too deeply: give one flat JSON object") from None
     if not isinstance(data, dict):
         raise CostProfileError(f"cost profile {path}: expected a JSON object, got {type(data).__name__}")
     if data.get("format") != COST_PROFILE_FORMAT:
