@@ -173,6 +173,8 @@ def test_a_huge_token_file_is_refused_without_reading_it_into_memory(tmp_path):
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert "does not hold one token" in done.stdout
+    with pytest.raises(InvalidRequest, match="does not hold one token"):  # and here, as the server reads it
+        read_token(tmp_path)
 
 
 def test_a_token_file_of_exactly_4_kib_is_still_read(tmp_path):
