@@ -4,10 +4,11 @@ nothing written, or accepted up to where the work starts, within the time bound)
 
 Each file starts as a small valid sample of its format and is mutated by up to two drawn edits: cut
 short, a field or key replaced by a hostile value (NaN, infinities, 1e400, an integer of 5,000 digits, a
-negative, text, null, a list), a line deleted or repeated (a duplicated key or row), an unknown column,
-non-UTF-8 or NUL bytes, a byte-order mark, CRLF line ends, a line of 200,000 characters, 10,000 levels
-of nesting; or replaced whole by nothing, blanks or binary. CI runs a third of ``GPUSLICE_FUZZ_EXAMPLES``
-per file (every file shares its edits with the others); ``benchmarks/fuzz_inputs.py`` runs more.
+negative, text, null, a list, 10,000 levels of nesting), a line deleted or repeated (a duplicated key or
+row), an unknown column, non-UTF-8 or NUL bytes, a byte-order mark, CRLF line ends, a line of 200,000
+characters, 10,000 brackets anywhere; or replaced whole by nothing, blanks or binary. CI runs a third of
+``GPUSLICE_FUZZ_EXAMPLES`` per file (every file shares its edits with the others);
+``benchmarks/fuzz_inputs.py`` runs more.
 """
 
 from __future__ import annotations
@@ -32,11 +33,12 @@ OPENB_ARGS = ["sim", "openb", "--trace-dir", "traces", "--trace", "default"]
 K8S_API = ("gpuslice.k8s.kube_client.api_client", "gpuslice.k8s.dra.kube.DraApi")
 OPENB = Path(_data_init).parent / "openb"
 
+NEST = 10_000
 HOSTILE = ["nan", "NaN", "inf", "-inf", "Infinity", "1e400", "9" * 5000, "-1", "-0", "0", "", " ", '"x"',
            "null", "[]", "{}", "true", "é", "0x10", "1_000", "٤٢", "\u202e", "a,b", '"', "'", "\\", "&a",
-           "*a", "!!python/object:os.system", "- x", "{{", "1.5e308", "-9" * 3]  # fmt: skip
+           "*a", "!!python/object:os.system", "- x", "{{", "1.5e308", "-9" * 3,
+           "[" * NEST + "]" * NEST]  # fmt: skip
 _TOKEN = re.compile(r"[A-Za-z0-9_.+-]+")
-NEST = 10_000
 
 
 def _lines(text: str) -> list[str]:
@@ -150,6 +152,13 @@ COST_PROFILE = json.dumps(
      "source": {"how": "measured"}},
     indent=1,
 )  # fmt: skip
+HF_CONFIG = json.dumps(
+    {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096,
+     "intermediate_size": 14336, "max_position_embeddings": 8192, "num_attention_heads": 32,
+     "num_hidden_layers": 32, "num_key_value_heads": 8, "rms_norm_eps": 1e-05, "vocab_size": 128256,
+     "tie_word_embeddings": False, "torch_dtype": "bfloat16"},
+    indent=1,
+)  # fmt: skip
 MEMSIM_TRACE = "tenant,block,page,op,time\n0,1,2,r,0\n1,2,3,w,5\n0,1,4,0,7\n1,3,1,1,9.5\n"
 TRACES = "traces"
 
@@ -169,6 +178,7 @@ FILES: dict[str, InputFile] = {
         COST_PROFILE,
     ),
     "policy check": InputFile(Command(["policy", "check", "policy.py"], {}), "policy.py", ""),
+    "estimate config.json": InputFile(Command(["estimate", "config.json"], {}), "config.json", HF_CONFIG),
     "topo assign --machine": InputFile(
         Command(["topo", "assign", "--machine", "topo.txt", "--jobs", "2,2"], {}), "topo.txt", SMI_MATRIX
     ),
