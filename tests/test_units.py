@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from gpuslice.errors import InvalidSize, UserError
-from gpuslice.units import GiB, KiB, MiB, TiB, format_size, parse_size
+from gpuslice.units import GiB, KiB, MiB, TiB, format_size, looks_like_size, parse_size
 
 HINT = "use a number and a unit, e.g. 8GiB, 8000MiB, 8G"
 
@@ -131,3 +131,19 @@ def test_format_size_uses_the_largest_binary_unit_at_or_above_one(size: int, tex
 )
 def test_format_size_round_trips_through_parse_size(size: int) -> None:
     assert parse_size(format_size(size)) == size
+
+
+def test_thirty_digits_are_a_size_and_thirty_one_are_refused_unread() -> None:
+    assert parse_size("9" * 30 + "B") == 10**30 - 1
+    with pytest.raises(InvalidSize, match="31 digits"):
+        parse_size("9" * 31 + "B")
+
+
+@pytest.mark.parametrize("text", ["8GiB", "0", "-5GiB", "1.5.2GiB", " 8 Gb ", "+3"])
+def test_a_number_then_letters_looks_like_a_size(text: str) -> None:
+    assert looks_like_size(text)
+
+
+@pytest.mark.parametrize("text", ["3g.40gb", "a100", "", "GiB", "8 GiB x", "٨GiB"])
+def test_a_name_or_anything_else_does_not_look_like_a_size(text: str) -> None:
+    assert not looks_like_size(text)
