@@ -72,3 +72,26 @@ def test_a_model_both_required_and_excluded_is_rejected():
 def test_gpu_memory_without_gpus_is_rejected():
     with pytest.raises(InvalidRequest, match="num_gpu is 0"):
         Request(cpu_milli=100, gpu_memory_bytes=GiB)
+
+
+def test_each_gpu_of_a_mixed_node_has_its_own_memory():
+    """A node of a 16 GiB and a 40 GiB GPU: 24 GiB fits on GPU 1 only, and the columns hold each GPU's own
+    capacity (slots past the node's GPUs hold 0)."""
+    mixed = NodeSpec("mixed", 8_000, 32 * GiB, 2, "A100", gpu_memory_each=(16 * GiB, 40 * GiB))
+    ledger = Ledger([mixed])
+    assert ledger.view.gpu_memory_capacity_bytes[0].tolist() == [16 * GiB, 40 * GiB] + [0] * 6
+    slice_24 = Request(cpu_milli=0, num_gpu=1, gpu_milli=100, gpu_memory_bytes=24 * GiB)
+    assert ledger.reserve(0, (0,), slice_24).code is RefusalCode.INSUFFICIENT_GPU_MEMORY
+    assert isinstance(ledger.reserve(0, (1,), slice_24), Placement)
+    assert ledger.view.free_gpu_memory_bytes[0, :2].tolist() == [16 * GiB, 16 * GiB]
+
+
+def test_every_column_is_exact_int64():
+    """Capacities and free amounts are whole numbers (bytes, milli) kept exactly, as int64, whatever the
+    node: a float column would round memory past 2**53 bytes."""
+    node = NodeSpec("big", 8_000, 2**60 + 1, 2, "A100", gpu_memory_bytes=80 * GiB)
+    ledger = Ledger([node, NodeSpec("cpu", 4_000, GiB, 0, "")])
+    view = ledger.view
+    assert {name: getattr(view, name).dtype for name in view.ARRAYS} == dict.fromkeys(view.ARRAYS, np.int64)
+    assert isinstance(ledger.reserve(0, (), Request(cpu_milli=0, memory_bytes=1)), Placement)
+    assert int(view.free_memory_bytes[0]) == 2**60
