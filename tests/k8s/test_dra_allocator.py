@@ -1218,3 +1218,18 @@ def test_a_preemption_what_if_leaves_the_inventorys_ledger_as_it_found_it() -> N
     assert inventory.preemption([ask], 30, None) is not None  # one claim: the cheapest holder only
     (alone,) = inventory.preemption([ask], 30, None).victims  # type: ignore[union-attr]
     assert alone.pods[0][1] == "low0" and inventory.free(0) == before
+
+
+def test_what_was_told_is_kept_only_for_pods_still_gated() -> None:
+    """A long-running allocator remembers the last reason posted per gated pod (so it is posted once),
+    and forgets a pod once it is gone: memory bounded by the gated pods, not by every pod ever refused."""
+    api = FakeApi()
+    api.add_node("a", "dgx-h100")
+    for k in range(3):
+        api.add(f"bad-{k}", spec(CLASS_SHARED, capacity={"memory": "lots"}))
+    allocator = DraAllocator(api)
+    assert allocator.run_once() == 0 and len(api.events) == 3
+    assert len(allocator._told) == 3
+    api.pods[:] = [p for p in api.pods if p["metadata"]["name"] != "bad-0"]  # deleted by its owner
+    assert allocator.run_once() == 0 and len(api.events) == 3  # the others are not told again
+    assert len(allocator._told) == 2

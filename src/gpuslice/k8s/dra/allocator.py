@@ -534,6 +534,7 @@ class DraAllocator:
         )
         still = {str(p["metadata"].get("uid", "")) for p in pods}
         self.pending = {uid: why for uid, why in self.pending.items() if uid in still}
+        self._told = {uid: said for uid, said in self._told.items() if uid in still}  # bounded by the gated
         if not pods:
             return 0
         claims = self.api.list_claims()
