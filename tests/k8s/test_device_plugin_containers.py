@@ -17,6 +17,7 @@ from gpuslice.k8s.annotations import (
     BIND_PHASE_FAILED,
 )
 from gpuslice.k8s.decision import ContainerDecision, Decision
+from gpuslice.k8s.shim_mounts import slice_folder
 from gpuslice.units import MiB
 
 # the fake kubelet, API and plugin of the device plugin's own tests
@@ -57,7 +58,7 @@ def test_each_allocate_call_gets_its_containers_slice_and_the_pod_is_allocated_a
             )
         )
         assert env["GPUSLICE_SHIM_REGION"].endswith(
-            "/ml.multi." + ["warm", "train", "shipper"][len(seen) - 1] + "/job.region"
+            "/ml.multi_" + ["warm", "train", "shipper"][len(seen) - 1] + "/job.region"
         )
         done = annotations[ANNOTATION_BIND_PHASE] == BIND_PHASE_ALLOCATED
         assert done == (len(seen) == 3) and annotations[ANNOTATION_ALLOCATED_CONTAINERS] == str(len(seen))
@@ -101,3 +102,31 @@ def test_an_init_container_may_run_on_any_gpu_of_the_first_slice_but_no_other(ma
     assert (
         "for init container 'warm' are not on its first GPU container's GPUs (2, 5)" in raised.value.details()
     )
+
+
+def test_a_containers_shim_folder_is_never_another_pods(make_plugin, kubelet, api):
+    """Pod x's container y and a pod named x.y (a legal pod name) in one namespace each get a region of
+    their own: sharing one would give them one memory budget, and each could rewrite the other's."""
+    machine = dgx1_machine()
+    make_plugin(machine, sharing="shim")
+    stub = kubelet.dial(kubelet.next_request().endpoint)
+    u1, u4 = machine.gpus[1].uuid, machine.gpus[4].uuid
+    slices = (ContainerDecision("y", (1,), (u1,), 2000, 10), ContainerDecision("z", (4,), (u4,), 2000, 10))
+    api.bind("ml", "x", Decision(NODE, "y", (1,), (u1,), 2000, 10, containers=slices))
+    container_y = dict(allocate(stub, [share(machine, 1)]).container_responses[0].envs)
+    allocate(stub, [share(machine, 4)])  # container z: pod x is allocated
+    api.bind("ml", "x.y", Decision(NODE, "main", (1,), (u1,), memory_mib=2000, cores_percent=10))
+    pod_x_y = dict(allocate(stub, [share(machine, 1, 1)]).container_responses[0].envs)
+    assert container_y["GPUSLICE_SHIM_DIR"] != pod_x_y["GPUSLICE_SHIM_DIR"]
+    assert container_y["GPUSLICE_SHIM_REGION"] != pod_x_y["GPUSLICE_SHIM_REGION"]
+
+
+def test_no_pod_or_container_name_gives_a_dra_claims_shim_folder() -> None:
+    # names as Kubernetes allows them: pods lower-case letters, digits, '-' and '.'; containers no '.'
+    made = {
+        slice_folder("claim-a"),
+        slice_folder("claim", "a"),
+        slice_folder("a"),
+        slice_folder("a", "claim"),
+    }
+    assert slice_folder(claim="a") not in made and len(made) == 4

@@ -23,6 +23,7 @@ from gpuslice.k8s.dra.proto import dra_pb2_grpc as dra_grpc
 from gpuslice.k8s.dra.proto import pluginregistration_pb2 as reg
 from gpuslice.k8s.dra.proto import pluginregistration_pb2_grpc as reg_grpc
 from gpuslice.k8s.dra.slices import DRIVER
+from gpuslice.k8s.shim_mounts import slice_folder
 from gpuslice.node.discovery import discover
 from gpuslice.node.enforcement import mig_device_uuid
 from gpuslice.units import GiB
@@ -176,7 +177,7 @@ def test_a_share_gets_a_cdi_device_per_share_with_the_device_plugins_slice(node:
         state_dir=node.root / "state",
         minors=range(8),
         namespace="team",
-        pod="claim-share",
+        holder=slice_folder(claim="share"),
         gpus=[3],
         memory_bytes=10 * GiB,
         compute_percent=30,

@@ -58,17 +58,18 @@ def container_slice(
     state_dir: Path,
     minors: Sequence[int],
     namespace: str,
-    pod: str,
+    holder: str,
     gpus: Sequence[int],
     memory_bytes: int = 0,
     compute_percent: int = 0,
     mig: MigAssignment | None = None,
     nvml: Any | None = None,
 ) -> ContainerSlice:
-    """The slice of ``namespace/pod``: ``gpus`` (machine indices) with ``memory_bytes`` each (0: all) and
-    ``compute_percent`` of their SMs (0 or 100: no cap), or the MIG instance ``mig``. ``minors`` maps a
-    GPU index to its /dev/nvidia<minor>. Writes the soft-cap file and, under shim sharing, the pod's
-    shim folder (see ``shim_mounts``). ``nvml`` is a pynvml-like module for tests (a MIG UUID lookup)."""
+    """The slice ``holder`` (``shim_mounts.slice_folder``) of ``namespace``: ``gpus`` (machine indices)
+    with ``memory_bytes`` each (0: all) and ``compute_percent`` of their SMs (0 or 100: no cap), or the
+    MIG instance ``mig``. ``minors`` maps a GPU index to its /dev/nvidia<minor>. Writes the soft-cap file
+    and, under shim sharing, the slice's shim folder (see ``shim_mounts``). ``nvml`` is a pynvml-like
+    module for tests (a MIG UUID lookup)."""
     if mig is not None:
         limits = SliceLimits(mig_profile=mig.profile, tenant=namespace)
         gpus = (mig.gpu,)
@@ -85,7 +86,7 @@ def container_slice(
     if "PYTHONPATH" in env:  # the soft cap: host directory the slice's environment points at
         cap = str(softcap_dir(state_dir))
         mounts.append(HostMount(cap, cap, read_only=True))
-    mounts += container_setup(state_dir, namespace, pod, env)  # --sharing shim
+    mounts += container_setup(state_dir, namespace, holder, env)  # --sharing shim
     return ContainerSlice(env, tuple(mounts), tuple(device_nodes(minors, gpus)), uuids, tuple(gpus))
 
 

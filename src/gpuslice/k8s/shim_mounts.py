@@ -7,9 +7,14 @@ device plugin calls ``container_setup`` in Allocate, which rewrites them and ret
 ```text
 <state_dir>/shim/lib/                   read-only   the shim (and, on simulated nodes, the fake driver),
                                                     copied out of the plugin's package when it changed
-<state_dir>/shim/pods/<ns>.<pod>/       read-write  the pod's job region: one budget for all its processes
+<state_dir>/shim/pods/<ns>.<holder>/    read-write  the slice's job region: one budget for all its processes
 <state_dir>/shim/gpus.region            read-write  the node's GPU region, where priorities meet
 ```
+
+``<holder>`` is ``slice_folder``'s name for the slice: the pod's name, ``<pod>_<container>`` where several
+containers of the pod ask, or ``_claim_<name>`` for a DRA claim. Kubernetes names never hold ``_`` and
+never start with it, so no two slices of a namespace share a folder (with '.' as the container's
+separator, pod ``x``'s container ``y`` and a pod named ``x.y`` did).
 
 LD_PRELOAD points at the library copy, GPUSLICE_SHIM_REGION at the pod's region (a pod has no
 GPUSLICE_JOB_ID), and LD_LIBRARY_PATH, when set, at the fake driver copy. The state dir is a hostPath
@@ -31,7 +36,7 @@ from pathlib import Path
 
 from gpuslice import shim
 
-__all__ = ["REGION_NAME", "HostMount", "container_setup"]
+__all__ = ["REGION_NAME", "HostMount", "container_setup", "slice_folder"]
 
 REGION_NAME = "job.region"  # in the pod's folder
 
@@ -59,9 +64,18 @@ def _copy_if_changed(source: Path, target: Path) -> None:
     os.replace(tmp, target)
 
 
-def container_setup(state_dir: Path, namespace: str, pod: str, env: dict[str, str]) -> list[HostMount]:
-    """Rewrite the shim variables in ``env`` (in place) for a container of ``namespace/pod``; the mounts
-    it needs. ``env`` without GPUSLICE_SHIM_DIR (not a shim share) is left alone: no mounts."""
+def slice_folder(pod: str = "", container: str = "", claim: str = "") -> str:
+    """The name of one slice's shim folder in its namespace (module docstring): ``claim`` for a DRA
+    claim's slice, else ``pod`` with its ``container`` where the pod's containers have one each."""
+    if claim:
+        return f"_claim_{claim}"
+    return f"{pod}_{container}" if container else pod
+
+
+def container_setup(state_dir: Path, namespace: str, holder: str, env: dict[str, str]) -> list[HostMount]:
+    """Rewrite the shim variables in ``env`` (in place) for a container of the slice ``holder``
+    (``slice_folder``) in ``namespace``; the mounts it needs. ``env`` without GPUSLICE_SHIM_DIR (not a
+    shim share) is left alone: no mounts."""
     if "GPUSLICE_SHIM_DIR" not in env:
         return []
     base = Path(state_dir) / "shim"
@@ -72,7 +86,7 @@ def container_setup(state_dir: Path, namespace: str, pod: str, env: dict[str, st
         for name in ("libcuda.so.1", "libnvidia-ml.so.1"):
             _copy_if_changed(shim.fake_driver_dir() / name, lib / "fake" / name)
         env["LD_LIBRARY_PATH"] = str(lib / "fake")
-    pod_dir = base / "pods" / _UNSAFE.sub("_", f"{namespace}.{pod}")
+    pod_dir = base / "pods" / _UNSAFE.sub("_", f"{namespace}.{holder}")
     pod_dir.mkdir(parents=True, exist_ok=True)
     stale = pod_dir / REGION_NAME  # removed by name: a link left there is not followed
     if stale.is_dir() and not stale.is_symlink():

@@ -31,6 +31,7 @@ from gpuslice.k8s.device_plugin.kube import PendingPod, PodSource
 from gpuslice.k8s.device_plugin.record import AllocationRecord
 from gpuslice.k8s.node_lock import allocate_key, decision_key
 from gpuslice.k8s.proto import deviceplugin_pb2 as pb
+from gpuslice.k8s.shim_mounts import slice_folder
 from gpuslice.node.enforcement import SharingMode
 from gpuslice.policies.gpuset import GpuSetOps
 from gpuslice.policies.gpuset.pick import pick_gpu_set
@@ -341,7 +342,9 @@ class Allocation:
             minors=self._minors,
             namespace=pod.namespace,
             # one shim folder per slice: a pod where several containers ask gets one per container
-            pod=f"{pod.name}.{decision.container}" if pod.decision and pod.decision.containers else pod.name,
+            holder=slice_folder(
+                pod.name, decision.container if pod.decision and pod.decision.containers else ""
+            ),
             gpus=gpus,
             memory_bytes=decision.memory_mib * MiB,
             compute_percent=decision.cores_percent,

@@ -59,6 +59,7 @@ from gpuslice.k8s.dra.slices import (
     memory_default_mib,
     parse_mig_device_name,
 )
+from gpuslice.k8s.shim_mounts import slice_folder
 from gpuslice.k8s.uninstall import clear_state_folder
 from gpuslice.node.discovery import is_simulated
 from gpuslice.node.enforcement import SharingMode
@@ -418,7 +419,7 @@ class Preparer:
             state_dir=self.state_dir,
             minors=self.minors,
             namespace=ref.namespace,
-            pod=f"claim-{ref.name}",
+            holder=slice_folder(claim=ref.name),
             gpus=gpus,
             memory_bytes=min((m for m in memory if m), default=0) * MiB,
             compute_percent=min(cores, default=100),
