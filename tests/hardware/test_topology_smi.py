@@ -8,6 +8,7 @@ one NIC per GPU at PXB, same socket NODE, other SYS); NIC↔NIC cells are filled
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
@@ -117,3 +118,14 @@ def test_unreadable_file_is_a_parse_error_naming_the_path(tmp_path):
     bad.write_text("hello world\n")
     with pytest.raises(TopologyParseError, match=r"bad.txt: line 1"):
         read_topo_file(bad)
+
+
+def test_a_device_fifo_or_huge_file_is_refused_before_it_is_read(tmp_path):
+    """``--from-file /dev/zero`` read for ever (and a FIFO waited for a writer); a megabyte is no
+    ``nvidia-smi topo -m`` output."""
+    os.mkfifo(tmp_path / "fifo")
+    huge = tmp_path / "huge.txt"
+    huge.write_text("GPU0\n" * 300_000)
+    for path, words in (("/dev/zero", "device"), (tmp_path / "fifo", "FIFO"), (huge, "at most 1,048,576")):
+        with pytest.raises(TopologyParseError, match=words):
+            read_topo_file(Path(path))

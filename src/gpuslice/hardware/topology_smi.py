@@ -23,8 +23,12 @@ from gpuslice.hardware.topology import (
     build_topology,
     parse_link_label,
 )
+from gpuslice.inputs import InvalidInput, read_text
 
 __all__ = ["TopologyParseError", "parse_topo_matrix", "read_topo_file"]
+
+# `nvidia-smi topo -m` of 16 GPUs is about 3 KB: a megabyte is no such output.
+_MAX_FILE_BYTES = 2**20
 
 # Trailing header columns nvidia-smi may print, in its order (after the GPU and NIC columns).
 _EXTRA_COLUMNS = ("CPU Affinity", "NUMA Affinity", "GPU NUMA ID")
@@ -147,11 +151,12 @@ def parse_topo_matrix(
 
 
 def read_topo_file(path: Path, *, bandwidth: BandwidthModel | None = None) -> Topology:
-    """``parse_topo_matrix`` on a file, named after it; an unreadable file is a TopologyParseError."""
+    """``parse_topo_matrix`` on a file, named after it. A file that is not a small text file (a folder,
+    a FIFO or ``/dev/zero``, binary, past 1 MiB) is refused before it is read (``inputs.read_text``)."""
     try:
-        text = path.read_text(encoding="utf-8", errors="replace")
-    except OSError as err:
-        raise TopologyParseError(f"cannot read {path}: {err.strerror or err}") from None
+        text = read_text(path, "topology file", max_bytes=_MAX_FILE_BYTES)
+    except InvalidInput as err:
+        raise TopologyParseError(str(err)) from None
     try:
         return parse_topo_matrix(text, name=path.stem, bandwidth=bandwidth)
     except TopologyParseError as err:
