@@ -69,6 +69,15 @@ COMMANDS: dict[str, Command] = {
          "--policy": TEXT, "--from-layout": TEXT, "--gpu-index": NUMBERS},
         answers=frozenset({0, REJECTED_EXIT}),
     ),
+    "topo show": Command(
+        ["topo", "show", "--simulate", "dgx1-v100"], {"--simulate": TEXT, "--from-file": PATHS}
+    ),
+    "topo pick": Command(
+        ["topo", "pick", "--simulate", "dgx-a100", "--gpus", "2"],
+        {"--simulate": TEXT, "--gpus": NUMBERS, "--busy": st.one_of(NUMBERS, TEXT), "--policy": TEXT,
+         "--need": TEXT},
+    ),
+    "mig profiles": Command(["mig", "profiles", "--gpu", "A100-80GB"], {"--gpu": TEXT}),
     "estimate": Command(
         ["estimate", "llama-3-8b"],
         {"--params": NUMBERS, "--dtype": TEXT, "--tp": NUMBERS, "--context": NUMBERS, "--batch": NUMBERS,
@@ -118,6 +127,18 @@ COMMANDS: dict[str, Command] = {
         ["tenants", "set", "NAME"],
         {"NAME": TEXT, "--weight": NUMBERS, "--max-gpus": st.one_of(NUMBERS, TEXT),
          "--max-gpu-memory": st.one_of(TEXT, NUMBERS.map(lambda n: n + "GiB")), **SERVER},
+        work=HTTP,
+    ),
+    "tenants list": Command(["tenants", "list"], SERVER, work=HTTP),
+    "policy list": Command(["policy", "list"], SERVER, work=HTTP),
+    "policy map get": Command(
+        ["policy", "map", "get", "NAME", "KEY"],
+        {"NAME": TEXT, "KEY": st.one_of(NUMBERS, TEXT), "--family": TEXT, **SERVER},
+        work=HTTP,
+    ),
+    "policy map delete": Command(
+        ["policy", "map", "delete", "NAME", "KEY"],
+        {"NAME": TEXT, "KEY": st.one_of(NUMBERS, TEXT), "--family": TEXT, "--wait": NUMBERS, **SERVER},
         work=HTTP,
     ),
     "tenants show": Command(["tenants", "show", "NAME"], {"NAME": TEXT, **SERVER}, work=HTTP),
