@@ -42,3 +42,15 @@ def test_an_unknown_machine_sharing_or_policy_is_refused_before_the_state_folder
     assert ended.value.code == 2
     assert len(errors) == 1 and named in errors[0]
     assert not state.exists()
+
+
+def test_a_pids_limit_the_containment_cannot_hold_is_refused_before_the_state_folder_is_made(
+    tmp_path, capsys
+) -> None:
+    state = tmp_path / "state"
+    args = ["serve", "--state-dir", str(state), "--containment", "subreaper", "--pids-max", "5"]
+    with mock.patch("gpuslice.server.run.listen", _listen), pytest.raises(SystemExit) as ended:
+        main(args)
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error: ")]
+    assert ended.value.code == 2 and len(errors) == 1 and "--pids-max" in errors[0]
+    assert not state.exists()

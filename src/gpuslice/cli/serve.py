@@ -141,7 +141,7 @@ def serve(
     """
     # Imported here: FastAPI and uvicorn take ~1 s to import, which the client commands should not pay.
     from gpuslice.server.models import parse_duration
-    from gpuslice.server.run import ServeOptions, run
+    from gpuslice.server.run import ServeOptions, check_pids_max, run
     from gpuslice.sim.trace import load_target_workload
 
     busy_seconds = parse_duration(busy_timeout, "busy-timeout")
@@ -158,6 +158,7 @@ def serve(
         mode = contain.detect(containment)
     except contain.ContainmentUnavailable as err:
         raise UserError(f"--containment: {err}") from None
+    check_pids_max(mode, pids_max)  # before the state folder is made (the server checks again)
     options = ServeOptions(
         state_dir=state_dir,
         host=host,

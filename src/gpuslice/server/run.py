@@ -70,6 +70,7 @@ __all__ = [
     "MAX_HEAD_BYTES",
     "SHUTDOWN_GRACE_SECONDS",
     "ServeOptions",
+    "check_pids_max",
     "connection_cap",
     "listen",
     "own_names",
@@ -274,6 +275,14 @@ def listen(host: str, port: int) -> socket.socket:
     return sock
 
 
+def check_pids_max(mode: str, pids_max: int) -> None:
+    """InvalidRequest when a --pids-max is asked of a containment mode that has no pids controller."""
+    if pids_max and "pids" not in containment.limits_supported(mode):
+        raise InvalidRequest(
+            f"--pids-max needs a cgroup with the pids controller; containment {mode} has none"
+        )
+
+
 def check_host(host: str) -> None:
     """InvalidRequest unless ``host`` is an address of this machine: bound on an ephemeral port and let
     go at once, before the state directory is locked or made, so a mistyped --host leaves nothing behind
@@ -333,10 +342,7 @@ def _run(options: ServeOptions, state_dir: Path, on_ready: Callable[[str, Path, 
             mode = containment.detect(options.containment)
         except containment.ContainmentUnavailable as err:  # the mode asked for cannot work here: why
             raise InvalidRequest(f"--containment: {err}") from None
-        if options.pids_max and "pids" not in containment.limits_supported(mode):
-            raise InvalidRequest(
-                f"--pids-max needs a cgroup with the pids controller; containment {mode} has none"
-            )
+        check_pids_max(mode, options.pids_max)
         load_or_create_token(state_dir)
         token = TokenFile(state_dir)  # read again on SIGHUP and when the file changes
         write_url(state_dir, options.url)  # the port is ours: clients that find the state dir find us
