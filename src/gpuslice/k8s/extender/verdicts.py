@@ -43,7 +43,11 @@ CODE_EXCLUDED = code_number(RefusalCode.EXCLUDED_BY_POLICY)  # refused by the po
 
 # The extender's words for the codes whose ledger text says too little to a Kubernetes user.
 REASON_NO_INVENTORY = "no gpuslice inventory on this node (is the gpuslice device plugin running?)"
-REASON_SHARE_LIMIT = "every fitting GPU already holds its maximum number of shares (splitCount)"
+# NO_USABLE_GPU in the extender: ``cluster.open_slots`` left no GPU, for any of its reasons.
+REASON_SHARE_LIMIT = (
+    "no GPU here can take it: each fitting GPU is in MIG mode, unhealthy, not advertised, or already holds "
+    "its maximum number of shares (splitCount)"
+)
 REASON_NO_MIG_INSTANCE = RefusalCode.NO_MIG_SLOT.value
 REASON_RESERVED = RefusalCode.RESERVED.value
 REASON_INVALID = "invalid gpuslice request"  # the pod's request itself, before any node is judged
