@@ -117,6 +117,14 @@ def set_tenant(
         raise UserError(
             f"--weight: {weight!r} must be a finite number above 0, at most {MAX_TENANT_WEIGHT:g}"
         )
+    # every value is checked before the server is asked anything
+    gpus_quota = None if max_gpus is None else _gpus(max_gpus)
+    memory_quota = None
+    if max_gpu_memory is not None and max_gpu_memory.strip().lower() != _UNLIMITED:
+        try:
+            memory_quota = parse_size(max_gpu_memory)
+        except UserError as err:
+            raise UserError(f"--max-gpu-memory: {err}") from None
     with job_cli._client(url, state_dir) as client:  # the jobs commands' one client
         try:
             row = client.tenant(name)
@@ -126,11 +134,8 @@ def set_tenant(
             row = {"weight": 1.0, "max_gpus": None, "max_gpu_memory_bytes": None, "response": {}}
         body = {
             "weight": row["weight"] if weight is None else weight,
-            "max_gpus": row["max_gpus"] if max_gpus is None else _gpus(max_gpus),
-            "max_gpu_memory": row["max_gpu_memory_bytes"],
+            "max_gpus": row["max_gpus"] if max_gpus is None else gpus_quota,
+            "max_gpu_memory": row["max_gpu_memory_bytes"] if max_gpu_memory is None else memory_quota,
             "response": row["response"],
         }
-        if max_gpu_memory is not None:
-            unlimited = max_gpu_memory.strip().lower() == _UNLIMITED
-            body["max_gpu_memory"] = None if unlimited else parse_size(max_gpu_memory)
         _print(client.put_tenant(name, body))
