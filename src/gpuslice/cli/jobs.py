@@ -9,6 +9,7 @@ from __future__ import annotations
 import sys
 import time
 import uuid
+from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -281,10 +282,18 @@ def cancel(job_id: str, url: Url = None, state_dir: StateDir = None) -> None:
     _out.print(f"job {job['id']}: {job['state']}" + (" (stopping)" if job["stopping"] else ""))
 
 
+class LogStream(StrEnum):
+    """A job's outputs ``logs`` can print (checked here, before the server is asked)."""
+
+    STDOUT = "stdout"
+    STDERR = "stderr"
+    BOTH = "both"
+
+
 def logs(
     job_id: str,
     follow: Annotated[bool, typer.Option("--follow", "-f", help="keep printing until the job ends")] = False,
-    stream: Annotated[str, typer.Option(help="stdout, stderr or both")] = "both",
+    stream: Annotated[LogStream, typer.Option(help="which of the job's outputs")] = LogStream.BOTH,
     raw: Annotated[
         bool,
         typer.Option(
@@ -302,7 +311,7 @@ def logs(
     --raw gives the bytes."""
     shown = None if raw else terminal.VisibleBytes()
     with _client(url, state_dir) as client:
-        for chunk in client.logs(job_id, follow=follow, stream=stream):
+        for chunk in client.logs(job_id, follow=follow, stream=stream.value):
             sys.stdout.buffer.write(chunk if shown is None else shown.feed(chunk))
             sys.stdout.buffer.flush()
     if shown is not None:
