@@ -175,8 +175,16 @@ def probe(
     only (an httpGet probe comes from the node, to the pod's address, and cannot reach it)."""
     import ssl
     import urllib.error
+    import urllib.parse
     import urllib.request
 
+    try:
+        parts = urllib.parse.urlsplit(url)
+        usable = parts.scheme in ("http", "https") and bool(parts.hostname) and parts.port != 0
+    except ValueError:  # a port past 65535 or not a number, an unclosed bracket
+        usable = False
+    if not usable:  # a mistake in the probe's command line, not an unready server: said, exit 2
+        raise UserError(f"invalid URL {url[:200]!r}: give http(s)://HOST[:PORT]/PATH")
     context = ssl._create_unverified_context() if url.startswith("https:") else None  # a liveness check
     try:
         with urllib.request.urlopen(url, timeout=timeout, context=context) as answer:
