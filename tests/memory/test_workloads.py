@@ -68,6 +68,13 @@ def test_a_row_with_an_infinite_time_or_an_op_that_is_not_r_w_0_1_names_the_row(
         read_trace_csv(path)
 
 
+def test_a_field_past_the_csv_modules_limit_names_the_row(tmp_path):
+    path = tmp_path / "t.csv"
+    path.write_text("tenant,block,page,op,time\n0,1,1,r,0\n" + "9" * 200_000 + ",1,1,r,1\n")
+    with pytest.raises(TraceFormatError, match="row 3: field larger than field limit"):
+        read_trace_csv(path)
+
+
 def test_a_block_shared_by_two_tenants_is_refused(tmp_path):
     path = tmp_path / "shared.csv"
     path.write_text("tenant,block,page,op,time\n0,1,2,0,0\n1,1,3,1,1\n")

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import csv
 import io
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -448,6 +448,16 @@ _MAX_FIELD = 2**31  # tenants, blocks and steps beyond this are no trace a simul
 _OPS = {"r": 0, "w": 1}  # a trace's op column: r/w, or 0/1
 
 
+def _csv_rows(path: Path, fh: io.StringIO) -> Iterator[list[str]]:
+    """The CSV rows of ``fh``; TraceFormatError naming the row where the csv module gives up (a field
+    past its 131,072-character limit, a quote left open)."""
+    reader = csv.reader(fh)
+    try:
+        yield from reader
+    except csv.Error as err:
+        raise TraceFormatError(f"{path}, row {reader.line_num}: {err}") from None
+
+
 def read_trace_csv(path: Path) -> Trace:
     """Read a trace CSV (header ``tenant,block,page,op,time`` and optionally ``,stream``; op is 0/1 or
     r/w); rows are sorted by time (stable). TraceFormatError names the file and the first bad row."""
@@ -457,7 +467,7 @@ def read_trace_csv(path: Path) -> Trace:
     except InvalidInput as err:
         raise TraceFormatError(str(err)) from None
     with io.StringIO(text, newline="") as fh:
-        reader = csv.reader(fh)
+        reader = _csv_rows(path, fh)
         header = [h.strip() for h in next(reader, [])]
         if header not in (list(_COLUMNS), [*_COLUMNS, _STREAM]):
             raise TraceFormatError(
