@@ -12,12 +12,14 @@ from gpuslice.hardware.node import NodeSpec
 from gpuslice.ledger.fragmentation import FragmentationMeasure
 from gpuslice.ledger.ledger import Ledger
 from gpuslice.policies import PLACEMENT
+from gpuslice.sim.cluster_ledger import cluster_ledger
 from gpuslice.sim.openb import (
     DEFAULT_TUNE,
     ReplayResult,
     _fragmentation_series,
     arrival_order,
     replay,
+    top_reason,
     unallocated_pct_at,
 )
 from gpuslice.sim.trace import NODE_FILE, OpenbTrace, TracePod, load_trace
@@ -281,3 +283,16 @@ def test_fgd_on_the_default_trace_leaves_about_the_papers_unallocated_gpu() -> N
     result = replay(load_trace("default"), "fgd", seed=42)
     assert 4.0 <= result.unallocated_pct_at(100) <= 5.6
     assert result.fallbacks == {}
+
+
+def test_a_pod_that_fit_a_node_the_policy_filtered_away_failed_by_the_policy_not_by_the_others_refusal() -> (
+    None
+):
+    # node a has T4s, node b a V100: a pod asking for a V100 fits b; placed nowhere, the policy took b away
+    ledger = cluster_ledger(
+        (NodeSpec("a", 32_000, 64 * GiB, 2, "T4"), NodeSpec("b", 32_000, 64 * GiB, 1, "V100"))
+    )
+    v100 = Request(cpu_milli=1000, num_gpu=1, gpu_milli=1000, gpu_models=("V100",))
+    assert top_reason(ledger, v100) == "excluded_by_policy"
+    too_big = Request(cpu_milli=64_000, num_gpu=1, gpu_milli=1000)  # fits nowhere: CPU on both
+    assert top_reason(ledger, too_big) == "insufficient_cpu"

@@ -118,11 +118,12 @@ class ReplayResult:
 
 
 def top_reason(ledger: Ledger, request: Request) -> str:
-    """The label of the refusal most nodes give ``request`` (the fit rule's earlier check on a tie),
-    for a request the placer placed nowhere; ``excluded_by_policy`` when the rule let some node take it
-    and the policy's own filter took them away."""
-    reasons = ledger.why_not(request)  # counted in the rule's order: a tie keeps the earlier check
-    return (reasons.most_common(1)[0][0] if reasons else RefusalCode.EXCLUDED_BY_POLICY).label
+    """The label of the refusal most nodes give ``request``, for a request the placer placed nowhere: the
+    code of ``Ledger.closest`` (one tie rule for every home: the fit rule's earlier check);
+    ``excluded_by_policy`` when the rule let some node take it and the policy's own filter took them
+    away."""
+    closest = ledger.closest(request)
+    return (RefusalCode.EXCLUDED_BY_POLICY if closest is None else closest.code).label
 
 
 def _binned_mean(bins: np.ndarray, values: np.ndarray, target: int) -> float:
