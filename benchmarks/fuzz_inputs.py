@@ -60,12 +60,14 @@ def main() -> None:
             cwd=REPO, env=env, capture_output=True, text=True,
         )  # fmt: skip
         wall = time.monotonic() - started
+        # an assertion of the contract, else the exception (a traceback's last line, or Hypothesis's own)
         found = re.findall(r"AssertionError: (.{0,300})", done.stdout) or re.findall(
-            r"Error: (.{0,300})", done.stdout
+            r"([\w.]*(?:Error|Exception|Warning): .{0,300})", done.stdout
         )
         result = (
             "no failure" if done.returncode == 0 else "; ".join(dict.fromkeys(found)) or done.stdout[-300:]
         )
+        result = " ".join(result.replace("|", "\\|").split())  # one table cell
         print(f"| {command} | {examples} | {wall:.0f} | {result} |", flush=True)
 
 
