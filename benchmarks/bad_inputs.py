@@ -13,6 +13,7 @@ import tempfile
 import time
 import tomllib
 from pathlib import Path
+from statistics import median
 
 CORPUS = Path(__file__).resolve().parents[1] / "tests" / "cli" / "bad_inputs.toml"
 
@@ -37,17 +38,31 @@ def run_case(case: dict, script: str) -> tuple[int, float, int]:
         return os.waitstatus_to_exitcode(status), time.perf_counter() - started, usage.ru_maxrss
 
 
+def command_of(args: list[str]) -> str:
+    """The command a case runs: its first word, with the subcommand for the command groups."""
+    words = [a for a in args if not a.startswith("-")][:2]
+    return " ".join(words) if words and words[0] in GROUPS else words[0]
+
+
+GROUPS = {"sim", "topo", "mig", "policy", "tenants", "k8s"}
+
+
 def main() -> None:
     cases = tomllib.loads(CORPUS.read_text(encoding="utf-8"))["case"]
     script = str(Path(sys.executable).with_name("gpuslice"))
-    rows = [(case["name"], *run_case(case, script)) for case in cases]
-    slowest = max(rows, key=lambda r: r[2])
-    largest = max(rows, key=lambda r: r[3])
-    exit_2 = sum(1 for r in rows if r[1] == 2)
-    print(f"cases: {len(rows)}, exit 2: {exit_2}")
-    print(f"median wall: {sorted(r[2] for r in rows)[len(rows) // 2]:.2f} s")
-    print(f"slowest: {slowest[2]:.2f} s ({slowest[0]})")
-    print(f"largest peak RSS: {largest[3] / 1024:.0f} MiB ({largest[0]})")
+    rows = [(case["name"], command_of(case["args"]), *run_case(case, script)) for case in cases]
+    print(f"{len(rows)} cases, exit 2 in {sum(1 for r in rows if r[2] == 2)}")
+    print()
+    print("| command | cases | exit 2 | median wall s | slowest s | largest peak RSS MiB |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for command in sorted({r[1] for r in rows}):
+        mine = [r for r in rows if r[1] == command]
+        walls = sorted(r[3] for r in mine)
+        print(f"| {command} | {len(mine)} | {sum(1 for r in mine if r[2] == 2)} | {median(walls):.2f} | "
+              f"{walls[-1]:.2f} | {max(r[4] for r in mine) / 1024:.0f} |")  # fmt: skip
+    slowest = max(rows, key=lambda r: r[3])
+    print()
+    print(f"median wall {median(r[3] for r in rows):.2f} s; slowest {slowest[3]:.2f} s ({slowest[0]})")
 
 
 if __name__ == "__main__":
