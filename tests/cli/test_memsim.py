@@ -20,7 +20,7 @@ def test_json_lists_every_eviction_policy_with_the_required_fields():
         app, ["memsim", "--workload", "gemm", "--scale", "0.1", "--compare", "all", "--json"]
     )
     assert result.exit_code == 0, result.output
-    rows = json.loads(result.output)
+    rows = json.loads(result.stdout)  # stderr: the progress lines
     assert "belady" in {r["evict"] for r in rows}
     required = {
         "workload",

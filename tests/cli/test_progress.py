@@ -4,6 +4,8 @@ the work starts and one every few seconds with how far, the time spent and the t
 from __future__ import annotations
 
 import io
+import re
+import time
 
 from rich.console import Console
 
@@ -62,3 +64,29 @@ def test_a_total_learnt_on_the_way_counts_from_then_on() -> None:
         "reading trace big: 18/73 MiB (25 %), 5 s, about 15 s left",
         "reading trace big: 36/73 MiB (49 %), 10 s, about 10 s left",
     ]
+
+
+def test_work_that_cannot_count_says_every_few_seconds_that_it_is_still_working() -> None:
+    clock, out = Clock(), io.StringIO()
+    console = Console(file=io.StringIO(), force_terminal=False)
+    with WorkProgress(console, "predict", 0, "pods", every_s=0.01, clock=clock, stream=out) as work:
+        with work.waiting("training the model"):
+            clock.now += 5
+            deadline = time.monotonic() + 10  # the beat comes from a thread: wait for it, however busy
+            while len(out.getvalue().splitlines()) < 2 and time.monotonic() < deadline:
+                time.sleep(0.01)
+        said = len(out.getvalue().splitlines())
+        time.sleep(0.1)  # ten beats' time after the work ended: no more lines
+    lines = out.getvalue().splitlines()
+    assert len(lines) == said >= 2, lines
+    assert all(re.fullmatch(r"predict: training the model, \d+ s", line) for line in lines), lines
+    assert lines[-1] == "predict: training the model, 5 s"
+
+
+def test_on_a_terminal_work_that_cannot_count_writes_no_lines() -> None:
+    out = io.StringIO()
+    console = Console(file=io.StringIO(), force_terminal=True)
+    work = WorkProgress(console, "predict", 0, "pods", every_s=0.01, stream=out)
+    with work, work.waiting("training the model"):
+        time.sleep(0.1)
+    assert out.getvalue() == ""

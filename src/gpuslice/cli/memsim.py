@@ -9,11 +9,11 @@ from typing import Annotated
 
 import typer
 from rich import box
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 from rich.table import Table
 
 from gpuslice.cli import terminal
 from gpuslice.cli.options import finite_between
+from gpuslice.cli.progress import WorkProgress
 from gpuslice.errors import UserError
 from gpuslice.inputs import writable_folder
 from gpuslice.memory import EVICTION, PREFETCH, SimConfig, make_workload, simulate
@@ -98,12 +98,21 @@ def memsim(
     data = read_trace_csv(trace) if trace else make_workload(workload, scale=scale)
     cfg = SimConfig(oversub=oversub, visibility=visibility, priorities=priorities, cost=cost)
     results = {}
-    with Progress(
-        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), disable=as_json
-    ) as bar:
-        task = bar.add_task(f"{data.name} ×{oversub}", total=len(pairs) * len(data))
-        for e, p in dict.fromkeys(pairs):
-            results[(e, p)] = _simulate(data, e, p, cfg, lambda k: bar.advance(task, k))
+    runs = list(dict.fromkeys(pairs))
+    # on stderr (a bar on a terminal, else a line every few seconds): stdout may be --json
+    console = terminal.console(stderr=True)
+    with WorkProgress(console, "memsim", len(runs) * len(data), "accesses") as progress:
+        progress.say(f"memsim: {len(runs)} policy pair(s) × {len(data):,} accesses of {data.name} ×{oversub}")
+        done = 0
+        for e, p in runs:
+            progress.describe(f"{e} + {p}")
+
+            def advance(k: int) -> None:
+                nonlocal done
+                done += k
+                progress.update(done)
+
+            results[(e, p)] = _simulate(data, e, p, cfg, advance)
     faulty = "; ".join(
         f"{r.evict} + {r.prefetch}: " + ", ".join(f"{k} ×{n:,}" for k, n in r.policy_faults.items())
         for r in results.values()

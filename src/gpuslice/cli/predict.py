@@ -13,7 +13,7 @@ from rich.table import Table
 
 from gpuslice.cli import terminal
 from gpuslice.cli.options import writable
-from gpuslice.cli.progress import read_timed_trace
+from gpuslice.cli.progress import WorkProgress, read_timed_trace
 from gpuslice.errors import UserError
 from gpuslice.inputs import writable_file
 from gpuslice.sim.trace import DEFAULT_TRACE
@@ -47,10 +47,15 @@ def predict(
 
     console = terminal.console()
     timed = read_timed_trace(console, trace, trace_dir)
-    try:
-        errors, judged, predicted = held_out_errors(timed.jobs, train_fraction, seed)
-    except ValueError as e:
-        raise UserError(f"--train-fraction {train_fraction:g} on {trace}: {e}") from None
+    with WorkProgress(console, "predict", len(timed.jobs), "pods") as progress:
+        progress.say(
+            f"predict: {len(timed.jobs):,} pods of {trace}, the first {train_fraction:.0%} to train on"
+        )
+        try:
+            with progress.waiting("training the model and judging it"):
+                errors, judged, predicted = held_out_errors(timed.jobs, train_fraction, seed)
+        except ValueError as e:
+            raise UserError(f"--train-fraction {train_fraction:g} on {trace}: {e}") from None
     table = Table(
         title=f"Run-time prediction on {trace}: held-out error", box=box.SIMPLE_HEAD, show_edge=False
     )

@@ -13,8 +13,10 @@ sim replay: 12,000/40,760 pods (29 %), 5 s, about 12 s left (default-every20 bes
 from __future__ import annotations
 
 import sys
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from types import TracebackType
 from typing import Self, TextIO
@@ -92,6 +94,29 @@ class WorkProgress:
         if now - self._last >= self.every_s:
             self._last = now
             self._write(self._line(now - self._started))
+
+    @contextmanager
+    def waiting(self, text: str) -> Iterator[None]:
+        """Work that cannot count how far it is (a model's fit): ``text`` describes it, and where no
+        terminal shows a bar a line every ``every_s`` seconds says the time spent, so that a log tells it
+        from a hang."""
+        self.describe(text)
+        if self._bar is not None:  # the bar's clock runs on its own
+            yield
+            return
+        stop, started = threading.Event(), self._clock()
+
+        def beat() -> None:
+            while not stop.wait(self.every_s):
+                self._write(f"{self.what}: {text}, {self._clock() - started:.0f} s")
+
+        beating = threading.Thread(target=beat, name="progress", daemon=True)
+        beating.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            beating.join()
 
     def _line(self, elapsed: float) -> str:
         text = f"{self.what}: {self._done:,}/{self.total:,} {self.unit}"
