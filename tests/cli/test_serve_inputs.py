@@ -54,3 +54,16 @@ def test_a_pids_limit_the_containment_cannot_hold_is_refused_before_the_state_fo
     errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error: ")]
     assert ended.value.code == 2 and len(errors) == 1 and "--pids-max" in errors[0]
     assert not state.exists()
+
+
+@pytest.mark.parametrize(
+    "host", ["é" * 70, "\u202e", "\ud800"], ids=["label too long", "bidi mark", "surrogate"]
+)
+def test_a_host_the_resolver_cannot_encode_is_one_error_line(host, tmp_path, capsys) -> None:
+    state = tmp_path / "state"
+    args = ["serve", "--state-dir", str(state), "--containment", "subreaper", "--host", host]
+    with mock.patch("gpuslice.server.run.listen", _listen), pytest.raises(SystemExit) as ended:
+        main(args)
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error: ")]
+    assert ended.value.code == 2 and len(errors) == 1 and "--host" in errors[0]
+    assert not state.exists()

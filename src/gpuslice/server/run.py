@@ -293,6 +293,11 @@ def check_host(host: str) -> None:
             probe.bind((host, 0))
         except OSError as err:
             raise InvalidRequest(_bind_refused(host, 0, err)) from None
+        except (TypeError, UnicodeError):  # a name the resolver cannot even encode (a label over 63 bytes)
+            raise InvalidRequest(
+                f"--host {host[:100]!r} is not a host name or an address: give 127.0.0.1 (this machine "
+                "only), 0.0.0.0 (every interface) or one of its addresses"
+            ) from None
 
 
 def _bind_refused(host: str, port: int, err: OSError) -> str:
