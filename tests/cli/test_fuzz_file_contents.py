@@ -28,7 +28,7 @@ from gpuslice.data import __file__ as _data_init
 
 HTTP = ("httpx.Client.send",)
 EXTENDER = ("gpuslice.k8s.extender.KubernetesApi",)
-SWEEP = ("gpuslice.sim.sweep._run",)
+SWEEP = ("gpuslice.sim.sweep.RunSpec",)
 OPENB_ARGS = ["sim", "openb", "--trace-dir", "traces", "--trace", "default"]
 K8S_API = ("gpuslice.k8s.kube_client.api_client", "gpuslice.k8s.dra.kube.DraApi")
 OPENB = Path(_data_init).parent / "openb"

@@ -34,7 +34,9 @@ COMMANDS: dict[str, Command] = {
         ["sim", "openb"],
         {"--seeds": NUMBERS, "--jobs": NUMBERS, "--tune": NUMBERS, "--policy": TEXT, "--trace": TEXT,
          "--trace-dir": PATHS, "--out": PATHS},
-        work=("gpuslice.sim.sweep._run",),
+        # the runs' specs, made in this process once every check passed (a run itself may be in a pool
+        # worker, where Reached would end the worker and leave the pool waiting)
+        work=("gpuslice.sim.sweep.RunSpec",),
     ),
     "sim replay": Command(
         ["sim", "replay"],
