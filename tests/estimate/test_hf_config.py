@@ -110,6 +110,13 @@ def test_a_config_nested_10000_deep_is_a_malformed_config_not_a_recursion_error(
         load_hf_config(path)
 
 
+def test_a_config_with_a_5000_digit_integer_is_a_malformed_config(tmp_path):
+    path = tmp_path / "config.json"
+    path.write_text('{"hidden_size": ' + "9" * 5000 + "}")
+    with pytest.raises(MalformedModelConfig, match="thousands of digits"):
+        load_hf_config(path)
+
+
 def test_a_json_list_and_a_missing_file_are_malformed_configs(tmp_path):
     with pytest.raises(MalformedModelConfig, match="expected a JSON object, got list"):
         parse_hf_config([1, 2])

@@ -76,6 +76,9 @@ def test_a_profile_changes_the_simulated_time_as_its_numbers_say(tmp_path):
             "nests too deeply",
             id="10,000 deep",
         ),
+        pytest.param(
+            '{"format": 1, "per_access_s": ' + "9" * 5000 + "}", "thousands of digits", id="5,000 digits"
+        ),
     ],
 )
 def test_a_bad_profile_is_one_clear_user_error(tmp_path, data, message):

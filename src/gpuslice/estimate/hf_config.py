@@ -47,6 +47,8 @@ def load_hf_config(path: str | Path) -> ModelShape:
         raise MalformedModelConfig(f"{path} is not valid JSON: {err.msg} at line {err.lineno}") from None
     except RecursionError:  # 10,000 brackets: the decoder's recursion, not a JSONDecodeError
         raise MalformedModelConfig(f"{path} nests too deeply for a model config") from None
+    except ValueError:  # an integer past Python's 4,300-digit limit (not a JSONDecodeError either)
+        raise MalformedModelConfig(f"{path} holds a number of thousands of digits") from None
     shape = parse_hf_config(data, source=str(path))
     exact = exact_parameter_count(data) if isinstance(data, dict) else None
     return replace(shape, exact_parameters=exact) if exact else shape

@@ -123,6 +123,8 @@ def load_cost_profile(path: Path | str) -> CostModel:
         ) from None
     except RecursionError:  # 10,000 brackets: the decoder's recursion, not a JSONDecodeError
         raise CostProfileError(f"cost profile {path} nests too deeply: give one flat JSON object") from None
+    except ValueError:  # an integer past Python's 4,300-digit limit (not a JSONDecodeError either)
+        raise CostProfileError(f"cost profile {path} holds a number of thousands of digits") from None
     if not isinstance(data, dict):
         raise CostProfileError(f"cost profile {path}: expected a JSON object, got {type(data).__name__}")
     if data.get("format") != COST_PROFILE_FORMAT:
