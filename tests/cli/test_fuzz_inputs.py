@@ -236,16 +236,9 @@ def test_every_drawn_input_is_refused_cleanly_before_any_work_or_accepted(comman
 OUT_OF_EVERY_RANGE = ("nan", "1e400", "9" * 30)
 
 
-# Found unbounded and not fixed here: their modules were being changed by others at the time (see the
-# fuzzer's section of benchmarks/RESULTS.md). strict: the case fails loudly once they are bounded.
-_UNBOUNDED = {("predict", "--seed"), ("sim replay", "--load"), ("tune", "--load")}
-
-
 @pytest.mark.parametrize(
     ("command", "option"),
-    [pytest.param(name, option, marks=[pytest.mark.xfail(strict=True, reason="no upper bound yet")]
-                  if (name, option) in _UNBOUNDED else [])
-     for name, c in sorted(COMMANDS.items())
+    [(name, option) for name, c in sorted(COMMANDS.items())
      for option, drawn in sorted(c.options.items()) if drawn is NUMBERS],
 )  # fmt: skip
 def test_every_number_option_refuses_non_finite_and_huge_values(command, option, tmp_path_factory) -> None:

@@ -14,8 +14,9 @@ from rich.table import Table
 from gpuslice.cli import terminal
 from gpuslice.cli.options import writable
 from gpuslice.cli.progress import WorkProgress, read_timed_trace
+from gpuslice.cli.replay import MAX_SEED
 from gpuslice.errors import UserError
-from gpuslice.inputs import writable_file
+from gpuslice.inputs import bounded_int, writable_file
 from gpuslice.sim.trace import DEFAULT_TRACE
 
 __all__ = ["predict"]
@@ -32,13 +33,14 @@ def predict(
     train_fraction: Annotated[
         float, typer.Option(help="Share of the pods, earliest first, to train on; the rest is held out.")
     ] = 0.7,
-    seed: Annotated[int, typer.Option(help="Seed of the model.")] = 0,
+    seed: Annotated[int, typer.Option(help=f"Seed of the model, 0..{MAX_SEED:,}.")] = 0,
     out: Annotated[
         Path, typer.Option(help="Folder for errors.json and predictions.csv.", callback=writable)
     ] = Path("results"),
 ) -> None:
     """Predict pods' run times (scikit-learn gradient boosting on CPU, memory, GPUs, GPU models, QoS,
     arrival hour and weekday) and show its error on held-out pods against a constant guess."""
+    bounded_int(seed, "--seed", 0, MAX_SEED)  # scikit-learn's random_state is 32-bit
     if not 0 < train_fraction < 1:
         raise UserError(f"--train-fraction {train_fraction:g}: must be between 0 and 1 (exclusive)")
     for name in _OUTPUTS:  # a folder or FIFO in a result's place would fail only after the training

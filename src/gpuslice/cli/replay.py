@@ -25,9 +25,11 @@ from gpuslice.sim.timed_replay import ReplayConfig, replay_timed
 from gpuslice.sim.timed_trace import every_kth_node, repeat_trace
 from gpuslice.sim.trace import DEFAULT_TRACE
 
-__all__ = ["MAX_REPEAT", "MAX_SEED", "REPLAY_EPILOG", "check_load", "replay"]
+__all__ = ["MAX_LOAD", "MAX_REPEAT", "MAX_SEED", "REPLAY_EPILOG", "check_load", "replay"]
 
 MAX_SEED = 2**32 - 1  # numpy's legacy seeds and the artifact's are 32-bit
+# A million times the trace's pace plays openb's 145 days in 13 s: more compresses nothing further.
+MAX_LOAD = 1e6
 # copies of the trace in one stream: the replay keeps one declared run time (8 bytes) per pod, so a
 # typo such as 1000000000 would ask for terabytes; 1,000 copies of the bundled trace are ~8 million pods
 MAX_REPEAT = 1_000
@@ -40,9 +42,11 @@ REPLAY_EPILOG = "Queue setups:\n\n" + "\n\n".join(
 
 
 def check_load(value: float, option: str = "--load") -> float:
-    """A compression factor: a positive, finite number (UserError otherwise)."""
-    if not math.isfinite(value) or value <= 0:
-        raise UserError(f"{option} {value:g}: must be a positive, finite number (1 = the trace's own pace)")
+    """A compression factor: a positive, finite number up to MAX_LOAD (UserError otherwise)."""
+    if not (math.isfinite(value) and 0 < value <= MAX_LOAD):
+        raise UserError(
+            f"{option} {value:g}: must be a positive number up to {MAX_LOAD:g} (1 = the trace's own pace)"
+        )
     return value
 
 
