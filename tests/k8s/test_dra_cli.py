@@ -37,8 +37,8 @@ def test_print_slices_writes_the_nodes_pool() -> None:
 
 def test_bad_options_are_one_error_line_and_exit_2() -> None:
     for args, text in (
-        (("dra-driver", "--sharing", "mps", "--print-slices"), "pods get soft or shim sharing"),
-        (("dra-driver", "--sharing", "nope"), "use soft or shim"),
+        (("dra-driver", "--sharing", "mps", "--print-slices"), "mps is not offered on Kubernetes"),
+        (("dra-driver", "--sharing", "nope"), "pods get soft or shim sharing"),
         (("dra-driver", "--simulate", "no-such-box", "--print-slices"), "no-such-box"),
         (("dra-allocator", "--policy", "fdg"), "is not a placement policy; known:"),
     ):

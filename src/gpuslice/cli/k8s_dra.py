@@ -90,17 +90,13 @@ def dra_driver(
     import yaml
 
     from gpuslice.k8s.dra.classes import device_classes
-    from gpuslice.node.enforcement import SharingMode
 
     if print_classes:
         typer.echo(yaml.safe_dump_all(device_classes(), sort_keys=False), nl=False)
         return
-    try:
-        mode = SharingMode(sharing)
-    except ValueError:
-        raise UserError(f"--sharing {sharing!r}: use soft or shim") from None
-    if mode not in (SharingMode.SOFT, SharingMode.SHIM):
-        raise UserError(f"--sharing {sharing!r}: pods get soft or shim sharing, not {mode.value}")
+    from gpuslice.k8s.container_slice import pod_sharing
+
+    mode = pod_sharing(sharing)
     from gpuslice.k8s.dra.identity import gpu_identities
     from gpuslice.k8s.dra.slices import node_slices
     from gpuslice.k8s.uninstall import parse_owner

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gpuslice.errors import UserError
 from gpuslice.hardware.machine import Machine
 from gpuslice.k8s.shim_mounts import HostMount, container_setup
 from gpuslice.node.enforcement import SharingMode, SliceLimits, job_env, mig_device_uuid, softcap_dir
@@ -21,12 +22,34 @@ from gpuslice.scheduler.node_decisions import MigAssignment
 
 __all__ = [
     "CONTROL_DEVICES",
+    "K8S_SHARING",
     "ContainerSlice",
     "HostMount",
     "container_slice",
     "device_nodes",
+    "pod_sharing",
     "slice_holder",
 ]
+
+K8S_SHARING = (SharingMode.SOFT.value, SharingMode.SHIM.value)  # the sharing modes that work in pods
+
+
+def pod_sharing(sharing: SharingMode | str) -> SharingMode:
+    """A node plugin's --sharing (the device plugin's and the DRA driver's): one of ``K8S_SHARING``;
+    UserError saying why otherwise."""
+    if str(sharing) == SharingMode.MPS.value:
+        raise UserError(
+            "--sharing mps is not offered on Kubernetes: MPS needs its control daemon outside the "
+            "node plugin's container and a host /dev/shm shared by the daemon and every pod, which "
+            "this deployment does not set up; use soft (MIG instances are hard partitions on their own)"
+        )
+    if str(sharing) not in K8S_SHARING:
+        raise UserError(
+            f"--sharing {str(sharing)!r}: pods get {' or '.join(K8S_SHARING)} sharing of a GPU (MIG "
+            "instances are devices of their own)"
+        )
+    return SharingMode(sharing)
+
 
 # Device nodes every CUDA container needs besides its GPUs' /dev/nvidia<minor> (NVIDIA's plugin and
 # container toolkit pass the same set).

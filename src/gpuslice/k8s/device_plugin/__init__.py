@@ -60,6 +60,7 @@ run.py         serve: the plugin wired to the API server, NVML health and metric
 
 from __future__ import annotations
 
+from gpuslice.k8s.container_slice import K8S_SHARING, pod_sharing
 from gpuslice.k8s.device_plugin.allocation import AllocationRefused
 from gpuslice.k8s.device_plugin.devices import (
     CDI_KIND,
@@ -84,11 +85,9 @@ from gpuslice.k8s.device_plugin.kube import NodeKubeClient, NodePublisher, Pendi
 from gpuslice.k8s.device_plugin.plugin import (
     API_VERSION,
     DEVICE_PLUGIN_PATH,
-    K8S_SHARING,
     KUBELET_SOCKET,
     DevicePlugin,
     RegistrationFailed,
-    pod_sharing,
 )
 from gpuslice.k8s.device_plugin.run import serve
 

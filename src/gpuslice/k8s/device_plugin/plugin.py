@@ -26,6 +26,7 @@ from gpuslice.k8s.annotations import (
     NodeInventory,
     mig_resource,
 )
+from gpuslice.k8s.container_slice import pod_sharing
 from gpuslice.k8s.device_plugin.allocation import Allocation, AllocationRefused
 from gpuslice.k8s.device_plugin.devices import (
     HEALTHY,
@@ -56,11 +57,9 @@ from gpuslice.policies.gpuset import make_gpuset_policy
 __all__ = [
     "API_VERSION",
     "DEVICE_PLUGIN_PATH",
-    "K8S_SHARING",
     "KUBELET_SOCKET",
     "DevicePlugin",
     "RegistrationFailed",
-    "pod_sharing",
 ]
 
 log = logging.getLogger(__name__)
@@ -68,25 +67,6 @@ log = logging.getLogger(__name__)
 API_VERSION = "v1beta1"
 DEVICE_PLUGIN_PATH = "/var/lib/kubelet/device-plugins/"
 KUBELET_SOCKET = "kubelet.sock"
-K8S_SHARING = (SharingMode.SOFT.value, SharingMode.SHIM.value)  # the sharing modes that work in pods
-
-
-def pod_sharing(sharing: SharingMode | str) -> SharingMode:
-    """The device plugin's --sharing: one of ``K8S_SHARING``; UserError saying why otherwise."""
-    if str(sharing) == SharingMode.MPS.value:
-        raise UserError(
-            "--sharing mps is not offered on Kubernetes: MPS needs its control daemon outside the "
-            "device plugin's container and a host /dev/shm shared by the daemon and every pod, which "
-            "this deployment does not set up; use soft (MIG instances are hard partitions on their own)"
-        )
-    if str(sharing) not in K8S_SHARING:
-        raise UserError(
-            f"--sharing {str(sharing)!r}: use {' or '.join(K8S_SHARING)} for gpuslice.io/gpu shares "
-            "(MIG instances are advertised as their own gpuslice.io/mig-<profile> resources)"
-        )
-    return SharingMode(sharing)
-
-
 _REGISTER_TIMEOUT_S = 5.0
 _REGISTER_ATTEMPTS = 5  # after a kubelet restart its socket can appear before it answers
 
