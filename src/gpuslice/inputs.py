@@ -18,8 +18,10 @@ Each check raises ``InvalidInput`` (a UserError: exit 2, HTTP 400) whose message
 
 from __future__ import annotations
 
+import errno
 import math
 import os
+import socket
 import stat
 import tempfile
 from collections.abc import Sequence
@@ -29,7 +31,9 @@ from gpuslice.errors import UserError
 
 __all__ = [
     "InvalidInput",
+    "bind_refused",
     "bounded_int",
+    "check_listen_host",
     "file_kind",
     "finite_float",
     "read_text",
@@ -169,3 +173,37 @@ def writable_folder(path: str | Path, name: str) -> Path:
     except OSError as err:
         raise InvalidInput(f"{name} {path} cannot be written: {err.strerror or err} in {existing}") from None
     return path
+
+
+def check_listen_host(host: str) -> None:
+    """InvalidInput unless ``host`` (a server's --host) is an address of this machine: bound on an
+    ephemeral port and let go at once, before any work, so a mistyped --host leaves nothing behind and
+    is never handed to a server that would fail on it (the port itself is tried when the server listens)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        try:
+            probe.bind((host, 0))
+        except OSError as err:
+            raise InvalidInput(bind_refused(host, 0, err)) from None
+        except (TypeError, UnicodeError):  # a name the resolver cannot even encode (a label over 63 bytes)
+            raise InvalidInput(
+                f"--host {host[:100]!r} is not a host name or an address: give 127.0.0.1 (this machine "
+                "only), 0.0.0.0 (every interface) or one of its addresses"
+            ) from None
+
+
+def bind_refused(host: str, port: int, err: OSError) -> str:
+    """Why ``host``:``port`` cannot be listened on, naming the option that is wrong."""
+    if isinstance(err, socket.gaierror):
+        return (
+            f"--host {host!r} is neither an IP address nor a name this machine resolves ({err.strerror}): "
+            "give 127.0.0.1 (this machine only), 0.0.0.0 (every interface) or one of its addresses"
+        )
+    if err.errno == errno.EADDRNOTAVAIL:
+        return (
+            f"--host {host} is not an address of this machine: give 127.0.0.1 (this machine only), "
+            "0.0.0.0 (every interface) or one of its addresses"
+        )
+    if err.errno == errno.EACCES:
+        return f"--port {port} needs privileges this process lacks ({err.strerror}): pick a port from 1024"
+    return f"cannot listen on {host}:{port} ({err.strerror}): check --host and --port"

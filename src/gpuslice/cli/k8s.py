@@ -18,6 +18,7 @@ from gpuslice.cli import k8s_device_plugin, k8s_dra, k8s_dra_allocator, terminal
 from gpuslice.cli.options import (
     KubeconfigOption,
     finite_between,
+    host_option,
     object_name,
     port_option,
     target_workload_option,
@@ -38,13 +39,10 @@ _out = terminal.console(highlight=False, soft_wrap=True)
 
 @app.command()
 def extender(
-    host: Annotated[
-        str,
-        typer.Option(
-            help="address to listen on; kube-scheduler runs in the same pod, so loopback is enough, and "
-            "anyone who reaches the bind verb can bind pods"
-        ),
-    ] = "127.0.0.1",
+    host: host_option(
+        "address to listen on; kube-scheduler runs in the same pod, so loopback is enough, and anyone who "
+        "reaches the bind verb can bind pods"
+    ) = "127.0.0.1",
     port: port_option("TCP port; the KubeSchedulerConfiguration's urlPrefix points here") = 8888,
     metrics_port: port_option(
         "serve GET /metrics (the verbs' latency and results, the cluster's series) on this port on every "
@@ -119,7 +117,7 @@ def webhook(
     cert: Annotated[Path, typer.Option(exists=True, dir_okay=False, help="TLS certificate (PEM)")],
     key: Annotated[Path, typer.Option(exists=True, dir_okay=False, help="TLS private key (PEM)")],
     port: port_option("TCP port; the webhook Service targets it") = 8443,
-    host: Annotated[str, typer.Option(help="address to listen on")] = "0.0.0.0",
+    host: host_option("address to listen on") = "0.0.0.0",
     scheduler_name: Annotated[
         str, typer.Option(help="schedulerName set on pods asking for gpuslice resources")
     ] = SCHEDULER_NAME,

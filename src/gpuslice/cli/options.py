@@ -11,7 +11,14 @@ from typing import Annotated, Any
 
 import typer
 
-from gpuslice.inputs import InvalidInput, bounded_int, finite_float, read_text, writable_folder
+from gpuslice.inputs import (
+    InvalidInput,
+    bounded_int,
+    check_listen_host,
+    finite_float,
+    read_text,
+    writable_folder,
+)
 
 __all__ = [
     "KubeconfigOption",
@@ -126,6 +133,16 @@ InstanceOption = Annotated[
 
 def _port(param: typer.CallbackParam, value: int | None) -> int | None:
     return None if value is None else bounded_int(value, param.opts[0], 1, 65535)
+
+
+def _host(param: typer.CallbackParam, value: str) -> str:
+    check_listen_host(value)  # one error line, before uvicorn is handed a name it would fail on
+    return value
+
+
+def host_option(help: str) -> Any:
+    """``--host ADDRESS`` a server listens on: an address (or a name) of this machine, checked here."""
+    return Annotated[str, typer.Option(callback=_host, help=help)]
 
 
 def port_option(help: str, optional: bool = False) -> Any:

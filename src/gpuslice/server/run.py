@@ -47,6 +47,7 @@ import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from gpuslice.errors import InvalidRequest
+from gpuslice.inputs import bind_refused, check_listen_host
 from gpuslice.node import containment
 from gpuslice.node.enforcement import DEFAULT_SHARING
 from gpuslice.node.launcher import Containment
@@ -271,7 +272,7 @@ def listen(host: str, port: int) -> socket.socket:
                 f"port {port} on {host} is held by another process (another gpuslice serve?); nothing was "
                 "started or written: stop that one, or pick another --port"
             ) from None
-        raise InvalidRequest(_bind_refused(host, port, err)) from None
+        raise InvalidRequest(bind_refused(host, port, err)) from None
     return sock
 
 
@@ -281,40 +282,6 @@ def check_pids_max(mode: str, pids_max: int) -> None:
         raise InvalidRequest(
             f"--pids-max needs a cgroup with the pids controller; containment {mode} has none"
         )
-
-
-def check_host(host: str) -> None:
-    """InvalidRequest unless ``host`` is an address of this machine: bound on an ephemeral port and let
-    go at once, before the state directory is locked or made, so a mistyped --host leaves nothing behind
-    (the port itself is tried by ``listen``, under the lock)."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as probe:
-        try:
-            probe.bind((host, 0))
-        except OSError as err:
-            raise InvalidRequest(_bind_refused(host, 0, err)) from None
-        except (TypeError, UnicodeError):  # a name the resolver cannot even encode (a label over 63 bytes)
-            raise InvalidRequest(
-                f"--host {host[:100]!r} is not a host name or an address: give 127.0.0.1 (this machine "
-                "only), 0.0.0.0 (every interface) or one of its addresses"
-            ) from None
-
-
-def _bind_refused(host: str, port: int, err: OSError) -> str:
-    """Why ``host``:``port`` cannot be listened on, naming the option that is wrong."""
-    if isinstance(err, socket.gaierror):
-        return (
-            f"--host {host!r} is neither an IP address nor a name this machine resolves ({err.strerror}): "
-            "give 127.0.0.1 (this machine only), 0.0.0.0 (every interface) or one of its addresses"
-        )
-    if err.errno == errno.EADDRNOTAVAIL:
-        return (
-            f"--host {host} is not an address of this machine: give 127.0.0.1 (this machine only), "
-            "0.0.0.0 (every interface) or one of its addresses"
-        )
-    if err.errno == errno.EACCES:
-        return f"--port {port} needs privileges this process lacks ({err.strerror}): pick a port from 1024"
-    return f"cannot listen on {host}:{port} ({err.strerror}): check --host and --port"
 
 
 class _Stop(Exception):
@@ -331,7 +298,7 @@ def run(options: ServeOptions, on_ready: Callable[[str, Path, str], None] = lamb
     ``on_ready(url, token_path, sign_in_url)`` is called once the state is recovered, just before
     serving; ``sign_in_url`` opens the dashboard once and leaves a read-only cookie."""
     state_dir = options.state_dir.expanduser().resolve()
-    check_host(options.host)
+    check_listen_host(options.host)  # before the state folder is locked or made
     previous = signal.signal(signal.SIGTERM, _stop_on_sigterm)
     try:
         _run(options, state_dir, on_ready)
