@@ -37,7 +37,8 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 from controlplane import ControlPlane, binaries_dir  # noqa: E402
 
 from gpuslice.hardware.machine import GpuInfo, Machine  # noqa: E402
-from gpuslice.k8s.dra.allocator import GATE, Inventory, claim_ask  # noqa: E402
+from gpuslice.k8s.dra.allocator import GATE, Inventory  # noqa: E402
+from gpuslice.k8s.dra.claim_ask import claim_ask  # noqa: E402
 from gpuslice.k8s.dra.classes import CLASS_SHARED, CLASS_WHOLE, device_classes  # noqa: E402
 from gpuslice.k8s.dra.kube import GROUP, VERSION, DraApi  # noqa: E402
 from gpuslice.k8s.dra.slices import node_slices  # noqa: E402

@@ -66,6 +66,7 @@ TARGETS: dict[str, tuple[str, tuple[str, ...]]] = {
         "src/gpuslice/k8s/dra/allocator.py",
         ("tests/k8s/test_dra_allocator.py", "tests/k8s/test_dra_robust.py", "tests/k8s/test_dra_parity.py"),
     ),
+    "dra-claim-ask": ("src/gpuslice/k8s/dra/claim_ask.py", ("tests/k8s/test_dra_allocator.py",)),
     "ledger": ("src/gpuslice/ledger/", ("tests/ledger",)),
     "ledger-mig": ("src/gpuslice/ledger/mig.py", ("tests/ledger",)),
     "preemption": ("src/gpuslice/scheduler/preemption.py", ("tests/scheduler",)),

@@ -23,7 +23,8 @@ from kubernetes.utils import parse_quantity
 
 from gpuslice.errors import InvalidRequest
 from gpuslice.hardware.node import MAX_GPUS_PER_NODE
-from gpuslice.k8s.dra.allocator import GATE, ClaimAsk, ClaimPlacement, DraAllocator, Inventory, claim_ask
+from gpuslice.k8s.dra.allocator import GATE, ClaimPlacement, DraAllocator, Inventory
+from gpuslice.k8s.dra.claim_ask import ClaimAsk, claim_ask
 from gpuslice.k8s.dra.classes import CLASS_MIG, CLASS_SHARED, CLASS_WHOLE
 from gpuslice.k8s.dra.identity import gpu_identities
 from gpuslice.k8s.dra.preempt import Holder

@@ -16,7 +16,8 @@ import pytest
 from test_dra_allocator import FakeApi
 
 from gpuslice.hardware.machine import GpuInfo, Machine
-from gpuslice.k8s.dra.allocator import DraAllocator, Inventory, claim_ask
+from gpuslice.k8s.dra.allocator import DraAllocator, Inventory
+from gpuslice.k8s.dra.claim_ask import claim_ask
 from gpuslice.k8s.dra.classes import CLASS_SHARED, CLASS_WHOLE
 from gpuslice.k8s.dra.slices import node_slices
 from gpuslice.scheduler.placer import Unplaced

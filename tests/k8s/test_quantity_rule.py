@@ -21,7 +21,7 @@ from gpuslice.k8s.annotations import (
     NodeInventory,
     pod_gpu_request,
 )
-from gpuslice.k8s.dra.allocator import claim_ask
+from gpuslice.k8s.dra.claim_ask import claim_ask
 from gpuslice.k8s.mig_inventory import MigInventory, profiles_in
 from gpuslice.k8s.webhook import admit
 

@@ -105,7 +105,7 @@ def test_whole_gpus_and_a_mig_profile_get_their_classes_and_pods_of_one_shape_sh
 
 
 def test_the_rewritten_claim_is_one_the_allocator_decides() -> None:
-    from gpuslice.k8s.dra.allocator import claim_ask
+    from gpuslice.k8s.dra.claim_ask import claim_ask
 
     templates = Templates()
     rewritten(labelled({"limits": {"gpuslice.io/gpu": "1", "gpuslice.io/gpumem": "2048"}}), templates)

@@ -43,14 +43,13 @@ import numpy as np
 from gpuslice.errors import InvalidRequest, LedgerError
 from gpuslice.hardware.node import MAX_GPUS_PER_NODE, NodeSpec
 from gpuslice.k8s import quantity
+from gpuslice.k8s.dra.claim_ask import ClaimAsk, aligned_mib, claim_ask
 from gpuslice.k8s.dra.classes import CLASS_SHARED, CLASS_WHOLE
 from gpuslice.k8s.dra.preempt import Holder, PreemptionPlan, plan_preemption
 from gpuslice.k8s.dra.slices import (
     CAPACITY_CORES,
     CAPACITY_MEMORY,
     DRIVER,
-    MEMORY_MIN_MIB,
-    MEMORY_STEP_MIB,
     TYPE_GPU,
     consumed_share,
 )
@@ -63,7 +62,7 @@ from gpuslice.units import MiB
 from gpuslice.workload.request import MILLI_PER_GPU, Request, share_milli
 from gpuslice.workload.target import TargetWorkload
 
-__all__ = ["GATE", "AllocatorApi", "ClaimAsk", "ClaimPlacement", "DraAllocator", "Inventory", "claim_ask"]
+__all__ = ["GATE", "AllocatorApi", "ClaimPlacement", "DraAllocator", "Inventory"]
 
 log = logging.getLogger(__name__)
 
@@ -81,66 +80,6 @@ class AllocatorApi(Protocol):
     def write_allocation(self, claim: Mapping[str, Any], allocation: Mapping[str, Any]) -> None: ...
     def ungate(self, pod: Mapping[str, Any], gate: str) -> None: ...
     def pod_event(self, pod: Mapping[str, Any], reason: str, message: str) -> None: ...
-
-
-@dataclass(frozen=True, slots=True)
-class ClaimAsk:
-    """What one claim asks gpuslice for: ``count`` GPUs, each ``memory_mib`` (0: all) and ``cores`` %."""
-
-    request: str
-    count: int
-    memory_mib: int
-    cores: int
-    exclusive: bool
-    match_attribute: str = ""
-
-
-def claim_ask(claim: Mapping[str, Any]) -> ClaimAsk | None:
-    """The claim as a gpuslice request, or None when gpuslice does not decide it (see module doc);
-    InvalidRequest when its capacity request is not a quantity gpuslice can allocate (``k8s.quantity``)."""
-    devices = (claim.get("spec") or {}).get("devices") or {}
-    requests = devices.get("requests") or []
-    if len(requests) != 1 or devices.get("config"):
-        return None
-    exactly = requests[0].get("exactly")
-    if (
-        not exactly
-        or exactly.get("deviceClassName") not in (CLASS_SHARED, CLASS_WHOLE)
-        or exactly.get("selectors")
-    ):
-        return None
-    if exactly.get("allocationMode", "ExactCount") != "ExactCount" or exactly.get("adminAccess"):
-        return None
-    asked = (exactly.get("capacity") or {}).get("requests") or {}
-    if set(asked) - {CAPACITY_MEMORY, CAPACITY_CORES}:
-        return None
-    where = f"request {requests[0].get('name')}: capacity"
-    memory, cores = 0, 100  # no memory asked: all of it; no cores: the whole GPU's
-    if CAPACITY_MEMORY in asked:
-        memory = quantity.bytes_as_mib(asked[CAPACITY_MEMORY], f"{where} {CAPACITY_MEMORY}")
-    if CAPACITY_CORES in asked:
-        cores = quantity.whole_count(asked[CAPACITY_CORES], f"{where} {CAPACITY_CORES}")
-    attribute = ""
-    for constraint in devices.get("constraints") or []:
-        if constraint.get("distinctAttribute") or attribute:
-            return None
-        attribute = str(constraint.get("matchAttribute") or "")
-    exclusive = exactly["deviceClassName"] == CLASS_WHOLE
-    return ClaimAsk(
-        str(requests[0]["name"]),
-        int(exactly.get("count", 1)),
-        memory,
-        cores,
-        exclusive,
-        attribute,
-    )
-
-
-def _aligned_mib(mib: int) -> int:
-    """Memory as the request policy rounds it: up to 256 MiB steps from 256 MiB."""
-    if mib <= MEMORY_MIN_MIB:
-        return MEMORY_MIN_MIB
-    return MEMORY_MIN_MIB + -(-(mib - MEMORY_MIN_MIB) // MEMORY_STEP_MIB) * MEMORY_STEP_MIB
 
 
 @dataclass
@@ -268,7 +207,7 @@ class Inventory:
             )
         whole = ask.exclusive or ask.count > 1
         biggest = max((g.memory_mib for gs in self.gpus for g in gs), default=0)
-        mib = 0 if whole or not ask.memory_mib else _aligned_mib(ask.memory_mib)
+        mib = 0 if whole or not ask.memory_mib else aligned_mib(ask.memory_mib)
         return Request(
             0,
             num_gpu=ask.count,
@@ -421,7 +360,7 @@ class Inventory:
         request policy rounds it (0: the whole GPU's) and its compute percent."""
         whole = req.gpu_milli == MILLI_PER_GPU and not req.gpu_memory_bytes
         cores = 100 if whole else ask.cores
-        mib = 0 if whole or not ask.memory_mib else _aligned_mib(ask.memory_mib)
+        mib = 0 if whole or not ask.memory_mib else aligned_mib(ask.memory_mib)
         return ClaimPlacement(self.nodes[node], tuple(self.gpus[node][g] for g in gpus), mib, cores)
 
     def _pick(self, req: Request, node: int, attribute: str) -> tuple[int, ...] | None:
