@@ -4,11 +4,20 @@ from __future__ import annotations
 
 import math
 import os
+import re
 
 import pytest
 
 from gpuslice.errors import UserError
-from gpuslice.inputs import InvalidInput, bounded_int, finite_float, read_text, writable_file, writable_folder
+from gpuslice.inputs import (
+    InvalidInput,
+    bounded_int,
+    finite_float,
+    read_json,
+    read_text,
+    writable_file,
+    writable_folder,
+)
 
 
 @pytest.mark.parametrize("value", [math.inf, -math.inf, math.nan, float("1e400"), 0.5, 11.0])
@@ -108,3 +117,21 @@ def test_a_name_longer_than_the_file_system_allows_is_refused_before_the_work(tm
             check(path, "--out")
     assert list(tmp_path.iterdir()) == []  # nothing made by the probes
     assert writable_folder(tmp_path / "new" / "b", "--out") == tmp_path / "new" / "b"  # ordinary names pass
+
+
+@pytest.mark.parametrize(
+    ("text", "words"),
+    [
+        ("{not json", "is not JSON (line 1, column 2"),
+        ("[" * 10_000 + "]" * 10_000, "nests too deeply"),
+        ('{"n": ' + "9" * 5000 + "}", "holds a number of thousands of digits"),
+    ],
+    ids=["not json", "10,000 deep", "5,000 digits"],
+)
+def test_a_json_file_that_no_decoder_answers_faithfully_is_one_refusal_naming_it(tmp_path, text, words):
+    path = tmp_path / "f.json"
+    path.write_text(text)
+    with pytest.raises(InvalidInput, match=re.escape(f"settings {path} {words}")):
+        read_json(path, "settings")
+    path.write_text('{"n": [1, 2.5, "x"]}')
+    assert read_json(path, "settings") == {"n": [1, 2.5, "x"]}

@@ -19,6 +19,7 @@ Each check raises ``InvalidInput`` (a UserError: exit 2, HTTP 400) whose message
 from __future__ import annotations
 
 import errno
+import json
 import math
 import os
 import socket
@@ -26,6 +27,7 @@ import stat
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from gpuslice.errors import UserError
 
@@ -36,6 +38,7 @@ __all__ = [
     "check_listen_host",
     "file_kind",
     "finite_float",
+    "read_json",
     "read_text",
     "writable_file",
     "writable_folder",
@@ -115,6 +118,23 @@ def read_text(path: str | Path, name: str, max_bytes: int = 256 * 1024**2) -> st
     if not text.strip():
         raise InvalidInput(f"{name} {path} is empty")
     return text.removeprefix("\ufeff")  # a byte-order mark some editors write
+
+
+def read_json(path: str | Path, name: str, max_bytes: int = 256 * 1024**2) -> Any:
+    """The JSON value in the file at ``path``, after ``read_text``'s checks; InvalidInput naming ``name``
+    and the file when it is not JSON, nests past the decoder's recursion (10,000 brackets are a
+    RecursionError, not a JSONDecodeError) or holds an integer of thousands of digits (a ValueError)."""
+    text = read_text(path, name, max_bytes)
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as err:
+        raise InvalidInput(
+            f"{name} {path} is not JSON (line {err.lineno}, column {err.colno}: {err.msg})"
+        ) from None
+    except RecursionError:
+        raise InvalidInput(f"{name} {path} nests too deeply") from None
+    except ValueError:  # past Python's 4,300-digit limit for int()
+        raise InvalidInput(f"{name} {path} holds a number of thousands of digits") from None
 
 
 def writable_file(path: str | Path, name: str) -> Path:

@@ -99,7 +99,7 @@ def test_malformed_fields_are_user_errors_naming_the_file_and_the_field(tmp_path
 def test_invalid_json_names_the_file_and_the_line(tmp_path):
     path = tmp_path / "config.json"
     path.write_text('{\n  "hidden_size": 4096,\n  oops\n}')
-    with pytest.raises(MalformedModelConfig, match=r"config.json is not valid JSON: .* at line 3"):
+    with pytest.raises(MalformedModelConfig, match=r"config.json is not JSON \(line 3"):
         load_hf_config(path)
 
 

@@ -12,7 +12,6 @@ flag takes its family's default (the transformers config class's).
 
 from __future__ import annotations
 
-import json
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -20,7 +19,7 @@ from typing import Any
 from gpuslice.estimate.errors import MalformedModelConfig
 from gpuslice.estimate.exact import exact_parameter_count
 from gpuslice.estimate.model_shapes import MlaShape, ModelShape
-from gpuslice.inputs import InvalidInput, file_kind, read_text
+from gpuslice.inputs import InvalidInput, file_kind, read_json
 
 __all__ = ["load_hf_config", "parse_hf_config"]
 
@@ -37,18 +36,10 @@ def load_hf_config(path: str | Path) -> ModelShape:
     path = Path(path)
     if file_kind(path) == "a folder":
         path = path / "config.json"
-    try:
-        text = read_text(path, "model config", max_bytes=16 * 1024**2)  # binary, non-UTF-8, empty: refused
+    try:  # binary, non-UTF-8, empty, not JSON, too deep, a number of thousands of digits: refused
+        data = read_json(path, "model config", max_bytes=16 * 1024**2)
     except InvalidInput as err:
         raise MalformedModelConfig(str(err)) from None
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as err:
-        raise MalformedModelConfig(f"{path} is not valid JSON: {err.msg} at line {err.lineno}") from None
-    except RecursionError:  # 10,000 brackets: the decoder's recursion, not a JSONDecodeError
-        raise MalformedModelConfig(f"{path} nests too deeply for a model config") from None
-    except ValueError:  # an integer past Python's 4,300-digit limit (not a JSONDecodeError either)
-        raise MalformedModelConfig(f"{path} holds a number of thousands of digits") from None
     shape = parse_hf_config(data, source=str(path))
     exact = exact_parameter_count(data) if isinstance(data, dict) else None
     return replace(shape, exact_parameters=exact) if exact else shape

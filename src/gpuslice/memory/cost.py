@@ -26,14 +26,13 @@ defaults above are estimates until the script has run on a GPU.
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from gpuslice.errors import UserError
-from gpuslice.inputs import InvalidInput, read_text
+from gpuslice.inputs import InvalidInput, read_json
 from gpuslice.units import MiB
 
 __all__ = ["COST_PROFILE_FORMAT", "LINKS", "CostModel", "CostProfileError", "load_cost_profile"]
@@ -111,20 +110,10 @@ def load_cost_profile(path: Path | str) -> CostModel:
     the numbers were obtained; kept, not interpreted). Any other key is refused, so a typo cannot leave a
     default in place unnoticed."""
     path = Path(path)
-    try:
-        text = read_text(path, "cost profile")  # a binary, non-UTF-8 or empty file is named as such
+    try:  # binary, non-UTF-8, empty, not JSON, too deep, a number of thousands of digits: refused
+        data = read_json(path, "cost profile")
     except InvalidInput as err:
         raise CostProfileError(str(err)) from None
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as err:
-        raise CostProfileError(
-            f"cost profile {path} is not JSON (line {err.lineno}, column {err.colno}: {err.msg})"
-        ) from None
-    except RecursionError:  # 10,000 brackets: the decoder's recursion, not a JSONDecodeError
-        raise CostProfileError(f"cost profile {path} nests too deeply: give one flat JSON object") from None
-    except ValueError:  # an integer past Python's 4,300-digit limit (not a JSONDecodeError either)
-        raise CostProfileError(f"cost profile {path} holds a number of thousands of digits") from None
     if not isinstance(data, dict):
         raise CostProfileError(f"cost profile {path}: expected a JSON object, got {type(data).__name__}")
     if data.get("format") != COST_PROFILE_FORMAT:
