@@ -1234,3 +1234,29 @@ def test_what_was_told_is_kept_only_for_pods_still_gated() -> None:
     api.pods[:] = [p for p in api.pods if p["metadata"]["name"] != "bad-0"]  # deleted by its owner
     assert allocator.run_once() == 0 and len(api.events) == 3  # the others are not told again
     assert len(allocator._told) == 2
+
+
+def test_a_two_claim_pod_on_a_cluster_without_gpuslice_pools_is_told_there_are_none() -> None:
+    api = FakeApi()  # no ResourceSlice of gpuslice's driver
+    _two_claim_pod(api, spec(CLASS_WHOLE), spec(CLASS_WHOLE))
+    assert DraAllocator(api).run_once() == 0 and api.gated("p-0")
+    assert api.events == [("p-0", f"claims p-0, p-1: 0/0 nodes fit: no node publishes {DRIVER} GPUs")]
+
+
+def test_a_two_claim_pod_goes_to_the_node_its_selector_names_not_to_the_policys_choice() -> None:
+    api = _pools_a_b_with_a_half_full()  # best fit would take a: its one free GPU is the tightest
+    share = spec(CLASS_SHARED, capacity={"cores": "10"})
+    _two_claim_pod(api, share, share)
+    api.pods[-1]["spec"]["nodeSelector"] = {"kubernetes.io/hostname": "b"}
+    assert DraAllocator(api, "bestfit").run_once() == 1
+    assert {r["pool"] for name in ("p-0", "p-1") for r in api.results(name)} == {"b"}
+
+
+def test_a_claim_that_fits_only_where_the_selector_forbids_is_named_with_the_selector() -> None:
+    api = _pools_a_b_with_a_half_full()
+    _two_claim_pod(api, spec(CLASS_SHARED, capacity={"cores": "10"}), spec(CLASS_WHOLE, count=2))
+    api.pods[-1]["spec"]["nodeSelector"] = {"kubernetes.io/hostname": "a"}  # two free GPUs: b only
+    assert DraAllocator(api, "bestfit").run_once() == 0 and api.gated("p-0")
+    ((pod, message),) = api.events
+    assert pod == "p-0"
+    assert message.endswith(": claim 2 of the pod's 2 fits no node the pod's node selector allows"), message
