@@ -1260,3 +1260,16 @@ def test_a_claim_that_fits_only_where_the_selector_forbids_is_named_with_the_sel
     ((pod, message),) = api.events
     assert pod == "p-0"
     assert message.endswith(": claim 2 of the pod's 2 fits no node the pod's node selector allows"), message
+
+
+def test_a_half_allocated_pod_whose_selector_names_the_node_it_holds_gets_the_rest_there() -> None:
+    """Its held claim's node and its node selector agree: nothing to refuse, the rest goes there."""
+    api = _pools_a_b_with_a_half_full()
+    share = spec(CLASS_SHARED, capacity={"cores": "10"})
+    _two_claim_pod(api, share, share)
+    api.claims[("t", "p-0")]["status"] = {
+        "allocation": {"devices": {"results": [_result("gpu-1", pool="b")]}}
+    }
+    api.pods[-1]["spec"]["nodeSelector"] = {"kubernetes.io/hostname": "b"}
+    assert DraAllocator(api, "bestfit").run_once() == 1 and api.events == []
+    assert [r["pool"] for r in api.results("p-1")] == ["b"]
