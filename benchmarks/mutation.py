@@ -64,7 +64,12 @@ TARGETS: dict[str, tuple[str, tuple[str, ...]]] = {
     ),
     "dra-allocator": (
         "src/gpuslice/k8s/dra/allocator.py",
-        ("tests/k8s/test_dra_allocator.py", "tests/k8s/test_dra_robust.py", "tests/k8s/test_dra_parity.py"),
+        (
+            "tests/k8s/test_dra_allocator.py",
+            "tests/k8s/test_dra_robust.py",
+            "tests/k8s/test_dra_parity.py",
+            "tests/observe/test_cluster_metrics.py",  # the pending pods it keeps for the metrics
+        ),
     ),
     "dra-claim-ask": ("src/gpuslice/k8s/dra/claim_ask.py", ("tests/k8s/test_dra_allocator.py",)),
     "ledger": ("src/gpuslice/ledger/", ("tests/ledger",)),

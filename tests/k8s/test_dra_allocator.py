@@ -1273,3 +1273,27 @@ def test_a_half_allocated_pod_whose_selector_names_the_node_it_holds_gets_the_re
     api.pods[-1]["spec"]["nodeSelector"] = {"kubernetes.io/hostname": "b"}
     assert DraAllocator(api, "bestfit").run_once() == 1 and api.events == []
     assert [r["pool"] for r in api.results("p-1")] == ["b"]
+
+
+def test_a_pod_waits_in_the_metrics_under_the_code_of_its_refusal() -> None:
+    """The pending pods the cluster metrics count, by reason: a claim gpuslice can never allocate is an
+    invalid request (a quantity that is none, no GPU could serve it, claims held on two nodes), a pod
+    waiting for the pods it preempted is preempting."""
+    api = FakeApi()
+    api.add_node("a", "dgx-h100")
+    api.add("lots", spec(CLASS_SHARED, capacity={"memory": "lots"}))
+    api.add("none", spec(CLASS_WHOLE, count=0))
+    _two_claim_pod(api, spec(CLASS_WHOLE), spec(CLASS_WHOLE), name="split")  # one held on a, pinned to b
+    api.claims[("t", "split-0")]["status"] = {"allocation": {"devices": {"results": [_result("gpu-0")]}}}
+    api.pods[-1]["spec"]["nodeSelector"] = {"kubernetes.io/hostname": "b"}
+    allocator = DraAllocator(api)
+    allocator.run_once()
+    assert {uid: code for uid, (code, _) in allocator.pending.items()} == {
+        "p-lots": "invalid_request",
+        "p-none": "invalid_request",
+        "p-split-0": "invalid_request",
+    }
+    api, allocator = _four_holders()
+    api.add("vip", spec(CLASS_WHOLE), priority=35)
+    allocator.run_once()
+    assert allocator.pending["p-vip"][0] == RefusalCode.PREEMPTING.label
