@@ -240,7 +240,7 @@ def test_a_refused_pod_is_pending_with_its_code_reason_and_since_until_it_binds(
     # the most nodes' refusal: on m and u one GPU is in MIG mode or unhealthy (a: the two are taken)
     assert pending["code"] == "no_usable_gpu"
     assert pending["reason"] == api.events[-1][3]  # the FailedScheduling line, amounts and all
-    assert pending["reason"].startswith("gpuslice: 0/3 nodes fit: 2 every fitting GPU already holds")
+    assert pending["reason"].startswith("gpuslice: 0/3 nodes fit: 2 no GPU here can take it")
     assert pending["reason"].endswith("; closest: m (need 2, free 1 of 2 GPUs)")
     assert before <= pending["since"] <= time.time()
     assert cluster_view(state)["totals"]["pending"] == 1

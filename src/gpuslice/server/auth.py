@@ -102,14 +102,13 @@ class TokenFile:
     """The server's token as its file holds it now; None while there is no usable file (every call that
     needs the token is then refused). ``reload`` reads it again (SIGHUP); ``start`` watches the file."""
 
-    problem: str  # why there is no token now, for the refusal's message ("" while there is one)
-
     def __init__(self, state_dir: Path, poll_seconds: float = POLL_SECONDS) -> None:
         self.path = Path(state_dir) / TOKEN_FILE
         self.poll_seconds = poll_seconds
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        # the first read is the start, not a change worth a log line
+        # the first read is the start, not a change worth a log line; ``problem``: why there is no token
+        # now, for the refusal's message ("" while there is one)
         self._seen, self._current, self.problem = self._read()
 
     @property
