@@ -259,11 +259,10 @@ class Supervisor:
     def _wait_leftovers(self) -> tuple[int, int]:
         """The main process ended: the job ends when its last process has. Leftovers get SIGTERM now and
         SIGKILL (all at once) after the grace, or at the stop's deadline. Returns (left, killed)."""
-        if self.container is None:
-            return 0, 0
+        if self.container is None or not self.container.populated():
+            return 0, 0  # populated(), not an empty listing: a re-forker's listing can be empty between
+            # a parent's exit and its child's start (cgroup.procs is read in pieces)
         left = self.container.members()
-        if not left:
-            return 0, 0
         self.container.signal(signal.SIGTERM)
         self.container.freeze(False)
         deadline = time.monotonic() + max(0.0, self.grace_seconds)
