@@ -102,5 +102,5 @@ def test_two_app_containers_and_an_init_container_each_get_their_own_slice_from_
         assert env["GPUSLICE_GPUS"] == ",".join(map(str, want.gpu_indices)), want.container
         assert env["GPUSLICE_GPU_MEMORY_BYTES"] == str(want.memory_mib * MiB), want.container
         assert env["GPUSLICE_COMPUTE_PERCENT"] == str(want.cores_percent), want.container
-        assert env["GPUSLICE_SHIM_DIR"].endswith(f"{node_namespace}.multi.{want.container}")
+        assert env["GPUSLICE_SHIM_DIR"].endswith(f"{node_namespace}.multi_{want.container}")  # slice_folder
     assert decision.containers[0].gpu_indices == decision.containers[1].gpu_indices  # inside main's slice
