@@ -20,9 +20,8 @@ from gpuslice.workload.job import DEFAULT_GRACE_SECONDS
 
 __all__ = ["serve"]
 
-PID_MAX_LIMIT = (
-    2**22
-)  # Linux's most processes and threads (kernel PID_MAX_LIMIT on 64-bit): no pids.max is above
+# Linux's most processes and threads (the kernel's PID_MAX_LIMIT on 64-bit): no pids.max is above it.
+PID_MAX_LIMIT = 2**22
 
 _out = terminal.console(highlight=False, soft_wrap=True, markup=False)  # paths are text, never markup
 
